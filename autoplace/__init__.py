@@ -1,0 +1,64 @@
+"""autoplace: automatic device placement for PyTorch models.
+
+The pipeline, one module per stage: ``trace`` -> ``cost`` -> ``coarsen`` -> ``solve`` (scored by
+``simulate``) -> ``emit`` -> ``report``; ``ir`` holds the data every stage shares and
+``pipeline.plan`` wires them together.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from autoplace.errors import (
+    AutoplaceError,
+    DeviceSpecError,
+    EmitError,
+    GraphError,
+    InfeasibleError,
+    ModelLoadError,
+    OutputError,
+    TraceError,
+    VerificationError,
+)
+from autoplace.ir import (
+    Cluster,
+    Costs,
+    Device,
+    Edge,
+    Link,
+    OpGraph,
+    OpNode,
+    Placement,
+    Problem,
+    Schedule,
+)
+from autoplace.pipeline import plan
+from autoplace.planfile import Plan
+from autoplace.simulate import simulate, validate
+
+__all__ = [
+    "AutoplaceError",
+    "Cluster",
+    "Costs",
+    "Device",
+    "DeviceSpecError",
+    "Edge",
+    "EmitError",
+    "GraphError",
+    "InfeasibleError",
+    "Link",
+    "ModelLoadError",
+    "OpGraph",
+    "OpNode",
+    "OutputError",
+    "Placement",
+    "Plan",
+    "Problem",
+    "Schedule",
+    "TraceError",
+    "VerificationError",
+    "__version__",
+    "plan",
+    "simulate",
+    "validate",
+]

@@ -1,0 +1,145 @@
+"""The ``autoplace`` command line: ``plan``, ``devices`` and ``report``.
+
+``main(argv)`` returns the exit code: 0 on success, 2 for any ``AutoplaceError`` (bad input, a
+model that does not fit, an unwritable output directory), printed as one paragraph with no
+traceback, and 130 on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from autoplace.coarsen import DEFAULT_MAX_NODES
+from autoplace.devices import DEFAULT_SIMULATED_SPEC
+from autoplace.errors import AutoplaceError
+from autoplace.solve import DEFAULT_TIME_LIMIT_S, SOLVERS
+
+__all__ = ["main"]
+
+_DESCRIPTION = """\
+Automatic device placement for PyTorch models.
+
+  autoplace plan examples/mlp.py --devices 2xA100-40GB
+  autoplace devices
+  autoplace report autoplace-out/plan.json
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="autoplace", description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    from autoplace import __version__
+
+    parser.add_argument("--version", action="version", version=f"autoplace {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser(
+        "plan", help="trace a model file, solve for a placement, emit and verify the split model",
+        description="Trace MODEL_FILE, cost every op on every device, solve for the placement "
+        "with minimum makespan (CP-SAT, checked against heuristics on one simulator), emit the "
+        "partitioned model and verify it against the original. MODEL_FILE is run as Python: it "
+        "defines build() returning (model, example_inputs), or module-level model and "
+        "example_inputs. Writes OUT/plan.json, OUT/report.html, OUT/summary.txt and OUT/model/.")
+    p.add_argument("model_file", metavar="MODEL_FILE", help="Python file defining the model")
+    p.add_argument("--devices", metavar="SPEC",
+                   help="devices to plan for, e.g. 2xA100-40GB,2xT4-16GB or cuda:0,cuda:1; "
+                   "default: the GPUs found, or the simulated set "
+                   f"{DEFAULT_SIMULATED_SPEC} when there are none (`autoplace devices` lists "
+                   "the types)")
+    p.add_argument("--cluster", metavar="FILE",
+                   help="TOML file describing hosts, devices and links (instead of --devices)")
+    p.add_argument("--out", metavar="DIR", default="autoplace-out",
+                   help="output directory, replaced atomically (default: ./autoplace-out)")
+    p.add_argument("--time-limit", metavar="SECONDS", type=float, default=DEFAULT_TIME_LIMIT_S,
+                   help=f"solver time limit in seconds (default: {DEFAULT_TIME_LIMIT_S:g})")
+    p.add_argument("--solver", choices=SOLVERS, default="cpsat",
+                   help="cpsat (default) or one of the heuristics alone")
+    p.add_argument("--max-nodes", type=int, default=DEFAULT_MAX_NODES,
+                   help="coarsen the traced graph to about this many nodes before solving "
+                   f"(default: {DEFAULT_MAX_NODES})")
+    p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default: 0)")
+    p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the original and the emitted model on the example inputs and check "
+                   "them with torch.testing.assert_close (default: on)")
+    p.add_argument("--emit", action=argparse.BooleanOptionalAction, default=True,
+                   help="write the partitioned model to OUT/model (default: on)")
+
+    d = sub.add_parser("devices", help="list the device catalog and the GPUs found",
+                       description="List the device types autoplace knows (with their peak "
+                       "FLOP/s, memory bandwidth and memory) and the GPUs found on this machine.")
+    del d
+
+    r = sub.add_parser("report", help="re-render report.html and summary.txt from a plan.json",
+                       description="Re-render report.html and summary.txt next to PLAN_JSON "
+                       "from the plan file alone.")
+    r.add_argument("plan_json", metavar="PLAN_JSON", help="a plan.json, or its directory")
+    return parser
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from autoplace.loader import load_model_file
+    from autoplace.pipeline import plan
+    from autoplace.planfile import check_writable
+    from autoplace.report import summary_text
+
+    began = time.perf_counter()
+    if args.devices and args.cluster:
+        raise AutoplaceError("pass either --devices or --cluster, not both")
+    out = check_writable(args.out)
+    loaded = load_model_file(args.model_file)
+    result = plan(loaded.model, loaded.kwargs or loaded.args,
+                  devices=args.devices, cluster_file=args.cluster, time_limit_s=args.time_limit,
+                  solver=args.solver, max_nodes=args.max_nodes, emit=args.emit,
+                  verify=args.verify, seed=args.seed, name=loaded.name)
+    result.save(out)
+    print(summary_text(result.to_dict()))
+    print(f"wrote {out}/plan.json, report.html, summary.txt"
+          + (", model/" if result.emitted is not None else "")
+          + f" in {time.perf_counter() - began:.1f} s")
+    return 0
+
+
+def _cmd_devices(args: argparse.Namespace) -> int:
+    from autoplace.devices import detect_gpus, format_catalog
+
+    print(format_catalog(detect_gpus()))
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from autoplace.planfile import Plan
+    from autoplace.report import render_html, summary_text
+
+    path = Path(args.plan_json)
+    plan_path = path / "plan.json" if path.is_dir() else path
+    data = Plan.load(plan_path).to_dict()
+    try:
+        (plan_path.parent / "report.html").write_text(render_html(data))
+        (plan_path.parent / "summary.txt").write_text(summary_text(data) + "\n")
+    except OSError as exc:
+        raise AutoplaceError(f"cannot write the report next to {str(plan_path)!r}: {exc}") from exc
+    print(summary_text(data))
+    print(f"wrote {plan_path.parent}/report.html, summary.txt")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    command = {"plan": _cmd_plan, "devices": _cmd_devices, "report": _cmd_report}[args.command]
+    try:
+        return command(args)
+    except AutoplaceError as exc:
+        print(f"autoplace: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("autoplace: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

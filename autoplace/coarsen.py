@@ -1,0 +1,195 @@
+"""Coarsen a traced graph to a size CP-SAT solves quickly, keeping what matters for placement.
+
+Three steps, each applied only while the graph is still larger than ``max_nodes`` (the first is
+always applied, since it loses nothing):
+
+1. **fold** nodes that cost nothing (views, metadata checks) and have a single producer into
+   that producer. Contracting a node whose only input comes from ``u`` into ``u`` cannot create a
+   cycle.
+2. **group by module**: walk the groups in topological order and merge consecutive runs that
+   belong to the same module, at the deepest module level first and shallower levels after.
+   Merging a run of consecutive nodes of a topological order never creates a cycle, and modules
+   (an attention block, one branch of an Inception block) are what a person would place.
+3. **chunk**: as a last resort, merge consecutive runs of equal length.
+
+A group never grows past ``max_group_bytes`` of parameters, so coarsening cannot make a model
+unplaceable. Each coarse node's ``ops`` lists the traced ops it stands for; expanding a plan back
+is reading those lists. Costs of a group are the sums of its members' costs, and an edge between
+groups carries each producer's output once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from autoplace.ir import Costs, Edge, OpGraph, OpNode
+
+__all__ = ["Coarsened", "coarsen"]
+
+DEFAULT_MAX_NODES = 120
+
+
+@dataclass(frozen=True)
+class Coarsened:
+    graph: OpGraph
+    costs: Costs
+    steps: tuple[str, ...]
+    traced_ops: int
+
+
+def _module_key(module: str, depth: int) -> str:
+    return ".".join(module.split(".")[:depth]) if module else ""
+
+
+def _common_module(modules: Sequence[str]) -> str:
+    parts = [m.split(".") if m else [] for m in modules]
+    common: list[str] = []
+    for level in zip(*parts):
+        if len(set(level)) != 1:
+            break
+        common.append(level[0])
+    return ".".join(common)
+
+
+def _fold_shape_only(graph: OpGraph, costs: Costs) -> list[list[str]]:
+    """Groups after folding zero-cost single-producer nodes into their producer."""
+    root: dict[str, str] = {}
+    for node in graph.nodes:
+        preds = {e.src for e in graph.in_edges(node.name)}
+        free = (not node.is_input and node.param_bytes == 0
+                and all(t == 0 for t in costs.compute_s[node.name].values()))
+        only = next(iter(preds)) if len(preds) == 1 else None
+        if free and only is not None and not graph.node(only).is_input:
+            root[node.name] = root[only]
+        else:
+            root[node.name] = node.name
+    groups: dict[str, list[str]] = {}
+    for node in graph.nodes:
+        groups.setdefault(root[node.name], []).append(node.name)
+    # Groups sorted by their root's position form a topological order: edges from outside a
+    # group only enter its root, which comes after every producer.
+    return sorted(groups.values(), key=lambda g: graph.index[g[0]])
+
+
+def _merge_runs(
+    groups: list[list[str]],
+    key: Callable[[list[str]], str | None],
+    *,
+    param_bytes: Callable[[list[str]], int],
+    max_group_bytes: int,
+) -> list[list[str]]:
+    """Merge consecutive groups with the same non-None key, within the parameter budget."""
+    merged: list[list[str]] = []
+    last_key: str | None = None
+    for group in groups:
+        k = key(group)
+        if (merged and k is not None and k == last_key
+                and param_bytes(merged[-1]) + param_bytes(group) <= max_group_bytes):
+            merged[-1] = merged[-1] + group
+        else:
+            merged.append(list(group))
+        last_key = k
+    return merged
+
+
+def _build(graph: OpGraph, costs: Costs, groups: list[list[str]]) -> tuple[OpGraph, Costs]:
+    group_of = {name: gi for gi, members in enumerate(groups) for name in members}
+    names = [members[0] for members in groups]
+    used_outside: set[str] = set(graph.outputs)
+    edge_bytes: dict[tuple[int, int], dict[str, int]] = {}
+    for e in graph.edges:
+        gs, gd = group_of[e.src], group_of[e.dst]
+        if gs != gd:
+            used_outside.add(e.src)
+            # A producer's output crosses to a consumer group once, whatever reads it there.
+            per_src = edge_bytes.setdefault((gs, gd), {})
+            per_src[e.src] = max(per_src.get(e.src, 0), e.bytes)
+
+    nodes = []
+    compute_s: dict[str, dict[str, float]] = {}
+    source: dict[str, str] = {}
+    for members, name in zip(groups, names):
+        parts = [graph.node(m) for m in members]
+        crossing = [p for p in parts if p.name in used_outside] or parts[-1:]
+        nodes.append(OpNode(
+            name=name,
+            ops=tuple(op for p in parts for op in p.ops),
+            targets=tuple(dict.fromkeys(t for p in parts for t in p.targets)),
+            module=_common_module([p.module for p in parts]),
+            is_input=all(p.is_input for p in parts),
+            output_shapes=tuple(s for p in crossing for s in p.output_shapes),
+            output_dtypes=tuple(d for p in crossing for d in p.output_dtypes),
+            output_bytes=sum(p.output_bytes for p in crossing),
+            param_bytes=sum(p.param_bytes for p in parts),
+            flops=sum(p.flops for p in parts),
+            bytes_accessed=sum(p.bytes_accessed for p in parts),
+            launches=sum(p.launches for p in parts),
+            dtype=parts[0].dtype,
+        ))
+        devices = costs.compute_s[members[0]].keys()
+        compute_s[name] = {d: sum(costs.compute_s[m][d] for m in members) for d in devices}
+        kinds = {costs.source.get(m, "analytic") for m in members}
+        source[name] = kinds.pop() if len(kinds) == 1 else "mixed"
+    edges = tuple(
+        Edge(src=names[gs], dst=names[gd], bytes=sum(per_src.values()))
+        for (gs, gd), per_src in sorted(edge_bytes.items())
+    )
+    colocate = []
+    for group in graph.colocate:
+        coarse = tuple(dict.fromkeys(names[group_of[m]] for m in group))
+        if len(coarse) > 1:
+            colocate.append(coarse)
+    outputs = tuple(dict.fromkeys(names[group_of[o]] for o in graph.outputs))
+    coarse_graph = OpGraph(nodes=tuple(nodes), edges=edges, colocate=tuple(colocate),
+                           outputs=outputs, name=graph.name)
+    return coarse_graph, Costs(compute_s=compute_s, source=source)
+
+
+def coarsen(
+    graph: OpGraph,
+    costs: Costs,
+    *,
+    max_nodes: int = DEFAULT_MAX_NODES,
+    max_group_bytes: int | None = None,
+) -> Coarsened:
+    """Coarsen ``graph`` to at most about ``max_nodes`` nodes (see the module docstring)."""
+    if max_group_bytes is None:
+        max_group_bytes = max(graph.total_param_bytes, 1)
+    steps: list[str] = []
+    n0 = len(graph.nodes)
+
+    def params(members: list[str]) -> int:
+        return sum(graph.node(m).param_bytes for m in members)
+
+    groups = _fold_shape_only(graph, costs)
+    if len(groups) < n0:
+        steps.append(f"folded zero-cost ops into their producers: {n0} -> {len(groups)} nodes")
+
+    depth = max((len(n.module.split(".")) for n in graph.nodes if n.module), default=0)
+    for level in range(depth, 0, -1):
+        if len(groups) <= max_nodes:
+            break
+        before = len(groups)
+
+        def by_module(members: list[str], level: int = level) -> str | None:
+            first = graph.node(members[0])
+            return None if first.is_input else _module_key(first.module, level)
+
+        groups = _merge_runs(groups, by_module, param_bytes=params,
+                             max_group_bytes=max_group_bytes)
+        if len(groups) < before:
+            steps.append(f"grouped runs by module at depth {level}: {before} -> {len(groups)}")
+
+    if len(groups) > max_nodes:
+        before = len(groups)
+        size = -(-len(groups) // max_nodes)
+        position = {id(g): i for i, g in enumerate(groups)}
+        groups = _merge_runs(groups, lambda g: str(position[id(g)] // size), param_bytes=params,
+                             max_group_bytes=max_group_bytes)
+        steps.append(f"merged consecutive runs of {size}: {before} -> {len(groups)}")
+
+    if len(groups) == n0:
+        return Coarsened(graph=graph, costs=costs, steps=tuple(steps), traced_ops=n0)
+    coarse_graph, coarse_costs = _build(graph, costs, groups)
+    return Coarsened(graph=coarse_graph, costs=coarse_costs, steps=tuple(steps), traced_ops=n0)

@@ -1,0 +1,65 @@
+"""The errors autoplace raises on bad input, in one small hierarchy.
+
+Every error a user can cause is an ``AutoplaceError``; the CLI prints its message as one paragraph
+and exits with code 2. A message says what was wrong, the numbers involved, and what to do.
+
+    AutoplaceError
+    ├── ModelLoadError      the model file is missing, malformed, or raised while running
+    ├── TraceError          neither torch.export nor torch.fx could trace the model
+    ├── DeviceSpecError     an unknown device type, a malformed --devices spec or cluster file
+    ├── GraphError          a task graph that is not a DAG, or names unknown nodes
+    ├── InfeasibleError     the model does not fit the devices (says how many bytes are missing)
+    ├── EmitError           the partitioned model could not be generated, saved or loaded
+    ├── VerificationError   the emitted model's outputs differ from the original's
+    └── OutputError         the output directory cannot be written
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AutoplaceError",
+    "DeviceSpecError",
+    "EmitError",
+    "GraphError",
+    "InfeasibleError",
+    "ModelLoadError",
+    "OutputError",
+    "TraceError",
+    "VerificationError",
+]
+
+
+class AutoplaceError(Exception):
+    """Base class of every error autoplace raises on bad input."""
+
+
+class ModelLoadError(AutoplaceError):
+    """The model file could not be loaded or did not define what autoplace needs."""
+
+
+class TraceError(AutoplaceError):
+    """Neither torch.export nor torch.fx.symbolic_trace could trace the model."""
+
+
+class DeviceSpecError(AutoplaceError):
+    """A device spec, device type or cluster file is malformed or unknown."""
+
+
+class GraphError(AutoplaceError):
+    """A graph is malformed: a cycle, an edge to an unknown node, a bad duration."""
+
+
+class InfeasibleError(AutoplaceError):
+    """No placement fits the devices' memory."""
+
+
+class EmitError(AutoplaceError):
+    """The partitioned model could not be generated, saved or loaded."""
+
+
+class VerificationError(AutoplaceError):
+    """The emitted model does not reproduce the original model's outputs."""
+
+
+class OutputError(AutoplaceError):
+    """The output directory cannot be created or written."""

@@ -1,0 +1,326 @@
+"""The one graph IR every stage shares: plain, frozen data.
+
+Read in this order: ``OpNode`` and ``Edge`` make an ``OpGraph`` (a DAG kept in topological order);
+``Device`` and ``Link`` make a ``Cluster``; ``Costs`` says how long each node takes on each device;
+a ``Problem`` bundles the three and is what solvers and the simulator take. A ``Placement`` maps
+nodes to devices (with an optional per-device execution order); the simulator turns it into a
+``Schedule``. After tracing, nothing here refers to torch: only names, shapes, dtypes and bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from autoplace.errors import DeviceSpecError, GraphError
+
+__all__ = [
+    "Cluster",
+    "Costs",
+    "Device",
+    "Edge",
+    "Link",
+    "OpGraph",
+    "OpNode",
+    "Placement",
+    "Problem",
+    "Schedule",
+    "Transfer",
+]
+
+
+@dataclass(frozen=True)
+class OpNode:
+    """One schedulable unit: a traced op, or a group of them after coarsening.
+
+    ``param_bytes`` are the parameters and buffers resident on the node's device (each tensor is
+    attributed to exactly one node; nodes that share a tensor are colocated instead).
+    ``output_bytes`` is the size of everything the node produces. ``flops`` and
+    ``bytes_accessed`` feed the analytic cost model; ``launches`` counts kernels.
+    """
+
+    name: str
+    ops: tuple[str, ...] = ()
+    targets: tuple[str, ...] = ()
+    module: str = ""
+    is_input: bool = False
+    output_shapes: tuple[tuple[int, ...], ...] = ()
+    output_dtypes: tuple[str, ...] = ()
+    output_bytes: int = 0
+    param_bytes: int = 0
+    flops: float = 0.0
+    bytes_accessed: int = 0
+    launches: int = 0
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if not self.ops:
+            object.__setattr__(self, "ops", (self.name,))
+        if self.output_bytes < 0 or self.param_bytes < 0:
+            raise GraphError(f"node {self.name!r} has negative bytes")
+
+
+@dataclass(frozen=True)
+class Edge:
+    """Data flowing from ``src`` to ``dst``: ``bytes`` of ``src``'s output that ``dst`` reads."""
+
+    src: str
+    dst: str
+    bytes: int
+
+
+@dataclass(frozen=True)
+class OpGraph:
+    """A DAG of ``OpNode`` in topological order, with colocation groups.
+
+    ``colocate`` lists groups of node names that must share a device (tied parameters).
+    ``outputs`` names the nodes whose results the model returns.
+    """
+
+    nodes: tuple[OpNode, ...]
+    edges: tuple[Edge, ...]
+    colocate: tuple[tuple[str, ...], ...] = ()
+    outputs: tuple[str, ...] = ()
+    name: str = "model"
+
+    def __post_init__(self) -> None:
+        index: dict[str, int] = {}
+        for i, node in enumerate(self.nodes):
+            if node.name in index:
+                raise GraphError(f"node name {node.name!r} appears twice in graph {self.name!r}")
+            index[node.name] = i
+        for edge in self.edges:
+            for end in (edge.src, edge.dst):
+                if end not in index:
+                    raise GraphError(
+                        f"edge {edge.src!r} -> {edge.dst!r} names unknown node {end!r}"
+                    )
+            if index[edge.src] >= index[edge.dst]:
+                raise GraphError(
+                    f"edge {edge.src!r} -> {edge.dst!r} goes backwards: nodes must be listed in "
+                    "topological order (a cycle, or an unsorted node list)"
+                )
+            if edge.bytes < 0:
+                raise GraphError(f"edge {edge.src!r} -> {edge.dst!r} has negative bytes")
+        for group in self.colocate:
+            for name in group:
+                if name not in index:
+                    raise GraphError(f"colocation group names unknown node {name!r}")
+        for name in self.outputs:
+            if name not in index:
+                raise GraphError(f"output names unknown node {name!r}")
+
+    @cached_property
+    def index(self) -> dict[str, int]:
+        return {node.name: i for i, node in enumerate(self.nodes)}
+
+    @cached_property
+    def _by_name(self) -> dict[str, OpNode]:
+        return {node.name: node for node in self.nodes}
+
+    @cached_property
+    def _preds(self) -> dict[str, list[Edge]]:
+        preds: dict[str, list[Edge]] = {node.name: [] for node in self.nodes}
+        for edge in self.edges:
+            preds[edge.dst].append(edge)
+        return preds
+
+    @cached_property
+    def _succs(self) -> dict[str, list[Edge]]:
+        succs: dict[str, list[Edge]] = {node.name: [] for node in self.nodes}
+        for edge in self.edges:
+            succs[edge.src].append(edge)
+        return succs
+
+    def node(self, name: str) -> OpNode:
+        return self._by_name[name]
+
+    def in_edges(self, name: str) -> list[Edge]:
+        return self._preds[name]
+
+    def out_edges(self, name: str) -> list[Edge]:
+        return self._succs[name]
+
+    @cached_property
+    def colocation_of(self) -> dict[str, tuple[str, ...]]:
+        """Each node's colocation group (itself alone when it has none), groups merged if they
+        overlap."""
+        parent = {node.name: node.name for node in self.nodes}
+
+        def find(x: str) -> str:
+            while parent[x] != x:
+                parent[x] = parent[parent[x]]
+                x = parent[x]
+            return x
+
+        for group in self.colocate:
+            for name in group[1:]:
+                parent[find(name)] = find(group[0])
+        members: dict[str, list[str]] = {}
+        for node in self.nodes:
+            members.setdefault(find(node.name), []).append(node.name)
+        return {name: tuple(members[find(name)]) for name in parent}
+
+    @property
+    def total_param_bytes(self) -> int:
+        return sum(node.param_bytes for node in self.nodes)
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device the plan can use. ``name`` is unique in the cluster (``cuda:0``, ``cpu``,
+    ``host1/cuda:0``); ``type`` is a catalog name (``A100-40GB``); ``torch_device`` is what the
+    emitted model passes to ``torch.device``."""
+
+    name: str
+    type: str
+    memory_bytes: int
+    host: str = "localhost"
+    torch_device: str = ""
+
+    def __post_init__(self) -> None:
+        if self.memory_bytes <= 0:
+            raise DeviceSpecError(
+                f"device {self.name!r} has memory_bytes={self.memory_bytes}: it must be positive"
+            )
+        if not self.torch_device:
+            object.__setattr__(self, "torch_device", self.name.rsplit("/", 1)[-1])
+
+
+@dataclass(frozen=True)
+class Link:
+    """A directed link: moving ``n`` bytes takes ``latency_s + n / bandwidth_bytes_per_s``."""
+
+    src: str
+    dst: str
+    bandwidth_bytes_per_s: float
+    latency_s: float
+    kind: str = ""
+
+    def __post_init__(self) -> None:
+        if self.bandwidth_bytes_per_s <= 0 or self.latency_s < 0:
+            raise DeviceSpecError(
+                f"link {self.src} -> {self.dst} needs bandwidth > 0 and latency >= 0, got "
+                f"{self.bandwidth_bytes_per_s} B/s and {self.latency_s} s"
+            )
+
+    def transfer_s(self, nbytes: int) -> float:
+        return self.latency_s + nbytes / self.bandwidth_bytes_per_s
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Devices and a link for every ordered pair of distinct devices."""
+
+    devices: tuple[Device, ...]
+    links: tuple[Link, ...]
+
+    def __post_init__(self) -> None:
+        if not self.devices:
+            raise DeviceSpecError("a cluster needs at least one device")
+        names = [d.name for d in self.devices]
+        if len(set(names)) != len(names):
+            raise DeviceSpecError(f"device names must be unique, got {names}")
+        have = {(link.src, link.dst) for link in self.links}
+        for a in names:
+            for b in names:
+                if a != b and (a, b) not in have:
+                    raise DeviceSpecError(f"no link from {a!r} to {b!r}")
+
+    @cached_property
+    def _links(self) -> dict[tuple[str, str], Link]:
+        return {(link.src, link.dst): link for link in self.links}
+
+    @cached_property
+    def _devices(self) -> dict[str, Device]:
+        return {d.name: d for d in self.devices}
+
+    def device(self, name: str) -> Device:
+        return self._devices[name]
+
+    def link(self, src: str, dst: str) -> Link:
+        return self._links[(src, dst)]
+
+    def transfer_s(self, src: str, dst: str, nbytes: int) -> float:
+        """Time to move ``nbytes`` from ``src`` to ``dst``; zero on the same device."""
+        if src == dst:
+            return 0.0
+        return self._links[(src, dst)].transfer_s(nbytes)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(d.name for d in self.devices)
+
+
+@dataclass(frozen=True)
+class Costs:
+    """``compute_s[node][device]``: how long a node runs on a device. ``source[node]`` says where
+    the figure came from (``analytic``, later ``measured`` or ``calibrated``)."""
+
+    compute_s: Mapping[str, Mapping[str, float]]
+    source: Mapping[str, str] = field(default_factory=dict)
+
+    def of(self, node: str, device: str) -> float:
+        return self.compute_s[node][device]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What a solver and the simulator take: a graph, the devices, and the costs."""
+
+    graph: OpGraph
+    cluster: Cluster
+    costs: Costs
+
+    def __post_init__(self) -> None:
+        for node in self.graph.nodes:
+            per_device = self.costs.compute_s.get(node.name)
+            if per_device is None:
+                raise GraphError(f"node {node.name!r} has no compute cost")
+            for device in self.cluster.names:
+                t = per_device.get(device)
+                if t is None or t < 0 or t != t:
+                    raise GraphError(
+                        f"node {node.name!r} has a missing or negative duration on {device!r}"
+                    )
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A device for every node, and optionally the order each device runs its nodes in."""
+
+    device_of: Mapping[str, str]
+    order: Mapping[str, tuple[str, ...]] | None = None
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """``src`` node's output moved from ``src_device`` to ``dst_device`` once."""
+
+    src: str
+    src_device: str
+    dst_device: str
+    bytes: int
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The simulator's verdict on a placement."""
+
+    placement: Placement
+    makespan_s: float
+    start_s: Mapping[str, float]
+    end_s: Mapping[str, float]
+    transfers: tuple[Transfer, ...]
+    resident_bytes: Mapping[str, int]
+    peak_bytes: Mapping[str, int]
+    memory_timeline: Mapping[str, tuple[tuple[float, int], ...]]
+    over_capacity: Mapping[str, int]
+
+    @property
+    def feasible(self) -> bool:
+        """True when every device's peak memory is within its capacity."""
+        return not self.over_capacity

@@ -1,0 +1,308 @@
+"""``Plan``: the result of the pipeline as data, and its ``plan.json`` form.
+
+A plan written to JSON can be read back, re-simulated, reported and emitted again without
+re-tracing: ``Plan.load(dir).problem`` is the exact problem that was solved, and
+``Plan.load(dir).schedule`` its schedule. The JSON layout is documented by
+``autoplace/schema/plan.schema.json`` (``SCHEMA_VERSION``).
+
+``Plan.save`` writes into a temporary directory beside the target and renames it into place, so
+a failure never leaves a half-written output directory.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from autoplace.errors import OutputError
+from autoplace.ir import (
+    Cluster,
+    Costs,
+    Device,
+    Edge,
+    Link,
+    OpGraph,
+    OpNode,
+    Placement,
+    Problem,
+    Schedule,
+    Transfer,
+)
+
+__all__ = ["SCHEMA_VERSION", "BaselineResult", "Plan", "atomic_output_dir"]
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class BaselineResult:
+    makespan_s: float | None
+    feasible: bool
+    peak_bytes: Mapping[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, schedule: Schedule | None) -> BaselineResult:
+        if schedule is None:
+            return cls(makespan_s=None, feasible=False)
+        return cls(makespan_s=schedule.makespan_s, feasible=schedule.feasible,
+                   peak_bytes=dict(schedule.peak_bytes))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A placement with everything needed to check, report and run it."""
+
+    problem: Problem
+    schedule: Schedule
+    lower_bound_s: float
+    solver: Mapping[str, Any]
+    baselines: Mapping[str, BaselineResult]
+    best_single_device: str | None
+    model: str = "model"
+    objective: str = "latency"
+    tracer: str = "graph"
+    coarsening: Mapping[str, Any] = field(default_factory=dict)
+    verification: Mapping[str, Any] = field(default_factory=lambda: {
+        "status": "skipped", "detail": "not verified", "max_abs_diff": None})
+    notes: tuple[str, ...] = ()
+    created: str = ""
+    emitted: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def makespan_s(self) -> float:
+        return self.schedule.makespan_s
+
+    @property
+    def gap(self) -> float | None:
+        if self.makespan_s <= 0:
+            return 0.0
+        return max(0.0, (self.makespan_s - self.lower_bound_s) / self.makespan_s)
+
+    @property
+    def best_single_makespan_s(self) -> float | None:
+        single = self.baselines.get("single-device")
+        return single.makespan_s if single is not None else None
+
+    @property
+    def speedup_over_single(self) -> float | None:
+        single = self.best_single_makespan_s
+        if single is None or self.makespan_s <= 0:
+            return None
+        return single / self.makespan_s
+
+    @property
+    def device_of_op(self) -> dict[str, str]:
+        """Each traced op's device: the plan expanded back from coarse nodes."""
+        device_of = self.schedule.placement.device_of
+        return {op: device_of[node.name] for node in self.problem.graph.nodes for op in node.ops}
+
+    # ---- JSON form
+
+    def to_dict(self) -> dict[str, Any]:
+        graph, cluster, costs = self.problem.graph, self.problem.cluster, self.problem.costs
+        s = self.schedule
+        device_of = s.placement.device_of
+        from autoplace import __version__
+
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "model": self.model,
+            "objective": self.objective,
+            "tracer": self.tracer,
+            "devices": [{"name": d.name, "type": d.type, "memory_bytes": d.memory_bytes,
+                         "host": d.host, "torch_device": d.torch_device}
+                        for d in cluster.devices],
+            "links": [{"src": lk.src, "dst": lk.dst,
+                       "bandwidth_bytes_per_s": lk.bandwidth_bytes_per_s,
+                       "latency_s": lk.latency_s, "kind": lk.kind} for lk in cluster.links],
+            "nodes": [{
+                "name": n.name, "ops": list(n.ops), "targets": list(n.targets),
+                "module": n.module, "is_input": n.is_input, "device": device_of[n.name],
+                "start_s": s.start_s[n.name], "end_s": s.end_s[n.name],
+                "compute_s": dict(costs.compute_s[n.name]),
+                "memory_bytes": n.param_bytes, "output_bytes": n.output_bytes,
+                "output_shapes": [list(x) for x in n.output_shapes],
+                "output_dtypes": list(n.output_dtypes), "flops": n.flops,
+                "bytes_accessed": n.bytes_accessed, "launches": n.launches, "dtype": n.dtype,
+                "cost_source": costs.source.get(n.name, "analytic"),
+            } for n in graph.nodes],
+            "edges": [{"src": e.src, "dst": e.dst, "bytes": e.bytes} for e in graph.edges],
+            "colocate": [list(g) for g in graph.colocate],
+            "outputs": list(graph.outputs),
+            "order": {d: list(seq) for d, seq in (s.placement.order or {}).items()},
+            "transfers": [{"src": t.src, "src_device": t.src_device, "dst_device": t.dst_device,
+                           "bytes": t.bytes, "start_s": t.start_s, "end_s": t.end_s}
+                          for t in s.transfers],
+            "makespan_s": s.makespan_s,
+            "lower_bound_s": self.lower_bound_s,
+            "solver": {**self.solver, "gap": self.gap},
+            "baselines": {name: {"makespan_s": b.makespan_s, "feasible": b.feasible,
+                                 "peak_bytes": dict(b.peak_bytes)}
+                          for name, b in self.baselines.items()},
+            "best_single_device": {"device": self.best_single_device,
+                                   "makespan_s": self.best_single_makespan_s},
+            "speedup_over_single": self.speedup_over_single,
+            "memory": {d.name: {"peak_bytes": s.peak_bytes[d.name],
+                                "capacity_bytes": d.memory_bytes,
+                                "resident_bytes": s.resident_bytes[d.name],
+                                "timeline": [list(p) for p in s.memory_timeline[d.name]]}
+                       for d in cluster.devices},
+            "coarsening": dict(self.coarsening),
+            "verification": dict(self.verification),
+            "notes": list(self.notes),
+            "created": self.created or _dt.datetime.now(_dt.timezone.utc).isoformat(),
+            "autoplace_version": __version__,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Plan:
+        devices = tuple(Device(name=d["name"], type=d["type"], memory_bytes=d["memory_bytes"],
+                               host=d.get("host", "localhost"),
+                               torch_device=d.get("torch_device", ""))
+                        for d in data["devices"])
+        links = tuple(Link(src=lk["src"], dst=lk["dst"],
+                           bandwidth_bytes_per_s=lk["bandwidth_bytes_per_s"],
+                           latency_s=lk["latency_s"], kind=lk.get("kind", ""))
+                      for lk in data["links"])
+        nodes = tuple(OpNode(
+            name=n["name"], ops=tuple(n["ops"]), targets=tuple(n.get("targets", ())),
+            module=n.get("module", ""), is_input=n.get("is_input", False),
+            output_shapes=tuple(tuple(x) for x in n.get("output_shapes", ())),
+            output_dtypes=tuple(n.get("output_dtypes", ())), output_bytes=n["output_bytes"],
+            param_bytes=n["memory_bytes"], flops=n.get("flops", 0.0),
+            bytes_accessed=n.get("bytes_accessed", 0), launches=n.get("launches", 0),
+            dtype=n.get("dtype", "float32"),
+        ) for n in data["nodes"])
+        graph = OpGraph(nodes=nodes,
+                        edges=tuple(Edge(src=e["src"], dst=e["dst"], bytes=e["bytes"])
+                                    for e in data["edges"]),
+                        colocate=tuple(tuple(g) for g in data.get("colocate", ())),
+                        outputs=tuple(data.get("outputs", ())), name=data.get("model", "model"))
+        costs = Costs(compute_s={n["name"]: dict(n["compute_s"]) for n in data["nodes"]},
+                      source={n["name"]: n.get("cost_source", "analytic") for n in data["nodes"]})
+        problem = Problem(graph=graph, cluster=Cluster(devices=devices, links=links), costs=costs)
+        order = {d: tuple(seq) for d, seq in data.get("order", {}).items()} or None
+        memory = data["memory"]
+        schedule = Schedule(
+            placement=Placement(device_of={n["name"]: n["device"] for n in data["nodes"]},
+                                order=order),
+            makespan_s=data["makespan_s"],
+            start_s={n["name"]: n["start_s"] for n in data["nodes"]},
+            end_s={n["name"]: n["end_s"] for n in data["nodes"]},
+            transfers=tuple(Transfer(src=t["src"], src_device=t["src_device"],
+                                     dst_device=t["dst_device"], bytes=t["bytes"],
+                                     start_s=t["start_s"], end_s=t["end_s"])
+                            for t in data.get("transfers", ())),
+            resident_bytes={d: m["resident_bytes"] for d, m in memory.items()},
+            peak_bytes={d: m["peak_bytes"] for d, m in memory.items()},
+            memory_timeline={d: tuple(tuple(p) for p in m.get("timeline", ()))
+                             for d, m in memory.items()},
+            over_capacity={d: m["peak_bytes"] - m["capacity_bytes"] for d, m in memory.items()
+                           if m["peak_bytes"] > m["capacity_bytes"]},
+        )
+        solver = {k: v for k, v in data["solver"].items() if k != "gap"}
+        best_single = data.get("best_single_device") or {}
+        return cls(
+            problem=problem, schedule=schedule, lower_bound_s=data["lower_bound_s"],
+            solver=solver,
+            baselines={name: BaselineResult(makespan_s=b.get("makespan_s"),
+                                            feasible=b.get("feasible", False),
+                                            peak_bytes=b.get("peak_bytes", {}))
+                       for name, b in data.get("baselines", {}).items()},
+            best_single_device=best_single.get("device"),
+            model=data.get("model", "model"), objective=data.get("objective", "latency"),
+            tracer=data.get("tracer", "graph"), coarsening=data.get("coarsening", {}),
+            verification=data.get("verification", {}), notes=tuple(data.get("notes", ())),
+            created=data.get("created", ""),
+        )
+
+    def with_verification(self, verification: Mapping[str, Any]) -> Plan:
+        return replace(self, verification=dict(verification))
+
+    # ---- files
+
+    def save(self, directory: str | os.PathLike[str]) -> Path:
+        """Write ``plan.json``, ``report.html``, ``summary.txt`` and (when emitted) ``model/``
+        into ``directory``, atomically."""
+        from autoplace.report import render_html, summary_text
+
+        data = self.to_dict()
+
+        def write(tmp: Path) -> None:
+            (tmp / "plan.json").write_text(json.dumps(data, indent=1) + "\n")
+            (tmp / "report.html").write_text(render_html(data))
+            (tmp / "summary.txt").write_text(summary_text(data) + "\n")
+            if self.emitted is not None:
+                from autoplace.emit import save_model
+
+                save_model(self.emitted, tmp / "model")
+
+        return atomic_output_dir(directory, write)
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike[str]) -> Plan:
+        """Read ``directory/plan.json`` (or a ``plan.json`` path) back into a ``Plan``."""
+        path = Path(directory)
+        if path.is_dir():
+            path = path / "plan.json"
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError as exc:
+            raise OutputError(f"no plan file at {str(path)!r}: pass a directory written by "
+                              "`autoplace plan` or a plan.json path") from exc
+        except json.JSONDecodeError as exc:
+            raise OutputError(f"{str(path)!r} is not valid JSON ({exc}); re-run "
+                              "`autoplace plan` to write it again") from exc
+        try:
+            return cls.from_dict(data)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise OutputError(f"{str(path)!r} is not a plan file this version can read "
+                              f"({type(exc).__name__}: {exc})") from exc
+
+
+def check_writable(directory: str | os.PathLike[str]) -> Path:
+    """Fail early, before any work, when ``directory`` cannot be created or written."""
+    target = Path(directory).resolve()
+    parent = target.parent
+    while not parent.exists():
+        parent = parent.parent
+    if target.exists() and not target.is_dir():
+        raise OutputError(f"output path {str(target)!r} exists and is not a directory: choose "
+                          "another --out")
+    if not os.access(parent, os.W_OK | os.X_OK) or (
+            target.exists() and not os.access(target.parent, os.W_OK)):
+        raise OutputError(f"cannot write the output directory {str(target)!r}: {str(parent)!r} "
+                          "is not writable; choose another --out")
+    return target
+
+
+def atomic_output_dir(directory: str | os.PathLike[str], write: Callable[[Path], None]) -> Path:
+    """Run ``write(tmp)`` into a fresh temporary directory, then rename it to ``directory``
+    (replacing an older one). On any failure nothing is left behind."""
+    target = check_writable(directory)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    except OSError as exc:
+        raise OutputError(f"cannot create the output directory {str(target)!r}: {exc}; choose "
+                          "another --out") from exc
+    try:
+        write(tmp)
+        if target.exists():
+            old = target.with_name(f".{target.name}.old-{os.getpid()}")
+            target.rename(old)
+            tmp.rename(target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target

@@ -1,0 +1,262 @@
+"""The one event-driven simulator: every placement, the solver's or a baseline's, is scored here.
+
+Model (the same one ``plan.json`` documents, so anyone can re-check a plan):
+
+* a device runs one node at a time, for ``costs.compute_s[node][device]`` seconds;
+* a node starts once every input has arrived on its device: an input read over edge ``(u, v)``
+  from another device arrives ``latency_s + edge bytes / bandwidth`` after ``u`` ends (links are
+  not shared resources: transfers overlap each other and compute). For memory, ``u``'s output
+  is copied once to each other device that reads it, with the largest edge's bytes;
+* with ``Placement.order`` each device runs its nodes in exactly that order; without it a device
+  that falls idle starts its ready node of highest upward rank (list scheduling, as HEFT ranks).
+
+Memory on a device is its resident parameters plus live activations: a node's output is allocated
+when the node starts and freed when its last reader on that device has finished and its last
+outgoing transfer is done; a copy received from another device lives from the transfer's start
+until its last reader there finishes; the model's outputs live to the end.
+
+Read ``simulate`` first, then ``_memory``; ``validate`` re-checks a schedule independently.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+
+from autoplace.errors import GraphError
+from autoplace.ir import Placement, Problem, Schedule, Transfer
+
+__all__ = ["simulate", "upward_rank", "validate"]
+
+_EPS = 1e-12
+
+
+def upward_rank(problem: Problem, device_of: dict[str, str] | None = None) -> dict[str, float]:
+    """Longest time from a node's start to the end of the graph.
+
+    With ``device_of`` the node's own device and the actual links are used; without it, the
+    mean over devices and no communication (HEFT's rank before placement uses mean costs).
+    """
+    graph, cluster, costs = problem.graph, problem.cluster, problem.costs
+    rank: dict[str, float] = {}
+    for node in reversed(graph.nodes):
+        if device_of is None:
+            own = sum(costs.compute_s[node.name].values()) / len(cluster.devices)
+        else:
+            own = costs.of(node.name, device_of[node.name])
+        tail = 0.0
+        for e in graph.out_edges(node.name):
+            comm = 0.0
+            if device_of is not None:
+                comm = cluster.transfer_s(device_of[e.src], device_of[e.dst], e.bytes)
+            tail = max(tail, comm + rank[e.dst])
+        rank[node.name] = own + tail
+    return rank
+
+
+def _transfer_bytes(problem: Problem, device_of: dict[str, str]) -> dict[tuple[str, str], int]:
+    """Bytes moved from each node to each other device: the largest read there."""
+    moved: dict[tuple[str, str], int] = {}
+    for e in problem.graph.edges:
+        src_dev, dst_dev = device_of[e.src], device_of[e.dst]
+        if src_dev != dst_dev:
+            moved[(e.src, dst_dev)] = max(moved.get((e.src, dst_dev), 0), e.bytes)
+    return moved
+
+
+def simulate(problem: Problem, placement: Placement) -> Schedule:
+    """Run ``placement`` through the event-driven model and return its ``Schedule``."""
+    graph, cluster, costs = problem.graph, problem.cluster, problem.costs
+    device_of = dict(placement.device_of)
+    for node in graph.nodes:
+        dev = device_of.get(node.name)
+        if dev is None:
+            raise GraphError(f"placement has no device for node {node.name!r}")
+        if dev not in cluster.names:
+            raise GraphError(f"node {node.name!r} is placed on unknown device {dev!r}")
+
+    moved_from: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    for (src, dst_dev), nbytes in _transfer_bytes(problem, device_of).items():
+        moved_from[src].append((dst_dev, nbytes))
+    order = placement.order
+    if order is not None:
+        listed = sorted(n for seq in order.values() for n in seq)
+        if listed != sorted(device_of):
+            raise GraphError("placement order must list every node exactly once")
+        for dev, seq in order.items():
+            if any(device_of[n] != dev for n in seq):
+                raise GraphError(f"placement order for {dev!r} lists a node placed elsewhere")
+        pointer = dict.fromkeys(cluster.names, 0)
+        priority: dict[str, float] = {}
+    else:
+        priority = upward_rank(problem, device_of)
+    ready_heap: dict[str, list[tuple[float, int, str]]] = defaultdict(list)
+    ready: set[str] = set()
+    busy = dict.fromkeys(cluster.names, False)
+    pending = {n.name: len({e.src for e in graph.in_edges(n.name)}) for n in graph.nodes}
+    data_ready = dict.fromkeys(pending, 0.0)
+    start: dict[str, float] = {}
+    end: dict[str, float] = {}
+    transfers: list[Transfer] = []
+    events: list[tuple[float, int, int, str]] = []  # (time, kind: 0 finish / 1 ready, seq, node)
+    seq = 0
+
+    def push(t: float, kind: int, name: str) -> None:
+        nonlocal seq
+        heapq.heappush(events, (t, kind, seq, name))
+        seq += 1
+
+    def dispatch(dev: str, now: float) -> None:
+        if busy[dev]:
+            return
+        if order is not None:
+            seq_d = order.get(dev, ())
+            if pointer[dev] >= len(seq_d) or seq_d[pointer[dev]] not in ready:
+                return
+            name = seq_d[pointer[dev]]
+            pointer[dev] += 1
+        else:
+            if not ready_heap[dev]:
+                return
+            name = heapq.heappop(ready_heap[dev])[2]
+        ready.discard(name)
+        busy[dev] = True
+        start[name] = now
+        end[name] = now + costs.of(name, dev)
+        push(end[name], 0, name)
+
+    for node in graph.nodes:
+        if pending[node.name] == 0:
+            push(0.0, 1, node.name)
+    while events:
+        now, kind, _, name = heapq.heappop(events)
+        dev = device_of[name]
+        if kind == 1:
+            ready.add(name)
+            if order is None:
+                heapq.heappush(ready_heap[dev], (-priority[name], graph.index[name], name))
+            dispatch(dev, now)
+            continue
+        busy[dev] = False
+        for dst_dev, nbytes in moved_from[name]:
+            t_end = now + cluster.transfer_s(dev, dst_dev, nbytes)
+            transfers.append(Transfer(src=name, src_device=dev, dst_device=dst_dev,
+                                      bytes=nbytes, start_s=now, end_s=t_end))
+        for e in graph.out_edges(name):
+            # Each reader waits for its own edge's bytes, as plan.json's re-check rule states.
+            t_in = now + cluster.transfer_s(dev, device_of[e.dst], e.bytes)
+            data_ready[e.dst] = max(data_ready[e.dst], t_in)
+        for succ in dict.fromkeys(e.dst for e in graph.out_edges(name)):
+            pending[succ] -= 1
+            if pending[succ] == 0:
+                push(data_ready[succ], 1, succ)
+        dispatch(dev, now)
+
+    if len(end) != len(graph.nodes):
+        stuck = [n.name for n in graph.nodes if n.name not in end][:5]
+        raise GraphError(
+            f"the placement's device order deadlocks: {stuck} never start (an order that runs a "
+            "node before one of its inputs on the same device)"
+        )
+    makespan = max(end.values(), default=0.0)
+    resident, peak, timeline = _memory(problem, device_of, start, end, transfers, makespan)
+    over = {d: peak[d] - cluster.device(d).memory_bytes for d in cluster.names
+            if peak[d] > cluster.device(d).memory_bytes}
+    return Schedule(
+        placement=Placement(device_of=device_of, order=placement.order),
+        makespan_s=makespan,
+        start_s=start,
+        end_s=end,
+        transfers=tuple(sorted(transfers, key=lambda t: (t.start_s, t.src, t.dst_device))),
+        resident_bytes=resident,
+        peak_bytes=peak,
+        memory_timeline=timeline,
+        over_capacity=over,
+    )
+
+
+def _memory(
+    problem: Problem,
+    device_of: dict[str, str],
+    start: dict[str, float],
+    end: dict[str, float],
+    transfers: list[Transfer],
+    makespan: float,
+) -> tuple[dict[str, int], dict[str, int], dict[str, tuple[tuple[float, int], ...]]]:
+    graph, cluster = problem.graph, problem.cluster
+    resident = dict.fromkeys(cluster.names, 0)
+    for node in graph.nodes:
+        resident[device_of[node.name]] += node.param_bytes
+    outputs = set(graph.outputs)
+    last_read: dict[tuple[str, str], float] = {}
+    for e in graph.edges:
+        key = (e.src, device_of[e.dst])
+        last_read[key] = max(last_read.get(key, 0.0), end[e.dst])
+    sent_until: dict[str, float] = {}
+    for t in transfers:
+        sent_until[t.src] = max(sent_until.get(t.src, 0.0), t.end_s)
+
+    deltas: dict[str, list[tuple[float, int, int]]] = defaultdict(list)  # (t, order, +/-bytes)
+    for node in graph.nodes:
+        dev, nbytes = device_of[node.name], node.output_bytes
+        if nbytes == 0:
+            continue
+        free_at = max(end[node.name], last_read.get((node.name, dev), 0.0),
+                      sent_until.get(node.name, 0.0))
+        if node.name in outputs:
+            free_at = makespan
+        deltas[dev].append((start[node.name], 1, nbytes))
+        deltas[dev].append((free_at, 0, -nbytes))
+    for t in transfers:
+        free_at = last_read.get((t.src, t.dst_device), t.end_s)
+        deltas[t.dst_device].append((t.start_s, 1, t.bytes))
+        deltas[t.dst_device].append((max(free_at, t.end_s), 0, -t.bytes))
+
+    peak: dict[str, int] = {}
+    timeline: dict[str, tuple[tuple[float, int], ...]] = {}
+    for dev in cluster.names:
+        level = resident[dev]
+        best = level
+        points = [(0.0, level)]
+        # Frees sort before allocations at the same instant: a reader that has finished
+        # releases its input before the next node allocates its output.
+        for t, _, delta in sorted(deltas[dev]):
+            level += delta
+            best = max(best, level)
+            points.append((t, level))
+        peak[dev] = best
+        timeline[dev] = tuple(points)
+    return resident, peak, timeline
+
+
+def validate(problem: Problem, schedule: Schedule, *, tol_s: float = 1e-9) -> list[str]:
+    """Re-check a schedule against the model: durations, precedence with transfer delays,
+    no overlap on a device, colocation, memory within capacity. Returns the violations."""
+    graph, cluster, costs = problem.graph, problem.cluster, problem.costs
+    device_of = schedule.placement.device_of
+    problems: list[str] = []
+    for node in graph.nodes:
+        dev = device_of[node.name]
+        duration = schedule.end_s[node.name] - schedule.start_s[node.name]
+        if abs(duration - costs.of(node.name, dev)) > tol_s + 1e-9 * duration:
+            problems.append(f"{node.name}: runs {duration} s, costs {costs.of(node.name, dev)} s")
+    for e in graph.edges:
+        ready = schedule.end_s[e.src] + cluster.transfer_s(device_of[e.src], device_of[e.dst],
+                                                           e.bytes)
+        if schedule.start_s[e.dst] + tol_s < ready - _EPS * ready:
+            problems.append(f"{e.dst} starts at {schedule.start_s[e.dst]} before its input from "
+                            f"{e.src} arrives at {ready}")
+    by_device: dict[str, list[str]] = defaultdict(list)
+    for name, dev in device_of.items():
+        by_device[dev].append(name)
+    for dev, names in by_device.items():
+        spans = sorted((schedule.start_s[n], schedule.end_s[n], n) for n in names)
+        for (_, e1, n1), (s2, _, n2) in zip(spans, spans[1:]):
+            if s2 + tol_s < e1:
+                problems.append(f"{n1} and {n2} overlap on {dev}")
+    for group in graph.colocate:
+        if len({device_of[n] for n in group}) > 1:
+            problems.append(f"colocation group {list(group)} is split across devices")
+    for dev, excess in schedule.over_capacity.items():
+        problems.append(f"{dev} is {excess} bytes over its capacity")
+    return problems

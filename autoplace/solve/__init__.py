@@ -1,0 +1,188 @@
+"""Solve for a placement: baselines first, then CP-SAT hinted with the best of them.
+
+``solve`` runs every baseline heuristic through the simulator, hints CP-SAT with the best
+feasible one, simulates CP-SAT's answer, and keeps whichever is best, so the returned plan is never
+worse than any baseline on the same simulator. When the simulator finds activations overflowing a
+device that CP-SAT's memory model allowed, that device's capacity is tightened by the excess and
+CP-SAT runs again. The lower bound is the best of the analytic bounds and CP-SAT's own.
+
+Solvers are chosen by name (``SOLVERS``); ``cpsat`` is the default, the others return the
+corresponding heuristic's plan.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from autoplace.errors import AutoplaceError, InfeasibleError
+from autoplace.ir import Problem, Schedule
+from autoplace.simulate import simulate
+from autoplace.solve.bounds import check_memory, lower_bound_s
+from autoplace.solve.cpsat import TIME_QUANTUM_S, solve_cpsat
+from autoplace.solve.heuristics import heft, sequential_fill, single_device
+
+__all__ = [
+    "DEFAULT_TIME_LIMIT_S",
+    "SOLVERS",
+    "SolveResult",
+    "SolverInfo",
+    "TIME_QUANTUM_S",
+    "get_solver",
+    "solve",
+]
+
+DEFAULT_TIME_LIMIT_S = 10.0
+SOLVERS = ("cpsat", "heft", "sequential", "single-device")
+_MEMORY_ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class SolverInfo:
+    name: str
+    status: str
+    wall_s: float
+    objective_s: float | None
+    time_limit_s: float
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "status": self.status, "wall_s": self.wall_s,
+                "objective_s": self.objective_s, "time_limit_s": self.time_limit_s}
+
+
+@dataclass(frozen=True)
+class SolveResult:
+    schedule: Schedule
+    solver: SolverInfo
+    lower_bound_s: float
+    baselines: Mapping[str, Schedule | None]
+    best_single_device: str | None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def gap(self) -> float | None:
+        if self.schedule.makespan_s <= 0:
+            return 0.0
+        return max(0.0, (self.schedule.makespan_s - self.lower_bound_s) / self.schedule.makespan_s)
+
+
+def get_solver(name: str) -> str:
+    if name not in SOLVERS:
+        raise AutoplaceError(f"unknown solver {name!r}; valid solvers: {', '.join(SOLVERS)}")
+    return name
+
+
+def _activation_bytes(problem: Problem) -> dict[str, int]:
+    graph = problem.graph
+    return {n.name: n.output_bytes + sum(e.bytes for e in graph.in_edges(n.name))
+            for n in graph.nodes}
+
+
+def run_baselines(problem: Problem) -> tuple[dict[str, Schedule | None], str | None]:
+    """Every baseline, simulated; ``None`` where the heuristic could not respect memory."""
+    singles: dict[str, Schedule] = {}
+    seen: set[tuple[str, int]] = set()
+    for device in problem.cluster.devices:
+        if (device.type, device.memory_bytes) in seen:
+            continue  # identical devices give identical single-device plans
+        seen.add((device.type, device.memory_bytes))
+        placement = single_device(problem, device.name)
+        if placement is not None:
+            schedule = simulate(problem, placement)
+            if schedule.feasible:
+                singles[device.name] = schedule
+    best_single = min(singles, key=lambda d: singles[d].makespan_s, default=None)
+    baselines: dict[str, Schedule | None] = {
+        "single-device": singles[best_single] if best_single else None}
+    for name, heuristic in (("sequential", sequential_fill), ("heft", heft)):
+        placement = heuristic(problem)
+        baselines[name] = simulate(problem, placement) if placement is not None else None
+    return baselines, best_single
+
+
+def _best(schedules: Mapping[str, Schedule | None]) -> tuple[str, Schedule] | None:
+    feasible = [(s.makespan_s, name) for name, s in schedules.items()
+                if s is not None and s.feasible]
+    if not feasible:
+        return None
+    name = min(feasible)[1]
+    schedule = schedules[name]
+    assert schedule is not None
+    return name, schedule
+
+
+def solve(
+    problem: Problem,
+    *,
+    solver: str = "cpsat",
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+    seed: int = 0,
+    workers: int | None = None,
+) -> SolveResult:
+    """Place ``problem``'s nodes on its devices, minimising the simulated makespan."""
+    get_solver(solver)
+    check_memory(problem)
+    began = time.perf_counter()
+    baselines, best_single = run_baselines(problem)
+    bound = lower_bound_s(problem)
+    notes: list[str] = []
+    best = _best(baselines)
+
+    if solver != "cpsat":
+        chosen = baselines.get(solver)
+        if chosen is None or not chosen.feasible:
+            raise InfeasibleError(
+                f"the {solver} heuristic found no placement within memory; try --solver cpsat")
+        info = SolverInfo(name=solver, status="HEURISTIC", wall_s=time.perf_counter() - began,
+                          objective_s=chosen.makespan_s, time_limit_s=time_limit_s)
+        return SolveResult(schedule=chosen, solver=info, lower_bound_s=bound,
+                           baselines=baselines, best_single_device=best_single)
+
+    capacity = {d.name: d.memory_bytes for d in problem.cluster.devices}
+    activation = _activation_bytes(problem)
+    deadline = began + time_limit_s
+    status, objective, cpsat_schedule = "NOT_RUN", None, None
+    for round_ in range(_MEMORY_ROUNDS):
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0.05:
+            break
+        result = solve_cpsat(problem, time_limit_s=remaining,
+                             hint=best[1] if best else None, capacity_bytes=capacity,
+                             activation_bytes=activation, workers=workers, seed=seed)
+        status, objective = result.status, result.objective_s
+        if round_ == 0 and result.placement is not None:
+            # Only the untightened model's bound holds for the real problem.
+            bound = max(bound, result.bound_s)
+        if result.status == "INFEASIBLE" and round_ == 0 and best is None:
+            raise InfeasibleError(
+                "no placement fits: the parameters can be split only in ways that overflow some "
+                "device once activations are counted; add devices or use larger ones")
+        if result.placement is None:
+            break
+        candidate = simulate(problem, result.placement)
+        if candidate.feasible:
+            cpsat_schedule = candidate
+            break
+        for dev, excess in candidate.over_capacity.items():
+            capacity[dev] -= excess
+        notes.append(f"CP-SAT plan overflowed {sorted(candidate.over_capacity)} once activations "
+                     "were simulated; re-solved with tighter capacity")
+
+    wall = time.perf_counter() - began
+    if cpsat_schedule is not None and (best is None
+                                       or cpsat_schedule.makespan_s <= best[1].makespan_s):
+        chosen, name = cpsat_schedule, "cpsat"
+    elif best is not None:
+        chosen, name = best[1], f"cpsat ({best[0]} kept)"
+        notes.append(f"CP-SAT ({status}) did not improve on the {best[0]} baseline within "
+                     f"{time_limit_s:g} s; the plan is the {best[0]} placement")
+    else:
+        raise InfeasibleError(
+            "no placement within memory was found: CP-SAT returned "
+            f"{status} within {time_limit_s:g} s and every heuristic overflowed a device; "
+            "raise --time-limit, or add devices")
+    info = SolverInfo(name=name, status=status, wall_s=wall, objective_s=objective,
+                      time_limit_s=time_limit_s)
+    return SolveResult(schedule=chosen, solver=info, lower_bound_s=bound, baselines=baselines,
+                       best_single_device=best_single, notes=tuple(notes))

@@ -1,0 +1,76 @@
+"""Lower bounds on the makespan that hold for every placement, and the memory diagnosis.
+
+* critical path: the longest path where every node takes its fastest time on any device that can
+  hold it and transfers are free;
+* total work: the work of every node at its fastest, spread perfectly over all devices;
+* colocation: a group sharing a device runs one after another on one device.
+
+``check_memory`` fails fast, with the bytes missing and where, when no placement can fit.
+"""
+
+from __future__ import annotations
+
+from autoplace.errors import InfeasibleError
+from autoplace.ir import Problem
+
+__all__ = ["check_memory", "lower_bound_s"]
+
+
+def _fmt(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.2f} GiB ({nbytes} bytes)"
+
+
+def _holders(problem: Problem) -> dict[str, list[str]]:
+    """Devices that can hold each node's whole colocation group."""
+    graph, cluster = problem.graph, problem.cluster
+    holders: dict[str, list[str]] = {}
+    for name, group in graph.colocation_of.items():
+        need = sum(graph.node(m).param_bytes for m in group)
+        holders[name] = [d.name for d in cluster.devices if d.memory_bytes >= need]
+    return holders
+
+
+def check_memory(problem: Problem) -> None:
+    """Raise ``InfeasibleError`` when the parameters cannot fit the devices at all."""
+    graph, cluster = problem.graph, problem.cluster
+    total = graph.total_param_bytes
+    capacity = sum(d.memory_bytes for d in cluster.devices)
+    if total > capacity:
+        raise InfeasibleError(
+            f"the model's parameters and buffers need {_fmt(total)} but the "
+            f"{len(cluster.devices)} devices hold {_fmt(capacity)} together: "
+            f"{_fmt(total - capacity)} short. Add devices or use larger ones (--devices), or "
+            "reduce the model (smaller dtype)."
+        )
+    largest = max(cluster.devices, key=lambda d: d.memory_bytes)
+    for name, group in graph.colocation_of.items():
+        need = sum(graph.node(m).param_bytes for m in group)
+        if need > largest.memory_bytes:
+            what = f"node {name!r}" if len(group) == 1 else (
+                f"colocation group {list(group)[:4]} (nodes that share parameters)")
+            raise InfeasibleError(
+                f"{what} needs {_fmt(need)} on one device, but the largest device "
+                f"{largest.name} ({largest.type}) has {_fmt(largest.memory_bytes)}: "
+                f"{_fmt(need - largest.memory_bytes)} short. Use a device with more memory."
+            )
+
+
+def lower_bound_s(problem: Problem) -> float:
+    """The largest of the critical-path, total-work and colocation bounds, in seconds."""
+    graph, cluster, costs = problem.graph, problem.cluster, problem.costs
+    holders = _holders(problem)
+    fastest = {
+        n.name: min(costs.of(n.name, d) for d in holders[n.name] or cluster.names)
+        for n in graph.nodes
+    }
+    path: dict[str, float] = {}
+    for node in graph.nodes:
+        ready = max((path[e.src] for e in graph.in_edges(node.name)), default=0.0)
+        path[node.name] = ready + fastest[node.name]
+    critical = max(path.values(), default=0.0)
+    work = sum(fastest.values()) / len(cluster.devices)
+    colocated = 0.0
+    for group in {tuple(g) for g in graph.colocation_of.values() if len(g) > 1}:
+        colocated = max(colocated, min(sum(costs.of(m, d) for m in group)
+                                       for d in holders[group[0]] or cluster.names))
+    return max(critical, work, colocated)

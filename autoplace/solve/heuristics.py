@@ -1,0 +1,140 @@
+"""Classic placement heuristics: baselines to beat and hints for CP-SAT.
+
+* ``single_device``: everything on one device (the plan must beat the best of these);
+* ``sequential_fill``: accelerate's ``device_map="auto"`` style: walk the graph in order and fill
+  each device up to its capacity before moving to the next;
+* ``heft``: insertion-based HEFT (Topcuoglu, Hariri, Wu, IEEE TPDS 13(3), 2002), made memory- and
+  colocation-aware: a device is a candidate only if the node's colocation group still fits.
+
+All return a ``Placement`` (or ``None`` when they cannot respect memory); the simulator scores
+them. Memory checks count resident parameters plus a reserve for activations, the largest working
+set of any node (accelerate reserves room for its largest layer the same way).
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from autoplace.ir import Placement, Problem
+
+__all__ = ["activation_reserve", "heft", "sequential_fill", "single_device"]
+
+
+def activation_reserve(problem: Problem) -> int:
+    """The largest working set of one node: its inputs and its outputs."""
+    graph = problem.graph
+    best = 0
+    for node in graph.nodes:
+        inputs = sum(e.bytes for e in graph.in_edges(node.name))
+        best = max(best, inputs + node.output_bytes)
+    return best
+
+
+def _group_bytes(problem: Problem) -> dict[str, int]:
+    graph = problem.graph
+    return {name: sum(graph.node(m).param_bytes for m in group)
+            for name, group in graph.colocation_of.items()}
+
+
+def single_device(problem: Problem, device: str) -> Placement | None:
+    """Every node on ``device``; ``None`` if its parameters do not fit there."""
+    capacity = problem.cluster.device(device).memory_bytes
+    if problem.graph.total_param_bytes > capacity:
+        return None
+    return Placement(device_of={n.name: device for n in problem.graph.nodes})
+
+
+def sequential_fill(problem: Problem) -> Placement | None:
+    """Fill devices in cluster order, nodes in topological order (accelerate's sequential map)."""
+    graph, cluster = problem.graph, problem.cluster
+    reserve = activation_reserve(problem)
+    group_bytes = _group_bytes(problem)
+    used = dict.fromkeys(cluster.names, 0)
+    device_of: dict[str, str] = {}
+    current = 0
+    for node in graph.nodes:
+        if node.name in device_of:
+            continue
+        group = graph.colocation_of[node.name]
+        need = group_bytes[node.name]
+        while current < len(cluster.devices):
+            dev = cluster.devices[current]
+            if used[dev.name] + need + reserve <= dev.memory_bytes:
+                break
+            current += 1
+        if current == len(cluster.devices):
+            return None
+        dev_name = cluster.devices[current].name
+        used[dev_name] += need
+        for member in group:
+            device_of[member] = dev_name
+    return Placement(device_of=device_of)
+
+
+def heft(problem: Problem) -> Placement | None:
+    """Insertion-based HEFT with memory and colocation; ``None`` if memory cannot be met."""
+    graph, cluster, costs = problem.graph, problem.cluster, problem.costs
+    reserve = activation_reserve(problem)
+    group_bytes = _group_bytes(problem)
+    # HEFT's upward rank: mean compute over devices plus mean transfer over distinct links.
+    pairs = [(a, b) for a in cluster.names for b in cluster.names if a != b]
+
+    def mean_comm(nbytes: int) -> float:
+        if not pairs:
+            return 0.0
+        return sum(cluster.transfer_s(a, b, nbytes) for a, b in pairs) / len(pairs)
+
+    ranked: dict[str, float] = {}
+    for node in reversed(graph.nodes):
+        own = sum(costs.compute_s[node.name].values()) / len(cluster.devices)
+        ranked[node.name] = own + max(
+            (mean_comm(e.bytes) + ranked[e.dst] for e in graph.out_edges(node.name)),
+            default=0.0)
+    priority = sorted(graph.nodes, key=lambda n: (-ranked[n.name], graph.index[n.name]))
+
+    used = dict.fromkeys(cluster.names, 0)
+    busy: dict[str, list[tuple[float, float]]] = {d: [] for d in cluster.names}
+    device_of: dict[str, str] = {}
+    start: dict[str, float] = {}
+    end: dict[str, float] = {}
+    for node in priority:
+        name = node.name
+        group = graph.colocation_of[name]
+        placed = {device_of[m] for m in group if m in device_of}
+        if placed:
+            candidates = list(placed)
+        else:
+            candidates = [d.name for d in cluster.devices
+                          if used[d.name] + group_bytes[name] + reserve <= d.memory_bytes]
+            if not candidates:
+                return None
+        best: tuple[float, float, str] | None = None
+        for dev in candidates:
+            ready = 0.0
+            for e in graph.in_edges(name):
+                ready = max(ready, end[e.src] + cluster.transfer_s(device_of[e.src], dev, e.bytes))
+            duration = costs.of(name, dev)
+            slot = _earliest_slot(busy[dev], ready, duration)
+            if best is None or slot + duration < best[0] + best[1] - 1e-15:
+                best = (slot, duration, dev)
+        assert best is not None
+        slot, duration, dev = best
+        if not placed:
+            used[dev] += group_bytes[name]
+        device_of[name] = dev
+        start[name], end[name] = slot, slot + duration
+        bisect.insort(busy[dev], (slot, slot + duration))
+    order = {d: tuple(sorted((n for n in device_of if device_of[n] == d),
+                             key=lambda n: (start[n], end[n], graph.index[n])))
+             for d in cluster.names}
+    return Placement(device_of=device_of, order=order)
+
+
+def _earliest_slot(intervals: list[tuple[float, float]], ready: float, duration: float) -> float:
+    """The earliest start >= ready where ``duration`` fits between busy intervals."""
+    t = ready
+    for s, e in intervals:
+        if t + duration <= s:
+            return t
+        t = max(t, e)
+    return t

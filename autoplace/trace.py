@@ -1,0 +1,323 @@
+"""Trace a model into the ``OpGraph`` IR: torch.export (non-strict) first, torch.fx as fallback.
+
+Read ``trace_model`` first: it exports (or symbolically traces), then runs every op once more on
+fake tensors under ``FlopCounterMode`` to count FLOPs and read shapes, and finally ``_build_graph``
+turns the fx graph into plain IR nodes and edges. Parameters and buffers become bytes attributed
+to the first op that reads them; ops that share a tensor (tied embeddings) form a colocation
+group. Nothing here allocates real memory for activations, so models whose parameters live on the
+meta device trace too.
+
+The fx ``GraphModule`` is returned beside the IR only so that the emit stage can split it; no
+other stage looks at it.
+"""
+
+from __future__ import annotations
+
+import operator
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from autoplace.errors import TraceError
+from autoplace.ir import Edge, OpGraph, OpNode
+
+__all__ = ["TracedModel", "trace_model", "SHAPE_ONLY_OPS"]
+
+# Ops that launch no kernel and move no bytes: views, metadata checks, and eval-mode dropout.
+# They cost nothing on any device, and coarsening folds them into their producer.
+SHAPE_ONLY_OPS = frozenset(
+    {
+        "view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand", "expand_as",
+        "slice", "select", "unsqueeze", "squeeze", "alias", "detach", "getitem", "split",
+        "split_with_sizes", "chunk", "unbind", "narrow", "as_strided", "flatten", "unflatten",
+        "view_as", "_assert_tensor_metadata", "sym_size", "size", "dim", "dropout",
+        "feature_dropout", "contiguous", "lift_fresh_copy", "_assert_scalar", "identity",
+        "_guards_fn",
+    }
+)
+
+
+@dataclass(frozen=True)
+class TracedModel:
+    """The IR of a model, and the fx module it came from (for the emit stage only)."""
+
+    graph: OpGraph
+    module: torch.fx.GraphModule
+    tracer: str
+    notes: tuple[str, ...] = ()
+    has_meta_params: bool = False
+
+
+def _op_name(target: Any) -> str:
+    """``aten.view.default`` -> ``view``; ``operator.getitem`` -> ``getitem``."""
+    if isinstance(target, str):
+        return target
+    if target is operator.getitem:
+        return "getitem"
+    name = getattr(target, "__name__", str(target))
+    if hasattr(target, "_schema"):
+        name = target._schema.name.split("::")[-1]
+    return name
+
+
+def _target_str(node: torch.fx.Node) -> str:
+    if node.op == "call_module":
+        return f"module:{node.target}"
+    if node.op == "call_method":
+        return f"method:{node.target}"
+    target = node.target
+    if target is operator.getitem:
+        return "getitem"
+    return str(target) if hasattr(target, "_schema") else getattr(target, "__name__", str(target))
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors in a (possibly nested) op result."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return int(t.numel()) * t.element_size()
+
+
+def _module_path(node: torch.fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack")
+    if stack:
+        path = list(stack.values())[-1][0]
+        return str(path).removeprefix("L['self'].").removeprefix("L__self__.")
+    if node.op == "call_module":
+        return str(node.target)
+    return ""
+
+
+def _export(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.fx.GraphModule:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        exported = torch.export.export(model, args, kwargs, strict=False)
+        return exported.module()
+
+
+def _fake_like(t: torch.Tensor, device: str) -> torch.Tensor:
+    """A tensor of the same shape and dtype; inside FakeTensorMode this allocates nothing."""
+    return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=device)
+
+
+class _CountingInterpreter(torch.fx.Interpreter):
+    """Runs each node on fake tensors under FlopCounterMode, recording FLOPs and results."""
+
+    def __init__(self, module: torch.fx.GraphModule, fake_mode: FakeTensorMode, device: str):
+        super().__init__(module, garbage_collect_values=False)
+        self.fake_mode = fake_mode
+        self.device = device
+        self.flops: dict[str, int] = {}
+        self.values: dict[str, Any] = {}
+        self.failed: list[str] = []
+
+    def get_attr(self, target, args, kwargs):  # noqa: ANN001 - fx signature
+        value = super().get_attr(target, args, kwargs)
+        if isinstance(value, torch.Tensor):
+            return _fake_like(value, self.device)
+        return value
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        if n.op in ("placeholder", "output", "get_attr"):
+            result = super().run_node(n)
+        else:
+            counter = FlopCounterMode(display=False)
+            with counter:
+                result = super().run_node(n)
+            self.flops[n.name] = int(counter.get_total_flops())
+        self.values[n.name] = result
+        return result
+
+
+def _count(
+    gm: torch.fx.GraphModule, args: tuple, kwargs: dict, *, device: str
+) -> _CountingInterpreter:
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    flat_inputs = list(args) + [kwargs[k] for k in kwargs]
+    in_spec = getattr(gm, "_in_spec", None)
+    if in_spec is not None:
+        import torch.fx._pytree as fx_pytree
+
+        flat_inputs = fx_pytree.tree_flatten_spec((args, kwargs), in_spec)
+    elif kwargs:
+        # symbolic_trace placeholders follow forward's signature: match kwargs by name.
+        by_name = {**{p.target: a for p, a in zip(placeholders, args)}, **kwargs}
+        flat_inputs = [by_name.get(p.target) for p in placeholders]
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    interp = _CountingInterpreter(gm, fake_mode, device)
+    with fake_mode:
+        fake_inputs = [_fake_like(x, device) if isinstance(x, torch.Tensor) else x
+                       for x in flat_inputs]
+        interp.run(*fake_inputs)
+    return interp
+
+
+def _dtype_of(tensors: Iterable[torch.Tensor]) -> str:
+    floating = [t.dtype for t in tensors if t.dtype.is_floating_point]
+    return str(floating[0]).removeprefix("torch.") if floating else "float32"
+
+
+def _build_graph(
+    gm: torch.fx.GraphModule, interp: _CountingInterpreter, *, name: str
+) -> OpGraph:
+    nodes: list[OpNode] = []
+    edges: list[Edge] = []
+    kept: set[str] = set()
+    tensor_owner: dict[int, str] = {}
+    tensor_users: dict[int, list[str]] = {}
+    outputs: list[str] = []
+
+    def state_tensors(n: torch.fx.Node) -> list[tuple[int, torch.Tensor]]:
+        """Parameters and buffers an op reads, keyed by identity (tied weights share a key)."""
+        found = []
+        for inp in n.all_input_nodes:
+            if inp.op == "get_attr":
+                obj = gm
+                for part in str(inp.target).split("."):
+                    obj = getattr(obj, part)
+                if isinstance(obj, torch.Tensor):
+                    found.append((id(obj), obj))
+        if n.op == "call_module":
+            sub = gm.get_submodule(str(n.target))
+            found += [(id(t), t) for t in sub.parameters()]
+            found += [(id(t), t) for t in sub.buffers()]
+        return found
+
+    for n in gm.graph.nodes:
+        if n.op == "get_attr":
+            continue
+        if n.op == "output":
+            outputs = [i.name for i in n.all_input_nodes if i.name in kept]
+            continue
+        value = interp.values.get(n.name)
+        outs = _tensors(value)
+        out_bytes = sum(_nbytes(t) for t in outs)
+        if n.op == "placeholder":
+            nodes.append(OpNode(name=n.name, targets=("input",), is_input=True,
+                                output_shapes=tuple(tuple(t.shape) for t in outs),
+                                output_dtypes=tuple(str(t.dtype).removeprefix("torch.")
+                                                    for t in outs),
+                                output_bytes=out_bytes))
+            kept.add(n.name)
+            continue
+
+        param_bytes = 0
+        for key, tensor in state_tensors(n):
+            tensor_users.setdefault(key, []).append(n.name)
+            if key not in tensor_owner:
+                tensor_owner[key] = n.name
+                param_bytes += _nbytes(tensor)
+        in_tensors: list[torch.Tensor] = []
+        for inp in n.all_input_nodes:
+            if inp.name in kept:
+                in_tensors += _tensors(interp.values.get(inp.name))
+        shape_only = _op_name(n.target) in SHAPE_ONLY_OPS
+        if shape_only:
+            accessed, launches = 0, 0
+        else:
+            accessed = out_bytes + param_bytes + sum(_nbytes(t) for t in in_tensors)
+            launches = 1
+        nodes.append(OpNode(
+            name=n.name,
+            targets=(_target_str(n),),
+            module=_module_path(n),
+            output_shapes=tuple(tuple(t.shape) for t in outs),
+            output_dtypes=tuple(str(t.dtype).removeprefix("torch.") for t in outs),
+            output_bytes=out_bytes,
+            param_bytes=param_bytes,
+            flops=float(interp.flops.get(n.name, 0)),
+            bytes_accessed=accessed,
+            launches=launches,
+            dtype=_dtype_of(in_tensors + outs),
+        ))
+        kept.add(n.name)
+        for inp in dict.fromkeys(n.all_input_nodes):
+            if inp.name in kept:
+                nbytes = out_bytes if _op_name(n.target) == "getitem" else sum(
+                    _nbytes(t) for t in _tensors(interp.values.get(inp.name)))
+                edges.append(Edge(src=inp.name, dst=n.name, bytes=nbytes))
+
+    colocate = tuple(
+        tuple(dict.fromkeys(users)) for users in tensor_users.values()
+        if len(set(users)) > 1
+    )
+    return OpGraph(nodes=tuple(nodes), edges=tuple(edges), colocate=colocate,
+                   outputs=tuple(outputs), name=name)
+
+
+def _has_meta_params(model: torch.nn.Module) -> bool:
+    return any(t.is_meta for t in list(model.parameters()) + list(model.buffers()))
+
+
+def _to_meta(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to("meta")
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_meta(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_meta(v) for k, v in value.items()}
+    return value
+
+
+def trace_model(
+    model: torch.nn.Module,
+    args: tuple = (),
+    kwargs: dict | None = None,
+    *,
+    name: str = "model",
+) -> TracedModel:
+    """Trace ``model`` on the example inputs into an ``OpGraph``.
+
+    The model is traced as it is (call ``model.eval()`` first for inference). When its
+    parameters are on the meta device the example inputs are moved there too, so that nothing is
+    allocated.
+    """
+    kwargs = dict(kwargs or {})
+    notes: list[str] = []
+    meta = _has_meta_params(model)
+    if meta:
+        args, kwargs = _to_meta(args), _to_meta(kwargs)
+        notes.append("parameters are on the meta device: traced and costed without weights")
+    device = "meta" if meta else "cpu"
+
+    try:
+        gm = _export(model, args, kwargs)
+        tracer = "export"
+    except Exception as export_exc:  # export raises many types; all mean "fall back"
+        reason = f"{type(export_exc).__name__}: {str(export_exc).strip().splitlines()[0][:300]}"
+        try:
+            gm = torch.fx.symbolic_trace(model)
+        except Exception as fx_exc:
+            raise TraceError(
+                f"torch.export failed ({reason}) and torch.fx.symbolic_trace failed too "
+                f"({type(fx_exc).__name__}: {str(fx_exc).strip().splitlines()[0][:300]}). "
+                "Make the model traceable (avoid data-dependent Python control flow in forward), "
+                "or pass a task graph to `autoplace solve` instead"
+            ) from fx_exc
+        tracer = "fx"
+        notes.append(f"torch.export failed, fell back to torch.fx.symbolic_trace: {reason}")
+
+    try:
+        interp = _count(gm, args, kwargs, device=device)
+    except Exception as exc:
+        raise TraceError(
+            f"the model traced with {tracer}, but running its graph on fake tensors to count "
+            f"FLOPs and shapes failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    graph = _build_graph(gm, interp, name=name)
+    return TracedModel(graph=graph, module=gm, tracer=tracer, notes=tuple(notes),
+                       has_meta_params=meta)
