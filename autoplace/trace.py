@@ -305,8 +305,8 @@ def trace_model(
             raise TraceError(
                 f"torch.export failed ({reason}) and torch.fx.symbolic_trace failed too "
                 f"({type(fx_exc).__name__}: {str(fx_exc).strip().splitlines()[0][:300]}). "
-                "Make the model traceable (avoid data-dependent Python control flow in forward), "
-                "or pass a task graph to `autoplace solve` instead"
+                "Make the model traceable: avoid Python control flow on tensor values in forward "
+                "(use torch.cond or torch.where), or trace a submodule that is"
             ) from fx_exc
         tracer = "fx"
         notes.append(f"torch.export failed, fell back to torch.fx.symbolic_trace: {reason}")

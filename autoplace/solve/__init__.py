@@ -82,11 +82,13 @@ def _activation_bytes(problem: Problem) -> dict[str, int]:
 def run_baselines(problem: Problem) -> tuple[dict[str, Schedule | None], str | None]:
     """Every baseline, simulated; ``None`` where the heuristic could not respect memory."""
     singles: dict[str, Schedule] = {}
-    seen: set[tuple[str, int]] = set()
+    seen: set[tuple] = set()
     for device in problem.cluster.devices:
-        if (device.type, device.memory_bytes) in seen:
-            continue  # identical devices give identical single-device plans
-        seen.add((device.type, device.memory_bytes))
+        key = (device.memory_bytes,
+               tuple(problem.costs.of(n.name, device.name) for n in problem.graph.nodes))
+        if key in seen:
+            continue  # devices with the same memory and costs give the same single-device plan
+        seen.add(key)
         placement = single_device(problem, device.name)
         if placement is not None:
             schedule = simulate(problem, placement)

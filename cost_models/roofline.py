@@ -1,0 +1,67 @@
+"""The analytic cost of one op and of one transfer.
+
+An op takes as long as the slower of its arithmetic and its memory traffic, plus a fixed cost per
+kernel launch: the roofline model (S. Williams, A. Waterman, D. Patterson, "Roofline: An
+Insightful Visual Performance Model for Multicore Architectures", CACM 52(4), 2009,
+https://doi.org/10.1145/1498765.1498785). A transfer takes a fixed latency plus bytes over
+bandwidth (the alpha-beta, or Hockney, model: R. Hockney, "The communication challenge for MPP",
+Parallel Computing 20(3), 1994).
+
+Both are peak-rate estimates: real kernels reach a fraction of peak, which a later calibration
+stage can measure and fold in.
+"""
+
+from __future__ import annotations
+
+import math
+
+from cost_models.devices import DeviceType
+
+__all__ = ["arithmetic_intensity", "op_time_s", "transfer_time_s"]
+
+
+def _check_non_negative(**values: float) -> None:
+    for name, value in values.items():
+        if not (value >= 0 and math.isfinite(value)):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+def op_time_s(
+    *,
+    flops: float,
+    bytes_accessed: float,
+    dtype: str,
+    device: DeviceType,
+    launches: int = 1,
+) -> float:
+    """Seconds one op takes on ``device``.
+
+    ``max(flops / peak_flops, bytes_accessed / memory_bandwidth) + launches * launch_overhead``,
+    with the peak for ``dtype`` chosen by ``DeviceType.peak_flops_for``. An op with nothing to do
+    and no launch (a view, a metadata op) costs 0.
+    """
+    _check_non_negative(flops=flops, bytes_accessed=bytes_accessed, launches=launches)
+    compute_s = flops / device.peak_flops_for(dtype) if flops else 0.0
+    memory_s = bytes_accessed / device.memory_bandwidth_bytes_per_s if bytes_accessed else 0.0
+    return max(compute_s, memory_s) + launches * device.launch_overhead_s
+
+
+def arithmetic_intensity(*, flops: float, bytes_accessed: float) -> float:
+    """FLOPs per byte moved; an op is compute-bound on a device when this exceeds the device's
+    peak FLOP/s over its memory bandwidth (the roofline's ridge point)."""
+    _check_non_negative(flops=flops, bytes_accessed=bytes_accessed)
+    if bytes_accessed == 0:
+        return math.inf if flops else 0.0
+    return flops / bytes_accessed
+
+
+def transfer_time_s(nbytes: float, *, bandwidth_bytes_per_s: float, latency_s: float) -> float:
+    """Seconds to move ``nbytes`` over one link: ``latency_s + nbytes / bandwidth_bytes_per_s``.
+
+    The same formula as ``autoplace.ir.Link.transfer_s``, so the two never disagree; whether a
+    zero-byte edge needs a transfer at all is the caller's decision.
+    """
+    _check_non_negative(nbytes=nbytes, latency_s=latency_s)
+    if not bandwidth_bytes_per_s > 0:
+        raise ValueError(f"bandwidth_bytes_per_s must be > 0, got {bandwidth_bytes_per_s!r}")
+    return latency_s + nbytes / bandwidth_bytes_per_s

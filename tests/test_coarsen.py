@@ -1,0 +1,63 @@
+"""Coarsening keeps the graph acyclic, every op accounted for, and costs and bytes summed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import zoo
+
+from autoplace.coarsen import coarsen
+from autoplace.cost import analytic_costs
+from autoplace.devices import parse_device_spec
+from autoplace.trace import trace_model
+
+
+def _traced_gpt2(n_layer: int = 2):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=n_layer, n_embd=32, n_head=2, vocab_size=64,
+                                     n_positions=16, use_cache=False, bos_token_id=0,
+                                     eos_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    return trace_model(model, (torch.randint(0, 64, (1, 8)),))
+
+
+def test_coarsening_preserves_ops_costs_params_and_colocation():
+    traced = _traced_gpt2()
+    cluster = parse_device_spec("2xA100-40GB")
+    costs = analytic_costs(traced.graph, cluster)
+    coarse = coarsen(traced.graph, costs, max_nodes=12)
+    g = coarse.graph
+    assert len(g.nodes) <= 12 < len(traced.graph.nodes)
+    ops = [op for n in g.nodes for op in n.ops]
+    assert sorted(ops) == sorted(n.name for n in traced.graph.nodes)
+    assert g.total_param_bytes == traced.graph.total_param_bytes
+    for dev in cluster.names:
+        fine = sum(costs.compute_s[n.name][dev] for n in traced.graph.nodes)
+        assert sum(coarse.costs.compute_s[n.name][dev] for n in g.nodes) == pytest.approx(fine)
+    # The tied embedding / LM head stay colocated after coarsening (unless merged into one node).
+    group_of = {op: n.name for n in g.nodes for op in n.ops}
+    for group in traced.graph.colocate:
+        coarse_group = {group_of[m] for m in group}
+        assert len(coarse_group) == 1 or any(set(c) == coarse_group for c in g.colocate)
+    assert coarse.steps and coarse.traced_ops == len(traced.graph.nodes)
+
+
+def test_small_graphs_only_fold_free_ops():
+    traced = _traced_gpt2(n_layer=1)
+    cluster = parse_device_spec("2xA100-40GB")
+    costs = analytic_costs(traced.graph, cluster)
+    coarse = coarsen(traced.graph, costs, max_nodes=10_000)
+    assert len(coarse.steps) == 1 and coarse.steps[0].startswith("folded")
+    for node in coarse.graph.nodes:
+        nonfree = [op for op in node.ops
+                   if any(costs.compute_s[op][d] > 0 for d in cluster.names)]
+        assert len(nonfree) <= 1  # only zero-cost ops were folded into a producer
+
+
+def test_parameter_budget_limits_groups():
+    traced = trace_model(zoo.TwoLayer().eval(), (torch.randn(3, 8),))
+    cluster = parse_device_spec("2xA100-40GB")
+    costs = analytic_costs(traced.graph, cluster)
+    coarse = coarsen(traced.graph, costs, max_nodes=2, max_group_bytes=600)
+    assert all(n.param_bytes <= 600 for n in coarse.graph.nodes)

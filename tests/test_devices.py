@@ -1,0 +1,446 @@
+"""Tests for autoplace.devices: device specs, cluster files, GPU detection and the catalog table.
+
+Detection is replaced by a stub wherever a test depends on which GPUs exist, so the tests give the
+same answers on a laptop and on a GPU server.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import pytest
+
+from autoplace import devices
+from autoplace.devices import (
+    DEFAULT_SIMULATED_SPEC,
+    DetectedGPU,
+    detect_gpus,
+    format_catalog,
+    load_cluster_file,
+    parse_device_spec,
+    resolve_cluster,
+)
+from autoplace.errors import DeviceSpecError
+from autoplace.ir import Cluster
+from cost_models import catalog_names, get_link_kind
+
+GIB = 2**30
+
+A100_SXM = DetectedGPU(
+    index=0, name="NVIDIA A100-SXM4-40GB", memory_bytes=40 * GIB, catalog_type="A100-40GB"
+)
+H100_SXM = DetectedGPU(
+    index=1, name="NVIDIA H100 80GB HBM3", memory_bytes=80 * GIB, catalog_type="H100-80GB"
+)
+
+
+@pytest.fixture
+def no_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(devices, "detect_gpus", lambda: [])
+
+
+@pytest.fixture
+def two_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(devices, "detect_gpus", lambda: [A100_SXM, H100_SXM])
+
+
+def kinds(cluster: Cluster) -> dict[tuple[str, str], str]:
+    return {(link.src, link.dst): link.kind for link in cluster.links}
+
+
+# --- Specs ---------------------------------------------------------------------------------------
+
+
+def test_heterogeneous_spec() -> None:
+    cluster = parse_device_spec("2xA100-40GB,2xV100-16GB")
+    assert cluster.names == ("cuda:0", "cuda:1", "cuda:2", "cuda:3")
+    assert [d.type for d in cluster.devices] == ["A100-40GB"] * 2 + ["V100-16GB"] * 2
+    assert [d.memory_bytes for d in cluster.devices] == [40 * GIB] * 2 + [16 * GIB] * 2
+    assert [d.torch_device for d in cluster.devices] == list(cluster.names)
+    assert {d.host for d in cluster.devices} == {"localhost"}
+    # A link for each of the 4 x 3 ordered pairs, and no self-links.
+    assert len(cluster.links) == 12
+    assert all(link.src != link.dst for link in cluster.links)
+    k = kinds(cluster)
+    assert k[("cuda:0", "cuda:1")] == k[("cuda:1", "cuda:0")] == "nvlink3"
+    assert k[("cuda:2", "cuda:3")] == "nvlink2"
+    # A100 (PCIe 4) <-> V100 (PCIe 3): the slower generation.
+    for a in ("cuda:0", "cuda:1"):
+        for b in ("cuda:2", "cuda:3"):
+            assert k[(a, b)] == k[(b, a)] == "pcie3"
+    nvlink3 = get_link_kind("nvlink3")
+    link = cluster.link("cuda:0", "cuda:1")
+    assert link.bandwidth_bytes_per_s == nvlink3.bandwidth_bytes_per_s
+    assert link.latency_s == nvlink3.latency_s
+
+
+def test_single_type_without_count() -> None:
+    cluster = parse_device_spec("A100-40GB")
+    assert cluster.names == ("cuda:0",)
+    assert cluster.links == ()
+
+
+def test_four_h100s_are_all_nvlink4() -> None:
+    cluster = parse_device_spec("4xH100-80GB")
+    assert len(cluster.devices) == 4 and len(cluster.links) == 12
+    assert set(kinds(cluster).values()) == {"nvlink4"}
+
+
+@pytest.mark.parametrize("spec", ["cpu", "CPU", "1xcpu", " cpu "])
+def test_cpu_spec(spec: str) -> None:
+    cluster = parse_device_spec(spec)
+    (cpu,) = cluster.devices
+    assert (cpu.name, cpu.type, cpu.torch_device) == ("cpu", "CPU", "cpu")
+
+
+def test_gpus_and_cpu_with_loose_spelling() -> None:
+    cluster = parse_device_spec(" cpu , 2 x a100_40gb ,H100")
+    assert cluster.names == ("cpu", "cuda:0", "cuda:1", "cuda:2")
+    assert [d.type for d in cluster.devices] == ["CPU", "A100-40GB", "A100-40GB", "H100-80GB"]
+    k = kinds(cluster)
+    assert k[("cpu", "cuda:0")] == k[("cuda:0", "cpu")] == "pcie4"
+    assert k[("cpu", "cuda:2")] == "pcie5"
+    assert k[("cuda:1", "cuda:2")] == "pcie4"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("2x", r"'2x' has a count but no device type"),
+        ("0xA100-40GB", r"'0xA100-40GB' asks for 0 devices"),
+        ("xA100", r"unknown device type 'xA100'.*count goes before"),
+        ("", r"device spec is empty"),
+        ("   ", r"device spec is empty"),
+        ("2xFOO", r"unknown device type 'FOO' in '2xFOO'"),
+        ("A100-40GB,,T4", r"empty entry"),
+        ("A100-40GB,", r"empty entry"),
+        ("2xA100", r"unknown device type 'A100' in '2xA100'"),
+        ("2xcpu", r"'2xcpu': a host has one CPU device"),
+        ("cpu,CPU", r"cpu is defined twice \(cpu and CPU\)"),
+    ],
+)
+def test_malformed_specs(spec: str, message: str) -> None:
+    with pytest.raises(DeviceSpecError, match=message) as info:
+        parse_device_spec(spec)
+    if spec.strip() and "," not in spec and "cpu" not in spec:
+        # Every malformed typed entry lists the valid types.
+        for name in catalog_names():
+            assert name in str(info.value)
+
+
+# --- Explicit torch devices ----------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("no_gpus")
+def test_explicit_cuda_without_gpu_is_a_clear_error() -> None:
+    with pytest.raises(DeviceSpecError, match=r"'cuda:0' is not present.*no GPU.*catalog type"):
+        parse_device_spec("cuda:0")
+
+
+@pytest.mark.usefixtures("two_gpus")
+def test_explicit_cuda_uses_the_gpus_found() -> None:
+    cluster = parse_device_spec("cuda:1,cpu")
+    gpu, cpu = cluster.devices
+    assert (gpu.name, gpu.type, gpu.memory_bytes) == ("cuda:1", "H100-80GB", 80 * GIB)
+    assert cpu.name == "cpu"
+    with pytest.raises(DeviceSpecError, match=r"'cuda:2' is not present.*cuda:0 \(NVIDIA A100"):
+        parse_device_spec("cuda:0,cuda:2")
+    with pytest.raises(DeviceSpecError, match=r"mixes GPUs of this machine"):
+        parse_device_spec("cuda:0,2xA100-40GB")
+    with pytest.raises(DeviceSpecError, match=r"cuda:0 is defined twice \(cuda:0 and cuda:0\)"):
+        parse_device_spec("cuda:0,CUDA:0")
+
+
+def test_gpu_missing_from_catalog_is_costed_as_the_closest(monkeypatch: pytest.MonkeyPatch) -> None:
+    gh200 = DetectedGPU(
+        index=0, name="NVIDIA GH200 480GB", memory_bytes=95 * GIB, catalog_type=None
+    )
+    monkeypatch.setattr(devices, "detect_gpus", lambda: [gh200])
+    cluster, notes = resolve_cluster(spec="cuda:0", cluster_file=None)
+    assert cluster.devices[0].type == "A100-80GB"  # 80 GiB is the closest to 95 GiB
+    assert cluster.devices[0].memory_bytes == 95 * GIB  # but the real memory is kept
+    assert any("GH200" in note and "A100-80GB" in note for note in notes)
+
+
+# --- resolve_cluster -----------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("no_gpus")
+def test_resolve_with_nothing_and_no_gpu_uses_the_simulated_set() -> None:
+    cluster, notes = resolve_cluster(spec=None, cluster_file=None)
+    assert cluster == parse_device_spec(DEFAULT_SIMULATED_SPEC)
+    assert cluster.names == ("cuda:0", "cuda:1")
+    (note,) = notes
+    assert "no GPU found" in note and DEFAULT_SIMULATED_SPEC in note and "--devices" in note
+
+
+@pytest.mark.usefixtures("two_gpus")
+def test_resolve_with_nothing_uses_the_gpus_found() -> None:
+    cluster, notes = resolve_cluster(spec=None, cluster_file=None)
+    assert [(d.name, d.type) for d in cluster.devices] == [
+        ("cuda:0", "A100-40GB"),
+        ("cuda:1", "H100-80GB"),
+    ]
+    assert notes[0].startswith("using the 2 GPUs found: cuda:0 NVIDIA A100-SXM4-40GB")
+
+
+def test_resolve_spec_file_and_both(tmp_path: Path) -> None:
+    cluster, notes = resolve_cluster(spec="2xT4", cluster_file=None)
+    assert [d.type for d in cluster.devices] == ["T4", "T4"] and notes == []
+    path = tmp_path / "c.toml"
+    path.write_text('[[hosts]]\nname = "a"\ndevices = ["L4"]\n')
+    cluster, _ = resolve_cluster(spec=None, cluster_file=str(path))
+    assert cluster.devices[0].type == "L4"
+    with pytest.raises(DeviceSpecError, match="both a device spec"):
+        resolve_cluster(spec="2xT4", cluster_file=str(path))
+    with pytest.raises(DeviceSpecError, match="empty"):
+        resolve_cluster(spec="", cluster_file=None)
+
+
+# --- Detection -----------------------------------------------------------------------------------
+
+
+def test_detect_gpus_never_raises() -> None:
+    found = detect_gpus()
+    assert isinstance(found, list)
+    assert all(isinstance(g, DetectedGPU) for g in found)
+
+
+def fake_nvml(names: list[str]) -> types.ModuleType:
+    module = types.ModuleType("pynvml")
+    module.nvmlInit = lambda: None  # type: ignore[attr-defined]
+    module.nvmlShutdown = lambda: None  # type: ignore[attr-defined]
+    module.nvmlDeviceGetCount = lambda: len(names)  # type: ignore[attr-defined]
+    module.nvmlDeviceGetHandleByIndex = lambda i: i  # type: ignore[attr-defined]
+    module.nvmlDeviceGetName = lambda h: names[h].encode()  # type: ignore[attr-defined]
+    module.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(  # type: ignore[attr-defined]
+        total=(h + 1) * GIB
+    )
+    return module
+
+
+def test_nvml_detection_follows_cuda_visible_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    names = ["NVIDIA A100-SXM4-40GB"] * 4
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(names))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    found = detect_gpus()
+    # torch would call NVML GPUs 2 and 3 cuda:0 and cuda:1.
+    assert [(g.index, g.memory_bytes, g.catalog_type) for g in found] == [
+        (0, 3 * GIB, "A100-40GB"),
+        (1, 4 * GIB, "A100-40GB"),
+    ]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert detect_gpus() == []
+
+
+def test_nvml_defers_to_torch_when_numbering_may_differ(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(["Tesla T4", "NVIDIA A100-SXM4-40GB"]))
+    monkeypatch.setattr(devices, "_detect_with_torch", lambda: ["asked torch"])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    # Mixed GPUs: CUDA puts the fastest first, NVML orders by PCI bus.
+    assert detect_gpus() == ["asked torch"]
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    assert [g.catalog_type for g in detect_gpus()] == ["T4", "A100-40GB"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8f6f4c3e")  # a UUID only CUDA can resolve
+    assert detect_gpus() == ["asked torch"]
+
+
+# --- Cluster files -------------------------------------------------------------------------------
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "cluster.toml"
+    path.write_text(text)
+    return path
+
+
+TWO_HOSTS = """
+[[hosts]]
+name = "node0"
+devices = ["2xA100-40GB"]
+
+[[hosts]]
+name = "node1"
+devices = ["2xA100-40GB"]
+"""
+
+
+def test_two_hosts_talk_over_the_network(tmp_path: Path) -> None:
+    cluster = load_cluster_file(write(tmp_path, TWO_HOSTS))
+    assert cluster.names == ("node0/cuda:0", "node0/cuda:1", "node1/cuda:0", "node1/cuda:1")
+    assert [d.torch_device for d in cluster.devices] == ["cuda:0", "cuda:1"] * 2
+    assert [d.host for d in cluster.devices] == ["node0", "node0", "node1", "node1"]
+    k = kinds(cluster)
+    assert k[("node0/cuda:0", "node0/cuda:1")] == "nvlink3"
+    assert k[("node1/cuda:1", "node1/cuda:0")] == "nvlink3"
+    for a in ("node0/cuda:0", "node0/cuda:1"):
+        for b in ("node1/cuda:0", "node1/cuda:1"):
+            assert k[(a, b)] == k[(b, a)] == "network"
+
+
+def test_link_override_applies_in_both_directions(tmp_path: Path) -> None:
+    text = TWO_HOSTS + (
+        '[[links]]\nsrc = "node0/cuda:0"\ndst = "node1/cuda:0"\n'
+        "bandwidth_bytes_per_s = 25e9\nlatency_s = 5e-6\nsymmetric = true\n"
+        '[[links]]\nsrc = "node0/cuda:1"\ndst = "node1/cuda:1"\nkind = "pcie4"\n'
+        "symmetric = false\n"
+    )
+    cluster = load_cluster_file(write(tmp_path, text))
+    for a, b in [("node0/cuda:0", "node1/cuda:0"), ("node1/cuda:0", "node0/cuda:0")]:
+        link = cluster.link(a, b)
+        assert (link.bandwidth_bytes_per_s, link.latency_s, link.kind) == (25e9, 5e-6, "custom")
+    assert cluster.link("node0/cuda:1", "node1/cuda:1").kind == "pcie4"
+    assert cluster.link("node1/cuda:1", "node0/cuda:1").kind == "network"  # not symmetric
+    assert cluster.link("node0/cuda:0", "node1/cuda:1").kind == "network"  # untouched
+
+
+def test_single_host_file_with_device_overrides(tmp_path: Path) -> None:
+    text = """
+[[hosts]]
+name = "box"
+devices = ["2xA100-40GB", "cpu"]
+
+[[devices]]
+type = "A100-80GB"
+memory_bytes = 75_000_000_000
+
+[[devices]]
+host = "box"
+type = "T4"
+torch_device = "cuda:7"
+
+[[links]]
+src = "box/cuda:0"
+dst = "cuda:2"
+latency_s = 0
+"""
+    cluster = load_cluster_file(write(tmp_path, text))
+    # One host: names are as in a spec; [[devices]] GPUs take the next free cuda:N.
+    assert cluster.names == ("cuda:0", "cuda:1", "cpu", "cuda:2", "cuda:7")
+    assert cluster.device("cuda:2").memory_bytes == 75_000_000_000
+    assert cluster.device("cuda:2").type == "A100-80GB"
+    assert cluster.device("cuda:7").type == "T4"
+    link = cluster.link("cuda:2", "cuda:0")
+    assert link.latency_s == 0
+    assert link.bandwidth_bytes_per_s == get_link_kind("pcie4").bandwidth_bytes_per_s
+
+
+def test_the_documented_example_loads(tmp_path: Path) -> None:
+    doc = devices.__doc__ or ""
+    example = doc.split("overrides::\n", 1)[1].split("\nWith one host", 1)[0]
+    cluster = load_cluster_file(write(tmp_path, textwrap.dedent(example)))
+    assert cluster.names == (
+        "node0/cuda:0",
+        "node0/cuda:1",
+        "node0/cpu",
+        "node1/cuda:0",
+        "node1/cuda:1",
+    )
+    assert cluster.device("node1/cuda:1").memory_bytes == 75_000_000_000
+    link = cluster.link("node1/cuda:0", "node0/cuda:0")
+    assert (link.bandwidth_bytes_per_s, link.latency_s, link.kind) == (25e9, 5e-6, "network")
+    assert cluster.link("node1/cuda:0", "node1/cuda:1").kind == "pcie4"  # A100-40GB <-> A100-80GB
+
+
+def test_devices_alone_make_one_machine(tmp_path: Path) -> None:
+    cluster = load_cluster_file(write(tmp_path, '[[devices]]\ntype = "L4"\n'))
+    assert cluster.names == ("cuda:0",) and cluster.devices[0].host == "localhost"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[[hosts]\nname = 'a'\n", r"not valid TOML: .*line 1"),
+        ("hostz = []\n", r"unknown key 'hostz'; allowed keys: hosts, devices, links"),
+        ("[[hosts]]\nname = 'a'\ndevice = ['T4']\n", r"hosts\[0\]: unknown key 'device'"),
+        ("[[hosts]]\nname = 3\n", r"hosts\[0\]: name must be a non-empty string, got 3"),
+        ("[[hosts]]\ndevices = ['T4']\n", r"hosts\[0\]: missing required key 'name'"),
+        ("[[hosts]]\nname = 'a'\ndevices = 'T4'\n", r"devices must be a list of spec strings"),
+        ("[[hosts]]\nname = 'a/b'\ndevices = ['T4']\n", r"contains '/'"),
+        ("[[hosts]]\nname = 'a'\n[[hosts]]\nname = 'a'\n", r"'a' is used twice"),
+        ("[hosts]\nname = 'a'\n", r"'hosts' must be an array of tables, written \[\[hosts\]\]"),
+        ("[[hosts]]\nname = 'a'\ndevices = ['2xFOO']\n", r"unknown device type 'FOO'.*A100-40GB"),
+        ("[[hosts]]\nname = 'a'\ndevices = ['cuda:0']\n", r"'cuda:0' names a GPU of this machine"),
+        ("[[hosts]]\nname = 'a'\ndevices = []\n", r"defines no devices"),
+        ("[[devices]]\ntype = 'T4'\nmemory_bytes = -1\n", r"memory_bytes must be a number > 0"),
+        ("[[devices]]\ntype = 'T4'\nmemory_bytes = true\n", r"memory_bytes must be a number"),
+        ("[[devices]]\ntype = 'T4'\ntorch_device = 'cpu'\n", r"'cpu' does not fit a gpu"),
+        ("[[devices]]\ntype = 'T4'\nhost = 'x'\n", r"host 'x' is not one of"),
+        (
+            "[[hosts]]\nname = 'a'\ndevices = ['T4']\n[[devices]]\ntype = 'T4'\n"
+            "torch_device = 'cuda:0'\n",
+            r"cuda:0 is defined twice \(T4 and devices\[0\]\)",
+        ),
+    ],
+)
+def test_malformed_cluster_files(tmp_path: Path, text: str, message: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(DeviceSpecError, match=message) as info:
+        load_cluster_file(path)
+    assert str(info.value).startswith(f"cluster file {path}")
+
+
+PAIR = 'src = "node0/cuda:0"\ndst = "node1/cuda:0"\n'
+BACK = '[[links]]\nsrc = "node1/cuda:0"\ndst = "node0/cuda:0"\n'
+
+
+@pytest.mark.parametrize(
+    ("link", "message"),
+    [
+        (
+            'src = "node9/cuda:0"\ndst = "node1/cuda:0"\nlatency_s = 1e-6',
+            r"unknown device 'node9/cuda:0'; devices: node0/cuda:0",
+        ),
+        ('src = "node0/cuda:0"\ndst = "node0/cuda:0"\nlatency_s = 1e-6', r"the same device"),
+        (PAIR, r"overrides nothing"),
+        (PAIR + 'kind = "nvlink9"', r"unknown link kind 'nvlink9'; valid kinds: nvlink2"),
+        (
+            PAIR + 'bandwidth_bytes_per_s = "fast"',
+            r"bandwidth_bytes_per_s must be a number > 0, got 'fast'",
+        ),
+        (PAIR + "bandwidth_bytes_per_s = 0", r"must be a number > 0"),
+        (PAIR + 'latency_s = 1e-6\nsymmetric = "yes"', r"symmetric must be true or false"),
+        (PAIR + "latency_s = 1e-6\nspeed = 1", r"links\[0\]: unknown key 'speed'"),
+        (
+            PAIR + "latency_s = 1e-6\n" + BACK + "latency_s = 2e-6",
+            r"links\[1\]: the link node1/cuda:0 -> node0/cuda:0 is already overridden by links\[0",
+        ),
+    ],
+)
+def test_malformed_link_overrides(tmp_path: Path, link: str, message: str) -> None:
+    path = write(tmp_path, TWO_HOSTS + "[[links]]\n" + link + "\n")
+    with pytest.raises(DeviceSpecError, match=message):
+        load_cluster_file(path)
+
+
+def test_missing_cluster_file(tmp_path: Path) -> None:
+    with pytest.raises(DeviceSpecError, match=r"cluster file .*nope\.toml: no such file"):
+        load_cluster_file(tmp_path / "nope.toml")
+    with pytest.raises(DeviceSpecError, match=r"cannot be read"):
+        load_cluster_file(tmp_path)
+
+
+# --- Catalog table -------------------------------------------------------------------------------
+
+
+def test_format_catalog_without_gpus() -> None:
+    text = format_catalog([])
+    for name in catalog_names():
+        assert name in text
+    assert "no GPU found" in text
+    (a100,) = [line for line in text.splitlines() if line.strip().startswith("A100-40GB")]
+    assert a100.split()[:7] == ["A100-40GB", "gpu", "40.0", "19.5", "312.0", "1555", "5"]
+    (v100,) = [line for line in text.splitlines() if line.strip().startswith("V100-16GB")]
+    assert "15.7*" in v100  # no bf16 on Volta: flagged as the float32 fallback
+
+
+def test_format_catalog_with_gpus() -> None:
+    unknown = DetectedGPU(index=1, name="NVIDIA L40S", memory_bytes=48 * GIB, catalog_type=None)
+    text = format_catalog([A100_SXM, unknown])
+    assert "no GPU found" not in text
+    assert "cuda:0  NVIDIA A100-SXM4-40GB  40.0 GiB  -> A100-40GB" in text
+    assert "NVIDIA L40S" in text and "not in the catalog" in text

@@ -1,0 +1,123 @@
+"""The solver: exact where the optimum is known by hand, never worse than a baseline, and clear
+about memory it cannot meet."""
+
+from __future__ import annotations
+
+import pytest
+import zoo
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from autoplace.errors import AutoplaceError, InfeasibleError
+from autoplace.simulate import simulate, validate
+from autoplace.solve import solve
+from autoplace.solve.bounds import lower_bound_s
+from autoplace.solve.heuristics import heft, sequential_fill
+
+
+def test_fork_join_reaches_the_hand_computed_optimum():
+    p = zoo.fork_join(zoo.cluster(2))
+    r = solve(p, time_limit_s=10, workers=1)
+    assert r.schedule.makespan_s == pytest.approx(13.0)
+    assert r.solver.status == "OPTIMAL"
+    assert r.lower_bound_s == pytest.approx(13.0, abs=1e-6)
+    assert r.baselines["single-device"].makespan_s == pytest.approx(22.0)
+    assert validate(p, r.schedule) == []
+
+
+def test_chain_stays_on_one_device():
+    p = zoo.chain(zoo.cluster(2))
+    r = solve(p, time_limit_s=10, workers=1)
+    assert r.schedule.makespan_s == pytest.approx(3.0)
+    assert len(set(r.schedule.placement.device_of.values())) == 1
+
+
+def test_heterogeneous_devices_use_the_fast_one():
+    # d1 is 4x faster: the chain runs there in 0.75 s.
+    p = zoo.problem([("a", 1, 0), ("b", 1, 0), ("c", 1, 0)], [("a", "b", 100), ("b", "c", 100)],
+                    zoo.cluster(2), speed={"d1": 4.0})
+    r = solve(p, time_limit_s=10, workers=1)
+    assert set(r.schedule.placement.device_of.values()) == {"d1"}
+    assert r.schedule.makespan_s == pytest.approx(0.75)
+    assert r.best_single_device == "d1"
+
+
+def test_model_too_big_for_one_device_is_split_within_capacity():
+    # Three nodes of 400 param bytes; devices hold 1000: at most two per device.
+    p = zoo.chain(zoo.cluster(2, memory_bytes=1000), params=400)
+    r = solve(p, time_limit_s=10, workers=1)
+    assert r.baselines["single-device"] is None
+    assert r.schedule.feasible
+    assert max(r.schedule.peak_bytes.values()) <= 1000
+    assert len(set(r.schedule.placement.device_of.values())) == 2
+    # One transfer of 100 bytes (1 s) on top of 3 s of compute.
+    assert r.schedule.makespan_s == pytest.approx(4.0)
+
+
+def test_colocated_nodes_share_a_device():
+    p = zoo.problem([("a", 1, 0), ("b", 10, 0), ("c", 10, 0), ("d", 1, 0)],
+                    [("a", "b", 100), ("a", "c", 100), ("b", "d", 100), ("c", "d", 100)],
+                    zoo.cluster(2), colocate=(("b", "c"),))
+    r = solve(p, time_limit_s=10, workers=1)
+    device_of = r.schedule.placement.device_of
+    assert device_of["b"] == device_of["c"]
+    assert r.schedule.makespan_s == pytest.approx(22.0)
+
+
+def test_not_fitting_anywhere_says_how_many_bytes_are_missing():
+    p = zoo.chain(zoo.cluster(2, memory_bytes=500), params=400)
+    with pytest.raises(InfeasibleError, match=r"short") as info:
+        solve(p, time_limit_s=5, workers=1)
+    assert "200 bytes" in str(info.value)
+
+
+def test_one_node_larger_than_every_device_names_the_node():
+    p = zoo.problem([("a", 1, 0), ("big", 1, 5000)], [("a", "big", 10)],
+                    zoo.cluster(2, memory_bytes=3000))
+    with pytest.raises(InfeasibleError, match=r"node 'big'.*d0.*2000 bytes\) short"):
+        solve(p, time_limit_s=5, workers=1)
+
+
+def test_unknown_solver_lists_the_valid_ones():
+    with pytest.raises(AutoplaceError, match="valid solvers: cpsat, heft"):
+        solve(zoo.chain(zoo.cluster(2)), solver="magic")
+
+
+@st.composite
+def random_problems(draw):
+    n = draw(st.integers(2, 9))
+    devices = draw(st.integers(1, 3))
+    durations = draw(st.lists(st.integers(1, 20), min_size=n, max_size=n))
+    params = draw(st.lists(st.integers(0, 300), min_size=n, max_size=n))
+    edges = []
+    for dst in range(1, n):
+        for src in draw(st.sets(st.integers(0, dst - 1), max_size=2)):
+            edges.append((f"n{src}", f"n{dst}", draw(st.integers(0, 500))))
+    speeds = draw(st.lists(st.sampled_from([1.0, 2.0]), min_size=devices, max_size=devices))
+    colocate = ()
+    if n >= 3 and draw(st.booleans()):
+        colocate = ((f"n{draw(st.integers(0, n - 1))}", f"n{draw(st.integers(0, n - 1))}"),)
+    cl = zoo.cluster(devices, memory_bytes=draw(st.integers(600, 3000)),
+                     latency=draw(st.sampled_from([0.0, 0.5])))
+    return zoo.problem([(f"n{i}", float(durations[i]), params[i]) for i in range(n)], edges, cl,
+                       speed={f"d{i}": s for i, s in enumerate(speeds)},
+                       colocate=tuple(g for g in colocate if g[0] != g[1]))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_problems())
+def test_random_graphs_give_valid_plans_no_worse_than_any_baseline(p):
+    try:
+        r = solve(p, time_limit_s=2, workers=1)
+    except InfeasibleError:
+        # Then no heuristic may have found a plan within memory either.
+        for heuristic in (heft, sequential_fill):
+            placement = heuristic(p)
+            assert placement is None or not simulate(p, placement).feasible
+        return
+    assert validate(p, r.schedule) == []
+    for name, baseline in r.baselines.items():
+        if baseline is not None and baseline.feasible:
+            assert r.schedule.makespan_s <= baseline.makespan_s + 1e-9, name
+    assert r.lower_bound_s <= r.schedule.makespan_s + 1e-6
+    assert lower_bound_s(p) <= r.schedule.makespan_s + 1e-9

@@ -1,0 +1,82 @@
+"""Tracing into the IR: shapes, bytes, parameter attribution, colocation, fallbacks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import zoo
+
+import autoplace.trace as trace_mod
+from autoplace.errors import TraceError
+from autoplace.trace import trace_model
+
+
+def test_two_layer_mlp_graph_has_shapes_bytes_and_params():
+    model = zoo.TwoLayer().eval()
+    traced = trace_model(model, (torch.randn(3, 8),))
+    g = traced.graph
+    assert traced.tracer == "export"
+    assert g.total_param_bytes == 576 + 272
+    by_module = {}
+    for node in g.nodes:
+        by_module[node.module] = by_module.get(node.module, 0) + node.param_bytes
+    assert by_module["fc1"] == 576 and by_module["fc2"] == 272
+    inputs = [n for n in g.nodes if n.is_input]
+    assert len(inputs) == 1 and inputs[0].output_shapes == ((3, 8),)
+    assert inputs[0].output_bytes == 3 * 8 * 4
+    out = g.node(g.outputs[0])
+    assert out.output_shapes == ((3, 4),) and out.output_bytes == 48
+    # fc1 is a 3x8 @ 8x16 matmul: 2 * 3 * 8 * 16 FLOPs.
+    fc1_flops = sum(n.flops for n in g.nodes if n.module == "fc1")
+    assert fc1_flops == 2 * 3 * 8 * 16
+    # Every edge joins known nodes and carries the producer's bytes.
+    for e in g.edges:
+        assert e.bytes == g.node(e.src).output_bytes
+
+
+def test_tied_weights_are_counted_once_and_colocated():
+    model = zoo.TiedLM().eval()
+    traced = trace_model(model, (torch.randint(0, 50, (2, 5)),))
+    g = traced.graph
+    assert g.total_param_bytes == 50 * 16 * 4 + (16 * 16 + 16) * 4
+    groups = [set(grp) for grp in g.colocate]
+    assert len(groups) == 1
+    modules = {g.node(n).module for n in groups[0]}
+    assert modules == {"embed", "out"}
+
+
+def test_meta_device_model_traces_without_weights_and_same_flops():
+    real = zoo.TwoLayer().eval()
+    with torch.device("meta"):
+        meta = zoo.TwoLayer().eval()
+    x = torch.randn(3, 8)
+    a, b = trace_model(real, (x,)), trace_model(meta, (x,))
+    assert b.has_meta_params
+    assert sum(n.flops for n in a.graph.nodes) == sum(n.flops for n in b.graph.nodes)
+    assert a.graph.total_param_bytes == b.graph.total_param_bytes
+
+
+def test_falls_back_to_fx_when_export_fails(monkeypatch):
+    def broken_export(*args, **kwargs):
+        raise RuntimeError("export is unhappy")
+
+    monkeypatch.setattr(trace_mod, "_export", broken_export)
+    traced = trace_model(zoo.TwoLayer().eval(), (torch.randn(3, 8),))
+    assert traced.tracer == "fx"
+    assert any("export is unhappy" in note for note in traced.notes)
+    assert traced.graph.total_param_bytes == 576 + 272
+    assert {n.module for n in traced.graph.nodes if n.param_bytes} == {"fc1", "fc2"}
+
+
+def test_untraceable_model_gives_both_reasons():
+    with pytest.raises(TraceError, match=r"torch.export failed .*symbolic_trace failed too"):
+        trace_model(zoo.DataDependent().eval(), (torch.randn(2, 4),))
+
+
+def test_keyword_inputs_are_traced():
+    class KW(torch.nn.Module):
+        def forward(self, x, *, scale):
+            return x * scale
+
+    traced = trace_model(KW(), (), {"x": torch.randn(2, 2), "scale": torch.randn(2, 2)})
+    assert sum(n.is_input for n in traced.graph.nodes) == 2

@@ -1,0 +1,127 @@
+"""Tiny graphs and models whose right placement is worked out by hand in the comments.
+
+Graph builders return ``Problem`` objects on simple clusters with round numbers, so the tests can
+state exact makespans. Times in seconds, bytes in bytes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from autoplace.ir import Cluster, Costs, Device, Edge, Link, OpGraph, OpNode, Problem
+
+
+def cluster(
+    n: int = 2,
+    *,
+    memory_bytes: int = 1000,
+    bandwidth: float = 100.0,
+    latency: float = 0.0,
+    types: list[str] | None = None,
+) -> Cluster:
+    """``n`` devices ``d0..``; moving b bytes takes ``latency + b / bandwidth`` seconds."""
+    devices = tuple(
+        Device(
+            name=f"d{i}",
+            type=(types[i] if types else "T"),
+            memory_bytes=memory_bytes,
+            torch_device="cpu",
+        )
+        for i in range(n)
+    )
+    links = tuple(
+        Link(src=a.name, dst=b.name, bandwidth_bytes_per_s=bandwidth, latency_s=latency)
+        for a in devices
+        for b in devices
+        if a is not b
+    )
+    return Cluster(devices=devices, links=links)
+
+
+def problem(
+    nodes: list[tuple[str, float, int]],
+    edges: list[tuple[str, str, int]],
+    cl: Cluster,
+    *,
+    colocate: tuple[tuple[str, ...], ...] = (),
+    speed: dict[str, float] | None = None,
+    outputs: tuple[str, ...] = (),
+) -> Problem:
+    """``nodes``: (name, seconds on a unit-speed device, param bytes); ``speed[d]`` divides
+    the time on device ``d``. Every node outputs 10 bytes unless an edge says otherwise."""
+    speed = speed or {}
+    out_bytes = {n: 10 for n, _, _ in nodes}
+    for src, _, b in edges:
+        out_bytes[src] = max(out_bytes[src], b)
+    graph = OpGraph(
+        nodes=tuple(OpNode(name=n, param_bytes=p, output_bytes=out_bytes[n]) for n, _, p in nodes),
+        edges=tuple(Edge(src=s, dst=d, bytes=b) for s, d, b in edges),
+        colocate=colocate,
+        outputs=outputs,
+    )
+    costs = Costs(
+        compute_s={n: {d.name: t / speed.get(d.name, 1.0) for d in cl.devices} for n, t, _ in nodes}
+    )
+    return Problem(graph=graph, cluster=cl, costs=costs)
+
+
+def fork_join(cl: Cluster) -> Problem:
+    # a -> {b, c} -> d; b and c take 10 s each, a and d 1 s; edges carry 100 bytes = 1 s.
+    # One device: 1 + 10 + 10 + 1 = 22 s. Two devices: a, b on d0 and c, d on d1: b runs 1..11
+    # and its output reaches d1 at 12; c waits for a's output (arrives at 2) and runs 2..12;
+    # d runs 12..13. Optimum 13 s: whichever branch is away from a starts at 2 and ends at 12,
+    # and d needs the other branch's output too, which ends at 11 at best and then moves (12).
+    return problem(
+        [("a", 1, 0), ("b", 10, 0), ("c", 10, 0), ("d", 1, 0)],
+        [("a", "b", 100), ("a", "c", 100), ("b", "d", 100), ("c", "d", 100)],
+        cl,
+        outputs=("d",),
+    )
+
+
+def chain(cl: Cluster, *, params: int = 0) -> Problem:
+    # a -> b -> c, 1 s each: one device is optimal (3 s); any split only adds transfers.
+    return problem(
+        [("a", 1, params), ("b", 1, params), ("c", 1, params)],
+        [("a", "b", 100), ("b", "c", 100)],
+        cl,
+        outputs=("c",),
+    )
+
+
+class TwoLayer(nn.Module):
+    # Parameters: fc1 8*16+16 = 144 floats (576 bytes); fc2 16*4+4 = 68 floats (272 bytes).
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.fc2 = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+class TiedLM(nn.Module):
+    # The embedding and the output projection share one 50x16 weight (3,200 bytes): they must be
+    # colocated, and the weight counted once.
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(50, 16)
+        self.mid = nn.Linear(16, 16)
+        self.out = nn.Linear(16, 50, bias=False)
+        self.out.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.mid(self.embed(ids))))
+
+
+class DataDependent(nn.Module):
+    # Python control flow on a tensor's value: neither torch.export nor torch.fx can trace it.
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:
+            return self.fc(x)
+        return -x
