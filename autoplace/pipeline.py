@@ -142,7 +142,7 @@ def plan(
         tracer=traced.tracer,
         coarsening={"traced_ops": coarse.traced_ops, "plan_nodes": len(coarse.graph.nodes),
                     "steps": list(coarse.steps)},
-        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     )
     if emit:
         emitted, verification, emit_notes = _emit_and_verify(traced, planned, model, args,

@@ -157,7 +157,7 @@ class Plan:
             "coarsening": dict(self.coarsening),
             "verification": dict(self.verification),
             "notes": list(self.notes),
-            "created": self.created or _dt.datetime.now(_dt.timezone.utc).isoformat(),
+            "created": self.created or _dt.datetime.now(_dt.UTC).isoformat(),
             "autoplace_version": __version__,
         }
 
