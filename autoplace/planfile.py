@@ -273,6 +273,9 @@ def check_writable(directory: str | os.PathLike[str]) -> Path:
     parent = target.parent
     while not parent.exists():
         parent = parent.parent
+    if not parent.is_dir():
+        raise OutputError(f"cannot create the output directory {str(target)!r}: {str(parent)!r} "
+                          "is a file, not a directory; choose another --out")
     if target.exists() and not target.is_dir():
         raise OutputError(f"output path {str(target)!r} exists and is not a directory: choose "
                           "another --out")
@@ -287,9 +290,16 @@ def atomic_output_dir(directory: str | os.PathLike[str], write: Callable[[Path],
     """Run ``write(tmp)`` into a fresh temporary directory, then rename it to ``directory``
     (replacing an older one). On any failure nothing is left behind."""
     target = check_writable(directory)
+    created = target.parent
+    while not created.parent.exists():
+        created = created.parent
+    created = None if created.exists() else created  # the first parent this call creates
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the output is an ordinary dir
     except OSError as exc:
         raise OutputError(f"cannot create the output directory {str(target)!r}: {exc}; choose "
                           "another --out") from exc
@@ -304,5 +314,7 @@ def atomic_output_dir(directory: str | os.PathLike[str], write: Callable[[Path],
             tmp.rename(target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
         raise
     return target

@@ -1,0 +1,167 @@
+"""`autoplace` end to end, in-process: every example on homogeneous and heterogeneous devices,
+and every kind of bad input (exit code 2, one clear paragraph, nothing written)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from autoplace.cli import main
+from autoplace.emit import load_model
+from autoplace.loader import load_model_file
+from autoplace.planfile import Plan
+from autoplace.report import validate_plan_dict
+from autoplace.simulate import validate
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+@pytest.mark.parametrize("example", ["mlp", "lenet", "inception", "gpt2"])
+@pytest.mark.parametrize("devices", ["2xA100-40GB", "2xA100-40GB,2xT4-16GB"])
+def test_every_example_plans_emits_and_verifies(example, devices, tmp_path, capsys):
+    if example == "gpt2":
+        pytest.importorskip("transformers")
+    out = tmp_path / "out"
+    code = main(["plan", str(EXAMPLES / f"{example}.py"), "--devices", devices,
+                 "--out", str(out), "--time-limit", "5"])
+    assert code == 0, capsys.readouterr().err
+    assert "makespan" in capsys.readouterr().out
+    data = json.loads((out / "plan.json").read_text())
+    validate_plan_dict(data)
+    assert data["verification"]["status"] == "passed"
+    expected = sum(int(part.split("x")[0]) for part in devices.split(","))
+    assert len(data["devices"]) == expected and data["devices"][0]["type"] == "A100-40GB"
+    n = len(data["devices"])
+    assert len(data["links"]) == n * (n - 1)
+    for name, baseline in data["baselines"].items():
+        if baseline["feasible"]:
+            assert data["makespan_s"] <= baseline["makespan_s"] + 1e-12, name
+    assert data["lower_bound_s"] <= data["makespan_s"] + 1e-12
+    html = (out / "report.html").read_text()
+    assert 'id="timeline"' in html and 'id="memory"' in html
+
+    # The plan re-checks from the file alone, and the saved model runs equal to the original.
+    plan = Plan.load(out)
+    assert validate(plan.problem, plan.schedule) == []
+    loaded = load_model_file(EXAMPLES / f"{example}.py")
+    original = loaded.model.eval()
+    emitted = load_model(out / "model", device_map={"cuda:*": "cpu"})
+    with torch.no_grad():
+        torch.testing.assert_close(emitted(*loaded.args, **loaded.kwargs),
+                                   original(*loaded.args, **loaded.kwargs))
+
+
+def test_branches_run_side_by_side_and_beat_one_device(tmp_path):
+    out = tmp_path / "out"
+    assert main(["plan", str(EXAMPLES / "inception.py"), "--devices", "2xA100-40GB",
+                 "--out", str(out), "--time-limit", "5"]) == 0
+    data = json.loads((out / "plan.json").read_text())
+    assert data["makespan_s"] < data["best_single_device"]["makespan_s"]
+    # Some node on cuda:0 and some node on cuda:1 run at the same time.
+    spans = {d: [(n["start_s"], n["end_s"]) for n in data["nodes"]
+                 if n["device"] == d and n["end_s"] > n["start_s"]] for d in ("cuda:0", "cuda:1")}
+    assert any(s0 < e1 and s1 < e0 for s0, e0 in spans["cuda:0"] for s1, e1 in spans["cuda:1"])
+
+
+def test_devices_lists_the_catalog(capsys):
+    assert main(["devices"]) == 0
+    out = capsys.readouterr().out
+    for name in ("A100-40GB", "H100-80GB", "T4", "RTX4090"):
+        assert name in out
+
+
+def test_report_rerenders_from_plan_json(tmp_path):
+    out = tmp_path / "out"
+    assert main(["plan", str(EXAMPLES / "mlp.py"), "--devices", "2xA100-40GB", "--out",
+                 str(out), "--no-emit"]) == 0
+    (out / "report.html").unlink()
+    assert main(["report", str(out / "plan.json")]) == 0
+    assert 'id="timeline"' in (out / "report.html").read_text()
+
+
+def _model_file(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "model.py"
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+BIG_META_MODEL = """
+    import torch
+    def build():
+        with torch.device("meta"):
+            # Three 60,000 x 60,000 float32 layers: 3 x 14.4e9 = 43.2e9 bytes of weights.
+            model = torch.nn.Sequential(*[torch.nn.Linear(60000, 60000, bias=False)
+                                          for _ in range(3)])
+        return model, (torch.randn(1, 60000),)
+"""
+
+HUGE_LAYER_MODEL = """
+    import torch
+    def build():
+        with torch.device("meta"):
+            model = torch.nn.Linear(100000, 100000, bias=False)  # 4e10 bytes in one node
+        return model, (torch.randn(1, 100000),)
+"""
+
+
+@pytest.mark.parametrize("args, pattern", [
+    (["plan", "{tmp}/missing.py"], "does not exist"),
+    (["plan", "{file:x = 1}"], "defines neither build"),
+    (["plan", "{file:raise RuntimeError('kaput')}"], "RuntimeError.*kaput"),
+    (["plan", "{mlp}", "--devices", "2xB200-1TB"], "B200-1TB.*A100-40GB"),
+    (["plan", "{mlp}", "--devices", "2x"], "2x"),
+    (["plan", "{mlp}", "--devices", "0xA100-40GB"], "0xA100-40GB"),
+    (["plan", "{file:" + BIG_META_MODEL + "}", "--devices", "1xT4-16GB,1xL4"],
+     "short"),
+    (["plan", "{mlp}", "--cluster", "{bad_toml}"], "cluster.toml"),
+    (["plan", "{mlp}", "--out", "{file_as_dir}/out"], "not a directory"),
+    (["plan", "{mlp}", "--devices", "2xA100-40GB", "--cluster", "{bad_toml}"], "not both"),
+])
+def test_bad_input_exits_2_with_a_clear_message_and_writes_nothing(args, pattern, tmp_path,
+                                                                     capsys):
+    (tmp_path / "cluster.toml").write_text("[[hosts]\nname = 'x'\n")
+    (tmp_path / "afile").write_text("")
+    argv = []
+    for a in args:
+        if a.startswith("{file:"):
+            a = _model_file(tmp_path, a[len("{file:"):-1])
+        a = a.format(tmp=tmp_path, mlp=EXAMPLES / "mlp.py", bad_toml=tmp_path / "cluster.toml",
+                     file_as_dir=tmp_path / "afile")
+        argv.append(a)
+    out = tmp_path / "never"
+    if "--out" not in argv:
+        argv += ["--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("autoplace: error: ")
+    assert "Traceback" not in err
+    import re
+    assert re.search(pattern, err, re.S), err
+    assert not out.exists()
+    assert not any(p.name.startswith(".never") for p in tmp_path.iterdir())
+
+
+def test_infeasible_model_says_how_many_bytes_are_missing(tmp_path, capsys):
+    # T4 (16 GiB) + L4 (24 GiB) = 42,949,672,960 bytes; the model needs 43,200,000,000.
+    path = _model_file(tmp_path, BIG_META_MODEL)
+    assert main(["plan", path, "--devices", "1xT4-16GB,1xL4", "--out", str(tmp_path / "o")]) == 2
+    assert "(250327040 bytes) short" in capsys.readouterr().err
+    # With a third device it fits, split across devices within capacity.
+    assert main(["plan", path, "--devices", "1xT4-16GB,2xL4", "--out", str(tmp_path / "o")]) == 0
+    data = json.loads((tmp_path / "o" / "plan.json").read_text())
+    used = {n["device"] for n in data["nodes"] if n["memory_bytes"]}
+    assert len(used) >= 2
+    for mem in data["memory"].values():
+        assert mem["peak_bytes"] <= mem["capacity_bytes"]
+
+
+def test_one_layer_larger_than_any_device_names_it(tmp_path, capsys):
+    path = _model_file(tmp_path, HUGE_LAYER_MODEL)
+    assert main(["plan", path, "--devices", "2xL4", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "node 'linear' needs" in err and "short" in err and "cuda:0 (L4)" in err
+    assert not (tmp_path / "o").exists()
