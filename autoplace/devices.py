@@ -84,7 +84,7 @@ DEFAULT_SIMULATED_SPEC = "2xA100-40GB"
 LOCAL_HOST = "localhost"
 
 _CHOOSE_HINT = (
-    "choose devices with --devices (e.g. '4xH100-80GB' or 'cuda:0,cpu') or --cluster FILE; "
+    "choose devices with --devices (e.g. '4xH100-80GB' or '2xT4-16GB,cpu') or --cluster FILE; "
     "`autoplace devices` lists the device types"
 )
 
