@@ -126,7 +126,9 @@ def solve_cpsat(
     horizon = sum(max(duration[n, d] for d in devices) for n in nodes) + sum(
         max(delay[a, b, e.bytes] for a in devices for b in devices) for e in graph.edges)
     if hint is not None:
-        horizon = min(horizon, _ticks(hint.makespan_s) + len(nodes) + 1)
+        # The optimum is no later than the hint; rounding each duration and delay up adds less
+        # than one quantum each, and a path has fewer than 2n of them.
+        horizon = min(horizon, _ticks(hint.makespan_s) + 2 * len(nodes) + 2)
 
     # --- variables
     model = cp_model.CpModel()
