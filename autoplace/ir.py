@@ -103,6 +103,16 @@ class OpGraph:
                 )
             if edge.bytes < 0:
                 raise GraphError(f"edge {edge.src!r} -> {edge.dst!r} has negative bytes")
+            if edge.bytes > self.nodes[index[edge.src]].output_bytes:
+                raise GraphError(
+                    f"edge {edge.src!r} -> {edge.dst!r} carries {edge.bytes} bytes but "
+                    f"{edge.src!r} outputs only {self.nodes[index[edge.src]].output_bytes}"
+                )
+        pairs = [(edge.src, edge.dst) for edge in self.edges]
+        if len(set(pairs)) != len(pairs):
+            dup = next(p for p in pairs if pairs.count(p) > 1)
+            raise GraphError(f"edge {dup[0]!r} -> {dup[1]!r} appears twice: merge the two into "
+                             "one edge carrying the bytes read")
         for group in self.colocate:
             for name in group:
                 if name not in index:

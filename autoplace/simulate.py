@@ -188,15 +188,32 @@ def _memory(
     for node in graph.nodes:
         resident[device_of[node.name]] += node.param_bytes
     outputs = set(graph.outputs)
+    # For each (buffer, device): when its last reader there ends, and whether a reader ending
+    # then took no time (it still needs the buffer at that instant, see the ordering below).
     last_read: dict[tuple[str, str], float] = {}
+    instant_read: set[tuple[str, str]] = set()
     for e in graph.edges:
-        key = (e.src, device_of[e.dst])
-        last_read[key] = max(last_read.get(key, 0.0), end[e.dst])
+        key, t = (e.src, device_of[e.dst]), end[e.dst]
+        if t > last_read.get(key, -1.0):
+            last_read[key] = t
+            instant_read.discard(key)
+        if t == last_read[key] and start[e.dst] == t:
+            instant_read.add(key)
     sent_until: dict[str, float] = {}
     for t in transfers:
         sent_until[t.src] = max(sent_until.get(t.src, 0.0), t.end_s)
 
-    deltas: dict[str, list[tuple[float, int, int]]] = defaultdict(list)  # (t, order, +/-bytes)
+    # Events (t, phase, +/-bytes). At one instant, frees of buffers whose last use ended before
+    # it (phase 0) come before allocations (phase 1): a reader that has finished releases its
+    # input before the next node allocates its output. A buffer still in use at that instant,
+    # by a zero-time reader or because it was allocated then, is freed after them (phase 2).
+    deltas: dict[str, list[tuple[float, int, int]]] = defaultdict(list)
+
+    def add(dev: str, nbytes: int, alloc_at: float, free_at: float, key: tuple[str, str]) -> None:
+        instant = free_at == alloc_at or (key in instant_read and free_at == last_read[key])
+        deltas[dev].append((alloc_at, 1, nbytes))
+        deltas[dev].append((free_at, 2 if instant else 0, -nbytes))
+
     for node in graph.nodes:
         dev, nbytes = device_of[node.name], node.output_bytes
         if nbytes == 0:
@@ -205,12 +222,12 @@ def _memory(
                       sent_until.get(node.name, 0.0))
         if node.name in outputs:
             free_at = makespan
-        deltas[dev].append((start[node.name], 1, nbytes))
-        deltas[dev].append((free_at, 0, -nbytes))
+        add(dev, nbytes, start[node.name], free_at, (node.name, dev))
     for t in transfers:
-        free_at = last_read.get((t.src, t.dst_device), t.end_s)
-        deltas[t.dst_device].append((t.start_s, 1, t.bytes))
-        deltas[t.dst_device].append((max(free_at, t.end_s), 0, -t.bytes))
+        if t.bytes == 0:
+            continue
+        key = (t.src, t.dst_device)
+        add(t.dst_device, t.bytes, t.start_s, max(last_read.get(key, t.end_s), t.end_s), key)
 
     peak: dict[str, int] = {}
     timeline: dict[str, tuple[tuple[float, int], ...]] = {}
@@ -218,12 +235,11 @@ def _memory(
         level = resident[dev]
         best = level
         points = [(0.0, level)]
-        # Frees sort before allocations at the same instant: a reader that has finished
-        # releases its input before the next node allocates its output.
         for t, _, delta in sorted(deltas[dev]):
             level += delta
             best = max(best, level)
             points.append((t, level))
+        assert level == resident[dev], f"memory on {dev} does not return to its resident bytes"
         peak[dev] = best
         timeline[dev] = tuple(points)
     return resident, peak, timeline

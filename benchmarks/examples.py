@@ -32,8 +32,8 @@ def run(example: str, devices: str) -> dict:
         out = Path(tmp) / "out"
         began = time.perf_counter()
         proc = subprocess.run(
-            [sys.executable, "-m", "autoplace.cli", "plan", str(ROOT / "examples" / f"{example}.py"),
-             "--devices", devices, "--out", str(out)],
+            [sys.executable, "-m", "autoplace.cli", "plan",
+             str(ROOT / "examples" / f"{example}.py"), "--devices", devices, "--out", str(out)],
             capture_output=True, text=True, check=False)
         wall = time.perf_counter() - began
         if proc.returncode != 0:

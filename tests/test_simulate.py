@@ -64,6 +64,29 @@ def test_received_copy_occupies_destination_memory():
     assert s.peak_bytes["d1"] == 200
 
 
+def test_zero_duration_node_counts_its_output_and_inputs():
+    # a (1 s) -> b (0 s): b reads a's 100 bytes and writes 300 that nobody reads. At t = 1 both
+    # buffers exist at once, however briefly: the peak is 400 plus the 20 resident bytes.
+    p = zoo.problem([("a", 1, 10), ("b", 0, 10)], [("a", "b", 100)], zoo.cluster(1),
+                    output_bytes={"b": 300})
+    s = simulate(p, Placement(device_of={"a": "d0", "b": "d0"}))
+    assert s.peak_bytes["d0"] == 420
+    assert all(level >= s.resident_bytes["d0"] for _, level in s.memory_timeline["d0"])
+    assert s.memory_timeline["d0"][-1][1] == s.resident_bytes["d0"]
+
+
+def test_memory_timeline_never_drops_below_resident_bytes():
+    # Zero-time nodes and transfers in a row, across two devices with free links.
+    p = zoo.problem([("a", 0, 5), ("b", 0, 5), ("c", 0, 5), ("d", 1, 5)],
+                    [("a", "b", 100), ("b", "c", 50), ("a", "c", 70), ("c", "d", 10)],
+                    zoo.cluster(2, bandwidth=1e30))
+    for device_of in ({"a": "d0", "b": "d1", "c": "d0", "d": "d1"}, dict.fromkeys("abcd", "d0")):
+        s = simulate(p, Placement(device_of=device_of))
+        for dev, points in s.memory_timeline.items():
+            assert all(level >= s.resident_bytes[dev] for _, level in points), dev
+            assert s.peak_bytes[dev] >= s.resident_bytes[dev] + 100 * (dev == device_of["b"])
+
+
 def test_validate_catches_a_tampered_schedule():
     p = zoo.fork_join(zoo.cluster(2))
     s = simulate(p, Placement(device_of={"a": "d0", "b": "d0", "c": "d1", "d": "d1"}))

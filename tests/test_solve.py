@@ -3,15 +3,20 @@ about memory it cannot meet."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+
 import pytest
 import zoo
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autoplace.errors import AutoplaceError, InfeasibleError
+from autoplace.ir import Placement
 from autoplace.simulate import simulate, validate
 from autoplace.solve import solve
 from autoplace.solve.bounds import lower_bound_s
+from autoplace.solve.cpsat import solve_cpsat
 from autoplace.solve.heuristics import heft, sequential_fill
 
 
@@ -121,3 +126,98 @@ def test_random_graphs_give_valid_plans_no_worse_than_any_baseline(p):
             assert r.schedule.makespan_s <= baseline.makespan_s + 1e-9, name
     assert r.lower_bound_s <= r.schedule.makespan_s + 1e-6
     assert lower_bound_s(p) <= r.schedule.makespan_s + 1e-9
+
+
+@st.composite
+def tiny_problems(draw):
+    """Up to 5 nodes on up to 3 devices, with awkward non-integer times and plenty of memory:
+    small enough to enumerate every placement."""
+    n = draw(st.integers(2, 5))
+    devices = draw(st.integers(2, 3))
+    times = st.sampled_from([1e-6, 3.7e-6, 0.013, 0.25, 1.0, 2.5, 7.3])
+    edges = []
+    for dst in range(1, n):
+        for src in draw(st.sets(st.integers(0, dst - 1), max_size=2)):
+            edges.append((f"n{src}", f"n{dst}", draw(st.integers(0, 400))))
+    speeds = draw(st.lists(st.sampled_from([1.0, 1.5, 3.0]), min_size=devices,
+                           max_size=devices))
+    cl = zoo.cluster(devices, memory_bytes=10**9, bandwidth=draw(st.sampled_from([100.0, 1e4])),
+                     latency=draw(st.sampled_from([0.0, 1e-5, 0.5])))
+    return zoo.problem([(f"n{i}", draw(times), 0) for i in range(n)], edges, cl,
+                       speed={f"d{i}": s for i, s in enumerate(speeds)})
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tiny_problems())
+def test_tiny_graphs_match_enumeration_of_every_placement(p):
+    # Any placement list-scheduled by the simulator is a feasible schedule, so neither the plan
+    # nor the proven lower bound may be worse than the best of them (a wrong OPTIMAL would be).
+    names = [n.name for n in p.graph.nodes]
+    best = min(
+        simulate(p, Placement(device_of=dict(zip(names, combo)))).makespan_s
+        for combo in itertools.product(p.cluster.names, repeat=len(names))
+    )
+    r = solve(p, time_limit_s=5, workers=1)
+    assert r.schedule.makespan_s <= best * (1 + 1e-9) + 1e-12
+    assert r.lower_bound_s <= best * (1 + 1e-9) + 1e-12
+
+
+def test_nogood_keeps_a_node_set_off_every_identical_device():
+    # The chain fits one device (3 s); forbidding {a, b, c} together on d0 forbids it on d1 too,
+    # since d0 and d1 are identical: the best split pays one 1 s transfer.
+    p = zoo.chain(zoo.cluster(2, memory_bytes=10_000))
+    r = solve_cpsat(p, time_limit_s=5, workers=1, nogoods=[("d0", frozenset("abc"))])
+    assert r.status == "OPTIMAL"
+    assert len(set(r.placement.device_of.values())) == 2
+    assert simulate(p, r.placement).makespan_s == pytest.approx(4.0)
+
+
+def test_cpsat_records_its_progress():
+    r = solve(zoo.fork_join(zoo.cluster(2)), time_limit_s=5, workers=1)
+    times = [t for t, _, _ in r.solver.progress]
+    assert times and times == sorted(times)
+    assert r.solver.progress[-1][1] == pytest.approx(r.solver.objective_s)
+    assert all(b <= r.schedule.makespan_s + 1e-9 for _, _, b in r.solver.progress)
+
+
+def test_a_bound_above_a_feasible_plan_is_discarded(monkeypatch):
+    # Stands in for a solver bug such as google/or-tools#5293 (a wrong OPTIMAL certificate).
+    import autoplace.solve as solve_module
+
+    def inflated(*args, **kwargs):
+        return dataclasses.replace(solve_cpsat(*args, **kwargs), bound_s=1e6)
+
+    monkeypatch.setattr(solve_module, "solve_cpsat", inflated)
+    p = zoo.fork_join(zoo.cluster(2))
+    r = solve(p, time_limit_s=5, workers=1)
+    assert r.lower_bound_s == pytest.approx(lower_bound_s(p))
+    assert r.solver.status == "FEASIBLE"
+    assert any("discarded" in note for note in r.notes)
+
+
+def test_overflow_found_by_the_simulator_is_cut_off_not_declared_infeasible(monkeypatch):
+    # CP-SAT's memory model counts one node's working set; the simulator can find more live at
+    # once. Here the first CP-SAT plan is made to overflow (its model sees capacity as larger);
+    # the cut must lead to a plan, never to "no placement fits".
+    import autoplace.solve as solve_module
+
+    calls = []
+
+    def recording(problem, **kwargs):
+        calls.append(list(kwargs["nogoods"]))
+        return solve_cpsat(problem, **kwargs)
+
+    monkeypatch.setattr(solve_module, "solve_cpsat", recording)
+    # a -> {b, c}, b -> f, c -> g; every output 300 bytes, 50 param bytes each, f and g are
+    # the model's outputs. On one device whichever of f and g runs last does so while the
+    # other's output, its input and its own output are live: 250 + 900 > 1100. CP-SAT's model
+    # sees one node's working set (250 + 600) and, with transfers dear (30 s), prefers one
+    # device. Split a, b, f | c, g: 150 + 900 and 100 + 900 fit.
+    p = zoo.problem([("a", 1, 50), ("b", 5, 50), ("c", 5, 50), ("f", 1, 50), ("g", 1, 50)],
+                    [("a", "b", 300), ("a", "c", 300), ("b", "f", 300), ("c", "g", 300)],
+                    zoo.cluster(2, memory_bytes=1100, bandwidth=10), outputs=("f", "g"),
+                    output_bytes={"f": 300, "g": 300})
+    r = solve(p, time_limit_s=10, workers=1)
+    assert len(calls) >= 2 and calls[1], "the first CP-SAT plan should have overflowed"
+    assert r.schedule.feasible and validate(p, r.schedule) == []
+    assert len(set(r.schedule.placement.device_of.values())) == 2

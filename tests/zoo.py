@@ -47,11 +47,13 @@ def problem(
     colocate: tuple[tuple[str, ...], ...] = (),
     speed: dict[str, float] | None = None,
     outputs: tuple[str, ...] = (),
+    output_bytes: dict[str, int] | None = None,
 ) -> Problem:
     """``nodes``: (name, seconds on a unit-speed device, param bytes); ``speed[d]`` divides
-    the time on device ``d``. Every node outputs 10 bytes unless an edge says otherwise."""
+    the time on device ``d``. Every node outputs 10 bytes unless ``output_bytes`` or an edge
+    says otherwise."""
     speed = speed or {}
-    out_bytes = {n: 10 for n, _, _ in nodes}
+    out_bytes = {n: 10 for n, _, _ in nodes} | (output_bytes or {})
     for src, _, b in edges:
         out_bytes[src] = max(out_bytes[src], b)
     graph = OpGraph(

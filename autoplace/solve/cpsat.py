@@ -10,6 +10,8 @@ Variables: ``x[n, d]`` (node ``n`` runs on device ``d``), ``start[n]``, ``end[n]
   device ``d2`` of ``v``, ``start[v] >= end[u] + sum_d1 c(d1, d2) * x[u, d1]`` enforced by
   ``x[v, d2]`` — linear and exact, since exactly one ``x[u, d1]`` is true;
 * resident parameters plus an activation allowance fit each device's capacity;
+* no-good cuts from the caller: a set of nodes the simulator found overflowing a device may not
+  all sit on that device (nor on any device identical to it) again;
 * colocated nodes share a device;
 * identical devices are interchangeable, so node ``i`` (in topological order) may use only the
   first ``i + 1`` devices of each class of identical devices (symmetry breaking).
@@ -24,8 +26,8 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
@@ -40,11 +42,44 @@ TIME_QUANTUM_S = 1e-9
 
 @dataclass(frozen=True)
 class CpSatResult:
+    """``progress``: (seconds since the start, best objective or None, best bound), one entry
+    per improvement of either, in seconds of makespan."""
+
     placement: Placement | None
     status: str
     objective_s: float | None
     bound_s: float
     wall_s: float
+    progress: tuple[tuple[float, float | None, float], ...] = field(default_factory=tuple)
+
+
+class _Progress(cp_model.CpSolverSolutionCallback):
+    """Records every improving solution and bound while CP-SAT runs."""
+
+    def __init__(self, slack_ticks: int) -> None:
+        super().__init__()
+        self.began = time.perf_counter()
+        self.slack = slack_ticks
+        self.objective: float | None = None
+        self.bound = 0.0
+        self.points: list[tuple[float, float | None, float]] = []
+
+    def _record(self) -> None:
+        self.points.append((time.perf_counter() - self.began, self.objective, self.bound))
+
+    def on_solution_callback(self) -> None:
+        self.objective = self.objective_value * TIME_QUANTUM_S
+        self.bound = max(self.bound, _bound_s(self.best_objective_bound, self.slack))
+        self._record()
+
+    def on_bound(self, bound: float) -> None:
+        self.bound = max(self.bound, _bound_s(bound, self.slack))
+        self._record()
+
+
+def _bound_s(bound_ticks: float, slack_ticks: int) -> float:
+    """CP-SAT's bound in seconds, less the rounding slack of the integer model."""
+    return max(0.0, (bound_ticks - slack_ticks) * TIME_QUANTUM_S)
 
 
 def _ticks(seconds: float) -> int:
@@ -102,21 +137,21 @@ def solve_cpsat(
     *,
     time_limit_s: float,
     hint: Schedule | None = None,
-    capacity_bytes: dict[str, int] | None = None,
-    activation_bytes: dict[str, int] | None = None,
+    activation_bytes: Mapping[str, int] | None = None,
+    nogoods: Sequence[tuple[str, frozenset[str]]] = (),
     workers: int | None = None,
     seed: int = 0,
 ) -> CpSatResult:
     """Minimise the makespan of ``problem`` with CP-SAT within ``time_limit_s``.
 
-    ``capacity_bytes`` overrides device capacities (the caller tightens them when the simulator
-    finds activations overflowing); ``activation_bytes[n]`` is the working set node ``n`` needs
-    on its device beside the resident parameters.
+    ``activation_bytes[n]`` is the working set node ``n`` needs on its device beside the
+    resident parameters. ``nogoods`` are ``(device, nodes)`` pairs: those nodes may not all run
+    on that device (the caller adds one when the simulator finds such a set overflowing).
     """
     graph, cluster, costs = problem.graph, problem.cluster, problem.costs
     devices = list(cluster.names)
     nodes = [n.name for n in graph.nodes]
-    capacity = capacity_bytes or {d.name: d.memory_bytes for d in cluster.devices}
+    capacity = {d.name: d.memory_bytes for d in cluster.devices}
     activation = activation_bytes or {}
 
     # --- data
@@ -171,6 +206,13 @@ def solve_cpsat(
         for i, n in enumerate(nodes[: len(cls) - 1]):
             for d in cls[i + 1:]:
                 model.add(x[n, d] == 0)
+    # A no-good holds on every device identical to its own, so the symmetry breaking above
+    # stays valid: relabelling identical devices maps a placement that obeys the cuts to one
+    # that does too.
+    class_of = {d: cls for cls in classes for d in cls}
+    for device, members in nogoods:
+        for d in class_of.get(device, [device]):
+            model.add(sum(x[n, d] for n in members) <= len(members) - 1)
 
     # --- objective
     model.minimize(makespan)
@@ -188,24 +230,30 @@ def solve_cpsat(
     solver.parameters.max_time_in_seconds = max(time_limit_s, 0.01)
     solver.parameters.num_workers = workers or max(1, min(8, os.cpu_count() or 1))
     solver.parameters.random_seed = seed
+    # OR-Tools 9.15 can certify a wrong optimum through inclusion-detection presolve
+    # (google/or-tools#5293); switching that family off is the documented workaround.
+    solver.parameters.presolve_inclusion_work_limit = 0
+    # The integer model rounds every duration and delay up by less than one quantum, and a path
+    # has fewer than 2n of them, so the true optimum is at most 2n quanta below its bound.
+    slack = 2 * len(nodes)
+    progress = _Progress(slack)
+    solver.best_bound_callback = progress.on_bound
     began = time.perf_counter()
-    status = solver.solve(model)
+    status = solver.solve(model, progress)
     wall = time.perf_counter() - began
     status_name = solver.status_name(status)
 
     # --- read back
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return CpSatResult(placement=None, status=status_name, objective_s=None,
-                           bound_s=0.0, wall_s=wall)
+                           bound_s=0.0, wall_s=wall, progress=tuple(progress.points))
     device_of = {n: next(d for d in devices if solver.boolean_value(x[n, d])) for n in nodes}
     starts = {n: solver.value(start[n]) for n in nodes}
     order = {d: tuple(sorted((n for n in nodes if device_of[n] == d),
                              key=lambda n: (starts[n], solver.value(end[n]), graph.index[n])))
              for d in devices}
-    # The integer model rounds every duration and delay up by less than one quantum, and a path
-    # has fewer than 2n of them, so the true optimum is at most 2n quanta below its bound.
-    bound_s = max(0.0, (solver.best_objective_bound - 2 * len(nodes)) * TIME_QUANTUM_S)
     return CpSatResult(placement=Placement(device_of=device_of, order=order),
                        status=status_name,
                        objective_s=solver.objective_value * TIME_QUANTUM_S,
-                       bound_s=bound_s, wall_s=wall)
+                       bound_s=_bound_s(solver.best_objective_bound, slack), wall_s=wall,
+                       progress=tuple(progress.points))
