@@ -9,6 +9,7 @@ nodes to devices (with an optional per-device execution order); the simulator tu
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -63,11 +64,21 @@ class OpNode:
 
 @dataclass(frozen=True)
 class Edge:
-    """Data flowing from ``src`` to ``dst``: ``bytes`` of ``src``'s output that ``dst`` reads."""
+    """Data flowing from ``src`` to ``dst``: ``bytes`` of ``src``'s output that ``dst`` reads.
+
+    Moving it between two devices takes the link's ``latency + bytes / bandwidth``, unless
+    ``transfer_s`` fixes the time (graphs from a profiler that measured it).
+    """
 
     src: str
     dst: str
     bytes: int
+    transfer_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.transfer_s is not None and not self.transfer_s >= 0:
+            raise GraphError(f"edge {self.src!r} -> {self.dst!r} has transfer time "
+                             f"{self.transfer_s}: it must be a number >= 0")
 
 
 @dataclass(frozen=True)
@@ -265,7 +276,8 @@ class Cluster:
 
 @dataclass(frozen=True)
 class Costs:
-    """``compute_s[node][device]``: how long a node runs on a device. ``source[node]`` says where
+    """``compute_s[node][device]``: how long a node runs on a device; ``math.inf`` where it
+    cannot run there (an unsupported op, or a node pinned elsewhere). ``source[node]`` says where
     the figure came from (``analytic``, later ``measured`` or ``calibrated``)."""
 
     compute_s: Mapping[str, Mapping[str, float]]
@@ -290,10 +302,28 @@ class Problem:
                 raise GraphError(f"node {node.name!r} has no compute cost")
             for device in self.cluster.names:
                 t = per_device.get(device)
-                if t is None or t < 0 or t != t:
+                if t is None or not t >= 0:
                     raise GraphError(
                         f"node {node.name!r} has a missing or negative duration on {device!r}"
                     )
+            if not any(math.isfinite(per_device[d]) for d in self.cluster.names):
+                raise GraphError(f"node {node.name!r} can run on none of the devices "
+                                 f"{list(self.cluster.names)}")
+
+    @cached_property
+    def allowed(self) -> dict[str, tuple[str, ...]]:
+        """The devices each node can run on (finite compute time), in cluster order."""
+        return {n.name: tuple(d for d in self.cluster.names
+                              if math.isfinite(self.costs.of(n.name, d)))
+                for n in self.graph.nodes}
+
+    def delay_s(self, edge: Edge, src_device: str, dst_device: str) -> float:
+        """How long ``edge``'s data takes from ``src_device`` to ``dst_device``."""
+        if src_device == dst_device:
+            return 0.0
+        if edge.transfer_s is not None:
+            return edge.transfer_s
+        return self.cluster.transfer_s(src_device, dst_device, edge.bytes)
 
 
 @dataclass(frozen=True)
@@ -329,8 +359,18 @@ class Schedule:
     peak_bytes: Mapping[str, int]
     memory_timeline: Mapping[str, tuple[tuple[float, int], ...]]
     over_capacity: Mapping[str, int]
+    load_s: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def feasible(self) -> bool:
         """True when every device's peak memory is within its capacity."""
         return not self.over_capacity
+
+    @property
+    def max_load_s(self) -> float:
+        """The pipelined objective: the busiest device's compute and communication per pass."""
+        return max(self.load_s.values(), default=0.0)
+
+    def objective_s(self, objective: str) -> float:
+        """The schedule's value under ``objective`` (``latency`` or ``throughput``)."""
+        return self.max_load_s if objective == "throughput" else self.makespan_s

@@ -4,9 +4,10 @@ Model (the same one ``plan.json`` documents, so anyone can re-check a plan):
 
 * a device runs one node at a time, for ``costs.compute_s[node][device]`` seconds;
 * a node starts once every input has arrived on its device: an input read over edge ``(u, v)``
-  from another device arrives ``latency_s + edge bytes / bandwidth`` after ``u`` ends (links are
-  not shared resources: transfers overlap each other and compute). For memory, ``u``'s output
-  is copied once to each other device that reads it, with the largest edge's bytes;
+  from another device arrives ``latency_s + edge bytes / bandwidth`` (or the edge's fixed
+  ``transfer_s``) after ``u`` ends (links are not shared resources: transfers overlap each other
+  and compute). ``u``'s output is copied once to each other device that reads it, with the
+  largest of those edges' bytes and times;
 * with ``Placement.order`` each device runs its nodes in exactly that order; without it a device
   that falls idle starts its ready node of highest upward rank (list scheduling, as HEFT ranks).
 
@@ -15,6 +16,11 @@ when the node starts and freed when its last reader on that device has finished 
 outgoing transfer is done; a copy received from another device lives from the transfer's start
 until its last reader there finishes; the model's outputs live to the end.
 
+For pipelined execution (the ``throughput`` objective) each device's **load** per pass is its
+compute plus its communication, as PipeDream and Tarnawski et al. (NeurIPS 2020) define it: a
+node whose output leaves its device pays the copy's time once on its own device (the longest
+copy, when it goes to several) and once on each device that receives it.
+
 Read ``simulate`` first, then ``_memory``; ``validate`` re-checks a schedule independently.
 """
 
@@ -22,11 +28,12 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
+from collections.abc import Mapping
 
 from autoplace.errors import GraphError
 from autoplace.ir import Placement, Problem, Schedule, Transfer
 
-__all__ = ["simulate", "upward_rank", "validate"]
+__all__ = ["copies", "loads", "simulate", "upward_rank", "validate"]
 
 _EPS = 1e-12
 
@@ -37,31 +44,51 @@ def upward_rank(problem: Problem, device_of: dict[str, str] | None = None) -> di
     With ``device_of`` the node's own device and the actual links are used; without it, the
     mean over devices and no communication (HEFT's rank before placement uses mean costs).
     """
-    graph, cluster, costs = problem.graph, problem.cluster, problem.costs
+    graph, costs = problem.graph, problem.costs
     rank: dict[str, float] = {}
     for node in reversed(graph.nodes):
         if device_of is None:
-            own = sum(costs.compute_s[node.name].values()) / len(cluster.devices)
+            allowed = problem.allowed[node.name]
+            own = sum(costs.of(node.name, d) for d in allowed) / len(allowed)
         else:
             own = costs.of(node.name, device_of[node.name])
         tail = 0.0
         for e in graph.out_edges(node.name):
             comm = 0.0
             if device_of is not None:
-                comm = cluster.transfer_s(device_of[e.src], device_of[e.dst], e.bytes)
+                comm = problem.delay_s(e, device_of[e.src], device_of[e.dst])
             tail = max(tail, comm + rank[e.dst])
         rank[node.name] = own + tail
     return rank
 
 
-def _transfer_bytes(problem: Problem, device_of: dict[str, str]) -> dict[tuple[str, str], int]:
-    """Bytes moved from each node to each other device: the largest read there."""
-    moved: dict[tuple[str, str], int] = {}
+def copies(
+    problem: Problem, device_of: Mapping[str, str]
+) -> dict[tuple[str, str], tuple[int, float]]:
+    """The copies a placement makes: (node, other device) -> (bytes, seconds), the largest read
+    there."""
+    moved: dict[tuple[str, str], tuple[int, float]] = {}
     for e in problem.graph.edges:
         src_dev, dst_dev = device_of[e.src], device_of[e.dst]
         if src_dev != dst_dev:
-            moved[(e.src, dst_dev)] = max(moved.get((e.src, dst_dev), 0), e.bytes)
+            nbytes, secs = moved.get((e.src, dst_dev), (0, 0.0))
+            moved[(e.src, dst_dev)] = (max(nbytes, e.bytes),
+                                       max(secs, problem.delay_s(e, src_dev, dst_dev)))
     return moved
+
+
+def loads(problem: Problem, device_of: Mapping[str, str]) -> dict[str, float]:
+    """Each device's compute plus communication per pass (see the module docstring)."""
+    load = dict.fromkeys(problem.cluster.names, 0.0)
+    for node in problem.graph.nodes:
+        load[device_of[node.name]] += problem.costs.of(node.name, device_of[node.name])
+    sent: dict[str, float] = {}
+    for (src, dst_dev), (_, secs) in copies(problem, device_of).items():
+        load[dst_dev] += secs
+        sent[src] = max(sent.get(src, 0.0), secs)
+    for src, secs in sent.items():
+        load[device_of[src]] += secs
+    return load
 
 
 def simulate(problem: Problem, placement: Placement) -> Schedule:
@@ -74,10 +101,12 @@ def simulate(problem: Problem, placement: Placement) -> Schedule:
             raise GraphError(f"placement has no device for node {node.name!r}")
         if dev not in cluster.names:
             raise GraphError(f"node {node.name!r} is placed on unknown device {dev!r}")
+        if dev not in problem.allowed[node.name]:
+            raise GraphError(f"node {node.name!r} is placed on {dev!r}, where it cannot run")
 
-    moved_from: dict[str, list[tuple[str, int]]] = defaultdict(list)
-    for (src, dst_dev), nbytes in _transfer_bytes(problem, device_of).items():
-        moved_from[src].append((dst_dev, nbytes))
+    moved_from: dict[str, list[tuple[str, int, float]]] = defaultdict(list)
+    for (src, dst_dev), (nbytes, secs) in copies(problem, device_of).items():
+        moved_from[src].append((dst_dev, nbytes, secs))
     order = placement.order
     if order is not None:
         listed = sorted(n for seq in order.values() for n in seq)
@@ -138,13 +167,12 @@ def simulate(problem: Problem, placement: Placement) -> Schedule:
             dispatch(dev, now)
             continue
         busy[dev] = False
-        for dst_dev, nbytes in moved_from[name]:
-            t_end = now + cluster.transfer_s(dev, dst_dev, nbytes)
+        for dst_dev, nbytes, secs in moved_from[name]:
             transfers.append(Transfer(src=name, src_device=dev, dst_device=dst_dev,
-                                      bytes=nbytes, start_s=now, end_s=t_end))
+                                      bytes=nbytes, start_s=now, end_s=now + secs))
         for e in graph.out_edges(name):
             # Each reader waits for its own edge's bytes, as plan.json's re-check rule states.
-            t_in = now + cluster.transfer_s(dev, device_of[e.dst], e.bytes)
+            t_in = now + problem.delay_s(e, dev, device_of[e.dst])
             data_ready[e.dst] = max(data_ready[e.dst], t_in)
         for succ in dict.fromkeys(e.dst for e in graph.out_edges(name)):
             pending[succ] -= 1
@@ -172,6 +200,7 @@ def simulate(problem: Problem, placement: Placement) -> Schedule:
         peak_bytes=peak,
         memory_timeline=timeline,
         over_capacity=over,
+        load_s=loads(problem, device_of),
     )
 
 
@@ -248,7 +277,7 @@ def _memory(
 def validate(problem: Problem, schedule: Schedule, *, tol_s: float = 1e-9) -> list[str]:
     """Re-check a schedule against the model: durations, precedence with transfer delays,
     no overlap on a device, colocation, memory within capacity. Returns the violations."""
-    graph, cluster, costs = problem.graph, problem.cluster, problem.costs
+    graph, costs = problem.graph, problem.costs
     device_of = schedule.placement.device_of
     problems: list[str] = []
     for node in graph.nodes:
@@ -257,8 +286,7 @@ def validate(problem: Problem, schedule: Schedule, *, tol_s: float = 1e-9) -> li
         if abs(duration - costs.of(node.name, dev)) > tol_s + 1e-9 * duration:
             problems.append(f"{node.name}: runs {duration} s, costs {costs.of(node.name, dev)} s")
     for e in graph.edges:
-        ready = schedule.end_s[e.src] + cluster.transfer_s(device_of[e.src], device_of[e.dst],
-                                                           e.bytes)
+        ready = schedule.end_s[e.src] + problem.delay_s(e, device_of[e.src], device_of[e.dst])
         if schedule.start_s[e.dst] + tol_s < ready - _EPS * ready:
             problems.append(f"{e.dst} starts at {schedule.start_s[e.dst]} before its input from "
                             f"{e.src} arrives at {ready}")

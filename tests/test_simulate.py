@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import pytest
 import zoo
 
 from autoplace.errors import GraphError
-from autoplace.ir import Placement
+from autoplace.ir import Costs, Edge, Placement
 from autoplace.simulate import simulate, validate
 
 
@@ -101,3 +104,34 @@ def test_unknown_device_and_missing_node_are_errors():
         simulate(p, Placement(device_of={"a": "d0", "b": "gpu9", "c": "d0"}))
     with pytest.raises(GraphError, match="no device for node 'c'"):
         simulate(p, Placement(device_of={"a": "d0", "b": "d0"}))
+
+
+def test_fixed_edge_transfer_time_overrides_the_link():
+    p = zoo.chain(zoo.cluster(2))
+    p = dataclasses.replace(p, graph=dataclasses.replace(p.graph, edges=(
+        Edge("a", "b", 100, transfer_s=5.0), Edge("b", "c", 100))))
+    s = simulate(p, Placement(device_of={"a": "d0", "b": "d1", "c": "d1"}))
+    assert s.start_s["b"] == pytest.approx(6.0)
+    assert [(t.src, t.end_s - t.start_s) for t in s.transfers] == [("a", 5.0)]
+    assert validate(p, s) == []
+
+
+def test_a_node_cannot_be_placed_where_it_cannot_run():
+    p = zoo.chain(zoo.cluster(2))
+    p = dataclasses.replace(p, costs=Costs(compute_s={**p.costs.compute_s,
+                                                      "b": {"d0": math.inf, "d1": 1.0}}))
+    assert p.allowed["b"] == ("d1",)
+    with pytest.raises(GraphError, match="'b' is placed on 'd0', where it cannot run"):
+        simulate(p, Placement(device_of=dict.fromkeys("abc", "d0")))
+
+
+def test_loads_count_compute_and_each_copy_once_per_end():
+    # a -> b, a -> c, b -> d, c -> d; edges 100 bytes = 1 s. a, b on d0; c, d on d1.
+    # d0: a 1 + b 10, sends a's output (1) and b's output (1) = 13.
+    # d1: c 10 + d 1, receives a's and b's outputs (1 + 1) = 13.
+    p = zoo.fork_join(zoo.cluster(2))
+    s = simulate(p, Placement(device_of={"a": "d0", "b": "d0", "c": "d1", "d": "d1"}))
+    assert s.load_s == pytest.approx({"d0": 13.0, "d1": 13.0})
+    assert s.max_load_s == pytest.approx(13.0)
+    one = simulate(p, Placement(device_of=dict.fromkeys("abcd", "d0")))
+    assert one.load_s == pytest.approx({"d0": 22.0, "d1": 0.0})

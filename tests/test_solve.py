@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 
 import pytest
 import zoo
@@ -12,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autoplace.errors import AutoplaceError, InfeasibleError
-from autoplace.ir import Placement
+from autoplace.ir import Costs, Placement
 from autoplace.simulate import simulate, validate
 from autoplace.solve import solve
 from autoplace.solve.bounds import lower_bound_s
@@ -221,3 +222,25 @@ def test_overflow_found_by_the_simulator_is_cut_off_not_declared_infeasible(monk
     assert len(calls) >= 2 and calls[1], "the first CP-SAT plan should have overflowed"
     assert r.schedule.feasible and validate(p, r.schedule) == []
     assert len(set(r.schedule.placement.device_of.values())) == 2
+
+
+def test_nodes_run_only_where_they_can():
+    # b cannot run on the fast device d1, so the chain pays two transfers or runs slowly on d0.
+    p = zoo.problem([("a", 4, 0), ("b", 1, 0), ("c", 4, 0)], [("a", "b", 100), ("b", "c", 100)],
+                    zoo.cluster(2), speed={"d1": 4.0})
+    p = dataclasses.replace(p, costs=Costs(compute_s={**p.costs.compute_s,
+                                                      "b": {"d0": 1.0, "d1": math.inf}}))
+    r = solve(p, time_limit_s=5, workers=1)
+    assert r.schedule.placement.device_of["b"] == "d0"
+    # All on d0: 9 s. a, c on d1 and b on d0: 1 + 1 + 1 + 1 + 1 = 5 s.
+    assert r.schedule.makespan_s == pytest.approx(5.0)
+    assert validate(p, r.schedule) == []
+
+
+def test_a_group_with_no_common_device_is_named():
+    p = zoo.problem([("a", 1, 0), ("b", 1, 0)], [("a", "b", 10)], zoo.cluster(2),
+                    colocate=(("a", "b"),))
+    p = dataclasses.replace(p, costs=Costs(compute_s={"a": {"d0": 1.0, "d1": math.inf},
+                                                      "b": {"d0": math.inf, "d1": 1.0}}))
+    with pytest.raises(InfeasibleError, match=r"colocation group \['a', 'b'\].*no device"):
+        solve(p, time_limit_s=5, workers=1)

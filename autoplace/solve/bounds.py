@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from autoplace.errors import InfeasibleError
 from autoplace.ir import Problem
+from autoplace.solve.heuristics import group_devices
 
 __all__ = ["check_memory", "lower_bound_s"]
 
@@ -21,12 +22,14 @@ def _fmt(nbytes: int) -> str:
 
 
 def _holders(problem: Problem) -> dict[str, list[str]]:
-    """Devices that can hold each node's whole colocation group."""
+    """Devices that can hold and run each node's whole colocation group."""
     graph, cluster = problem.graph, problem.cluster
+    runs_on = group_devices(problem)
     holders: dict[str, list[str]] = {}
     for name, group in graph.colocation_of.items():
         need = sum(graph.node(m).param_bytes for m in group)
-        holders[name] = [d.name for d in cluster.devices if d.memory_bytes >= need]
+        holders[name] = [d.name for d in cluster.devices
+                         if d.memory_bytes >= need and d.name in runs_on[name]]
     return holders
 
 
@@ -42,15 +45,21 @@ def check_memory(problem: Problem) -> None:
             f"{_fmt(total - capacity)} short. Add devices or use larger ones (--devices), or "
             "reduce the model (smaller dtype)."
         )
-    largest = max(cluster.devices, key=lambda d: d.memory_bytes)
+    runs_on = group_devices(problem)
     for name, group in graph.colocation_of.items():
-        need = sum(graph.node(m).param_bytes for m in group)
-        if need > largest.memory_bytes:
-            what = f"node {name!r}" if len(group) == 1 else (
-                f"colocation group {list(group)[:4]} (nodes that share parameters)")
+        what = f"node {name!r}" if len(group) == 1 else (
+            f"colocation group {list(group)[:4]} (nodes that must share a device)")
+        if not runs_on[name]:
             raise InfeasibleError(
-                f"{what} needs {_fmt(need)} on one device, but the largest device "
-                f"{largest.name} ({largest.type}) has {_fmt(largest.memory_bytes)}: "
+                f"{what} has no device that every member can run on (each member's allowed "
+                "devices are those with a finite compute time, and pins): allow a common "
+                "device, or split the group")
+        need = sum(graph.node(m).param_bytes for m in group)
+        largest = max((cluster.device(d) for d in runs_on[name]), key=lambda d: d.memory_bytes)
+        if need > largest.memory_bytes:
+            raise InfeasibleError(
+                f"{what} needs {_fmt(need)} on one device, but the largest device it can run "
+                f"on, {largest.name} ({largest.type}), has {_fmt(largest.memory_bytes)}: "
                 f"{_fmt(need - largest.memory_bytes)} short. Use a device with more memory."
             )
 

@@ -155,11 +155,13 @@ def solve_cpsat(
     activation = activation_bytes or {}
 
     # --- data
-    duration = {(n, d): _ticks(costs.of(n, d)) for n in nodes for d in devices}
-    delay = {(a, b, e_bytes): _ticks(cluster.transfer_s(a, b, e_bytes))
-             for e_bytes in {e.bytes for e in graph.edges} for a in devices for b in devices}
-    horizon = sum(max(duration[n, d] for d in devices) for n in nodes) + sum(
-        max(delay[a, b, e.bytes] for a in devices for b in devices) for e in graph.edges)
+    allowed = problem.allowed
+    duration = {(n, d): _ticks(costs.of(n, d)) for n in nodes for d in allowed[n]}
+    delay = {(e.src, e.dst, a, b): _ticks(problem.delay_s(e, a, b))
+             for e in graph.edges for a in allowed[e.src] for b in allowed[e.dst]}
+    horizon = sum(max(duration[n, d] for d in allowed[n]) for n in nodes) + sum(
+        max(delay[e.src, e.dst, a, b] for a in allowed[e.src] for b in allowed[e.dst])
+        for e in graph.edges)
     if hint is not None:
         # The optimum is no later than the hint; rounding each duration and delay up adds less
         # than one quantum each, and a path has fewer than 2n of them.
@@ -173,8 +175,12 @@ def solve_cpsat(
     intervals = {
         (n, d): model.new_optional_interval_var(start[n], duration[n, d], end[n], x[n, d],
                                                 f"iv[{n},{d}]")
-        for n in nodes for d in devices
+        for n in nodes for d in allowed[n]
     }
+    for n in nodes:
+        for d in devices:
+            if d not in allowed[n]:
+                model.add(x[n, d] == 0)
     makespan = model.new_int_var(0, horizon, "makespan")
 
     # --- constraints
@@ -182,13 +188,14 @@ def solve_cpsat(
         model.add_exactly_one(x[n, d] for d in devices)
         model.add(makespan >= end[n])
     for d in devices:
-        model.add_no_overlap(intervals[n, d] for n in nodes)
+        model.add_no_overlap(intervals[n, d] for n in nodes if d in allowed[n])
     for e in graph.edges:
         model.add(start[e.dst] >= end[e.src])
         if len(devices) > 1:
-            for d2 in devices:
+            for d2 in allowed[e.dst]:
                 model.add(start[e.dst] >= end[e.src] + sum(
-                    delay[d1, d2, e.bytes] * x[e.src, d1] for d1 in devices if d1 != d2
+                    delay[e.src, e.dst, d1, d2] * x[e.src, d1]
+                    for d1 in allowed[e.src] if d1 != d2
                 )).only_enforce_if(x[e.dst, d2])
     for group in graph.colocate:
         for other in group[1:]:

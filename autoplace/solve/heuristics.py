@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import bisect
 
-from autoplace.ir import Placement, Problem
+from autoplace.ir import Edge, Placement, Problem
 
-__all__ = ["activation_reserve", "heft", "sequential_fill", "single_device"]
+__all__ = [
+    "activation_reserve", "group_devices", "heft", "sequential_fill", "single_device"]
 
 
 def activation_reserve(problem: Problem) -> int:
@@ -36,35 +37,57 @@ def _group_bytes(problem: Problem) -> dict[str, int]:
             for name, group in graph.colocation_of.items()}
 
 
+def group_devices(problem: Problem) -> dict[str, tuple[str, ...]]:
+    """For each node, the devices where every member of its colocation group can run."""
+    allowed = problem.allowed
+    return {name: tuple(d for d in problem.cluster.names
+                        if all(d in allowed[m] for m in group))
+            for name, group in problem.graph.colocation_of.items()}
+
+
 def single_device(problem: Problem, device: str) -> Placement | None:
-    """Every node on ``device``; ``None`` if its parameters do not fit there."""
+    """Every node on ``device``; ``None`` if its parameters do not fit there or some node
+    cannot run there."""
     capacity = problem.cluster.device(device).memory_bytes
     if problem.graph.total_param_bytes > capacity:
+        return None
+    if any(device not in devices for devices in problem.allowed.values()):
         return None
     return Placement(device_of={n.name: device for n in problem.graph.nodes})
 
 
 def sequential_fill(problem: Problem) -> Placement | None:
-    """Fill devices in cluster order, nodes in topological order (accelerate's sequential map)."""
+    """Fill devices in cluster order, nodes in topological order (accelerate's sequential map).
+    A node that cannot run on the device being filled goes to the first later one that can hold
+    it, without moving the fill on."""
     graph, cluster = problem.graph, problem.cluster
     reserve = activation_reserve(problem)
     group_bytes = _group_bytes(problem)
+    runs_on = group_devices(problem)
     used = dict.fromkeys(cluster.names, 0)
     device_of: dict[str, str] = {}
     current = 0
+
+    def fits(dev_index: int, name: str) -> bool:
+        dev = cluster.devices[dev_index]
+        return (dev.name in runs_on[name]
+                and used[dev.name] + group_bytes[name] + reserve <= dev.memory_bytes)
+
     for node in graph.nodes:
         if node.name in device_of:
             continue
         group = graph.colocation_of[node.name]
         need = group_bytes[node.name]
-        while current < len(cluster.devices):
-            dev = cluster.devices[current]
-            if used[dev.name] + need + reserve <= dev.memory_bytes:
-                break
-            current += 1
-        if current == len(cluster.devices):
+        if cluster.devices[min(current, len(cluster.devices) - 1)].name in runs_on[node.name]:
+            while current < len(cluster.devices) and not fits(current, node.name):
+                current += 1
+            chosen = current
+        else:
+            chosen = next((i for i in range(current, len(cluster.devices))
+                           if fits(i, node.name)), len(cluster.devices))
+        if chosen >= len(cluster.devices):
             return None
-        dev_name = cluster.devices[current].name
+        dev_name = cluster.devices[chosen].name
         used[dev_name] += need
         for member in group:
             device_of[member] = dev_name
@@ -79,16 +102,19 @@ def heft(problem: Problem) -> Placement | None:
     # HEFT's upward rank: mean compute over devices plus mean transfer over distinct links.
     pairs = [(a, b) for a in cluster.names for b in cluster.names if a != b]
 
-    def mean_comm(nbytes: int) -> float:
+    runs_on = group_devices(problem)
+
+    def mean_comm(e: Edge) -> float:
         if not pairs:
             return 0.0
-        return sum(cluster.transfer_s(a, b, nbytes) for a, b in pairs) / len(pairs)
+        return sum(problem.delay_s(e, a, b) for a, b in pairs) / len(pairs)
 
     ranked: dict[str, float] = {}
     for node in reversed(graph.nodes):
-        own = sum(costs.compute_s[node.name].values()) / len(cluster.devices)
+        allowed = problem.allowed[node.name]
+        own = sum(costs.of(node.name, d) for d in allowed) / len(allowed)
         ranked[node.name] = own + max(
-            (mean_comm(e.bytes) + ranked[e.dst] for e in graph.out_edges(node.name)),
+            (mean_comm(e) + ranked[e.dst] for e in graph.out_edges(node.name)),
             default=0.0)
     priority = sorted(graph.nodes, key=lambda n: (-ranked[n.name], graph.index[n.name]))
 
@@ -104,15 +130,15 @@ def heft(problem: Problem) -> Placement | None:
         if placed:
             candidates = list(placed)
         else:
-            candidates = [d.name for d in cluster.devices
-                          if used[d.name] + group_bytes[name] + reserve <= d.memory_bytes]
+            candidates = [d.name for d in cluster.devices if d.name in runs_on[name]
+                          and used[d.name] + group_bytes[name] + reserve <= d.memory_bytes]
             if not candidates:
                 return None
         best: tuple[float, float, str] | None = None
         for dev in candidates:
             ready = 0.0
             for e in graph.in_edges(name):
-                ready = max(ready, end[e.src] + cluster.transfer_s(device_of[e.src], dev, e.bytes))
+                ready = max(ready, end[e.src] + problem.delay_s(e, device_of[e.src], dev))
             duration = costs.of(name, dev)
             slot = _earliest_slot(busy[dev], ready, duration)
             if best is None or slot + duration < best[0] + best[1] - 1e-15:
