@@ -118,8 +118,9 @@ def _topological(ids: Iterable[K], preds: Mapping[K, Iterable[K]]) -> list[K]:
     return order
 
 
-def _uniform_cluster(devices: list[Device], bandwidth_bytes_per_s: float) -> Cluster:
-    links = [Link(src=a.name, dst=b.name, bandwidth_bytes_per_s=bandwidth_bytes_per_s,
+def _free_links(devices: list[Device]) -> Cluster:
+    """The devices, with links that move zero bytes in zero time (0 latency, 0 / bandwidth)."""
+    links = [Link(src=a.name, dst=b.name, bandwidth_bytes_per_s=_FREE_LINK_BYTES_PER_S,
                   latency_s=0.0, kind="benchmark")
              for a in devices for b in devices if a.name != b.name]
     return Cluster(devices=tuple(devices), links=tuple(links))
@@ -186,8 +187,7 @@ def stg_problem(path: str | Path, procs: int) -> Problem:
     compute = {f"t{t}": dict.fromkeys((d.name for d in devices), float(durations[t]))
                for t in order}
     costs = Costs(compute_s=compute, source=dict.fromkeys(compute, "stg"))
-    return Problem(graph=graph, cluster=_uniform_cluster(devices, _FREE_LINK_BYTES_PER_S),
-                   costs=costs)
+    return Problem(graph=graph, cluster=_free_links(devices), costs=costs)
 
 
 @dataclass(frozen=True)
@@ -497,41 +497,23 @@ def contiguous_pieces(data: TarnawskiInput, assignment: Mapping[int, Slot]) -> A
 # --- Tarnawski et al.: as an autoplace Problem -----------------------------------------------
 
 
-def tarnawski_problem(
-    data: TarnawskiInput,
-    *,
-    unsupported_cost_s: float = math.inf,
-    transfer_memory_fraction: float = 1e-4,
-) -> Problem:
+def tarnawski_problem(data: TarnawskiInput, *, unsupported_cost_s: float = math.inf) -> Problem:
     """The input as a ``Problem`` for the project's solver and simulator.
 
     * Devices ``fpga0..`` (``max_fpgas`` accelerators of ``max_size_per_fpga`` bytes) and
       ``cpu0..`` (``max_cpus`` CPUs, ``UNLIMITED_BYTES``); nodes ``n<id>``, topologically sorted.
     * Times are the input's numbers taken as seconds: ``fpga_latency`` on accelerators,
       ``cpu_latency`` on CPUs. A node that is not ``supported_on_fpga`` costs
-      ``unsupported_cost_s`` on every accelerator: infinite by default, i.e. "cannot run there"
-      (the IR has no per-node device restriction; no node in the released inputs is unsupported).
-    * ``param_bytes`` is the node's ``size``. Colour classes become colocation groups.
-    * Transfer time: the IR has no per-edge time, only bytes over links. Every link has latency
-      0 and bandwidth ``B`` bytes/s, and a node outputs (and each of its edges carries)
-      ``round(cost * B)`` bytes, so a transfer takes ``cost`` to within ``0.5 / B`` seconds.
-      These bytes are synthetic: the authors' model has no activation memory, but the simulator
-      counts outputs and received copies as memory, so ``B`` keeps the largest output at
-      ``transfer_memory_fraction`` of one accelerator, and the time resolution is as fine as
-      that allows (``0.5 / B`` is at most 1.4e-3 s on the released inputs, whose objectives
-      are 17 s and more).
+      ``unsupported_cost_s`` on every accelerator: ``math.inf``, the IR's "cannot run there",
+      by default (no node in the released inputs is unsupported).
+    * ``param_bytes`` is the node's ``size``; colour classes become colocation groups.
+    * Each edge's fixed ``transfer_s`` is its ``cost``, whatever the devices; it carries 0 bytes
+      and nodes output 0 bytes, because the authors' model has no activation memory (their only
+      memory rule is the sum of sizes). The links are free and only complete the cluster.
     """
-    if not 0 < transfer_memory_fraction <= 1:
-        raise BenchDataError(f"transfer_memory_fraction must be in (0, 1], "
-                             f"got {transfer_memory_fraction}")
-    largest_cost = max((e.cost for e in data.edges), default=0.0)
-    bytes_per_s = (transfer_memory_fraction * data.max_size_per_fpga / largest_cost
-                   if largest_cost > 0 else 1.0)
     order = data.topological
-    sent = {i: round(data.out_cost[i] * bytes_per_s) for i in order}
-    nodes = tuple(OpNode(name=f"n{i}", param_bytes=round(data.node[i].size),
-                         output_bytes=sent[i]) for i in order)
-    edges = tuple(Edge(src=f"n{e.source_id}", dst=f"n{e.dest_id}", bytes=sent[e.source_id])
+    nodes = tuple(OpNode(name=f"n{i}", param_bytes=round(data.node[i].size)) for i in order)
+    edges = tuple(Edge(src=f"n{e.source_id}", dst=f"n{e.dest_id}", bytes=0, transfer_s=e.cost)
                   for e in sorted(data.edges, key=lambda e: (e.source_id, e.dest_id)))
     classes: dict[int, list[str]] = defaultdict(list)
     for i in order:
@@ -553,8 +535,7 @@ def tarnawski_problem(
         compute[f"n{i}"] = {**{d.name: on_fpga for d in fpgas},
                             **{d.name: node.cpu_latency for d in cpus}}
     costs = Costs(compute_s=compute, source=dict.fromkeys(compute, "profiled"))
-    return Problem(graph=graph, cluster=_uniform_cluster(fpgas + cpus, bytes_per_s),
-                   costs=costs)
+    return Problem(graph=graph, cluster=_free_links(fpgas + cpus), costs=costs)
 
 
 def placement_of(assignment: Mapping[int, Slot]) -> Placement:
