@@ -116,14 +116,14 @@ def test_tarnawski_problem_by_hand() -> None:
     assert problem.cluster.device("fpga0").memory_bytes == 10**9
     assert problem.graph.node("n1").param_bytes == 10**8
     for edge in problem.graph.edges:
-        moved = problem.cluster.transfer_s("fpga0", "cpu0", edge.bytes)
-        assert moved == pytest.approx(data.out_cost[int(edge.src[1:])], abs=1e-9)
+        assert problem.delay_s(edge, "fpga0", "cpu0") == data.out_cost[int(edge.src[1:])]
+        assert problem.delay_s(edge, "fpga1", "fpga1") == 0.0
     split = {1: (FPGA, 0), 2: (FPGA, 0), 3: (FPGA, 1), 4: (CPU, 0)}
     assert benchdata.assignment_of(benchdata.placement_of(split)) == split
     # The project's simulator: 1, 2 on fpga0 end at 3; 3 waits for 2's output (0.25) and for
     # 1's (0.5 after 1 ends at 1), starts at 3.25, ends at 6.25; 4 starts 0.125 later, ends +1.
     schedule = simulate(problem, benchdata.placement_of(split))
-    assert schedule.makespan_s == pytest.approx(7.375, abs=1e-6)
+    assert schedule.makespan_s == 7.375
     unsupported = TarnawskiInput(
         name="u", max_size_per_fpga=1e9, max_fpgas=1, max_cpus=1,
         nodes=(TarnawskiNode(id=0, supported_on_fpga=False, cpu_latency=2.0, fpga_latency=1.0,
@@ -267,19 +267,32 @@ def test_every_input_loads_and_converts(kind: str) -> None:
         problem = benchdata.tarnawski_problem(data)
         assert len(problem.graph.nodes) == len(data.nodes)
         assert len(problem.cluster.devices) == data.max_fpgas + data.max_cpus
-        bandwidth = problem.cluster.links[0].bandwidth_bytes_per_s
-        assert 0.5 / bandwidth < 1.5e-3
-        largest = max(n.output_bytes for n in problem.graph.nodes)
-        assert largest <= 1e-4 * data.max_size_per_fpga + 1
+        assert len(problem.graph.edges) == len(data.edges)
+        assert sum(len(g) for g in problem.graph.colocate) <= len(data.nodes)
 
 
 @needs_data
 def test_greedy_split_simulates_within_memory() -> None:
-    # The synthetic transfer bytes must not make a split that fits the authors' memory rule
-    # overflow in the project's simulator.
+    # A split within the authors' memory rule is within memory in the project's simulator too
+    # (edges carry no bytes), and respects the colour classes.
     for path in sorted((TARNAWSKI / "reference-splits").glob("latency-greedy_*.json")):
         _, graphs, model = path.stem.split("_", 2)
         data = benchdata.load_tarnawski(TARNAWSKI / "latency-inputs" / graphs / f"{model}.json")
         problem = benchdata.tarnawski_problem(data)
         schedule = simulate(problem, benchdata.placement_of(benchdata.load_split(path).assignment))
         assert validate(problem, schedule) == [], path.name
+
+
+@needs_data
+def test_simulator_accelerator_loads_match_the_authors() -> None:
+    # The project's simulator charges accelerators exactly as the max-load rule does. CPUs
+    # differ on purpose: the authors' CPU pays no communication, the simulator's does.
+    for path in sorted((TARNAWSKI / "reference-splits").glob("throughput-dp_*.json")):
+        _, graphs, model = path.stem.split("_", 2)
+        data = benchdata.load_tarnawski(
+            TARNAWSKI / "throughput-inputs" / graphs / f"{model}.json")
+        split = benchdata.load_split(path).assignment
+        schedule = simulate(benchdata.tarnawski_problem(data), benchdata.placement_of(split))
+        for (kind, i), load in benchdata.device_loads(data, split).items():
+            if kind == FPGA:
+                assert schedule.load_s[f"fpga{i}"] == pytest.approx(load, rel=1e-9), path.name
