@@ -199,6 +199,9 @@ class Device:
     memory_bytes: int
     host: str = "localhost"
     torch_device: str = ""
+    # Whether copies to and from this device count in its pipelined load. A host CPU whose
+    # copies are driven by the accelerators' DMA engines pays none (Tarnawski et al. count it so).
+    charges_transfers: bool = True
 
     def __post_init__(self) -> None:
         if self.memory_bytes <= 0:

@@ -19,7 +19,8 @@ until its last reader there finishes; the model's outputs live to the end.
 For pipelined execution (the ``throughput`` objective) each device's **load** per pass is its
 compute plus its communication, as PipeDream and Tarnawski et al. (NeurIPS 2020) define it: a
 node whose output leaves its device pays the copy's time once on its own device (the longest
-copy, when it goes to several) and once on each device that receives it.
+copy, when it goes to several) and once on each device that receives it; a device with
+``charges_transfers=False`` (a host CPU, in their model) pays no communication.
 
 Read ``simulate`` first, then ``_memory``; ``validate`` re-checks a schedule independently.
 """
@@ -83,11 +84,14 @@ def loads(problem: Problem, device_of: Mapping[str, str]) -> dict[str, float]:
     for node in problem.graph.nodes:
         load[device_of[node.name]] += problem.costs.of(node.name, device_of[node.name])
     sent: dict[str, float] = {}
+    charged = {d.name for d in problem.cluster.devices if d.charges_transfers}
     for (src, dst_dev), (_, secs) in copies(problem, device_of).items():
-        load[dst_dev] += secs
+        if dst_dev in charged:
+            load[dst_dev] += secs
         sent[src] = max(sent.get(src, 0.0), secs)
     for src, secs in sent.items():
-        load[device_of[src]] += secs
+        if device_of[src] in charged:
+            load[device_of[src]] += secs
     return load
 
 

@@ -15,11 +15,11 @@ corresponding heuristic's plan.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from autoplace.errors import AutoplaceError, InfeasibleError
-from autoplace.ir import Problem, Schedule
+from autoplace.ir import Placement, Problem, Schedule
 from autoplace.simulate import simulate
 from autoplace.solve.bounds import check_memory, lower_bound_s
 from autoplace.solve.cpsat import TIME_QUANTUM_S, solve_cpsat
@@ -27,16 +27,26 @@ from autoplace.solve.heuristics import heft, sequential_fill, single_device
 
 __all__ = [
     "DEFAULT_TIME_LIMIT_S",
+    "HEURISTICS",
+    "OBJECTIVES",
     "SOLVERS",
     "SolveResult",
     "SolverInfo",
     "TIME_QUANTUM_S",
     "get_solver",
+    "is_contiguous",
+    "run_baselines",
     "solve",
 ]
 
 DEFAULT_TIME_LIMIT_S = 10.0
-SOLVERS = ("cpsat", "heft", "sequential", "single-device")
+OBJECTIVES = ("latency", "throughput")
+# Heuristic baselines: each takes (problem, objective) and returns a placement or None.
+HEURISTICS: dict[str, Callable[[Problem, str], Placement | None]] = {
+    "sequential": lambda p, _: sequential_fill(p),
+    "heft": lambda p, _: heft(p),
+}
+SOLVERS = ("cpsat", *sorted([*HEURISTICS, "single-device"]))
 _MEMORY_ROUNDS = 3
 
 
@@ -64,12 +74,19 @@ class SolveResult:
     baselines: Mapping[str, Schedule | None]
     best_single_device: str | None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    objective: str = "latency"
+    contiguous: bool = False
+
+    @property
+    def objective_s(self) -> float:
+        """The plan's value under its objective (makespan, or the largest load)."""
+        return self.schedule.objective_s(self.objective)
 
     @property
     def gap(self) -> float | None:
-        if self.schedule.makespan_s <= 0:
+        if self.objective_s <= 0:
             return 0.0
-        return max(0.0, (self.schedule.makespan_s - self.lower_bound_s) / self.schedule.makespan_s)
+        return max(0.0, (self.objective_s - self.lower_bound_s) / self.objective_s)
 
 
 def get_solver(name: str) -> str:
@@ -92,8 +109,28 @@ def _activation_bytes(problem: Problem) -> dict[str, int]:
     return working
 
 
-def run_baselines(problem: Problem) -> tuple[dict[str, Schedule | None], str | None]:
-    """Every baseline, simulated; ``None`` where the heuristic could not respect memory."""
+def is_contiguous(problem: Problem, device_of: Mapping[str, str]) -> bool:
+    """True when no path leaves a device's node set and comes back to it."""
+    graph = problem.graph
+    # left[v]: the devices that some path into v has already left (v excluded).
+    left: dict[str, set[str]] = {}
+    for node in graph.nodes:
+        seen: set[str] = set()
+        for e in graph.in_edges(node.name):
+            seen |= left[e.src]
+            if device_of[e.src] != device_of[node.name]:
+                seen.add(device_of[e.src])
+        if device_of[node.name] in seen:
+            return False
+        left[node.name] = seen
+    return True
+
+
+def run_baselines(
+    problem: Problem, objective: str = "latency", contiguous: bool = False
+) -> tuple[dict[str, Schedule | None], str | None]:
+    """Every baseline, simulated; ``None`` where the heuristic could not respect memory (or,
+    with ``contiguous``, made a split that is not contiguous)."""
     singles: dict[str, Schedule] = {}
     seen: set[tuple] = set()
     for device in problem.cluster.devices:
@@ -107,17 +144,22 @@ def run_baselines(problem: Problem) -> tuple[dict[str, Schedule | None], str | N
             schedule = simulate(problem, placement)
             if schedule.feasible:
                 singles[device.name] = schedule
-    best_single = min(singles, key=lambda d: singles[d].makespan_s, default=None)
+    best_single = min(singles, key=lambda d: singles[d].objective_s(objective), default=None)
     baselines: dict[str, Schedule | None] = {
         "single-device": singles[best_single] if best_single else None}
-    for name, heuristic in (("sequential", sequential_fill), ("heft", heft)):
-        placement = heuristic(problem)
-        baselines[name] = simulate(problem, placement) if placement is not None else None
+    for name, heuristic in HEURISTICS.items():
+        placement = heuristic(problem, objective)
+        if placement is None or (contiguous
+                                 and not is_contiguous(problem, placement.device_of)):
+            baselines[name] = None
+        else:
+            baselines[name] = simulate(problem, placement)
     return baselines, best_single
 
 
-def _best(schedules: Mapping[str, Schedule | None]) -> tuple[str, Schedule] | None:
-    feasible = [(s.makespan_s, name) for name, s in schedules.items()
+def _best(schedules: Mapping[str, Schedule | None],
+          objective: str) -> tuple[str, Schedule] | None:
+    feasible = [(s.objective_s(objective), name) for name, s in schedules.items()
                 if s is not None and s.feasible]
     if not feasible:
         return None
@@ -131,42 +173,58 @@ def solve(
     problem: Problem,
     *,
     solver: str = "cpsat",
+    objective: str = "latency",
+    contiguous: bool = False,
     time_limit_s: float = DEFAULT_TIME_LIMIT_S,
     seed: int = 0,
     workers: int | None = None,
+    deterministic: bool = False,
 ) -> SolveResult:
-    """Place ``problem``'s nodes on its devices, minimising the simulated makespan."""
+    """Place ``problem``'s nodes on its devices, minimising the simulated ``objective``:
+    ``latency`` (the makespan of one pass) or ``throughput`` (the busiest device's load per pass,
+    for pipelined execution). ``contiguous`` makes every device's node set a pipeline stage.
+    ``deterministic`` gives the same plan for the same input on every run: one CP-SAT worker
+    and a budget in CP-SAT's deterministic seconds instead of wall seconds."""
     get_solver(solver)
+    if objective not in OBJECTIVES:
+        raise AutoplaceError(f"unknown objective {objective!r}; valid objectives: "
+                             f"{', '.join(OBJECTIVES)}")
     check_memory(problem)
     began = time.perf_counter()
-    baselines, best_single = run_baselines(problem)
-    bound = lower_bound_s(problem)
+    baselines, best_single = run_baselines(problem, objective, contiguous)
+    bound = lower_bound_s(problem, objective)
     notes: list[str] = []
-    best = _best(baselines)
+    best = _best(baselines, objective)
 
     if solver != "cpsat":
         chosen = baselines.get(solver)
         if chosen is None or not chosen.feasible:
             raise InfeasibleError(
-                f"the {solver} heuristic found no placement within memory; try --solver cpsat")
+                f"the {solver} heuristic found no placement within memory"
+                f"{' that is contiguous' if contiguous else ''}; try --solver cpsat")
         info = SolverInfo(name=solver, status="HEURISTIC", wall_s=time.perf_counter() - began,
-                          objective_s=chosen.makespan_s, time_limit_s=time_limit_s)
+                          objective_s=chosen.objective_s(objective), time_limit_s=time_limit_s)
         return SolveResult(schedule=chosen, solver=info, lower_bound_s=bound,
-                           baselines=baselines, best_single_device=best_single)
+                           baselines=baselines, best_single_device=best_single,
+                           objective=objective, contiguous=contiguous)
 
     activation = _activation_bytes(problem)
     deadline = began + time_limit_s
-    status, objective, cpsat_schedule = "NOT_RUN", None, None
+    status, cp_objective, cpsat_schedule = "NOT_RUN", None, None
     nogoods: list[tuple[str, frozenset[str]]] = []
     progress: list[tuple[float, float | None, float]] = []
     for round_ in range(_MEMORY_ROUNDS):
         remaining = deadline - time.perf_counter()
-        if remaining <= 0.05:
+        if deterministic:
+            remaining = time_limit_s / _MEMORY_ROUNDS
+        elif remaining <= 0.05:
             break
-        result = solve_cpsat(problem, time_limit_s=remaining,
-                             hint=best[1] if best else None, activation_bytes=activation,
-                             nogoods=nogoods, workers=workers, seed=seed)
-        status, objective = result.status, result.objective_s
+        result = solve_cpsat(problem, time_limit_s=remaining, objective=objective,
+                             contiguous=contiguous, hint=best[1] if best else None,
+                             activation_bytes=activation, nogoods=nogoods,
+                             workers=1 if deterministic else workers, seed=seed,
+                             deterministic=deterministic)
+        status, cp_objective = result.status, result.objective_s
         offset = time.perf_counter() - began - result.wall_s
         progress.extend((offset + t, obj, b) for t, obj, b in result.progress)
         if round_ == 0:
@@ -177,7 +235,9 @@ def solve(
             elif result.status == "INFEASIBLE" and best is None:
                 raise InfeasibleError(
                     "no placement fits: the parameters can be split only in ways that overflow "
-                    "some device once activations are counted; add devices or use larger ones")
+                    "some device once activations are counted"
+                    f"{' (with contiguous stages)' if contiguous else ''}; add devices or use "
+                    "larger ones")
         if result.placement is None:
             break
         candidate = simulate(problem, result.placement)
@@ -190,17 +250,18 @@ def solve(
         notes.append(f"CP-SAT plan overflowed {sorted(candidate.over_capacity)} once activations "
                      "were simulated; re-solved with those node sets cut off")
 
-    feasible_makespans = [s.makespan_s for s in (*baselines.values(), cpsat_schedule)
-                          if s is not None and s.feasible]
-    if feasible_makespans and bound > min(feasible_makespans) * (1 + 1e-9) + 1e-12:
+    feasible = [s.objective_s(objective) for s in (*baselines.values(), cpsat_schedule)
+                if s is not None and s.feasible]
+    if feasible and bound > min(feasible) * (1 + 1e-9) + 1e-12:
         # A bound above a schedule the simulator accepts is wrong; keep only the analytic one.
         notes.append(f"CP-SAT reported a lower bound ({bound:.6g} s) above a feasible plan "
-                     f"({min(feasible_makespans):.6g} s); it was discarded")
-        bound = lower_bound_s(problem)
+                     f"({min(feasible):.6g} s); it was discarded")
+        bound = lower_bound_s(problem, objective)
         status = "FEASIBLE" if status == "OPTIMAL" else status
     wall = time.perf_counter() - began
-    if cpsat_schedule is not None and (best is None
-                                       or cpsat_schedule.makespan_s <= best[1].makespan_s):
+    if cpsat_schedule is not None and (
+            best is None
+            or cpsat_schedule.objective_s(objective) <= best[1].objective_s(objective)):
         chosen, name = cpsat_schedule, "cpsat"
     elif best is not None:
         chosen, name = best[1], f"cpsat ({best[0]} kept)"
@@ -217,7 +278,8 @@ def solve(
             "no placement within memory was found: CP-SAT returned "
             f"{status} within {time_limit_s:g} s and every heuristic overflowed a device; "
             "raise --time-limit, or add devices")
-    info = SolverInfo(name=name, status=status, wall_s=wall, objective_s=objective,
+    info = SolverInfo(name=name, status=status, wall_s=wall, objective_s=cp_objective,
                       time_limit_s=time_limit_s, progress=tuple(progress))
     return SolveResult(schedule=chosen, solver=info, lower_bound_s=bound, baselines=baselines,
-                       best_single_device=best_single, notes=tuple(notes))
+                       best_single_device=best_single, notes=tuple(notes),
+                       objective=objective, contiguous=contiguous)

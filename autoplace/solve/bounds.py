@@ -3,7 +3,9 @@
 * critical path: the longest path where every node takes its fastest time on any device that can
   hold it and transfers are free;
 * total work: the work of every node at its fastest, spread perfectly over all devices;
-* colocation: a group sharing a device runs one after another on one device.
+* colocation: a group sharing a device runs one after another on one device;
+* for the throughput objective (largest per-device load), total work, the largest node and
+  colocation (the critical path does not bound a pipeline's load).
 
 ``check_memory`` fails fast, with the bytes missing and where, when no placement can fit.
 """
@@ -64,22 +66,28 @@ def check_memory(problem: Problem) -> None:
             )
 
 
-def lower_bound_s(problem: Problem) -> float:
-    """The largest of the critical-path, total-work and colocation bounds, in seconds."""
+def lower_bound_s(problem: Problem, objective: str = "latency") -> float:
+    """The largest of the bounds that hold for ``objective``, in seconds.
+
+    Latency: critical path, total work, colocation. Throughput (the busiest device's load):
+    total work, the largest single node, colocation; communication only adds to a load.
+    """
     graph, cluster, costs = problem.graph, problem.cluster, problem.costs
     holders = _holders(problem)
     fastest = {
-        n.name: min(costs.of(n.name, d) for d in holders[n.name] or cluster.names)
+        n.name: min(costs.of(n.name, d) for d in holders[n.name] or problem.allowed[n.name])
         for n in graph.nodes
     }
-    path: dict[str, float] = {}
-    for node in graph.nodes:
-        ready = max((path[e.src] for e in graph.in_edges(node.name)), default=0.0)
-        path[node.name] = ready + fastest[node.name]
-    critical = max(path.values(), default=0.0)
     work = sum(fastest.values()) / len(cluster.devices)
     colocated = 0.0
     for group in {tuple(g) for g in graph.colocation_of.values() if len(g) > 1}:
         colocated = max(colocated, min(sum(costs.of(m, d) for m in group)
                                        for d in holders[group[0]] or cluster.names))
+    if objective == "throughput":
+        return max(work, max(fastest.values(), default=0.0), colocated)
+    path: dict[str, float] = {}
+    for node in graph.nodes:
+        ready = max((path[e.src] for e in graph.in_edges(node.name)), default=0.0)
+        path[node.name] = ready + fastest[node.name]
+    critical = max(path.values(), default=0.0)
     return max(critical, work, colocated)

@@ -136,78 +136,44 @@ def solve_cpsat(
     problem: Problem,
     *,
     time_limit_s: float,
+    objective: str = "latency",
+    contiguous: bool = False,
     hint: Schedule | None = None,
     activation_bytes: Mapping[str, int] | None = None,
     nogoods: Sequence[tuple[str, frozenset[str]]] = (),
     workers: int | None = None,
     seed: int = 0,
+    deterministic: bool = False,
 ) -> CpSatResult:
-    """Minimise the makespan of ``problem`` with CP-SAT within ``time_limit_s``.
+    """Minimise ``objective`` (``latency``: the makespan; ``throughput``: the largest per-device
+    load) of ``problem`` with CP-SAT within ``time_limit_s``.
 
-    ``activation_bytes[n]`` is the working set node ``n`` needs on its device beside the
-    resident parameters. ``nogoods`` are ``(device, nodes)`` pairs: those nodes may not all run
-    on that device (the caller adds one when the simulator finds such a set overflowing).
+    ``contiguous`` makes every device's node set convex (no path leaves it and comes back), as a
+    pipeline stage must be. ``activation_bytes[n]`` is the working set node ``n`` needs on its
+    device beside the resident parameters. ``nogoods`` are ``(device, nodes)`` pairs: those nodes
+    may not all run on that device (the caller adds one when the simulator finds such a set
+    overflowing). With ``deterministic``, ``time_limit_s`` is in CP-SAT's deterministic seconds
+    (a work count, about a second each on a laptop core), so one worker with a fixed ``seed``
+    stops at the same point on every run.
     """
-    graph, cluster, costs = problem.graph, problem.cluster, problem.costs
+    graph, cluster = problem.graph, problem.cluster
     devices = list(cluster.names)
     nodes = [n.name for n in graph.nodes]
-    capacity = {d.name: d.memory_bytes for d in cluster.devices}
-    activation = activation_bytes or {}
-
-    # --- data
     allowed = problem.allowed
-    duration = {(n, d): _ticks(costs.of(n, d)) for n in nodes for d in allowed[n]}
-    delay = {(e.src, e.dst, a, b): _ticks(problem.delay_s(e, a, b))
-             for e in graph.edges for a in allowed[e.src] for b in allowed[e.dst]}
-    horizon = sum(max(duration[n, d] for d in allowed[n]) for n in nodes) + sum(
-        max(delay[e.src, e.dst, a, b] for a in allowed[e.src] for b in allowed[e.dst])
-        for e in graph.edges)
-    if hint is not None:
-        # The optimum is no later than the hint; rounding each duration and delay up adds less
-        # than one quantum each, and a path has fewer than 2n of them.
-        horizon = min(horizon, _ticks(hint.makespan_s) + 2 * len(nodes) + 2)
-
-    # --- variables
     model = cp_model.CpModel()
+
+    # --- placement: shared by both objectives
     x = {(n, d): model.new_bool_var(f"x[{n},{d}]") for n in nodes for d in devices}
-    start = {n: model.new_int_var(0, horizon, f"start[{n}]") for n in nodes}
-    end = {n: model.new_int_var(0, horizon, f"end[{n}]") for n in nodes}
-    intervals = {
-        (n, d): model.new_optional_interval_var(start[n], duration[n, d], end[n], x[n, d],
-                                                f"iv[{n},{d}]")
-        for n in nodes for d in allowed[n]
-    }
     for n in nodes:
+        model.add_exactly_one(x[n, d] for d in devices)
         for d in devices:
             if d not in allowed[n]:
                 model.add(x[n, d] == 0)
-    makespan = model.new_int_var(0, horizon, "makespan")
-
-    # --- constraints
-    for n in nodes:
-        model.add_exactly_one(x[n, d] for d in devices)
-        model.add(makespan >= end[n])
-    for d in devices:
-        model.add_no_overlap(intervals[n, d] for n in nodes if d in allowed[n])
-    for e in graph.edges:
-        model.add(start[e.dst] >= end[e.src])
-        if len(devices) > 1:
-            for d2 in allowed[e.dst]:
-                model.add(start[e.dst] >= end[e.src] + sum(
-                    delay[e.src, e.dst, d1, d2] * x[e.src, d1]
-                    for d1 in allowed[e.src] if d1 != d2
-                )).only_enforce_if(x[e.dst, d2])
     for group in graph.colocate:
         for other in group[1:]:
             for d in devices:
                 model.add(x[group[0], d] == x[other, d])
-    for d in devices:
-        peak_activation = model.new_int_var(0, max(capacity[d], 0), f"act[{d}]")
-        for n in nodes:
-            if activation.get(n, 0):
-                model.add(peak_activation >= activation[n]).only_enforce_if(x[n, d])
-        model.add(sum(graph.node(n).param_bytes * x[n, d] for n in nodes)
-                  + peak_activation <= capacity[d])
+    _add_memory(model, problem, x, activation_bytes or {})
     classes = _identical_classes(problem)
     for cls in classes:
         for i, n in enumerate(nodes[: len(cls) - 1]):
@@ -220,29 +186,37 @@ def solve_cpsat(
     for device, members in nogoods:
         for d in class_of.get(device, [device]):
             model.add(sum(x[n, d] for n in members) <= len(members) - 1)
-
-    # --- objective
-    model.minimize(makespan)
-
-    if hint is not None:
-        hinted = _canonical(hint.placement.device_of, nodes, classes)
+    if contiguous:
+        _add_contiguity(model, problem, x)
+    hinted = _canonical(hint.placement.device_of, nodes, classes) if hint is not None else None
+    if hinted is not None:
         for n in nodes:
             for d in devices:
                 model.add_hint(x[n, d], hinted[n] == d)
-            model.add_hint(start[n], _ticks(hint.start_s[n]))
-            model.add_hint(end[n], _ticks(hint.start_s[n]) + duration[n, hinted[n]])
+
+    # --- objective
+    if objective == "throughput":
+        goal = _add_loads(model, problem, x)
+        # Every load is a sum of at most n compute and 2n copy times, each rounded up.
+        slack = 3 * len(nodes)
+        start = None
+    else:
+        goal, start = _add_schedule(model, problem, x, hint, hinted)
+        # Rounding adds less than one quantum per duration and delay; a path has fewer than 2n.
+        slack = 2 * len(nodes)
+    model.minimize(goal)
 
     # --- solve
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(time_limit_s, 0.01)
+    if deterministic:
+        solver.parameters.max_deterministic_time = max(time_limit_s, 0.01)
+    else:
+        solver.parameters.max_time_in_seconds = max(time_limit_s, 0.01)
     solver.parameters.num_workers = workers or max(1, min(8, os.cpu_count() or 1))
     solver.parameters.random_seed = seed
     # OR-Tools 9.15 can certify a wrong optimum through inclusion-detection presolve
     # (google/or-tools#5293); switching that family off is the documented workaround.
     solver.parameters.presolve_inclusion_work_limit = 0
-    # The integer model rounds every duration and delay up by less than one quantum, and a path
-    # has fewer than 2n of them, so the true optimum is at most 2n quanta below its bound.
-    slack = 2 * len(nodes)
     progress = _Progress(slack)
     solver.best_bound_callback = progress.on_bound
     began = time.perf_counter()
@@ -255,12 +229,145 @@ def solve_cpsat(
         return CpSatResult(placement=None, status=status_name, objective_s=None,
                            bound_s=0.0, wall_s=wall, progress=tuple(progress.points))
     device_of = {n: next(d for d in devices if solver.boolean_value(x[n, d])) for n in nodes}
-    starts = {n: solver.value(start[n]) for n in nodes}
-    order = {d: tuple(sorted((n for n in nodes if device_of[n] == d),
-                             key=lambda n: (starts[n], solver.value(end[n]), graph.index[n])))
-             for d in devices}
+    order = None
+    if start is not None:
+        starts = {n: solver.value(start[n]) for n in nodes}
+        order = {d: tuple(sorted((n for n in nodes if device_of[n] == d),
+                                 key=lambda n: (starts[n], graph.index[n])))
+                 for d in devices}
     return CpSatResult(placement=Placement(device_of=device_of, order=order),
                        status=status_name,
                        objective_s=solver.objective_value * TIME_QUANTUM_S,
                        bound_s=_bound_s(solver.best_objective_bound, slack), wall_s=wall,
                        progress=tuple(progress.points))
+
+
+Vars = dict[tuple[str, str], cp_model.IntVar]
+
+
+def _add_memory(model: cp_model.CpModel, problem: Problem, x: Vars,
+                activation: Mapping[str, int]) -> None:
+    """Resident parameters plus the largest working set of a node placed there fit."""
+    graph = problem.graph
+    for dev in problem.cluster.devices:
+        d = dev.name
+        peak_activation = model.new_int_var(0, dev.memory_bytes, f"act[{d}]")
+        for n in graph.nodes:
+            if activation.get(n.name, 0):
+                model.add(peak_activation >= activation[n.name]).only_enforce_if(x[n.name, d])
+        model.add(sum(n.param_bytes * x[n.name, d] for n in graph.nodes)
+                  + peak_activation <= dev.memory_bytes)
+
+
+def _add_contiguity(model: cp_model.CpModel, problem: Problem, x: Vars) -> None:
+    """Each device's node set is convex. ``z[v, d]`` is at least "some ancestor-or-self of ``v``
+    is on ``d``"; a node feeding ``d`` from outside may not have such an ancestor. On a path
+    that leaves ``d`` and returns, the last node off ``d`` would break that (Tarnawski et al.,
+    NeurIPS 2020, section 4)."""
+    graph = problem.graph
+    for d in problem.cluster.names:
+        z = {n.name: model.new_bool_var(f"z[{n.name},{d}]") for n in graph.nodes}
+        for n in graph.nodes:
+            model.add(z[n.name] >= x[n.name, d])
+        for e in graph.edges:
+            model.add(z[e.dst] >= z[e.src])
+            model.add(z[e.src] <= x[e.src, d] + 1 - x[e.dst, d])
+
+
+def _add_schedule(model: cp_model.CpModel, problem: Problem, x: Vars, hint: Schedule | None,
+                  hinted: Mapping[str, str] | None) -> tuple[cp_model.IntVar, dict]:
+    """Start and end times, no overlap per device, transfer delays; returns the makespan."""
+    graph, costs, allowed = problem.graph, problem.costs, problem.allowed
+    devices = list(problem.cluster.names)
+    nodes = [n.name for n in graph.nodes]
+    duration = {(n, d): _ticks(costs.of(n, d)) for n in nodes for d in allowed[n]}
+    delay = {(e.src, e.dst, a, b): _ticks(problem.delay_s(e, a, b))
+             for e in graph.edges for a in allowed[e.src] for b in allowed[e.dst]}
+    horizon = sum(max(duration[n, d] for d in allowed[n]) for n in nodes) + sum(
+        max(delay[e.src, e.dst, a, b] for a in allowed[e.src] for b in allowed[e.dst])
+        for e in graph.edges)
+    if hint is not None:
+        # The optimum is no later than the hint; rounding each duration and delay up adds less
+        # than one quantum each, and a path has fewer than 2n of them.
+        horizon = min(horizon, _ticks(hint.makespan_s) + 2 * len(nodes) + 2)
+
+    start = {n: model.new_int_var(0, horizon, f"start[{n}]") for n in nodes}
+    end = {n: model.new_int_var(0, horizon, f"end[{n}]") for n in nodes}
+    intervals = {
+        (n, d): model.new_optional_interval_var(start[n], duration[n, d], end[n], x[n, d],
+                                                f"iv[{n},{d}]")
+        for n in nodes for d in allowed[n]
+    }
+    makespan = model.new_int_var(0, horizon, "makespan")
+    for n in nodes:
+        model.add(makespan >= end[n])
+    for d in devices:
+        model.add_no_overlap(intervals[n, d] for n in nodes if d in allowed[n])
+    for e in graph.edges:
+        model.add(start[e.dst] >= end[e.src])
+        if len(devices) > 1:
+            for d2 in allowed[e.dst]:
+                model.add(start[e.dst] >= end[e.src] + sum(
+                    delay[e.src, e.dst, d1, d2] * x[e.src, d1]
+                    for d1 in allowed[e.src] if d1 != d2
+                )).only_enforce_if(x[e.dst, d2])
+    if hint is not None and hinted is not None:
+        for n in nodes:
+            model.add_hint(start[n], _ticks(hint.start_s[n]))
+            model.add_hint(end[n], _ticks(hint.start_s[n]) + duration[n, hinted[n]])
+    return makespan, start
+
+
+def _add_loads(model: cp_model.CpModel, problem: Problem, x: Vars) -> cp_model.IntVar:
+    """Per-device load (compute + copies sent and received, as ``simulate.loads``); returns the
+    largest. ``recv[u, r]``: ``u``'s output is copied to ``r``; ``pay_send[u]`` is at least the
+    copy time of every copy ``u`` makes, and is charged to ``u``'s device."""
+    graph, costs, allowed = problem.graph, problem.costs, problem.allowed
+    devices = list(problem.cluster.names)
+    total = sum(max(_ticks(costs.of(n.name, d)) for d in allowed[n.name]) for n in graph.nodes)
+    total += 2 * sum(_ticks(max(problem.delay_s(e, a, b) for a in allowed[e.src]
+                                for b in allowed[e.dst])) for e in graph.edges)
+    load_terms: dict[str, list] = {d: [] for d in devices}
+    for n in graph.nodes:
+        for d in allowed[n.name]:
+            load_terms[d].append(_ticks(costs.of(n.name, d)) * x[n.name, d])
+    charged = {d.name for d in problem.cluster.devices if d.charges_transfers}
+    if len(devices) > 1:
+        for n in graph.nodes:
+            out = graph.out_edges(n.name)
+            if not out:
+                continue
+            # Copy time of n's output from a to b: the largest edge delay to a reader there.
+            copy = {(a, b): max(_ticks(problem.delay_s(e, a, b)) for e in out)
+                    for a in allowed[n.name] for b in devices if a != b}
+            readers = {b: [e.dst for e in out if b in allowed[e.dst]] for b in devices}
+            sent = {}
+            for a in allowed[n.name]:
+                top = max((copy[a, b] for b in devices if b != a and readers[b]), default=0)
+                if top and a in charged:
+                    sent[a] = model.new_int_var(0, top, f"send[{n.name},{a}]")
+                    load_terms[a].append(sent[a])
+            for b in devices:
+                if not readers[b]:
+                    continue
+                top = max((copy[a, b] for a in allowed[n.name] if a != b), default=0)
+                if not top:
+                    continue
+                recv = model.new_bool_var(f"recv[{n.name},{b}]")
+                for v in readers[b]:
+                    model.add(recv >= x[v, b] - x[n.name, b])
+                pay = model.new_int_var(0, top, f"pay[{n.name},{b}]")
+                if b in charged:
+                    load_terms[b].append(pay)
+                for a in allowed[n.name]:
+                    if a == b or not copy[a, b]:
+                        continue
+                    # Charged when n is on a and its output goes to b.
+                    if b in charged:
+                        model.add(pay >= copy[a, b] * (x[n.name, a] + recv - 1))
+                    if a in sent:
+                        model.add(sent[a] >= copy[a, b] * (x[n.name, a] + recv - 1))
+    max_load = model.new_int_var(0, total, "max_load")
+    for d in devices:
+        model.add(max_load >= sum(load_terms[d]))
+    return max_load
