@@ -94,11 +94,12 @@ def contiguous_dp(
     ``t``-th device in cluster order (a segment may be empty: devices may go unused).
 
     ``throughput`` minimises the largest per-device load exactly as ``simulate.loads`` defines
-    it (compute, plus each copy's time once on the sending and once on the receiving device),
-    among all such splits, when an edge's delay is the same on every link (fixed ``transfer_s``,
-    or identical links); otherwise each copy is charged its slowest link, an upper bound, and
-    the simulator scores the actual plan. ``latency`` minimises the sum of the segments' loads,
-    a proxy for a chain of stages run one after another; the simulator scores the plan.
+    it (compute, plus each copy's time once on the sending and once on the receiving device, on
+    devices that charge transfers), among all such splits, when an edge's delay is the same on
+    every link (fixed ``transfer_s``, or identical links); otherwise each copy is charged its
+    slowest link, an upper bound, and the simulator scores the actual plan. ``latency``
+    minimises the sum of the segments' loads, a proxy for a chain of stages run one after
+    another; the simulator scores the plan.
 
     Constraints: a segment's parameters plus the activation reserve fit its device; a node runs
     only where its cost is finite; a colocation group is never cut (no segment boundary falls
@@ -129,6 +130,7 @@ def contiguous_dp(
     blocked = np.concatenate([zeros, np.cumsum(cannot, axis=1)], axis=1)
     params = np.concatenate([[0], np.cumsum([node.param_bytes for node in graph.nodes])])
     capacity = np.array([d.memory_bytes for d in cluster.devices]) - activation_reserve(problem)
+    charged = [1.0 if d.charges_transfers else 0.0 for d in cluster.devices]
 
     # --- DP: best[t, c] = best value for nodes before cut c on devices 0..t; choice = start cut
     combine = np.maximum if objective == "throughput" else np.add
@@ -142,7 +144,7 @@ def contiguous_dp(
         starts = cuts[:c + 1]
         for t in range(k):
             prev = previous if t == 0 else best[t - 1]
-            load = comm[:c + 1] + compute[t, j] - compute[t, starts]
+            load = charged[t] * comm[:c + 1] + compute[t, j] - compute[t, starts]
             ok = (blocked[t, j] == blocked[t, starts]) & (params[j] - params[starts]
                                                           <= capacity[t])
             ok[c] = True  # the empty segment: no memory, no reserve
