@@ -1,4 +1,4 @@
-"""The ``autoplace`` command line: ``plan``, ``devices`` and ``report``.
+"""The ``autoplace`` command line: ``plan``, ``solve``, ``devices`` and ``report``.
 
 ``main(argv)`` returns the exit code: 0 on success, 2 for any ``AutoplaceError`` (bad input, a
 model that does not fit, an unwritable output directory), printed as one paragraph with no
@@ -11,12 +11,11 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 from autoplace.coarsen import DEFAULT_MAX_NODES
 from autoplace.devices import DEFAULT_SIMULATED_SPEC
 from autoplace.errors import AutoplaceError
-from autoplace.solve import DEFAULT_TIME_LIMIT_S, SOLVERS
+from autoplace.solve import DEFAULT_TIME_LIMIT_S, OBJECTIVES, SOLVERS
 
 __all__ = ["main"]
 
@@ -24,6 +23,7 @@ _DESCRIPTION = """\
 Automatic device placement for PyTorch models.
 
   autoplace plan examples/mlp.py --devices 2xA100-40GB
+  autoplace solve examples/graphs/diamond.json --objective throughput
   autoplace devices
   autoplace report autoplace-out/plan.json
 """
@@ -44,7 +44,8 @@ def _parser() -> argparse.ArgumentParser:
         "with minimum makespan (CP-SAT, checked against heuristics on one simulator), emit the "
         "partitioned model and verify it against the original. MODEL_FILE is run as Python: it "
         "defines build() returning (model, example_inputs), or module-level model and "
-        "example_inputs. Writes OUT/plan.json, OUT/report.html, OUT/summary.txt and OUT/model/.")
+        "example_inputs. Writes OUT/plan.json, OUT/report.html, OUT/summary.md, OUT/summary.txt "
+        "and OUT/model/.")
     p.add_argument("model_file", metavar="MODEL_FILE", help="Python file defining the model")
     p.add_argument("--devices", metavar="SPEC",
                    help="devices to plan for, e.g. 2xA100-40GB,2xT4-16GB or cuda:0,cuda:1; "
@@ -68,24 +69,84 @@ def _parser() -> argparse.ArgumentParser:
                    "them with torch.testing.assert_close (default: on)")
     p.add_argument("--emit", action=argparse.BooleanOptionalAction, default=True,
                    help="write the partitioned model to OUT/model (default: on)")
+    _solve_options(p)
+
+    g = sub.add_parser(
+        "solve", help="place a task graph given as JSON (no model to trace)",
+        description="Place the task graph in GRAPH_JSON (nodes with compute time per device "
+        "name or type and resident bytes, edges with bytes or a fixed transfer time, optional "
+        "colocation groups and pinned devices, devices and links; see docs/graph-format.md). "
+        "Writes OUT/plan.json and the report, as `plan` does, without a model.")
+    g.add_argument("graph_file", metavar="GRAPH_JSON", help="task graph in autoplace's JSON "
+                   "format")
+    g.add_argument("--devices", metavar="SPEC",
+                   help="devices to plan for instead of the file's, e.g. 4xA100-40GB (node "
+                   "compute times are then looked up by device type)")
+    g.add_argument("--cluster", metavar="FILE", help="TOML cluster file instead of the file's "
+                   "devices")
+    g.add_argument("--out", metavar="DIR", default="autoplace-out",
+                   help="output directory, replaced atomically (default: ./autoplace-out)")
+    g.add_argument("--time-limit", metavar="SECONDS", type=float, default=DEFAULT_TIME_LIMIT_S,
+                   help=f"solver time limit in seconds (default: {DEFAULT_TIME_LIMIT_S:g})")
+    g.add_argument("--solver", choices=SOLVERS, default="cpsat",
+                   help="cpsat (default) or one of the heuristics alone")
+    g.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default: 0)")
+    _solve_options(g)
 
     d = sub.add_parser("devices", help="list the device catalog and the GPUs found",
                        description="List the device types autoplace knows (with their peak "
                        "FLOP/s, memory bandwidth and memory) and the GPUs found on this machine.")
     del d
 
-    r = sub.add_parser("report", help="re-render report.html and summary.txt from a plan.json",
-                       description="Re-render report.html and summary.txt next to PLAN_JSON "
-                       "from the plan file alone.")
+    r = sub.add_parser("report", help="re-render the report from a plan.json",
+                       description="Re-render report.html, summary.md and summary.txt next to "
+                       "PLAN_JSON from the plan file alone (no model, no solving).")
     r.add_argument("plan_json", metavar="PLAN_JSON", help="a plan.json, or its directory")
     return parser
+
+
+def _solve_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--objective", choices=OBJECTIVES, default="latency",
+                   help="latency: minimise the makespan of one pass (default); throughput: "
+                   "minimise the busiest device's load (compute plus copies sent and received) "
+                   "for pipelined execution")
+    p.add_argument("--contiguous", action="store_true",
+                   help="make every device's node set a pipeline stage (no path leaves it and "
+                   "comes back)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="same input, same plan: one CP-SAT worker, with --time-limit counted "
+                   "in CP-SAT's deterministic seconds rather than wall seconds")
+
+
+def _cmd_solve(args: argparse.Namespace) -> int:
+    from autoplace.devices import resolve_cluster
+    from autoplace.graphfile import load_graph_file
+    from autoplace.pipeline import solve_graph
+    from autoplace.planfile import check_writable
+    from autoplace.report import summary_text
+
+    began = time.perf_counter()
+    if args.devices and args.cluster:
+        raise AutoplaceError("pass either --devices or --cluster, not both")
+    out = check_writable(args.out)
+    cluster = None
+    if args.devices or args.cluster:
+        cluster, _ = resolve_cluster(spec=args.devices, cluster_file=args.cluster)
+    problem = load_graph_file(args.graph_file, cluster=cluster)
+    result = solve_graph(problem, objective=args.objective, contiguous=args.contiguous,
+                         time_limit_s=args.time_limit, solver=args.solver, seed=args.seed,
+                         deterministic=args.deterministic)
+    result.save(out)
+    print(summary_text(result.to_dict()))
+    print(f"wrote {out}/plan.json and the report in {time.perf_counter() - began:.1f} s")
+    return 0
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from autoplace.loader import load_model_file
     from autoplace.pipeline import plan
     from autoplace.planfile import check_writable
-    from autoplace.report import summary_text
+    from autoplace.report import print_summary
 
     began = time.perf_counter()
     if args.devices and args.cluster:
@@ -95,10 +156,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     result = plan(loaded.model, loaded.kwargs or loaded.args,
                   devices=args.devices, cluster_file=args.cluster, time_limit_s=args.time_limit,
                   solver=args.solver, max_nodes=args.max_nodes, emit=args.emit,
-                  verify=args.verify, seed=args.seed, name=loaded.name)
+                  verify=args.verify, seed=args.seed, name=loaded.name,
+                  objective=args.objective, contiguous=args.contiguous,
+                  deterministic=args.deterministic)
     result.save(out)
-    print(summary_text(result.to_dict()))
-    print(f"wrote {out}/plan.json, report.html, summary.txt"
+    print_summary(result.to_dict())
+    print(f"wrote {out}/plan.json, report.html, summary.md, summary.txt"
           + (", model/" if result.emitted is not None else "")
           + f" in {time.perf_counter() - began:.1f} s")
     return 0
@@ -112,25 +175,26 @@ def _cmd_devices(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from autoplace.planfile import Plan
-    from autoplace.report import render_html, summary_text
+    from autoplace.errors import OutputError
+    from autoplace.report import print_summary, read_plan_file, write_report
 
-    path = Path(args.plan_json)
-    plan_path = path / "plan.json" if path.is_dir() else path
-    data = Plan.load(plan_path).to_dict()
+    # Checked against the schema first: a bad file is one clear paragraph, and nothing is
+    # written; write_report renders everything before it replaces any file.
+    plan_path, data = read_plan_file(args.plan_json)
     try:
-        (plan_path.parent / "report.html").write_text(render_html(data))
-        (plan_path.parent / "summary.txt").write_text(summary_text(data) + "\n")
+        write_report(plan_path.parent, data)
     except OSError as exc:
-        raise AutoplaceError(f"cannot write the report next to {str(plan_path)!r}: {exc}") from exc
-    print(summary_text(data))
-    print(f"wrote {plan_path.parent}/report.html, summary.txt")
+        raise OutputError(f"cannot write the report next to {str(plan_path)!r}: {exc}; copy "
+                          "the plan file to a writable directory and run this there") from exc
+    print_summary(data)
+    print(f"wrote {plan_path.parent}/report.html, summary.md, summary.txt")
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    command = {"plan": _cmd_plan, "devices": _cmd_devices, "report": _cmd_report}[args.command]
+    command = {"plan": _cmd_plan, "solve": _cmd_solve, "devices": _cmd_devices,
+               "report": _cmd_report}[args.command]
     try:
         return command(args)
     except AutoplaceError as exc:

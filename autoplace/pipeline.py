@@ -18,10 +18,11 @@ from autoplace.errors import AutoplaceError
 from autoplace.ir import Cluster, Problem
 from autoplace.loader import normalize_inputs
 from autoplace.planfile import BaselineResult, Plan
-from autoplace.solve import DEFAULT_TIME_LIMIT_S, solve
+from autoplace.solve import DEFAULT_TIME_LIMIT_S, SolveResult, solve
 from autoplace.trace import TracedModel, trace_model
+from autoplace.whatif import WHATIF_TIME_LIMIT_S, whatif_table
 
-__all__ = ["plan", "local_device_map"]
+__all__ = ["local_device_map", "plan", "solve_graph"]
 
 
 def local_device_map(torch_devices: list[str]) -> dict[str, str]:
@@ -98,13 +99,18 @@ def plan(
     verify: bool = True,
     seed: int = 0,
     name: str = "model",
+    whatif: bool = True,
+    objective: str = "latency",
+    contiguous: bool = False,
+    deterministic: bool = False,
 ) -> Plan:
     """Plan ``model`` on ``devices`` (a spec such as ``"2xA100-40GB"``, a ``Cluster``, or
     ``None`` for the GPUs found / the default simulated set).
 
     The model is switched to ``eval()`` mode: autoplace plans inference. With ``emit`` the
     partitioned model is built (``Plan.emitted``) and, with ``verify``, checked against the
-    original with ``torch.testing.assert_close``.
+    original with ``torch.testing.assert_close``. With ``whatif`` the model is also re-solved,
+    briefly, on the first 1, 2, ... of the devices (``Plan.whatif``, the report's what-if table).
     """
     if time_limit_s <= 0:
         raise AutoplaceError(f"time limit must be positive, got {time_limit_s} s")
@@ -128,10 +134,50 @@ def plan(
     coarse = coarsen(traced.graph, costs, max_nodes=max_nodes,
                      max_group_bytes=max(smallest // 4, 1))
     problem = Problem(graph=coarse.graph, cluster=cluster, costs=coarse.costs)
-    result = solve(problem, solver=solver, time_limit_s=time_limit_s, seed=seed)
+    result = solve(problem, solver=solver, time_limit_s=time_limit_s, seed=seed,
+                   objective=objective, contiguous=contiguous, deterministic=deterministic)
     notes += result.notes
+    scaling = whatif_table(problem, full=result, solver=solver, seed=seed,
+                           time_limit_s=min(WHATIF_TIME_LIMIT_S, time_limit_s / 10)
+                           ) if whatif else None
+    planned = _plan_of(result, problem, name=name, tracer=traced.tracer,
+                       coarsening={"traced_ops": coarse.traced_ops,
+                                   "plan_nodes": len(coarse.graph.nodes),
+                                   "steps": list(coarse.steps)})
+    if emit:
+        emitted, verification, emit_notes = _emit_and_verify(traced, planned, model, args,
+                                                             kwargs, verify=verify)
+        notes += emit_notes
+        planned = Plan(**{**_fields(planned), "emitted": emitted,
+                          "verification": verification})
+    return Plan(**{**_fields(planned), "notes": tuple(notes), "whatif": scaling})
 
-    planned = Plan(
+
+def solve_graph(
+    problem: Problem,
+    *,
+    objective: str = "latency",
+    contiguous: bool = False,
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+    solver: str = "cpsat",
+    seed: int = 0,
+    deterministic: bool = False,
+) -> Plan:
+    """Place a task graph read with ``autoplace.graphfile`` (no model to trace or emit): the
+    Python API behind ``autoplace solve``."""
+    if time_limit_s <= 0:
+        raise AutoplaceError(f"time limit must be positive, got {time_limit_s} s")
+    result = solve(problem, solver=solver, objective=objective, contiguous=contiguous,
+                   time_limit_s=time_limit_s, seed=seed, deterministic=deterministic)
+    planned = _plan_of(result, problem, name=problem.graph.name, tracer="graph",
+                       coarsening={"traced_ops": len(problem.graph.nodes),
+                                   "plan_nodes": len(problem.graph.nodes), "steps": []})
+    return Plan(**{**_fields(planned), "notes": tuple(result.notes)})
+
+
+def _plan_of(result: SolveResult, problem: Problem, *, name: str, tracer: str,
+             coarsening: Mapping[str, Any]) -> Plan:
+    return Plan(
         problem=problem,
         schedule=result.schedule,
         lower_bound_s=result.lower_bound_s,
@@ -139,18 +185,12 @@ def plan(
         baselines={k: BaselineResult.of(v) for k, v in result.baselines.items()},
         best_single_device=result.best_single_device,
         model=name,
-        tracer=traced.tracer,
-        coarsening={"traced_ops": coarse.traced_ops, "plan_nodes": len(coarse.graph.nodes),
-                    "steps": list(coarse.steps)},
+        objective=result.objective,
+        contiguous=result.contiguous,
+        tracer=tracer,
+        coarsening=coarsening,
         created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     )
-    if emit:
-        emitted, verification, emit_notes = _emit_and_verify(traced, planned, model, args,
-                                                             kwargs, verify=verify)
-        notes += emit_notes
-        planned = Plan(**{**_fields(planned), "emitted": emitted,
-                          "verification": verification})
-    return Plan(**{**_fields(planned), "notes": tuple(notes)})
 
 
 def _fields(p: Plan) -> Mapping[str, Any]:

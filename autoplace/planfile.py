@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -46,13 +47,17 @@ class BaselineResult:
     makespan_s: float | None
     feasible: bool
     peak_bytes: Mapping[str, int] = field(default_factory=dict)
+    max_load_s: float | None = None
 
     @classmethod
     def of(cls, schedule: Schedule | None) -> BaselineResult:
         if schedule is None:
             return cls(makespan_s=None, feasible=False)
         return cls(makespan_s=schedule.makespan_s, feasible=schedule.feasible,
-                   peak_bytes=dict(schedule.peak_bytes))
+                   peak_bytes=dict(schedule.peak_bytes), max_load_s=schedule.max_load_s)
+
+    def objective_s(self, objective: str) -> float | None:
+        return self.max_load_s if objective == "throughput" else self.makespan_s
 
 
 @dataclass(frozen=True)
@@ -67,12 +72,14 @@ class Plan:
     best_single_device: str | None
     model: str = "model"
     objective: str = "latency"
+    contiguous: bool = False
     tracer: str = "graph"
     coarsening: Mapping[str, Any] = field(default_factory=dict)
     verification: Mapping[str, Any] = field(default_factory=lambda: {
         "status": "skipped", "detail": "not verified", "max_abs_diff": None})
     notes: tuple[str, ...] = ()
     created: str = ""
+    whatif: tuple[Mapping[str, Any], ...] | None = None
     emitted: Any = field(default=None, compare=False, repr=False)
 
     @property
@@ -80,10 +87,15 @@ class Plan:
         return self.schedule.makespan_s
 
     @property
+    def objective_s(self) -> float:
+        """The plan's value under its objective: the makespan, or the largest load."""
+        return self.schedule.objective_s(self.objective)
+
+    @property
     def gap(self) -> float | None:
-        if self.makespan_s <= 0:
+        if self.objective_s <= 0:
             return 0.0
-        return max(0.0, (self.makespan_s - self.lower_bound_s) / self.makespan_s)
+        return max(0.0, (self.objective_s - self.lower_bound_s) / self.objective_s)
 
     @property
     def best_single_makespan_s(self) -> float | None:
@@ -92,10 +104,12 @@ class Plan:
 
     @property
     def speedup_over_single(self) -> float | None:
-        single = self.best_single_makespan_s
-        if single is None or self.makespan_s <= 0:
+        """How many times better than the best single device, under the plan's objective."""
+        single = self.baselines.get("single-device")
+        value = single.objective_s(self.objective) if single is not None else None
+        if value is None or self.objective_s <= 0:
             return None
-        return single / self.makespan_s
+        return value / self.objective_s
 
     @property
     def device_of_op(self) -> dict[str, str]:
@@ -116,8 +130,10 @@ class Plan:
             "model": self.model,
             "objective": self.objective,
             "tracer": self.tracer,
+            "contiguous": self.contiguous,
             "devices": [{"name": d.name, "type": d.type, "memory_bytes": d.memory_bytes,
-                         "host": d.host, "torch_device": d.torch_device}
+                         "host": d.host, "torch_device": d.torch_device,
+                         "charges_transfers": d.charges_transfers}
                         for d in cluster.devices],
             "links": [{"src": lk.src, "dst": lk.dst,
                        "bandwidth_bytes_per_s": lk.bandwidth_bytes_per_s,
@@ -126,14 +142,18 @@ class Plan:
                 "name": n.name, "ops": list(n.ops), "targets": list(n.targets),
                 "module": n.module, "is_input": n.is_input, "device": device_of[n.name],
                 "start_s": s.start_s[n.name], "end_s": s.end_s[n.name],
-                "compute_s": dict(costs.compute_s[n.name]),
+                # JSON has no infinity: null marks a device the node cannot run on.
+                "compute_s": {d: (t if math.isfinite(t) else None)
+                              for d, t in costs.compute_s[n.name].items()},
                 "memory_bytes": n.param_bytes, "output_bytes": n.output_bytes,
                 "output_shapes": [list(x) for x in n.output_shapes],
                 "output_dtypes": list(n.output_dtypes), "flops": n.flops,
                 "bytes_accessed": n.bytes_accessed, "launches": n.launches, "dtype": n.dtype,
                 "cost_source": costs.source.get(n.name, "analytic"),
             } for n in graph.nodes],
-            "edges": [{"src": e.src, "dst": e.dst, "bytes": e.bytes} for e in graph.edges],
+            "edges": [{"src": e.src, "dst": e.dst, "bytes": e.bytes}
+                      | ({} if e.transfer_s is None else {"transfer_s": e.transfer_s})
+                      for e in graph.edges],
             "colocate": [list(g) for g in graph.colocate],
             "outputs": list(graph.outputs),
             "order": {d: list(seq) for d, seq in (s.placement.order or {}).items()},
@@ -141,10 +161,12 @@ class Plan:
                            "bytes": t.bytes, "start_s": t.start_s, "end_s": t.end_s}
                           for t in s.transfers],
             "makespan_s": s.makespan_s,
+            "max_load_s": s.max_load_s,
+            "loads": dict(s.load_s),
             "lower_bound_s": self.lower_bound_s,
             "solver": {**self.solver, "gap": self.gap},
-            "baselines": {name: {"makespan_s": b.makespan_s, "feasible": b.feasible,
-                                 "peak_bytes": dict(b.peak_bytes)}
+            "baselines": {name: {"makespan_s": b.makespan_s, "max_load_s": b.max_load_s,
+                                 "feasible": b.feasible, "peak_bytes": dict(b.peak_bytes)}
                           for name, b in self.baselines.items()},
             "best_single_device": {"device": self.best_single_device,
                                    "makespan_s": self.best_single_makespan_s},
@@ -159,13 +181,14 @@ class Plan:
             "notes": list(self.notes),
             "created": self.created or _dt.datetime.now(_dt.UTC).isoformat(),
             "autoplace_version": __version__,
-        }
+        } | ({} if self.whatif is None else {"whatif": [dict(row) for row in self.whatif]})
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
         devices = tuple(Device(name=d["name"], type=d["type"], memory_bytes=d["memory_bytes"],
                                host=d.get("host", "localhost"),
-                               torch_device=d.get("torch_device", ""))
+                               torch_device=d.get("torch_device", ""),
+                               charges_transfers=d.get("charges_transfers", True))
                         for d in data["devices"])
         links = tuple(Link(src=lk["src"], dst=lk["dst"],
                            bandwidth_bytes_per_s=lk["bandwidth_bytes_per_s"],
@@ -181,11 +204,14 @@ class Plan:
             dtype=n.get("dtype", "float32"),
         ) for n in data["nodes"])
         graph = OpGraph(nodes=nodes,
-                        edges=tuple(Edge(src=e["src"], dst=e["dst"], bytes=e["bytes"])
+                        edges=tuple(Edge(src=e["src"], dst=e["dst"], bytes=e["bytes"],
+                                         transfer_s=e.get("transfer_s"))
                                     for e in data["edges"]),
                         colocate=tuple(tuple(g) for g in data.get("colocate", ())),
                         outputs=tuple(data.get("outputs", ())), name=data.get("model", "model"))
-        costs = Costs(compute_s={n["name"]: dict(n["compute_s"]) for n in data["nodes"]},
+        costs = Costs(compute_s={n["name"]: {d: math.inf if t is None else t
+                                             for d, t in n["compute_s"].items()}
+                                 for n in data["nodes"]},
                       source={n["name"]: n.get("cost_source", "analytic") for n in data["nodes"]})
         problem = Problem(graph=graph, cluster=Cluster(devices=devices, links=links), costs=costs)
         order = {d: tuple(seq) for d, seq in data.get("order", {}).items()} or None
@@ -206,6 +232,7 @@ class Plan:
                              for d, m in memory.items()},
             over_capacity={d: m["peak_bytes"] - m["capacity_bytes"] for d, m in memory.items()
                            if m["peak_bytes"] > m["capacity_bytes"]},
+            load_s=dict(data.get("loads", {})),
         )
         solver = {k: v for k, v in data["solver"].items() if k != "gap"}
         best_single = data.get("best_single_device") or {}
@@ -214,13 +241,16 @@ class Plan:
             solver=solver,
             baselines={name: BaselineResult(makespan_s=b.get("makespan_s"),
                                             feasible=b.get("feasible", False),
-                                            peak_bytes=b.get("peak_bytes", {}))
+                                            peak_bytes=b.get("peak_bytes", {}),
+                                            max_load_s=b.get("max_load_s"))
                        for name, b in data.get("baselines", {}).items()},
             best_single_device=best_single.get("device"),
             model=data.get("model", "model"), objective=data.get("objective", "latency"),
+            contiguous=data.get("contiguous", False),
             tracer=data.get("tracer", "graph"), coarsening=data.get("coarsening", {}),
             verification=data.get("verification", {}), notes=tuple(data.get("notes", ())),
             created=data.get("created", ""),
+            whatif=tuple(data["whatif"]) if "whatif" in data else None,
         )
 
     def with_verification(self, verification: Mapping[str, Any]) -> Plan:
@@ -229,16 +259,15 @@ class Plan:
     # ---- files
 
     def save(self, directory: str | os.PathLike[str]) -> Path:
-        """Write ``plan.json``, ``report.html``, ``summary.txt`` and (when emitted) ``model/``
-        into ``directory``, atomically."""
-        from autoplace.report import render_html, summary_text
+        """Write ``plan.json``, the report (``report.html``, ``summary.md``, ``summary.txt``)
+        and (when emitted) ``model/`` into ``directory``, atomically."""
+        from autoplace.report import write_report
 
         data = self.to_dict()
 
         def write(tmp: Path) -> None:
             (tmp / "plan.json").write_text(json.dumps(data, indent=1) + "\n")
-            (tmp / "report.html").write_text(render_html(data))
-            (tmp / "summary.txt").write_text(summary_text(data) + "\n")
+            write_report(tmp, data)
             if self.emitted is not None:
                 from autoplace.emit import save_model
 
