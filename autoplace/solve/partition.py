@@ -36,15 +36,16 @@ _OBJECTIVES = ("latency", "throughput")
 
 
 def balanced_fill(problem: Problem) -> Placement | None:
-    """Fill devices in cluster order, nodes in topological order, each device only up to an
-    even share of the parameter bytes (accelerate's ``get_balanced_memory``: total / devices).
+    """Fill devices in cluster order, nodes in topological order, each device but the last only
+    up to an even share of the parameter bytes (accelerate's ``get_balanced_memory``: total
+    bytes / devices; the last device keeps its whole capacity, as there).
 
     A node whose colocation group would take the device past its share (or past its capacity
-    less the activation reserve) moves the fill on to the next device; once no later device has
-    share left, the remaining nodes fill the devices from the current one on to capacity. A node
-    that cannot run on the device being filled goes to the first later one that can take it,
-    without moving the fill on (as ``sequential_fill``). If that still fails, the result is
-    ``sequential_fill``'s; ``None`` only when that fails too.
+    less the activation reserve) moves the fill on to the next device that can take it; when no
+    later device can within its share, the first that can within its capacity. A node that
+    cannot run on the device being filled goes to the first later one that can take it, without
+    moving the fill on (as ``sequential_fill``). If a node still finds no device, the result is
+    ``sequential_fill``'s (every device to capacity); ``None`` only when that fails too.
     """
     graph, cluster = problem.graph, problem.cluster
     reserve = activation_reserve(problem)
@@ -59,27 +60,24 @@ def balanced_fill(problem: Problem) -> Placement | None:
         dev = cluster.devices[i]
         after = used[dev.name] + group_bytes[name]
         return (dev.name in runs_on[name] and after + reserve <= dev.memory_bytes
-                and (not to_share or after <= share))
+                and (not to_share or i == len(cluster.devices) - 1 or after <= share))
 
-    def first(start: int, name: str, *, to_share: bool) -> int | None:
-        return next((i for i in range(start, len(cluster.devices))
-                     if fits(i, name, to_share=to_share)), None)
+    def first(start: int, name: str) -> int | None:
+        for to_share in (True, False):
+            found = next((i for i in range(start, len(cluster.devices))
+                          if fits(i, name, to_share=to_share)), None)
+            if found is not None:
+                return found
+        return None
 
     for node in graph.nodes:
         if node.name in device_of:
             continue
-        if cluster.devices[current].name in runs_on[node.name]:
-            chosen = first(current, node.name, to_share=True)
-            if chosen is None:
-                chosen = first(current, node.name, to_share=False)
-            if chosen is not None:
-                current = chosen
-        else:
-            chosen = first(current, node.name, to_share=True)
-            if chosen is None:
-                chosen = first(current, node.name, to_share=False)
+        chosen = first(current, node.name)
         if chosen is None:
             return sequential_fill(problem)
+        if cluster.devices[current].name in runs_on[node.name]:
+            current = chosen
         dev_name = cluster.devices[chosen].name
         used[dev_name] += group_bytes[node.name]
         for member in graph.colocation_of[node.name]:
@@ -150,7 +148,7 @@ def contiguous_dp(
             ok[c] = True  # the empty segment: no memory, no reserve
             load[c] = 0.0
             value = np.where(ok, combine(prev[:c + 1], load), np.inf)
-            i = int(np.argmin(value))
+            i = c - int(np.argmin(value[::-1]))  # ties: the latest start, devices fill in order
             best[t, c], choice[t, c] = value[i], i
     if not np.isfinite(best[k - 1, m - 1]):
         return None
