@@ -85,7 +85,7 @@ def test_one_node_larger_than_every_device_names_the_node():
 
 
 def test_unknown_solver_lists_the_valid_ones():
-    with pytest.raises(AutoplaceError, match="valid solvers: cpsat, heft"):
+    with pytest.raises(AutoplaceError, match="valid solvers: cpsat, balanced, contiguous-dp, heft"):
         solve(zoo.chain(zoo.cluster(2)), solver="magic")
 
 

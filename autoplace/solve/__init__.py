@@ -8,8 +8,10 @@ they may not all share that device again) and CP-SAT runs again. The lower bound
 the analytic bounds and the first CP-SAT run's own (later runs carry cuts, so their bounds are not
 bounds of the real problem); a CP-SAT bound above a plan the simulator accepts is dropped.
 
-Solvers are chosen by name (``SOLVERS``); ``cpsat`` is the default, the others return the
-corresponding heuristic's plan.
+Baselines (``HEURISTICS``, each also a CP-SAT hint): accelerate-style sequential and balanced
+fill, insertion-based HEFT, Baechi's memory-aware m-ETF and m-SCT, and the exact dynamic program
+over contiguous splits of a topological order. Solvers are chosen by name (``SOLVERS``);
+``cpsat`` is the default, the others return the corresponding heuristic's plan.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from dataclasses import dataclass, field
 from autoplace.errors import AutoplaceError, InfeasibleError
 from autoplace.ir import Placement, Problem, Schedule
 from autoplace.simulate import simulate
+from autoplace.solve.baechi import m_etf, m_sct
 from autoplace.solve.bounds import check_memory, lower_bound_s
 from autoplace.solve.cpsat import TIME_QUANTUM_S, solve_cpsat
 from autoplace.solve.heuristics import heft, sequential_fill, single_device
+from autoplace.solve.partition import balanced_fill, contiguous_dp
 
 __all__ = [
     "DEFAULT_TIME_LIMIT_S",
@@ -44,7 +48,11 @@ OBJECTIVES = ("latency", "throughput")
 # Heuristic baselines: each takes (problem, objective) and returns a placement or None.
 HEURISTICS: dict[str, Callable[[Problem, str], Placement | None]] = {
     "sequential": lambda p, _: sequential_fill(p),
+    "balanced": lambda p, _: balanced_fill(p),
     "heft": lambda p, _: heft(p),
+    "m-etf": lambda p, _: m_etf(p),
+    "m-sct": lambda p, _: m_sct(p),
+    "contiguous-dp": contiguous_dp,
 }
 SOLVERS = ("cpsat", *sorted([*HEURISTICS, "single-device"]))
 _MEMORY_ROUNDS = 3

@@ -16,7 +16,9 @@ Variables: ``x[n, d]`` (node ``n`` runs on device ``d``), ``start[n]``, ``end[n]
 * identical devices are interchangeable, so node ``i`` (in topological order) may use only the
   first ``i + 1`` devices of each class of identical devices (symmetry breaking).
 
-Objective: the makespan. Times are integers in units of ``TIME_QUANTUM_S``; durations are rounded
+Objective: the makespan. Times are integers in units of a quantum: the coarsest of 1 s, 1 ms and
+1 us in which every duration and delay is a whole number (the model is then exact), else
+``TIME_QUANTUM_S`` with durations rounded
 up, so a schedule of the integer model is feasible in seconds, and the returned order is re-scored
 by the simulator in exact seconds.
 """
@@ -56,10 +58,11 @@ class CpSatResult:
 class _Progress(cp_model.CpSolverSolutionCallback):
     """Records every improving solution and bound while CP-SAT runs."""
 
-    def __init__(self, slack_ticks: int) -> None:
+    def __init__(self, slack_ticks: int, quantum_s: float) -> None:
         super().__init__()
         self.began = time.perf_counter()
         self.slack = slack_ticks
+        self.quantum = quantum_s
         self.objective: float | None = None
         self.bound = 0.0
         self.points: list[tuple[float, float | None, float]] = []
@@ -68,22 +71,40 @@ class _Progress(cp_model.CpSolverSolutionCallback):
         self.points.append((time.perf_counter() - self.began, self.objective, self.bound))
 
     def on_solution_callback(self) -> None:
-        self.objective = self.objective_value * TIME_QUANTUM_S
-        self.bound = max(self.bound, _bound_s(self.best_objective_bound, self.slack))
+        self.objective = self.objective_value * self.quantum
+        self.bound = max(self.bound,
+                         _bound_s(self.best_objective_bound, self.slack, self.quantum))
         self._record()
 
     def on_bound(self, bound: float) -> None:
-        self.bound = max(self.bound, _bound_s(bound, self.slack))
+        self.bound = max(self.bound, _bound_s(bound, self.slack, self.quantum))
         self._record()
 
 
-def _bound_s(bound_ticks: float, slack_ticks: int) -> float:
+def _bound_s(bound_ticks: float, slack_ticks: int, quantum_s: float) -> float:
     """CP-SAT's bound in seconds, less the rounding slack of the integer model."""
-    return max(0.0, (bound_ticks - slack_ticks) * TIME_QUANTUM_S)
+    return max(0.0, (bound_ticks - slack_ticks) * quantum_s)
 
 
-def _ticks(seconds: float) -> int:
-    return math.ceil(seconds / TIME_QUANTUM_S - 1e-6)
+def _quantum(problem: Problem) -> tuple[float, bool]:
+    """The time unit of the integer model, and whether every time is a whole number of it."""
+    values = [t for per in problem.costs.compute_s.values() for t in per.values()
+              if math.isfinite(t)]
+    names = problem.cluster.names
+    for e in problem.graph.edges:
+        if e.transfer_s is not None:
+            values.append(e.transfer_s)
+        else:
+            values.extend(problem.delay_s(e, a, b) for a in names for b in names if a != b)
+    for quantum in (1.0, 1e-3, 1e-6):
+        if all(abs(v / quantum - round(v / quantum)) <= 1e-9 * max(1.0, v / quantum)
+               for v in values) and sum(values) / quantum < 2**50:
+            return quantum, True
+    return TIME_QUANTUM_S, False
+
+
+def _ticks(seconds: float, quantum_s: float = TIME_QUANTUM_S) -> int:
+    return math.ceil(seconds / quantum_s - 1e-6)
 
 
 def _identical_classes(problem: Problem) -> list[list[str]]:
@@ -160,6 +181,7 @@ def solve_cpsat(
     devices = list(cluster.names)
     nodes = [n.name for n in graph.nodes]
     allowed = problem.allowed
+    quantum, exact = _quantum(problem)
     model = cp_model.CpModel()
 
     # --- placement: shared by both objectives
@@ -196,14 +218,14 @@ def solve_cpsat(
 
     # --- objective
     if objective == "throughput":
-        goal = _add_loads(model, problem, x)
+        goal = _add_loads(model, problem, x, quantum)
         # Every load is a sum of at most n compute and 2n copy times, each rounded up.
-        slack = 3 * len(nodes)
+        slack = 0 if exact else 3 * len(nodes)
         start = None
     else:
-        goal, start = _add_schedule(model, problem, x, hint, hinted)
+        goal, start = _add_schedule(model, problem, x, hint, hinted, quantum)
         # Rounding adds less than one quantum per duration and delay; a path has fewer than 2n.
-        slack = 2 * len(nodes)
+        slack = 0 if exact else 2 * len(nodes)
     model.minimize(goal)
 
     # --- solve
@@ -217,7 +239,7 @@ def solve_cpsat(
     # OR-Tools 9.15 can certify a wrong optimum through inclusion-detection presolve
     # (google/or-tools#5293); switching that family off is the documented workaround.
     solver.parameters.presolve_inclusion_work_limit = 0
-    progress = _Progress(slack)
+    progress = _Progress(slack, quantum)
     solver.best_bound_callback = progress.on_bound
     began = time.perf_counter()
     status = solver.solve(model, progress)
@@ -237,8 +259,8 @@ def solve_cpsat(
                  for d in devices}
     return CpSatResult(placement=Placement(device_of=device_of, order=order),
                        status=status_name,
-                       objective_s=solver.objective_value * TIME_QUANTUM_S,
-                       bound_s=_bound_s(solver.best_objective_bound, slack), wall_s=wall,
+                       objective_s=solver.objective_value * quantum,
+                       bound_s=_bound_s(solver.best_objective_bound, slack, quantum), wall_s=wall,
                        progress=tuple(progress.points))
 
 
@@ -275,13 +297,14 @@ def _add_contiguity(model: cp_model.CpModel, problem: Problem, x: Vars) -> None:
 
 
 def _add_schedule(model: cp_model.CpModel, problem: Problem, x: Vars, hint: Schedule | None,
-                  hinted: Mapping[str, str] | None) -> tuple[cp_model.IntVar, dict]:
+                  hinted: Mapping[str, str] | None,
+                  quantum: float) -> tuple[cp_model.IntVar, dict]:
     """Start and end times, no overlap per device, transfer delays; returns the makespan."""
     graph, costs, allowed = problem.graph, problem.costs, problem.allowed
     devices = list(problem.cluster.names)
     nodes = [n.name for n in graph.nodes]
-    duration = {(n, d): _ticks(costs.of(n, d)) for n in nodes for d in allowed[n]}
-    delay = {(e.src, e.dst, a, b): _ticks(problem.delay_s(e, a, b))
+    duration = {(n, d): _ticks(costs.of(n, d), quantum) for n in nodes for d in allowed[n]}
+    delay = {(e.src, e.dst, a, b): _ticks(problem.delay_s(e, a, b), quantum)
              for e in graph.edges for a in allowed[e.src] for b in allowed[e.dst]}
     horizon = sum(max(duration[n, d] for d in allowed[n]) for n in nodes) + sum(
         max(delay[e.src, e.dst, a, b] for a in allowed[e.src] for b in allowed[e.dst])
@@ -289,7 +312,7 @@ def _add_schedule(model: cp_model.CpModel, problem: Problem, x: Vars, hint: Sche
     if hint is not None:
         # The optimum is no later than the hint; rounding each duration and delay up adds less
         # than one quantum each, and a path has fewer than 2n of them.
-        horizon = min(horizon, _ticks(hint.makespan_s) + 2 * len(nodes) + 2)
+        horizon = min(horizon, _ticks(hint.makespan_s, quantum) + 2 * len(nodes) + 2)
 
     start = {n: model.new_int_var(0, horizon, f"start[{n}]") for n in nodes}
     end = {n: model.new_int_var(0, horizon, f"end[{n}]") for n in nodes}
@@ -303,6 +326,16 @@ def _add_schedule(model: cp_model.CpModel, problem: Problem, x: Vars, hint: Sche
         model.add(makespan >= end[n])
     for d in devices:
         model.add_no_overlap(intervals[n, d] for n in nodes if d in allowed[n])
+    if len(devices) > 1:
+        # Redundant: at most one node per device runs at any time. The cumulative view lets
+        # CP-SAT reason about all devices at once (energy, time-tabling): much stronger bounds.
+        spans = []
+        for n in nodes:
+            times = [duration[n, d] for d in allowed[n]]
+            size = model.new_int_var(min(times), max(times), f"size[{n}]")
+            model.add(size == end[n] - start[n])
+            spans.append(model.new_interval_var(start[n], size, end[n], f"span[{n}]"))
+        model.add_cumulative(spans, [1] * len(spans), len(devices))
     for e in graph.edges:
         model.add(start[e.dst] >= end[e.src])
         if len(devices) > 1:
@@ -313,24 +346,26 @@ def _add_schedule(model: cp_model.CpModel, problem: Problem, x: Vars, hint: Sche
                 )).only_enforce_if(x[e.dst, d2])
     if hint is not None and hinted is not None:
         for n in nodes:
-            model.add_hint(start[n], _ticks(hint.start_s[n]))
-            model.add_hint(end[n], _ticks(hint.start_s[n]) + duration[n, hinted[n]])
+            model.add_hint(start[n], _ticks(hint.start_s[n], quantum))
+            model.add_hint(end[n], _ticks(hint.start_s[n], quantum) + duration[n, hinted[n]])
     return makespan, start
 
 
-def _add_loads(model: cp_model.CpModel, problem: Problem, x: Vars) -> cp_model.IntVar:
+def _add_loads(model: cp_model.CpModel, problem: Problem, x: Vars,
+               quantum: float) -> cp_model.IntVar:
     """Per-device load (compute + copies sent and received, as ``simulate.loads``); returns the
     largest. ``recv[u, r]``: ``u``'s output is copied to ``r``; ``pay_send[u]`` is at least the
     copy time of every copy ``u`` makes, and is charged to ``u``'s device."""
     graph, costs, allowed = problem.graph, problem.costs, problem.allowed
     devices = list(problem.cluster.names)
-    total = sum(max(_ticks(costs.of(n.name, d)) for d in allowed[n.name]) for n in graph.nodes)
+    total = sum(max(_ticks(costs.of(n.name, d), quantum) for d in allowed[n.name])
+                for n in graph.nodes)
     total += 2 * sum(_ticks(max(problem.delay_s(e, a, b) for a in allowed[e.src]
-                                for b in allowed[e.dst])) for e in graph.edges)
+                                for b in allowed[e.dst]), quantum) for e in graph.edges)
     load_terms: dict[str, list] = {d: [] for d in devices}
     for n in graph.nodes:
         for d in allowed[n.name]:
-            load_terms[d].append(_ticks(costs.of(n.name, d)) * x[n.name, d])
+            load_terms[d].append(_ticks(costs.of(n.name, d), quantum) * x[n.name, d])
     charged = {d.name for d in problem.cluster.devices if d.charges_transfers}
     if len(devices) > 1:
         for n in graph.nodes:
@@ -338,7 +373,7 @@ def _add_loads(model: cp_model.CpModel, problem: Problem, x: Vars) -> cp_model.I
             if not out:
                 continue
             # Copy time of n's output from a to b: the largest edge delay to a reader there.
-            copy = {(a, b): max(_ticks(problem.delay_s(e, a, b)) for e in out)
+            copy = {(a, b): max(_ticks(problem.delay_s(e, a, b), quantum) for e in out)
                     for a in allowed[n.name] for b in devices if a != b}
             readers = {b: [e.dst for e in out if b in allowed[e.dst]] for b in devices}
             sent = {}
