@@ -216,6 +216,15 @@ def solve(
                            baselines=baselines, best_single_device=best_single,
                            objective=objective, contiguous=contiguous)
 
+    if best is not None and best[1].objective_s(objective) <= bound * (1 + 1e-12):
+        # A baseline meets the lower bound: it is optimal, and CP-SAT cannot improve on it.
+        info = SolverInfo(name=best[0], status="OPTIMAL", wall_s=time.perf_counter() - began,
+                          objective_s=best[1].objective_s(objective), time_limit_s=time_limit_s)
+        notes.append(f"the {best[0]} baseline meets the lower bound, so it is optimal; CP-SAT "
+                     "was not needed")
+        return SolveResult(schedule=best[1], solver=info, lower_bound_s=bound,
+                           baselines=baselines, best_single_device=best_single,
+                           notes=tuple(notes), objective=objective, contiguous=contiguous)
     activation = _activation_bytes(problem)
     deadline = began + time_limit_s
     status, cp_objective, cpsat_schedule = "NOT_RUN", None, None
@@ -231,7 +240,8 @@ def solve(
                              contiguous=contiguous, hint=best[1] if best else None,
                              activation_bytes=activation, nogoods=nogoods,
                              workers=1 if deterministic else workers, seed=seed,
-                             deterministic=deterministic)
+                             deterministic=deterministic,
+                             known_bound_s=lower_bound_s(problem, objective))
         status, cp_objective = result.status, result.objective_s
         offset = time.perf_counter() - began - result.wall_s
         progress.extend((offset + t, obj, b) for t, obj, b in result.progress)

@@ -165,6 +165,7 @@ def solve_cpsat(
     workers: int | None = None,
     seed: int = 0,
     deterministic: bool = False,
+    known_bound_s: float = 0.0,
 ) -> CpSatResult:
     """Minimise ``objective`` (``latency``: the makespan; ``throughput``: the largest per-device
     load) of ``problem`` with CP-SAT within ``time_limit_s``.
@@ -175,7 +176,8 @@ def solve_cpsat(
     may not all run on that device (the caller adds one when the simulator finds such a set
     overflowing). With ``deterministic``, ``time_limit_s`` is in CP-SAT's deterministic seconds
     (a work count, about a second each on a laptop core), so one worker with a fixed ``seed``
-    stops at the same point on every run.
+    stops at the same point on every run. ``known_bound_s`` is a lower bound proven elsewhere:
+    CP-SAT stops as soon as it reaches it.
     """
     graph, cluster = problem.graph, problem.cluster
     devices = list(cluster.names)
@@ -226,6 +228,8 @@ def solve_cpsat(
         goal, start = _add_schedule(model, problem, x, hint, hinted, quantum)
         # Rounding adds less than one quantum per duration and delay; a path has fewer than 2n.
         slack = 0 if exact else 2 * len(nodes)
+    if known_bound_s > 0:
+        model.add(goal >= max(0, math.ceil(known_bound_s / quantum - 1e-6) - slack))
     model.minimize(goal)
 
     # --- solve
