@@ -310,3 +310,35 @@ def test_contiguous_dp_is_the_best_contiguous_split_of_a_chain(p, objective):
     value = max(per_device.values()) if objective == "throughput" else sum(per_device.values())
     assert value == pytest.approx(brute, rel=1e-9, abs=1e-12)
     _check(p, placement)
+
+
+def test_group_dp_loads_match_the_simulator_and_brute_force():
+    # A training-like graph: forward f0 -> f1 -> f2, backward b2 -> b1 -> b0, fi -> bi, and
+    # (fi, bi) share a parameter. contiguous_dp cannot cut it at all (f0 and b0 are at the two
+    # ends of every topological order); group_dp cuts between layers.
+    from autoplace.simulate import loads
+    from autoplace.solve.stages import _segment_comm, group_dp
+
+    times = {"f0": 3, "f1": 2, "f2": 4, "b2": 5, "b1": 3, "b0": 4}
+    edges = [("f0", "f1", 100), ("f1", "f2", 100), ("f2", "b2", 100), ("b2", "b1", 100),
+             ("b1", "b0", 100), ("f0", "b0", 100), ("f1", "b1", 100)]
+    p = zoo.problem([(n, t, 0) for n, t in times.items()], edges, zoo.cluster(3),
+                    colocate=(("f0", "b0"), ("f1", "b1"), ("f2", "b2")))
+    groups = [("f0", "b0"), ("f1", "b1"), ("f2", "b2")]
+    comm = _segment_comm(p, groups)
+    best = math.inf
+    for cuts in itertools.combinations_with_replacement(range(4), 2):
+        bounds = (0, *cuts, 3)
+        device_of = {v: f"d{t}" for t in range(3) for g in groups[bounds[t]:bounds[t + 1]]
+                     for v in g}
+        load = loads(p, device_of)
+        for t in range(3):
+            seg = groups[bounds[t]:bounds[t + 1]]
+            if seg:
+                compute = sum(times[v] for g in seg for v in g)
+                assert load[f"d{t}"] == pytest.approx(compute + comm[bounds[t], bounds[t + 1]])
+        best = min(best, max(load.values()))
+    placement = group_dp(p, "throughput")
+    assert placement is not None
+    assert max(loads(p, placement.device_of).values()) == pytest.approx(best)
+    assert best < sum(times.values())  # a real split, unlike contiguous_dp's

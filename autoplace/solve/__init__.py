@@ -9,8 +9,9 @@ the analytic bounds and the first CP-SAT run's own (later runs carry cuts, so th
 bounds of the real problem); a CP-SAT bound above a plan the simulator accepts is dropped.
 
 Baselines (``HEURISTICS``, each also a CP-SAT hint): accelerate-style sequential and balanced
-fill, insertion-based HEFT, Baechi's memory-aware m-ETF and m-SCT, and the exact dynamic program
-over contiguous splits of a topological order. Solvers are chosen by name (``SOLVERS``);
+fill, insertion-based HEFT, Baechi's memory-aware m-ETF and m-SCT, the exact dynamic program
+over contiguous splits of a topological order, and its variant over colocation groups (pipeline
+stages of training graphs). Solvers are chosen by name (``SOLVERS``);
 ``cpsat`` is the default, the others return the corresponding heuristic's plan.
 """
 
@@ -28,6 +29,7 @@ from autoplace.solve.bounds import check_memory, lower_bound_s
 from autoplace.solve.cpsat import TIME_QUANTUM_S, solve_cpsat
 from autoplace.solve.heuristics import heft, sequential_fill, single_device
 from autoplace.solve.partition import balanced_fill, contiguous_dp
+from autoplace.solve.stages import stage_dp
 
 __all__ = [
     "DEFAULT_TIME_LIMIT_S",
@@ -53,6 +55,7 @@ HEURISTICS: dict[str, Callable[[Problem, str], Placement | None]] = {
     "m-etf": lambda p, _: m_etf(p),
     "m-sct": lambda p, _: m_sct(p),
     "contiguous-dp": contiguous_dp,
+    "stage-dp": stage_dp,
 }
 SOLVERS = ("cpsat", *sorted([*HEURISTICS, "single-device"]))
 _MEMORY_ROUNDS = 3

@@ -1,0 +1,137 @@
+"""The Tarnawski et al. (NeurIPS 2020) DNN graphs, scored with the authors' two rules.
+
+    python benchmarks/tarnawski.py            # -> benchmarks/results/tarnawski2020.md
+    python benchmarks/tarnawski.py --only bert24 --time-limit 20 --out /tmp/t.md
+
+Throughput inputs: autoplace's plan (objective ``throughput``), once with contiguous stages and
+once without, scored by the authors' max-load rule next to their dynamic program's contiguous
+optimum. Latency inputs: autoplace's plan (objective ``latency`` under the project's simulator,
+with contiguous stages, which the authors' latency rule needs) scored by the authors' latency
+rule next to their greedy; both splits are also simulated by the project's simulator. The
+authors' reference values are first recomputed from their split files with the same scorers
+(``benchdata.max_load`` / ``benchdata.latency``), which checks the scorers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import benchdata  # noqa: E402
+
+from autoplace.simulate import simulate  # noqa: E402
+from autoplace.solve import solve  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _inputs(kind: str, only: str | None) -> list[Path]:
+    base = benchdata.benchdata_dir() / "tarnawski2020" / f"{kind}-inputs"
+    paths = sorted(base.glob("*/*.json"))
+    return [p for p in paths if only is None or only.lower() in str(p).lower()]
+
+
+def _reference(prefix: str, path: Path) -> Path | None:
+    directory = benchdata.benchdata_dir() / "tarnawski2020" / "reference-splits"
+    want = f"{prefix}_{path.parent.name}_{path.stem}.json".lower()
+    return next((p for p in directory.glob("*.json") if p.name.lower() == want), None)
+
+
+def _solve(data: benchdata.TarnawskiInput, objective: str, contiguous: bool,
+           time_limit_s: float, workers: int) -> tuple[benchdata.Assignment, object, float]:
+    problem = benchdata.tarnawski_problem(data)
+    began = time.perf_counter()
+    result = solve(problem, objective=objective, contiguous=contiguous,
+                   time_limit_s=time_limit_s, workers=workers)
+    return benchdata.assignment_of(result.schedule.placement), result, time.perf_counter() - began
+
+
+def throughput(paths: list[Path], time_limit_s: float, workers: int) -> list[str]:
+    lines = ["## Throughput inputs (max-load, lower is better)", "",
+             "| input | nodes | DP (contiguous optimum), recomputed | autoplace contiguous "
+             "| autoplace any split | proven lower bound | status (contiguous / any) "
+             "| time s (contiguous / any) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for path in paths:
+        data = benchdata.load_tarnawski(path)
+        ref = _reference("throughput-dp", path)
+        dp = benchdata.max_load(data, benchdata.load_split(ref).assignment) if ref else None
+        rows = []
+        for contiguous in (True, False):
+            assignment, result, wall = _solve(data, "throughput", contiguous, time_limit_s,
+                                              workers)
+            rows.append((benchdata.max_load(data, assignment), result, wall))
+            print(f"{path.parent.name}/{path.stem} contiguous={contiguous}: "
+                  f"{rows[-1][0]:.4f} (DP {dp}) {result.solver.status} {wall:.1f} s", flush=True)
+        (c_load, c_res, c_wall), (a_load, a_res, a_wall) = rows
+        verdict = "" if dp is None or c_load <= dp * (1 + 1e-9) else " (worse than DP)"
+        lines.append(
+            f"| {path.parent.name} {path.stem} | {len(data.nodes)} | "
+            f"{'not finished by the authors' if dp is None else f'{dp:.3f}'} | "
+            f"{c_load:.3f}{verdict} | {a_load:.3f} | "
+            f"{max(c_res.lower_bound_s, 0):.3f} | {c_res.solver.status} / {a_res.solver.status} "
+            f"| {c_wall:.1f} / {a_wall:.1f} |")
+    return lines
+
+
+def latency(paths: list[Path], time_limit_s: float, workers: int) -> list[str]:
+    lines = ["## Latency inputs (one sample, lower is better)", "",
+             "| input | nodes | greedy, authors' rule (recomputed) | autoplace, authors' rule "
+             "| greedy, project simulator | autoplace, project simulator | status | time s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for path in paths:
+        data = benchdata.load_tarnawski(path)
+        problem = benchdata.tarnawski_problem(data)
+        ref = _reference("latency-greedy", path)
+        greedy = benchdata.load_split(ref).assignment if ref else None
+        assignment, result, wall = _solve(data, "latency", True, time_limit_s, workers)
+        ours = benchdata.latency(data, assignment)
+        theirs = benchdata.latency(data, greedy) if greedy else None
+        theirs_sim = (simulate(problem, benchdata.placement_of(greedy)).makespan_s
+                      if greedy else None)
+        print(f"{path.parent.name}/{path.stem}: {ours:.4f} (greedy {theirs}) "
+              f"{result.solver.status} {wall:.1f} s", flush=True)
+        verdict = "" if theirs is None or ours <= theirs * (1 + 1e-9) else " (worse than greedy)"
+        lines.append(
+            f"| {path.parent.name} {path.stem} | {len(data.nodes)} | "
+            f"{'—' if theirs is None else f'{theirs:.3f}'} | {ours:.3f}{verdict} | "
+            f"{'—' if theirs_sim is None else f'{theirs_sim:.3f}'} | "
+            f"{result.schedule.makespan_s:.3f} | {result.solver.status} | {wall:.1f} |")
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", help="only inputs whose path contains this text")
+    parser.add_argument("--time-limit", type=float, default=60.0)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" /
+                                             "tarnawski2020.md"))
+    args = parser.parse_args()
+    lines = ["# Tarnawski et al. (NeurIPS 2020) DNN graphs", "",
+             f"Measured {datetime.date.today().isoformat()} on {platform.machine()} "
+             f"({os.cpu_count()} cores), Python {platform.python_version()}; time limit "
+             f"{args.time_limit:g} s per solve. Command: `python benchmarks/tarnawski.py"
+             f"{' --only ' + args.only if args.only else ''}"
+             f"{' --time-limit %g' % args.time_limit if args.time_limit != 60 else ''}`. "
+             "Times are in the inputs' units; both rules are the authors' "
+             "(../shared/benchdata/README.md).", ""]
+    lines += throughput(_inputs("throughput", args.only), args.time_limit, args.workers)
+    lines += [""]
+    lines += latency(_inputs("latency", args.only), args.time_limit, args.workers)
+    text = "\n".join(lines) + "\n"
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
