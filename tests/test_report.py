@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from html.parser import HTMLParser
 from typing import Any
 
@@ -25,10 +26,12 @@ from autoplace.report import (
     format_bytes,
     format_seconds,
     load_schema,
+    overview,
     render_html,
     summary_text,
     validate_plan_dict,
 )
+from autoplace.report.page import plotly_js
 
 GIB = 2**30
 MIB = 2**20
@@ -280,84 +283,200 @@ def test_node_on_unknown_device_fails() -> None:
 # --- HTML --------------------------------------------------------------------------------------
 
 
-def test_page_has_the_charts_by_id() -> None:
-    tree = parse(render_html(make_plan()))
-    for element_id in ("timeline", "memory", "baselines"):
+def figures(page: str) -> dict[str, dict[str, Any]]:
+    """The plotly figures a page embeds, by the id of the element each is drawn in."""
+    blocks = re.findall(r'<script type="application/json" data-chart="([^"]+)">(.*?)</script>',
+                        page, re.S)
+    return {chart: json.loads(body) for chart, body in blocks}
+
+
+def test_page_has_the_sections_and_charts_by_id() -> None:
+    page = render_html(make_plan())
+    tree = parse(page)
+    for element_id in ("summary", "timeline", "memory", "memory-peak", "comparison",
+                       "baselines", "modules", "devices"):
         tree.by_id(element_id)
+    assert set(figures(page)) == {"timeline", "memory", "memory-peak", "comparison"}
 
 
-def test_timeline_has_one_bar_per_node_and_a_lane_per_device() -> None:
+def test_timeline_has_one_bar_per_node_a_lane_per_device_and_the_transfer() -> None:
     plan = make_plan()
-    tree = parse(render_html(plan))
-    bars = [
-        e
-        for e in tree.find(tag="rect", within_id="timeline")
-        if any(a["attrs"].get("class") == "node" for a in e["ancestors"])
-    ]
-    assert len(bars) == len(plan["nodes"])
-    titles = [e["text"] for e in tree.find(tag="title", within_id="timeline")]
-    for n in plan["nodes"]:
-        assert any(t.startswith(n["name"] + "\n") for t in titles)
-    lane_text = " ".join(e["text"] for e in tree.find(tag="text", within_id="timeline"))
-    assert "cuda:0" in lane_text and "cuda:1" in lane_text
-    transfers = [
-        g for g in tree.find(tag="g", within_id="timeline") if g["attrs"]["class"] == "transfer"
-    ]
-    assert len(transfers) == 1
+    fig = figures(render_html(plan))["timeline"]
+    bars = [t for t in fig["data"] if t["type"] == "bar"]
+    assert [t["name"] for t in bars] == ["cuda:0", "cuda:1"]
+    assert sum(len(t["base"]) for t in bars) == len(plan["nodes"])
+    hover = [row[0] for t in bars for row in t["customdata"]]
+    assert sorted(hover) == sorted(n["name"] for n in plan["nodes"])
+    assert "module" in bars[0]["hovertemplate"] and "ops" in bars[0]["hovertemplate"]
+    assert "cuda:0" in fig["layout"]["yaxis"]["ticktext"][0]
+    (transfer,) = [t for t in fig["data"] if "transfer" in t["name"]]
+    assert transfer["name"] == "critical transfer"  # b1's output is what merge waits for
+    # One segment, from b1's end on cuda:1 (lane 1) to its arrival on cuda:0 (lane 0), in ms.
+    assert transfer["x"][:2] == pytest.approx([2.5, (2.5e-3 + LATENCY + 4 * MIB / BANDWIDTH)
+                                               * 1e3])
+    assert transfer["y"][0] > transfer["y"][1]
 
 
 def test_parallel_branches_overlap_in_time_on_different_lanes() -> None:
-    tree = parse(render_html(make_plan()))
-    bars = {}
-    for g in tree.find(tag="g", within_id="timeline"):
-        if g["attrs"].get("class") != "node":
-            continue
-        (rect,) = [e for e in tree.elements if e["tag"] == "rect" and g in e["ancestors"]]
-        bars[g["text"].split("\n")[0]] = rect["attrs"]
-    a1, b1 = bars["a1"], bars["b1"]
-    assert a1["y"] != b1["y"]
-    assert float(a1["x"]) == float(b1["x"])  # both start at t = 0, side by side
+    fig = figures(render_html(make_plan()))["timeline"]
+    start = {}
+    for t in fig["data"]:
+        if t["type"] == "bar":
+            for name, y, base in zip((r[0] for r in t["customdata"]), t["y"], t["base"]):
+                start[name] = (y, base)
+    assert start["a1"][0] != start["b1"][0]
+    assert start["a1"][1] == start["b1"][1] == 0  # both start at t = 0, side by side
+
+
+def test_critical_path_is_highlighted_on_the_timeline() -> None:
+    fig = figures(render_html(make_plan()))["timeline"]
+    edged = {}
+    for t in fig["data"]:
+        if t["type"] == "bar":
+            for row, width in zip(t["customdata"], t["marker"]["line"]["width"]):
+                edged[row[0]] = width > 1
+    assert edged == {"a1": False, "b1": True, "merge": True, "head": True}
+    assert any(t["name"] == "critical path" for t in fig["data"])
 
 
 def test_page_is_self_contained() -> None:
     page = render_html(make_plan())
     tree = parse(page)
-    assert "http://" not in page and "https://" not in page
-    assert not [e for e in tree.find(tag="script") if "src" in e["attrs"]]
+    scripts = tree.find(tag="script")
+    assert scripts and not [e for e in scripts if "src" in e["attrs"]]
     assert not tree.find(tag="link")
     assert not tree.find(tag="img")
+    assert not tree.find(tag="iframe")
     assert tree.find(tag="style")
+    assert page.count(plotly_js()) == 1  # the library itself, once
 
 
 def test_text_from_the_plan_is_escaped() -> None:
     plan = make_plan()
     plan["nodes"][0]["module"] = "<evil>"
+    plan["nodes"][1]["name"] = "</script><script>alert(2)</script>"
+    for e in plan["edges"] + plan["transfers"]:
+        if e["src"] == "b1":
+            e["src"] = plan["nodes"][1]["name"]
     plan["model"] = 'x"><script>alert(1)</script>'
     page = render_html(plan)
-    assert "<evil>" not in page
-    assert "&lt;evil&gt;" in page
+    assert "<evil>" not in page and "alert(1)</script>" not in page
+    assert "alert(2)</script>" not in page
     tree = parse(page)
     assert not tree.find(tag="evil")
-    assert not tree.find(tag="script")
-    codes = [e["text"] for e in tree.find(tag="code")]
-    assert "<evil>" in codes  # shown to the reader as written
+    # Only the page's own scripts: the chart data blocks, plotly.js and the page script.
+    scripts = tree.find(tag="script")
+    assert len(scripts) == len(figures(page)) + 2
+    labels = [e["text"] for e in tree.find(tag="td", within_id="modules")]
+    assert any("<evil>" in text for text in labels)  # shown to the reader as written
+    fig = figures(page)["timeline"]
+    assert any("&lt;evil&gt;" in str(t.get("customdata")) for t in fig["data"])
 
 
 def test_baselines_table_has_a_row_per_baseline_and_the_plan() -> None:
     plan = make_plan()
-    tree = parse(render_html(plan))
+    page = render_html(plan)
+    tree = parse(page)
     rows = tree.find(tag="tr", within_id="baselines")
     body_rows = [r for r in rows if not any(a["tag"] == "thead" for a in r["ancestors"])]
     assert len(body_rows) == len(plan["baselines"]) + 1
     text = " ".join(r["text"] for r in body_rows)
     assert "1.45×" in text  # single:cuda:0, 5.8 ms against the plan's 4.0 ms
+    comparison = figures(page)["comparison"]
+    makespans = comparison["data"][0]
+    # greedy_memory could not be scheduled: only the plan and two baselines have a bar.
+    assert makespans["y"] == ["autoplace plan", "single:cuda:0", "round_robin"]
 
 
-def test_memory_section_has_a_bar_and_curve_per_device() -> None:
+def test_summary_gives_speedup_over_each_baseline_bound_gap_and_costs() -> None:
     tree = parse(render_html(make_plan()))
-    svgs = tree.find(tag="svg", within_id="memory")
-    assert len(svgs) == 4
-    assert len(tree.find(tag="polyline", within_id="memory")) == 2
+    summary = tree.by_id("summary")["text"]
+    assert "1.45×" in summary and "round_robin 1.53×" in summary
+    assert "3.60 ms" in summary and "gap 10.0%" in summary
+    assert "OPTIMAL" in summary and "420 ms" in summary
+    assert "analytic" in summary
+
+
+def test_cost_sources_are_counted_and_default_to_analytic() -> None:
+    plan = make_plan()
+    plan["nodes"][0]["cost_source"] = "measured"
+    del plan["nodes"][1]["cost_source"]
+    assert overview(plan).costs_text == "3 analytic, 1 measured"
+    plan["nodes"][0]["cost_source"] = "analytic"
+    assert overview(plan).costs_text == "analytic"
+
+
+def test_memory_chart_has_a_curve_and_a_capacity_line_per_device() -> None:
+    fig = figures(render_html(make_plan()))["memory"]
+    curves = [t for t in fig["data"] if not t["name"].endswith("capacity")]
+    caps = [t for t in fig["data"] if t["name"].endswith("capacity")]
+    assert [t["name"] for t in curves] == ["cuda:0", "cuda:1"]
+    # The axis is in MiB, the unit of the peaks (capacity is far above them).
+    assert len(caps) == 2 and caps[0]["y"] == [40 * 1024, 40 * 1024]
+    assert curves[0]["line"]["shape"] == "hv"
+    assert curves[0]["y"] == pytest.approx([772, 776, 780, 780])  # three steps, held to the end
+    assert curves[0]["x"][-1] == pytest.approx(4.0)  # ms
+    buttons = fig["layout"]["updatemenus"][0]["buttons"]
+    assert [b["label"] for b in buttons] == ["zoom to usage", "show capacity"]
+
+
+def test_solver_progress_is_charted_when_recorded_and_noted_when_not() -> None:
+    plan = make_plan()
+    page = render_html(plan)
+    assert "progress" not in figures(page)
+    assert parse(page).by_id("progress-missing")["text"] == "solver progress not recorded"
+    plan["solver"]["progress"] = [
+        {"t_s": 0.01, "objective_s": None, "bound_s": 3.0e-3},
+        {"t_s": 0.05, "objective_s": 4.4e-3, "bound_s": 3.4e-3},
+        {"t_s": 0.30, "objective_s": 4.0e-3, "bound_s": 3.6e-3},
+    ]
+    fig = figures(render_html(plan))["progress"]
+    by_name = {t["name"]: t for t in fig["data"]}
+    assert by_name["best solution"]["y"][:2] == pytest.approx([4.4, 4.0])  # ms
+    assert by_name["proven bound"]["y"][:3] == pytest.approx([3.0, 3.4, 3.6])
+    assert by_name["best solution"]["x"][-1] == pytest.approx(0.42)  # held to the solver's end
+
+
+def test_whatif_table_lists_every_device_count() -> None:
+    plan = make_plan()
+    assert parse(render_html(plan)).by_id("whatif-missing")
+    plan["whatif"] = [
+        {"devices": ["cuda:0"], "makespan_s": 5.8e-3, "status": "OPTIMAL", "detail": ""},
+        {"devices": ["cuda:0", "cuda:1"], "makespan_s": 4.0e-3, "status": "OPTIMAL",
+         "detail": "the plan"},
+    ]
+    validate_plan_dict(plan)
+    tree = parse(render_html(plan))
+    rows = [r["text"] for r in tree.find(tag="tr", within_id="whatif")][1:]
+    assert len(rows) == 2
+    assert "5.80 ms" in rows[0] and "1.00x" in rows[0]
+    assert "4.00 ms" in rows[1] and "1.45x" in rows[1]
+
+
+def test_whatif_row_that_does_not_fit_says_so() -> None:
+    plan = make_plan()
+    plan["whatif"] = [
+        {"devices": ["cuda:0"], "makespan_s": None, "status": "INFEASIBLE",
+         "detail": "needs 41.2 GiB, cuda:0 has 40.0 GiB"},
+        {"devices": ["cuda:0", "cuda:1"], "makespan_s": 4.0e-3, "status": "OPTIMAL"},
+    ]
+    validate_plan_dict(plan)
+    rows = [r["text"] for r in parse(render_html(plan)).find(tag="tr", within_id="whatif")]
+    assert "does not fit" in rows[1] and "needs 41.2 GiB" in rows[1]
+    assert "n/a" in rows[2]  # no speed-up over a row that has no makespan
+
+
+def test_module_tree_rolls_time_and_bytes_up_and_is_searchable() -> None:
+    page = render_html(make_plan())
+    tree = parse(page)
+    assert tree.by_id("module-search")["tag"] == "input"
+    rows = [r for r in tree.find(tag="tr", within_id="modules") if "data-key" in r["attrs"]]
+    root = rows[0]["attrs"]
+    assert root["data-label"] == "TwoBranch" and root["data-nodes"] == "4"
+    assert float(root["data-time"]) == pytest.approx(5.8e-3)
+    assert int(root["data-params"]) == 4 * 256 * MIB + 256 * MIB  # b1 has 512 MiB
+    headers = [th["attrs"].get("data-sort") for th in tree.find(tag="th", within_id="modules")]
+    assert {"tree", "devices", "time", "params", "output"} <= set(headers)
 
 
 def test_page_renders_without_optional_fields() -> None:
@@ -369,8 +488,11 @@ def test_page_renders_without_optional_fields() -> None:
     plan["best_single_device"] = {"device": None, "makespan_s": None}
     plan["speedup_over_single"] = None
     plan["solver"]["gap"] = None
-    tree = parse(render_html(plan))
-    tree.by_id("timeline")
+    page = render_html(plan)
+    parse(page).by_id("timeline")
+    # Without a stored timeline the memory curve comes from re-simulating the placement.
+    curve = figures(page)["memory"]["data"][0]
+    assert len(curve["y"]) > 2
     assert "n/a" in summary_text(plan)
 
 
@@ -388,17 +510,23 @@ def test_page_for_200_nodes_stays_small() -> None:
         )  # fmt: skip
         nodes.append(n)
     plan["nodes"] = nodes
+    plan["edges"] = []
+    plan["transfers"] = []
     plan["makespan_s"] = 100 * 1e-4
     plan["memory"]["cuda:0"]["timeline"] = [[i * 1e-5, 2**30 + i * 4096] for i in range(1000)]
     page = render_html(plan)
-    assert len(page.encode("utf-8")) < 1_000_000
-    tree = parse(page)
-    bars = [
-        e
-        for e in tree.find(tag="rect", within_id="timeline")
-        if any(a["attrs"].get("class") == "node" for a in e["ancestors"])
-    ]
-    assert len(bars) == 200
+    assert len(page.encode("utf-8")) - len(plotly_js().encode("utf-8")) < 1_000_000
+    bars = [t for t in figures(page)["timeline"]["data"] if t["type"] == "bar"]
+    assert sum(len(t["base"]) for t in bars) == 200
+
+
+def test_vendored_plotly_matches_the_python_package() -> None:
+    # The figures are built with the Python package and drawn by the vendored bundle: the two
+    # must speak the same plotly.js major version.
+    from plotly.offline import get_plotlyjs_version
+
+    vendored = re.search(r"plotly\.js \(basic - minified\) v(\d+)\.", plotly_js()[:300])
+    assert vendored and vendored.group(1) == get_plotlyjs_version().split(".")[0]
 
 
 # --- text --------------------------------------------------------------------------------------

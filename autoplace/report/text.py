@@ -1,0 +1,136 @@
+"""The terminal summary: ``rich`` tables for a person at a terminal, and the same tables as
+plain text for ``summary.txt``.
+
+``summary_renderable`` builds the tables from ``analysis.overview``; ``print_summary`` prints
+them (in colour on a terminal), ``summary_text`` returns them as plain text.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping
+from typing import Any
+
+from autoplace.report.analysis import Overview, overview
+from autoplace.report.units import format_bytes, format_ratio, format_seconds, format_share
+
+__all__ = ["print_summary", "summary_renderable", "summary_text"]
+
+
+def speedup_text(ov: Overview) -> str:
+    if ov.speedup_over_single is None or ov.best_single_device is None:
+        return "n/a (the model fits no single device)"
+    return (f"{format_ratio(ov.speedup_over_single)} over the best single device "
+            f"({ov.best_single_device}, {format_seconds(ov.best_single_s)})")
+
+
+def gap_text(ov: Overview) -> str:
+    return "gap unknown" if ov.gap is None else f"gap {ov.gap:.1%}"
+
+
+def solver_text(ov: Overview) -> str:
+    solver = ov.solver
+    limit = solver.get("time_limit_s")
+    limit_text = f" (limit {format_seconds(limit)})" if limit else ""
+    return (f"{solver['name']}: {solver['status']} in {format_seconds(solver['wall_s'])}"
+            f"{limit_text}")
+
+
+def critical_text(ov: Overview) -> str:
+    nodes = sum(1 for s in ov.critical_path if s.kind == "node")
+    transfers = len(ov.critical_path) - nodes
+    idle = ov.makespan_s - ov.critical_compute_s - ov.critical_transfer_s
+    idle = idle if idle > 1e-6 * ov.makespan_s else 0.0  # rounding, not waiting
+    return (f"{nodes} node{'s' if nodes != 1 else ''} ({format_seconds(ov.critical_compute_s)})"
+            f", {transfers} transfer{'s' if transfers != 1 else ''} "
+            f"({format_seconds(ov.critical_transfer_s)}), idle {format_seconds(idle)}")
+
+
+def verification_text(ov: Overview) -> str | None:
+    verification = ov.verification
+    if not verification:
+        return None
+    diff = verification.get("max_abs_diff")
+    return verification["status"] + (f", max |diff| {diff:.3g}" if diff is not None else "")
+
+
+def summary_renderable(plan: Mapping[str, Any]) -> Any:
+    """The summary as a group of ``rich`` tables."""
+    from rich import box
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    ov = overview(plan)
+    facts = Table.grid(padding=(0, 2))
+    facts.add_column(style="dim", no_wrap=True)
+    facts.add_column()
+    facts.add_row("devices", f"{', '.join(d['name'] for d in ov.devices)} ({ov.devices_text})")
+    facts.add_row("makespan", Text(format_seconds(ov.makespan_s), style="bold"))
+    if ov.value_label != "makespan":
+        facts.add_row(ov.value_label, Text(format_seconds(ov.value_s), style="bold"))
+    facts.add_row("speed-up", speedup_text(ov))
+    facts.add_row("lower bound", f"{format_seconds(ov.lower_bound_s)} ({gap_text(ov)})")
+    facts.add_row("solver", solver_text(ov))
+    facts.add_row("costs", ov.costs_text)
+    facts.add_row("critical path", critical_text(ov))
+    verified = verification_text(ov)
+    if verified:
+        style = {"passed": "green", "failed": "bold red"}.get(ov.verification["status"], "")
+        facts.add_row("verification", Text(verified, style=style))
+
+    def table(title: str, *columns: str) -> Table:
+        t = Table(title=title, title_justify="left", title_style="bold", box=box.SIMPLE_HEAD,
+                  pad_edge=False)
+        for i, name in enumerate(columns):
+            t.add_column(name, justify="right" if i else "left", no_wrap=True)
+        return t
+
+    memory = table("memory", "device", "peak / capacity", "parameters")
+    for m in ov.memory:
+        over = "  OVER CAPACITY" if m["over"] else ""
+        memory.add_row(m["device"], Text(
+            f"{format_bytes(m['peak_bytes'])} / {format_bytes(m['capacity_bytes'])} "
+            f"({format_share(m['fraction'])}){over}", style="bold red" if m["over"] else ""),
+            format_bytes(m["resident_bytes"]))
+
+    baselines = table("baselines (same simulator)", "placement", ov.value_label,
+                      "plan's speed-up", "fits memory")
+    baselines.add_row("autoplace plan", format_seconds(ov.value_s), "", "yes", style="bold")
+    for c in ov.comparisons:
+        baselines.add_row(c.name, format_seconds(c.value_s) if c.value_s is not None
+                          else "not scheduled",
+                          format_ratio(c.speedup),
+                          "yes" if c.feasible else "no")
+    parts: list[Any] = [
+        Text(f"autoplace plan for {ov.model} (objective: {ov.objective})", style="bold"),
+        facts, Text(""), memory, baselines]
+    if ov.whatif is not None:
+        whatif = table("what-if: the first k devices", "devices", "makespan", "speed-up",
+                       "status")
+        for row in ov.whatif:
+            whatif.add_row(f"{len(row.devices)}: {', '.join(row.devices)}",
+                           format_seconds(row.makespan_s) if row.makespan_s is not None
+                           else "does not fit", format_ratio(row.speedup_over_first),
+                           row.status, style="bold" if row.is_plan else "")
+        parts.append(whatif)
+    for note in ov.notes:
+        parts.append(Text(f"note: {note}", style="dim"))
+    return Group(*parts)
+
+
+def print_summary(plan: Mapping[str, Any], *, console: Any = None) -> None:
+    """Print the summary to the terminal (plain text when stdout is not a terminal)."""
+    from rich.console import Console
+
+    (console or Console(highlight=False)).print(summary_renderable(plan))
+
+
+def summary_text(plan: Mapping[str, Any], *, width: int = 100) -> str:
+    """The summary as plain text, ``width`` columns wide (what ``summary.txt`` holds)."""
+    from rich.console import Console
+
+    console = Console(file=io.StringIO(), width=width, record=True, color_system=None,
+                      highlight=False)
+    console.print(summary_renderable(plan))
+    return "\n".join(line.rstrip() for line in console.export_text().splitlines()).strip("\n")

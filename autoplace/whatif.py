@@ -1,0 +1,71 @@
+"""What if the plan had fewer devices: the makespan on the first 1, 2, ... of the given devices.
+
+Each prefix of the cluster's device list is a smaller ``Problem`` (same graph, the devices and
+links among them, their costs) solved again with a short time limit, so a row is the best plan
+that quick solve found: an upper bound on what those devices can do. The full device set reuses
+the plan itself. A prefix the model does not fit gives ``makespan_s`` ``None`` and the reason.
+
+The rows go into ``plan.json`` as ``whatif`` (``[{"devices", "makespan_s", "status", "detail",
+"wall_s"}]``) for the report's what-if table.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from autoplace.errors import AutoplaceError
+from autoplace.ir import Cluster, Costs, Problem
+from autoplace.solve import SolveResult, solve
+
+__all__ = ["WHATIF_TIME_LIMIT_S", "restrict", "whatif_table"]
+
+# Per re-solve; the rows are a rough guide, not a second full solve per device count.
+WHATIF_TIME_LIMIT_S = 1.0
+
+
+def restrict(problem: Problem, devices: tuple[str, ...]) -> Problem:
+    """``problem`` on ``devices`` only (a subset of its cluster's devices)."""
+    keep = set(devices)
+    cluster = problem.cluster
+    sub = Cluster(devices=tuple(d for d in cluster.devices if d.name in keep),
+                  links=tuple(lk for lk in cluster.links if lk.src in keep and lk.dst in keep))
+    costs = Costs(compute_s={node: {d: t for d, t in per_device.items() if d in keep}
+                             for node, per_device in problem.costs.compute_s.items()},
+                  source=problem.costs.source)
+    return Problem(graph=problem.graph, cluster=sub, costs=costs)
+
+
+def whatif_table(
+    problem: Problem,
+    *,
+    full: SolveResult | None = None,
+    solver: str = "cpsat",
+    time_limit_s: float = WHATIF_TIME_LIMIT_S,
+    seed: int = 0,
+) -> tuple[dict[str, Any], ...]:
+    """One row per prefix of ``problem``'s devices, smallest first. ``full``, the result already
+    found for every device, stands in for the last row instead of solving it again."""
+    names = problem.cluster.names
+    rows = []
+    for k in range(1, len(names) + 1):
+        devices = names[:k]
+        began = time.perf_counter()
+        if k == len(names) and full is not None:
+            result, detail = full, "the plan"
+        else:
+            try:
+                result = solve(restrict(problem, devices), solver=solver,
+                               time_limit_s=time_limit_s, seed=seed)
+                detail = ""
+            except AutoplaceError as exc:
+                rows.append({"devices": list(devices), "makespan_s": None,
+                             "status": "INFEASIBLE", "detail": str(exc),
+                             "wall_s": time.perf_counter() - began})
+                continue
+        rows.append({"devices": list(devices), "makespan_s": result.schedule.makespan_s,
+                     "status": result.solver.status, "detail": detail,
+                     "wall_s": result.solver.wall_s if result is full
+                     else time.perf_counter() - began})
+    return tuple(rows)
+
