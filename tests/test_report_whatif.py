@@ -1,0 +1,61 @@
+"""The what-if table: the same problem re-solved on the first 1, 2, ... devices.
+
+fork_join (zoo): a -> {b, c} -> d, b and c 10 s, a and d 1 s, every edge 1 s between devices.
+One device: 22 s; two: 13 s (the branches side by side); a third device cannot help: 13 s.
+chain with 600-byte parameters per node on 1000-byte devices: one or two devices cannot hold the
+1800 bytes (two nodes on one device are 1200), three can (one node each).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import zoo
+
+import autoplace
+from autoplace.report import validate_plan_dict
+from autoplace.solve import solve
+from autoplace.whatif import restrict, whatif_table
+
+
+def test_restrict_keeps_the_first_devices_and_their_links() -> None:
+    problem = zoo.fork_join(zoo.cluster(3))
+    sub = restrict(problem, ("d0", "d1"))
+    assert sub.cluster.names == ("d0", "d1")
+    assert {(lk.src, lk.dst) for lk in sub.cluster.links} == {("d0", "d1"), ("d1", "d0")}
+    assert set(sub.costs.compute_s["a"]) == {"d0", "d1"}
+    assert sub.graph is problem.graph
+
+
+def test_makespan_for_one_two_and_three_devices() -> None:
+    problem = zoo.fork_join(zoo.cluster(3))
+    full = solve(problem, time_limit_s=5)
+    rows = whatif_table(problem, full=full, time_limit_s=2)
+    assert [r["devices"] for r in rows] == [["d0"], ["d0", "d1"], ["d0", "d1", "d2"]]
+    assert [r["makespan_s"] for r in rows] == pytest.approx([22, 13, 13])
+    assert rows[-1]["detail"] == "the plan" and rows[-1]["makespan_s"] == full.schedule.makespan_s
+    assert all(r["status"] in ("OPTIMAL", "FEASIBLE") for r in rows)
+
+
+def test_devices_the_model_does_not_fit_give_no_makespan_and_the_reason() -> None:
+    problem = zoo.chain(zoo.cluster(3), params=600)
+    rows = whatif_table(problem, time_limit_s=2)
+    assert [r["makespan_s"] is None for r in rows] == [True, True, False]
+    assert rows[0]["status"] == "INFEASIBLE" and "byte" in rows[0]["detail"]
+    assert rows[2]["makespan_s"] == pytest.approx(5)  # 3 x 1 s of work, 2 x 1 s of transfers
+
+
+def test_plan_records_the_whatif_rows(tmp_path) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+    plan = autoplace.plan(model, (torch.randn(2, 8),), devices="2xA100-40GB,1xT4",
+                          time_limit_s=2, emit=False)
+    assert [len(r["devices"]) for r in plan.whatif] == [1, 2, 3]
+    plan.save(tmp_path / "out")
+    data = json.loads((tmp_path / "out" / "plan.json").read_text())
+    validate_plan_dict(data)
+    assert data["whatif"][-1]["makespan_s"] == data["makespan_s"]
+    assert (tmp_path / "out" / "summary.md").read_text().count("| 3: cuda:0, cuda:1, cuda:2") == 1
+    assert not autoplace.plan(model, (torch.randn(2, 8),), devices="2xA100-40GB",
+                              time_limit_s=1, emit=False, whatif=False).whatif
