@@ -137,7 +137,8 @@ def plan(
     result = solve(problem, solver=solver, time_limit_s=time_limit_s, seed=seed,
                    objective=objective, contiguous=contiguous, deterministic=deterministic)
     notes += result.notes
-    scaling = whatif_table(problem, full=result, solver=solver, seed=seed,
+    scaling = whatif_table(problem, full=result, solver=solver, seed=seed, objective=objective,
+                           contiguous=contiguous, deterministic=deterministic,
                            time_limit_s=min(WHATIF_TIME_LIMIT_S, time_limit_s / 10)
                            ) if whatif else None
     planned = _plan_of(result, problem, name=name, tracer=traced.tracer,

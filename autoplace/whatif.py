@@ -5,8 +5,9 @@ links among them, their costs) solved again with a short time limit, so a row is
 that quick solve found: an upper bound on what those devices can do. The full device set reuses
 the plan itself. A prefix the model does not fit gives ``makespan_s`` ``None`` and the reason.
 
-The rows go into ``plan.json`` as ``whatif`` (``[{"devices", "makespan_s", "status", "detail",
-"wall_s"}]``) for the report's what-if table.
+The rows go into ``plan.json`` as ``whatif`` (``[{"devices", "makespan_s", "objective_s",
+"status", "detail", "wall_s"}]``, ``objective_s`` being the value under the plan's objective:
+the makespan, or the largest device load) for the report's what-if table.
 """
 
 from __future__ import annotations
@@ -40,12 +41,13 @@ def whatif_table(
     problem: Problem,
     *,
     full: SolveResult | None = None,
-    solver: str = "cpsat",
     time_limit_s: float = WHATIF_TIME_LIMIT_S,
-    seed: int = 0,
+    **solve_options: Any,
 ) -> tuple[dict[str, Any], ...]:
-    """One row per prefix of ``problem``'s devices, smallest first. ``full``, the result already
-    found for every device, stands in for the last row instead of solving it again."""
+    """One row per prefix of ``problem``'s devices, smallest first, each solved with
+    ``solve_options`` (``solver``, ``objective``, ``seed``, ... as ``autoplace.solve.solve``
+    takes them; the plan's own, so the rows compare like with like). ``full``, the result
+    already found for every device, stands in for the last row instead of solving it again."""
     names = problem.cluster.names
     rows = []
     for k in range(1, len(names) + 1):
@@ -55,8 +57,8 @@ def whatif_table(
             result, detail = full, "the plan"
         else:
             try:
-                result = solve(restrict(problem, devices), solver=solver,
-                               time_limit_s=time_limit_s, seed=seed)
+                result = solve(restrict(problem, devices), time_limit_s=time_limit_s,
+                               **solve_options)
                 detail = ""
             except AutoplaceError as exc:
                 rows.append({"devices": list(devices), "makespan_s": None,
@@ -64,6 +66,7 @@ def whatif_table(
                              "wall_s": time.perf_counter() - began})
                 continue
         rows.append({"devices": list(devices), "makespan_s": result.schedule.makespan_s,
+                     "objective_s": result.objective_s,
                      "status": result.solver.status, "detail": detail,
                      "wall_s": result.solver.wall_s if result is full
                      else time.perf_counter() - began})

@@ -77,6 +77,14 @@ def test_overview_of_a_throughput_plan_compares_loads() -> None:
     assert ov.comparisons[0].name == "round_robin"
     assert ov.comparisons[0].speedup == pytest.approx(1.1)
     assert "largest device load" in summary_text(plan)
+    plan["whatif"] = [
+        {"devices": ["cuda:0"], "makespan_s": 5.8e-3, "objective_s": 5.8e-3, "status": "OPTIMAL"},
+        {"devices": ["cuda:0", "cuda:1"], "makespan_s": 4.0e-3, "objective_s": 3.0e-3,
+         "status": "OPTIMAL"}]
+    rows = overview(plan).whatif
+    assert [r.value_s for r in rows] == [5.8e-3, 3.0e-3]
+    assert rows[1].speedup_over_first == pytest.approx(5.8 / 3.0)
+    assert "| 2: cuda:0, cuda:1 | 3.00 ms | 1.93x | OPTIMAL |" in render_markdown(plan)
 
 
 def test_module_tree_is_preorder_in_execution_order_with_rollups() -> None:

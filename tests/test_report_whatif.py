@@ -59,3 +59,13 @@ def test_plan_records_the_whatif_rows(tmp_path) -> None:
     assert (tmp_path / "out" / "summary.md").read_text().count("| 3: cuda:0, cuda:1, cuda:2") == 1
     assert not autoplace.plan(model, (torch.randn(2, 8),), devices="2xA100-40GB",
                               time_limit_s=1, emit=False, whatif=False).whatif
+
+
+def test_rows_follow_the_plans_objective() -> None:
+    # Pipelined, one device carries all 22 s of work; two devices split it (no better than
+    # 11 s each, plus the copies each device sends and receives).
+    problem = zoo.fork_join(zoo.cluster(2))
+    rows = whatif_table(problem, time_limit_s=2, objective="throughput")
+    assert rows[0]["objective_s"] == pytest.approx(22)
+    assert 11 <= rows[1]["objective_s"] < 22
+    assert rows[1]["makespan_s"] >= rows[1]["objective_s"]

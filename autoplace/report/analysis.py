@@ -55,6 +55,7 @@ class WhatIfRow:
     devices: tuple[str, ...]
     types: tuple[str, ...]
     makespan_s: float | None
+    value_s: float | None  # under the plan's objective: the makespan, or the largest load
     status: str
     detail: str
     speedup_over_first: float | None
@@ -146,7 +147,7 @@ def overview(plan: Plan) -> Overview:
             Counter(n.get("cost_source", "analytic") for n in plan["nodes"]).items(),
             key=lambda kv: (-kv[1], kv[0]))),
         memory=tuple(memory), verification=plan.get("verification"),
-        whatif=_whatif_rows(plan), critical_path=tuple(critical_path(plan)),
+        whatif=_whatif_rows(plan, key), critical_path=tuple(critical_path(plan)),
         notes=tuple(plan.get("notes", ())),
     )
 
@@ -165,20 +166,25 @@ def _baseline_key(item: tuple[str, Mapping[str, Any]], key: str) -> tuple[float,
     return (math.inf if value is None else value, item[0])
 
 
-def _whatif_rows(plan: Plan) -> tuple[WhatIfRow, ...] | None:
+def _whatif_rows(plan: Plan, key: str) -> tuple[WhatIfRow, ...] | None:
     rows = plan.get("whatif")
     if rows is None:
         return None
     types = {d["name"]: d["type"] for d in plan["devices"]}
-    first = rows[0].get("makespan_s") if rows else None
     all_devices = [d["name"] for d in plan["devices"]]
+
+    def value(row: Mapping[str, Any]) -> float | None:
+        return row.get("objective_s", row.get("makespan_s")) if key != "makespan_s" \
+            else row.get("makespan_s")
+
+    first = value(rows[0]) if rows else None
     out = []
     for row in rows:
-        makespan = row.get("makespan_s")
+        v = value(row)
         out.append(WhatIfRow(
             devices=tuple(row["devices"]), types=tuple(types.get(d, "?") for d in row["devices"]),
-            makespan_s=makespan, status=row.get("status", ""), detail=row.get("detail", ""),
-            speedup_over_first=first / makespan if first and makespan else None,
+            makespan_s=row.get("makespan_s"), value_s=v, status=row.get("status", ""),
+            detail=row.get("detail", ""), speedup_over_first=first / v if first and v else None,
             is_plan=list(row["devices"]) == all_devices))
     return tuple(out)
 

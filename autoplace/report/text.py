@@ -106,11 +106,11 @@ def summary_renderable(plan: Mapping[str, Any]) -> Any:
         Text(f"autoplace plan for {ov.model} (objective: {ov.objective})", style="bold"),
         facts, Text(""), memory, baselines]
     if ov.whatif is not None:
-        whatif = table("what-if: the first k devices", "devices", "makespan", "speed-up",
+        whatif = table("what-if: the first k devices", "devices", ov.value_label, "speed-up",
                        "status")
         for row in ov.whatif:
             whatif.add_row(f"{len(row.devices)}: {', '.join(row.devices)}",
-                           format_seconds(row.makespan_s) if row.makespan_s is not None
+                           format_seconds(row.value_s) if row.value_s is not None
                            else "does not fit", format_ratio(row.speedup_over_first),
                            row.status, style="bold" if row.is_plan else "")
         parts.append(whatif)
