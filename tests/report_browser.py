@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# The flags DEVELOPERS.md gives for this machine's closed network: no first-run, sync or
-# component-update traffic, no sandbox (tests run as root), no GPU.
+# For a machine with a closed network and no display: no first-run, sync or component-update
+# traffic (each would be refused, many times over), no sandbox (CI runs as root), no GPU.
 CHROMIUM_FLAGS = (
     "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
