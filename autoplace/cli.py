@@ -123,7 +123,7 @@ def _cmd_solve(args: argparse.Namespace) -> int:
     from autoplace.graphfile import load_graph_file
     from autoplace.pipeline import solve_graph
     from autoplace.planfile import check_writable
-    from autoplace.report import summary_text
+    from autoplace.report import print_summary
 
     began = time.perf_counter()
     if args.devices and args.cluster:
@@ -137,7 +137,7 @@ def _cmd_solve(args: argparse.Namespace) -> int:
                          time_limit_s=args.time_limit, solver=args.solver, seed=args.seed,
                          deterministic=args.deterministic)
     result.save(out)
-    print(summary_text(result.to_dict()))
+    print_summary(result.to_dict())
     print(f"wrote {out}/plan.json and the report in {time.perf_counter() - began:.1f} s")
     return 0
 

@@ -20,8 +20,8 @@ groups carries each producer's output once.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from autoplace.ir import Costs, Edge, OpGraph, OpNode
 
@@ -32,10 +32,13 @@ DEFAULT_MAX_NODES = 120
 
 @dataclass(frozen=True)
 class Coarsened:
+    """The coarse graph and costs; ``members[coarse node]`` lists the fine nodes it stands for."""
+
     graph: OpGraph
     costs: Costs
     steps: tuple[str, ...]
     traced_ops: int
+    members: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def _module_key(module: str, depth: int) -> str:
@@ -98,6 +101,7 @@ def _build(graph: OpGraph, costs: Costs, groups: list[list[str]]) -> tuple[OpGra
     names = [members[0] for members in groups]
     used_outside: set[str] = set(graph.outputs)
     edge_bytes: dict[tuple[int, int], dict[str, int]] = {}
+    fixed_s: dict[tuple[int, int], float] = {}
     for e in graph.edges:
         gs, gd = group_of[e.src], group_of[e.dst]
         if gs != gd:
@@ -105,6 +109,9 @@ def _build(graph: OpGraph, costs: Costs, groups: list[list[str]]) -> tuple[OpGra
             # A producer's output crosses to a consumer group once, whatever reads it there.
             per_src = edge_bytes.setdefault((gs, gd), {})
             per_src[e.src] = max(per_src.get(e.src, 0), e.bytes)
+            if e.transfer_s is not None:
+                # Fixed copy times run side by side in the simulator: the longest one counts.
+                fixed_s[(gs, gd)] = max(fixed_s.get((gs, gd), 0.0), e.transfer_s)
 
     nodes = []
     compute_s: dict[str, dict[str, float]] = {}
@@ -132,7 +139,8 @@ def _build(graph: OpGraph, costs: Costs, groups: list[list[str]]) -> tuple[OpGra
         kinds = {costs.source.get(m, "analytic") for m in members}
         source[name] = kinds.pop() if len(kinds) == 1 else "mixed"
     edges = tuple(
-        Edge(src=names[gs], dst=names[gd], bytes=sum(per_src.values()))
+        Edge(src=names[gs], dst=names[gd], bytes=sum(per_src.values()),
+             transfer_s=fixed_s.get((gs, gd)))
         for (gs, gd), per_src in sorted(edge_bytes.items())
     )
     colocate = []
@@ -190,6 +198,8 @@ def coarsen(
         steps.append(f"merged consecutive runs of {size}: {before} -> {len(groups)}")
 
     if len(groups) == n0:
-        return Coarsened(graph=graph, costs=costs, steps=tuple(steps), traced_ops=n0)
+        return Coarsened(graph=graph, costs=costs, steps=tuple(steps), traced_ops=n0,
+                         members={n.name: (n.name,) for n in graph.nodes})
     coarse_graph, coarse_costs = _build(graph, costs, groups)
-    return Coarsened(graph=coarse_graph, costs=coarse_costs, steps=tuple(steps), traced_ops=n0)
+    return Coarsened(graph=coarse_graph, costs=coarse_costs, steps=tuple(steps), traced_ops=n0,
+                     members={g[0]: tuple(g) for g in groups})

@@ -120,7 +120,7 @@ def main() -> int:
              f"({os.cpu_count()} cores), Python {platform.python_version()}; time limit "
              f"{args.time_limit:g} s per solve. Command: `python benchmarks/tarnawski.py"
              f"{' --only ' + args.only if args.only else ''}"
-             f"{' --time-limit %g' % args.time_limit if args.time_limit != 60 else ''}`. "
+             f"{f' --time-limit {args.time_limit:g}' if args.time_limit != 60 else ''}`. "
              "Times are in the inputs' units; both rules are the authors' "
              "(../shared/benchdata/README.md).", ""]
     lines += throughput(_inputs("throughput", args.only), args.time_limit, args.workers)

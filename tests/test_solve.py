@@ -285,3 +285,26 @@ def test_deterministic_runs_give_the_same_plan():
 def test_unknown_objective_is_named():
     with pytest.raises(AutoplaceError, match="unknown objective 'speed'.*latency, throughput"):
         solve(zoo.chain(zoo.cluster(2)), objective="speed")
+
+
+@pytest.mark.parametrize("objective", ["latency", "throughput"])
+def test_large_graphs_coarsen_solve_expand_and_improve(monkeypatch, objective):
+    # Force the large-graph path on a 30-node graph: coarsened to 8 nodes, then local moves.
+    import autoplace.solve as solve_module
+
+    monkeypatch.setitem(solve_module.EXACT_MAX_NODES, objective, 8)
+    n = 30
+    p = zoo.problem([(f"n{i}", 1 + (i * 7) % 5, 10) for i in range(n)],
+                    [(f"n{i}", f"n{j}", 10 * (1 + (i + j) % 3)) for i in range(n)
+                     for j in (i + 3, i + 5) if j < n], zoo.cluster(3, memory_bytes=10_000),
+                    speed={"d1": 2.0})
+    r = solve(p, objective=objective, time_limit_s=5, workers=1)
+    assert validate(p, r.schedule) == []
+    assert r.solver.name == "cpsat (coarsened) + local moves"
+    steps = dict(r.solver.steps)
+    assert any(step.startswith("CP-SAT on") for step in steps)
+    assert r.objective_s == pytest.approx(list(steps.values())[-1])
+    for baseline in r.baselines.values():
+        if baseline is not None and baseline.feasible:
+            assert r.objective_s <= baseline.objective_s(objective) + 1e-9
+    assert r.lower_bound_s <= r.objective_s

@@ -28,6 +28,7 @@ from autoplace.solve.baechi import m_etf, m_sct
 from autoplace.solve.bounds import check_memory, lower_bound_s
 from autoplace.solve.cpsat import TIME_QUANTUM_S, solve_cpsat
 from autoplace.solve.heuristics import heft, sequential_fill, single_device
+from autoplace.solve.large import EXACT_MAX_NODES, coarse_solve, improve
 from autoplace.solve.partition import balanced_fill, contiguous_dp
 from autoplace.solve.stages import stage_dp
 
@@ -69,12 +70,14 @@ class SolverInfo:
     objective_s: float | None
     time_limit_s: float
     progress: tuple[tuple[float, float | None, float], ...] = ()
+    steps: tuple[tuple[str, float], ...] = ()
 
     def to_dict(self) -> dict:
         return {"name": self.name, "status": self.status, "wall_s": self.wall_s,
                 "objective_s": self.objective_s, "time_limit_s": self.time_limit_s,
                 "progress": [{"t_s": t, "objective_s": obj, "bound_s": bound}
-                             for t, obj, bound in self.progress]}
+                             for t, obj, bound in self.progress],
+                "steps": [{"step": step, "objective_s": value} for step, value in self.steps]}
 
 
 @dataclass(frozen=True)
@@ -180,6 +183,54 @@ def _best(schedules: Mapping[str, Schedule | None],
     return name, schedule
 
 
+def _solve_large(problem: Problem, *, objective: str, contiguous: bool, time_limit_s: float,
+                 began: float, baselines: Mapping[str, Schedule | None],
+                 best: tuple[str, Schedule] | None, best_single: str | None, bound: float,
+                 notes: list[str], **cpsat_options) -> SolveResult:
+    """Coarsen, CP-SAT, expand, improve (``large``); every step scored by the simulator."""
+    steps: list[tuple[str, float]] = []
+    if best is not None:
+        steps.append((f"best baseline ({best[0]})", best[1].objective_s(objective)))
+    deterministic = cpsat_options.get("deterministic", False)
+    budget = time_limit_s / 2 if deterministic else max(
+        0.05, (began + time_limit_s - time.perf_counter()) * 0.6)
+    large = coarse_solve(problem, objective=objective, contiguous=contiguous,
+                         hint=best[1] if best else None, time_limit_s=budget,
+                         solve=solve_cpsat, known_bound_s=bound, **cpsat_options)
+    candidates = [s for s in (large.schedule, best[1] if best else None)
+                  if s is not None and s.feasible
+                  and (not contiguous or is_contiguous(problem, s.placement.device_of))]
+    if not candidates:
+        raise InfeasibleError(
+            "no placement within memory was found: every heuristic overflowed a device and "
+            f"CP-SAT on the coarsened graph returned {large.cpsat.status if large.cpsat else '-'}"
+            f" in {time_limit_s:g} s; raise --time-limit, or add devices")
+    steps += large.steps
+    start = min(candidates, key=lambda s: s.objective_s(objective))
+    # Local moves: the rest of the time, or a fixed share of the limit when deterministic (the
+    # moves are deterministic; only how many fit in wall time is not).
+    deadline = (time.perf_counter() + time_limit_s / 2 if deterministic
+                else began + time_limit_s)
+    chosen, moves = improve(
+        problem, start, objective=objective, deadline=deadline,
+        accept=lambda s: s.feasible and (not contiguous
+                                         or is_contiguous(problem, s.placement.device_of)))
+    steps.append((f"local moves on the full graph ({moves} kept)", chosen.objective_s(objective)))
+    notes.append(f"{len(problem.graph.nodes)} nodes are more than the exact model takes "
+                 f"({EXACT_MAX_NODES[objective]}): " + "; ".join(
+                     f"{step}: {value:.6g} s" for step, value in steps))
+    cp = large.cpsat
+    info = SolverInfo(name="cpsat (coarsened) + local moves",
+                      status=cp.status if cp is not None else "NOT_RUN",
+                      wall_s=time.perf_counter() - began,
+                      objective_s=cp.objective_s if cp is not None else None,
+                      time_limit_s=time_limit_s,
+                      progress=cp.progress if cp is not None else (), steps=tuple(steps))
+    return SolveResult(schedule=chosen, solver=info, lower_bound_s=bound, baselines=baselines,
+                       best_single_device=best_single, notes=tuple(notes),
+                       objective=objective, contiguous=contiguous)
+
+
 def solve(
     problem: Problem,
     *,
@@ -229,12 +280,20 @@ def solve(
                            baselines=baselines, best_single_device=best_single,
                            notes=tuple(notes), objective=objective, contiguous=contiguous)
     activation = _activation_bytes(problem)
+    if len(problem.graph.nodes) > EXACT_MAX_NODES[objective]:
+        return _solve_large(problem, objective=objective, contiguous=contiguous,
+                            time_limit_s=time_limit_s, began=began, baselines=baselines,
+                            best=best, best_single=best_single, bound=bound, notes=notes,
+                            activation_bytes=activation, seed=seed,
+                            workers=1 if deterministic else workers,
+                            deterministic=deterministic)
     deadline = began + time_limit_s
     status, cp_objective, cpsat_schedule = "NOT_RUN", None, None
     nogoods: list[tuple[str, frozenset[str]]] = []
     progress: list[tuple[float, float | None, float]] = []
     for round_ in range(_MEMORY_ROUNDS):
-        remaining = deadline - time.perf_counter()
+        # Leave time to simulate and compare the result within the limit.
+        remaining = deadline - time.perf_counter() - 0.1
         if deterministic:
             remaining = time_limit_s / _MEMORY_ROUNDS
         elif remaining <= 0.05:

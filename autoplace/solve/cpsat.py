@@ -179,6 +179,7 @@ def solve_cpsat(
     stops at the same point on every run. ``known_bound_s`` is a lower bound proven elsewhere:
     CP-SAT stops as soon as it reaches it.
     """
+    building = time.perf_counter()
     graph, cluster = problem.graph, problem.cluster
     devices = list(cluster.names)
     nodes = [n.name for n in graph.nodes]
@@ -237,7 +238,9 @@ def solve_cpsat(
     if deterministic:
         solver.parameters.max_deterministic_time = max(time_limit_s, 0.01)
     else:
-        solver.parameters.max_time_in_seconds = max(time_limit_s, 0.01)
+        # The time limit covers building the model too.
+        spent = time.perf_counter() - building
+        solver.parameters.max_time_in_seconds = max(time_limit_s - spent, 0.01)
     solver.parameters.num_workers = workers or max(1, min(8, os.cpu_count() or 1))
     solver.parameters.random_seed = seed
     # OR-Tools 9.15 can certify a wrong optimum through inclusion-detection presolve
@@ -313,10 +316,20 @@ def _add_schedule(model: cp_model.CpModel, problem: Problem, x: Vars, hint: Sche
     horizon = sum(max(duration[n, d] for d in allowed[n]) for n in nodes) + sum(
         max(delay[e.src, e.dst, a, b] for a in allowed[e.src] for b in allowed[e.dst])
         for e in graph.edges)
-    if hint is not None:
-        # The optimum is no later than the hint; rounding each duration and delay up adds less
-        # than one quantum each, and a path has fewer than 2n of them.
-        horizon = min(horizon, _ticks(hint.makespan_s, quantum) + 2 * len(nodes) + 2)
+    hint_start: dict[str, int] = {}
+    if hint is not None and hinted is not None:
+        # Replay the hint in whole ticks (its order on each device, its devices), so that the
+        # hint is a feasible solution of the integer model whatever the rounding.
+        free = dict.fromkeys(devices, 0)
+        for n in sorted(nodes, key=lambda n: (hint.start_s[n], graph.index[n])):
+            d = hinted[n]
+            ready = max((hint_start[e.src] + duration[e.src, hinted[e.src]]
+                         + delay[e.src, n, hinted[e.src], d] for e in graph.in_edges(n)),
+                        default=0)
+            hint_start[n] = max(ready, free[d])
+            free[d] = hint_start[n] + duration[n, d]
+        # The optimum is no later than the hint.
+        horizon = min(horizon, max(free.values()))
 
     start = {n: model.new_int_var(0, horizon, f"start[{n}]") for n in nodes}
     end = {n: model.new_int_var(0, horizon, f"end[{n}]") for n in nodes}
@@ -348,10 +361,9 @@ def _add_schedule(model: cp_model.CpModel, problem: Problem, x: Vars, hint: Sche
                     delay[e.src, e.dst, d1, d2] * x[e.src, d1]
                     for d1 in allowed[e.src] if d1 != d2
                 )).only_enforce_if(x[e.dst, d2])
-    if hint is not None and hinted is not None:
-        for n in nodes:
-            model.add_hint(start[n], _ticks(hint.start_s[n], quantum))
-            model.add_hint(end[n], _ticks(hint.start_s[n], quantum) + duration[n, hinted[n]])
+    for n, t in hint_start.items():
+        model.add_hint(start[n], t)
+        model.add_hint(end[n], t + duration[n, hinted[n]])
     return makespan, start
 
 

@@ -14,6 +14,8 @@ set of any node (accelerate reserves room for its largest layer the same way).
 from __future__ import annotations
 
 import bisect
+import itertools
+import math
 
 from autoplace.ir import Edge, Placement, Problem
 
@@ -157,9 +159,11 @@ def heft(problem: Problem) -> Placement | None:
 
 
 def _earliest_slot(intervals: list[tuple[float, float]], ready: float, duration: float) -> float:
-    """The earliest start >= ready where ``duration`` fits between busy intervals."""
+    """The earliest start >= ready where ``duration`` fits between busy intervals (sorted and
+    disjoint, so the scan starts at the last interval that begins before ``ready``)."""
     t = ready
-    for s, e in intervals:
+    first = max(0, bisect.bisect_left(intervals, (ready, -math.inf)) - 1)
+    for s, e in itertools.islice(intervals, first, None):
         if t + duration <= s:
             return t
         t = max(t, e)

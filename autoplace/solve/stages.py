@@ -50,11 +50,11 @@ def group_dp(problem: Problem, objective: str = "throughput", *,
     graph, cluster = problem.graph, problem.cluster
     groups = sorted({tuple(g) for g in graph.colocation_of.values()},
                     key=lambda g: min(graph.index[v] for v in g))
-    if key == "spectral":
-        groups = _spectral_order(problem, groups)
     m, k = len(groups), len(cluster.devices)
     if m > max_groups or m < 2:
         return None
+    if key == "spectral":
+        groups = _spectral_order(problem, groups)
     comm = _segment_comm(problem, groups)
 
     devices = list(cluster.names)

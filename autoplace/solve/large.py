@@ -1,0 +1,148 @@
+"""Graphs too large for the exact model: coarsen, solve, expand, then improve with local moves.
+
+1. **coarsen** the graph (``autoplace.coarsen``: consecutive runs of the topological order, by
+   module where there are modules) to what CP-SAT handles within the time limit;
+2. **solve** the coarse problem with CP-SAT, hinted with the best baseline projected onto it;
+3. **expand** the coarse placement back to the full graph (every member on its group's device);
+4. **improve** on the full graph with local moves scored by the one simulator: move a
+   colocation group from a node that decides the objective (on the critical path, or on the
+   busiest device) to another device, keep the move when the simulated objective drops.
+
+Each step's objective on the full graph is recorded, so a plan says what every step gained.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from autoplace.coarsen import coarsen
+from autoplace.ir import Placement, Problem, Schedule
+from autoplace.simulate import simulate
+from autoplace.solve.cpsat import CpSatResult, solve_cpsat
+
+__all__ = ["EXACT_MAX_NODES", "LargeResult", "coarse_solve", "improve"]
+
+# Above these sizes the exact model is built on a coarsened graph instead.
+EXACT_MAX_NODES = {"latency": 250, "throughput": 2500}
+
+
+@dataclass(frozen=True)
+class LargeResult:
+    schedule: Schedule | None
+    cpsat: CpSatResult | None
+    coarse_nodes: int
+    steps: tuple[tuple[str, float], ...]
+
+
+def coarse_solve(
+    problem: Problem,
+    *,
+    objective: str,
+    contiguous: bool,
+    hint: Schedule | None,
+    time_limit_s: float,
+    solve: Callable[..., CpSatResult] = solve_cpsat,
+    **cpsat_options,
+) -> LargeResult:
+    """Steps 1-3: CP-SAT on a coarsened copy of ``problem``, expanded back and simulated."""
+    limit = EXACT_MAX_NODES[objective]
+    smallest = min(d.memory_bytes for d in problem.cluster.devices)
+    coarse = coarsen(problem.graph, problem.costs, max_nodes=limit,
+                     max_group_bytes=max(smallest // 4, 1))
+    small = Problem(graph=coarse.graph, cluster=problem.cluster, costs=coarse.costs)
+    coarse_hint = None
+    if hint is not None:
+        # Each coarse node goes where most of its members are (its colocation group with it).
+        device_of = {
+            name: Counter(hint.placement.device_of[m] for m in members).most_common(1)[0][0]
+            for name, members in coarse.members.items()}
+        for group in small.graph.colocate:
+            for name in group:
+                device_of[name] = device_of[group[0]]
+        if all(device_of[n] in small.allowed[n] for n in device_of):
+            coarse_hint = simulate(small, Placement(device_of=device_of))
+    result = solve(small, time_limit_s=time_limit_s, objective=objective, contiguous=contiguous,
+                   hint=coarse_hint, **cpsat_options)
+    if result.placement is None:
+        return LargeResult(schedule=None, cpsat=result, coarse_nodes=len(small.graph.nodes),
+                           steps=())
+    device_of = {m: result.placement.device_of[name]
+                 for name, members in coarse.members.items() for m in members}
+    schedule = simulate(problem, Placement(device_of=device_of))
+    return LargeResult(schedule=schedule, cpsat=result, coarse_nodes=len(small.graph.nodes),
+                       steps=((f"CP-SAT on {len(small.graph.nodes)} coarse nodes, expanded",
+                               schedule.objective_s(objective)),))
+
+
+def _deciding_nodes(problem: Problem, schedule: Schedule, objective: str) -> list[str]:
+    """Nodes whose device decides the objective: the critical path, or the busiest device."""
+    device_of = schedule.placement.device_of
+    if objective == "throughput":
+        busiest = max(schedule.load_s, key=schedule.load_s.__getitem__)
+        return [n.name for n in problem.graph.nodes if device_of[n.name] == busiest]
+    graph = problem.graph
+    node = max(schedule.end_s, key=schedule.end_s.__getitem__)
+    path = [node]
+    while True:
+        # The input that arrived last, else the node that ran just before on the same device.
+        start = schedule.start_s[node]
+        arrivals = [(schedule.end_s[e.src] + problem.delay_s(e, device_of[e.src],
+                                                              device_of[node]), e.src)
+                    for e in graph.in_edges(node)]
+        late = [src for t, src in arrivals if abs(t - start) <= 1e-12 + 1e-9 * start]
+        if late:
+            node = late[0]
+        else:
+            before = [n for n, d in device_of.items()
+                      if d == device_of[node] and abs(schedule.end_s[n] - start) <= 1e-12]
+            if not before:
+                break
+            node = before[0]
+        if node in path:
+            break
+        path.append(node)
+    return path
+
+
+def improve(
+    problem: Problem,
+    schedule: Schedule,
+    *,
+    objective: str,
+    deadline: float,
+    accept: Callable[[Schedule], bool] = lambda s: s.feasible,
+) -> tuple[Schedule, int]:
+    """Step 4: first-improvement local search until ``deadline`` (a ``time.perf_counter``
+    value) or a local optimum. Returns the best schedule and the number of moves kept."""
+    graph = problem.graph
+    runs_on = {name: [d for d in problem.cluster.names
+                      if all(d in problem.allowed[m] for m in group)]
+               for name, group in graph.colocation_of.items()}
+    best, moves = schedule, 0
+    improved = True
+    while improved and time.perf_counter() < deadline:
+        improved = False
+        tried: set[tuple[str, ...]] = set()
+        for name in _deciding_nodes(problem, best, objective):
+            group = graph.colocation_of[name]
+            if group in tried:
+                continue
+            tried.add(group)
+            here = best.placement.device_of[name]
+            for dev in runs_on[name]:
+                if dev == here or time.perf_counter() >= deadline:
+                    continue
+                device_of = dict(best.placement.device_of)
+                for m in group:
+                    device_of[m] = dev
+                candidate = simulate(problem, Placement(device_of=device_of))
+                if (candidate.objective_s(objective) < best.objective_s(objective) * (1 - 1e-12)
+                        and accept(candidate)):
+                    best, moves, improved = candidate, moves + 1, True
+                    break
+            if improved:
+                break
+    return best, moves
