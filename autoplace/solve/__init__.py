@@ -254,7 +254,7 @@ def solve(
     check_memory(problem)
     began = time.perf_counter()
     baselines, best_single = run_baselines(problem, objective, contiguous)
-    bound = lower_bound_s(problem, objective)
+    bound = analytic = lower_bound_s(problem, objective)
     notes: list[str] = []
     best = _best(baselines, objective)
 
@@ -303,7 +303,7 @@ def solve(
                              activation_bytes=activation, nogoods=nogoods,
                              workers=1 if deterministic else workers, seed=seed,
                              deterministic=deterministic,
-                             known_bound_s=lower_bound_s(problem, objective))
+                             known_bound_s=analytic)
         status, cp_objective = result.status, result.objective_s
         offset = time.perf_counter() - began - result.wall_s
         progress.extend((offset + t, obj, b) for t, obj, b in result.progress)
@@ -336,7 +336,7 @@ def solve(
         # A bound above a schedule the simulator accepts is wrong; keep only the analytic one.
         notes.append(f"CP-SAT reported a lower bound ({bound:.6g} s) above a feasible plan "
                      f"({min(feasible):.6g} s); it was discarded")
-        bound = lower_bound_s(problem, objective)
+        bound = analytic
         status = "FEASIBLE" if status == "OPTIMAL" else status
     wall = time.perf_counter() - began
     if cpsat_schedule is not None and (

@@ -2,7 +2,9 @@
 
 * critical path: the longest path where every node takes its fastest time on any device that can
   hold it and transfers are free;
-* total work: the work of every node at its fastest, spread perfectly over all devices;
+* total work: the work of every node at its fastest, spread perfectly over all devices, or the
+  stronger fractional bound (an LP: nodes split among devices of different speeds, every
+  device's share of the work at most the bound);
 * colocation: a group sharing a device runs one after another on one device;
 * for the throughput objective (largest per-device load), total work, the largest node and
   colocation (the critical path does not bound a pipeline's load).
@@ -66,6 +68,35 @@ def check_memory(problem: Problem) -> None:
             )
 
 
+def _fractional_work(problem: Problem, max_terms: int = 400_000) -> float:
+    """The least time in which the devices could do all the work if nodes could be split among
+    them: an LP (min T, every device's share of work <= T), which on devices of different speeds
+    is far stronger than the work at the fastest speed spread evenly. 0 when too large."""
+    from ortools.linear_solver import pywraplp
+
+    graph, names = problem.graph, problem.cluster.names
+    if len(graph.nodes) * len(names) > max_terms or len(names) < 2:
+        return 0.0
+    lp = pywraplp.Solver.CreateSolver("GLOP")
+    t = lp.NumVar(0.0, lp.infinity(), "T")
+    load = {d: [] for d in names}
+    for n in graph.nodes:
+        share = []
+        for d in problem.allowed[n.name]:
+            y = lp.NumVar(0.0, 1.0, "")
+            share.append(y)
+            load[d].append(problem.costs.of(n.name, d) * y)
+        lp.Add(lp.Sum(share) == 1)
+    for d in names:
+        if load[d]:
+            lp.Add(lp.Sum(load[d]) <= t)
+    lp.Minimize(t)
+    if lp.Solve() != pywraplp.Solver.OPTIMAL:
+        return 0.0
+    # LP solutions are accurate to about 1e-9 relative; stay on the safe side of the optimum.
+    return max(0.0, t.solution_value() * (1 - 1e-7))
+
+
 def lower_bound_s(problem: Problem, objective: str = "latency") -> float:
     """The largest of the bounds that hold for ``objective``, in seconds.
 
@@ -78,7 +109,7 @@ def lower_bound_s(problem: Problem, objective: str = "latency") -> float:
         n.name: min(costs.of(n.name, d) for d in holders[n.name] or problem.allowed[n.name])
         for n in graph.nodes
     }
-    work = sum(fastest.values()) / len(cluster.devices)
+    work = max(sum(fastest.values()) / len(cluster.devices), _fractional_work(problem))
     colocated = 0.0
     for group in {tuple(g) for g in graph.colocation_of.values() if len(g) > 1}:
         colocated = max(colocated, min(sum(costs.of(m, d) for m in group)
