@@ -308,3 +308,17 @@ def test_large_graphs_coarsen_solve_expand_and_improve(monkeypatch, objective):
         if baseline is not None and baseline.feasible:
             assert r.objective_s <= baseline.objective_s(objective) + 1e-9
     assert r.lower_bound_s <= r.objective_s
+
+
+def test_work_bound_counts_speeds_and_memory():
+    # Four 1 s nodes of 100 parameter bytes; d1 is 3x faster. Spread by speed: 4 units over
+    # speeds 1 + 3 = 1 s. If d1 holds only 120 bytes, at most 1.2 nodes' work goes there
+    # (0.4 s) and d0 keeps 2.8 s; a real plan puts one node on d1 and three on d0: 3 s.
+    p = zoo.problem([(f"n{i}", 1, 100) for i in range(4)], [], zoo.cluster(2, memory_bytes=1000),
+                    speed={"d1": 3.0})
+    assert lower_bound_s(p) == pytest.approx(1.0, rel=1e-6)
+    devices = (p.cluster.devices[0], dataclasses.replace(p.cluster.devices[1], memory_bytes=120))
+    small = dataclasses.replace(p, cluster=dataclasses.replace(p.cluster, devices=devices))
+    assert lower_bound_s(small) == pytest.approx(2.8, rel=1e-6)
+    r = solve(small, time_limit_s=5, workers=1)
+    assert r.schedule.makespan_s == pytest.approx(3.0)

@@ -71,25 +71,32 @@ def check_memory(problem: Problem) -> None:
 def _fractional_work(problem: Problem, max_terms: int = 400_000) -> float:
     """The least time in which the devices could do all the work if nodes could be split among
     them: an LP (min T, every device's share of work <= T), which on devices of different speeds
-    is far stronger than the work at the fastest speed spread evenly. 0 when too large."""
+    is far stronger than the work at the fastest speed spread evenly. Each device's share of
+    the parameters must fit its memory too, so a model too big for the fast device is bounded
+    by the slow ones it must use (a memory-forced bound). 0 when too large."""
     from ortools.linear_solver import pywraplp
 
     graph, names = problem.graph, problem.cluster.names
-    if len(graph.nodes) * len(names) > max_terms or len(names) < 2:
+    if len(graph.nodes) * len(names) > max_terms:
         return 0.0
     lp = pywraplp.Solver.CreateSolver("GLOP")
     t = lp.NumVar(0.0, lp.infinity(), "T")
-    load = {d: [] for d in names}
+    load: dict[str, list] = {d: [] for d in names}
+    memory: dict[str, list] = {d: [] for d in names}
     for n in graph.nodes:
         share = []
         for d in problem.allowed[n.name]:
             y = lp.NumVar(0.0, 1.0, "")
             share.append(y)
             load[d].append(problem.costs.of(n.name, d) * y)
+            if n.param_bytes:
+                memory[d].append(n.param_bytes * y)
         lp.Add(lp.Sum(share) == 1)
     for d in names:
         if load[d]:
             lp.Add(lp.Sum(load[d]) <= t)
+        if memory[d]:
+            lp.Add(lp.Sum(memory[d]) <= problem.cluster.device(d).memory_bytes)
     lp.Minimize(t)
     if lp.Solve() != pywraplp.Solver.OPTIMAL:
         return 0.0
