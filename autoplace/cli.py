@@ -54,16 +54,9 @@ def _parser() -> argparse.ArgumentParser:
                    "the types)")
     p.add_argument("--cluster", metavar="FILE",
                    help="TOML file describing hosts, devices and links (instead of --devices)")
-    p.add_argument("--out", metavar="DIR", default="autoplace-out",
-                   help="output directory, replaced atomically (default: ./autoplace-out)")
-    p.add_argument("--time-limit", metavar="SECONDS", type=float, default=DEFAULT_TIME_LIMIT_S,
-                   help=f"solver time limit in seconds (default: {DEFAULT_TIME_LIMIT_S:g})")
-    p.add_argument("--solver", choices=SOLVERS, default="cpsat",
-                   help="cpsat (default) or one of the heuristics alone")
     p.add_argument("--max-nodes", type=int, default=DEFAULT_MAX_NODES,
                    help="coarsen the traced graph to about this many nodes before solving "
                    f"(default: {DEFAULT_MAX_NODES})")
-    p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default: 0)")
     p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                    help="run the original and the emitted model on the example inputs and check "
                    "them with torch.testing.assert_close (default: on)")
@@ -84,13 +77,6 @@ def _parser() -> argparse.ArgumentParser:
                    "compute times are then looked up by device type)")
     g.add_argument("--cluster", metavar="FILE", help="TOML cluster file instead of the file's "
                    "devices")
-    g.add_argument("--out", metavar="DIR", default="autoplace-out",
-                   help="output directory, replaced atomically (default: ./autoplace-out)")
-    g.add_argument("--time-limit", metavar="SECONDS", type=float, default=DEFAULT_TIME_LIMIT_S,
-                   help=f"solver time limit in seconds (default: {DEFAULT_TIME_LIMIT_S:g})")
-    g.add_argument("--solver", choices=SOLVERS, default="cpsat",
-                   help="cpsat (default) or one of the heuristics alone")
-    g.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default: 0)")
     _solve_options(g)
 
     d = sub.add_parser("devices", help="list the device catalog and the GPUs found",
@@ -106,6 +92,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _solve_options(p: argparse.ArgumentParser) -> None:
+    """The options ``plan`` and ``solve`` share: output and how to solve."""
+    p.add_argument("--out", metavar="DIR", default="autoplace-out",
+                   help="output directory, replaced atomically (default: ./autoplace-out)")
+    p.add_argument("--time-limit", metavar="SECONDS", type=float, default=DEFAULT_TIME_LIMIT_S,
+                   help=f"solver time limit in seconds (default: {DEFAULT_TIME_LIMIT_S:g})")
+    p.add_argument("--solver", choices=SOLVERS, default="cpsat",
+                   help="cpsat (default) or one of the heuristics alone")
+    p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default: 0)")
     p.add_argument("--objective", choices=OBJECTIVES, default="latency",
                    help="latency: minimise the makespan of one pass (default); throughput: "
                    "minimise the busiest device's load (compute plus copies sent and received) "

@@ -14,19 +14,28 @@ with local moves. The time limit is the whole solve, baselines included.
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import platform
 import random
 import sys
 import time
 from pathlib import Path
 
-from autoplace.ir import Cluster, Costs, Device, Edge, Link, OpGraph, OpNode, Problem
-from autoplace.simulate import validate
-from autoplace.solve import solve
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-ROOT = Path(__file__).resolve().parents[1]
+from common import RESULTS, machine_line, write_markdown  # noqa: E402
+
+from autoplace.ir import (  # noqa: E402
+    Cluster,
+    Costs,
+    Device,
+    Edge,
+    Link,
+    OpGraph,
+    OpNode,
+    Problem,
+)
+from autoplace.simulate import validate  # noqa: E402
+from autoplace.solve import solve  # noqa: E402
+
 LIMITS = {100: 10.0, 1000: 60.0, 10000: 120.0}
 SPEEDS = (1.0, 1.5, 1.0, 0.7)
 
@@ -54,11 +63,10 @@ def random_problem(n: int, seed: int = 0) -> Problem:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=list(LIMITS))
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "scaling.md"))
+    parser.add_argument("--out", default=str(RESULTS / "scaling.md"))
     args = parser.parse_args()
     lines = ["# Scaling: random task graphs", "",
-             f"Measured {datetime.date.today().isoformat()} on {platform.machine()} "
-             f"({os.cpu_count()} cores), Python {platform.python_version()}. Command: "
+             f"{machine_line()}. Command: "
              f"`python benchmarks/scaling.py`. Makespans in ms; gap = (plan - lower bound) / plan.",
              "", "| nodes | time limit s | wall s | plan ms | best baseline ms | lower bound ms "
              "| gap | solver | steps (ms) |", "| --- | --- | --- | --- | --- | --- | --- | --- "
@@ -79,11 +87,7 @@ def main() -> int:
                      f"| {result.gap:.1%} | {result.solver.name} ({result.solver.status}) "
                      f"| {steps or '-'} |")
         print(lines[-1], flush=True)
-    text = "\n".join(lines) + "\n"
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text)
-    print(text)
-    return 0
+    return write_markdown(args.out, lines)
 
 
 if __name__ == "__main__":

@@ -14,9 +14,7 @@ compare with the table's best known value, and solve times. Reads ``../shared/be
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
 import statistics
 import sys
 import time
@@ -25,10 +23,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import benchdata  # noqa: E402
+from common import RESULTS, machine_line, write_markdown  # noqa: E402
 
 from autoplace.solve import solve  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(rows: list[benchdata.OptimalRow], time_limit_s: float, workers: int) -> list[dict]:
@@ -59,8 +56,7 @@ def table(results: list[dict], time_limit_s: float, command: str) -> str:
     lines = [
         "# Standard Task Graph Set, 50 tasks",
         "",
-        f"Measured {datetime.date.today().isoformat()} on {platform.machine()} "
-        f"({os.cpu_count()} cores), Python {platform.python_version()}; "
+        f"{machine_line()}; "
         f"time limit {time_limit_s:g} s per row. Command: `{command}`.",
         "",
         "| processors | rows | proven rows | optimum reached | below a proven optimum (bug) "
@@ -122,7 +118,7 @@ def main() -> int:
     parser.add_argument("--graphs", type=int, help="only the first N graphs")
     parser.add_argument("--time-limit", type=float, default=10.0)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "stg50.md"))
+    parser.add_argument("--out", default=str(RESULTS / "stg50.md"))
     args = parser.parse_args()
     rows = benchdata.load_optimal_csv()
     if args.procs:
@@ -133,11 +129,8 @@ def main() -> int:
     shown = [a for i, a in enumerate(sys.argv[1:])
              if not a.startswith("--out") and (i == 0 or sys.argv[i] != "--out")]
     command = " ".join(["python benchmarks/stg.py", *shown])
-    text = table(run(rows, args.time_limit, args.workers), args.time_limit, command)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text)
-    print(text)
-    return 0
+    return write_markdown(args.out, table(run(rows, args.time_limit, args.workers),
+                                          args.time_limit, command))
 
 
 if __name__ == "__main__":

@@ -15,9 +15,7 @@ authors' reference values are first recomputed from their split files with the s
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -25,11 +23,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import benchdata  # noqa: E402
+from common import RESULTS, machine_line, write_markdown  # noqa: E402
 
 from autoplace.simulate import simulate  # noqa: E402
 from autoplace.solve import solve  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _inputs(kind: str, only: str | None) -> list[Path]:
@@ -112,12 +109,10 @@ def main() -> int:
     parser.add_argument("--only", help="only inputs whose path contains this text")
     parser.add_argument("--time-limit", type=float, default=60.0)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" /
-                                             "tarnawski2020.md"))
+    parser.add_argument("--out", default=str(RESULTS / "tarnawski2020.md"))
     args = parser.parse_args()
     lines = ["# Tarnawski et al. (NeurIPS 2020) DNN graphs", "",
-             f"Measured {datetime.date.today().isoformat()} on {platform.machine()} "
-             f"({os.cpu_count()} cores), Python {platform.python_version()}; time limit "
+             f"{machine_line()}; time limit "
              f"{args.time_limit:g} s per solve. Command: `python benchmarks/tarnawski.py"
              f"{' --only ' + args.only if args.only else ''}"
              f"{f' --time-limit {args.time_limit:g}' if args.time_limit != 60 else ''}`. "
@@ -126,11 +121,7 @@ def main() -> int:
     lines += throughput(_inputs("throughput", args.only), args.time_limit, args.workers)
     lines += [""]
     lines += latency(_inputs("latency", args.only), args.time_limit, args.workers)
-    text = "\n".join(lines) + "\n"
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text)
-    print(text)
-    return 0
+    return write_markdown(args.out, lines)
 
 
 if __name__ == "__main__":
