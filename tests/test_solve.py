@@ -322,3 +322,17 @@ def test_work_bound_counts_speeds_and_memory():
     assert lower_bound_s(small) == pytest.approx(2.8, rel=1e-6)
     r = solve(small, time_limit_s=5, workers=1)
     assert r.schedule.makespan_s == pytest.approx(3.0)
+
+
+def test_deterministic_large_graph_path_repeats_itself(monkeypatch):
+    import autoplace.solve as solve_module
+
+    monkeypatch.setitem(solve_module.EXACT_MAX_NODES, "latency", 8)
+    n = 24
+    p = zoo.problem([(f"n{i}", 1 + (i * 7) % 5, 10) for i in range(n)],
+                    [(f"n{i}", f"n{j}", 10 * (1 + (i + j) % 3)) for i in range(n)
+                     for j in (i + 3, i + 5) if j < n], zoo.cluster(3, memory_bytes=10_000),
+                    speed={"d1": 2.0})
+    runs = [solve(p, time_limit_s=1, deterministic=True) for _ in range(2)]
+    assert runs[0].schedule.placement == runs[1].schedule.placement
+    assert runs[0].solver.steps == runs[1].solver.steps

@@ -114,16 +114,23 @@ def improve(
     objective: str,
     deadline: float,
     accept: Callable[[Schedule], bool] = lambda s: s.feasible,
+    max_evaluations: int | None = None,
 ) -> tuple[Schedule, int]:
     """Step 4: first-improvement local search until ``deadline`` (a ``time.perf_counter``
-    value) or a local optimum. Returns the best schedule and the number of moves kept."""
+    value), ``max_evaluations`` simulations (which makes it deterministic) or a local optimum.
+    Returns the best schedule and the number of moves kept."""
     graph = problem.graph
     runs_on = {name: [d for d in problem.cluster.names
                       if all(d in problem.allowed[m] for m in group)]
                for name, group in graph.colocation_of.items()}
     best, moves = schedule, 0
+    budget = max_evaluations if max_evaluations is not None else float("inf")
+
+    def out_of_time() -> bool:
+        return time.perf_counter() >= deadline or budget <= 0
+
     improved = True
-    while improved and time.perf_counter() < deadline:
+    while improved and not out_of_time():
         improved = False
         tried: set[tuple[str, ...]] = set()
         for name in _deciding_nodes(problem, best, objective):
@@ -133,8 +140,9 @@ def improve(
             tried.add(group)
             here = best.placement.device_of[name]
             for dev in runs_on[name]:
-                if dev == here or time.perf_counter() >= deadline:
+                if dev == here or out_of_time():
                     continue
+                budget -= 1
                 device_of = dict(best.placement.device_of)
                 for m in group:
                     device_of[m] = dev
