@@ -313,7 +313,11 @@ def solve(
             # proof: every device must hold its parameters and any one node's working set.
             if result.placement is not None:
                 bound = max(bound, result.bound_s)
-            elif result.status == "INFEASIBLE" and best is None:
+            elif result.status == "INFEASIBLE" and best is not None:
+                notes.append("CP-SAT reported INFEASIBLE although the "
+                             f"{best[0]} baseline fits: a solver fault; the plan is the best "
+                             "baseline")
+            elif result.status == "INFEASIBLE":
                 raise InfeasibleError(
                     "no placement fits: the parameters can be split only in ways that overflow "
                     "some device once activations are counted"

@@ -246,6 +246,10 @@ def solve_cpsat(
     # OR-Tools 9.15 can certify a wrong optimum through inclusion-detection presolve
     # (google/or-tools#5293); switching that family off is the documented workaround.
     solver.parameters.presolve_inclusion_work_limit = 0
+    # The model breaks the symmetry of identical devices itself; CP-SAT's own symmetry
+    # reasoning on top of it declared feasible models INFEASIBLE (Tarnawski's ResNet-50
+    # operator graph, 6 identical accelerators, OR-Tools 9.15), so it is switched off.
+    solver.parameters.symmetry_level = 0
     progress = _Progress(slack, quantum)
     solver.best_bound_callback = progress.on_bound
     began = time.perf_counter()
