@@ -6,8 +6,9 @@
 Throughput inputs: autoplace's plan (objective ``throughput``), once with contiguous stages and
 once without, scored by the authors' max-load rule next to their dynamic program's contiguous
 optimum. Latency inputs: autoplace's plan (objective ``latency`` under the project's simulator,
-with contiguous stages, which the authors' latency rule needs) scored by the authors' latency
-rule next to their greedy; both splits are also simulated by the project's simulator. The
+with contiguous stages, which the authors' latency rule needs) and every contiguous baseline it
+was compared with, scored by the authors' latency rule next to their greedy; the plan and the
+greedy split are also simulated by the project's simulator. The
 authors' reference values are first recomputed from their split files with the same scorers
 (``benchdata.max_load`` / ``benchdata.latency``), which checks the scorers.
 """
@@ -80,9 +81,14 @@ def throughput(paths: list[Path], time_limit_s: float, workers: int) -> list[str
 
 def latency(paths: list[Path], time_limit_s: float, workers: int) -> list[str]:
     lines = ["## Latency inputs (one sample, lower is better)", "",
-             "| input | nodes | greedy, authors' rule (recomputed) | autoplace, authors' rule "
-             "| greedy, project simulator | autoplace, project simulator | status | time s |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "autoplace minimises the makespan under its own simulator, where copies overlap "
+             "compute; the authors' rule charges them to the blocks instead. So every contiguous "
+             "placement autoplace produced for the input (its plan and each baseline) is scored "
+             "by the authors' rule, and the best is reported beside the plan's own score.", "",
+             "| input | nodes | greedy, authors' rule (recomputed) | autoplace plan, authors' rule "
+             "| best autoplace placement, authors' rule | greedy, project simulator "
+             "| autoplace plan, project simulator | status | time s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for path in paths:
         data = benchdata.load_tarnawski(path)
         problem = benchdata.tarnawski_problem(data)
@@ -90,15 +96,27 @@ def latency(paths: list[Path], time_limit_s: float, workers: int) -> list[str]:
         greedy = benchdata.load_split(ref).assignment if ref else None
         assignment, result, wall = _solve(data, "latency", True, time_limit_s, workers)
         ours = benchdata.latency(data, assignment)
+        scored = {"plan": ours}
+        for name, schedule in result.baselines.items():
+            if schedule is not None and schedule.feasible:
+                try:
+                    scored[name] = benchdata.latency(
+                        data, benchdata.assignment_of(schedule.placement))
+                except benchdata.BenchDataError:
+                    pass  # not contiguous: the authors' rule does not apply
+        best_name = min(scored, key=scored.__getitem__)
         theirs = benchdata.latency(data, greedy) if greedy else None
         theirs_sim = (simulate(problem, benchdata.placement_of(greedy)).makespan_s
                       if greedy else None)
-        print(f"{path.parent.name}/{path.stem}: {ours:.4f} (greedy {theirs}) "
-              f"{result.solver.status} {wall:.1f} s", flush=True)
-        verdict = "" if theirs is None or ours <= theirs * (1 + 1e-9) else " (worse than greedy)"
+        print(f"{path.parent.name}/{path.stem}: plan {ours:.4f}, best {best_name} "
+              f"{scored[best_name]:.4f} (greedy {theirs}) {result.solver.status} {wall:.1f} s",
+              flush=True)
+        verdict = ("" if theirs is None or scored[best_name] <= theirs * (1 + 1e-9)
+                   else " (worse than greedy)")
         lines.append(
             f"| {path.parent.name} {path.stem} | {len(data.nodes)} | "
-            f"{'—' if theirs is None else f'{theirs:.3f}'} | {ours:.3f}{verdict} | "
+            f"{'—' if theirs is None else f'{theirs:.3f}'} | {ours:.3f} | "
+            f"{scored[best_name]:.3f} ({best_name}){verdict} | "
             f"{'—' if theirs_sim is None else f'{theirs_sim:.3f}'} | "
             f"{result.schedule.makespan_s:.3f} | {result.solver.status} | {wall:.1f} |")
     return lines
