@@ -125,9 +125,10 @@ def improve(
                for name, group in graph.colocation_of.items()}
     best, moves = schedule, 0
     budget = max_evaluations if max_evaluations is not None else float("inf")
+    last = 0.0  # how long the last simulation took: the next must end before the deadline
 
     def out_of_time() -> bool:
-        return time.perf_counter() >= deadline or budget <= 0
+        return time.perf_counter() + last >= deadline or budget <= 0
 
     improved = True
     while improved and not out_of_time():
@@ -146,7 +147,9 @@ def improve(
                 device_of = dict(best.placement.device_of)
                 for m in group:
                     device_of[m] = dev
+                began = time.perf_counter()
                 candidate = simulate(problem, Placement(device_of=device_of))
+                last = time.perf_counter() - began
                 if (candidate.objective_s(objective) < best.objective_s(objective) * (1 - 1e-12)
                         and accept(candidate)):
                     best, moves, improved = candidate, moves + 1, True
