@@ -17,9 +17,9 @@ def machine_line() -> str:
             f"({os.cpu_count()} cores), Python {platform.python_version()}")
 
 
-def write_markdown(out: str | os.PathLike[str], lines: list[str]) -> int:
-    """Write the table to ``out``, print it, and return the exit code."""
-    text = "\n".join(lines) + "\n"
+def write_markdown(out: str | os.PathLike[str], lines: list[str] | str) -> int:
+    """Write the table (lines, or the whole text) to ``out``, print it, return the exit code."""
+    text = lines if isinstance(lines, str) else "\n".join(lines) + "\n"
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(text)
     print(text)
