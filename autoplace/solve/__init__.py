@@ -211,7 +211,8 @@ def _solve_large(problem: Problem, *, objective: str, contiguous: bool, time_lim
     # takes about half the limit (a simulation costs about 0.1 ms a node here), not wall time.
     chosen, moves = improve(
         problem, start, objective=objective,
-        deadline=float("inf") if deterministic else began + time_limit_s,
+        # A margin for what follows the moves (the result, the notes) within the limit.
+        deadline=float("inf") if deterministic else began + time_limit_s * 0.99 - 0.2,
         max_evaluations=max(10, int(5000 * time_limit_s / len(problem.graph.nodes)))
         if deterministic else None,
         accept=lambda s: s.feasible and (not contiguous
