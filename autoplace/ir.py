@@ -202,9 +202,6 @@ class Device:
     # Whether copies to and from this device count in its pipelined load. A host CPU whose
     # copies are driven by the accelerators' DMA engines pays none (Tarnawski et al. count it so).
     charges_transfers: bool = True
-    # Whether contiguous plans must make this device's node set one stage. Tarnawski et al.
-    # leave host CPUs out: each CPU node is a block of its own.
-    stage: bool = True
 
     def __post_init__(self) -> None:
         if self.memory_bytes <= 0:

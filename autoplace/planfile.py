@@ -133,7 +133,7 @@ class Plan:
             "contiguous": self.contiguous,
             "devices": [{"name": d.name, "type": d.type, "memory_bytes": d.memory_bytes,
                          "host": d.host, "torch_device": d.torch_device,
-                         "charges_transfers": d.charges_transfers, "stage": d.stage}
+                         "charges_transfers": d.charges_transfers}
                         for d in cluster.devices],
             "links": [{"src": lk.src, "dst": lk.dst,
                        "bandwidth_bytes_per_s": lk.bandwidth_bytes_per_s,
@@ -188,8 +188,7 @@ class Plan:
         devices = tuple(Device(name=d["name"], type=d["type"], memory_bytes=d["memory_bytes"],
                                host=d.get("host", "localhost"),
                                torch_device=d.get("torch_device", ""),
-                               charges_transfers=d.get("charges_transfers", True),
-                               stage=d.get("stage", True))
+                               charges_transfers=d.get("charges_transfers", True))
                         for d in data["devices"])
         links = tuple(Link(src=lk["src"], dst=lk["dst"],
                            bandwidth_bytes_per_s=lk["bandwidth_bytes_per_s"],

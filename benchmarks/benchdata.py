@@ -526,11 +526,9 @@ def tarnawski_problem(data: TarnawskiInput, *, unsupported_cost_s: float = math.
     fpgas = [Device(name=f"fpga{i}", type="tarnawski-accelerator",
                     memory_bytes=int(data.max_size_per_fpga), torch_device=f"cuda:{i}")
              for i in range(data.max_fpgas)]
-    # The authors' CPU pays no communication in a load, and its nodes are blocks of their own
-    # in the latency rule (no stage); the IR can say both.
+    # The authors' CPU pays no communication in a load; the simulator can say the same.
     cpus = [Device(name=f"cpu{j}", type="tarnawski-cpu", memory_bytes=UNLIMITED_BYTES,
-                   torch_device="cpu", charges_transfers=False, stage=False)
-            for j in range(data.max_cpus)]
+                   torch_device="cpu", charges_transfers=False) for j in range(data.max_cpus)]
     compute: dict[str, dict[str, float]] = {}
     for i in order:
         node = data.node[i]

@@ -133,7 +133,6 @@ def latency(paths: list[Path], time_limit_s: float, workers: int) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", help="only inputs whose path contains this text")
-    parser.add_argument("--part", choices=("throughput", "latency", "both"), default="both")
     parser.add_argument("--time-limit", type=float, default=60.0)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default=str(RESULTS / "tarnawski2020.md"))
@@ -145,11 +144,9 @@ def main() -> int:
              f"{f' --time-limit {args.time_limit:g}' if args.time_limit != 60 else ''}`. "
              "Times are in the inputs' units; both rules are the authors' "
              "(../shared/benchdata/README.md).", ""]
-    if args.part != "latency":
-        lines += throughput(_inputs("throughput", args.only), args.time_limit, args.workers)
-        lines += [""]
-    if args.part != "throughput":
-        lines += latency(_inputs("latency", args.only), args.time_limit, args.workers)
+    lines += throughput(_inputs("throughput", args.only), args.time_limit, args.workers)
+    lines += [""]
+    lines += latency(_inputs("latency", args.only), args.time_limit, args.workers)
     return write_markdown(args.out, lines)
 
 

@@ -336,16 +336,3 @@ def test_deterministic_large_graph_path_repeats_itself(monkeypatch):
     runs = [solve(p, time_limit_s=1, deterministic=True) for _ in range(2)]
     assert runs[0].schedule.placement == runs[1].schedule.placement
     assert runs[0].solver.steps == runs[1].solver.steps
-
-
-def test_a_device_without_stages_may_be_left_and_reentered():
-    # The chain of test_contiguous_stages_cost_throughput_on_a_chain, with d0 exempt from
-    # stages (a host CPU in Tarnawski's latency rule): {a, c} on d0 and b on d1 is allowed.
-    p = zoo.problem([("a", 2, 0), ("b", 5, 0), ("c", 2, 0)], [("a", "b", 10), ("b", "c", 10)],
-                    zoo.cluster(2, bandwidth=1e30))
-    devices = (dataclasses.replace(p.cluster.devices[0], stage=False), p.cluster.devices[1])
-    p = dataclasses.replace(p, cluster=dataclasses.replace(p.cluster, devices=devices))
-    staged = solve(p, objective="throughput", contiguous=True, time_limit_s=10, workers=1)
-    assert staged.objective_s == pytest.approx(5.0)
-    assert is_contiguous(p, staged.schedule.placement.device_of)
-    assert not is_contiguous(p, {"a": "d1", "b": "d0", "c": "d1"})

@@ -124,10 +124,8 @@ def _activation_bytes(problem: Problem) -> dict[str, int]:
 
 
 def is_contiguous(problem: Problem, device_of: Mapping[str, str]) -> bool:
-    """True when no path leaves a device's node set and comes back to it (devices with
-    ``stage=False`` are exempt: paths may leave and re-enter them)."""
+    """True when no path leaves a device's node set and comes back to it."""
     graph = problem.graph
-    exempt = {d.name for d in problem.cluster.devices if not d.stage}
     # left[v]: the devices that some path into v has already left (v excluded).
     left: dict[str, set[str]] = {}
     for node in graph.nodes:
@@ -136,7 +134,7 @@ def is_contiguous(problem: Problem, device_of: Mapping[str, str]) -> bool:
             seen |= left[e.src]
             if device_of[e.src] != device_of[node.name]:
                 seen.add(device_of[e.src])
-        if device_of[node.name] in seen and device_of[node.name] not in exempt:
+        if device_of[node.name] in seen:
             return False
         left[node.name] = seen
     return True

@@ -114,8 +114,7 @@ def _identical_classes(problem: Problem) -> list[list[str]]:
 
     def same(a: str, b: str) -> bool:
         da, db = cluster.device(a), cluster.device(b)
-        if ((da.type, da.memory_bytes, da.charges_transfers, da.stage)
-                != (db.type, db.memory_bytes, db.charges_transfers, db.stage)):
+        if (da.type, da.memory_bytes) != (db.type, db.memory_bytes):
             return False
         if any(costs.of(n.name, a) != costs.of(n.name, b) for n in graph.nodes):
             return False
@@ -299,7 +298,7 @@ def _add_contiguity(model: cp_model.CpModel, problem: Problem, x: Vars) -> None:
     that leaves ``d`` and returns, the last node off ``d`` would break that (Tarnawski et al.,
     NeurIPS 2020, section 4)."""
     graph = problem.graph
-    for d in (dev.name for dev in problem.cluster.devices if dev.stage):
+    for d in problem.cluster.names:
         z = {n.name: model.new_bool_var(f"z[{n.name},{d}]") for n in graph.nodes}
         for n in graph.nodes:
             model.add(z[n.name] >= x[n.name, d])
