@@ -78,14 +78,21 @@ def copies(
     return moved
 
 
-def loads(problem: Problem, device_of: Mapping[str, str]) -> dict[str, float]:
-    """Each device's compute plus communication per pass (see the module docstring)."""
+def loads(
+    problem: Problem,
+    device_of: Mapping[str, str],
+    moved: Mapping[tuple[str, str], tuple[int, float]] | None = None,
+) -> dict[str, float]:
+    """Each device's compute plus communication per pass (see the module docstring);
+    ``moved`` is ``copies(problem, device_of)`` when the caller has it already."""
     load = dict.fromkeys(problem.cluster.names, 0.0)
     for node in problem.graph.nodes:
         load[device_of[node.name]] += problem.costs.of(node.name, device_of[node.name])
     sent: dict[str, float] = {}
     charged = {d.name for d in problem.cluster.devices if d.charges_transfers}
-    for (src, dst_dev), (_, secs) in copies(problem, device_of).items():
+    if moved is None:
+        moved = copies(problem, device_of)
+    for (src, dst_dev), (_, secs) in moved.items():
         if dst_dev in charged:
             load[dst_dev] += secs
         sent[src] = max(sent.get(src, 0.0), secs)
@@ -108,8 +115,9 @@ def simulate(problem: Problem, placement: Placement) -> Schedule:
         if dev not in problem.allowed[node.name]:
             raise GraphError(f"node {node.name!r} is placed on {dev!r}, where it cannot run")
 
+    moved = copies(problem, device_of)
     moved_from: dict[str, list[tuple[str, int, float]]] = defaultdict(list)
-    for (src, dst_dev), (nbytes, secs) in copies(problem, device_of).items():
+    for (src, dst_dev), (nbytes, secs) in moved.items():
         moved_from[src].append((dst_dev, nbytes, secs))
     order = placement.order
     if order is not None:
@@ -204,7 +212,7 @@ def simulate(problem: Problem, placement: Placement) -> Schedule:
         peak_bytes=peak,
         memory_timeline=timeline,
         over_capacity=over,
-        load_s=loads(problem, device_of),
+        load_s=loads(problem, device_of, moved),
     )
 
 

@@ -196,7 +196,7 @@ def _solve_large(problem: Problem, *, objective: str, contiguous: bool, time_lim
         0.05, (began + time_limit_s - time.perf_counter()) * 0.6)
     large = coarse_solve(problem, objective=objective, contiguous=contiguous,
                          hint=best[1] if best else None, time_limit_s=budget,
-                         solve=solve_cpsat, known_bound_s=bound, **cpsat_options)
+                         known_bound_s=bound, **cpsat_options)
     candidates = [s for s in (large.schedule, best[1] if best else None)
                   if s is not None and s.feasible
                   and (not contiguous or is_contiguous(problem, s.placement.device_of))]

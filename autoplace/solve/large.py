@@ -22,6 +22,7 @@ from autoplace.coarsen import coarsen
 from autoplace.ir import Placement, Problem, Schedule
 from autoplace.simulate import simulate
 from autoplace.solve.cpsat import CpSatResult, solve_cpsat
+from autoplace.solve.heuristics import group_devices
 
 __all__ = ["EXACT_MAX_NODES", "LargeResult", "coarse_solve", "improve"]
 
@@ -44,7 +45,6 @@ def coarse_solve(
     contiguous: bool,
     hint: Schedule | None,
     time_limit_s: float,
-    solve: Callable[..., CpSatResult] = solve_cpsat,
     **cpsat_options,
 ) -> LargeResult:
     """Steps 1-3: CP-SAT on a coarsened copy of ``problem``, expanded back and simulated."""
@@ -64,8 +64,8 @@ def coarse_solve(
                 device_of[name] = device_of[group[0]]
         if all(device_of[n] in small.allowed[n] for n in device_of):
             coarse_hint = simulate(small, Placement(device_of=device_of))
-    result = solve(small, time_limit_s=time_limit_s, objective=objective, contiguous=contiguous,
-                   hint=coarse_hint, **cpsat_options)
+    result = solve_cpsat(small, time_limit_s=time_limit_s, objective=objective,
+                         contiguous=contiguous, hint=coarse_hint, **cpsat_options)
     if result.placement is None:
         return LargeResult(schedule=None, cpsat=result, coarse_nodes=len(small.graph.nodes),
                            steps=())
@@ -120,9 +120,7 @@ def improve(
     value), ``max_evaluations`` simulations (which makes it deterministic) or a local optimum.
     Returns the best schedule and the number of moves kept."""
     graph = problem.graph
-    runs_on = {name: [d for d in problem.cluster.names
-                      if all(d in problem.allowed[m] for m in group)]
-               for name, group in graph.colocation_of.items()}
+    runs_on = group_devices(problem)
     best, moves = schedule, 0
     budget = max_evaluations if max_evaluations is not None else float("inf")
     last = 0.0  # how long the last simulation took: the next must end before the deadline
