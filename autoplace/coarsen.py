@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from autoplace.cost import weakest_source
 from autoplace.ir import Costs, Edge, OpGraph, OpNode
 
 __all__ = ["Coarsened", "coarsen"]
@@ -116,6 +117,7 @@ def _build(graph: OpGraph, costs: Costs, groups: list[list[str]]) -> tuple[OpGra
     nodes = []
     compute_s: dict[str, dict[str, float]] = {}
     source: dict[str, str] = {}
+    device_source: dict[str, dict[str, str]] = {}
     for members, name in zip(groups, names):
         parts = [graph.node(m) for m in members]
         crossing = [p for p in parts if p.name in used_outside] or parts[-1:]
@@ -136,8 +138,13 @@ def _build(graph: OpGraph, costs: Costs, groups: list[list[str]]) -> tuple[OpGra
         ))
         devices = costs.compute_s[members[0]].keys()
         compute_s[name] = {d: sum(costs.compute_s[m][d] for m in members) for d in devices}
-        kinds = {costs.source.get(m, "analytic") for m in members}
-        source[name] = kinds.pop() if len(kinds) == 1 else "mixed"
+        # A group's figure is as good as its least measured member that costs anything (a
+        # view folded into a measured op does not make the group analytic).
+        costly = [m for m in members if any(costs.compute_s[m].values())] or members
+        source[name] = weakest_source(costs.source.get(m, "analytic") for m in costly)
+        if any(m in costs.device_source for m in members):
+            device_source[name] = {d: weakest_source(costs.source_of(m, d) for m in costly)
+                                   for d in devices}
     edges = tuple(
         Edge(src=names[gs], dst=names[gd], bytes=sum(per_src.values()),
              transfer_s=fixed_s.get((gs, gd)))
@@ -151,7 +158,7 @@ def _build(graph: OpGraph, costs: Costs, groups: list[list[str]]) -> tuple[OpGra
     outputs = tuple(dict.fromkeys(names[group_of[o]] for o in graph.outputs))
     coarse_graph = OpGraph(nodes=tuple(nodes), edges=edges, colocate=tuple(colocate),
                            outputs=outputs, name=graph.name)
-    return coarse_graph, Costs(compute_s=compute_s, source=source)
+    return coarse_graph, Costs(compute_s=compute_s, source=source, device_source=device_source)
 
 
 def coarsen(

@@ -1,31 +1,99 @@
-"""Cost every node on every device with the analytic roofline of ``cost_models``.
+"""Cost every node on every device: measured where a profile has it, calibrated where a fit of
+the device type exists, analytic otherwise.
 
-A node's time on a device is ``max(flops / peak, bytes / bandwidth) + launches * overhead``
-(``cost_models.roofline.op_time_s``), using the peak for the node's dtype. Input placeholders cost
-nothing. Transfer times are not stored here: they follow from edge bytes and the cluster's links.
+The analytic figure is the roofline of ``cost_models``: ``max(flops / peak, bytes / bandwidth) +
+launches * overhead`` (``cost_models.roofline.op_time_s``), using the peak for the node's dtype.
+A calibrated figure is the same formula with the efficiency of the node's op family and the
+launch overhead fitted to measurements (``cost_models.calibration``). A measured figure is the
+median time ``autoplace.profile`` took on the device itself. Input placeholders cost nothing.
+Transfer times are not stored here: they follow from edge bytes and the cluster's links.
 """
 
 from __future__ import annotations
 
-from autoplace.ir import Cluster, Costs, OpGraph
+from collections.abc import Iterable, Mapping
+
+from autoplace.ir import Cluster, Costs, OpGraph, OpNode
 from cost_models import get_device_type
+from cost_models.calibration import CalibrationFit, op_family
 from cost_models.roofline import op_time_s
 
-__all__ = ["analytic_costs"]
+__all__ = ["SOURCES", "analytic_costs", "costs", "node_family", "op_short_name",
+           "weakest_source"]
+
+# From least to most measured. A group of nodes is as good as its weakest member.
+SOURCES = ("analytic", "calibrated", "measured")
+
+
+def weakest_source(sources: Iterable[str]) -> str:
+    """The least measured of ``sources`` (``analytic`` when there are none)."""
+    rank = [SOURCES.index(s) if s in SOURCES else 0 for s in sources]
+    return SOURCES[min(rank, default=0)]
+
+
+def op_short_name(target: str) -> str:
+    """``aten.addmm.default`` -> ``addmm``; ``module:fc1`` -> ``fc1``; ``relu`` -> ``relu``."""
+    if ":" in target:
+        return target.split(":", 1)[1].rsplit(".", 1)[-1]
+    parts = target.split(".")
+    if len(parts) >= 3 and parts[0] in ("aten", "prims", "quantized"):
+        return parts[1]
+    return parts[-1]
+
+
+def node_family(node: OpNode) -> str:
+    """The op family (``cost_models.calibration.FAMILIES``) of a traced node."""
+    return op_family(op_short_name(node.targets[0])) if node.targets else "elementwise"
 
 
 def analytic_costs(graph: OpGraph, cluster: Cluster) -> Costs:
     """Roofline time of every node of ``graph`` on every device of ``cluster``."""
+    return costs(graph, cluster)
+
+
+def costs(
+    graph: OpGraph,
+    cluster: Cluster,
+    *,
+    measured: Mapping[str, Mapping[str, float]] | None = None,
+    fits: Mapping[str, CalibrationFit] | None = None,
+) -> Costs:
+    """Every node's time on every device, and where each figure came from.
+
+    ``measured[node][device]`` (seconds, from a profile) wins; else ``fits[device type]`` gives
+    the calibrated roofline; else the analytic roofline.
+    """
+    measured = measured or {}
+    fits = fits or {}
     device_types = {d.name: get_device_type(d.type) for d in cluster.devices}
+    device_fit = {d.name: fits.get(device_types[d.name].name) for d in cluster.devices}
     compute_s: dict[str, dict[str, float]] = {}
+    source: dict[str, str] = {}
+    device_source: dict[str, dict[str, str]] = {}
     for node in graph.nodes:
         if node.is_input:
             compute_s[node.name] = {name: 0.0 for name in device_types}
+            source[node.name] = "analytic"
             continue
-        compute_s[node.name] = {
-            name: op_time_s(flops=node.flops, bytes_accessed=node.bytes_accessed,
-                            dtype=node.dtype, device=device_type, launches=node.launches)
-            for name, device_type in device_types.items()
-        }
-    return Costs(compute_s=compute_s,
-                 source={node.name: "analytic" for node in graph.nodes})
+        times: dict[str, float] = {}
+        kinds: dict[str, str] = {}
+        for name, device_type in device_types.items():
+            fitted = device_fit[name]
+            if name in measured.get(node.name, {}):
+                times[name], kinds[name] = measured[node.name][name], "measured"
+            elif fitted is not None and node.launches:
+                times[name] = fitted.op_time_s(
+                    family=node_family(node), flops=node.flops,
+                    bytes_accessed=node.bytes_accessed, dtype=node.dtype, device=device_type,
+                    launches=node.launches)
+                kinds[name] = "calibrated"
+            else:
+                times[name] = op_time_s(flops=node.flops, bytes_accessed=node.bytes_accessed,
+                                        dtype=node.dtype, device=device_type,
+                                        launches=node.launches)
+                kinds[name] = "analytic"
+        compute_s[node.name] = times
+        source[node.name] = weakest_source(kinds.values())
+        if len(set(kinds.values())) > 1 or source[node.name] != "analytic":
+            device_source[node.name] = kinds
+    return Costs(compute_s=compute_s, source=source, device_source=device_source)

@@ -281,13 +281,23 @@ class Cluster:
 class Costs:
     """``compute_s[node][device]``: how long a node runs on a device; ``math.inf`` where it
     cannot run there (an unsupported op, or a node pinned elsewhere). ``source[node]`` says where
-    the figure came from (``analytic``, later ``measured`` or ``calibrated``)."""
+    the figure came from (``analytic``, ``measured`` or ``calibrated``); ``device_source``, when
+    a node has an entry, says it per device (measured on the CPU that is here, analytic on a
+    simulated GPU), and ``source[node]`` is then the least measured of them."""
 
     compute_s: Mapping[str, Mapping[str, float]]
     source: Mapping[str, str] = field(default_factory=dict)
+    device_source: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def of(self, node: str, device: str) -> float:
         return self.compute_s[node][device]
+
+    def source_of(self, node: str, device: str) -> str:
+        """Where ``node``'s time on ``device`` came from."""
+        per_device = self.device_source.get(node)
+        if per_device is not None and device in per_device:
+            return per_device[device]
+        return self.source.get(node, "analytic")
 
 
 @dataclass(frozen=True)
