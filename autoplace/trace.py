@@ -13,9 +13,12 @@ other stage looks at it.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import operator
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +30,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from autoplace.errors import TraceError
 from autoplace.ir import Edge, OpGraph, OpNode
 
-__all__ = ["TracedModel", "trace_model", "SHAPE_ONLY_OPS"]
+__all__ = ["SHAPE_ONLY_OPS", "TracedModel", "flat_inputs", "trace_model"]
 
 # Ops that launch no kernel and move no bytes: views, metadata checks, and eval-mode dropout.
 # They cost nothing on any device, and coarsening folds them into their producer.
@@ -102,9 +105,30 @@ def _module_path(node: torch.fx.Node) -> str:
     return ""
 
 
+# Loggers that narrate a failed export at length (the partial graph, the guard that failed).
+_EXPORT_LOGGERS = ("torch.export", "torch._export", "torch.fx.experimental.symbolic_shapes")
+
+
+@contextlib.contextmanager
+def _quiet_export() -> Iterator[None]:
+    """Silence what torch.export writes to stderr while it fails (it prints the partial fx graph
+    and logs warnings): autoplace reports the failure itself, as a fallback note or a
+    ``TraceError`` of one paragraph, and the dump would bury it."""
+    loggers = [logging.getLogger(name) for name in _EXPORT_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
 def _export(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.fx.GraphModule:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with _quiet_export():
         exported = torch.export.export(model, args, kwargs, strict=False)
         return exported.module()
 
@@ -143,25 +167,30 @@ class _CountingInterpreter(torch.fx.Interpreter):
         return result
 
 
-def _count(
-    gm: torch.fx.GraphModule, args: tuple, kwargs: dict, *, device: str
-) -> _CountingInterpreter:
+def flat_inputs(gm: torch.fx.GraphModule, args: tuple, kwargs: dict) -> list[Any]:
+    """The example inputs in the order of ``gm``'s placeholders."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    flat_inputs = list(args) + [kwargs[k] for k in kwargs]
+    flat = list(args) + [kwargs[k] for k in kwargs]
     in_spec = getattr(gm, "_in_spec", None)
     if in_spec is not None:
         import torch.fx._pytree as fx_pytree
 
-        flat_inputs = fx_pytree.tree_flatten_spec((args, kwargs), in_spec)
+        flat = fx_pytree.tree_flatten_spec((args, kwargs), in_spec)
     elif kwargs:
         # symbolic_trace placeholders follow forward's signature: match kwargs by name.
         by_name = {**{p.target: a for p, a in zip(placeholders, args)}, **kwargs}
-        flat_inputs = [by_name.get(p.target) for p in placeholders]
+        flat = [by_name.get(p.target) for p in placeholders]
+    return list(flat)
+
+
+def _count(
+    gm: torch.fx.GraphModule, args: tuple, kwargs: dict, *, device: str
+) -> _CountingInterpreter:
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     interp = _CountingInterpreter(gm, fake_mode, device)
     with fake_mode:
         fake_inputs = [_fake_like(x, device) if isinstance(x, torch.Tensor) else x
-                       for x in flat_inputs]
+                       for x in flat_inputs(gm, args, kwargs)]
         interp.run(*fake_inputs)
     return interp
 
@@ -306,7 +335,7 @@ def trace_model(
                 f"torch.export failed ({reason}) and torch.fx.symbolic_trace failed too "
                 f"({type(fx_exc).__name__}: {str(fx_exc).strip().splitlines()[0][:300]}). "
                 "Make the model traceable: avoid Python control flow on tensor values in forward "
-                "(use torch.cond or torch.where), or trace a submodule that is"
+                "(use torch.cond or torch.where), or plan a submodule that traces"
             ) from fx_exc
         tracer = "fx"
         notes.append(f"torch.export failed, fell back to torch.fx.symbolic_trace: {reason}")
@@ -316,7 +345,10 @@ def trace_model(
     except Exception as exc:
         raise TraceError(
             f"the model traced with {tracer}, but running its graph on fake tensors to count "
-            f"FLOPs and shapes failed: {type(exc).__name__}: {exc}"
+            f"FLOPs and shapes failed: {type(exc).__name__}: "
+            f"{(str(exc).strip().splitlines() or [''])[0][:300]}. Every op "
+            "must run without reading tensor values (no .item(), .tolist() or Python branches "
+            "on values, also inside functions wrapped with torch.fx.wrap)"
         ) from exc
     graph = _build_graph(gm, interp, name=name)
     return TracedModel(graph=graph, module=gm, tracer=tracer, notes=tuple(notes),

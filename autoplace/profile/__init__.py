@@ -1,0 +1,239 @@
+"""Measured costs: profile a traced model on the devices that are here, measure the links between
+them, and calibrate the roofline for the devices that are not.
+
+Part of the pipeline's cost stage: ``autoplace.pipeline.plan`` calls ``profile_model`` after
+tracing when asked to (``--profile``), and ``autoplace.cost.costs`` then takes each node's
+measured time where there is one, a calibrated one where a fit exists, and the analytic roofline
+otherwise. ``autoplace profile`` runs this stage alone.
+
+Read in this order: ``inventory`` (what is here), ``timing`` (clocks and the stable-median loop),
+``ops`` (one device, op by op), ``links`` (copies between devices), ``cache`` (the SQLite file
+that keeps all of it across runs and models), ``calibrate`` (fits), then ``profile_model`` below.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from autoplace.ir import Cluster, Device, Link
+from autoplace.profile.cache import LinkRecord, ProfileCache, default_cache_path
+from autoplace.profile.calibrate import Comparison, compare, fits_for, refit
+from autoplace.profile.inventory import Inventory, device_key, inventory, present_devices
+from autoplace.profile.links import measure_link
+from autoplace.profile.ops import DeviceProfile, Progress, profile_device
+from autoplace.profile.timing import Timer
+from autoplace.trace import TracedModel
+from cost_models.calibration import CalibrationFit
+
+__all__ = ["ProfileCache", "ProfileResult", "default_cache_path", "open_cache",
+           "profile_model"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfileResult:
+    """What profiling found: per-device op times, measured links, the calibration fits that
+    apply to the cluster, predictions against measurements, and notes for the user."""
+
+    devices: tuple[DeviceProfile, ...] = ()
+    links: tuple[Link, ...] = ()
+    fits: Mapping[str, CalibrationFit] = field(default_factory=dict)
+    comparisons: tuple[Comparison, ...] = ()
+    inventory: Inventory | None = None
+    cache: Mapping[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    wall_s: float = 0.0
+
+    def measured(self) -> dict[str, dict[str, float]]:
+        """``measured[node][device]`` seconds, for ``autoplace.cost.costs``."""
+        out: dict[str, dict[str, float]] = {}
+        for dp in self.devices:
+            for node, op in dp.ops.items():
+                out.setdefault(node, {})[dp.device] = op.median_s
+        return out
+
+    def apply_links(self, cluster: Cluster) -> Cluster:
+        """``cluster`` with every link that was measured replaced by the measurement."""
+        measured = {(lk.src, lk.dst): lk for lk in self.links}
+        if not measured:
+            return cluster
+        return Cluster(devices=cluster.devices,
+                       links=tuple(measured.get((lk.src, lk.dst), lk) for lk in cluster.links))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``profile`` section of ``plan.json``."""
+        return {
+            "devices": [{
+                "device": dp.device, "device_key": dp.device_key, "device_type": dp.device_type,
+                "ops_measured": len(dp.ops), "measured_now": dp.measured_now,
+                "from_cache": dp.from_cache, "unmeasured": list(dp.unmeasured),
+                "sum_of_ops_s": dp.sum_s,
+                "whole_forward_s": dp.whole_forward.median_s if dp.whole_forward else None,
+                "whole_forward_spread": dp.whole_forward.spread if dp.whole_forward else None,
+                "wall_s": dp.wall_s,
+            } for dp in self.devices],
+            "links": [{"src": lk.src, "dst": lk.dst, "latency_s": lk.latency_s,
+                       "bandwidth_bytes_per_s": lk.bandwidth_bytes_per_s} for lk in self.links],
+            "calibration": {name: f.to_dict() for name, f in self.fits.items()},
+            "comparisons": [c.to_dict() for c in self.comparisons],
+            "cache": dict(self.cache),
+            "wall_s": self.wall_s,
+        }
+
+    def lines(self) -> list[str]:
+        """The terminal summary of ``autoplace profile``."""
+        out = []
+        for dp in self.devices:
+            out.append(f"{dp.device} ({dp.device_key}): {len(dp.ops)} ops, {dp.measured_now} "
+                       f"measured now, {dp.from_cache} from the cache, in {dp.wall_s:.1f} s")
+            out.append(f"  ops one by one add up to {dp.sum_s * 1e3:.3f} ms")
+            whole = dp.whole_forward
+            if whole is not None:
+                out.append(f"  whole forward pass: {whole.median_s * 1e3:.3f} ms (median of "
+                           f"{whole.samples}, spread {whole.spread:.0%}); the sum is "
+                           f"{_signed(dp.sum_s / whole.median_s - 1)} of it")
+        for c in self.comparisons:
+            out.append(f"calibrated {c.device_type} on {c.device}: predicts "
+                       f"{c.calibrated_s * 1e3:.3f} ms for the {c.ops} measured ops "
+                       f"({_signed(c.error)}); median error per op {c.op_error:.0%}")
+        for lk in self.links:
+            out.append(f"link {lk.src} -> {lk.dst}: {lk.latency_s * 1e6:.1f} us + bytes / "
+                       f"{lk.bandwidth_bytes_per_s / 1e9:.2f} GB/s")
+        return out
+
+
+def _signed(x: float) -> str:
+    return f"{x:+.1%}"
+
+
+def open_cache(*, use_cache: bool = True, path: str | None = None) -> ProfileCache:
+    """The profile cache: at ``path``, the default location, or in memory with
+    ``use_cache=False``."""
+    where = None if not use_cache else (path or default_cache_path())
+    return ProfileCache(where, torch_version=torch.__version__)
+
+
+@contextlib.contextmanager
+def _progress_bar(enabled: bool) -> Iterator[Any]:
+    if not enabled:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    bar = Progress(TextColumn("[bold]profiling[/] {task.description}"), BarColumn(),
+                   MofNCompleteColumn(), console=Console(stderr=True), transient=True)
+    with bar:
+        yield bar
+
+
+def profile_model(
+    traced: TracedModel,
+    model: torch.nn.Module | None,
+    args: tuple,
+    kwargs: Mapping[str, Any],
+    cluster: Cluster,
+    *,
+    cache: ProfileCache,
+    links: bool = True,
+    progress: bool = False,
+    timer: Timer | None = None,
+    inv: Inventory | None = None,
+) -> ProfileResult:
+    """Profile ``traced`` on every device of ``cluster`` that is here, measure the links among
+    them, refit calibration, and choose fits for the devices that are not here.
+
+    Devices that are not here are named in the notes; with none here, only stored calibration
+    applies. Models whose parameters are on the meta device cannot run, so nothing is measured.
+    Identical devices (two GPUs of one model) are measured once.
+    """
+    began = time.perf_counter()
+    inv = inv or inventory()
+    notes = list(cache.notes)
+    present, absent = present_devices(cluster, inv)
+    notes += [f"not profiled: {why}" for why in absent]
+    if traced.has_meta_params and present:
+        notes.append("not profiled: the parameters are on the meta device, so no op can run")
+        present = []
+    profiles: list[DeviceProfile] = []
+    measured_keys: dict[str, DeviceProfile] = {}
+    with _progress_bar(progress) as bar:
+        for device in present:
+            key = device_key(device.torch_device, inv)
+            twin = measured_keys.get(key)
+            if twin is not None:
+                profiles.append(DeviceProfile(**{**twin.__dict__, "device": device.name,
+                                                 "torch_device": device.torch_device,
+                                                 "notes": ()}))
+                notes.append(f"{device.name} is the same hardware as {twin.device} "
+                             f"({key}): it uses the same measurements")
+                continue
+            report: Progress | None = None
+            if bar is not None:
+                task = bar.add_task(device.name, total=None)
+
+                def report(op: str, done: int, total: int, task: Any = task,
+                           name: str = device.name) -> None:
+                    bar.update(task, description=f"{op} on {name}", completed=done,
+                               total=total)
+
+            dp = profile_device(traced, model, args, kwargs, device=device, device_key=key,
+                                cache=cache, timer=timer, progress=report)
+            profiles.append(dp)
+            measured_keys[key] = dp
+            notes += list(dp.notes)
+            refit(cache, device_type=device.type, device_key=key)
+            if dp.whole_forward is not None and dp.ops:
+                notes.append(
+                    f"on {device.name}, the {len(dp.ops)} ops timed one by one add up to "
+                    f"{dp.sum_s * 1e3:.3g} ms; the whole forward pass took "
+                    f"{dp.whole_forward.median_s * 1e3:.3g} ms "
+                    f"({_signed(dp.sum_s / dp.whole_forward.median_s - 1)})")
+    measured_links = _links(present, inv, cache=cache, notes=notes) if links else ()
+    fits, fit_notes = fits_for(cluster, cache.get_fits())
+    notes += fit_notes
+    comparisons = []
+    for dp in profiles:
+        fitted = fits.get(dp.device_type)
+        if fitted is None or dp.device not in cluster.names:
+            continue
+        c = compare(traced.graph, {n: p.median_s for n, p in dp.ops.items()}, fitted,
+                    device=dp.device, device_type=dp.device_type)
+        if c is not None:
+            comparisons.append(c)
+    return ProfileResult(devices=tuple(profiles), links=measured_links, fits=fits,
+                         comparisons=tuple(comparisons), inventory=inv,
+                         cache=cache.describe(), notes=tuple(dict.fromkeys(notes)),
+                         wall_s=time.perf_counter() - began)
+
+
+def _links(present: Sequence[Device], inv: Inventory, *, cache: ProfileCache,
+           notes: list[str]) -> tuple[Link, ...]:
+    """Measure (or read from the cache) the link of every ordered pair of present devices."""
+    out = []
+    for src in present:
+        for dst in present:
+            if src.name == dst.name or src.torch_device == dst.torch_device:
+                continue
+            src_key = f"{device_key(src.torch_device, inv)}@{src.torch_device}"
+            dst_key = f"{device_key(dst.torch_device, inv)}@{dst.torch_device}"
+            record = cache.get_link(src_key, dst_key)
+            if record is None:
+                try:
+                    latency, bandwidth, points = measure_link(src.torch_device, dst.torch_device)
+                except Exception as exc:
+                    notes.append(f"the link {src.name} -> {dst.name} could not be measured "
+                                 f"({type(exc).__name__}: {exc}); it keeps the catalog figures")
+                    continue
+                record = LinkRecord(src_key=src_key, dst_key=dst_key, latency_s=latency,
+                                    bandwidth_bytes_per_s=bandwidth, points=points)
+                cache.put_link(record)
+            out.append(Link(src=src.name, dst=dst.name,
+                            bandwidth_bytes_per_s=record.bandwidth_bytes_per_s,
+                            latency_s=record.latency_s, kind="measured"))
+    return tuple(out)

@@ -1,0 +1,376 @@
+"""Time every op of a traced model on one device, and the whole model's forward pass.
+
+Read ``profile_device``: it walks the traced fx graph once in topological order on the device,
+with the example inputs, so every op meets real values of the traced shapes and dtypes (token ids
+stay valid indices, masks stay masks). At each op it looks the op's signature up in the cache;
+on a miss it times the op in isolation (``timing.measure``: warm-up, repeated until the median is
+stable) and reads the allocator's peak for its transient workspace (GPUs only: the CPU allocator
+keeps no peak statistics). Then it runs the op once more for real and moves on, freeing values
+after their last use, so memory stays that of one forward pass.
+
+An op that fails when timed alone is timed together with the op before it (which produces
+fresh inputs each time) and the earlier op's time subtracted; the result says so. An op that
+cannot run at all here stops the walk: later ops keep the best costs available.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+
+from autoplace.cost import node_family
+from autoplace.ir import Device
+from autoplace.profile.cache import OpRecord, ProfileCache
+from autoplace.profile.timing import Measurement, Timer, measure, timer_for
+from autoplace.trace import TracedModel, flat_inputs
+
+__all__ = ["DeviceProfile", "OpProfile", "op_signature", "profile_device"]
+
+Progress = Callable[[str, int, int], None]  # (op name, done, total)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpProfile:
+    """One op's measured time on one device. ``method``: ``isolated``, ``with-neighbour``
+    (timed with the op before it), or ``cached`` (an earlier identical op, this run or before)."""
+
+    node: str
+    signature: str
+    median_s: float
+    spread: float
+    samples: int
+    param_bytes: int
+    output_bytes: int
+    workspace_bytes: int | None
+    method: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceProfile:
+    """Every op measured on one device, and the whole forward pass for comparison."""
+
+    device: str
+    torch_device: str
+    device_key: str
+    device_type: str
+    ops: Mapping[str, OpProfile]
+    whole_forward: Measurement | None
+    notes: tuple[str, ...] = ()
+    unmeasured: tuple[str, ...] = ()
+    measured_now: int = 0
+    from_cache: int = 0
+    wall_s: float = 0.0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def sum_s(self) -> float:
+        """The sum of the ops' median times: what the plan's costs add up to on one device."""
+        return sum(p.median_s for p in self.ops.values())
+
+
+def _describe(value: Any) -> Any:
+    """A JSON-able description of an argument: tensors by shape and dtype, the rest by value."""
+    if isinstance(value, torch.Tensor):
+        return ["T", list(value.shape), str(value.dtype).removeprefix("torch.")]
+    if isinstance(value, (list, tuple)):
+        return [_describe(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _describe(v) for k, v in sorted(value.items())}
+    if isinstance(value, torch.device):
+        return "device"  # where it runs is the cache's device key, not the signature
+    if isinstance(value, (int, float, bool, str)) or value is None:
+        return value
+    return repr(value)
+
+
+def op_signature(target: str, args: Any, kwargs: Mapping[str, Any]) -> str:
+    """The op's cache key: target, then every argument (tensors as shape and dtype)."""
+    return json.dumps([target, _describe(list(args)), _describe(dict(kwargs))],
+                      separators=(",", ":"))
+
+
+def _to_device(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, torch.device):
+        return device
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_device(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_device(v, device) for k, v in value.items()}
+    return value
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+def _nbytes(value: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in _tensors(value))
+
+
+def _mutates(node: torch.fx.Node) -> bool:
+    schema = getattr(node.target, "_schema", None)
+    if schema is not None:
+        return bool(schema.is_mutable)
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    return str(name).endswith("_") and not str(name).endswith("__")
+
+
+def _callable(gm: torch.fx.GraphModule, node: torch.fx.Node) -> Callable[..., Any]:
+    if node.op == "call_module":
+        return gm.get_submodule(str(node.target))
+    if node.op == "call_method":
+        return lambda self_, *a, **k: getattr(self_, str(node.target))(*a, **k)
+    return node.target  # call_function
+
+
+def _attr(gm: torch.fx.GraphModule, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def profile_device(
+    traced: TracedModel,
+    model: torch.nn.Module | None,
+    args: tuple,
+    kwargs: Mapping[str, Any],
+    *,
+    device: Device,
+    device_key: str,
+    cache: ProfileCache,
+    timer: Timer | None = None,
+    progress: Progress | None = None,
+    whole_forward: bool = True,
+) -> DeviceProfile:
+    """Time every op of ``traced`` that launches work on ``device`` (see the module docstring).
+
+    ``model`` is the original module, for the whole-forward comparison (skipped when None).
+    ``timer`` defaults to the device's (``timing.timer_for``); tests pass their own.
+    """
+    began = time.perf_counter()
+    dev = torch.device(device.torch_device)
+    timer = timer or timer_for(device.torch_device)
+    gm = traced.module
+    graph = traced.graph
+    wanted = {n.name for n in graph.nodes if not n.is_input and n.launches > 0}
+    ir_node = {n.name: n for n in graph.nodes}
+    fx_nodes = list(gm.graph.nodes)
+    index = {n.name: i for i, n in enumerate(fx_nodes)}
+    last_use = {n.name: max((index[u.name] for u in n.users), default=index[n.name])
+                for n in fx_nodes}
+    free_at: dict[int, list[str]] = {}
+    for name, i in last_use.items():
+        free_at.setdefault(i + 1, []).append(name)  # one node late: the neighbour may need it
+
+    inputs = iter(flat_inputs(gm, args, dict(kwargs)))
+    env: dict[str, Any] = {}
+    ops: dict[str, OpProfile] = {}
+    records: list[OpRecord] = []
+    notes: list[str] = []
+    seen: dict[str, OpProfile] = {}
+    previous: tuple[torch.fx.Node, Callable[[], Any], float] | None = None
+    stopped: str | None = None
+    measured_now = from_cache = 0
+    done = 0
+    cuda = dev.type == "cuda"
+
+    with torch.no_grad():
+        for i, node in enumerate(fx_nodes):
+            for name in free_at.get(i - 1, ()):
+                env.pop(name, None)
+            if node.op == "output":
+                break
+            if node.op == "placeholder":
+                env[node.name] = _to_device(next(inputs, None), dev)
+                continue
+            if node.op == "get_attr":
+                env[node.name] = _to_device(_attr(gm, str(node.target)), dev)
+                continue
+            fn_target = _callable(gm, node)
+            call_args = torch.fx.node.map_arg(node.args, lambda a: env[a.name])
+            call_kwargs = torch.fx.node.map_arg(node.kwargs, lambda a: env[a.name])
+            call_args, call_kwargs = _to_device(call_args, dev), _to_device(call_kwargs, dev)
+
+            def run(f=fn_target, a=call_args, k=call_kwargs) -> Any:
+                return f(*a, **k)
+
+            if node.name in wanted:
+                ir = ir_node[node.name]
+                target = ir.targets[0] if ir.targets else str(node.target)
+                signature = op_signature(target, call_args, call_kwargs)
+                if progress is not None:
+                    progress(node.name, done, len(wanted))
+                profile = seen.get(signature)
+                if profile is None:
+                    cached = cache.get_op(signature, device_key)
+                    if cached is not None:
+                        profile = OpProfile(
+                            node=node.name, signature=signature, median_s=cached.median_s,
+                            spread=cached.spread, samples=cached.samples,
+                            param_bytes=cached.param_bytes, output_bytes=cached.output_bytes,
+                            workspace_bytes=cached.workspace_bytes, method="cached")
+                        from_cache += 1
+                if profile is None:
+                    profile, note = _time_op(node, fn_target, call_args, call_kwargs, ir=ir,
+                                             signature=signature, timer=timer, cuda=cuda,
+                                             dev=dev, previous=previous)
+                    if note:
+                        notes.append(note)
+                    if profile is not None:
+                        measured_now += 1
+                        records.append(OpRecord(
+                            signature=signature, device_key=device_key, device_type=device.type,
+                            family=node_family(ir), dtype=ir.dtype, flops=ir.flops,
+                            bytes_accessed=float(ir.bytes_accessed), launches=ir.launches,
+                            median_s=profile.median_s, spread=profile.spread,
+                            samples=profile.samples, param_bytes=profile.param_bytes,
+                            output_bytes=profile.output_bytes,
+                            workspace_bytes=profile.workspace_bytes, method=profile.method))
+                elif profile.node != node.name:
+                    profile = OpProfile(**{**profile.__dict__, "node": node.name,
+                                           "method": "cached"})
+                if profile is not None:
+                    seen.setdefault(signature, profile)
+                    ops[node.name] = profile
+                done += 1
+            try:
+                env[node.name] = run()
+            except Exception as exc:  # the op cannot run here at all
+                stopped = (f"{node.name} ({node.target}) failed on {device.torch_device}: "
+                           f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}")
+                break
+            if node.name in ops:
+                previous = (node, run, ops[node.name].median_s)
+    cache.put_ops(records)
+    unmeasured = tuple(sorted(wanted - set(ops)))
+    if stopped is not None:
+        notes.append(f"profiling on {device.name} stopped at {stopped}; the {len(unmeasured)} "
+                     "ops not measured keep calibrated or analytic costs")
+    env.clear()
+    whole = None
+    if whole_forward and model is not None and stopped is None:
+        whole = _whole_forward(model, args, kwargs, dev=dev, timer=timer, notes=notes)
+    return DeviceProfile(device=device.name, torch_device=device.torch_device,
+                         device_key=device_key, device_type=device.type, ops=ops,
+                         whole_forward=whole, notes=tuple(notes), unmeasured=unmeasured,
+                         measured_now=measured_now, from_cache=from_cache,
+                         wall_s=time.perf_counter() - began)
+
+
+def _time_op(
+    node: torch.fx.Node,
+    fn: Callable[..., Any],
+    call_args: Any,
+    call_kwargs: Any,
+    *,
+    ir: Any,
+    signature: str,
+    timer: Timer,
+    cuda: bool,
+    dev: torch.device,
+    previous: tuple[torch.fx.Node, Callable[[], Any], float] | None,
+) -> tuple[OpProfile | None, str | None]:
+    """Time one op alone; if that fails, with the op before it. Returns the profile (None when
+    neither worked) and a note for the user when something was unusual."""
+    label = ir.targets[0] if ir.targets else str(node.target)
+    a, k = call_args, call_kwargs
+    if _mutates(node):
+        # An in-place op timed over and over would keep changing the values the rest of the
+        # model reads: time it on copies.
+        a, k = copy.deepcopy((call_args, call_kwargs))
+
+    def alone() -> Any:
+        return fn(*a, **k)
+
+    try:
+        m = measure(alone, timer=timer)
+        output_bytes, workspace = _memory(alone, cuda=cuda, dev=dev)
+        return OpProfile(node=node.name, signature=signature, median_s=m.median_s,
+                         spread=m.spread, samples=m.samples, param_bytes=ir.param_bytes,
+                         output_bytes=output_bytes, workspace_bytes=workspace,
+                         method="isolated"), None
+    except Exception as exc:
+        reason = f"{type(exc).__name__}: {str(exc).strip()[:160]}"
+    if previous is None or previous[0] not in node.all_input_nodes:
+        return None, (f"{node.name} ({label}) failed when timed alone ({reason}) and reads no "
+                      "value of the op before it, so it cannot be timed with it either; it "
+                      "keeps the best cost available")
+    prev_node, prev_run, prev_s = previous
+
+    def pair() -> Any:
+        fresh = prev_run()
+        return fn(*_substitute(call_args, node.args, prev_node, fresh),
+                  **_substitute(call_kwargs, node.kwargs, prev_node, fresh))
+
+    try:
+        m = measure(pair, timer=timer)
+    except Exception as exc:
+        return None, (f"{node.name} ({label}) failed when timed alone ({reason}) and together "
+                      f"with {prev_node.name} ({type(exc).__name__}); it keeps the best cost "
+                      "available")
+    return OpProfile(node=node.name, signature=signature,
+                     median_s=max(m.median_s - prev_s, 0.0), spread=m.spread,
+                     samples=m.samples, param_bytes=ir.param_bytes,
+                     output_bytes=ir.output_bytes, workspace_bytes=None,
+                     method="with-neighbour"), (
+        f"{node.name} ({label}) failed when timed alone ({reason}); it was timed together with "
+        f"the op before it, {prev_node.name}, whose time was subtracted")
+
+
+def _substitute(values: Any, fx_args: Any, prev_node: torch.fx.Node, fresh: Any) -> Any:
+    """``values`` with every position that ``fx_args`` fills from ``prev_node`` set to
+    ``fresh``."""
+    if isinstance(fx_args, torch.fx.Node):
+        return fresh if fx_args is prev_node else values
+    if isinstance(fx_args, (list, tuple)):
+        return type(values)(_substitute(v, a, prev_node, fresh) for v, a in zip(values, fx_args))
+    if isinstance(fx_args, dict):
+        return {key: _substitute(values[key], a, prev_node, fresh) for key, a in fx_args.items()}
+    return values
+
+
+def _memory(run: Callable[[], Any], *, cuda: bool, dev: torch.device) -> tuple[int, int | None]:
+    """Output bytes of one call, and the transient workspace above them from the CUDA
+    allocator's peak (None on the CPU, whose allocator keeps no peak)."""
+    if not cuda:
+        return _nbytes(run()), None
+    torch.cuda.synchronize(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    before = torch.cuda.memory_allocated(dev)
+    out = run()
+    torch.cuda.synchronize(dev)
+    peak = torch.cuda.max_memory_allocated(dev)
+    output_bytes = _nbytes(out)
+    return output_bytes, max(0, peak - before - output_bytes)
+
+
+def _whole_forward(model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any], *,
+                   dev: torch.device, timer: Timer, notes: list[str]) -> Measurement | None:
+    try:
+        params = list(model.parameters()) + list(model.buffers())
+        on_device = all(p.device == dev for p in params)
+        target = model if on_device else copy.deepcopy(model).to(dev)
+        a, k = _to_device(args, dev), _to_device(dict(kwargs), dev)
+        with torch.no_grad():
+            return measure(lambda: target(*a, **k), timer=timer, min_samples=7,
+                           max_samples=30, budget_s=5.0)
+    except Exception as exc:
+        notes.append(f"the whole forward pass could not be timed on {dev} "
+                     f"({type(exc).__name__}: {str(exc).strip()[:160]})")
+        return None

@@ -1,0 +1,118 @@
+"""How one piece of work is timed: a clock per device kind, and a loop that stops when the median
+is stable.
+
+``timer_for("cpu")`` is a ``ClockTimer`` (``time.perf_counter``, monotonic); ``timer_for("cuda:0")``
+a ``CudaEventTimer`` (CUDA events on the current stream, so the GPU's time is measured, not the
+launch). Both time a batch of calls and return seconds per call. ``measure`` warms up, then takes
+samples until the median of all samples and the median of the first three quarters agree within
+``rel_tol`` (a median that still moves means the machine is still settling), or a budget runs
+out; it reports the median and the spread (interquartile range over median).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = ["ClockTimer", "CudaEventTimer", "Measurement", "Timer", "measure", "timer_for"]
+
+
+class Timer(Protocol):
+    """Times ``calls`` back-to-back calls of ``fn``; returns seconds per call."""
+
+    def per_call_s(self, fn: Callable[[], object], calls: int) -> float: ...
+
+
+class ClockTimer:
+    """Wall time with the monotonic ``time.perf_counter``: what a CPU op costs its caller."""
+
+    def per_call_s(self, fn: Callable[[], object], calls: int) -> float:
+        began = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        return (time.perf_counter() - began) / calls
+
+
+class CudaEventTimer:
+    """GPU time between two CUDA events recorded around the calls on the current stream."""
+
+    def __init__(self, device: str) -> None:
+        import torch
+
+        self.device = torch.device(device)
+        self._torch = torch
+
+    def per_call_s(self, fn: Callable[[], object], calls: int) -> float:
+        cuda = self._torch.cuda
+        with cuda.device(self.device):
+            start, end = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)
+            cuda.synchronize()
+            start.record()
+            for _ in range(calls):
+                fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3 / calls
+
+
+def timer_for(torch_device: str) -> Timer:
+    """The timer for a torch device: CUDA events on GPUs, the monotonic clock on the CPU."""
+    return CudaEventTimer(torch_device) if torch_device.startswith("cuda") else ClockTimer()
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """``median_s`` per call, ``spread`` = interquartile range / median, ``samples`` taken and
+    ``calls`` per sample."""
+
+    median_s: float
+    spread: float
+    samples: int
+    calls: int
+
+
+def _spread(values: list[float]) -> float:
+    if len(values) < 4:
+        return (max(values) - min(values)) / statistics.median(values)
+    q = statistics.quantiles(values, n=4)
+    return (q[2] - q[0]) / statistics.median(values)
+
+
+def measure(
+    fn: Callable[[], object],
+    *,
+    timer: Timer,
+    warmup: int = 2,
+    min_samples: int = 5,
+    max_samples: int = 40,
+    rel_tol: float = 0.03,
+    sample_s: float = 2e-3,
+    budget_s: float = 1.0,
+) -> Measurement:
+    """Median seconds per call of ``fn``, after warm-up, until the median is stable.
+
+    Each sample batches enough calls to last about ``sample_s`` (short ops are otherwise lost in
+    the clock's own cost). Stops once ``min_samples`` are in and the median moved less than
+    ``rel_tol``, at ``max_samples``, or when ``budget_s`` of sampling is spent. Exceptions from
+    ``fn`` propagate: the caller decides what a failing op means.
+    """
+    first = timer.per_call_s(fn, 1)
+    for _ in range(max(warmup - 1, 0)):
+        first = min(first, timer.per_call_s(fn, 1))
+    calls = max(1, min(1000, int(sample_s / max(first, 1e-7))))
+    samples: list[float] = []
+    began = time.perf_counter()
+    while len(samples) < max_samples:
+        samples.append(timer.per_call_s(fn, calls))
+        if len(samples) >= min_samples:
+            recent = statistics.median(samples)
+            earlier = statistics.median(samples[: max(3, len(samples) * 3 // 4)])
+            if abs(recent - earlier) <= rel_tol * recent:
+                break
+        if time.perf_counter() - began > budget_s and len(samples) >= 3:
+            break
+    return Measurement(median_s=statistics.median(samples), spread=_spread(samples),
+                       samples=len(samples), calls=calls)
