@@ -1,4 +1,4 @@
-"""The ``autoplace`` command line: ``plan``, ``solve``, ``devices`` and ``report``.
+"""The ``autoplace`` command line: ``plan``, ``solve``, ``profile``, ``devices`` and ``report``.
 
 ``main(argv)`` returns the exit code: 0 on success, 2 for any ``AutoplaceError`` (bad input, a
 model that does not fit, an unwritable output directory), printed as one paragraph with no
@@ -24,6 +24,7 @@ Automatic device placement for PyTorch models.
 
   autoplace plan examples/mlp.py --devices 2xA100-40GB
   autoplace solve examples/graphs/diamond.json --objective throughput
+  autoplace profile examples/mlp.py --devices cpu
   autoplace devices
   autoplace report autoplace-out/plan.json
 """
@@ -62,7 +63,25 @@ def _parser() -> argparse.ArgumentParser:
                    "them with torch.testing.assert_close (default: on)")
     p.add_argument("--emit", action=argparse.BooleanOptionalAction, default=True,
                    help="write the partitioned model to OUT/model (default: on)")
+    p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
+                   help="measure op times and links on the devices that are here, and use "
+                   "calibrated costs for the others where the profile cache has a fit "
+                   "(default: on; with no device here, nothing is measured)")
+    _cache_option(p)
     _solve_options(p)
+
+    pr = sub.add_parser(
+        "profile", help="measure a model's ops on the devices here, and calibrate",
+        description="Trace MODEL_FILE and time every op on each device of --devices that is "
+        "on this machine (CUDA events on GPUs, a monotonic clock on the CPU; the median after "
+        "warm-up), the whole forward pass for comparison, and the links between the devices. "
+        "Measurements go to the profile cache (docs/profiling.md) and refit the calibrated "
+        "roofline, which predicts the devices that are not here.")
+    pr.add_argument("model_file", metavar="MODEL_FILE", help="Python file defining the model")
+    pr.add_argument("--devices", metavar="SPEC",
+                    help="devices to profile, e.g. cpu or cuda:0,cpu (default: cpu and the GPUs "
+                    "found)")
+    _cache_option(pr)
 
     g = sub.add_parser(
         "solve", help="place a task graph given as JSON (no model to trace)",
@@ -89,6 +108,13 @@ def _parser() -> argparse.ArgumentParser:
                        "PLAN_JSON from the plan file alone (no model, no solving).")
     r.add_argument("plan_json", metavar="PLAN_JSON", help="a plan.json, or its directory")
     return parser
+
+
+def _cache_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cache", action=argparse.BooleanOptionalAction, default=True,
+                   help="keep and reuse measurements in the profile cache, "
+                   "$AUTOPLACE_CACHE_DIR or ~/.cache/autoplace/profile.sqlite3 (default: on; "
+                   "--no-cache measures everything again and keeps nothing)")
 
 
 def _solve_options(p: argparse.ArgumentParser) -> None:
@@ -152,12 +178,53 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                   solver=args.solver, max_nodes=args.max_nodes, emit=args.emit,
                   verify=args.verify, seed=args.seed, name=loaded.name,
                   objective=args.objective, contiguous=args.contiguous,
-                  deterministic=args.deterministic)
+                  deterministic=args.deterministic, profile=args.profile,
+                  cache=_cache(args) if args.profile else None, progress=args.profile)
     result.save(out)
     print_summary(result.to_dict())
     print(f"wrote {out}/plan.json, report.html, summary.md, summary.txt"
           + (", model/" if result.emitted is not None else "")
           + f" in {time.perf_counter() - began:.1f} s")
+    return 0
+
+
+def _cache(args: argparse.Namespace):  # noqa: ANN202 - autoplace.profile is imported lazily
+    from autoplace.profile import open_cache
+
+    return open_cache(use_cache=args.cache)
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from autoplace.devices import parse_device_spec
+    from autoplace.loader import load_model_file
+    from autoplace.profile import profile_model
+    from autoplace.profile.inventory import describe_present, inventory, present_devices
+    from autoplace.trace import trace_model
+
+    inv = inventory()
+    spec = args.devices or ",".join(["cpu", *(f"cuda:{g.index}" for g in inv.gpus)])
+    cluster = parse_device_spec(spec)
+    present, absent = present_devices(cluster, inv)
+    if not present:
+        here = parse_device_spec(",".join(["cpu", *(f"cuda:{g.index}" for g in inv.gpus)]))
+        raise AutoplaceError(
+            f"nothing to profile: {'; '.join(absent)}. Devices here: "
+            f"{describe_present(here.devices)}. Profile those (e.g. --devices cpu), or plan "
+            "for the devices you named with `autoplace plan`, which predicts them with the "
+            "calibrated roofline where the profile cache has a fit for their kind")
+    began = time.perf_counter()
+    loaded = load_model_file(args.model_file)
+    model = loaded.model.eval()
+    traced = trace_model(model, loaded.args, loaded.kwargs, name=loaded.name)
+    with _cache(args) as cache:
+        result = profile_model(traced, model, loaded.args, loaded.kwargs, cluster,
+                               cache=cache, progress=True, inv=inv)
+    for line in inv.lines() + result.lines():
+        print(line)
+    for note in result.notes:
+        print(f"note: {note}")
+    where = result.cache.get("path") or "memory only (--no-cache)"
+    print(f"profiled in {time.perf_counter() - began:.1f} s; cache: {where}")
     return 0
 
 
@@ -187,8 +254,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    command = {"plan": _cmd_plan, "solve": _cmd_solve, "devices": _cmd_devices,
-               "report": _cmd_report}[args.command]
+    command = {"plan": _cmd_plan, "solve": _cmd_solve, "profile": _cmd_profile,
+               "devices": _cmd_devices, "report": _cmd_report}[args.command]
     try:
         return command(args)
     except AutoplaceError as exc:

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from autoplace.coarsen import DEFAULT_MAX_NODES, coarsen
-from autoplace.cost import analytic_costs
+from autoplace.cost import costs as cost_nodes
 from autoplace.devices import parse_device_spec, resolve_cluster
 from autoplace.errors import AutoplaceError
 from autoplace.ir import Cluster, Problem
@@ -103,9 +103,17 @@ def plan(
     objective: str = "latency",
     contiguous: bool = False,
     deterministic: bool = False,
+    profile: bool = False,
+    cache: Any = None,
+    progress: bool = False,
 ) -> Plan:
     """Plan ``model`` on ``devices`` (a spec such as ``"2xA100-40GB"``, a ``Cluster``, or
     ``None`` for the GPUs found / the default simulated set).
+
+    With ``profile`` the devices that are here are profiled (``autoplace.profile``): their ops
+    and links are measured, and devices that are not here get calibrated costs where the cache
+    (``cache``, an ``autoplace.profile.ProfileCache``; default: the one at its documented
+    location) holds a fit for their kind. Without it, costs are analytic.
 
     The model is switched to ``eval()`` mode: autoplace plans inference. With ``emit`` the
     partitioned model is built (``Plan.emitted``) and, with ``verify``, checked against the
@@ -129,7 +137,18 @@ def plan(
 
     traced = trace_model(model, args, kwargs, name=name)
     notes += traced.notes
-    costs = analytic_costs(traced.graph, cluster)
+    profiled = None
+    if profile:
+        from autoplace.profile import open_cache, profile_model
+
+        cache = cache if cache is not None else open_cache()
+        profiled = profile_model(traced, model, args, kwargs, cluster, cache=cache,
+                                 progress=progress)
+        notes += profiled.notes
+        cluster = profiled.apply_links(cluster)
+    costs = cost_nodes(traced.graph, cluster,
+                       measured=profiled.measured() if profiled else None,
+                       fits=profiled.fits if profiled else None)
     smallest = min(d.memory_bytes for d in cluster.devices)
     coarse = coarsen(traced.graph, costs, max_nodes=max_nodes,
                      max_group_bytes=max(smallest // 4, 1))
@@ -151,7 +170,8 @@ def plan(
         notes += emit_notes
         planned = Plan(**{**_fields(planned), "emitted": emitted,
                           "verification": verification})
-    return Plan(**{**_fields(planned), "notes": tuple(notes), "whatif": scaling})
+    return Plan(**{**_fields(planned), "notes": tuple(notes), "whatif": scaling,
+                   "profile": profiled.to_dict() if profiled else None})
 
 
 def solve_graph(

@@ -80,6 +80,7 @@ class Plan:
     notes: tuple[str, ...] = ()
     created: str = ""
     whatif: tuple[Mapping[str, Any], ...] | None = None
+    profile: Mapping[str, Any] | None = None
     emitted: Any = field(default=None, compare=False, repr=False)
 
     @property
@@ -149,8 +150,9 @@ class Plan:
                 "output_shapes": [list(x) for x in n.output_shapes],
                 "output_dtypes": list(n.output_dtypes), "flops": n.flops,
                 "bytes_accessed": n.bytes_accessed, "launches": n.launches, "dtype": n.dtype,
-                "cost_source": costs.source.get(n.name, "analytic"),
-            } for n in graph.nodes],
+                "cost_source": costs.source_of(n.name, device_of[n.name]),
+            } | ({"cost_sources": {d: costs.source_of(n.name, d) for d in cluster.names}}
+                 if n.name in costs.device_source else {}) for n in graph.nodes],
             "edges": [{"src": e.src, "dst": e.dst, "bytes": e.bytes}
                       | ({} if e.transfer_s is None else {"transfer_s": e.transfer_s})
                       for e in graph.edges],
@@ -181,7 +183,8 @@ class Plan:
             "notes": list(self.notes),
             "created": self.created or _dt.datetime.now(_dt.UTC).isoformat(),
             "autoplace_version": __version__,
-        } | ({} if self.whatif is None else {"whatif": [dict(row) for row in self.whatif]})
+        } | ({} if self.whatif is None else {"whatif": [dict(row) for row in self.whatif]}) \
+          | ({} if self.profile is None else {"profile": dict(self.profile)})
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
@@ -212,7 +215,9 @@ class Plan:
         costs = Costs(compute_s={n["name"]: {d: math.inf if t is None else t
                                              for d, t in n["compute_s"].items()}
                                  for n in data["nodes"]},
-                      source={n["name"]: n.get("cost_source", "analytic") for n in data["nodes"]})
+                      source={n["name"]: n.get("cost_source", "analytic") for n in data["nodes"]},
+                      device_source={n["name"]: dict(n["cost_sources"]) for n in data["nodes"]
+                                     if "cost_sources" in n})
         problem = Problem(graph=graph, cluster=Cluster(devices=devices, links=links), costs=costs)
         order = {d: tuple(seq) for d, seq in data.get("order", {}).items()} or None
         memory = data["memory"]
@@ -251,6 +256,7 @@ class Plan:
             verification=data.get("verification", {}), notes=tuple(data.get("notes", ())),
             created=data.get("created", ""),
             whatif=tuple(data["whatif"]) if "whatif" in data else None,
+            profile=data.get("profile"),
         )
 
     def with_verification(self, verification: Mapping[str, Any]) -> Plan:
