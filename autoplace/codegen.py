@@ -682,7 +682,7 @@ def _importable(name: str, value: Any, *, where: str) -> tuple[str, str]:
     raise EmitError(
         f"{where}: generated code needs {what} (global {name!r}), "
         "which model.py cannot import: it may import only torch and the standard library; "
-        "express that call with torch ops"
+        "express that call with torch ops, or pass --no-emit to plan without the emitted model"
     )
 
 

@@ -633,9 +633,12 @@ def verify(
     try:
         torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol)
     except AssertionError as error:
+        found = "; ".join(line.strip() for line in str(error).splitlines() if line.strip())
         raise VerificationError(
             f"the emitted model's {how} differ from the original's (max abs diff {diff:.3g}): "
-            f"{error}"
+            f"{found}. If the model is random at inference (sampling, added noise), its outputs "
+            "cannot match: pass --no-verify (verify=False); otherwise this is an autoplace bug, "
+            "please report it with the model"
         ) from error
     tensors = sum(isinstance(leaf, torch.Tensor) for leaf in expected_leaves)
     tolerance = "default tolerances" if rtol is None else f"rtol={rtol}, atol={atol}"
