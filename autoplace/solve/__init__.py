@@ -10,8 +10,10 @@ bounds of the real problem); a CP-SAT bound above a plan the simulator accepts i
 
 Baselines (``HEURISTICS``, each also a CP-SAT hint): accelerate-style sequential and balanced
 fill, insertion-based HEFT, Baechi's memory-aware m-ETF and m-SCT, the exact dynamic program
-over contiguous splits of a topological order, and its variant over colocation groups (pipeline
-stages of training graphs). Solvers are chosen by name (``SOLVERS``);
+over contiguous splits of a topological order (two orders: the graph's, and one that keeps
+colocation groups together), the exact dynamic program over all contiguous splits (chains of
+ideals, Tarnawski et al.; for graphs with few ideals), and the DP's variant over colocation
+groups (pipeline stages of training graphs). Solvers are chosen by name (``SOLVERS``);
 ``cpsat`` is the default, the others return the corresponding heuristic's plan.
 """
 
@@ -28,8 +30,9 @@ from autoplace.solve.baechi import m_etf, m_sct
 from autoplace.solve.bounds import check_memory, lower_bound_s
 from autoplace.solve.cpsat import TIME_QUANTUM_S, solve_cpsat
 from autoplace.solve.heuristics import heft, sequential_fill, single_device
+from autoplace.solve.ideals import ideal_dp
 from autoplace.solve.large import EXACT_MAX_NODES, coarse_solve, improve
-from autoplace.solve.partition import balanced_fill, contiguous_dp
+from autoplace.solve.partition import balanced_fill, contiguous_split
 from autoplace.solve.stages import stage_dp
 
 __all__ = [
@@ -55,7 +58,8 @@ HEURISTICS: dict[str, Callable[[Problem, str], Placement | None]] = {
     "heft": lambda p, _: heft(p),
     "m-etf": lambda p, _: m_etf(p),
     "m-sct": lambda p, _: m_sct(p),
-    "contiguous-dp": contiguous_dp,
+    "contiguous-dp": contiguous_split,
+    "ideal-dp": ideal_dp,
     "stage-dp": stage_dp,
 }
 SOLVERS = ("cpsat", *sorted([*HEURISTICS, "single-device"]))

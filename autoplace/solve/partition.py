@@ -17,7 +17,7 @@ may begin) and ``_sweep`` (the incremental loads the DP needs).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -30,7 +30,7 @@ from autoplace.solve.heuristics import (
     sequential_fill,
 )
 
-__all__ = ["balanced_fill", "contiguous_dp"]
+__all__ = ["balanced_fill", "contiguous_dp", "contiguous_split", "grouped_order"]
 
 _OBJECTIVES = ("latency", "throughput")
 
@@ -86,7 +86,8 @@ def balanced_fill(problem: Problem) -> Placement | None:
 
 
 def contiguous_dp(
-    problem: Problem, objective: str = "throughput", *, max_cuts: int = 2048
+    problem: Problem, objective: str = "throughput", *, max_cuts: int = 2048,
+    order: Sequence[str] | None = None,
 ) -> Placement | None:
     """The best split of the topological order into consecutive segments, segment ``t`` on the
     ``t``-th device in cluster order (a segment may be empty: devices may go unused).
@@ -103,9 +104,13 @@ def contiguous_dp(
     only where its cost is finite; a colocation group is never cut (no segment boundary falls
     between its first and last member in topological order). ``None`` when no split meets them.
 
-    Scope: optimal among contiguous splits *of graph.nodes' order* onto devices *in cluster
-    order*; for a chain that is every contiguous split, for a general DAG other topological
-    orders, device orders and non-contiguous placements may do better. The DP is O(k m^2) over
+    ``order`` is the topological order to split (``graph.nodes``' by default; see
+    ``grouped_order`` for one that keeps colocation groups together).
+
+    Scope: optimal among contiguous splits *of that order* onto devices *in cluster order*;
+    for a chain that is every contiguous split, for a general DAG other topological orders,
+    device orders and non-contiguous placements may do better (``ideals.ideal_dp`` is exact
+    over all contiguous splits, where it can run). The DP is O(k m^2) over
     m candidate cut points plus O(E m) to maintain loads; with more than ``max_cuts`` allowed
     cut points it keeps an even subsample of them (then it is exact only over those).
     """
@@ -113,10 +118,14 @@ def contiguous_dp(
         raise AutoplaceError(f"unknown objective {objective!r}; valid objectives: "
                              f"{', '.join(_OBJECTIVES)}")
     graph, cluster, costs = problem.graph, problem.cluster, problem.costs
-    names = [node.name for node in graph.nodes]
+    names = [node.name for node in graph.nodes] if order is None else list(order)
+    position = {v: i for i, v in enumerate(names)}
+    if len(position) != len(graph.nodes) or any(
+            position[e.src] >= position[e.dst] for e in graph.edges):
+        raise AutoplaceError("contiguous_dp needs a topological order of every node once")
     devices = list(cluster.names)
     n, k = len(names), len(devices)
-    cuts = _cut_points(problem, max_cuts=max_cuts)
+    cuts = _cut_points(problem, position, max_cuts=max_cuts)
     m = len(cuts)
     cut_rank = {int(p): c for c, p in enumerate(cuts)}
 
@@ -126,7 +135,7 @@ def contiguous_dp(
     zeros = np.zeros((k, 1))
     compute = np.concatenate([zeros, np.cumsum(np.where(cannot, 0.0, cost), axis=1)], axis=1)
     blocked = np.concatenate([zeros, np.cumsum(cannot, axis=1)], axis=1)
-    params = np.concatenate([[0], np.cumsum([node.param_bytes for node in graph.nodes])])
+    params = np.concatenate([[0], np.cumsum([graph.node(v).param_bytes for v in names])])
     capacity = np.array([d.memory_bytes for d in cluster.devices]) - activation_reserve(problem)
     charged = [1.0 if d.charges_transfers else 0.0 for d in cluster.devices]
 
@@ -137,7 +146,7 @@ def contiguous_dp(
     best = np.full((k, m), np.inf)
     best[:, 0] = 0.0  # nothing placed yet, every device empty
     choice = np.zeros((k, m), dtype=np.int64)
-    for j, comm in _sweep(problem, cuts):
+    for j, comm in _sweep(problem, names, position, cuts):
         c = cut_rank[j]
         starts = cuts[:c + 1]
         for t in range(k):
@@ -164,15 +173,94 @@ def contiguous_dp(
     return Placement(device_of=device_of)
 
 
-def _cut_points(problem: Problem, *, max_cuts: int) -> np.ndarray:
+def grouped_order(problem: Problem, *, seed: int | None = None,
+                  stages: Mapping[str, int] | None = None) -> list[str]:
+    """A topological order in which each node comes right after the inputs it needs first
+    (depth-first from the outputs), and each colocation group's members are consecutive when the
+    groups form no cycle (they do in training graphs: a layer's forward and backward op).
+
+    Orders matter to ``contiguous_dp``, which can only cut between groups: in ``graph.nodes``
+    order a weight that feeds a deep op often comes first, and if the two share a group the
+    group spans the whole order and leaves no cut at all (Tarnawski et al.'s operator graphs).
+    Here the weight sits next to its reader. ``seed`` shuffles the order in which a node's
+    inputs are visited, for a different order of the same kind. With ``stages`` (a stage number
+    per node, non-decreasing along every edge: a contiguous split), the order is stage by stage,
+    depth-first inside each, so that split is again a split of the order.
+    """
+    graph = problem.graph
+    rng = None if seed is None else np.random.default_rng(seed)
+    for grouped in (True, False):
+        group_of = {v: (graph.colocation_of[v] if grouped else (v,)) for v in graph.index}
+        stage_of = {g: 0 if stages is None else stages[g[0]] for g in group_of.values()}
+        preds: dict[tuple[str, ...], list[tuple[str, ...]]] = {}
+        for group in dict.fromkeys(group_of.values()):
+            inputs = dict.fromkeys(group_of[e.src] for v in group for e in graph.in_edges(v)
+                                   if stage_of[group_of[e.src]] == stage_of[group])
+            inputs.pop(group, None)
+            preds[group] = sorted(inputs, key=lambda g: min(graph.index[v] for v in g))
+            if rng is not None:
+                rng.shuffle(preds[group])
+        roots = list(dict.fromkeys(group_of[n.name] for n in reversed(graph.nodes)))
+        if rng is not None:
+            rng.shuffle(roots)
+        roots.sort(key=stage_of.__getitem__)  # stable: stage by stage
+        order = _postorder(preds, roots=roots)
+        if order is not None:
+            return [v for group in order for v in sorted(group, key=graph.index.__getitem__)]
+    raise AssertionError("single nodes cannot form a cycle in a DAG")
+
+
+def _postorder(preds: Mapping[tuple[str, ...], list[tuple[str, ...]]],
+               roots: Sequence[tuple[str, ...]]) -> list[tuple[str, ...]] | None:
+    """Depth-first postorder over ``preds`` (each item after its predecessors), iteratively;
+    ``None`` on a cycle."""
+    done: set[tuple[str, ...]] = set()
+    active: set[tuple[str, ...]] = set()
+    out: list[tuple[str, ...]] = []
+    for root in roots:
+        if root in done:
+            continue
+        stack = [(root, iter(preds[root]))]
+        active.add(root)
+        while stack:
+            item, pending = stack[-1]
+            nxt = next((p for p in pending if p not in done), None)
+            if nxt is None:
+                stack.pop()
+                active.discard(item)
+                done.add(item)
+                out.append(item)
+            elif nxt in active:
+                return None
+            else:
+                active.add(nxt)
+                stack.append((nxt, iter(preds[nxt])))
+    return out
+
+
+def contiguous_split(problem: Problem, objective: str = "throughput") -> Placement | None:
+    """``contiguous_dp`` over ``graph.nodes``' order and over ``grouped_order``; the better
+    split under the simulator's ``objective``."""
+    from autoplace.simulate import simulate
+
+    found = [p for p in (contiguous_dp(problem, objective),
+                         contiguous_dp(problem, objective, order=grouped_order(problem)))
+             if p is not None]
+    scored = [(s.objective_s(objective), i) for i, s in
+              enumerate(simulate(problem, p) for p in found) if s.feasible]
+    return found[min(scored)[1]] if scored else (found[0] if found else None)
+
+
+def _cut_points(problem: Problem, position: Mapping[str, int], *,
+                max_cuts: int) -> np.ndarray:
     """Positions p (a segment starts at node p) that cut no colocation group, 0 and n included;
     an even subsample if there are more than ``max_cuts``."""
     graph = problem.graph
     n = len(graph.nodes)
     covered = np.zeros(n + 2, dtype=np.int64)  # difference array over positions
     for group in {tuple(g) for g in graph.colocation_of.values() if len(g) > 1}:
-        first = min(graph.index[v] for v in group)
-        last = max(graph.index[v] for v in group)
+        first = min(position[v] for v in group)
+        last = max(position[v] for v in group)
         covered[first + 1] += 1
         covered[last + 1] -= 1
     allowed = np.flatnonzero(np.cumsum(covered)[:n + 1] == 0)
@@ -189,7 +277,8 @@ def _edge_delay(problem: Problem, edge: Edge) -> float:
                default=0.0)
 
 
-def _sweep(problem: Problem, cuts: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+def _sweep(problem: Problem, names: Sequence[str], position: Mapping[str, int],
+           cuts: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
     """Yield ``(j, comm)`` for every cut ``j > 0``: ``comm[c]`` is the communication load of the
     segment from ``cuts[c]`` to ``j`` (copies it receives plus copies it sends), for every
     ``c`` with ``cuts[c] <= j``.
@@ -210,17 +299,17 @@ def _sweep(problem: Problem, cuts: np.ndarray) -> Iterator[tuple[int, np.ndarray
     outs: dict[str, list[float]] = {}
     for node in graph.nodes:
         ds = [delay[(e.src, e.dst)]
-              for e in sorted(graph.out_edges(node.name), key=lambda e: graph.index[e.dst])]
+              for e in sorted(graph.out_edges(node.name), key=lambda e: position[e.dst])]
         outs[node.name] = list(np.maximum.accumulate(ds[::-1])[::-1]) + [0.0] if ds else [0.0]
     sent = dict.fromkeys(outs, 0)  # how many of x's out-edges have turned internal
     received: dict[str, np.ndarray] = {}
     comm = np.zeros(m)
     is_cut = np.zeros(n + 1, dtype=bool)
     is_cut[cuts] = True
-    for w, node in enumerate(graph.nodes):
-        comm[:up_to[w]] += outs[node.name][0]
-        for e in graph.in_edges(node.name):
-            x = graph.index[e.src]
+    for w, name in enumerate(names):
+        comm[:up_to[w]] += outs[name][0]
+        for e in graph.in_edges(name):
+            x = position[e.src]
             before = outs[e.src][sent[e.src]]
             sent[e.src] += 1
             comm[:up_to[x]] += outs[e.src][sent[e.src]] - before

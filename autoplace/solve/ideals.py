@@ -1,0 +1,192 @@
+"""The exact dynamic program over contiguous splits of a DAG: chains of ideals (Tarnawski,
+Phanishayee, Devanur, Mahajan, Nina Paravecino; NeurIPS 2020, section 4).
+
+A split of a DAG into stages that run one after another, no path leaving a stage and coming
+back, is a chain of ideals ``{} = I0 <= I1 <= ... <= Ik = V`` (an ideal is closed under
+predecessors), stage ``t`` being ``It - I(t-1)`` on the ``t``-th device in cluster order. The DP
+over every ideal ``J`` and device ``t``::
+
+    best[t][J] = min over ideals I <= J of  combine(best[t-1][I], load_t(J - I))
+
+with ``combine`` the max (``throughput``: the largest load) or the sum (``latency``: a proxy, as
+in ``partition.contiguous_dp``) is exact among all contiguous splits, where
+``partition.contiguous_dp`` is exact only among the splits of one topological order. Its cost is
+the number of ideals squared, which grows exponentially with the graph's width, so it runs only
+up to ``max_ideals`` ideals and returns ``None`` above.
+
+Units are colocation groups. When the groups' quotient graph has a cycle (a training graph: a
+layer's forward and backward op share a group), ideals are taken over the quotient's edges that
+go forward in ``partition.grouped_order`` (in a training graph, the forward edges), as the
+authors' DP for training does; stages are then contiguous over the forward graph only.
+
+A segment's load is ``simulate.loads`` exactly: its compute on the device, plus (where the
+device charges transfers) for each node in it the longest of its edges leaving the segment, and
+for each node outside it the longest of its edges into the segment.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from autoplace.ir import Placement, Problem
+from autoplace.solve.heuristics import activation_reserve
+
+__all__ = ["ideal_dp"]
+
+
+def ideal_dp(problem: Problem, objective: str = "throughput", *,
+             max_ideals: int = 600, max_states: int = 512) -> Placement | None:
+    """The best contiguous split (a chain of ideals of the colocation groups' graph), each stage
+    on its own device; ``None`` with more than ``max_ideals`` ideals, more than ``max_states``
+    combinations of device counts per class, or when no split meets memory and the devices
+    each node may run on."""
+    from autoplace.solve.partition import grouped_order
+
+    graph, cluster = problem.graph, problem.cluster
+    if len(set(graph.colocation_of.values())) + 1 > max_ideals:
+        return None  # every prefix of a topological order is an ideal
+    position = {v: i for i, v in enumerate(grouped_order(problem))}
+    groups = sorted(dict.fromkeys(graph.colocation_of.values()),
+                    key=lambda g: min(position[v] for v in g))
+    index = {g: i for i, g in enumerate(groups)}
+    of_node = np.array([index[graph.colocation_of[n.name]] for n in graph.nodes])
+    preds = [0] * len(groups)
+    for e in graph.edges:
+        a, b = index[graph.colocation_of[e.src]], index[graph.colocation_of[e.dst]]
+        if a < b:  # forward in the order; the other edges close cycles of groups
+            preds[b] |= 1 << a
+    ideals = _ideals(preds, max_ideals)
+    if ideals is None or len(ideals) < 2:
+        return None
+
+    # --- data: membership of each ideal, and per group its cost on each device and its bytes
+    m, k = len(ideals), len(cluster.devices)
+    member = np.array([[(ideal >> g) & 1 for g in range(len(groups))] for ideal in ideals],
+                      dtype=bool)
+    cost = np.zeros((len(groups), k))
+    for n, g in zip(graph.nodes, of_node, strict=True):
+        cost[g] += [problem.costs.of(n.name, d) for d in cluster.names]
+    cannot = ~np.isfinite(cost)
+    cost[cannot] = 0.0
+    params = np.zeros(len(groups))
+    np.add.at(params, of_node, [n.param_bytes for n in graph.nodes])
+    capacity = np.array([d.memory_bytes for d in cluster.devices]) - activation_reserve(problem)
+    charged = np.array([1.0 if d.charges_transfers else 0.0 for d in cluster.devices])
+    sources, src_group, dst_group, delay = _edges(problem, index)
+
+    # --- per ideal J: the ideals I <= J and the segments J - I (shared by every device)
+    segments = []
+    for j in range(m):
+        subs = np.flatnonzero(~(member[:j + 1] & ~member[j]).any(axis=1))
+        inside = member[j] & ~member[subs]  # (subsets, groups)
+        segments.append((subs, inside @ cost, inside @ cannot > 0, inside @ params,
+                         _comm(inside, sources, src_group, dst_group, delay)))
+
+    # --- DP over how many devices of each class are used; a class is a set of interchangeable
+    # devices (same costs, memory, transfer charging), so which of them takes a stage does not
+    # matter, and stages may use the classes in any order (a CPU stage between accelerators).
+    classes = _classes(problem)
+    shape = tuple(len(members) + 1 for members in classes)
+    if int(np.prod(shape)) > max_states:
+        return None
+    combine = np.maximum if objective == "throughput" else np.add
+    best = np.full((*shape, m), np.inf)
+    best[(0,) * len(shape)][0] = 0.0
+    choice: dict[tuple[int, ...], np.ndarray] = {}
+    for used in sorted(np.ndindex(*shape), key=sum):
+        if not any(used):
+            continue
+        here = best[used]
+        came = np.full((m, 2), -1, dtype=np.int64)  # (class, start ideal) of the last stage
+        for q, members in enumerate(classes):
+            if used[q] == 0:
+                continue
+            before = best[tuple(c - (i == q) for i, c in enumerate(used))]
+            t = members[0]
+            for j, (subs, compute, blocked, size, comm) in enumerate(segments):
+                load = compute[:, t] + charged[t] * comm
+                ok = ~blocked[:, t] & (size <= capacity[t]) & (subs != j)
+                value = np.where(ok, combine(before[subs], load), np.inf)
+                at = int(np.argmin(value))
+                if value[at] < here[j]:
+                    here[j], came[j] = value[at], (q, subs[at])
+        choice[used] = came
+    finals = [(best[used][m - 1], used) for used in np.ndindex(*shape)]
+    value, used = min(finals)
+    if not np.isfinite(value):
+        return None
+
+    device_of: dict[str, str] = {}
+    j = m - 1
+    while any(used):
+        q, i = (int(x) for x in choice[used][j])
+        name = cluster.names[classes[q][used[q] - 1]]
+        for g in np.flatnonzero(member[j] & ~member[i]):
+            for v in groups[g]:
+                device_of[v] = name
+        used = tuple(c - (x == q) for x, c in enumerate(used))
+        j = i
+    return Placement(device_of=device_of)
+
+
+def _classes(problem: Problem) -> list[list[int]]:
+    """Devices (indices in cluster order) grouped into classes interchangeable for the DP: the
+    same costs, memory and transfer charging (copies are charged their slowest link anyway)."""
+    cluster = problem.cluster
+    keys: dict[tuple, list[int]] = {}
+    for t, d in enumerate(cluster.devices):
+        key = (d.memory_bytes, d.charges_transfers,
+               tuple(problem.costs.of(n.name, d.name) for n in problem.graph.nodes))
+        keys.setdefault(key, []).append(t)
+    return list(keys.values())
+
+
+def _ideals(preds: list[int], limit: int) -> list[int] | None:
+    """Every ideal as a bit mask, by size (so a subset comes before its supersets); ``None``
+    past ``limit``."""
+    found = {0}
+    frontier = [0]
+    while frontier:
+        grown: list[int] = []
+        for ideal in frontier:
+            for g, need in enumerate(preds):
+                bit = 1 << g
+                if not ideal & bit and need & ~ideal == 0 and ideal | bit not in found:
+                    found.add(ideal | bit)
+                    grown.append(ideal | bit)
+                    if len(found) > limit:
+                        return None
+        frontier = grown
+    return sorted(found, key=lambda ideal: (ideal.bit_count(), ideal))
+
+
+def _edges(problem: Problem, index: dict[tuple[str, ...], int]
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Edges between groups, sorted by source node: start of each source's run, the groups at
+    both ends, and the copy's time (the slowest link's when links differ)."""
+    graph = problem.graph
+    names = problem.cluster.names
+    rows = []
+    for e in graph.edges:
+        a, b = index[graph.colocation_of[e.src]], index[graph.colocation_of[e.dst]]
+        if a != b:
+            slowest = max((problem.delay_s(e, x, y) for x in names for y in names if x != y),
+                          default=0.0)
+            rows.append((graph.index[e.src], a, b, slowest))
+    rows.sort()
+    src = np.array([r[0] for r in rows], dtype=np.int64)
+    starts = np.flatnonzero(np.r_[True, src[1:] != src[:-1]]) if len(rows) else src
+    return (starts, np.array([r[1] for r in rows], dtype=np.int64),
+            np.array([r[2] for r in rows], dtype=np.int64), np.array([r[3] for r in rows]))
+
+
+def _comm(inside: np.ndarray, starts: np.ndarray, src: np.ndarray, dst: np.ndarray,
+          delay: np.ndarray) -> np.ndarray:
+    """For each segment (a row of ``inside``): each node's longest edge out of it, plus each
+    outside node's longest edge into it."""
+    if len(delay) == 0:
+        return np.zeros(len(inside))
+    a, b = inside[:, src], inside[:, dst]
+    out = np.maximum.reduceat(np.where(a & ~b, delay, 0.0), starts, axis=1).sum(axis=1)
+    into = np.maximum.reduceat(np.where(~a & b, delay, 0.0), starts, axis=1).sum(axis=1)
+    return out + into
