@@ -5,8 +5,8 @@ with the example inputs, so every op meets real values of the traced shapes and 
 stay valid indices, masks stay masks). At each op it looks the op's signature up in the cache;
 on a miss it times the op in isolation (``timing.measure``: warm-up, repeated until the median is
 stable) and reads the allocator's peak for its transient workspace (GPUs only: the CPU allocator
-keeps no peak statistics). Then it runs the op once more for real and moves on, freeing values
-after their last use, so memory stays that of one forward pass.
+keeps no peak statistics). Each op runs once for real before it is timed, and values are freed
+after their last use, so memory stays about that of one forward pass.
 
 An op that fails when timed alone is timed together with the op before it (which produces
 fresh inputs each time) and the earlier op's time subtracted; the result says so. An op that
@@ -210,6 +210,14 @@ def profile_device(
             def run(f=fn_target, a=call_args, k=call_kwargs) -> Any:
                 return f(*a, **k)
 
+            # The op runs for real first (later ops need its value; an op whose state the op
+            # before it sets up finds it set up), then is timed.
+            try:
+                env[node.name] = run()
+            except Exception as exc:  # the op cannot run here at all
+                stopped = (f"{node.name} ({node.target}) failed on {device.torch_device}: "
+                           f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}")
+                break
             if node.name in wanted:
                 ir = ir_node[node.name]
                 target = ir.targets[0] if ir.targets else str(node.target)
@@ -249,12 +257,6 @@ def profile_device(
                     seen.setdefault(signature, profile)
                     ops[node.name] = profile
                 done += 1
-            try:
-                env[node.name] = run()
-            except Exception as exc:  # the op cannot run here at all
-                stopped = (f"{node.name} ({node.target}) failed on {device.torch_device}: "
-                           f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}")
-                break
             if node.name in ops:
                 previous = (node, run, ops[node.name].median_s)
     cache.put_ops(records)

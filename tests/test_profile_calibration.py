@@ -1,0 +1,139 @@
+"""Calibration: known efficiencies are recovered from synthetic measurements, an unmeasured
+device type borrows its kind's fit (never the other kind's), and costs say where they came from.
+Link fitting recovers a known latency and bandwidth."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from autoplace.cost import costs, node_family, op_short_name, weakest_source
+from autoplace.devices import parse_device_spec
+from autoplace.ir import Edge, OpGraph, OpNode
+from autoplace.profile.cache import OpRecord
+from autoplace.profile.calibrate import fit_from_records, fits_for
+from autoplace.profile.links import fit_alpha_beta
+from cost_models import get_device_type
+from cost_models.calibration import CalibrationFit, Sample, fit, op_family, roofline_core_s
+
+TRUE_EFFICIENCY = {"matmul": 0.6, "elementwise": 0.25, "normalization": 0.1}
+TRUE_OVERHEAD_S = 4e-6
+
+
+def synthetic(noise: float = 0.0, seed: int = 0) -> list[Sample]:
+    rng = random.Random(seed)
+    samples = []
+    for family, eff in TRUE_EFFICIENCY.items():
+        for _ in range(12):
+            core = 10 ** rng.uniform(-6, -3)
+            launches = rng.choice([1, 1, 2])
+            t = core / eff + launches * TRUE_OVERHEAD_S
+            samples.append(Sample(family=family, core_s=core, launches=launches,
+                                  measured_s=t * (1 + rng.uniform(-noise, noise))))
+    return samples
+
+
+def test_fit_recovers_known_efficiencies_and_overhead():
+    fitted = fit("CPU", synthetic())
+    for family, eff in TRUE_EFFICIENCY.items():
+        assert fitted.efficiency[family] == pytest.approx(eff, rel=1e-6)
+    assert fitted.launch_overhead_s == pytest.approx(TRUE_OVERHEAD_S, rel=1e-6)
+    assert fitted.relative_error < 1e-9 and fitted.samples == 36
+    # Families never measured use the pooled factor, which lies between the measured ones.
+    assert 0.1 <= fitted.efficiency_of("conv") <= 0.6
+
+
+def test_fit_with_noise_stays_close():
+    fitted = fit("CPU", synthetic(noise=0.1, seed=3))
+    for family, eff in TRUE_EFFICIENCY.items():
+        assert fitted.efficiency[family] == pytest.approx(eff, rel=0.15)
+    assert 0.02 < fitted.relative_error < 0.1
+
+
+def test_fit_needs_samples_and_a_serialised_fit_reads_back():
+    with pytest.raises(ValueError, match="no samples"):
+        fit("CPU", [])
+    fitted = fit("CPU", synthetic())
+    assert CalibrationFit.from_dict(fitted.to_dict()) == fitted
+
+
+def test_records_from_the_cache_fit_through_the_catalog_peaks():
+    cpu = get_device_type("CPU")
+    records = []
+    for i, (flops, nbytes) in enumerate([(1e9, 1e6), (4e9, 2e6), (2e8, 1e7), (0, 4e6)]):
+        core = roofline_core_s(flops=flops, bytes_accessed=nbytes, dtype="float32", device=cpu)
+        family = "matmul" if flops else "elementwise"
+        records.append(OpRecord(
+            signature=str(i), device_key="k", device_type="CPU", family=family,
+            dtype="float32", flops=flops, bytes_accessed=nbytes, launches=1,
+            median_s=core / TRUE_EFFICIENCY[family] + TRUE_OVERHEAD_S, spread=0.0, samples=5,
+            param_bytes=0, output_bytes=0, workspace_bytes=None))
+    fitted = fit_from_records("CPU", records)
+    assert fitted.efficiency["matmul"] == pytest.approx(0.6, rel=1e-6)
+    assert fit_from_records("CPU", []) is None
+
+
+def test_an_unmeasured_gpu_borrows_a_measured_gpus_efficiencies_but_never_the_cpus():
+    h200 = CalibrationFit(device_type="H200", efficiency={"matmul": 0.7}, default_efficiency=0.5,
+                          launch_overhead_s=6e-6, samples=50, relative_error=0.05)
+    cpu = CalibrationFit(device_type="CPU", efficiency={"matmul": 0.02},
+                         default_efficiency=0.02, launch_overhead_s=2e-6, samples=80,
+                         relative_error=0.1)
+    cluster = parse_device_spec("2xA100-40GB,cpu")
+    chosen, notes = fits_for(cluster, {"H200": h200, "CPU": cpu})
+    assert chosen["CPU"] == cpu
+    assert chosen["A100-40GB"].efficiency == h200.efficiency
+    assert chosen["A100-40GB"].device_type == "A100-40GB"
+    assert "measured on H200" in notes[0]
+    chosen, _ = fits_for(cluster, {"CPU": cpu})
+    assert "A100-40GB" not in chosen
+
+
+def test_costs_prefer_measured_then_calibrated_then_analytic():
+    graph = OpGraph(nodes=(
+        OpNode(name="x", is_input=True, output_bytes=400),
+        OpNode(name="mm", targets=("aten.addmm.default",), flops=2e9, bytes_accessed=4e6,
+               launches=1, output_bytes=400),
+        OpNode(name="view", targets=("aten.view.default",), output_bytes=400),
+    ), edges=(Edge("x", "mm", 400), Edge("mm", "view", 400)))
+    cluster = parse_device_spec("A100-40GB,cpu")
+    cpu_fit = CalibrationFit(device_type="CPU", efficiency={"matmul": 0.5},
+                             default_efficiency=0.5, launch_overhead_s=1e-5, samples=3,
+                             relative_error=0.0)
+    result = costs(graph, cluster, measured={"mm": {"cpu": 0.25}}, fits={"CPU": cpu_fit})
+    assert result.of("mm", "cpu") == 0.25 and result.source_of("mm", "cpu") == "measured"
+    assert result.source_of("mm", "cuda:0") == "analytic"
+    assert result.source["mm"] == "analytic"
+    result = costs(graph, cluster, fits={"CPU": cpu_fit})
+    core = roofline_core_s(flops=2e9, bytes_accessed=4e6, dtype="float32",
+                           device=get_device_type("CPU"))
+    assert result.of("mm", "cpu") == pytest.approx(core / 0.5 + 1e-5)
+    assert result.source_of("mm", "cpu") == "calibrated"
+    # A view launches nothing: zero under every model, so coarsening still folds it.
+    assert result.of("view", "cpu") == 0 and result.of("view", "cuda:0") == 0
+    plain = costs(graph, cluster)
+    assert plain.device_source == {} and set(plain.source.values()) == {"analytic"}
+
+
+def test_op_names_and_families():
+    assert op_short_name("aten.addmm.default") == "addmm"
+    assert op_short_name("module:block.fc1") == "fc1"
+    assert op_family("addmm") == "matmul" and op_family("conv2d") == "conv"
+    assert op_family("layer_norm") == "normalization" and op_family("relu") == "elementwise"
+    assert op_family("scaled_dot_product_attention") == "attention"
+    assert node_family(OpNode(name="e", targets=("aten.embedding.default",))) == "memory"
+    assert weakest_source(["measured", "calibrated"]) == "calibrated"
+    assert weakest_source([]) == "analytic"
+
+
+def test_link_fit_recovers_latency_and_bandwidth():
+    points = [(n, 2e-5 + n / 12e9) for n in (4096, 65536, 1 << 20, 16 << 20)]
+    latency, bandwidth = fit_alpha_beta(points)
+    assert latency == pytest.approx(2e-5, rel=1e-6)
+    assert bandwidth == pytest.approx(12e9, rel=1e-6)
+    latency, bandwidth = fit_alpha_beta([(1000, 1e-7), (2000, 2e-7)])
+    assert latency == 0 and math.isclose(bandwidth, 1e10, rel_tol=1e-6)
+    with pytest.raises(ValueError, match="two sizes"):
+        fit_alpha_beta([(1000, 1e-6)])
