@@ -292,9 +292,11 @@ class Plan:
         except FileNotFoundError as exc:
             raise OutputError(f"no plan file at {str(path)!r}: pass a directory written by "
                               "`autoplace plan` or a plan.json path") from exc
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise OutputError(f"{str(path)!r} is not valid JSON ({exc}); re-run "
                               "`autoplace plan` to write it again") from exc
+        except OSError as exc:
+            raise OutputError(f"cannot read the plan file {str(path)!r}: {exc}") from exc
         try:
             return cls.from_dict(data)
         except (KeyError, TypeError, ValueError) as exc:
