@@ -21,7 +21,7 @@ from autoplace.simulate import loads
 from autoplace.solve import HEURISTICS, is_contiguous
 from autoplace.solve.heuristics import activation_reserve
 from autoplace.solve.ideals import ideal_dp
-from autoplace.solve.partition import contiguous_dp, grouped_order
+from autoplace.solve.partition import contiguous_dp, contiguous_split, grouped_order
 
 
 def _weights_first() -> Problem:
@@ -71,17 +71,32 @@ def test_grouped_order_keeps_given_stages_consecutive():
 
 
 def test_ideal_dp_finds_a_split_no_single_order_offers():
-    # a -> {b, c} -> d, times 1, 1, 5, 5, free copies, two devices. Both orders the DP over an
-    # order tries are a b c d, whose prefixes give {a, b, c} | {d} = 7 | 5 at best; the ideal
-    # {a, c} is no prefix of them and gives {a, c} | {b, d} = 6 | 6.
-    nodes = [("a", 1.0, 0), ("b", 1.0, 0), ("c", 5.0, 0), ("d", 5.0, 0)]
-    edges = [("a", "b", 0), ("a", "c", 0), ("b", "d", 0), ("c", "d", 0)]
+    # a -> {b, c, e} -> d, times 1, 4, 8, 4, 1, free copies, two devices. The best split is
+    # {a, b, e} | {c, d} = 9 | 9; neither order contiguous_split tries has {a, b, e} as a
+    # prefix, so the best it finds is {a, b, c} | {e, d} or the like: 13 | 5.
+    nodes = [("a", 1.0, 0), ("b", 4.0, 0), ("c", 8.0, 0), ("e", 4.0, 0), ("d", 1.0, 0)]
+    edges = [("a", x, 0) for x in "bce"] + [(x, "d", 0) for x in "bce"]
     p = zoo.problem(nodes, edges, zoo.cluster(2))
-    assert grouped_order(p) == ["a", "b", "c", "d"]
-    by_order = contiguous_dp(p, order=grouped_order(p))
-    assert max(loads(p, by_order.device_of).values()) == pytest.approx(7.0)
+    by_order = contiguous_split(p)
+    assert max(loads(p, by_order.device_of).values()) == pytest.approx(13.0)
     placement = ideal_dp(p, "throughput")
-    assert max(loads(p, placement.device_of).values()) == pytest.approx(6.0)
+    assert max(loads(p, placement.device_of).values()) == pytest.approx(9.0)
+
+
+def test_ideal_dp_splits_a_training_graph_by_layers():
+    # Forward f0 -> f1 -> f2 -> loss, backward loss -> b2 -> b1 -> b0, layer i's forward and
+    # backward share a parameter (colocated), and a gradient sum g (in no group) between b1 and
+    # b0. The groups' graph has cycles; over the forward edges the DP gives each device layers.
+    times = {"f0": 2, "f1": 2, "f2": 2, "loss": 0, "b2": 2, "b1": 2, "g": 0, "b0": 2}
+    edges = [("f0", "f1", 0), ("f1", "f2", 0), ("f2", "loss", 0), ("loss", "b2", 0),
+             ("b2", "b1", 0), ("b1", "g", 0), ("g", "b0", 0), ("f0", "b0", 0),
+             ("f1", "b1", 0)]
+    p = zoo.problem([(v, t, 0) for v, t in times.items()], edges, zoo.cluster(3),
+                    colocate=(("f0", "b0"), ("f1", "b1"), ("f2", "loss", "b2")))
+    placement = ideal_dp(p, "throughput")
+    assert placement is not None
+    assert max(loads(p, placement.device_of).values()) == pytest.approx(4.0)
+    assert placement.device_of["g"] in (placement.device_of["b1"], placement.device_of["b0"])
 
 
 def test_ideal_dp_uses_the_device_classes_in_any_stage_order():
@@ -135,6 +150,21 @@ def tiny_dags(draw):
     return p
 
 
+def _is_chain(p: Problem, device_of: dict[str, str]) -> bool:
+    """The devices' node sets form a chain of stages: no cycle between devices (stronger than
+    ``is_contiguous``, which allows d0 -> d1 on one path and d1 -> d0 on another)."""
+    after = {(device_of[e.src], device_of[e.dst]) for e in p.graph.edges
+             if device_of[e.src] != device_of[e.dst]}
+    devices = set(device_of.values())
+    while devices:
+        first = next((d for d in devices if not any(b == d and a in devices for a, b in after)),
+                     None)
+        if first is None:
+            return False
+        devices.remove(first)
+    return True
+
+
 def _value(p: Problem, device_of: dict[str, str], objective: str) -> float:
     load = loads(p, device_of)
     return max(load.values()) if objective == "throughput" else sum(load.values())
@@ -148,7 +178,7 @@ def test_ideal_dp_is_the_best_contiguous_split(p, objective):
     brute = math.inf
     for devices in itertools.product(p.cluster.names, repeat=len(names)):
         device_of = dict(zip(names, devices))
-        if not is_contiguous(p, device_of):
+        if not _is_chain(p, device_of):
             continue
         if any(d not in p.allowed[v] for v, d in device_of.items()):
             continue
@@ -161,6 +191,6 @@ def test_ideal_dp_is_the_best_contiguous_split(p, objective):
     if placement is None:
         assert brute == math.inf
         return
-    assert is_contiguous(p, placement.device_of)
+    assert is_contiguous(p, placement.device_of) and _is_chain(p, placement.device_of)
     assert _value(p, placement.device_of, objective) == pytest.approx(brute, rel=1e-9,
                                                                         abs=1e-12)

@@ -40,21 +40,13 @@ def ideal_dp(problem: Problem, objective: str = "throughput", *,
     on its own device; ``None`` with more than ``max_ideals`` ideals, more than ``max_states``
     combinations of device counts per class, or when no split meets memory and the devices
     each node may run on."""
-    from autoplace.solve.partition import grouped_order
 
     graph, cluster = problem.graph, problem.cluster
     if len(set(graph.colocation_of.values())) + 1 > max_ideals:
         return None  # every prefix of a topological order is an ideal
-    position = {v: i for i, v in enumerate(grouped_order(problem))}
-    groups = sorted(dict.fromkeys(graph.colocation_of.values()),
-                    key=lambda g: min(position[v] for v in g))
-    index = {g: i for i, g in enumerate(groups)}
-    of_node = np.array([index[graph.colocation_of[n.name]] for n in graph.nodes])
-    preds = [0] * len(groups)
-    for e in graph.edges:
-        a, b = index[graph.colocation_of[e.src]], index[graph.colocation_of[e.dst]]
-        if a < b:  # forward in the order; the other edges close cycles of groups
-            preds[b] |= 1 << a
+    groups, preds = _units(problem)
+    unit_of = {v: i for i, g in enumerate(groups) for v in g}
+    of_node = np.array([unit_of[n.name] for n in graph.nodes])
     ideals = _ideals(preds, max_ideals)
     if ideals is None or len(ideals) < 2:
         return None
@@ -72,7 +64,7 @@ def ideal_dp(problem: Problem, objective: str = "throughput", *,
     np.add.at(params, of_node, [n.param_bytes for n in graph.nodes])
     capacity = np.array([d.memory_bytes for d in cluster.devices]) - activation_reserve(problem)
     charged = np.array([1.0 if d.charges_transfers else 0.0 for d in cluster.devices])
-    sources, src_group, dst_group, delay = _edges(problem, index)
+    sources, src_group, dst_group, delay = _edges(problem, unit_of)
 
     # --- per ideal J: the ideals I <= J and the segments J - I (shared by every device)
     segments = []
@@ -141,6 +133,44 @@ def _classes(problem: Problem) -> list[list[int]]:
     return list(keys.values())
 
 
+def _units(problem: Problem) -> tuple[list[tuple[str, ...]], list[int]]:
+    """The units a split moves whole (colocation groups, in ``grouped_order``), and each
+    unit's predecessors as a bit mask.
+
+    When the groups' graph has a cycle, only edges that go forward in the order count. A node
+    in no group whose outputs all go back in the order (a gradient sum in a training graph's
+    backward pass) would then be free to join any later stage and multiply the ideals, so it
+    joins the unit that feeds it last instead."""
+    from autoplace.solve.partition import grouped_order
+
+    graph = problem.graph
+    position = {v: i for i, v in enumerate(grouped_order(problem))}
+    units = sorted(dict.fromkeys(graph.colocation_of.values()),
+                   key=lambda g: min(position[v] for v in g))
+    while True:
+        index = {v: i for i, g in enumerate(units) for v in g}
+        ahead: list[set[int]] = [set() for _ in units]
+        behind: list[set[int]] = [set() for _ in units]
+        back = [False] * len(units)
+        for e in graph.edges:
+            a, b = index[e.src], index[e.dst]
+            if a < b:
+                ahead[b].add(a)
+                behind[a].add(b)
+            elif a > b:
+                back[a] = True
+        dangling = next((u for u in range(len(units))
+                         if len(units[u]) == 1 and back[u] and not behind[u] and ahead[u]),
+                        None)
+        if dangling is None:
+            break
+        into = max(ahead[dangling])
+        merged = units[into] + units[dangling]
+        units = [merged if i == into else g for i, g in enumerate(units) if i != dangling]
+    preds = [sum(1 << a for a in ahead[b]) for b in range(len(units))]
+    return units, preds
+
+
 def _ideals(preds: list[int], limit: int) -> list[int] | None:
     """Every ideal as a bit mask, by size (so a subset comes before its supersets); ``None``
     past ``limit``."""
@@ -160,15 +190,15 @@ def _ideals(preds: list[int], limit: int) -> list[int] | None:
     return sorted(found, key=lambda ideal: (ideal.bit_count(), ideal))
 
 
-def _edges(problem: Problem, index: dict[tuple[str, ...], int]
+def _edges(problem: Problem, unit_of: dict[str, int]
            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Edges between groups, sorted by source node: start of each source's run, the groups at
+    """Edges between units, sorted by source node: start of each source's run, the units at
     both ends, and the copy's time (the slowest link's when links differ)."""
     graph = problem.graph
     names = problem.cluster.names
     rows = []
     for e in graph.edges:
-        a, b = index[graph.colocation_of[e.src]], index[graph.colocation_of[e.dst]]
+        a, b = unit_of[e.src], unit_of[e.dst]
         if a != b:
             slowest = max((problem.delay_s(e, x, y) for x in names for y in names if x != y),
                           default=0.0)

@@ -197,7 +197,7 @@ def grouped_order(problem: Problem, *, seed: int | None = None,
             inputs = dict.fromkeys(group_of[e.src] for v in group for e in graph.in_edges(v)
                                    if stage_of[group_of[e.src]] == stage_of[group])
             inputs.pop(group, None)
-            preds[group] = sorted(inputs, key=lambda g: min(graph.index[v] for v in g))
+            preds[group] = sorted(inputs, key=lambda g: -max(graph.index[v] for v in g))
             if rng is not None:
                 rng.shuffle(preds[group])
         roots = list(dict.fromkeys(group_of[n.name] for n in reversed(graph.nodes)))
