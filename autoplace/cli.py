@@ -206,8 +206,10 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     cluster = parse_device_spec(spec)
     present, absent = present_devices(cluster, inv)
     if not present:
+        from autoplace.errors import DeviceSpecError
+
         here = parse_device_spec(",".join(["cpu", *(f"cuda:{g.index}" for g in inv.gpus)]))
-        raise AutoplaceError(
+        raise DeviceSpecError(
             f"nothing to profile: {'; '.join(absent)}. Devices here: "
             f"{describe_present(here.devices)}. Profile those (e.g. --devices cpu), or plan "
             "for the devices you named with `autoplace plan`, which predicts them with the "
@@ -224,7 +226,8 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     for note in result.notes:
         print(f"note: {note}")
     where = result.cache.get("path") or "memory only (--no-cache)"
-    print(f"profiled in {time.perf_counter() - began:.1f} s; cache: {where}")
+    print(f"profiled in {result.wall_s:.1f} s ({time.perf_counter() - began:.1f} s with "
+          f"loading and tracing); cache: {where}")
     return 0
 
 
