@@ -1,0 +1,13 @@
+"""DeiT (vision transformer with a distillation token), random weights: 32x32 images, 2 layers,
+width 64."""
+
+import torch
+from transformers import DeiTConfig, DeiTForImageClassificationWithTeacher
+
+
+def build():
+    torch.manual_seed(0)
+    config = DeiTConfig(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, intermediate_size=128, num_labels=10)
+    return DeiTForImageClassificationWithTeacher(config), {
+        "pixel_values": torch.randn(2, 3, 32, 32)}

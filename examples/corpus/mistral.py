@@ -1,0 +1,13 @@
+"""Mistral-style decoder (sliding-window attention), random weights: 2 layers, width 64."""
+
+import torch
+from transformers import MistralConfig, MistralForCausalLM
+
+
+def build():
+    torch.manual_seed(0)
+    config = MistralConfig(vocab_size=1000, hidden_size=64, intermediate_size=128,
+                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                           max_position_embeddings=64, sliding_window=16, use_cache=False)
+    ids = torch.randint(0, config.vocab_size, (2, 32))
+    return MistralForCausalLM(config), {"input_ids": ids}
