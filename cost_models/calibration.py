@@ -1,17 +1,21 @@
-"""Calibrated roofline: per device type, per op family efficiency factors fitted to measurements.
+"""Calibrated roofline: per device type, per op family efficiency fitted to measurements.
 
 The analytic roofline (``roofline.op_time_s``) assumes every kernel reaches the datasheet peak.
-Real kernels reach a fraction of it that depends mostly on what kind of op they are (a large
-matmul gets close to the FLOP peak, an elementwise op to a share of memory bandwidth, a
-reduction less) and on the device. Calibration fits that fraction from measured op times:
+Real kernels reach a fraction of it, and the fraction depends on what kind of op it is (a matmul
+gets closer to the FLOP peak than a pooling layer gets to the bandwidth peak) and on its size
+(small ops are dominated by fixed costs: dispatch, thread wake-up, launch). Calibration fits,
+per device type and op family, the roofline's core time ``c = max(flops / peak, bytes /
+bandwidth)`` to measured times with a power law:
 
-    t = max(flops / peak, bytes / bandwidth) / efficiency[family] + launches * launch_overhead_s
+    t = exp(log_scale[family]) * c ** exponent[family]
 
-``efficiency`` per op family and one ``launch_overhead_s`` per device type are fitted by least
-squares on relative error (a 10 us op off by 5 us counts as much as a 10 ms op off by 5 ms).
-This is the roofline with its two free constants measured rather than assumed, the approach of
-e.g. Paleo (H. Qi, E. Sparks, A. Talwalkar, "Paleo: A Performance Model for Deep Neural
-Networks", ICLR 2017), which scales peak FLOP/s by a "platform percent of peak" per platform.
+so the family's efficiency, ``c / t``, is a factor that grows with the op's size when
+``exponent < 1`` and is constant (``exp(-log_scale)``) when ``exponent == 1``, the plain
+"percent of peak" of e.g. Paleo (H. Qi, E. Sparks, A. Talwalkar, "Paleo: A Performance Model
+for Deep Neural Networks", ICLR 2017). The fit is least squares in log space (relative error),
+each op weighted by the square root of its time so that the ops that dominate a model's total
+count more than the many tiny ones, without letting one op decide. Exponents are kept within
+[0.5, 1.1]; a family with fewer than ``MIN_FAMILY_SAMPLES`` ops uses the fit over all families.
 
 Read ``op_family`` (op name -> family), ``Sample`` and ``CalibrationFit``, then ``fit`` and
 ``CalibrationFit.op_time_s``. Pure Python and numpy: no torch, nothing from ``autoplace``.
@@ -94,13 +98,13 @@ def roofline_core_s(*, flops: float, bytes_accessed: float, dtype: str,
 
 @dataclass(frozen=True, kw_only=True)
 class Sample:
-    """One measured op: its family, the roofline's core time on the device, launches, and the
-    measured median time."""
+    """One measured op: its family, the roofline's core time on the device, and the measured
+    median time."""
 
     family: str
     core_s: float
-    launches: int
     measured_s: float
+    launches: int = 1
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -114,52 +118,62 @@ class Sample:
 class CalibrationFit:
     """Fitted factors for one device type.
 
-    ``efficiency[family]`` is the fraction of the roofline's peak that family reaches (1.0 would
-    be the datasheet); families without samples use ``default_efficiency`` (the fit over all
-    samples). ``launch_overhead_s`` replaces the catalog's estimate. ``relative_error`` is the
-    median absolute relative error of the fit on its own samples; ``samples`` counts them.
+    ``laws[family]`` is ``(log_scale, exponent)``; families without enough samples use
+    ``pooled``. ``relative_error`` is the median absolute relative error of the fit on its own
+    samples; ``samples`` counts them.
     """
 
     device_type: str
-    efficiency: Mapping[str, float]
-    default_efficiency: float
-    launch_overhead_s: float
+    laws: Mapping[str, tuple[float, float]]
+    pooled: tuple[float, float]
     samples: int
     relative_error: float
     samples_by_family: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for fam, eff in {**self.efficiency, "default": self.default_efficiency}.items():
-            if not (eff > 0 and math.isfinite(eff)):
-                raise ValueError(f"efficiency for {fam!r} must be positive, got {eff}")
-        if not self.launch_overhead_s >= 0:
-            raise ValueError(f"launch_overhead_s must be >= 0, got {self.launch_overhead_s}")
-        object.__setattr__(self, "efficiency", MappingProxyType(dict(self.efficiency)))
+        for fam, (scale, exponent) in {**self.laws, "pooled": self.pooled}.items():
+            if not (math.isfinite(scale) and EXPONENT_RANGE[0] <= exponent <= EXPONENT_RANGE[1]):
+                raise ValueError(f"law for {fam!r} must have a finite scale and an exponent in "
+                                 f"{EXPONENT_RANGE}, got {(scale, exponent)}")
+        object.__setattr__(self, "laws", MappingProxyType(
+            {f: (float(a), float(b)) for f, (a, b) in self.laws.items()}))
+        object.__setattr__(self, "pooled", (float(self.pooled[0]), float(self.pooled[1])))
         object.__setattr__(self, "samples_by_family",
                            MappingProxyType(dict(self.samples_by_family)))
 
-    def efficiency_of(self, family: str) -> float:
-        return self.efficiency.get(family, self.default_efficiency)
+    def law_of(self, family: str) -> tuple[float, float]:
+        return self.laws.get(family, self.pooled)
+
+    def time_of_core(self, family: str, core_s: float) -> float:
+        """Seconds an op of ``family`` with roofline core time ``core_s`` takes."""
+        scale, exponent = self.law_of(family)
+        return math.exp(scale) * max(core_s, _TINY_S) ** exponent
+
+    def efficiency_of(self, family: str, core_s: float) -> float:
+        """The fraction of the roofline's peak an op of this family and size reaches."""
+        return core_s / self.time_of_core(family, core_s)
 
     def op_time_s(self, *, family: str, flops: float, bytes_accessed: float, dtype: str,
                   device: DeviceType, launches: int) -> float:
-        """The calibrated time of one op (or a sum of ops of one family) on ``device``."""
+        """The calibrated time of one op on ``device``; 0 for an op that launches nothing."""
+        if not launches:
+            return 0.0
         core = roofline_core_s(flops=flops, bytes_accessed=bytes_accessed, dtype=dtype,
                                device=device)
-        return core / self.efficiency_of(family) + launches * self.launch_overhead_s
+        return self.time_of_core(family, core)
 
     def to_dict(self) -> dict:
-        return {"device_type": self.device_type, "efficiency": dict(self.efficiency),
-                "default_efficiency": self.default_efficiency,
-                "launch_overhead_s": self.launch_overhead_s, "samples": self.samples,
+        return {"device_type": self.device_type,
+                "laws": {f: list(law) for f, law in self.laws.items()},
+                "pooled": list(self.pooled), "samples": self.samples,
                 "relative_error": self.relative_error,
                 "samples_by_family": dict(self.samples_by_family)}
 
     @classmethod
     def from_dict(cls, data: Mapping) -> CalibrationFit:
-        return cls(device_type=data["device_type"], efficiency=data["efficiency"],
-                   default_efficiency=data["default_efficiency"],
-                   launch_overhead_s=data["launch_overhead_s"], samples=data["samples"],
+        return cls(device_type=data["device_type"],
+                   laws={f: tuple(law) for f, law in data["laws"].items()},
+                   pooled=tuple(data["pooled"]), samples=data["samples"],
                    relative_error=data["relative_error"],
                    samples_by_family=data.get("samples_by_family", {}))
 
@@ -167,57 +181,43 @@ class CalibrationFit:
         return json.dumps(self.to_dict(), sort_keys=True)
 
 
-def _solve_nonnegative(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Least squares with every coefficient >= 0: solve, drop the negative ones, solve again
-    (a small active-set loop; the systems here have at most a handful of columns)."""
-    active = list(range(a.shape[1]))
-    x = np.zeros(a.shape[1])
-    while active:
-        sol, *_ = np.linalg.lstsq(a[:, active], b, rcond=None)
-        if (sol >= 0).all():
-            x[:] = 0
-            x[active] = sol
-            return x
-        active = [c for c, v in zip(active, sol) if v > 0]
-    return x
+MIN_FAMILY_SAMPLES = 3
+EXPONENT_RANGE = (0.5, 1.1)
+_TINY_S = 1e-12  # an op whose roofline time is 0 (it moves nothing) still costs its floor
+
+
+def _power_law(samples: Sequence[Sample]) -> tuple[float, float]:
+    """``(log_scale, exponent)`` by weighted least squares on ``log t = a + b log c``; the
+    exponent clamped to ``EXPONENT_RANGE`` (and the scale refitted with it)."""
+    x = np.log([max(s.core_s, _TINY_S) for s in samples])
+    y = np.log([s.measured_s for s in samples])
+    t = np.array([s.measured_s for s in samples])
+    w = np.sqrt(t / t.max())
+    if len(samples) >= 2 and np.ptp(x) > 0:
+        design = np.stack([np.ones_like(x), x], axis=1) * np.sqrt(w)[:, None]
+        (a, b), *_ = np.linalg.lstsq(design, y * np.sqrt(w), rcond=None)
+    else:
+        a, b = 0.0, 1.0
+    if not EXPONENT_RANGE[0] <= b <= EXPONENT_RANGE[1] or len(samples) < 2 or np.ptp(x) == 0:
+        b = min(max(b, EXPONENT_RANGE[0]), EXPONENT_RANGE[1])
+        a = float(np.sum(w * (y - b * x)) / np.sum(w))
+    return float(a), float(b)
 
 
 def fit(device_type: str, samples: Sequence[Sample] | Iterable[Sample]) -> CalibrationFit:
-    """Fit efficiencies and a launch overhead to ``samples`` measured on one device type.
-
-    Model: ``measured ~ sum_f [family == f] * core_s / eff_f + launches * overhead``, linear in
-    ``1 / eff_f`` and ``overhead``; rows are divided by ``measured`` so the residual is relative.
-    Raises ``ValueError`` without samples.
-    """
+    """Fit a power law per op family (and one over all) to ``samples`` measured on one device
+    type (see the module docstring). Raises ``ValueError`` without samples."""
     samples = [s for s in samples if s.measured_s > 0]
     if not samples:
         raise ValueError(f"no samples to calibrate {device_type!r} with")
-    families = sorted({s.family for s in samples if s.core_s > 0})
-    col = {f: i for i, f in enumerate(families)}
-    n_cols = len(families) + 1
-    a = np.zeros((len(samples), n_cols))
-    b = np.ones(len(samples))
-    for i, s in enumerate(samples):
-        if s.family in col:
-            a[i, col[s.family]] = s.core_s / s.measured_s
-        a[i, -1] = s.launches / s.measured_s
-    x = _solve_nonnegative(a, b)
-    overhead = float(x[-1])
-    efficiency = {f: 1.0 / float(x[col[f]]) for f in families if x[col[f]] > 0}
-    # The pooled factor for families never measured: one column for all core time.
-    pooled = np.stack([a[:, :-1].sum(axis=1), a[:, -1]], axis=1)
-    px = _solve_nonnegative(pooled, b)
-    default = 1.0 / float(px[0]) if px[0] > 0 else 1.0
-    counts: dict[str, int] = {}
+    by_family: dict[str, list[Sample]] = {}
     for s in samples:
-        counts[s.family] = counts.get(s.family, 0) + 1
-    partial = CalibrationFit(device_type=device_type, efficiency=efficiency,
-                             default_efficiency=default, launch_overhead_s=overhead,
+        by_family.setdefault(s.family, []).append(s)
+    laws = {f: _power_law(group) for f, group in sorted(by_family.items())
+            if len(group) >= MIN_FAMILY_SAMPLES}
+    partial = CalibrationFit(device_type=device_type, laws=laws, pooled=_power_law(samples),
                              samples=len(samples), relative_error=0.0,
-                             samples_by_family=counts)
-    errors = sorted(abs(_predict(partial, s) - s.measured_s) / s.measured_s for s in samples)
+                             samples_by_family={f: len(g) for f, g in by_family.items()})
+    errors = sorted(abs(partial.time_of_core(s.family, s.core_s) - s.measured_s) / s.measured_s
+                    for s in samples)
     return CalibrationFit(**{**partial.__dict__, "relative_error": errors[len(errors) // 2]})
-
-
-def _predict(fitted: CalibrationFit, s: Sample) -> float:
-    return s.core_s / fitted.efficiency_of(s.family) + s.launches * fitted.launch_overhead_s

@@ -101,8 +101,8 @@ def test_two_processes_profiling_at_once_both_keep_their_measurements(tmp_path):
 
 def test_links_and_fits_round_trip(tmp_path):
     path = tmp_path / "profile.sqlite3"
-    fit = CalibrationFit(device_type="CPU", efficiency={"matmul": 0.5}, default_efficiency=0.3,
-                         launch_overhead_s=5e-6, samples=10, relative_error=0.1)
+    fit = CalibrationFit(device_type="CPU", laws={"matmul": (0.5, 0.9)}, pooled=(1.0, 1.0),
+                         samples=10, relative_error=0.1)
     link = LinkRecord(src_key="a", dst_key="b", latency_s=1e-5, bandwidth_bytes_per_s=1e10,
                       points=((4096, 1.4e-5), (65536, 1.6e-5)))
     with ProfileCache(path, torch_version="2.13.0") as cache:

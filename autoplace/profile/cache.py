@@ -4,11 +4,12 @@ Where: ``$AUTOPLACE_CACHE_DIR/profile.sqlite3`` when that variable is set, else
 ``$XDG_CACHE_HOME/autoplace/profile.sqlite3``, else ``~/.cache/autoplace/profile.sqlite3``
 (``default_cache_path``). ``--no-cache`` uses a private in-memory database instead.
 
-An op's time is keyed by its signature (target, input shapes and dtypes, the other arguments),
-the device it ran on (``inventory.device_key``: the GPU's name, or the CPU's model and thread
-count) and the torch version, so one measurement serves every model and run that has the same
-op. Measurements from another torch version are never used (kernels change between releases);
-the cache says how many there are.
+An op's time is keyed by its signature (target, input shapes and dtypes, the other
+arguments), the device it ran on (``inventory.device_key``: the GPU's name, or the CPU's model
+and thread count) and the torch version, so one measurement serves every model and run that has
+the same op. A model's whole forward pass, measured for comparison, is kept too, keyed by the
+signatures of all its ops in order. Measurements from another torch version are never used
+(kernels change between releases); the cache says how many there are.
 
 Two processes may profile at once: the database runs in WAL mode with a busy timeout, each write
 is one short transaction, and rows are only ever inserted or replaced whole. A file that is not a
@@ -48,6 +49,10 @@ CREATE TABLE IF NOT EXISTS links (
     src_key TEXT NOT NULL, dst_key TEXT NOT NULL, torch_version TEXT NOT NULL,
     latency_s REAL NOT NULL, bandwidth_bytes_per_s REAL NOT NULL, points TEXT NOT NULL,
     created REAL NOT NULL, PRIMARY KEY (src_key, dst_key, torch_version));
+CREATE TABLE IF NOT EXISTS forwards (
+    model_key TEXT NOT NULL, device_key TEXT NOT NULL, torch_version TEXT NOT NULL,
+    median_s REAL NOT NULL, spread REAL NOT NULL, samples INTEGER NOT NULL,
+    created REAL NOT NULL, PRIMARY KEY (model_key, device_key, torch_version));
 CREATE TABLE IF NOT EXISTS fits (
     device_type TEXT NOT NULL, torch_version TEXT NOT NULL, fit TEXT NOT NULL,
     created REAL NOT NULL, PRIMARY KEY (device_type, torch_version));
@@ -244,6 +249,25 @@ class ProfileCache:
                 "INSERT OR REPLACE INTO links VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (record.src_key, record.dst_key, self.torch_version, record.latency_s,
                  record.bandwidth_bytes_per_s, json.dumps(record.points), time.time()))
+
+        if self._guard("writing", write, False) is False:
+            write()
+
+    # ---- whole forward passes
+
+    def get_forward(self, model_key: str, device_key: str) -> tuple[float, float, int] | None:
+        """``(median_s, spread, samples)`` of a whole forward pass measured before."""
+        return self._guard("reading", lambda: self._conn.execute(
+            "SELECT median_s, spread, samples FROM forwards WHERE model_key = ? AND "
+            "device_key = ? AND torch_version = ?",
+            (model_key, device_key, self.torch_version)).fetchone(), None)
+
+    def put_forward(self, model_key: str, device_key: str, *, median_s: float, spread: float,
+                    samples: int) -> None:
+        def write() -> None:
+            self._conn.execute("INSERT OR REPLACE INTO forwards VALUES (?, ?, ?, ?, ?, ?, ?)",
+                               (model_key, device_key, self.torch_version, median_s, spread,
+                                samples, time.time()))
 
         if self._guard("writing", write, False) is False:
             write()

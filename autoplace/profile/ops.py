@@ -10,12 +10,14 @@ after their last use, so memory stays about that of one forward pass.
 
 An op that fails when timed alone is timed together with the op before it (which produces
 fresh inputs each time) and the earlier op's time subtracted; the result says so. An op that
-cannot run at all here stops the walk: later ops keep the best costs available.
+cannot run at all here stops the walk: later ops keep the best costs available. The whole
+forward pass is timed once per model and device and kept in the cache with the ops.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -184,6 +186,7 @@ def profile_device(
     records: list[OpRecord] = []
     notes: list[str] = []
     seen: dict[str, OpProfile] = {}
+    signatures: list[str] = []
     previous: tuple[torch.fx.Node, Callable[[], Any], float] | None = None
     stopped: str | None = None
     measured_now = from_cache = 0
@@ -222,6 +225,7 @@ def profile_device(
                 ir = ir_node[node.name]
                 target = ir.targets[0] if ir.targets else str(node.target)
                 signature = op_signature(target, call_args, call_kwargs)
+                signatures.append(signature)
                 if progress is not None:
                     progress(node.name, done, len(wanted))
                 profile = seen.get(signature)
@@ -267,7 +271,15 @@ def profile_device(
     env.clear()
     whole = None
     if whole_forward and model is not None and stopped is None:
-        whole = _whole_forward(model, args, kwargs, dev=dev, timer=timer, notes=notes)
+        model_key = hashlib.sha256("\n".join(signatures).encode()).hexdigest()
+        known = cache.get_forward(model_key, device_key)
+        if known is not None:
+            whole = Measurement(median_s=known[0], spread=known[1], samples=known[2], calls=1)
+        else:
+            whole = _whole_forward(model, args, kwargs, dev=dev, timer=timer, notes=notes)
+            if whole is not None:
+                cache.put_forward(model_key, device_key, median_s=whole.median_s,
+                                  spread=whole.spread, samples=whole.samples)
     return DeviceProfile(device=device.name, torch_device=device.torch_device,
                          device_key=device_key, device_type=device.type, ops=ops,
                          whole_forward=whole, notes=tuple(notes), unmeasured=unmeasured,
