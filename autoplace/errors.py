@@ -6,7 +6,8 @@ and exits with code 2. A message says what was wrong, the numbers involved, and 
     AutoplaceError
     ├── ModelLoadError      the model file is missing, malformed, or raised while running
     ├── TraceError          neither torch.export nor torch.fx could trace the model
-    ├── DeviceSpecError     an unknown device type, a malformed --devices spec or cluster file
+    ├── DeviceSpecError     an unknown device type, a malformed --devices spec or cluster file,
+    │                       or no device here to profile
     ├── GraphError          a task graph that is not a DAG, or names unknown nodes
     ├── InfeasibleError     the model does not fit the devices (says how many bytes are missing)
     ├── EmitError           the partitioned model could not be generated, saved or loaded
