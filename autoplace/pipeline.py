@@ -156,10 +156,11 @@ def plan(
     result = solve(problem, solver=solver, time_limit_s=time_limit_s, seed=seed,
                    objective=objective, contiguous=contiguous, deterministic=deterministic)
     notes += result.notes
+    # After Ctrl-C the user wants the plan so far now, not more solving for the what-if table.
     scaling = whatif_table(problem, full=result, solver=solver, seed=seed, objective=objective,
                            contiguous=contiguous, deterministic=deterministic,
                            time_limit_s=min(WHATIF_TIME_LIMIT_S, time_limit_s / 10)
-                           ) if whatif else None
+                           ) if whatif and result.solver.status != "INTERRUPTED" else None
     planned = _plan_of(result, problem, name=name, tracer=traced.tracer,
                        coarsening={"traced_ops": coarse.traced_ops,
                                    "plan_nodes": len(coarse.graph.nodes),

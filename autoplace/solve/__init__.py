@@ -50,17 +50,20 @@ __all__ = [
 ]
 
 DEFAULT_TIME_LIMIT_S = 10.0
+BASELINE_SHARE = 0.5  # of the time limit, at most, before the remaining baselines are skipped
 OBJECTIVES = ("latency", "throughput")
 # Heuristic baselines: each takes (problem, objective) and returns a placement or None.
 HEURISTICS: dict[str, Callable[[Problem, str], Placement | None]] = {
+    # Cheap ones first: when the time limit cuts the baselines short, the slow list schedulers
+    # are the ones skipped.
     "sequential": lambda p, _: sequential_fill(p),
     "balanced": lambda p, _: balanced_fill(p),
-    "heft": lambda p, _: heft(p),
-    "m-etf": lambda p, _: m_etf(p),
-    "m-sct": lambda p, _: m_sct(p),
     "contiguous-dp": contiguous_split,
     "ideal-dp": ideal_dp,
     "stage-dp": stage_dp,
+    "heft": lambda p, _: heft(p),
+    "m-etf": lambda p, _: m_etf(p),
+    "m-sct": lambda p, _: m_sct(p),
 }
 SOLVERS = ("cpsat", *sorted([*HEURISTICS, "single-device"]))
 _MEMORY_ROUNDS = 3
@@ -149,6 +152,22 @@ def run_baselines(
 ) -> tuple[dict[str, Schedule | None], str | None]:
     """Every baseline, simulated; ``None`` where the heuristic could not respect memory (or,
     with ``contiguous``, made a split that is not contiguous)."""
+    ran = _run_baselines(problem, objective, contiguous)
+    return ran.schedules, ran.best_single
+
+
+@dataclass(frozen=True)
+class _Baselines:
+    schedules: dict[str, Schedule | None]
+    best_single: str | None
+    skipped: tuple[str, ...] = ()  # not run: the deadline passed, or Ctrl-C
+    interrupted: bool = False
+
+
+def _run_baselines(problem: Problem, objective: str, contiguous: bool, *,
+                   deadline: float = float("inf")) -> _Baselines:
+    """``run_baselines``, skipping the heuristics still to run once ``deadline`` (a
+    ``time.perf_counter`` value) has passed or Ctrl-C was pressed."""
     singles: dict[str, Schedule] = {}
     seen: set[tuple] = set()
     for device in problem.cluster.devices:
@@ -165,14 +184,23 @@ def run_baselines(
     best_single = min(singles, key=lambda d: singles[d].objective_s(objective), default=None)
     baselines: dict[str, Schedule | None] = {
         "single-device": singles[best_single] if best_single else None}
+    skipped: list[str] = []
+    interrupted = False
     for name, heuristic in HEURISTICS.items():
-        placement = heuristic(problem, objective)
-        if placement is None or (contiguous
-                                 and not is_contiguous(problem, placement.device_of)):
-            baselines[name] = None
-        else:
-            baselines[name] = simulate(problem, placement)
-    return baselines, best_single
+        if interrupted or time.perf_counter() > deadline:
+            skipped.append(name)
+            continue
+        try:
+            placement = heuristic(problem, objective)
+            if placement is None or (contiguous
+                                     and not is_contiguous(problem, placement.device_of)):
+                baselines[name] = None
+            else:
+                baselines[name] = simulate(problem, placement)
+        except KeyboardInterrupt:
+            interrupted = True
+            skipped.append(name)
+    return _Baselines(baselines, best_single, tuple(skipped), interrupted)
 
 
 def _best(schedules: Mapping[str, Schedule | None],
@@ -198,9 +226,17 @@ def _solve_large(problem: Problem, *, objective: str, contiguous: bool, time_lim
     deterministic = cpsat_options.get("deterministic", False)
     budget = time_limit_s / 2 if deterministic else max(
         0.05, (began + time_limit_s - time.perf_counter()) * 0.6)
-    large = coarse_solve(problem, objective=objective, contiguous=contiguous,
-                         hint=best[1] if best else None, time_limit_s=budget,
-                         known_bound_s=bound, **cpsat_options)
+    try:
+        large = coarse_solve(problem, objective=objective, contiguous=contiguous,
+                             hint=best[1] if best else None, time_limit_s=budget,
+                             known_bound_s=bound, **cpsat_options)
+    except KeyboardInterrupt:
+        if best is None:
+            raise
+        return _interrupted(best[1], best[0], problem=problem, began=began,
+                            time_limit_s=time_limit_s, bound=bound, baselines=baselines,
+                            best_single=best_single, notes=notes, objective=objective,
+                            contiguous=contiguous, steps=tuple(steps))
     candidates = [s for s in (large.schedule, best[1] if best else None)
                   if s is not None and s.feasible
                   and (not contiguous or is_contiguous(problem, s.placement.device_of))]
@@ -211,21 +247,33 @@ def _solve_large(problem: Problem, *, objective: str, contiguous: bool, time_lim
             f" in {time_limit_s:g} s; raise --time-limit, or add devices")
     steps += large.steps
     start = min(candidates, key=lambda s: s.objective_s(objective))
+    cp = large.cpsat
+    if cp is not None and cp.interrupted:
+        return _interrupted(start, "cpsat (coarsened)", problem=problem, began=began,
+                            time_limit_s=time_limit_s, bound=bound, baselines=baselines,
+                            best_single=best_single, notes=notes, objective=objective,
+                            contiguous=contiguous, progress=cp.progress,
+                            cp_objective=cp.objective_s, steps=tuple(steps))
     # Local moves: the rest of the time; when deterministic, a number of simulations that
     # takes about half the limit (a simulation costs about 0.1 ms a node here), not wall time.
-    chosen, moves = improve(
-        problem, start, objective=objective,
-        # A margin for what follows the moves (the result, the notes) within the limit.
-        deadline=float("inf") if deterministic else began + time_limit_s * 0.99 - 0.2,
-        max_evaluations=max(10, int(5000 * time_limit_s / len(problem.graph.nodes)))
-        if deterministic else None,
-        accept=lambda s: s.feasible and (not contiguous
-                                         or is_contiguous(problem, s.placement.device_of)))
+    try:
+        chosen, moves = improve(
+            problem, start, objective=objective,
+            # A margin for what follows the moves (the result, the notes) within the limit.
+            deadline=float("inf") if deterministic else began + time_limit_s * 0.99 - 0.2,
+            max_evaluations=max(10, int(5000 * time_limit_s / len(problem.graph.nodes)))
+            if deterministic else None,
+            accept=lambda s: s.feasible and (not contiguous
+                                             or is_contiguous(problem, s.placement.device_of)))
+    except KeyboardInterrupt:
+        return _interrupted(start, "cpsat (coarsened)", problem=problem, began=began,
+                            time_limit_s=time_limit_s, bound=bound, baselines=baselines,
+                            best_single=best_single, notes=notes, objective=objective,
+                            contiguous=contiguous, steps=tuple(steps))
     steps.append((f"local moves on the full graph ({moves} kept)", chosen.objective_s(objective)))
     notes.append(f"{len(problem.graph.nodes)} nodes are more than the exact model takes "
                  f"({EXACT_MAX_NODES[objective]}): " + "; ".join(
                      f"{step}: {value:.6g} s" for step, value in steps))
-    cp = large.cpsat
     # The coarse model's status says nothing about the full graph: the plan is proven optimal
     # only when it meets the lower bound.
     proven = chosen.objective_s(objective) <= bound * (1 + 1e-9)
@@ -262,10 +310,24 @@ def solve(
                              f"{', '.join(OBJECTIVES)}")
     check_memory(problem)
     began = time.perf_counter()
-    baselines, best_single = run_baselines(problem, objective, contiguous)
+    # Half the limit at most for the baselines (none is skipped when deterministic: which
+    # would depend on the machine's speed).
+    ran = _run_baselines(problem, objective, contiguous, deadline=float("inf") if deterministic
+                         else began + time_limit_s * BASELINE_SHARE)
+    baselines, best_single = ran.schedules, ran.best_single
     bound = analytic = lower_bound_s(problem, objective)
     notes: list[str] = []
+    if ran.skipped:
+        why = "Ctrl-C" if ran.interrupted else "past half the time limit"
+        notes.append(f"baselines not run ({why}): " + ", ".join(ran.skipped))
     best = _best(baselines, objective)
+    if ran.interrupted:
+        if best is None:
+            raise KeyboardInterrupt
+        return _interrupted(best[1], best[0], problem=problem, began=began,
+                            time_limit_s=time_limit_s, bound=bound, baselines=baselines,
+                            best_single=best_single, notes=notes, objective=objective,
+                            contiguous=contiguous)
 
     if solver != "cpsat":
         chosen = baselines.get(solver)
@@ -298,6 +360,7 @@ def solve(
                             deterministic=deterministic)
     deadline = began + time_limit_s
     status, cp_objective, cpsat_schedule = "NOT_RUN", None, None
+    interrupted = False
     nogoods: list[tuple[str, frozenset[str]]] = []
     progress: list[tuple[float, float | None, float]] = []
     for round_ in range(_MEMORY_ROUNDS):
@@ -314,6 +377,7 @@ def solve(
                              deterministic=deterministic,
                              known_bound_s=analytic)
         status, cp_objective = result.status, result.objective_s
+        interrupted = result.interrupted
         offset = time.perf_counter() - began - result.wall_s
         progress.extend((offset + t, obj, b) for t, obj, b in result.progress)
         if round_ == 0:
@@ -337,6 +401,8 @@ def solve(
         if candidate.feasible:
             cpsat_schedule = candidate
             break
+        if interrupted:
+            break
         device_of = result.placement.device_of
         for dev in candidate.over_capacity:
             nogoods.append((dev, frozenset(n for n, d in device_of.items() if d == dev)))
@@ -358,8 +424,11 @@ def solve(
         chosen, name = cpsat_schedule, "cpsat"
     elif best is not None:
         chosen, name = best[1], f"cpsat ({best[0]} kept)"
-        notes.append(f"CP-SAT ({status}) did not improve on the {best[0]} baseline within "
-                     f"{time_limit_s:g} s; the plan is the {best[0]} placement")
+        if not interrupted:
+            notes.append(f"CP-SAT ({status}) did not improve on the {best[0]} baseline within "
+                         f"{time_limit_s:g} s; the plan is the {best[0]} placement")
+    elif interrupted:
+        raise KeyboardInterrupt
     elif nogoods:
         raise InfeasibleError(
             "no placement within memory was found: every heuristic overflowed a device, and "
@@ -371,8 +440,32 @@ def solve(
             "no placement within memory was found: CP-SAT returned "
             f"{status} within {time_limit_s:g} s and every heuristic overflowed a device; "
             "raise --time-limit, or add devices")
+    if interrupted:
+        return _interrupted(chosen, name, problem=problem, began=began,
+                            time_limit_s=time_limit_s, bound=bound, baselines=baselines,
+                            best_single=best_single, notes=notes, objective=objective,
+                            contiguous=contiguous, progress=tuple(progress),
+                            cp_objective=cp_objective)
     info = SolverInfo(name=name, status=status, wall_s=wall, objective_s=cp_objective,
                       time_limit_s=time_limit_s, progress=tuple(progress))
+    return SolveResult(schedule=chosen, solver=info, lower_bound_s=bound, baselines=baselines,
+                       best_single_device=best_single, notes=tuple(notes),
+                       objective=objective, contiguous=contiguous)
+
+
+def _interrupted(chosen: Schedule, name: str, *, problem: Problem, began: float,
+                 time_limit_s: float, bound: float, baselines: Mapping[str, Schedule | None],
+                 best_single: str | None, notes: list[str], objective: str, contiguous: bool,
+                 progress: tuple = (), cp_objective: float | None = None,
+                 steps: tuple = ()) -> SolveResult:
+    """The best plan found before Ctrl-C, marked as such (status ``INTERRUPTED``)."""
+    wall = time.perf_counter() - began
+    optimal = chosen.objective_s(objective) <= bound * (1 + 1e-9)
+    notes.append(f"interrupted (Ctrl-C) after {wall:.1f} s: the plan ({name}) is the best found "
+                 "so far" + (", and it meets the lower bound" if optimal else ""))
+    info = SolverInfo(name=name, status="OPTIMAL" if optimal else "INTERRUPTED", wall_s=wall,
+                      objective_s=cp_objective, time_limit_s=time_limit_s, progress=progress,
+                      steps=steps)
     return SolveResult(schedule=chosen, solver=info, lower_bound_s=bound, baselines=baselines,
                        best_single_device=best_single, notes=tuple(notes),
                        objective=objective, contiguous=contiguous)

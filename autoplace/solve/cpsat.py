@@ -45,7 +45,8 @@ TIME_QUANTUM_S = 1e-9
 @dataclass(frozen=True)
 class CpSatResult:
     """``progress``: (seconds since the start, best objective or None, best bound), one entry
-    per improvement of either, in seconds of makespan."""
+    per improvement of either, in seconds of makespan. ``interrupted``: the search was stopped
+    by Ctrl-C (CP-SAT catches SIGINT and returns its best solution so far)."""
 
     placement: Placement | None
     status: str
@@ -53,6 +54,7 @@ class CpSatResult:
     bound_s: float
     wall_s: float
     progress: tuple[tuple[float, float | None, float], ...] = field(default_factory=tuple)
+    interrupted: bool = False
 
 
 class _Progress(cp_model.CpSolverSolutionCallback):
@@ -256,11 +258,17 @@ def solve_cpsat(
     status = solver.solve(model, progress)
     wall = time.perf_counter() - began
     status_name = solver.status_name(status)
+    # CP-SAT ends a search without proof (FEASIBLE, UNKNOWN) only at its limit or on SIGINT,
+    # which it catches: well short of the limit, it was Ctrl-C.
+    used, limit = ((solver.deterministic_time, solver.parameters.max_deterministic_time)
+                   if deterministic else (wall, solver.parameters.max_time_in_seconds))
+    interrupted = status in (cp_model.FEASIBLE, cp_model.UNKNOWN) and used < 0.9 * limit - 0.05
 
     # --- read back
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return CpSatResult(placement=None, status=status_name, objective_s=None,
-                           bound_s=0.0, wall_s=wall, progress=tuple(progress.points))
+                           bound_s=0.0, wall_s=wall, progress=tuple(progress.points),
+                           interrupted=interrupted)
     device_of = {n: next(d for d in devices if solver.boolean_value(x[n, d])) for n in nodes}
     order = None
     if start is not None:
@@ -272,7 +280,7 @@ def solve_cpsat(
                        status=status_name,
                        objective_s=solver.objective_value * quantum,
                        bound_s=_bound_s(solver.best_objective_bound, slack, quantum), wall_s=wall,
-                       progress=tuple(progress.points))
+                       progress=tuple(progress.points), interrupted=interrupted)
 
 
 Vars = dict[tuple[str, str], cp_model.IntVar]
