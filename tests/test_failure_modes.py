@@ -318,3 +318,43 @@ def test_deterministic_runs_write_the_same_plan(command, tmp_path):
     assert _plan_only(plans[0]) == _plan_only(plans[1])
     if command == "plan":
         assert len({n["device"] for n in plans[0]["nodes"]}) > 1  # a real split, not a trivial one
+
+
+# ---------------------------------------------------------------------------------------------
+# Ctrl-C while solving (the solver's own tests are in tests/test_interrupt.py)
+
+
+@pytest.mark.parametrize("command", ["plan", "solve"])
+def test_ctrl_c_while_solving_writes_the_best_plan_so_far_marked_as_such(command, tmp_path,
+                                                                         monkeypatch):
+    from autoplace.planfile import Plan
+    from autoplace.report import validate_plan_dict
+    from autoplace.simulate import validate
+    from autoplace.solve import HEURISTICS
+
+    def pressed(problem, objective):
+        raise KeyboardInterrupt
+
+    names = list(HEURISTICS)
+    monkeypatch.setitem(HEURISTICS, names[1], pressed)
+    out = tmp_path / "out"
+    argv = _argv(command, out)
+    if command == "plan":
+        # Four branches on four devices: the first baselines cannot meet the lower bound, so
+        # the plan cannot be proven optimal before the interruption.
+        argv[1] = _write(tmp_path, "branches.py", BRANCHY_MODEL)
+        argv += ["--devices", "4xA100-40GB"]
+    assert main(argv) == 0
+    data = json.loads((out / "plan.json").read_text())
+    validate_plan_dict(data)
+    assert data["solver"]["status"] == "INTERRUPTED"
+    assert any("interrupted (Ctrl-C)" in note for note in data["notes"])
+    assert "whatif" not in data  # no more solving after Ctrl-C
+    assert "INTERRUPTED" in (out / "summary.md").read_text()
+    plan = Plan.load(out)
+    assert validate(plan.problem, plan.schedule) == []
+    for name, baseline in data["baselines"].items():
+        if baseline["feasible"]:
+            assert data["makespan_s"] <= baseline["makespan_s"] * (1 + 1e-9), name
+    if command == "plan":
+        assert data["verification"]["status"] == "passed"  # still emitted and checked
