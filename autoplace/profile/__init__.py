@@ -126,8 +126,12 @@ def _progress_bar(enabled: bool) -> Iterator[Any]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+    console = Console(stderr=True)
+    if not console.is_terminal:  # a log or a pipe gets the summary, not a bar's redraws
+        yield None
+        return
     bar = Progress(TextColumn("[bold]profiling[/] {task.description}"), BarColumn(),
-                   MofNCompleteColumn(), console=Console(stderr=True), transient=True)
+                   MofNCompleteColumn(), console=console, transient=True)
     with bar:
         yield bar
 
@@ -162,7 +166,7 @@ def profile_model(
         present = []
     profiles: list[DeviceProfile] = []
     measured_keys: dict[str, DeviceProfile] = {}
-    with _progress_bar(progress) as bar:
+    with _progress_bar(progress and bool(present)) as bar:
         for device in present:
             key = device_key(device.torch_device, inv)
             twin = measured_keys.get(key)

@@ -27,13 +27,21 @@ class Timer(Protocol):
 
 
 class ClockTimer:
-    """Wall time with the monotonic ``time.perf_counter``: what a CPU op costs its caller."""
+    """Wall time with the monotonic ``time.perf_counter``: what a CPU op costs its caller.
+
+    ``clock`` may be another clock, such as ``time.thread_time`` (the CPU time of the calling
+    thread, which a busy machine's other processes do not inflate; only right when torch runs
+    one intra-op thread): benchmarks use it to tell contention from cost.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
 
     def per_call_s(self, fn: Callable[[], object], calls: int) -> float:
-        began = time.perf_counter()
+        began = self.clock()
         for _ in range(calls):
             fn()
-        return (time.perf_counter() - began) / calls
+        return (self.clock() - began) / calls
 
 
 class CudaEventTimer:
