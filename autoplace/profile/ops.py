@@ -176,9 +176,11 @@ def profile_device(
     index = {n.name: i for i, n in enumerate(fx_nodes)}
     last_use = {n.name: max((index[u.name] for u in n.users), default=index[n.name])
                 for n in fx_nodes}
+    # A value is dropped after its last reader ran. (An op timed with its neighbour needs the
+    # neighbour's inputs again: the neighbour's `run` closure keeps them.)
     free_at: dict[int, list[str]] = {}
     for name, i in last_use.items():
-        free_at.setdefault(i + 1, []).append(name)  # one node late: the neighbour may need it
+        free_at.setdefault(i, []).append(name)
 
     inputs = iter(flat_inputs(gm, args, dict(kwargs)))
     env: dict[str, Any] = {}
