@@ -131,8 +131,8 @@ def _solve_options(p: argparse.ArgumentParser) -> None:
                    "minimise the busiest device's load (compute plus copies sent and received) "
                    "for pipelined execution")
     p.add_argument("--contiguous", action="store_true",
-                   help="make every device's node set a pipeline stage (no path leaves it and "
-                   "comes back)")
+                   help="make the devices' node sets a chain of pipeline stages (no path leaves "
+                   "a device and comes back, no two devices feed each other)")
     p.add_argument("--deterministic", action="store_true",
                    help="same input, same plan: one CP-SAT worker, with --time-limit counted "
                    "in CP-SAT's deterministic seconds rather than wall seconds")

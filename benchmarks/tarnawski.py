@@ -30,9 +30,9 @@ from autoplace.simulate import simulate  # noqa: E402
 from autoplace.solve import solve  # noqa: E402
 
 TRAINING_NOTE = (
-    "autoplace's `--contiguous` asks for convex stages over the whole graph, forward and "
+    "autoplace's `--contiguous` asks for a chain of stages over the whole graph, forward and "
     "backward: a training graph's layer-wise stages (a layer's forward and backward op on "
-    "one device, as the authors' DP makes them) are not convex, so contiguous plans of "
+    "one device, as the authors' DP makes them) are no such chain, so contiguous plans of "
     "training graphs cannot split the way the DP does; for them the \"any split\" column is "
     "the comparison.")
 
@@ -110,8 +110,7 @@ def latency(paths: list[Path], time_limit_s: float, workers: int) -> list[str]:
              "rule needs accelerator blocks that contract to an acyclic graph: a block that is not "
              "contiguous is first cut into contiguous pieces, as the authors' code does, and a "
              "split counts only if the pieces fit the input's accelerators and contract to no "
-             "cycle (autoplace's `--contiguous` asks for convex blocks, which may still form a "
-             "cycle between two devices).", "",
+             "cycle.", "",
              "| input | nodes | greedy, authors' rule (recomputed) | autoplace plan, authors' rule "
              "| best autoplace placement, authors' rule | greedy, project simulator "
              "| autoplace plan, project simulator | status | time s |",

@@ -150,21 +150,6 @@ def tiny_dags(draw):
     return p
 
 
-def _is_chain(p: Problem, device_of: dict[str, str]) -> bool:
-    """The devices' node sets form a chain of stages: no cycle between devices (stronger than
-    ``is_contiguous``, which allows d0 -> d1 on one path and d1 -> d0 on another)."""
-    after = {(device_of[e.src], device_of[e.dst]) for e in p.graph.edges
-             if device_of[e.src] != device_of[e.dst]}
-    devices = set(device_of.values())
-    while devices:
-        first = next((d for d in devices if not any(b == d and a in devices for a, b in after)),
-                     None)
-        if first is None:
-            return False
-        devices.remove(first)
-    return True
-
-
 def _value(p: Problem, device_of: dict[str, str], objective: str) -> float:
     load = loads(p, device_of)
     return max(load.values()) if objective == "throughput" else sum(load.values())
@@ -178,7 +163,7 @@ def test_ideal_dp_is_the_best_contiguous_split(p, objective):
     brute = math.inf
     for devices in itertools.product(p.cluster.names, repeat=len(names)):
         device_of = dict(zip(names, devices))
-        if not _is_chain(p, device_of):
+        if not is_contiguous(p, device_of):
             continue
         if any(d not in p.allowed[v] for v, d in device_of.items()):
             continue
@@ -191,6 +176,6 @@ def test_ideal_dp_is_the_best_contiguous_split(p, objective):
     if placement is None:
         assert brute == math.inf
         return
-    assert is_contiguous(p, placement.device_of) and _is_chain(p, placement.device_of)
+    assert is_contiguous(p, placement.device_of)
     assert _value(p, placement.device_of, objective) == pytest.approx(brute, rel=1e-9,
                                                                         abs=1e-12)

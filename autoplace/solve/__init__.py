@@ -131,20 +131,27 @@ def _activation_bytes(problem: Problem) -> dict[str, int]:
 
 
 def is_contiguous(problem: Problem, device_of: Mapping[str, str]) -> bool:
-    """True when no path leaves a device's node set and comes back to it."""
+    """True when the devices' node sets form a chain of pipeline stages: no path leaves a
+    device's node set and comes back to it, and no two devices feed each other (d0 -> d1 on one
+    path, d1 -> d0 on another), so the stages can run one after another."""
     graph = problem.graph
-    # left[v]: the devices that some path into v has already left (v excluded).
-    left: dict[str, set[str]] = {}
-    for node in graph.nodes:
-        seen: set[str] = set()
-        for e in graph.in_edges(node.name):
-            seen |= left[e.src]
-            if device_of[e.src] != device_of[node.name]:
-                seen.add(device_of[e.src])
-        if device_of[node.name] in seen:
-            return False
-        left[node.name] = seen
-    return True
+    feeds: dict[str, set[str]] = {d: set() for d in set(device_of.values())}
+    for e in graph.edges:
+        if device_of[e.src] != device_of[e.dst]:
+            feeds[device_of[e.src]].add(device_of[e.dst])
+    # The devices' graph is acyclic when repeatedly removing devices nothing feeds empties it.
+    fed = {d: sum(d in targets for targets in feeds.values()) for d in feeds}
+    ready = [d for d, count in fed.items() if count == 0]
+    removed = 0
+    while ready:
+        d = ready.pop()
+        removed += 1
+        for target in feeds[d]:
+            fed[target] -= 1
+            if fed[target] == 0:
+                ready.append(target)
+    # An acyclic devices' graph also means no path returns to a device it has left.
+    return removed == len(feeds)
 
 
 def run_baselines(

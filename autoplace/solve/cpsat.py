@@ -172,8 +172,8 @@ def solve_cpsat(
     """Minimise ``objective`` (``latency``: the makespan; ``throughput``: the largest per-device
     load) of ``problem`` with CP-SAT within ``time_limit_s``.
 
-    ``contiguous`` makes every device's node set convex (no path leaves it and comes back), as a
-    pipeline stage must be. ``activation_bytes[n]`` is the working set node ``n`` needs on its
+    ``contiguous`` makes the devices' node sets a chain of pipeline stages (see
+    ``_add_contiguity``). ``activation_bytes[n]`` is the working set node ``n`` needs on its
     device beside the resident parameters. ``nogoods`` are ``(device, nodes)`` pairs: those nodes
     may not all run on that device (the caller adds one when the simulator finds such a set
     overflowing). With ``deterministic``, ``time_limit_s`` is in CP-SAT's deterministic seconds
@@ -301,18 +301,20 @@ def _add_memory(model: cp_model.CpModel, problem: Problem, x: Vars,
 
 
 def _add_contiguity(model: cp_model.CpModel, problem: Problem, x: Vars) -> None:
-    """Each device's node set is convex. ``z[v, d]`` is at least "some ancestor-or-self of ``v``
-    is on ``d``"; a node feeding ``d`` from outside may not have such an ancestor. On a path
-    that leaves ``d`` and returns, the last node off ``d`` would break that (Tarnawski et al.,
-    NeurIPS 2020, section 4)."""
-    graph = problem.graph
-    for d in problem.cluster.names:
-        z = {n.name: model.new_bool_var(f"z[{n.name},{d}]") for n in graph.nodes}
-        for n in graph.nodes:
-            model.add(z[n.name] >= x[n.name, d])
-        for e in graph.edges:
-            model.add(z[e.dst] >= z[e.src])
-            model.add(z[e.src] <= x[e.src, d] + 1 - x[e.dst, d])
+    """The devices' node sets form a chain of pipeline stages: each device gets a distinct rank,
+    each node the rank of its device, and no edge goes to a lower rank. Then no path leaves a
+    device and comes back (each node set is convex, Tarnawski et al., NeurIPS 2020, section 4)
+    and no two devices feed each other, so the stages run in rank order."""
+    graph, names = problem.graph, problem.cluster.names
+    top = len(names) - 1
+    rank = {d: model.new_int_var(0, top, f"rank[{d}]") for d in names}
+    model.add_all_different(list(rank.values()))
+    stage = {n.name: model.new_int_var(0, top, f"stage[{n.name}]") for n in graph.nodes}
+    for n in graph.nodes:
+        for d in names:
+            model.add(stage[n.name] == rank[d]).only_enforce_if(x[n.name, d])
+    for e in graph.edges:
+        model.add(stage[e.src] <= stage[e.dst])
 
 
 def _add_schedule(model: cp_model.CpModel, problem: Problem, x: Vars, hint: Schedule | None,
