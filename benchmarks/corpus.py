@@ -47,6 +47,22 @@ FAMILIES = {
     "dynamic_loop": "data-dependent control flow",
 }
 
+# Why a model fails, where we found out; the table quotes autoplace's own message beside it.
+CAUSES = {
+    "switch": "transformers' `SwitchTransformersTop1Router.forward` reassigns a submodule "
+              "(`self.classifier = self.classifier.to(self.dtype)`), and under torch.export "
+              "`Module.to` fails to swap the Linear's parameters (`_apply(): Couldn't swap "
+              "Linear.weight`), even though the dtype does not change. torch.fx "
+              "cannot trace transformers' decorated forward either (`co_varnames is too small`). "
+              "A fix belongs in transformers (cast once at load time); autoplace reports it as "
+              "a TraceError.",
+    "early_exit": "by design: a Python `if` on a tensor's value. Neither tracer can capture "
+                  "it; written with `torch.cond` (as in `cond_branch`) it plans and verifies.",
+    "dynamic_loop": "by design: a Python loop that `break`s on a tensor's value, as in "
+                    "adaptive computation time. Neither tracer can capture it; "
+                    "`torch._higher_order_ops.while_loop` or a fixed number of steps would.",
+}
+
 
 @dataclass(frozen=True)
 class Row:
@@ -132,8 +148,8 @@ def table(rows: list[Row], *, devices: str, time_limit_s: float) -> str:
         f"to torch.fx, {len(rows) - exported - fell_back} failed.",
         "",
         "Makespans in microseconds. \"vs best baseline\" is the plan's makespan over the best "
-        "baseline's (1.00 = equal; never above 1). A model that fails is named in the last "
-        "column with autoplace's message.",
+        "baseline's (1.00 = equal; never above 1). Every failure has its own section below "
+        "the table: autoplace's message and the cause.",
         "",
         "| model | family | traced | ops / nodes | verified | makespan (µs) "
         "| best baseline (µs) | vs best baseline | solver status | wall (s) | notes |",
@@ -147,8 +163,15 @@ def table(rows: list[Row], *, devices: str, time_limit_s: float) -> str:
         lines.append(
             f"| {r.model} | {r.family} | {r.tracer} | {ops} | {r.verification} "
             f"| {_us(r.makespan_s)} | {base} | {ratio} | {r.status} | {r.wall_s:.1f} "
-            f"| {_cell(r.detail)} |")
-    return "\n".join(lines) + "\n"
+            f"| {_cell(r.detail, limit=120)} |")
+    failed = [r for r in rows if not r.ok]
+    if failed:
+        lines += ["", "## Failures", ""]
+        for r in failed:
+            lines += [f"### {r.model} ({r.family})", "",
+                      f"- autoplace said: {' '.join(r.detail.split())}",
+                      f"- cause: {CAUSES.get(r.model, 'not diagnosed yet')}", ""]
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
