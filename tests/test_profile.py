@@ -297,3 +297,30 @@ def test_a_measured_cpu_calibrates_the_cpu_when_it_is_not_profiled(tmp_path):
     sources = {s for n in data["nodes"] if n["launches"] for s in n["cost_sources"].values()}
     assert sources == {"calibrated", "analytic"}
     assert any("only this machine's devices are profiled" in n for n in data["notes"])
+
+
+def test_links_are_measured_by_copying_and_replace_the_catalog_defaults():
+    from autoplace.profile import ProfileResult, _links
+    from autoplace.profile.cache import LinkRecord
+    from autoplace.profile.links import measure_link
+
+    latency, bandwidth, points = measure_link("cpu", "cpu", sizes=(4096, 65536, 1 << 20))
+    assert latency >= 0 and bandwidth > 0 and [n for n, _ in points] == [4096, 65536, 1 << 20]
+
+    # A GPU and the host, with the copies already in the cache (no GPU here to copy to).
+    cluster = parse_device_spec("A100-40GB,cpu")
+    gpu, cpu = cluster.devices
+    cache = ProfileCache(None, torch_version="t")
+    inv = Inventory(host=CPU_HERE.host)
+    for src, dst, gbps in (("cuda:0", "cpu", 20e9), ("cpu", "cuda:0", 10e9)):
+        keys = [f"{'gpu:unknown' if d == 'cuda:0' else 'cpu:test CPU:1t'}@{d}"
+                for d in (src, dst)]
+        cache.put_link(LinkRecord(src_key=keys[0], dst_key=keys[1], latency_s=3e-6,
+                                  bandwidth_bytes_per_s=gbps, points=((1, 1.0),)))
+    links = _links([gpu, cpu], inv, cache=cache, notes=[])
+    assert {(lk.src, lk.dst, lk.bandwidth_bytes_per_s) for lk in links} == {
+        ("cuda:0", "cpu", 20e9), ("cpu", "cuda:0", 10e9)}
+    measured = ProfileResult(links=links).apply_links(cluster)
+    assert measured.link("cpu", "cuda:0").kind == "measured"
+    assert measured.transfer_s("cpu", "cuda:0", 10_000) == pytest.approx(3e-6 + 1e-6)
+    assert cluster.link("cpu", "cuda:0").kind == "pcie4"
