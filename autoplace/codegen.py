@@ -678,9 +678,13 @@ def _importable(name: str, value: Any, *, where: str) -> tuple[str, str]:
                 return module, qualname
         except (ImportError, AttributeError):
             pass
-    what = f"{module}.{qualname}" if module and qualname else repr(value)
+    what = f"{module}.{qualname} (global {name!r})" if module and qualname else repr(value)
+    source = getattr(getattr(value, "__code__", None), "co_filename", "")
+    if module not in sys.modules and source:
+        # A function of the user's model file: its module was loaded under an internal name.
+        what = f"{qualname or name}() from {source}"
     raise EmitError(
-        f"{where}: generated code needs {what} (global {name!r}), "
+        f"{where}: generated code needs {what}, "
         "which model.py cannot import: it may import only torch and the standard library; "
         "express that call with torch ops, or pass --no-emit to plan without the emitted model"
     )

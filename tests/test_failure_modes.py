@@ -92,7 +92,8 @@ ERROR_CASES = {
     "GraphError": (["solve", "{cyclic}"], r"the graph has a cycle: (a -> b -> a|b -> a -> b)"),
     "InfeasibleError": (["solve", "{too_big}"], r"bytes\) short"),
     "EmitError": (["plan", "{user_function}"],
-                  r"generated code needs .*halve.*cannot import.*--no-emit"),
+                  r"generated code needs halve\(\) from .*user_function\.py, "
+                  r".*cannot import.*--no-emit"),
     "VerificationError": (["plan", "{noisy}"],
                           r"outputs differ from the original's \(max abs diff.*--no-verify"),
     "OutputError": (["report", "{tmp}/nowhere/plan.json"], r"no plan file|does not exist"),
