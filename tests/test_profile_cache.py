@@ -71,15 +71,23 @@ def test_no_cache_keeps_nothing():
         assert cache.describe()["path"] is None and cache.describe()["ops"] == 1
 
 
+# The writer loads cache.py alone (it needs no torch), so the two processes start in well under a
+# second instead of importing torch first, and their writes overlap.
 _WRITER = textwrap.dedent("""
-    import sys
-    sys.path.insert(0, {tests!r})
-    from test_profile_cache import record
-    from autoplace.profile.cache import ProfileCache
-    cache = ProfileCache({path!r}, torch_version="2.13.0")
+    import importlib.util, sys
+    spec = importlib.util.spec_from_file_location("cache", {module!r})
+    cache_module = importlib.util.module_from_spec(spec)
+    sys.modules["cache"] = cache_module
+    spec.loader.exec_module(cache_module)
+    cache = cache_module.ProfileCache({path!r}, torch_version="2.13.0")
     for i in range({start}, {start} + 200):
-        cache.put_ops([record(i)])
-        assert cache.get_op(record(i).signature, "cpu:test:1t") is not None
+        record = cache_module.OpRecord(
+            signature=f'["aten.relu.default",[["T",[{{i}}],"float32"]],{{{{}}}}]',
+            device_key="cpu:test:1t", device_type="CPU", family="elementwise",
+            dtype="float32", flops=0.0, bytes_accessed=8.0 * i, launches=1, median_s=1e-3,
+            spread=0.01, samples=5, param_bytes=0, output_bytes=4 * i, workspace_bytes=None)
+        cache.put_ops([record])
+        assert cache.get_op(record.signature, "cpu:test:1t") is not None
     assert not cache.notes, cache.notes
     print("ok")
 """)
@@ -87,9 +95,9 @@ _WRITER = textwrap.dedent("""
 
 def test_two_processes_profiling_at_once_both_keep_their_measurements(tmp_path):
     path = tmp_path / "profile.sqlite3"
-    tests = str(Path(__file__).parent)
+    module = str(Path(__file__).resolve().parents[1] / "autoplace" / "profile" / "cache.py")
     procs = [subprocess.Popen([sys.executable, "-c",
-                               _WRITER.format(tests=tests, path=str(path), start=start)],
+                               _WRITER.format(module=module, path=str(path), start=start)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for start in (0, 100)]  # overlapping keys: both write rows 100..199
     for proc in procs:
@@ -97,6 +105,7 @@ def test_two_processes_profiling_at_once_both_keep_their_measurements(tmp_path):
         assert proc.returncode == 0 and out.strip() == "ok", err
     with ProfileCache(path, torch_version="2.13.0") as cache:
         assert len(cache.ops_for("CPU")) == 300 and cache.notes == []
+        assert cache.get_op(record(150).signature, "cpu:test:1t") == record(150, median_s=1e-3)
 
 
 def test_links_and_fits_round_trip(tmp_path):
