@@ -86,13 +86,19 @@ class Overview:
     whatif: tuple[WhatIfRow, ...] | None
     critical_path: tuple[PathStep, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)
+    profiled_devices: tuple[str, ...] = ()
 
     @property
     def costs_text(self) -> str:
-        """``"analytic"``, or ``"60 measured, 8 analytic"`` when sources are mixed."""
+        """``"analytic"``, or ``"60 measured, 8 analytic"`` when sources are mixed; then the
+        devices that were profiled, since a plan may use none of them."""
         if len(self.cost_sources) == 1:
-            return self.cost_sources[0][0]
-        return ", ".join(f"{count} {source}" for source, count in self.cost_sources)
+            text = self.cost_sources[0][0]
+        else:
+            text = ", ".join(f"{count} {source}" for source, count in self.cost_sources)
+        if self.profiled_devices:
+            text += f" (measured on {', '.join(self.profiled_devices)})"
+        return text
 
     @property
     def devices_text(self) -> str:
@@ -146,6 +152,8 @@ def overview(plan: Plan) -> Overview:
         cost_sources=tuple(sorted(
             Counter(n.get("cost_source", "analytic") for n in plan["nodes"]).items(),
             key=lambda kv: (-kv[1], kv[0]))),
+        profiled_devices=tuple(dp["device"] for dp in
+                               (plan.get("profile") or {}).get("devices", ())),
         memory=tuple(memory), verification=plan.get("verification"),
         whatif=_whatif_rows(plan, key), critical_path=tuple(critical_path(plan)),
         notes=tuple(plan.get("notes", ())),
