@@ -58,7 +58,7 @@ def test_ctrl_c_during_the_baselines_keeps_those_already_run(monkeypatch):
     names = list(HEURISTICS)
     monkeypatch.setitem(HEURISTICS, names[2], pressed)
     result = solve(zoo.fork_join(zoo.cluster(2, memory_bytes=10**6)), time_limit_s=5)
-    assert result.solver.status in ("INTERRUPTED", "OPTIMAL")
+    assert result.solver.status == "INTERRUPTED"
     assert set(result.baselines) == {"single-device", *names[:2]}
     assert any(f"baselines not run (Ctrl-C): {', '.join(names[2:])}" in n for n in result.notes)
 

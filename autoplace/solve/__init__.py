@@ -469,8 +469,8 @@ def _interrupted(chosen: Schedule, name: str, *, problem: Problem, began: float,
     wall = time.perf_counter() - began
     optimal = chosen.objective_s(objective) <= bound * (1 + 1e-9)
     notes.append(f"interrupted (Ctrl-C) after {wall:.1f} s: the plan ({name}) is the best found "
-                 "so far" + (", and it meets the lower bound" if optimal else ""))
-    info = SolverInfo(name=name, status="OPTIMAL" if optimal else "INTERRUPTED", wall_s=wall,
+                 "so far" + (", and it meets the lower bound: optimal" if optimal else ""))
+    info = SolverInfo(name=name, status="INTERRUPTED", wall_s=wall,
                       objective_s=cp_objective, time_limit_s=time_limit_s, progress=progress,
                       steps=steps)
     return SolveResult(schedule=chosen, solver=info, lower_bound_s=bound, baselines=baselines,
