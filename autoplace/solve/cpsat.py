@@ -213,9 +213,9 @@ def solve_cpsat(
     for device, members in nogoods:
         for d in class_of.get(device, [device]):
             model.add(sum(x[n, d] for n in members) <= len(members) - 1)
-    if contiguous:
-        _add_contiguity(model, problem, x)
     hinted = _canonical(hint.placement.device_of, nodes, classes) if hint is not None else None
+    if contiguous:
+        _add_contiguity(model, problem, x, hinted)
     if hinted is not None:
         for n in nodes:
             for d in devices:
@@ -300,11 +300,17 @@ def _add_memory(model: cp_model.CpModel, problem: Problem, x: Vars,
                   + peak_activation <= dev.memory_bytes)
 
 
-def _add_contiguity(model: cp_model.CpModel, problem: Problem, x: Vars) -> None:
+def _add_contiguity(model: cp_model.CpModel, problem: Problem, x: Vars,
+                    hinted: Mapping[str, str] | None = None) -> None:
     """The devices' node sets form a chain of pipeline stages: each device gets a distinct rank,
     each node the rank of its device, and no edge goes to a lower rank. Then no path leaves a
-    device and comes back (each node set is convex, Tarnawski et al., NeurIPS 2020, section 4)
-    and no two devices feed each other, so the stages run in rank order."""
+    device and comes back and no two devices feed each other, so the stages run in rank order.
+
+    Convexity is implied, but stated as well, because it propagates much better (without it
+    CP-SAT proved far weaker bounds on Tarnawski et al.'s graphs): ``z[v, d]`` is at least
+    "some ancestor-or-self of ``v`` is on ``d``", and a node feeding ``d`` from outside may not
+    have such an ancestor (Tarnawski et al., NeurIPS 2020, section 4). A hinted placement that
+    is a chain hints the ranks too."""
     graph, names = problem.graph, problem.cluster.names
     top = len(names) - 1
     rank = {d: model.new_int_var(0, top, f"rank[{d}]") for d in names}
@@ -315,6 +321,44 @@ def _add_contiguity(model: cp_model.CpModel, problem: Problem, x: Vars) -> None:
             model.add(stage[n.name] == rank[d]).only_enforce_if(x[n.name, d])
     for e in graph.edges:
         model.add(stage[e.src] <= stage[e.dst])
+    for d in names:
+        z = {n.name: model.new_bool_var(f"z[{n.name},{d}]") for n in graph.nodes}
+        for n in graph.nodes:
+            model.add(z[n.name] >= x[n.name, d])
+        for e in graph.edges:
+            model.add(z[e.dst] >= z[e.src])
+            model.add(z[e.src] <= x[e.src, d] + 1 - x[e.dst, d])
+    order = _stage_order(problem, hinted) if hinted is not None else None
+    if order is not None:
+        for r, d in enumerate(order):
+            model.add_hint(rank[d], r)
+        for n in graph.nodes:
+            model.add_hint(stage[n.name], order.index(hinted[n.name]))
+
+
+def _stage_order(problem: Problem, device_of: Mapping[str, str]) -> list[str] | None:
+    """The devices in an order in which no edge goes backwards, unused ones last; ``None`` if
+    the placement is no chain of stages."""
+    names = problem.cluster.names
+    feeds = {d: set() for d in names}
+    for e in problem.graph.edges:
+        a, b = device_of[e.src], device_of[e.dst]
+        if a != b:
+            feeds[a].add(b)
+    fed = {d: sum(d in targets for targets in feeds.values()) for d in names}
+    used = set(device_of.values())
+    ready = sorted((d for d in names if fed[d] == 0), key=lambda d: (d not in used, d))
+    order: list[str] = []
+    while ready:
+        d = ready.pop(0)
+        order.append(d)
+        for target in sorted(feeds[d]):
+            fed[target] -= 1
+            if fed[target] == 0:
+                ready.append(target)
+    if len(order) != len(names):
+        return None
+    return [d for d in order if d in used] + [d for d in order if d not in used]
 
 
 def _add_schedule(model: cp_model.CpModel, problem: Problem, x: Vars, hint: Schedule | None,
