@@ -1,8 +1,9 @@
 """The profiler on the CPU: tiny zoo models give positive medians and a cost source per node;
-identical ops are measured once; an op that fails alone is timed with its neighbour; the timing
-loop and the CUDA timer's choice; the NVML inventory with pynvml absent, failing, or answering;
-`autoplace profile` and `plan --profile` in-process, and their bad input. No timing assertions:
-only that times are positive and the bookkeeping is right."""
+identical ops are measured once; CPU ops are timed where they run (in situ), so an op whose state
+the op before it sets up just works there, and timed alone it is timed with its neighbour; the
+timing loops and the CUDA timer's choice; the NVML inventory with pynvml absent, failing, or
+answering; `autoplace profile` and `plan --profile` in-process, and their bad input. No timing
+assertions: only that times are positive and the bookkeeping is right."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from autoplace.pipeline import plan
 from autoplace.profile import open_cache, profile_model
 from autoplace.profile.cache import ProfileCache
 from autoplace.profile.inventory import HostInfo, Inventory, inventory, present_devices
-from autoplace.profile.ops import op_signature
+from autoplace.profile.ops import _time_in_situ, op_signature
 from autoplace.profile.timing import ClockTimer, CudaEventTimer, measure, timer_for
 from autoplace.report import validate_plan_dict
 from autoplace.trace import trace_model
@@ -50,7 +51,7 @@ def test_profiling_a_tiny_model_gives_positive_medians_for_every_op():
     (dp,) = result.devices
     launched = {n.name for n in traced.graph.nodes if n.launches}
     assert set(dp.ops) == launched and len(launched) == 3
-    assert all(p.median_s > 0 and p.samples >= 3 and p.method == "isolated"
+    assert all(p.median_s > 0 and p.samples >= 3 and p.method == "in-situ"
                for p in dp.ops.values())
     assert dp.whole_forward is not None and dp.whole_forward.median_s > 0
     assert dp.ops[next(iter(launched))].workspace_bytes is None  # the CPU keeps no peak
@@ -73,7 +74,7 @@ def test_identical_ops_are_measured_once_and_the_cache_serves_the_next_run(tmp_p
     _, first = _profile(Twice(), (torch.randn(2, 8),), cache=cache)
     (dp,) = first.devices
     assert dp.measured_now == 1 and sorted(p.method for p in dp.ops.values()) == [
-        "cached", "isolated"]
+        "cached", "in-situ"]
     _, again = _profile(Twice(), (torch.randn(2, 8),), cache=cache)
     assert again.devices[0].measured_now == 0 and again.devices[0].from_cache == 1
     assert again.devices[0].ops.keys() == dp.ops.keys()
@@ -107,8 +108,16 @@ class ArmFire(nn.Module):
         return torch.ops.autoplace_test.fire(torch.ops.autoplace_test.arm(x * 2)) + 1
 
 
-def test_an_op_that_fails_alone_is_timed_with_its_neighbour_and_the_note_says_so():
+def test_in_situ_an_op_whose_state_the_op_before_it_sets_up_is_timed_where_it_runs():
     traced, result = _profile(ArmFire(), (torch.randn(16),))
+    (dp,) = result.devices
+    assert {p.method for p in dp.ops.values()} == {"in-situ"} and dp.unmeasured == ()
+    assert not any("failed" in n for n in result.notes)
+
+
+def test_an_op_that_fails_alone_is_timed_with_its_neighbour_and_the_note_says_so():
+    # How GPUs are profiled (each op alone, with CUDA events); on the CPU with in_situ=False.
+    traced, result = _profile(ArmFire(), (torch.randn(16),), in_situ=False)
     (dp,) = result.devices
     fire = next(n.name for n in traced.graph.nodes if "fire" in "".join(n.targets))
     arm = next(n.name for n in traced.graph.nodes if "arm" in "".join(n.targets))
@@ -167,6 +176,43 @@ def test_measure_warms_up_batches_short_calls_and_stops_when_the_median_is_stabl
     assert m.median_s == 1.0 and m.samples == 5 and m.spread == 0.0
     drifting = FakeTimer([1.0, 1.0] + [float(i) for i in range(1, 40)])
     assert measure(lambda: None, timer=drifting, max_samples=12).samples == 12
+
+
+def test_in_situ_walks_time_every_op_in_order_and_stop_when_the_total_is_stable():
+    model = zoo.TwoLayer().eval()
+    traced = trace_model(model, (torch.randn(4, 8),), {})
+    gm = traced.module
+    nodes = [n for n in gm.graph.nodes if n.op != "output"]
+    names = {n.name for n in traced.graph.nodes if n.launches}
+    timer = FakeTimer([])  # every call 1.0 s: stable at once
+    samples = _time_in_situ(gm, nodes, (torch.randn(4, 8),), {}, dev=torch.device("cpu"),
+                            timer=timer, free_at={}, names=names, min_passes=4, min_s=0.0)
+    assert samples.keys() == names and {len(v) for v in samples.values()} == {4}
+    assert timer.calls == [1] * (5 * len(names))  # one warm-up walk, then four, one call each
+
+
+def test_an_in_place_op_timed_in_situ_writes_a_copy_of_the_input_each_walk():
+    class AddInPlace(nn.Module):
+        def forward(self, x):
+            return x.add_(1.0).relu()
+
+    x = torch.zeros(8)
+    gm = torch.fx.symbolic_trace(AddInPlace())
+    nodes = [n for n in gm.graph.nodes if n.op != "output"]
+    names = {n.name for n in nodes if n.op == "call_method"}
+    samples = _time_in_situ(gm, nodes, (x,), {}, dev=torch.device("cpu"), timer=ClockTimer(),
+                            free_at={}, names=names, min_passes=5, min_s=0.0)
+    assert all(len(v) >= 5 for v in samples.values()) and torch.equal(x, torch.zeros(8))
+
+
+def test_a_cpu_time_taken_in_isolation_is_not_reused_in_situ_but_measured_again(tmp_path):
+    cache = ProfileCache(tmp_path / "c.sqlite3", torch_version=torch.__version__)
+    _, alone = _profile(zoo.TwoLayer(), (torch.randn(4, 8),), cache=cache, in_situ=False)
+    assert alone.devices[0].measured_now == 3
+    _, situ = _profile(zoo.TwoLayer(), (torch.randn(4, 8),), cache=cache)
+    assert situ.devices[0].measured_now == 3 and situ.devices[0].from_cache == 0
+    _, again = _profile(zoo.TwoLayer(), (torch.randn(4, 8),), cache=cache)
+    assert again.devices[0].measured_now == 0 and again.devices[0].from_cache == 3
 
 
 def test_gpus_are_timed_with_cuda_events_and_the_cpu_with_the_clock():

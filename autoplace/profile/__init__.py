@@ -148,13 +148,15 @@ def profile_model(
     progress: bool = False,
     timer: Timer | None = None,
     inv: Inventory | None = None,
+    in_situ: bool | None = None,
 ) -> ProfileResult:
     """Profile ``traced`` on every device of ``cluster`` that is here, measure the links among
     them, refit calibration, and choose fits for the devices that are not here.
 
     Devices that are not here are named in the notes; with none here, only stored calibration
     applies. Models whose parameters are on the meta device cannot run, so nothing is measured.
-    Identical devices (two GPUs of one model) are measured once.
+    Identical devices (two GPUs of one model) are measured once. ``in_situ``: see
+    ``ops.profile_device`` (by default ops are timed where they run on the CPU, alone on GPUs).
     """
     began = time.perf_counter()
     inv = inv or inventory()
@@ -187,7 +189,7 @@ def profile_model(
                                total=total)
 
             dp = profile_device(traced, model, args, kwargs, device=device, device_key=key,
-                                cache=cache, timer=timer, progress=report)
+                                cache=cache, timer=timer, progress=report, in_situ=in_situ)
             profiles.append(dp)
             measured_keys[key] = dp
             notes += list(dp.notes)

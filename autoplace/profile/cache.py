@@ -70,9 +70,9 @@ def default_cache_path() -> Path:
 @dataclass(frozen=True, kw_only=True)
 class OpRecord:
     """One op measured on one device: enough to reuse the time and to calibrate with it.
-    ``method`` is ``isolated``, or ``with-neighbour`` when the op had to be timed together with
-    the op before it. ``workspace_bytes`` is None where the allocator keeps no peak statistics
-    (the CPU)."""
+    ``method`` is ``in-situ`` (timed where it runs in the model: the CPU), ``isolated`` (alone:
+    GPUs), or ``with-neighbour`` when the op had to be timed together with the op before it.
+    ``workspace_bytes`` is None where the allocator keeps no peak statistics (the CPU)."""
 
     signature: str
     device_key: str

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["ClockTimer", "CudaEventTimer", "Measurement", "Timer", "measure", "timer_for"]
+__all__ = ["ClockTimer", "CudaEventTimer", "Measurement", "Timer", "measure", "relative_spread",
+           "timer_for"]
 
 
 class Timer(Protocol):
@@ -82,7 +83,8 @@ class Measurement:
     calls: int
 
 
-def _spread(values: list[float]) -> float:
+def relative_spread(values: list[float]) -> float:
+    """Interquartile range over median (the range over the median below 4 values)."""
     if len(values) < 4:
         return (max(values) - min(values)) / statistics.median(values)
     q = statistics.quantiles(values, n=4)
@@ -122,5 +124,5 @@ def measure(
                 break
         if time.perf_counter() - began > budget_s and len(samples) >= 3:
             break
-    return Measurement(median_s=statistics.median(samples), spread=_spread(samples),
+    return Measurement(median_s=statistics.median(samples), spread=relative_spread(samples),
                        samples=len(samples), calls=calls)
