@@ -134,8 +134,10 @@ def _solve_options(p: argparse.ArgumentParser) -> None:
                    help="make the devices' node sets a chain of pipeline stages (no path leaves "
                    "a device and comes back, no two devices feed each other)")
     p.add_argument("--deterministic", action="store_true",
-                   help="same input, same plan: one CP-SAT worker, with --time-limit counted "
-                   "in CP-SAT's deterministic seconds rather than wall seconds")
+                   help="same input and same costs, same plan: one CP-SAT worker, with "
+                   "--time-limit counted in CP-SAT's deterministic seconds rather than wall "
+                   "seconds (with profiling, reuse the cache: --no-cache or an empty cache "
+                   "measures again)")
 
 
 def _cmd_solve(args: argparse.Namespace) -> int:
