@@ -7,13 +7,14 @@ against the measured whole forward pass; time profiling the GPT-2-style example 
 
 Per example, ``--rounds`` times, each with a fresh cache: the whole forward pass of the original
 (eager) model, and of the traced graph, each a stable median (``autoplace.profile.timing``);
-the sum of the ops' isolated medians (``autoplace profile``); and the calibrated CPU roofline's
-prediction. The calibrated prediction is leave-one-out: fitted on the other examples' ops only,
-so it predicts a model it has not seen. Rows report the medians over rounds. Last, the
-`autoplace profile examples/gpt2.py --devices cpu` command is run twice in fresh processes on an
-empty cache directory: cold, then warm. ``--clock thread`` times with the calling thread's CPU
-time instead of the wall clock (with one intra-op thread, all of torch's work), which the other
-processes of a shared machine do not inflate.
+the sum of the ops' medians timed where they run in the model (``autoplace profile``, in situ),
+and for comparison each timed alone (isolated, into a separate in-memory cache); and the
+calibrated CPU roofline's prediction. The calibrated prediction is leave-one-out: fitted on the
+other examples' ops only, so it predicts a model it has not seen. Rows report the medians over
+rounds. Last, the `autoplace profile examples/gpt2.py --devices cpu` command is run twice in fresh
+processes on an empty cache directory: cold, then warm. ``--clock thread`` times with the calling
+thread's CPU time instead of the wall clock (with one intra-op thread, all of torch's work),
+which the other processes of a shared machine do not inflate.
 
 (Not named ``profile.py``: run as a script, that would shadow the standard library's ``profile``
 module, which torch imports.)
@@ -76,8 +77,12 @@ def one_round(cache_dir: Path, timer: ClockTimer) -> dict[str, dict]:
         eager_after = _forward_s(lambda m=model, lm=loaded: m(*lm.args, **lm.kwargs), timer)
         graph_s = _forward_s(lambda g=traced.module, lm=loaded: g(*lm.args, **lm.kwargs), timer)
         (dp,) = result.devices
+        alone = profile_model(traced, model, loaded.args, loaded.kwargs, cluster,
+                              cache=ProfileCache(None, torch_version=torch.__version__), inv=inv,
+                              links=False, timer=timer, in_situ=False).devices[0]
         rows[name] = {"ops": len(dp.ops), "measured_now": dp.measured_now,
-                      "sum_s": dp.sum_s, "eager_s": statistics.median(
+                      "sum_s": dp.sum_s, "isolated_s": alone.sum_s,
+                      "eager_s": statistics.median(
                           [eager_before, eager_after, dp.whole_forward.median_s]),
                       "graph_s": graph_s, "profile_s": profile_s,
                       "measured": {n: p.median_s for n, p in dp.ops.items()},
@@ -138,6 +143,9 @@ def main() -> int:
             warm = command_wall(Path(tmp), opts.threads)
     inv = inventory()
     load = os.getloadavg()
+    default_out = Path(opts.out).resolve() == (RESULTS / "profile.md").resolve()
+    out_arg = "" if default_out else f" --out {os.path.relpath(opts.out, ROOT)}"
+    out_arg = (f" --rounds {opts.rounds}" if opts.rounds != 3 else "") + out_arg
     lines = [
         "# Profiling on the CPU",
         "",
@@ -146,12 +154,16 @@ def main() -> int:
         f"{'wall clock' if opts.clock == 'wall' else 'thread CPU-time clock'}; load average "
         f"when done {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (other jobs share the cores). "
         "Reproduce with `python benchmarks/profile_cpu.py --threads "
-        f"{opts.threads} --clock {opts.clock}`.",
+        f"{opts.threads} --clock {opts.clock}{out_arg}`.",
         "",
         f"Each figure is the median over {opts.rounds} rounds, each on a fresh cache. *Whole "
         "forward*: the original eager model, a stable median of repeated calls. *Ops summed*: "
-        "every op timed in isolation by `autoplace profile`, added up (target: within 15% of "
-        "the whole forward). *Calibrated*: the calibrated CPU roofline's prediction of the same "
+        "every op timed by `autoplace profile` where it runs in the model (in situ: the graph "
+        "walked again and again, one call of each op timed between its neighbours), added up "
+        "(target: within 15% of the whole forward). *Isolated*: the same ops each timed alone, "
+        "called over and over (`in_situ=False`, how the CPU was profiled before; inputs, "
+        "weights and output buffer stay hot in the caches), added up. *Calibrated*: the "
+        "calibrated CPU roofline's prediction of the same "
         "ops, summed (target: within 30%); *in-sample* is fitted to all four examples' ops, "
         "which is what the cache holds once they are profiled; *unseen* to the other three "
         "examples' ops only (leave-one-out: a model the fit has not seen). *Per op*: the median "
@@ -159,9 +171,10 @@ def main() -> int:
         "run as code, the form the emitted model runs in.",
         "",
         "| example | ops timed | whole forward (ms) | traced graph (ms) | ops summed (ms) | error "
-        "| calibrated, in-sample (ms) | error | per op | calibrated, unseen (ms) | error "
+        "| isolated (ms) | error | calibrated, in-sample (ms) | error | per op "
+        "| calibrated, unseen (ms) | error "
         "| per op | profile stage (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name in EXAMPLES:
         def med(key: str, name: str = name) -> float:
@@ -169,20 +182,23 @@ def main() -> int:
 
         whole = med("eager_s")
         errors_sum = [r[name]["sum_s"] / r[name]["eager_s"] - 1 for r in rounds]
+        errors_iso = [r[name]["isolated_s"] / r[name]["eager_s"] - 1 for r in rounds]
         errors_cal = [r[name]["calibrated_s"] / r[name]["eager_s"] - 1 for r in rounds]
         errors_in = [r[name]["in_sample_s"] / r[name]["eager_s"] - 1 for r in rounds]
         lines.append(
             f"| {name} | {rounds[0][name]['ops']} ({rounds[0][name]['measured_now']} distinct) "
             f"| {whole * 1e3:.2f} | {med('graph_s') * 1e3:.2f} | {med('sum_s') * 1e3:.2f} "
-            f"| {_pct(statistics.median(errors_sum))} | {med('in_sample_s') * 1e3:.2f} "
+            f"| {_pct(statistics.median(errors_sum))} | {med('isolated_s') * 1e3:.2f} "
+            f"| {_pct(statistics.median(errors_iso))} | {med('in_sample_s') * 1e3:.2f} "
             f"| {_pct(statistics.median(errors_in))} | {med('in_sample_op_error'):.0%} "
             f"| {med('calibrated_s') * 1e3:.2f} | {_pct(statistics.median(errors_cal))} "
             f"| {med('op_error'):.0%} | {med('profile_s'):.1f} |")
-    lines += ["", "Each round's errors (ops summed; calibrated in-sample; unseen), to show the "
-              "spread between rounds:", ""]
+    lines += ["", "Each round's errors (ops summed; isolated; calibrated in-sample; unseen), to "
+              "show the spread between rounds:", ""]
     for name in EXAMPLES:
         per_round = "; ".join(
             f"{_pct(r[name]['sum_s'] / r[name]['eager_s'] - 1)}, "
+            f"{_pct(r[name]['isolated_s'] / r[name]['eager_s'] - 1)}, "
             f"{_pct(r[name]['in_sample_s'] / r[name]['eager_s'] - 1)}, "
             f"{_pct(r[name]['calibrated_s'] / r[name]['eager_s'] - 1)}" for r in rounds)
         lines.append(f"- {name}: {per_round}")
