@@ -42,7 +42,7 @@ from autoplace.cost import node_family
 from autoplace.ir import Device
 from autoplace.profile.cache import OpRecord, ProfileCache
 from autoplace.profile.timing import Measurement, Timer, measure, relative_spread, timer_for
-from autoplace.trace import TracedModel, flat_inputs
+from autoplace.trace import TracedModel, _tensors, flat_inputs
 
 __all__ = ["DeviceProfile", "OpProfile", "op_signature", "profile_device"]
 
@@ -120,16 +120,6 @@ def _to_device(value: Any, device: torch.device) -> Any:
     if isinstance(value, dict):
         return {k: _to_device(v, device) for k, v in value.items()}
     return value
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []
 
 
 def _nbytes(value: Any) -> int:
