@@ -123,13 +123,28 @@ class ProfileCache:
             return self._connect(":memory:")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            return self._connect(str(self.path))
+            return self._connect_waiting(str(self.path))
         except sqlite3.DatabaseError as exc:
             if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
                 return self._fallback(f"the profile cache {self.path} stayed locked ({exc})")
             return self._rebuild(exc)
         except OSError as exc:
             return self._fallback(f"the profile cache {self.path} cannot be written ({exc})")
+
+    def _connect_waiting(self, where: str) -> sqlite3.Connection:
+        """``_connect``, retried while another process holds the file: switching a new file to
+        WAL mode and recovering another process's WAL answer "locked" at once, without the busy
+        handler, so the busy timeout alone does not cover two processes opening together."""
+        deadline = time.monotonic() + _BUSY_TIMEOUT_S
+        pause = 0.01
+        while True:
+            try:
+                return self._connect(where)
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
 
     def _connect(self, where: str) -> sqlite3.Connection:
         conn = sqlite3.connect(where, timeout=_BUSY_TIMEOUT_S, isolation_level=None)
