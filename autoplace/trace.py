@@ -162,9 +162,34 @@ class _CountingInterpreter(torch.fx.Interpreter):
             counter = FlopCounterMode(display=False)
             with counter:
                 result = super().run_node(n)
-            self.flops[n.name] = int(counter.get_total_flops())
+            self.flops[n.name] = int(counter.get_total_flops()) or self._window_reads(n, result)
         self.values[n.name] = result
         return result
+
+
+    def _window_reads(self, n: torch.fx.Node, result: Any) -> int:
+        """A pooling op's FLOPs, which the FLOP counter leaves at zero: each output element
+        reads a window of inputs (the kernel; for adaptive pools, the input over the output)."""
+        if n.op == "call_module":
+            module = self.module.get_submodule(str(n.target))
+            name = type(module).__name__.lower()
+            kernel = getattr(module, "kernel_size", None)
+        else:
+            name = _op_name(n.target).lower()
+            kernel = n.args[1] if len(n.args) > 1 else n.kwargs.get("kernel_size")
+        if "pool" not in name or not (outputs := _tensors(result)):
+            return 0
+        out = outputs[0]
+        if "adaptive" in name:
+            first = n.all_input_nodes[0].name if n.all_input_nodes else None
+            inputs = _tensors(self.values.get(first)) if first else []
+            return int(inputs[0].numel()) if inputs else int(out.numel())
+        spatial = next((int(c) for c in name if c.isdigit()), 2)
+        window = [kernel] * spatial if isinstance(kernel, int) else list(kernel or [1])
+        area = 1
+        for k in window:
+            area *= int(k)
+        return int(out.numel()) * area
 
 
 def flat_inputs(gm: torch.fx.GraphModule, args: tuple, kwargs: dict) -> list[Any]:

@@ -1,21 +1,27 @@
-"""Calibrated roofline: per device type, per op family efficiency fitted to measurements.
+"""Calibrated roofline: per device type, per op family efficiencies fitted to measurements.
 
-The analytic roofline (``roofline.op_time_s``) assumes every kernel reaches the datasheet peak.
-Real kernels reach a fraction of it, and the fraction depends on what kind of op it is (a matmul
-gets closer to the FLOP peak than a pooling layer gets to the bandwidth peak) and on its size
-(small ops are dominated by fixed costs: dispatch, thread wake-up, launch). Calibration fits,
-per device type and op family, the roofline's core time ``c = max(flops / peak, bytes /
-bandwidth)`` to measured times with a power law:
+The analytic roofline assumes every kernel reaches the datasheet peaks: an op takes
+``launches * overhead + max(flops / peak, bytes / bandwidth)``. Real kernels reach a fraction of
+each peak, and the fraction depends on the kind of op (a matmul gets closer to the FLOP peak than
+a pooling window gets, an embedding lookup is far from the bandwidth bound) and on the hardware
+and threads that run it. Calibration keeps the roofline's form and fits its three numbers per
+device type and op family:
 
-    t = exp(log_scale[family]) * c ** exponent[family]
+    t = launches * overhead[family]
+        + max(compute_factor[family] * flops / peak, memory_factor[family] * bytes / bandwidth)
 
-so the family's efficiency, ``c / t``, is a factor that grows with the op's size when
-``exponent < 1`` and is constant (``exp(-log_scale)``) when ``exponent == 1``, the plain
-"percent of peak" of e.g. Paleo (H. Qi, E. Sparks, A. Talwalkar, "Paleo: A Performance Model
-for Deep Neural Networks", ICLR 2017). The fit is least squares in log space (relative error),
-each op weighted by the square root of its time so that the ops that dominate a model's total
-count more than the many tiny ones, without letting one op decide. Exponents are kept within
-[0.5, 1.1]; a family with fewer than ``MIN_FAMILY_SAMPLES`` ops uses the fit over all families.
+``1 / compute_factor`` is the family's efficiency against the FLOP peak and ``1 / memory_factor``
+against the bandwidth, the "percent of peak" of e.g. Paleo (H. Qi, E. Sparks, A. Talwalkar,
+"Paleo: A Performance Model for Deep Neural Networks", ICLR 2017), one for each side of the
+roofline; ``overhead`` is the fixed cost of one kernel (dispatch, thread wake-up, launch), which
+is what small ops are made of. Factors are at least 1: no kernel beats the datasheet.
+
+The fit minimises the squared relative error of each op, weighted by the square root of its time
+so that the ops that dominate a model's total count more than the many tiny ones, without letting
+one op decide. For a given ratio ``memory_factor / compute_factor`` the law is linear in
+``overhead`` and ``compute_factor``, a least-squares problem with two bounds solved exactly; the
+ratio is searched on a logarithmic grid (``_RATIOS``). A family with fewer than
+``MIN_FAMILY_SAMPLES`` ops uses the law fitted to all of them.
 
 Read ``op_family`` (op name -> family), ``Sample`` and ``CalibrationFit``, then ``fit`` and
 ``CalibrationFit.op_time_s``. Pure Python and numpy: no torch, nothing from ``autoplace``.
@@ -33,7 +39,14 @@ import numpy as np
 
 from cost_models.devices import DeviceType
 
-__all__ = ["FAMILIES", "CalibrationFit", "Sample", "fit", "op_family", "roofline_core_s"]
+__all__ = ["FAMILIES", "POOLING_OPS", "CalibrationFit", "Law", "Sample", "fit", "op_family",
+           "roofline_terms"]
+
+POOLING_OPS = frozenset({
+    "max_pool1d", "max_pool2d", "max_pool3d", "max_pool2d_with_indices",
+    "max_pool3d_with_indices", "avg_pool1d", "avg_pool2d", "avg_pool3d", "adaptive_avg_pool1d",
+    "adaptive_avg_pool2d", "adaptive_avg_pool3d", "_adaptive_avg_pool2d", "_adaptive_avg_pool3d",
+    "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d"})
 
 # Families, and the op names (as ``autoplace.trace`` names them: ``addmm``, ``conv2d``, ...)
 # that belong to each. Anything else is "elementwise" when it has few FLOPs per byte, which is
@@ -55,11 +68,11 @@ _FAMILY_OPS: Mapping[str, frozenset[str]] = MappingProxyType({
                                 "_log_softmax", "_safe_softmax"}),
     "reduction": frozenset({"sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin",
                             "cumsum", "cumprod", "prod", "var", "std", "var_mean", "norm",
-                            "linalg_vector_norm", "logsumexp", "any", "all", "diff",
-                            "max_pool2d", "max_pool1d", "max_pool3d", "avg_pool2d",
-                            "avg_pool1d", "avg_pool3d", "adaptive_avg_pool2d",
-                            "_adaptive_avg_pool2d", "adaptive_max_pool2d",
-                            "max_pool2d_with_indices", "topk", "sort"}),
+                            "linalg_vector_norm", "logsumexp", "any", "all", "diff", "topk",
+                            "sort"}),
+    # Windows: each output reads a kernel's worth of inputs (``autoplace.trace`` counts those
+    # reads as the op's FLOPs, which the FLOP counter leaves at zero).
+    "pooling": frozenset(POOLING_OPS),
     "memory": frozenset({"embedding", "index", "index_select", "gather", "scatter", "cat",
                          "stack", "copy", "_to_copy", "to", "clone", "index_put", "masked_fill",
                          "where", "pad", "constant_pad_nd", "repeat", "tril", "triu", "arange",
@@ -81,86 +94,96 @@ def op_family(op_name: str) -> str:
     if name in _OP_TO_FAMILY:
         return _OP_TO_FAMILY[name]
     for key, fam in (("linear", "matmul"), ("conv", "conv"), ("norm", "normalization"),
-                     ("attention", "attention"), ("pool", "reduction"),
+                     ("attention", "attention"), ("pool", "pooling"),
                      ("embedding", "memory")):
         if key in name:
             return fam
     return "elementwise"
 
 
-def roofline_core_s(*, flops: float, bytes_accessed: float, dtype: str,
-                    device: DeviceType) -> float:
-    """``max(flops / peak, bytes / bandwidth)``: the roofline without its launch term."""
+def roofline_terms(*, flops: float, bytes_accessed: float, dtype: str,
+                   device: DeviceType) -> tuple[float, float]:
+    """``(flops / peak, bytes / bandwidth)``: the roofline's two sides, without its launch term."""
     compute_s = flops / device.peak_flops_for(dtype) if flops else 0.0
     memory_s = bytes_accessed / device.memory_bandwidth_bytes_per_s if bytes_accessed else 0.0
-    return max(compute_s, memory_s)
+    return compute_s, memory_s
 
 
 @dataclass(frozen=True, kw_only=True)
 class Sample:
-    """One measured op: its family, the roofline's core time on the device, and the measured
+    """One measured op: its family, the roofline's two sides on the device (``compute_s =
+    flops / peak``, ``memory_s = bytes / bandwidth``), its kernel launches and the measured
     median time."""
 
     family: str
-    core_s: float
+    compute_s: float
+    memory_s: float
     measured_s: float
     launches: int = 1
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
             raise ValueError(f"unknown op family {self.family!r}; families: {FAMILIES}")
-        if not (self.core_s >= 0 and self.measured_s > 0 and self.launches >= 0):
-            raise ValueError(f"sample needs core_s >= 0, measured_s > 0 and launches >= 0, got "
-                             f"{self.core_s}, {self.measured_s}, {self.launches}")
+        if not (self.compute_s >= 0 and self.memory_s >= 0 and self.measured_s > 0
+                and self.launches >= 0):
+            raise ValueError(f"sample needs compute_s >= 0, memory_s >= 0, measured_s > 0 and "
+                             f"launches >= 0, got {self.compute_s}, {self.memory_s}, "
+                             f"{self.measured_s}, {self.launches}")
+
+
+Law = tuple[float, float, float]
+"""``(overhead_s, compute_factor, memory_factor)``: see the module docstring."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class CalibrationFit:
-    """Fitted factors for one device type.
+    """Fitted laws for one device type.
 
-    ``laws[family]`` is ``(log_scale, exponent)``; families without enough samples use
-    ``pooled``. ``relative_error`` is the median absolute relative error of the fit on its own
-    samples; ``samples`` counts them.
+    ``laws[family]`` is ``(overhead_s, compute_factor, memory_factor)``; families without
+    enough samples use ``pooled``. ``relative_error`` is the median absolute relative error of
+    the fit on its own samples; ``samples`` counts them.
     """
 
     device_type: str
-    laws: Mapping[str, tuple[float, float]]
-    pooled: tuple[float, float]
+    laws: Mapping[str, Law]
+    pooled: Law
     samples: int
     relative_error: float
     samples_by_family: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for fam, (scale, exponent) in {**self.laws, "pooled": self.pooled}.items():
-            if not (math.isfinite(scale) and EXPONENT_RANGE[0] <= exponent <= EXPONENT_RANGE[1]):
-                raise ValueError(f"law for {fam!r} must have a finite scale and an exponent in "
-                                 f"{EXPONENT_RANGE}, got {(scale, exponent)}")
+        for fam, law in {**self.laws, "pooled": self.pooled}.items():
+            if len(law) != 3 or not all(math.isfinite(x) for x in law) or law[0] < 0 \
+                    or min(law[1:]) < 1:
+                raise ValueError(f"law for {fam!r} must be (overhead_s >= 0, compute_factor >= "
+                                 f"1, memory_factor >= 1), got {tuple(law)}")
         object.__setattr__(self, "laws", MappingProxyType(
-            {f: (float(a), float(b)) for f, (a, b) in self.laws.items()}))
-        object.__setattr__(self, "pooled", (float(self.pooled[0]), float(self.pooled[1])))
+            {f: _as_law(law) for f, law in self.laws.items()}))
+        object.__setattr__(self, "pooled", _as_law(self.pooled))
         object.__setattr__(self, "samples_by_family",
                            MappingProxyType(dict(self.samples_by_family)))
 
-    def law_of(self, family: str) -> tuple[float, float]:
+    def law_of(self, family: str) -> Law:
         return self.laws.get(family, self.pooled)
 
-    def time_of_core(self, family: str, core_s: float) -> float:
-        """Seconds an op of ``family`` with roofline core time ``core_s`` takes."""
-        scale, exponent = self.law_of(family)
-        return math.exp(scale) * max(core_s, _TINY_S) ** exponent
+    def time_of(self, family: str, *, compute_s: float, memory_s: float,
+                launches: int = 1) -> float:
+        """Seconds an op of ``family`` takes, given the roofline's two sides."""
+        return _law_time(self.law_of(family), launches, compute_s, memory_s)
 
-    def efficiency_of(self, family: str, core_s: float) -> float:
-        """The fraction of the roofline's peak an op of this family and size reaches."""
-        return core_s / self.time_of_core(family, core_s)
+    def efficiencies(self, family: str) -> tuple[float, float]:
+        """The fractions of the FLOP peak and of the bandwidth that ``family`` reaches."""
+        _, compute_factor, memory_factor = self.law_of(family)
+        return 1.0 / compute_factor, 1.0 / memory_factor
 
     def op_time_s(self, *, family: str, flops: float, bytes_accessed: float, dtype: str,
                   device: DeviceType, launches: int) -> float:
         """The calibrated time of one op on ``device``; 0 for an op that launches nothing."""
         if not launches:
             return 0.0
-        core = roofline_core_s(flops=flops, bytes_accessed=bytes_accessed, dtype=dtype,
-                               device=device)
-        return self.time_of_core(family, core)
+        compute_s, memory_s = roofline_terms(flops=flops, bytes_accessed=bytes_accessed,
+                                             dtype=dtype, device=device)
+        return self.time_of(family, compute_s=compute_s, memory_s=memory_s, launches=launches)
 
     def to_dict(self) -> dict:
         return {"device_type": self.device_type,
@@ -171,6 +194,8 @@ class CalibrationFit:
 
     @classmethod
     def from_dict(cls, data: Mapping) -> CalibrationFit:
+        """The fit ``to_dict`` wrote. Raises ``ValueError`` (or ``KeyError``/``TypeError``) on
+        anything else, e.g. a fit of an older form: the cache then fits again."""
         return cls(device_type=data["device_type"],
                    laws={f: tuple(law) for f, law in data["laws"].items()},
                    pooled=tuple(data["pooled"]), samples=data["samples"],
@@ -181,43 +206,79 @@ class CalibrationFit:
         return json.dumps(self.to_dict(), sort_keys=True)
 
 
-MIN_FAMILY_SAMPLES = 3
-EXPONENT_RANGE = (0.5, 1.1)
-_TINY_S = 1e-12  # an op whose roofline time is 0 (it moves nothing) still costs its floor
+MIN_FAMILY_SAMPLES = 4
+# memory_factor / compute_factor, searched from "compute bound unless the op moves 1000x more
+# bytes than the peaks balance" to the reverse.
+_RATIOS = np.geomspace(1e-3, 1e3, 61)
 
 
-def _power_law(samples: Sequence[Sample]) -> tuple[float, float]:
-    """``(log_scale, exponent)`` by weighted least squares on ``log t = a + b log c``; the
-    exponent clamped to ``EXPONENT_RANGE`` (and the scale refitted with it)."""
-    x = np.log([max(s.core_s, _TINY_S) for s in samples])
-    y = np.log([s.measured_s for s in samples])
-    t = np.array([s.measured_s for s in samples])
-    w = np.sqrt(t / t.max())
-    if len(samples) >= 2 and np.ptp(x) > 0:
-        design = np.stack([np.ones_like(x), x], axis=1) * np.sqrt(w)[:, None]
-        (a, b), *_ = np.linalg.lstsq(design, y * np.sqrt(w), rcond=None)
-    else:
-        a, b = 0.0, 1.0
-    if not EXPONENT_RANGE[0] <= b <= EXPONENT_RANGE[1] or len(samples) < 2 or np.ptp(x) == 0:
-        b = min(max(b, EXPONENT_RANGE[0]), EXPONENT_RANGE[1])
-        a = float(np.sum(w * (y - b * x)) / np.sum(w))
-    return float(a), float(b)
+def _as_law(law: Sequence[float]) -> Law:
+    overhead, compute_factor, memory_factor = (float(x) for x in law)
+    return overhead, compute_factor, memory_factor
+
+
+def _law_time(law: Law, launches: int, compute_s: float, memory_s: float) -> float:
+    overhead, compute_factor, memory_factor = law
+    return launches * overhead + max(compute_factor * compute_s, memory_factor * memory_s)
+
+
+def _bounded_affine(x0: np.ndarray, x1: np.ndarray, w: np.ndarray, min_slope: float
+                    ) -> tuple[float, float, float]:
+    """``(a, b, residual)`` minimising ``sum w (a x0 + b x1 - 1)^2`` over ``a >= 0``,
+    ``b >= min_slope``: a convex problem in two variables, so the optimum is the unconstrained
+    one when feasible, else the best of the two bounds each optimised over the other variable."""
+    def residual(a: float, b: float) -> float:
+        return float(np.sum(w * (a * x0 + b * x1 - 1.0) ** 2))
+
+    design = np.stack([x0, x1], axis=1) * np.sqrt(w)[:, None]
+    (a, b), *_ = np.linalg.lstsq(design, np.sqrt(w), rcond=None)
+    if a >= 0 and b >= min_slope:
+        return float(a), float(b), residual(a, b)
+    candidates = []
+    s00, s11 = float(np.sum(w * x0 * x0)), float(np.sum(w * x1 * x1))
+    # b at its bound, a free (but >= 0):
+    a_b = max(0.0, float(np.sum(w * x0 * (1.0 - min_slope * x1))) / s00) if s00 > 0 else 0.0
+    candidates.append((a_b, min_slope))
+    # a at 0, b free (but >= min_slope):
+    b_a = max(min_slope, float(np.sum(w * x1)) / s11) if s11 > 0 else min_slope
+    candidates.append((0.0, b_a))
+    return min(((a, b, residual(a, b)) for a, b in candidates), key=lambda c: c[2])
+
+
+def _fit_law(samples: Sequence[Sample]) -> Law:
+    """The law of ``samples`` (see the module docstring): for each ratio of the factors, the
+    best overhead and compute factor; the ratio with the least weighted relative error."""
+    measured = np.array([s.measured_s for s in samples])
+    launches = np.array([float(s.launches) for s in samples]) / measured
+    compute = np.array([s.compute_s for s in samples]) / measured
+    memory = np.array([s.memory_s for s in samples]) / measured
+    w = np.sqrt(measured / measured.max())
+    best: tuple[float, Law] | None = None
+    for ratio in _RATIOS:
+        core = np.maximum(compute, ratio * memory)
+        # Both factors at least 1: compute_factor >= max(1, 1 / ratio).
+        overhead, factor, res = _bounded_affine(launches, core, w, max(1.0, 1.0 / ratio))
+        if best is None or res < best[0] - 1e-15:
+            best = (res, (overhead, factor, factor * ratio))
+    assert best is not None
+    return best[1]
 
 
 def fit(device_type: str, samples: Sequence[Sample] | Iterable[Sample]) -> CalibrationFit:
-    """Fit a power law per op family (and one over all) to ``samples`` measured on one device
-    type (see the module docstring). Raises ``ValueError`` without samples."""
+    """Fit a law per op family (and one over all) to ``samples`` measured on one device type
+    (see the module docstring). Raises ``ValueError`` without samples."""
     samples = [s for s in samples if s.measured_s > 0]
     if not samples:
         raise ValueError(f"no samples to calibrate {device_type!r} with")
     by_family: dict[str, list[Sample]] = {}
     for s in samples:
         by_family.setdefault(s.family, []).append(s)
-    laws = {f: _power_law(group) for f, group in sorted(by_family.items())
+    laws = {f: _fit_law(group) for f, group in sorted(by_family.items())
             if len(group) >= MIN_FAMILY_SAMPLES}
-    partial = CalibrationFit(device_type=device_type, laws=laws, pooled=_power_law(samples),
+    partial = CalibrationFit(device_type=device_type, laws=laws, pooled=_fit_law(samples),
                              samples=len(samples), relative_error=0.0,
                              samples_by_family={f: len(g) for f, g in by_family.items()})
-    errors = sorted(abs(partial.time_of_core(s.family, s.core_s) - s.measured_s) / s.measured_s
+    errors = sorted(abs(partial.time_of(s.family, compute_s=s.compute_s, memory_s=s.memory_s,
+                                        launches=s.launches) - s.measured_s) / s.measured_s
                     for s in samples)
     return CalibrationFit(**{**partial.__dict__, "relative_error": errors[len(errors) // 2]})

@@ -110,8 +110,8 @@ def test_two_processes_profiling_at_once_both_keep_their_measurements(tmp_path):
 
 def test_links_and_fits_round_trip(tmp_path):
     path = tmp_path / "profile.sqlite3"
-    fit = CalibrationFit(device_type="CPU", laws={"matmul": (0.5, 0.9)}, pooled=(1.0, 1.0),
-                         samples=10, relative_error=0.1)
+    fit = CalibrationFit(device_type="CPU", laws={"matmul": (1e-6, 2.0, 9.0)},
+                         pooled=(0.0, 1.0, 1.0), samples=10, relative_error=0.1)
     link = LinkRecord(src_key="a", dst_key="b", latency_s=1e-5, bandwidth_bytes_per_s=1e10,
                       points=((4096, 1.4e-5), (65536, 1.6e-5)))
     with ProfileCache(path, torch_version="2.13.0") as cache:
@@ -130,3 +130,17 @@ def test_default_location_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("AUTOPLACE_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert default_cache_path() == tmp_path / "xdg" / "autoplace" / "profile.sqlite3"
+
+
+def test_a_cache_of_an_older_schema_is_set_aside_with_a_note(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "profile.sqlite3"
+    with ProfileCache(path, torch_version="2.13.0") as cache:
+        cache.put_ops([record(1)])
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema'")
+    with ProfileCache(path, torch_version="2.13.0") as cache:
+        (note,) = cache.notes
+        assert "cache schema 1" in note and "started a new one" in note
+        assert cache.get_op(record(1).signature, "cpu:test:1t") is None

@@ -80,3 +80,20 @@ def test_keyword_inputs_are_traced():
 
     traced = trace_model(KW(), (), {"x": torch.randn(2, 2), "scale": torch.randn(2, 2)})
     assert sum(n.is_input for n in traced.graph.nodes) == 2
+
+
+@pytest.mark.parametrize("force_fx", [False, True])
+def test_pooling_counts_the_inputs_each_output_reads_as_flops(monkeypatch, force_fx):
+    # The FLOP counter leaves pooling at zero; the roofline and the calibration's pooling
+    # family need the window: kernel area per output element, the whole input when adaptive.
+    if force_fx:
+        def refuse(*args, **kwargs):
+            raise RuntimeError("export refused for the test")
+
+        monkeypatch.setattr(trace_mod, "_export", refuse)
+    model = torch.nn.Sequential(torch.nn.MaxPool2d(3, 1, 1), torch.nn.AvgPool2d(2),
+                                torch.nn.AdaptiveAvgPool2d(1))
+    traced = trace_model(model, (torch.randn(2, 4, 8, 8),))
+    assert traced.tracer == ("fx" if force_fx else "export")
+    flops = [n.flops for n in traced.graph.nodes if not n.is_input and n.flops]
+    assert flops == [2 * 4 * 8 * 8 * 9, 2 * 4 * 4 * 4 * 4, 2 * 4 * 4 * 4]

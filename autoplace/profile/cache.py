@@ -32,7 +32,7 @@ from cost_models.calibration import CalibrationFit
 __all__ = ["CACHE_ENV", "SCHEMA", "LinkRecord", "OpRecord", "ProfileCache", "default_cache_path"]
 
 CACHE_ENV = "AUTOPLACE_CACHE_DIR"
-SCHEMA = 1
+SCHEMA = 2  # 2: ops carry pooling windows as FLOPs and the pooling family
 _BUSY_TIMEOUT_S = 30.0
 
 _TABLES = """

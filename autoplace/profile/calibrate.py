@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from autoplace.ir import Cluster, OpGraph
 from autoplace.profile.cache import OpRecord, ProfileCache
 from cost_models import get_device_type
-from cost_models.calibration import CalibrationFit, Sample, fit, roofline_core_s
+from cost_models.calibration import CalibrationFit, Sample, fit, roofline_terms
 
 __all__ = ["Comparison", "compare", "fit_from_records", "fits_for", "refit"]
 
@@ -27,11 +27,13 @@ __all__ = ["Comparison", "compare", "fit_from_records", "fits_for", "refit"]
 def fit_from_records(device_type: str, records: Iterable[OpRecord]) -> CalibrationFit | None:
     """The fit of ``device_type`` to ``records`` (None when there are none usable)."""
     dtype_ = get_device_type(device_type)
-    samples = [Sample(family=r.family,
-                      core_s=roofline_core_s(flops=r.flops, bytes_accessed=r.bytes_accessed,
-                                             dtype=r.dtype, device=dtype_),
-                      launches=r.launches, measured_s=r.median_s)
-               for r in records if r.median_s > 0]
+    samples = []
+    for r in records:
+        if r.median_s > 0:
+            compute_s, memory_s = roofline_terms(flops=r.flops, bytes_accessed=r.bytes_accessed,
+                                                 dtype=r.dtype, device=dtype_)
+            samples.append(Sample(family=r.family, compute_s=compute_s, memory_s=memory_s,
+                                  launches=r.launches, measured_s=r.median_s))
     return fit(device_type, samples) if samples else None
 
 
