@@ -11,9 +11,10 @@ the same op. A model's whole forward pass, measured for comparison, is kept too,
 signatures of all its ops in order. Measurements from another torch version are never used
 (kernels change between releases); the cache says how many there are.
 
-Two processes may profile at once: the database runs in WAL mode with a busy timeout, each write
-is one short transaction, and rows are only ever inserted or replaced whole. A file that is not a
-readable database is moved aside and rebuilt, with a note; any later database error turns the
+Two processes may profile at once: the database runs in WAL mode with a busy timeout (opening
+is retried while the other process sets the file up), each write is one short transaction, and
+rows are only ever inserted or replaced whole. A file that is not a readable database, or one of
+an older schema, is moved aside and rebuilt, with a note; any later database error turns the
 cache into an in-memory one for the rest of the run, with a note. The cache never fails a plan.
 """
 
