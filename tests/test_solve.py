@@ -19,6 +19,7 @@ from autoplace.solve import is_contiguous, solve
 from autoplace.solve.bounds import lower_bound_s
 from autoplace.solve.cpsat import solve_cpsat
 from autoplace.solve.heuristics import heft, sequential_fill
+from autoplace.solve.stages import stage_order
 
 
 def test_fork_join_reaches_the_hand_computed_optimum():
@@ -271,6 +272,15 @@ def test_contiguous_stages_cost_throughput_on_a_chain():
     assert staged.objective_s == pytest.approx(7.0)
     assert is_contiguous(p, staged.schedule.placement.device_of)
     assert not is_contiguous(p, free.schedule.placement.device_of)
+
+
+def test_stage_order_puts_the_used_devices_in_pipeline_order_and_refuses_a_return():
+    p = zoo.problem([("a", 1, 0), ("b", 1, 0), ("c", 1, 0)], [("a", "b", 1), ("b", "c", 1)],
+                    zoo.cluster(3))
+    first, second, spare = p.cluster.names
+    # b and c on the first device, a on the second: the second feeds the first.
+    assert stage_order(p, {"a": second, "b": first, "c": first}) == [second, first, spare]
+    assert stage_order(p, {"a": first, "b": second, "c": first}) is None
 
 
 def test_deterministic_runs_give_the_same_plan():

@@ -33,7 +33,7 @@ from autoplace.solve.heuristics import heft, sequential_fill, single_device
 from autoplace.solve.ideals import ideal_dp
 from autoplace.solve.large import EXACT_MAX_NODES, coarse_solve, improve
 from autoplace.solve.partition import balanced_fill, contiguous_split
-from autoplace.solve.stages import stage_dp
+from autoplace.solve.stages import stage_dp, stage_order
 
 __all__ = [
     "DEFAULT_TIME_LIMIT_S",
@@ -131,27 +131,10 @@ def _activation_bytes(problem: Problem) -> dict[str, int]:
 
 
 def is_contiguous(problem: Problem, device_of: Mapping[str, str]) -> bool:
-    """True when the devices' node sets form a chain of pipeline stages: no path leaves a
-    device's node set and comes back to it, and no two devices feed each other (d0 -> d1 on one
-    path, d1 -> d0 on another), so the stages can run one after another."""
-    graph = problem.graph
-    feeds: dict[str, set[str]] = {d: set() for d in set(device_of.values())}
-    for e in graph.edges:
-        if device_of[e.src] != device_of[e.dst]:
-            feeds[device_of[e.src]].add(device_of[e.dst])
-    # The devices' graph is acyclic when repeatedly removing devices nothing feeds empties it.
-    fed = {d: sum(d in targets for targets in feeds.values()) for d in feeds}
-    ready = [d for d, count in fed.items() if count == 0]
-    removed = 0
-    while ready:
-        d = ready.pop()
-        removed += 1
-        for target in feeds[d]:
-            fed[target] -= 1
-            if fed[target] == 0:
-                ready.append(target)
-    # An acyclic devices' graph also means no path returns to a device it has left.
-    return removed == len(feeds)
+    """True when the devices' node sets form a chain of pipeline stages (``stage_order``): no
+    path leaves a device's node set and comes back to it, and no two devices feed each other,
+    so the stages can run one after another."""
+    return stage_order(problem, device_of) is not None
 
 
 def run_baselines(

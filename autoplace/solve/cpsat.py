@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from ortools.sat.python import cp_model
 
 from autoplace.ir import Placement, Problem, Schedule
+from autoplace.solve.stages import stage_order
 
 __all__ = ["TIME_QUANTUM_S", "CpSatResult", "solve_cpsat"]
 
@@ -328,37 +329,12 @@ def _add_contiguity(model: cp_model.CpModel, problem: Problem, x: Vars,
         for e in graph.edges:
             model.add(z[e.dst] >= z[e.src])
             model.add(z[e.src] <= x[e.src, d] + 1 - x[e.dst, d])
-    order = _stage_order(problem, hinted) if hinted is not None else None
+    order = stage_order(problem, hinted) if hinted is not None else None
     if order is not None:
         for r, d in enumerate(order):
             model.add_hint(rank[d], r)
         for n in graph.nodes:
             model.add_hint(stage[n.name], order.index(hinted[n.name]))
-
-
-def _stage_order(problem: Problem, device_of: Mapping[str, str]) -> list[str] | None:
-    """The devices in an order in which no edge goes backwards, unused ones last; ``None`` if
-    the placement is no chain of stages."""
-    names = problem.cluster.names
-    feeds = {d: set() for d in names}
-    for e in problem.graph.edges:
-        a, b = device_of[e.src], device_of[e.dst]
-        if a != b:
-            feeds[a].add(b)
-    fed = {d: sum(d in targets for targets in feeds.values()) for d in names}
-    used = set(device_of.values())
-    ready = sorted((d for d in names if fed[d] == 0), key=lambda d: (d not in used, d))
-    order: list[str] = []
-    while ready:
-        d = ready.pop(0)
-        order.append(d)
-        for target in sorted(feeds[d]):
-            fed[target] -= 1
-            if fed[target] == 0:
-                ready.append(target)
-    if len(order) != len(names):
-        return None
-    return [d for d in order if d in used] + [d for d in order if d not in used]
 
 
 def _add_schedule(model: cp_model.CpModel, problem: Problem, x: Vars, hint: Schedule | None,

@@ -16,16 +16,21 @@ node's copies cost the same, as in profiled graphs). The loads of all O(m^2) seg
 groups are built incrementally, each extension touching only the added node's edges; the DP over
 devices in cluster order is then O(k m^2) with numpy. Exact among these splits; the simulator
 scores the result. ``max_groups`` bounds the quadratic work: above it, ``None``.
+
+``stage_order`` says whether a placement is such a chain of stages, and in which order of the
+devices (``solve.is_contiguous``; CP-SAT's stage ranks are hinted with it).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import numpy as np
 
 from autoplace.ir import Placement, Problem
 from autoplace.solve.heuristics import activation_reserve
 
-__all__ = ["group_dp", "stage_dp"]
+__all__ = ["group_dp", "stage_dp", "stage_order"]
 
 
 def stage_dp(problem: Problem, objective: str = "throughput") -> Placement | None:
@@ -160,3 +165,29 @@ def _segment_comm(problem: Problem, groups: list[tuple[str, ...]]) -> np.ndarray
                         received[u] = grown
             comm[i, j + 1] = total
     return comm
+
+
+def stage_order(problem: Problem, device_of: Mapping[str, str]) -> list[str] | None:
+    """The devices in an order in which no edge goes backwards, unused ones last; ``None`` if
+    the placement is no chain of stages: some path leaves a device's node set and comes back,
+    or two devices feed each other (d0 -> d1 on one path, d1 -> d0 on another)."""
+    names = problem.cluster.names
+    feeds = {d: set() for d in names}
+    for e in problem.graph.edges:
+        a, b = device_of[e.src], device_of[e.dst]
+        if a != b:
+            feeds[a].add(b)
+    fed = {d: sum(d in targets for targets in feeds.values()) for d in names}
+    used = set(device_of.values())
+    ready = sorted((d for d in names if fed[d] == 0), key=lambda d: (d not in used, d))
+    order: list[str] = []
+    while ready:
+        d = ready.pop(0)
+        order.append(d)
+        for target in sorted(feeds[d]):
+            fed[target] -= 1
+            if fed[target] == 0:
+                ready.append(target)
+    if len(order) != len(names):
+        return None
+    return [d for d in order if d in used] + [d for d in order if d not in used]
