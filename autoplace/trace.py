@@ -16,7 +16,9 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import math
 import operator
+import re
 import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -29,6 +31,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from autoplace.errors import TraceError
 from autoplace.ir import Edge, OpGraph, OpNode
+from cost_models.calibration import POOLING_OPS
 
 __all__ = ["SHAPE_ONLY_OPS", "TracedModel", "flat_inputs", "trace_model"]
 
@@ -169,27 +172,39 @@ class _CountingInterpreter(torch.fx.Interpreter):
 
     def _window_reads(self, n: torch.fx.Node, result: Any) -> int:
         """A pooling op's FLOPs, which the FLOP counter leaves at zero: each output element
-        reads a window of inputs (the kernel; for adaptive pools, the input over the output)."""
+        reads a window of inputs (the kernel; for adaptive pools, the input over the output).
+        Pooling is ``POOLING_OPS`` (as an aten op, a function, or its ``nn`` module under the
+        fx fallback); a kernel that is not plain integers counts nothing."""
         if n.op == "call_module":
             module = self.module.get_submodule(str(n.target))
-            name = type(module).__name__.lower()
+            name = re.sub(r"(?<!^)(?=[A-Z])", "_", type(module).__name__).lower()
             kernel = getattr(module, "kernel_size", None)
-        else:
-            name = _op_name(n.target).lower()
+        elif n.op == "call_function":
+            name = _op_name(n.target)
             kernel = n.args[1] if len(n.args) > 1 else n.kwargs.get("kernel_size")
-        if "pool" not in name or not (outputs := _tensors(result)):
+        else:
+            return 0
+        if name not in POOLING_OPS or not (outputs := _tensors(result)):
             return 0
         out = outputs[0]
-        if "adaptive" in name:
+        if name.lstrip("_").startswith("adaptive"):
             first = n.all_input_nodes[0].name if n.all_input_nodes else None
             inputs = _tensors(self.values.get(first)) if first else []
             return int(inputs[0].numel()) if inputs else int(out.numel())
-        spatial = next((int(c) for c in name if c.isdigit()), 2)
-        window = [kernel] * spatial if isinstance(kernel, int) else list(kernel or [1])
-        area = 1
-        for k in window:
-            area *= int(k)
-        return int(out.numel()) * area
+        window = _kernel(kernel, int(re.search(r"pool(\d)d", name).group(1)))
+        return int(out.numel()) * math.prod(window) if window else 0
+
+
+def _kernel(value: Any, spatial: int) -> list[int] | None:
+    """A pooling kernel as one size per spatial dimension (an int, or a list of one, stands for
+    all of them); ``None`` when it is not plain integers."""
+    sizes = [value] if isinstance(value, int) else list(value) \
+        if isinstance(value, (list, tuple)) else []
+    if not sizes or not all(isinstance(k, int) and not isinstance(k, bool) for k in sizes):
+        return None
+    if len(sizes) == 1:
+        return sizes * spatial
+    return sizes if len(sizes) == spatial else None
 
 
 def flat_inputs(gm: torch.fx.GraphModule, args: tuple, kwargs: dict) -> list[Any]:

@@ -21,7 +21,8 @@ so that the ops that dominate a model's total count more than the many tiny ones
 one op decide. For a given ratio ``memory_factor / compute_factor`` the law is linear in
 ``overhead`` and ``compute_factor``, a least-squares problem with two bounds solved exactly; the
 ratio is searched on a logarithmic grid (``_RATIOS``). A family with fewer than
-``MIN_FAMILY_SAMPLES`` ops uses the law fitted to all of them.
+``MIN_FAMILY_SAMPLES`` ops uses the law fitted to all of them, and a family whose ops all lack
+one side (no FLOPs counted, say) takes that side's factor from the law fitted to all.
 
 Read ``op_family`` (op name -> family), ``Sample`` and ``CalibrationFit``, then ``fit`` and
 ``CalibrationFit.op_time_s``. Pure Python and numpy: no torch, nothing from ``autoplace``.
@@ -254,14 +255,28 @@ def _fit_law(samples: Sequence[Sample]) -> Law:
     memory = np.array([s.memory_s for s in samples]) / measured
     w = np.sqrt(measured / measured.max())
     best: tuple[float, Law] | None = None
-    for ratio in _RATIOS:
+    # Ratios nearest 1 first, so that among equally good ones (a side the samples say nothing
+    # about) the factors stay alike.
+    for ratio in sorted(_RATIOS, key=lambda r: abs(math.log(r))):
         core = np.maximum(compute, ratio * memory)
         # Both factors at least 1: compute_factor >= max(1, 1 / ratio).
         overhead, factor, res = _bounded_affine(launches, core, w, max(1.0, 1.0 / ratio))
-        if best is None or res < best[0] - 1e-15:
+        if best is None or res < best[0] * (1 - 1e-9) - 1e-15:
             best = (res, (overhead, factor, factor * ratio))
     assert best is not None
     return best[1]
+
+
+def _with_pooled_sides(law: Law, samples: Sequence[Sample], pooled: Law) -> Law:
+    """``law`` with the pooled factor on a side none of ``samples`` has: a family the FLOP
+    counter gives no FLOPs (elementwise ops, copies) says nothing of its FLOP efficiency, which
+    an op of that family that does count FLOPs (a pool under the fx fallback) then needs."""
+    overhead, compute_factor, memory_factor = law
+    if not any(s.compute_s for s in samples):
+        compute_factor = pooled[1]
+    if not any(s.memory_s for s in samples):
+        memory_factor = pooled[2]
+    return overhead, compute_factor, memory_factor
 
 
 def fit(device_type: str, samples: Sequence[Sample] | Iterable[Sample]) -> CalibrationFit:
@@ -273,9 +288,10 @@ def fit(device_type: str, samples: Sequence[Sample] | Iterable[Sample]) -> Calib
     by_family: dict[str, list[Sample]] = {}
     for s in samples:
         by_family.setdefault(s.family, []).append(s)
-    laws = {f: _fit_law(group) for f, group in sorted(by_family.items())
-            if len(group) >= MIN_FAMILY_SAMPLES}
-    partial = CalibrationFit(device_type=device_type, laws=laws, pooled=_fit_law(samples),
+    pooled = _fit_law(samples)
+    laws = {f: _with_pooled_sides(_fit_law(group), group, pooled)
+            for f, group in sorted(by_family.items()) if len(group) >= MIN_FAMILY_SAMPLES}
+    partial = CalibrationFit(device_type=device_type, laws=laws, pooled=pooled,
                              samples=len(samples), relative_error=0.0,
                              samples_by_family={f: len(g) for f, g in by_family.items()})
     errors = sorted(abs(partial.time_of(s.family, compute_s=s.compute_s, memory_s=s.memory_s,

@@ -3,6 +3,7 @@ from another torch version reported and not used, and a fit stored and read back
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -132,15 +133,34 @@ def test_default_location_follows_the_environment(monkeypatch, tmp_path):
     assert default_cache_path() == tmp_path / "xdg" / "autoplace" / "profile.sqlite3"
 
 
-def test_a_cache_of_an_older_schema_is_set_aside_with_a_note(tmp_path):
-    import sqlite3
-
-    path = tmp_path / "profile.sqlite3"
+def _cache_of_schema(path: Path, schema: str) -> None:
     with ProfileCache(path, torch_version="2.13.0") as cache:
         cache.put_ops([record(1)])
-    with sqlite3.connect(path) as conn:
-        conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema'")
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (schema,))
+    conn.close()
+
+
+def test_a_cache_of_an_older_schema_is_set_aside_with_a_note(tmp_path):
+    path = tmp_path / "profile.sqlite3"
+    _cache_of_schema(path, "1")
     with ProfileCache(path, torch_version="2.13.0") as cache:
         (note,) = cache.notes
-        assert "cache schema 1" in note and "started a new one" in note
+        assert "older autoplace" in note and "cache schema 1" in note
+        assert "started a new one" in note
         assert cache.get_op(record(1).signature, "cpu:test:1t") is None
+    assert len(list(tmp_path.glob("profile.sqlite3.corrupt-*"))) == 1
+
+
+def test_a_cache_of_a_newer_schema_is_left_alone_and_the_run_keeps_to_memory(tmp_path):
+    path = tmp_path / "profile.sqlite3"
+    _cache_of_schema(path, "99")
+    with ProfileCache(path, torch_version="2.13.0") as cache:
+        (note,) = cache.notes
+        assert "newer autoplace" in note and "left as it is" in note
+        assert cache.describe()["path"] is None
+    assert not list(tmp_path.glob("profile.sqlite3.corrupt-*"))
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() == ("99",)
+    conn.close()

@@ -161,3 +161,17 @@ def test_link_fit_recovers_latency_and_bandwidth():
     assert latency == 0 and math.isclose(bandwidth, 1e10, rel_tol=1e-6)
     with pytest.raises(ValueError, match="two sizes"):
         fit_alpha_beta([(1000, 1e-6)])
+
+
+def test_a_side_a_family_never_shows_takes_the_pooled_factor():
+    # Elementwise ops count no FLOPs, so their compute factor is unknown: the pooled one (here
+    # the matmuls') stands in, rather than whatever made the fit happiest (it is free).
+    samples = [Sample(family="elementwise", compute_s=0.0, memory_s=1e-5 * i,
+                      measured_s=3e-5 * i + 5e-6) for i in range(1, 10)]
+    samples += [Sample(family="matmul", compute_s=1e-5 * i, memory_s=1e-6 * i,
+                       measured_s=2e-5 * i + 5e-6) for i in range(1, 10)]
+    fitted = fit("CPU", samples)
+    overhead, compute_factor, memory_factor = fitted.laws["elementwise"]
+    assert overhead == pytest.approx(5e-6) and memory_factor == pytest.approx(3.0)
+    assert compute_factor == fitted.pooled[1]
+    assert fitted.laws["matmul"] == pytest.approx((5e-6, 2.0, fitted.laws["matmul"][2]))

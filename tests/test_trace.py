@@ -97,3 +97,34 @@ def test_pooling_counts_the_inputs_each_output_reads_as_flops(monkeypatch, force
     assert traced.tracer == ("fx" if force_fx else "export")
     flops = [n.flops for n in traced.graph.nodes if not n.is_input and n.flops]
     assert flops == [2 * 4 * 8 * 8 * 9, 2 * 4 * 4 * 4 * 4, 2 * 4 * 4 * 4]
+
+
+class _PoolUnpool(torch.nn.Module):
+    def forward(self, x):
+        y, indices = torch.nn.functional.max_pool2d(x, [2], return_indices=True)
+        return torch.nn.functional.max_unpool2d(y, indices, 2), torch.nn.functional.lp_pool2d(
+            x, 2.0, 2)
+
+
+@pytest.mark.parametrize("force_fx", [False, True])
+def test_ops_named_like_pools_that_are_not_windows_count_nothing_and_still_trace(monkeypatch,
+                                                                                 force_fx):
+    # max_unpool2d's second argument is the indices, lp_pool2d's the norm: neither is a kernel.
+    # A one-element kernel list stands for every spatial dimension.
+    if force_fx:
+        def refuse(*args, **kwargs):
+            raise RuntimeError("export refused for the test")
+
+        monkeypatch.setattr(trace_mod, "_export", refuse)
+        model = torch.nn.Sequential(torch.nn.LPPool2d(2.0, 2), torch.nn.MaxPool2d([2]))
+    else:
+        model = _PoolUnpool()
+    traced = trace_model(model, (torch.randn(1, 2, 8, 8),))
+    flops = {n.targets[0].split(".")[-2] if "." in n.targets[0] else n.name: n.flops
+             for n in traced.graph.nodes if not n.is_input}
+    if force_fx:
+        assert traced.tracer == "fx"
+        assert sorted(flops.values()) == [0.0, 2 * 2 * 2 * 4.0]
+    else:
+        assert flops["max_pool2d_with_indices"] == 1 * 2 * 4 * 4 * 4
+        assert flops["max_unpool2d"] == 0

@@ -14,8 +14,9 @@ signatures of all its ops in order. Measurements from another torch version are 
 Two processes may profile at once: the database runs in WAL mode with a busy timeout (opening
 is retried while the other process sets the file up), each write is one short transaction, and
 rows are only ever inserted or replaced whole. A file that is not a readable database, or one of
-an older schema, is moved aside and rebuilt, with a note; any later database error turns the
-cache into an in-memory one for the rest of the run, with a note. The cache never fails a plan.
+an older schema, is moved aside and rebuilt, with a note (one of a newer schema is left alone and
+the run keeps its measurements in memory); any later database error turns the cache into an
+in-memory one for the rest of the run, with a note. The cache never fails a plan.
 """
 
 from __future__ import annotations
@@ -122,13 +123,20 @@ class ProfileCache:
     def _open(self) -> sqlite3.Connection:
         if self.path is None:
             return self._connect(":memory:")
+        inode = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            inode = _inode(self.path)
             return self._connect_waiting(str(self.path))
+        except _SchemaError as exc:
+            if exc.newer:
+                return self._fallback(f"the profile cache {self.path} was made by a newer "
+                                      f"autoplace ({exc}); it is left as it is")
+            return self._rebuild(exc, inode, "was made by an older autoplace")
         except sqlite3.DatabaseError as exc:
             if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
                 return self._fallback(f"the profile cache {self.path} stayed locked ({exc})")
-            return self._rebuild(exc)
+            return self._rebuild(exc, inode, "was not a readable database")
         except OSError as exc:
             return self._fallback(f"the profile cache {self.path} cannot be written ({exc})")
 
@@ -160,27 +168,31 @@ class ProfileCache:
             if row is None:
                 conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA),))
             elif row[0] != str(SCHEMA):
-                raise sqlite3.DatabaseError(f"cache schema {row[0]}, this autoplace reads "
-                                            f"{SCHEMA}")
+                raise _SchemaError(row[0])
         except BaseException:
             conn.close()
             raise
         return conn
 
-    def _rebuild(self, exc: Exception) -> sqlite3.Connection:
+    def _rebuild(self, exc: Exception, inode: int | None, why: str) -> sqlite3.Connection:
+        """Move the file that failed (``inode``) aside and start a new one. When another
+        process got there first, the file at the path is already a new one: use it."""
         assert self.path is not None
         aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
         try:
-            self.path.rename(aside)
-            for suffix in ("-wal", "-shm"):
-                Path(f"{self.path}{suffix}").unlink(missing_ok=True)
-            conn = self._connect(str(self.path))
+            if inode is not None and _inode(self.path) == inode:
+                self.path.rename(aside)
+                for suffix in ("-wal", "-shm"):
+                    Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+                where = f"moved it to {aside.name} and started a new one"
+            else:
+                where = "another process has started a new one"
+            conn = self._connect_waiting(str(self.path))
         except (OSError, sqlite3.DatabaseError) as again:
             return self._fallback(f"the profile cache {self.path} is unreadable ({exc}) and "
                                   f"could not be rebuilt ({again})")
-        self.notes.append(f"the profile cache {self.path} was not a readable database ({exc}); "
-                          f"moved it to {aside.name} and started a new one: ops are profiled "
-                          "again")
+        self.notes.append(f"the profile cache {self.path} {why} ({exc}); {where}: ops are "
+                          "profiled again")
         return conn
 
     def _fallback(self, why: str) -> sqlite3.Connection:
@@ -326,6 +338,22 @@ class ProfileCache:
             (self.torch_version,)).fetchone()[0], 0)
         return {"path": str(self.path) if self.path else None, "ops": count,
                 "torch_version": self.torch_version}
+
+
+class _SchemaError(sqlite3.DatabaseError):
+    """The file is a cache of another schema (``found``); ``newer`` when a later autoplace
+    wrote it."""
+
+    def __init__(self, found: str) -> None:
+        super().__init__(f"cache schema {found}, this autoplace reads {SCHEMA}")
+        self.newer = not found.isdigit() or int(found) > SCHEMA
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return path.stat().st_ino
+    except OSError:
+        return None
 
 
 _OP_FIELDS = tuple(f for f in OpRecord.__dataclass_fields__)
