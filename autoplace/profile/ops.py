@@ -41,7 +41,14 @@ import torch.fx
 from autoplace.cost import node_family
 from autoplace.ir import Device
 from autoplace.profile.cache import OpRecord, ProfileCache
-from autoplace.profile.timing import Measurement, Timer, measure, relative_spread, timer_for
+from autoplace.profile.timing import (
+    Measurement,
+    Timer,
+    is_stable,
+    measure,
+    relative_spread,
+    timer_for,
+)
 from autoplace.trace import TracedModel, _tensors, flat_inputs
 
 __all__ = ["DeviceProfile", "OpProfile", "op_signature", "profile_device"]
@@ -421,11 +428,9 @@ def _time_in_situ(
         for name, seconds in this.items():
             samples[name].append(seconds)
         totals.append(sum(this.values()))
-        if len(totals) >= min_passes and time.perf_counter() - began >= min_s:
-            recent = statistics.median(totals)
-            earlier = statistics.median(totals[: max(3, len(totals) * 3 // 4)])
-            if abs(recent - earlier) <= rel_tol * recent:
-                break
+        if (len(totals) >= min_passes and time.perf_counter() - began >= min_s
+                and is_stable(totals, rel_tol)):
+            break
         if time.perf_counter() - began > budget_s and len(totals) >= 3:
             break
     return samples

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["ClockTimer", "CudaEventTimer", "Measurement", "Timer", "measure", "relative_spread",
-           "timer_for"]
+__all__ = ["ClockTimer", "CudaEventTimer", "Measurement", "Timer", "is_stable", "measure",
+           "relative_spread", "timer_for"]
 
 
 class Timer(Protocol):
@@ -91,6 +91,14 @@ def relative_spread(values: list[float]) -> float:
     return (q[2] - q[0]) / statistics.median(values)
 
 
+def is_stable(values: list[float], rel_tol: float) -> bool:
+    """Whether the median of all ``values`` is within ``rel_tol`` of the median of their first
+    three quarters: more samples no longer move it."""
+    recent = statistics.median(values)
+    earlier = statistics.median(values[: max(3, len(values) * 3 // 4)])
+    return abs(recent - earlier) <= rel_tol * recent
+
+
 def measure(
     fn: Callable[[], object],
     *,
@@ -117,11 +125,8 @@ def measure(
     began = time.perf_counter()
     while len(samples) < max_samples:
         samples.append(timer.per_call_s(fn, calls))
-        if len(samples) >= min_samples:
-            recent = statistics.median(samples)
-            earlier = statistics.median(samples[: max(3, len(samples) * 3 // 4)])
-            if abs(recent - earlier) <= rel_tol * recent:
-                break
+        if len(samples) >= min_samples and is_stable(samples, rel_tol):
+            break
         if time.perf_counter() - began > budget_s and len(samples) >= 3:
             break
     return Measurement(median_s=statistics.median(samples), spread=relative_spread(samples),
