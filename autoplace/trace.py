@@ -198,8 +198,12 @@ class _CountingInterpreter(torch.fx.Interpreter):
 def _kernel(value: Any, spatial: int) -> list[int] | None:
     """A pooling kernel as one size per spatial dimension (an int, or a list of one, stands for
     all of them); ``None`` when it is not plain integers."""
-    sizes = [value] if isinstance(value, int) else list(value) \
-        if isinstance(value, (list, tuple)) else []
+    if isinstance(value, int):
+        sizes = [value]
+    elif isinstance(value, (list, tuple)):
+        sizes = list(value)
+    else:
+        return None
     if not sizes or not all(isinstance(k, int) and not isinstance(k, bool) for k in sizes):
         return None
     if len(sizes) == 1:

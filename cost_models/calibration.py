@@ -39,6 +39,7 @@ from types import MappingProxyType
 import numpy as np
 
 from cost_models.devices import DeviceType
+from cost_models.roofline import roofline_terms
 
 __all__ = ["FAMILIES", "POOLING_OPS", "CalibrationFit", "Law", "Sample", "fit", "op_family",
            "roofline_terms"]
@@ -100,14 +101,6 @@ def op_family(op_name: str) -> str:
         if key in name:
             return fam
     return "elementwise"
-
-
-def roofline_terms(*, flops: float, bytes_accessed: float, dtype: str,
-                   device: DeviceType) -> tuple[float, float]:
-    """``(flops / peak, bytes / bandwidth)``: the roofline's two sides, without its launch term."""
-    compute_s = flops / device.peak_flops_for(dtype) if flops else 0.0
-    memory_s = bytes_accessed / device.memory_bandwidth_bytes_per_s if bytes_accessed else 0.0
-    return compute_s, memory_s
 
 
 @dataclass(frozen=True, kw_only=True)

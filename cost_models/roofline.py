@@ -17,7 +17,7 @@ import math
 
 from cost_models.devices import DeviceType
 
-__all__ = ["arithmetic_intensity", "op_time_s", "transfer_time_s"]
+__all__ = ["arithmetic_intensity", "op_time_s", "roofline_terms", "transfer_time_s"]
 
 
 def _check_non_negative(**values: float) -> None:
@@ -41,9 +41,17 @@ def op_time_s(
     and no launch (a view, a metadata op) costs 0.
     """
     _check_non_negative(flops=flops, bytes_accessed=bytes_accessed, launches=launches)
+    return max(roofline_terms(flops=flops, bytes_accessed=bytes_accessed, dtype=dtype,
+                              device=device)) + launches * device.launch_overhead_s
+
+
+def roofline_terms(*, flops: float, bytes_accessed: float, dtype: str,
+                   device: DeviceType) -> tuple[float, float]:
+    """``(flops / peak, bytes / bandwidth)``: the roofline's two sides, without its launch term
+    (``cost_models.calibration`` scales each by its own fitted factor)."""
     compute_s = flops / device.peak_flops_for(dtype) if flops else 0.0
     memory_s = bytes_accessed / device.memory_bandwidth_bytes_per_s if bytes_accessed else 0.0
-    return max(compute_s, memory_s) + launches * device.launch_overhead_s
+    return compute_s, memory_s
 
 
 def arithmetic_intensity(*, flops: float, bytes_accessed: float) -> float:
