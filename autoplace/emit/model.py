@@ -32,7 +32,13 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from autoplace.emit import codegen
+from autoplace.emit.codegen import (
+    SegmentCall,
+    compile_forward,
+    forward_source,
+    literal_source,
+    signature_source,
+)
 from autoplace.emit.device_map import check_device, remap
 from autoplace.emit.fxgraph import build_segment
 from autoplace.emit.lower import Lowered, lower
@@ -92,7 +98,7 @@ class PartitionedModel(torch.nn.Module):
         self.forward_source = forward_source
         self._in_spec = in_spec
         self._out_spec = out_spec
-        self._forward = codegen.compile_forward(forward_source)
+        self._forward = compile_forward(forward_source)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self._forward(self, *args, **kwargs)
@@ -182,7 +188,7 @@ def _top_forward(
 ) -> str:
     nodes = {n.name: n for n in lowered.graph.nodes}
     placeholders = [n for n in lowered.graph.nodes if n.op == "placeholder"]
-    signature, bindings = codegen.signature_source(
+    signature, bindings = signature_source(
         placeholders, orig_args=lowered.orig_args, in_spec=lowered.in_spec
     )
     used = set(nodes) | {"self"} | set(lowered.orig_args or [])
@@ -206,7 +212,7 @@ def _top_forward(
                 moves.append((moved[key], name, is_tensor))
             args.append(moved[key])
         calls.append(
-            codegen.SegmentCall(
+            SegmentCall(
                 index=seg.index,
                 planned_device=seg.planned_device,
                 moves=tuple(moves),
@@ -215,11 +221,11 @@ def _top_forward(
             )
         )
     name_of = {n: n.name for n in lowered.graph.nodes}
-    result = codegen.literal_source(output.args[0], name_of)
+    result = literal_source(output.args[0], name_of)
     if lowered.out_spec is not None:
         flat = output.args[0] if isinstance(output.args[0], (tuple, list)) else (output.args[0],)
-        result = f"_unflatten({codegen.literal_source(list(flat), name_of)}, self._out_spec)"
-    return codegen.forward_source(
+        result = f"_unflatten({literal_source(list(flat), name_of)}, self._out_spec)"
+    return forward_source(
         signature=signature, bindings=bindings, calls=calls, result=result
     )
 

@@ -22,7 +22,12 @@ import safetensors.torch
 import torch
 from torch.utils import _pytree as pytree
 
-from autoplace.emit import codegen
+from autoplace.emit.codegen import (
+    MODEL_CLASS_NAME,
+    class_source,
+    merge_globals,
+    model_source,
+)
 from autoplace.emit.device_map import check_device, remap
 from autoplace.emit.model import PartitionedModel
 from autoplace.errors import EmitError, OutputError
@@ -45,12 +50,12 @@ def save_model(model: PartitionedModel, directory: str | Path) -> None:
             f"Segment {seg.index}: {len(seg.nodes)} op(s) planned on {seg.planned_device}, "
             f"from {seg.nodes[0]!r} to {seg.nodes[-1]!r}."
         )
-        found, needed = codegen.class_source(
+        found, needed = class_source(
             getattr(model, f"seg{seg.index}"), class_name=f"Segment{seg.index}", doc=doc
         )
         classes += found
-        codegen.merge_globals(extra, needed)
-    source = codegen.model_source(
+        merge_globals(extra, needed)
+    source = model_source(
         classes=classes,
         extra_globals=extra,
         planned_devices=model.planned_devices,
@@ -68,7 +73,7 @@ def save_model(model: PartitionedModel, directory: str | Path) -> None:
         structure = "pytree" if out_spec is not None else "flat"
     meta = {
         "format": _FORMAT,
-        "class_name": codegen.MODEL_CLASS_NAME,
+        "class_name": MODEL_CLASS_NAME,
         "segments": [seg.to_dict() for seg in model.segment_info],
         "in_spec": in_spec,
         "out_spec": out_spec if structure == "pytree" else None,
