@@ -20,6 +20,9 @@ __all__ = ["VerifyResult", "verify"]
 
 @dataclass(frozen=True)
 class VerifyResult:
+    """What ``verify`` found; it raises instead of returning a failure, so ``status`` is
+    always ``"passed"``. ``detail`` is the line the report shows."""
+
     status: Literal["passed"]
     max_abs_diff: float
     detail: str
