@@ -14,76 +14,16 @@ import torch
 from autoplace.coarsen import DEFAULT_MAX_NODES, coarsen
 from autoplace.cost import costs as cost_nodes
 from autoplace.devices import parse_device_spec, resolve_cluster
+from autoplace.emit import emit_and_verify
 from autoplace.errors import AutoplaceError
 from autoplace.ir import Cluster, Problem
 from autoplace.loader import normalize_inputs
 from autoplace.planfile import BaselineResult, Plan
 from autoplace.solve import DEFAULT_TIME_LIMIT_S, SolveResult, solve
-from autoplace.trace import TracedModel, trace_model
+from autoplace.trace import trace_model
 from autoplace.whatif import WHATIF_TIME_LIMIT_S, whatif_table
 
-__all__ = ["local_device_map", "plan", "solve_graph"]
-
-
-def local_device_map(torch_devices: list[str]) -> dict[str, str]:
-    """Where each planned torch device lives on this machine: itself when present, else ``cpu``,
-    so a plan made for GPUs runs (and is verified) on a machine without them."""
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    mapping = {}
-    for dev in torch_devices:
-        parsed = torch.device(dev)
-        present = parsed.type == "cpu" or (parsed.type == "cuda" and (parsed.index or 0) < count)
-        mapping[dev] = dev if present else "cpu"
-    return mapping
-
-
-def _emit_and_verify(
-    traced: TracedModel,
-    result_plan: Plan,
-    model: torch.nn.Module,
-    args: tuple,
-    kwargs: dict,
-    *,
-    verify: bool,
-) -> tuple[Any, dict[str, Any], list[str]]:
-    from autoplace.emit import emit_model
-    from autoplace.emit import verify as verify_outputs
-
-    notes: list[str] = []
-    if traced.has_meta_params:
-        return None, {"status": "skipped", "max_abs_diff": None,
-                      "detail": "parameters are on the meta device: no weights to emit or run"}, [
-            "the partitioned model was not emitted: the parameters are on the meta device"]
-    cluster = result_plan.problem.cluster
-    schedule = result_plan.schedule
-    graph = result_plan.problem.graph
-    torch_device = {d.name: d.torch_device for d in cluster.devices}
-    device_of = {op: torch_device[dev] for op, dev in result_plan.device_of_op.items()}
-    # Ops in order of their coarse node's simulated start: a topological order (a consumer
-    # starts no earlier than its producer ends) that keeps each device's work contiguous.
-    position = {n.name: i for i, n in enumerate(traced.module.graph.nodes)}
-    keyed = []
-    for coarse_index, node in enumerate(graph.nodes):
-        for op in node.ops:
-            keyed.append(((schedule.start_s[node.name], schedule.end_s[node.name], coarse_index,
-                           position.get(op, 0)), op))
-    order = [op for _, op in sorted(keyed)]
-    remap = local_device_map(sorted(set(device_of.values())))
-    moved = sorted(k for k, v in remap.items() if k != v)
-    if moved:
-        notes.append(f"{', '.join(moved)} not present here: the emitted model was materialized "
-                     "on cpu for verification; `autoplace.emit.load_model(dir)` puts it on the "
-                     "planned devices")
-    emitted = emit_model(traced.module, device_of, order=order, device_map=remap)
-    if not verify:
-        return emitted, {"status": "skipped", "max_abs_diff": None,
-                         "detail": "verification disabled (--no-verify)"}, notes
-    outcome = verify_outputs(model, emitted, args, kwargs)
-    detail = outcome.detail
-    if moved:
-        detail += " (planned devices remapped to cpu)"
-    return emitted, {"status": outcome.status, "max_abs_diff": outcome.max_abs_diff,
-                     "detail": detail}, notes
+__all__ = ["plan", "solve_graph"]
 
 
 def plan(
@@ -166,8 +106,9 @@ def plan(
                                    "plan_nodes": len(coarse.graph.nodes),
                                    "steps": list(coarse.steps)})
     if emit:
-        emitted, verification, emit_notes = _emit_and_verify(traced, planned, model, args,
-                                                             kwargs, verify=verify)
+        emitted, verification, emit_notes = emit_and_verify(
+            traced, model, args, kwargs, problem=planned.problem, schedule=planned.schedule,
+            device_of_op=planned.device_of_op, check_outputs=verify)
         notes += emit_notes
         planned = Plan(**{**_fields(planned), "emitted": emitted,
                           "verification": verification})

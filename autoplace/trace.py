@@ -253,76 +253,20 @@ def _build_graph(
     tensor_owner: dict[int, str] = {}
     tensor_users: dict[int, list[str]] = {}
     outputs: list[str] = []
-
-    def state_tensors(n: torch.fx.Node) -> list[tuple[int, torch.Tensor]]:
-        """Parameters and buffers an op reads, keyed by identity (tied weights share a key)."""
-        found = []
-        for inp in n.all_input_nodes:
-            if inp.op == "get_attr":
-                obj = gm
-                for part in str(inp.target).split("."):
-                    obj = getattr(obj, part)
-                if isinstance(obj, torch.Tensor):
-                    found.append((id(obj), obj))
-        if n.op == "call_module":
-            sub = gm.get_submodule(str(n.target))
-            found += [(id(t), t) for t in sub.parameters()]
-            found += [(id(t), t) for t in sub.buffers()]
-        return found
-
     for n in gm.graph.nodes:
         if n.op == "get_attr":
             continue
         if n.op == "output":
             outputs = [i.name for i in n.all_input_nodes if i.name in kept]
             continue
-        value = interp.values.get(n.name)
-        outs = _tensors(value)
-        out_bytes = sum(_nbytes(t) for t in outs)
+        outs = _tensors(interp.values.get(n.name))
         if n.op == "placeholder":
-            nodes.append(OpNode(name=n.name, targets=("input",), is_input=True,
-                                output_shapes=tuple(tuple(t.shape) for t in outs),
-                                output_dtypes=tuple(str(t.dtype).removeprefix("torch.")
-                                                    for t in outs),
-                                output_bytes=out_bytes))
-            kept.add(n.name)
-            continue
-
-        param_bytes = 0
-        for key, tensor in state_tensors(n):
-            tensor_users.setdefault(key, []).append(n.name)
-            if key not in tensor_owner:
-                tensor_owner[key] = n.name
-                param_bytes += _nbytes(tensor)
-        in_tensors: list[torch.Tensor] = []
-        for inp in n.all_input_nodes:
-            if inp.name in kept:
-                in_tensors += _tensors(interp.values.get(inp.name))
-        shape_only = _op_name(n.target) in SHAPE_ONLY_OPS
-        if shape_only:
-            accessed, launches = 0, 0
+            nodes.append(_input_node(n, outs))
         else:
-            accessed = out_bytes + param_bytes + sum(_nbytes(t) for t in in_tensors)
-            launches = 1
-        nodes.append(OpNode(
-            name=n.name,
-            targets=(_target_str(n),),
-            module=_module_path(n),
-            output_shapes=tuple(tuple(t.shape) for t in outs),
-            output_dtypes=tuple(str(t.dtype).removeprefix("torch.") for t in outs),
-            output_bytes=out_bytes,
-            param_bytes=param_bytes,
-            flops=float(interp.flops.get(n.name, 0)),
-            bytes_accessed=accessed,
-            launches=launches,
-            dtype=_dtype_of(in_tensors + outs),
-        ))
+            param_bytes = _claim_state(n, _state_tensors(gm, n), tensor_owner, tensor_users)
+            nodes.append(_op_node(n, interp, outs, kept=kept, param_bytes=param_bytes))
+            edges += _in_edges(n, interp, kept=kept, out_bytes=sum(_nbytes(t) for t in outs))
         kept.add(n.name)
-        for inp in dict.fromkeys(n.all_input_nodes):
-            if inp.name in kept:
-                nbytes = out_bytes if _op_name(n.target) == "getitem" else sum(
-                    _nbytes(t) for t in _tensors(interp.values.get(inp.name)))
-                edges.append(Edge(src=inp.name, dst=n.name, bytes=nbytes))
 
     colocate = tuple(
         tuple(dict.fromkeys(users)) for users in tensor_users.values()
@@ -330,6 +274,94 @@ def _build_graph(
     )
     return OpGraph(nodes=tuple(nodes), edges=tuple(edges), colocate=colocate,
                    outputs=tuple(outputs), name=name)
+
+
+def _state_tensors(gm: torch.fx.GraphModule, n: torch.fx.Node) -> list[tuple[int, torch.Tensor]]:
+    """Parameters and buffers an op reads, keyed by identity (tied weights share a key)."""
+    found = []
+    for inp in n.all_input_nodes:
+        if inp.op == "get_attr":
+            obj = gm
+            for part in str(inp.target).split("."):
+                obj = getattr(obj, part)
+            if isinstance(obj, torch.Tensor):
+                found.append((id(obj), obj))
+    if n.op == "call_module":
+        sub = gm.get_submodule(str(n.target))
+        found += [(id(t), t) for t in sub.parameters()]
+        found += [(id(t), t) for t in sub.buffers()]
+    return found
+
+
+def _claim_state(
+    n: torch.fx.Node,
+    state: list[tuple[int, torch.Tensor]],
+    tensor_owner: dict[int, str],
+    tensor_users: dict[int, list[str]],
+) -> int:
+    """Record ``n`` as a user of each state tensor; the bytes of those it reads first."""
+    param_bytes = 0
+    for key, tensor in state:
+        tensor_users.setdefault(key, []).append(n.name)
+        if key not in tensor_owner:
+            tensor_owner[key] = n.name
+            param_bytes += _nbytes(tensor)
+    return param_bytes
+
+
+def _input_node(n: torch.fx.Node, outs: list[torch.Tensor]) -> OpNode:
+    return OpNode(name=n.name, targets=("input",), is_input=True,
+                  output_shapes=tuple(tuple(t.shape) for t in outs),
+                  output_dtypes=tuple(str(t.dtype).removeprefix("torch.") for t in outs),
+                  output_bytes=sum(_nbytes(t) for t in outs))
+
+
+def _op_node(
+    n: torch.fx.Node,
+    interp: _CountingInterpreter,
+    outs: list[torch.Tensor],
+    *,
+    kept: set[str],
+    param_bytes: int,
+) -> OpNode:
+    out_bytes = sum(_nbytes(t) for t in outs)
+    in_tensors: list[torch.Tensor] = []
+    for inp in n.all_input_nodes:
+        if inp.name in kept:
+            in_tensors += _tensors(interp.values.get(inp.name))
+    shape_only = _op_name(n.target) in SHAPE_ONLY_OPS
+    if shape_only:
+        accessed, launches = 0, 0
+    else:
+        accessed = out_bytes + param_bytes + sum(_nbytes(t) for t in in_tensors)
+        launches = 1
+    return OpNode(
+        name=n.name,
+        targets=(_target_str(n),),
+        module=_module_path(n),
+        output_shapes=tuple(tuple(t.shape) for t in outs),
+        output_dtypes=tuple(str(t.dtype).removeprefix("torch.") for t in outs),
+        output_bytes=out_bytes,
+        param_bytes=param_bytes,
+        flops=float(interp.flops.get(n.name, 0)),
+        bytes_accessed=accessed,
+        launches=launches,
+        dtype=_dtype_of(in_tensors + outs),
+    )
+
+
+def _in_edges(
+    n: torch.fx.Node, interp: _CountingInterpreter, *, kept: set[str], out_bytes: int
+) -> list[Edge]:
+    """An edge from each kept input of ``n``, carrying that input's bytes (a ``getitem`` carries
+    only the item it takes)."""
+    edges = []
+    for inp in dict.fromkeys(n.all_input_nodes):
+        if inp.name in kept:
+            nbytes = out_bytes if _op_name(n.target) == "getitem" else sum(
+                _nbytes(t) for t in _tensors(interp.values.get(inp.name)))
+            edges.append(Edge(src=inp.name, dst=n.name, bytes=nbytes))
+    return edges
 
 
 def _has_meta_params(model: torch.nn.Module) -> bool:

@@ -20,7 +20,15 @@ import pytest
 import safetensors.torch
 import torch
 
-from autoplace.emit import PartitionedModel, emit_model, load_model, save_model, verify
+import autoplace.emit
+from autoplace.emit import (
+    PartitionedModel,
+    emit_model,
+    load_model,
+    local_device_map,
+    save_model,
+    verify,
+)
 from autoplace.errors import EmitError, VerificationError
 
 CPU = {"cuda:*": "cpu"}
@@ -530,3 +538,19 @@ def test_saved_files_live_where_asked(mlp, tmp_path):
         "weights.safetensors",
         "meta.json",
     }
+
+
+def test_local_device_map_keeps_present_devices_and_sends_absent_ones_to_the_cpu():
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    present = [f"cuda:{i}" for i in range(count)]
+    absent = f"cuda:{count}"  # one past the last GPU here, so never present
+    assert local_device_map(["cpu", *present, absent]) == {
+        "cpu": "cpu",
+        **{device: device for device in present},
+        absent: "cpu",
+    }
+
+
+def test_the_generated_file_still_names_the_loader():
+    # Notes and model.py tell users to call autoplace.emit.load_model: that name must resolve.
+    assert autoplace.emit.load_model is load_model

@@ -1,372 +1,47 @@
-"""How a placed graph becomes code: fx segments, then Python source that imports only torch.
+"""Emit: the Python source of an emitted model, importing only torch and the stdlib.
 
-``autoplace.emit`` decides what runs where; this module writes it down, in two halves.
-
-Graphs, read in this order: ``lower`` copies the traced graph into the form segments are cut from
-(``call_module`` inlined, one name per tensor); ``build_segment`` turns one device's run of nodes
-into a ``GraphModule`` whose device arguments all read ``self.device`` (``_device_rewrite`` says
-which arguments those are).
-
-Source: ``IMPORTS_SOURCE`` and ``HELPERS_SOURCE`` start every generated file; ``signature_source``
-and ``forward_source`` write the top-level forward that calls the segments and moves values
-between devices; ``class_source`` writes one ``torch.nn.Module`` class per segment (its forward is
-torch.fx's own codegen); ``model_source`` assembles ``model.py``. ``compile_forward`` runs the
-same preamble, so the in-memory model executes exactly the forward that ``save_model`` writes.
+``IMPORTS_SOURCE`` and ``HELPERS_SOURCE`` start every generated file; ``signature_source`` and
+``forward_source`` write the top-level forward that calls the segments and moves values between
+devices (``SegmentCall`` is one call); ``class_source`` writes one ``torch.nn.Module`` class per
+segment (its forward is torch.fx's own codegen); ``model_source`` assembles ``model.py``.
+``compile_forward`` runs the same preamble, so the in-memory model executes exactly the forward
+that ``save_model`` writes. This is the one module of autoplace that calls ``exec``, and only on
+source it generated itself.
 """
 
 from __future__ import annotations
 
 import builtins
-import copy
 import importlib
 import linecache
 import math
 import re
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.fx
-from torch.utils import _pytree as pytree
 
+from autoplace.emit.lower import fetch
 from autoplace.errors import EmitError
 
 __all__ = [
-    "COMPUTE_OPS",
     "HELPERS_SOURCE",
     "IMPORTS_SOURCE",
     "MODEL_CLASS_NAME",
-    "Lowered",
     "SegmentCall",
-    "build_segment",
     "class_source",
     "compile_forward",
-    "fetch",
     "forward_source",
     "literal_source",
-    "lower",
     "merge_globals",
     "model_source",
     "signature_source",
 ]
 
 MODEL_CLASS_NAME = "AutoplacedModel"
-COMPUTE_OPS = ("call_function", "call_method", "call_module")
-_GUARD_TARGET = "_guards_fn"  # torch.export's input check, torch.export._unlift.GuardsFn
-# torch factory functions that place their result on the default device unless told otherwise.
-_TORCH_FACTORIES = frozenset(
-    [torch.arange, torch.empty, torch.eye, torch.full, torch.linspace, torch.ones, torch.rand]
-    + [torch.randint, torch.randn, torch.scalar_tensor, torch.tensor, torch.zeros]
-)
-
-# ---------------------------------------------------------------------------------------------
-# Graphs
-
-
-@dataclass
-class Lowered:
-    """The graph after inlining and renaming: only placeholder, get_attr, call_function,
-    call_method and output nodes; ``attrs`` maps each get_attr target to its object and
-    ``origin`` maps each node name to the original fx node it came from."""
-
-    graph: torch.fx.Graph
-    attrs: dict[str, Any] = field(default_factory=dict)
-    origin: dict[str, str] = field(default_factory=dict)
-    orig_args: list[str] | None = None
-    in_spec: pytree.TreeSpec | None = None
-    out_spec: pytree.TreeSpec | None = None
-
-
-def lower(gm: torch.fx.GraphModule) -> Lowered:
-    """Copy ``gm``'s graph into the form segments are cut from: ``call_module`` nodes inlined
-    (generated source cannot rebuild arbitrary modules), each tensor under one name (so tied
-    weights stay tied and are stored once), torch.export's ``_guards_fn`` dropped."""
-    return _Lowerer(gm).run()
-
-
-class _Lowerer:
-    def __init__(self, gm: torch.fx.GraphModule) -> None:
-        self.gm = gm
-        self.out = Lowered(torch.fx.Graph())
-        self.tensor_target: dict[int, str] = {}
-        self.tensor_node: dict[str, torch.fx.Node] = {}
-
-    def run(self) -> Lowered:
-        info = getattr(self.gm.graph._codegen, "pytree_info", None)
-        if info is not None:
-            self.out.orig_args = [a for a in info.orig_args if a != "self"]
-            self.out.in_spec, self.out.out_spec = info.in_spec, info.out_spec
-        for tensor in list(self.gm.parameters()) + list(self.gm.buffers()):
-            if tensor.is_meta:
-                raise EmitError("parameters are on the meta device; emit needs real weights")
-        result = self._copy(self.gm.graph, self.gm, prefix="", bind=None, origin=None)
-        self.out.graph.output(result)
-        return self.out
-
-    def _copy(
-        self,
-        graph: torch.fx.Graph,
-        root: torch.nn.Module,
-        *,
-        prefix: str,
-        bind: Any,
-        origin: str | None,
-    ) -> Any:
-        env: dict[torch.fx.Node, Any] = {}
-        new = self.out.graph
-        placeholders = 0
-        for node in graph.nodes:
-            source = origin or node.name
-            if node.op == "placeholder":
-                if bind is None:
-                    env[node] = new.node_copy(node)
-                    self.out.origin[env[node].name] = node.name
-                else:
-                    env[node] = bind(node, placeholders)
-                placeholders += 1
-            elif node.op == "get_attr":
-                target = f"{prefix}{node.target}"
-                env[node] = self._attr(target, fetch(root, node.target), source)
-            elif node.op == "output":
-                return torch.fx.map_arg(node.args[0], env.__getitem__)
-            elif node.op == "call_module" and bind is None and node.target == _GUARD_TARGET:
-                env[node] = None  # export's guard function; it has no users
-            else:
-                args = torch.fx.map_arg(node.args, env.__getitem__)
-                kwargs = torch.fx.map_arg(node.kwargs, env.__getitem__)
-                if node.op == "call_module":
-                    env[node] = self._inline(node, root, args, kwargs, prefix, source)
-                    continue
-                name = node.name if origin is None else f"{origin}_{node.name}"
-                copied = new.create_node(node.op, node.target, args, kwargs, name, node.type)
-                copied.meta = copy.copy(node.meta)
-                self.out.origin[copied.name] = source
-                env[node] = copied
-        raise EmitError("the fx graph has no output node")
-
-    def _inline(
-        self,
-        node: torch.fx.Node,
-        root: torch.nn.Module,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        prefix: str,
-        origin: str,
-    ) -> Any:
-        module = root.get_submodule(node.target)
-        if isinstance(module, torch.fx.GraphModule):
-            graph = module.graph
-        else:
-            try:
-                graph = torch.fx.Tracer().trace(module)
-            except Exception as error:
-                raise EmitError(
-                    f"cannot inline call_module node {node.name!r} ({type(module).__qualname__}):"
-                    f" torch.fx could not trace it ({error}); export the model with torch.export "
-                    "instead of symbolic_trace"
-                ) from error
-
-        def bind(placeholder: torch.fx.Node, position: int) -> Any:
-            name = str(placeholder.target)
-            if name.startswith("*"):
-                raise EmitError(
-                    f"cannot inline call_module node {node.name!r}: {type(module).__qualname__}"
-                    f".forward takes {name}; only named arguments can be inlined"
-                )
-            if position < len(args):
-                return args[position]
-            if name in kwargs:
-                return kwargs[name]
-            if placeholder.args:
-                return placeholder.args[0]
-            raise EmitError(f"call_module node {node.name!r} does not pass argument {name!r}")
-
-        return self._copy(graph, module, prefix=f"{prefix}{node.target}.", bind=bind, origin=origin)
-
-    def _attr(self, target: str, value: Any, origin: str) -> torch.fx.Node:
-        graph, attrs = self.out.graph, self.out.attrs
-        if isinstance(value, torch.Tensor):
-            if value.is_meta:
-                raise EmitError(
-                    f"parameters are on the meta device ({target!r}); emit needs real weights"
-                )
-            if target == "device" or target.startswith("device."):
-                raise EmitError(f"attribute {target!r} clashes with the segments' device field")
-            target = self.tensor_target.setdefault(id(value), target)
-            if target not in self.tensor_node:
-                self.tensor_node[target] = graph.get_attr(target)
-                attrs[target] = value
-                self.out.origin[self.tensor_node[target].name] = origin
-            return self.tensor_node[target]
-        if isinstance(value, torch.fx.GraphModule):
-            node = graph.get_attr(target)
-            attrs[target] = value
-            self.out.origin[node.name] = origin
-            return node
-        raise EmitError(
-            f"get_attr {target!r} is a {type(value).__qualname__}; emit supports tensors and "
-            "fx subgraphs (higher-order ops such as torch.cond) only"
-        )
-
-
-def build_segment(
-    group: Sequence[torch.fx.Node],
-    owned: Sequence[torch.fx.Node],
-    *,
-    attrs: Mapping[str, Any],
-    crossing: set[torch.fx.Node],
-    index: int,
-    device: str,
-) -> tuple[torch.fx.GraphModule, list[torch.fx.Node], list[torch.fx.Node]]:
-    """One segment's GraphModule, with its inputs and outputs (nodes of the lowered graph).
-
-    ``group`` are the segment's compute nodes in run order, ``owned`` the tensor attributes it
-    holds (``attrs`` maps targets to objects), ``crossing`` the values read outside their
-    segment. Tensors are copied onto ``device``; every device argument reads ``self.device``.
-    """
-    members = set(group) | set(owned)
-    inputs: list[torch.fx.Node] = []
-    subgraphs: list[torch.fx.Node] = []
-    for n in group:
-        for p in n.all_input_nodes:
-            if p in members or p in inputs or p in subgraphs:
-                continue
-            if p.op == "get_attr" and isinstance(attrs[p.target], torch.fx.GraphModule):
-                subgraphs.append(p)  # code, not data: every segment that calls it gets a copy
-            else:
-                inputs.append(p)
-    graph = torch.fx.Graph()
-    env: dict[torch.fx.Node, torch.fx.Node] = {p: graph.placeholder(p.name) for p in inputs}
-    values: dict[str, Any] = {"device": torch.device(device)}
-    for n in [*owned, *subgraphs]:
-        env[n] = graph.node_copy(n)
-        value = attrs[n.target]
-        values[n.target] = (
-            _localize(value, device)
-            if isinstance(value, torch.fx.GraphModule)
-            else _materialize(value, device)
-        )
-    device_node = graph.get_attr("device") if any(_uses_device(n) for n in group) else None
-    for n in group:
-        env[n] = graph.node_copy(n, env.__getitem__)
-        if device_node is not None:
-            _rewrite_device(env[n], device_node)
-    outputs = [n for n in [*group, *owned] if n in crossing]
-    graph.output(tuple(env[n] for n in outputs))
-    segment = torch.fx.GraphModule(values, graph, class_name=f"Segment{index}")
-    segment.device = torch.device(device)
-    return segment, inputs, outputs
-
-
-def _localize(gm: torch.fx.GraphModule, device: str) -> torch.fx.GraphModule:
-    """A copy of a higher-order op's subgraph whose device arguments read its own ``device``."""
-    graph = copy.deepcopy(gm.graph)
-    attrs: dict[str, Any] = {"device": torch.device(device)}
-    for node in graph.nodes:
-        if node.op == "get_attr":
-            value = fetch(gm, node.target)
-            if isinstance(value, torch.fx.GraphModule):
-                attrs[node.target] = _localize(value, device)
-            elif isinstance(value, torch.Tensor):
-                attrs[node.target] = _materialize(value, device)
-            else:
-                raise EmitError(f"subgraph attribute {node.target!r} is {type(value).__name__}")
-        if node.op == "call_module":
-            raise EmitError(f"subgraph node {node.name!r} calls a module; cannot emit it")
-    users = [n for n in graph.nodes if _uses_device(n)]
-    if users:
-        first = next(n for n in graph.nodes if n.op != "placeholder")
-        with graph.inserting_before(first):
-            device_node = graph.get_attr("device")
-        for node in users:
-            _rewrite_device(node, device_node)
-    local = torch.fx.GraphModule(attrs, graph, class_name=type(gm).__name__)
-    local.device = torch.device(device)
-    return local
-
-
-def _materialize(tensor: torch.Tensor, device: str) -> torch.Tensor:
-    # A copy even on the same device: the emitted model must not alias the original's weights.
-    data = tensor.detach().to(device, copy=True)
-    if isinstance(tensor, torch.nn.Parameter):
-        return torch.nn.Parameter(data, requires_grad=tensor.requires_grad)
-    return data
-
-
-_SENTINEL = object()
-
-
-def _uses_device(node: torch.fx.Node) -> bool:
-    return _device_rewrite(node, _SENTINEL) is not None
-
-
-def _rewrite_device(node: torch.fx.Node, device_node: torch.fx.Node) -> None:
-    rewritten = _device_rewrite(node, device_node)
-    if rewritten is not None:
-        node.target, node.args, node.kwargs = rewritten
-
-
-def _device_rewrite(node: torch.fx.Node, device: Any) -> tuple[Any, Any, Any] | None:
-    """``(target, args, kwargs)`` with every device argument replaced by ``device``; None if the
-    node has none. Also gives factory ops an explicit device, since their default is the CPU."""
-    if node.op not in COMPUTE_OPS:
-        return None
-    changed = False
-
-    def swap(value: Any) -> Any:
-        nonlocal changed
-        if isinstance(value, torch.device):
-            changed = True
-            return device
-        return value
-
-    target = node.target
-    args = torch.fx.node.map_aggregate(node.args, swap)
-    kwargs = dict(torch.fx.node.map_aggregate(node.kwargs, swap))
-    if isinstance(kwargs.get("device"), str):
-        kwargs["device"], changed = device, True
-    if node.op == "call_method" and target == "to":
-        args = tuple(device if _is_device_string(a) else a for a in args)
-        changed = changed or any(a is device for a in args)
-    if node.op == "call_method" and target in ("cuda", "cpu"):
-        target, args, kwargs, changed = "to", (args[0], device), {}, True
-    if "device" not in kwargs and _is_factory(node):
-        kwargs["device"], changed = device, True
-    return (target, args, kwargs) if changed else None
-
-
-def _is_device_string(value: Any) -> bool:
-    if not isinstance(value, str):
-        return False
-    try:
-        torch.device(value)
-    except RuntimeError:
-        return False
-    return True
-
-
-def _is_factory(node: torch.fx.Node) -> bool:
-    if node.op != "call_function":
-        return False
-    if node.target in _TORCH_FACTORIES:
-        return True
-    schema = getattr(node.target, "_schema", None)
-    if not isinstance(node.target, torch._ops.OpOverload) or schema is None:
-        return False
-    if not any(a.name == "device" and a.kwarg_only for a in schema.arguments):
-        return False
-    # With a tensor input the op follows that tensor's device (empty_like, _to_copy, ...).
-    return not any(
-        not isinstance(p.meta.get("val"), (int, float, bool, torch.SymInt))
-        for p in node.all_input_nodes
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# Source
-
 
 # Every name torch.fx codegen may reference without telling us where it comes from (see
 # ``torch.fx.graph.CodeGen._gen_python_code``); a generated file binds all of them up front.
@@ -422,6 +97,7 @@ def _attach(root, target, value):
     else:
         setattr(module, name, value)
 '''
+
 
 # What the preamble binds, so a segment's codegen globals can be checked against it.
 _PROVIDED: dict[str, Any] = {
@@ -644,13 +320,6 @@ def compile_forward(source: str) -> Any:
     return namespace["forward"]
 
 
-def fetch(module: torch.nn.Module, target: str) -> Any:
-    value: Any = module
-    for part in target.split("."):
-        value = getattr(value, part)
-    return value
-
-
 def _extra_globals(globals_: Mapping[str, Any], *, where: str) -> dict[str, Any]:
     """The codegen globals the preamble does not bind; fails on any we cannot import."""
     extra: dict[str, Any] = {}
@@ -704,3 +373,4 @@ def merge_globals(into: dict[str, Any], new: Mapping[str, Any]) -> None:
                 f"{into[name]!r} and {value!r}"
             )
         into[name] = value
+

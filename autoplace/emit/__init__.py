@@ -1,0 +1,100 @@
+"""Emit stage: cut the traced model along the plan into device segments, run, save and verify it.
+
+Input is the traced fx module and a device per op (from the plan); output is a
+``PartitionedModel`` whose segments ``seg0``, ``seg1``, ... each run on one device, called in
+order by a generated forward that copies values between devices explicitly.
+
+Read in this order:
+1. ``emit_and_verify`` (below): the stage as the pipeline runs it, from a solved plan.
+2. ``model.emit_model``: the whole cut, which calls, in order,
+   ``lower.lower`` (the graph segments are cut from), ``segment`` (which ops form which
+   segment, in which order), ``fxgraph.build_segment`` (each segment as a ``GraphModule``) and
+   ``codegen`` (the source of the top-level forward and of ``model.py``).
+3. ``device_map``: where planned devices run here (``local_device_map``, glob remaps).
+4. ``saving``: ``save_model`` and ``load_model`` (``model.py``, ``weights.safetensors``,
+   ``meta.json``).
+5. ``verification.verify``: ``torch.testing.assert_close`` against the original model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from autoplace.emit.device_map import local_device_map
+from autoplace.emit.model import PartitionedModel, SegmentInfo, emit_model
+from autoplace.emit.saving import load_model, save_model
+from autoplace.emit.verification import VerifyResult, verify
+from autoplace.ir import Problem, Schedule
+from autoplace.trace import TracedModel
+
+__all__ = [
+    "PartitionedModel",
+    "SegmentInfo",
+    "VerifyResult",
+    "emit_and_verify",
+    "emit_model",
+    "load_model",
+    "local_device_map",
+    "save_model",
+    "verify",
+]
+
+
+def emit_and_verify(
+    traced: TracedModel,
+    model: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    problem: Problem,
+    schedule: Schedule,
+    device_of_op: Mapping[str, str],
+    check_outputs: bool,
+) -> tuple[PartitionedModel | None, dict[str, Any], list[str]]:
+    """Emit ``traced`` as the plan places it and, with ``check_outputs``, verify it against
+    ``model`` on ``args``/``kwargs``: ``(emitted model or None, the plan's verification record,
+    notes)``.
+
+    ``problem``, ``schedule`` and ``device_of_op`` are the plan's; devices absent from this
+    machine are materialized on the CPU, and a note says so.
+    """
+    notes: list[str] = []
+    if traced.has_meta_params:
+        return None, {"status": "skipped", "max_abs_diff": None,
+                      "detail": "parameters are on the meta device: no weights to emit or run"}, [
+            "the partitioned model was not emitted: the parameters are on the meta device"]
+    torch_device = {d.name: d.torch_device for d in problem.cluster.devices}
+    device_of = {op: torch_device[dev] for op, dev in device_of_op.items()}
+    order = _op_order(traced.module, problem, schedule)
+    remap = local_device_map(sorted(set(device_of.values())))
+    moved = sorted(k for k, v in remap.items() if k != v)
+    if moved:
+        notes.append(f"{', '.join(moved)} not present here: the emitted model was materialized "
+                     "on cpu for verification; `autoplace.emit.load_model(dir)` puts it on the "
+                     "planned devices")
+    emitted = emit_model(traced.module, device_of, order=order, device_map=remap)
+    if not check_outputs:
+        return emitted, {"status": "skipped", "max_abs_diff": None,
+                         "detail": "verification disabled (--no-verify)"}, notes
+    # ``verify`` is looked up here, in this package, so that tests can replace it.
+    outcome = verify(model, emitted, args, kwargs)
+    detail = outcome.detail
+    if moved:
+        detail += " (planned devices remapped to cpu)"
+    return emitted, {"status": outcome.status, "max_abs_diff": outcome.max_abs_diff,
+                     "detail": detail}, notes
+
+
+def _op_order(module: torch.fx.GraphModule, problem: Problem, schedule: Schedule) -> list[str]:
+    """Ops in order of their coarse node's simulated start: a topological order (a consumer
+    starts no earlier than its producer ends) that keeps each device's work contiguous."""
+    position = {n.name: i for i, n in enumerate(module.graph.nodes)}
+    keyed = []
+    for coarse_index, node in enumerate(problem.graph.nodes):
+        for op in node.ops:
+            keyed.append(((schedule.start_s[node.name], schedule.end_s[node.name], coarse_index,
+                           position.get(op, 0)), op))
+    return [op for _, op in sorted(keyed)]

@@ -1,0 +1,239 @@
+"""Emit: ``emit_model`` turns a placed fx graph into a runnable multi-device model.
+
+Input is a ``torch.fx.GraphModule`` (from ``torch.export`` or ``torch.fx.symbolic_trace``) and a
+device per compute node; output is a ``PartitionedModel`` whose children ``seg0``, ``seg1``, ...
+are device-contiguous ``GraphModule`` segments, called by a generated top-level forward that moves
+values between devices with explicit ``.to(device, non_blocking=False)`` copies.
+
+Read ``emit_model`` first: ``lower`` -> ``run_order`` -> ``assign_devices`` -> ``partition`` ->
+``build_segment`` per segment -> ``_top_forward`` (which values each segment call must copy to
+its device) -> ``PartitionedModel``.
+
+Rules worth knowing:
+- Nodes missing from ``device_of``: a compute node takes the device of its first producer that has
+  one, else of its first consumer; a parameter/buffer (``get_attr``) lives in the segment of its
+  first consumer and is passed (and copied, if needed) to later segments on other devices; model
+  inputs are copied to every device that consumes them.
+- ``call_module`` nodes (symbolic_trace) are inlined by tracing the module, so every segment is
+  plain ``get_attr`` + ``call_function``/``call_method``; a module's training flag is baked in.
+- A tensor reached under several names (tied weights) gets one name, so it is stored once.
+- torch.export's ``_guards_fn`` input check is dropped: segments do not re-check input shapes.
+- Every device argument is rewritten to read the segment's ``device`` attribute, so a segment
+  runs where it was loaded, after any ``device_map`` remap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+from torch.utils import _pytree as pytree
+
+from autoplace.emit.codegen import (
+    SegmentCall,
+    compile_forward,
+    forward_source,
+    literal_source,
+    signature_source,
+)
+from autoplace.emit.device_map import check_device, remap
+from autoplace.emit.fxgraph import build_segment
+from autoplace.emit.lower import Lowered, lower
+from autoplace.emit.segment import assign_devices, later_uses, owners, partition, run_order
+from autoplace.errors import EmitError
+
+__all__ = ["PartitionedModel", "SegmentInfo", "emit_model"]
+
+
+@dataclass(frozen=True)
+class SegmentInfo:
+    """One segment: where it was planned, where it runs, which fx nodes it holds and which
+    values cross its boundary (by lowered node name)."""
+
+    index: int
+    planned_device: str
+    device: str
+    nodes: tuple[str, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "device": self.planned_device,
+            "nodes": list(self.nodes),
+            "inputs": list(self.inputs),
+            "outputs": list(self.outputs),
+        }
+
+
+class PartitionedModel(torch.nn.Module):
+    """Segments ``seg0..segN`` (fx ``GraphModule``s, each on its own device) and a generated
+    top-level forward that calls them. ``segments`` lists ``(planned device, [fx node names])``;
+    ``devices`` are the devices the segments actually live on (after ``device_map``).
+
+    To run on other devices, emit again (or ``load_model``) with a ``device_map``: ``.to()``
+    would move the tensors but not the segments' ``device`` attributes that factory ops read.
+    """
+
+    def __init__(
+        self,
+        segments: Sequence[torch.fx.GraphModule],
+        *,
+        info: Sequence[SegmentInfo],
+        forward_source: str,
+        in_spec: pytree.TreeSpec | None,
+        out_spec: pytree.TreeSpec | None,
+    ) -> None:
+        super().__init__()
+        for index, segment in enumerate(segments):
+            self.add_module(f"seg{index}", segment)
+        self.segment_info = tuple(info)
+        self.segments = [(s.planned_device, list(s.nodes)) for s in info]
+        self.planned_devices = [s.planned_device for s in info]
+        self.devices = [s.device for s in info]
+        self.forward_source = forward_source
+        self._in_spec = in_spec
+        self._out_spec = out_spec
+        self._forward = compile_forward(forward_source)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._forward(self, *args, **kwargs)
+
+
+def emit_model(
+    gm: torch.fx.GraphModule,
+    device_of: Mapping[str, str],
+    *,
+    order: Sequence[str] | None = None,
+    device_map: Mapping[str, str] | None = None,
+) -> PartitionedModel:
+    """Split ``gm`` into device-contiguous segments following ``device_of`` and ``order``.
+
+    ``order`` is a topological order of fx node names (default: graph order); a new segment
+    starts wherever the device changes along it. ``device_map`` remaps planned devices by glob
+    (``{"cuda:*": "cpu"}``) so a plan for absent devices can be built and run here.
+    """
+    _check_names(gm, device_of, order)
+    lowered = lower(gm)
+    schedule = run_order(lowered, order)
+    if not schedule:
+        raise EmitError("the graph has no compute nodes; there is nothing to place")
+    devices = assign_devices(lowered, schedule, device_of)
+    groups = partition(schedule, devices)
+    owner = owners(lowered, groups)
+    planned = [devices[group[0]] for group in groups]
+    actual = [remap(device, device_map) for device in planned]
+    for device, plan in zip(actual, planned):
+        check_device(device, planned=plan)
+
+    output_node = next(n for n in lowered.graph.nodes if n.op == "output")
+    segment_of = {node: i for i, group in enumerate(groups) for node in group}
+    segment_of.update(owner)
+    later_use = later_uses(lowered.graph, segment_of, output_node)
+    segments, info = [], []
+    for index, group in enumerate(groups):
+        owned = [n for n, i in owner.items() if i == index]
+        segment, inputs, outputs = build_segment(
+            group, owned, attrs=lowered.attrs, crossing=later_use, index=index, device=actual[index]
+        )
+        names = dict.fromkeys(lowered.origin[n.name] for n in group)
+        segments.append(segment)
+        info.append(
+            SegmentInfo(
+                index=index,
+                planned_device=planned[index],
+                device=actual[index],
+                nodes=tuple(names),
+                inputs=tuple(n.name for n in inputs),
+                outputs=tuple(n.name for n in outputs),
+            )
+        )
+    forward = _top_forward(lowered, info, segment_of, output_node)
+    return PartitionedModel(
+        segments,
+        info=info,
+        forward_source=forward,
+        in_spec=lowered.in_spec,
+        out_spec=lowered.out_spec,
+    )
+
+
+def _check_names(
+    gm: torch.fx.GraphModule, device_of: Mapping[str, str], order: Sequence[str] | None
+) -> None:
+    names = {node.name for node in gm.graph.nodes}
+    for what, given in (("device_of", device_of), ("order", order or ())):
+        unknown = [name for name in given if name not in names]
+        if unknown:
+            raise EmitError(
+                f"{what} names {len(unknown)} node(s) that are not in the fx graph, e.g. "
+                f"{unknown[:5]}; pass fx node names (node.name), as the trace stage reports them"
+            )
+    for name, device in device_of.items():
+        try:
+            torch.device(device)
+        except (RuntimeError, TypeError) as error:
+            raise EmitError(f"device_of[{name!r}] = {device!r} is not a torch device") from error
+
+
+def _top_forward(
+    lowered: Lowered,
+    info: Sequence[SegmentInfo],
+    segment_of: Mapping[torch.fx.Node, int],
+    output: torch.fx.Node,
+) -> str:
+    nodes = {n.name: n for n in lowered.graph.nodes}
+    placeholders = [n for n in lowered.graph.nodes if n.op == "placeholder"]
+    signature, bindings = signature_source(
+        placeholders, orig_args=lowered.orig_args, in_spec=lowered.in_spec
+    )
+    used = set(nodes) | {"self"} | set(lowered.orig_args or [])
+    moved: dict[tuple[str, str], str] = {}
+    calls = []
+    for seg in info:
+        moves, args = [], []
+        for name in seg.inputs:
+            value = nodes[name]
+            source = segment_of.get(value)
+            if source is not None and info[source].planned_device == seg.planned_device:
+                args.append(name)
+                continue
+            key = (name, seg.planned_device)
+            if key not in moved:
+                tag = "".join(c if c.isalnum() else "_" for c in seg.planned_device)
+                moved[key] = _fresh(f"{name}_{tag}", used)
+                is_tensor = isinstance(value.meta.get("val"), torch.Tensor) or (
+                    value.op == "get_attr" and isinstance(lowered.attrs[value.target], torch.Tensor)
+                )
+                moves.append((moved[key], name, is_tensor))
+            args.append(moved[key])
+        calls.append(
+            SegmentCall(
+                index=seg.index,
+                planned_device=seg.planned_device,
+                moves=tuple(moves),
+                args=tuple(args),
+                outputs=seg.outputs,
+            )
+        )
+    name_of = {n: n.name for n in lowered.graph.nodes}
+    result = literal_source(output.args[0], name_of)
+    if lowered.out_spec is not None:
+        flat = output.args[0] if isinstance(output.args[0], (tuple, list)) else (output.args[0],)
+        result = f"_unflatten({literal_source(list(flat), name_of)}, self._out_spec)"
+    return forward_source(
+        signature=signature, bindings=bindings, calls=calls, result=result
+    )
+
+
+def _fresh(name: str, used: set[str]) -> str:
+    candidate, suffix = name, 1
+    while candidate in used:
+        candidate, suffix = f"{name}_{suffix}", suffix + 1
+    used.add(candidate)
+    return candidate
+

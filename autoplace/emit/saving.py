@@ -1,0 +1,218 @@
+"""Emit: save an emitted model to a directory and load it back, without pickle.
+
+``save_model`` writes ``model.py`` (source from ``autoplace.emit.codegen``; imports torch and the
+standard library only), ``weights.safetensors`` (every segment's tensors under
+``seg<i>.<name>``) and ``meta.json`` (planned devices, node names, pytree specs). ``load_model``
+checks ``meta.json``, imports only allow-listed modules for the pytree specs, executes
+``model.py``, and assigns the weights on each segment's ``device_map``-remapped device. Read
+``save_model``, ``_weights``, ``_dump_spec``, then ``load_model`` and ``_read_meta``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+from torch.utils import _pytree as pytree
+
+from autoplace.emit.codegen import (
+    MODEL_CLASS_NAME,
+    class_source,
+    merge_globals,
+    model_source,
+)
+from autoplace.emit.device_map import check_device, remap
+from autoplace.emit.model import PartitionedModel
+from autoplace.errors import EmitError, OutputError
+
+__all__ = ["load_model", "save_model"]
+
+_SPEC_MODULE_PREFIXES = ("transformers.", "torch.")
+_FORMAT = "autoplace.emit/1"
+
+
+
+def save_model(model: PartitionedModel, directory: str | Path) -> None:
+    """Write ``model.py`` (generated source), ``weights.safetensors`` and ``meta.json``."""
+    if not isinstance(model, PartitionedModel):
+        raise EmitError(f"save_model needs a PartitionedModel from emit_model, not {type(model)}")
+    classes: list[str] = []
+    extra: dict[str, Any] = {}
+    for seg in model.segment_info:
+        doc = (
+            f"Segment {seg.index}: {len(seg.nodes)} op(s) planned on {seg.planned_device}, "
+            f"from {seg.nodes[0]!r} to {seg.nodes[-1]!r}."
+        )
+        found, needed = class_source(
+            getattr(model, f"seg{seg.index}"), class_name=f"Segment{seg.index}", doc=doc
+        )
+        classes += found
+        merge_globals(extra, needed)
+    source = model_source(
+        classes=classes,
+        extra_globals=extra,
+        planned_devices=model.planned_devices,
+        forward=model.forward_source,
+    )
+    compile(source, "model.py", "exec")  # a SyntaxError here is an autoplace bug, not the user's
+
+    in_spec, in_modules, why = _dump_spec(model._in_spec)
+    if model._in_spec is not None and in_spec is None:
+        raise EmitError(f"cannot save the model's input structure: {why}")
+    out_spec, out_modules, _ = _dump_spec(model._out_spec)
+    if model._out_spec is None:
+        structure = "code"  # symbolic_trace: the structure is written out in forward
+    else:
+        structure = "pytree" if out_spec is not None else "flat"
+    meta = {
+        "format": _FORMAT,
+        "class_name": MODEL_CLASS_NAME,
+        "segments": [seg.to_dict() for seg in model.segment_info],
+        "in_spec": in_spec,
+        "out_spec": out_spec if structure == "pytree" else None,
+        "output_structure": structure,
+        "pytree_modules": sorted(set(in_modules) | set(out_modules if out_spec else [])),
+    }
+    weights = _weights(model)
+    path = Path(directory)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "model.py").write_text(source)
+        safetensors.torch.save_file(
+            weights, str(path / "weights.safetensors"), metadata={"format": "pt"}
+        )
+        (path / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    except OSError as error:
+        raise OutputError(f"cannot write the emitted model to {path}: {error}") from error
+
+
+def _weights(model: PartitionedModel) -> dict[str, torch.Tensor]:
+    """Every segment's tensors under ``seg<i>.<name>``; safetensors refuses tensors that share
+    memory, so a tensor whose storage was already taken is cloned."""
+    weights: dict[str, torch.Tensor] = {}
+    storages: set[int] = set()
+    for seg in model.segment_info:
+        module = getattr(model, f"seg{seg.index}")
+        for name, tensor in module.state_dict(keep_vars=True).items():
+            if tensor.is_meta:
+                raise EmitError(
+                    f"seg{seg.index}.{name} lives on the meta device (device_map sent it there); "
+                    "emit onto real devices to save"
+                )
+            data = tensor.detach().to("cpu").contiguous()
+            if data.untyped_storage().data_ptr() in storages:
+                data = data.clone()
+            storages.add(data.untyped_storage().data_ptr())
+            weights[f"seg{seg.index}.{name}"] = data
+    return weights
+
+
+def _dump_spec(spec: pytree.TreeSpec | None) -> tuple[str | None, list[str], str]:
+    """``(json, modules that must be imported to read it, why it is None)``."""
+    if spec is None:
+        return None, [], "no spec"
+    try:
+        text = pytree.treespec_dumps(spec)
+    except Exception as error:  # unregistered custom types raise several kinds
+        return None, [], f"{type(error).__name__}: {error}"
+    types = getattr(pytree, "SERIALIZED_TYPE_TO_PYTHON_TYPE", {})
+    modules: set[str] = set()
+    pending = [json.loads(text)[1]]
+    while pending:
+        node = pending.pop()
+        name = node.get("type")
+        if name:
+            kind = types.get(name)
+            module = kind.__module__ if kind is not None else name.rpartition(".")[0]
+            if module not in ("builtins", "collections"):
+                modules.add(module)
+        pending += node.get("children_spec") or []
+    outside = sorted(m for m in modules if not m.startswith(_SPEC_MODULE_PREFIXES))
+    if outside:
+        return None, [], f"its types come from {outside}, which load_model will not import"
+    return text, sorted(modules), ""
+
+
+def load_model(
+    directory: str | Path, *, device_map: Mapping[str, str] | None = None
+) -> torch.nn.Module:
+    """Rebuild a model written by ``save_model``, each segment on its ``device_map``-remapped
+    device. Executes the generated ``model.py`` and nothing else; weights come from safetensors.
+    """
+    path = Path(directory)
+    meta = _read_meta(path)
+    planned = [str(seg["device"]) for seg in meta["segments"]]
+    actual = [remap(device, device_map) for device in planned]
+    for device, plan in zip(actual, planned):
+        check_device(device, planned=plan)
+    for module in meta.get("pytree_modules", []):
+        if not module.startswith(_SPEC_MODULE_PREFIXES):
+            raise EmitError(f"meta.json asks to import {module!r}, which is not allow-listed")
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            raise EmitError(
+                f"the saved output structure needs {module!r}, which cannot be imported here "
+                f"({error}); install it"
+            ) from error
+    try:
+        in_spec = pytree.treespec_loads(meta["in_spec"]) if meta.get("in_spec") else None
+        out_spec = pytree.treespec_loads(meta["out_spec"]) if meta.get("out_spec") else None
+    except Exception as error:  # json, pytree and registry errors alike mean a bad meta.json
+        raise EmitError(f"{path / 'meta.json'} holds an unreadable pytree spec: {error}") from error
+
+    spec = importlib.util.spec_from_file_location(
+        f"autoplace_generated_{uuid.uuid4().hex}", path / "model.py"
+    )
+    if spec is None or spec.loader is None:
+        raise EmitError(f"cannot import {path / 'model.py'}")
+    generated = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(generated)
+        model = getattr(generated, meta["class_name"])(actual, in_spec=in_spec, out_spec=out_spec)
+    except Exception as error:
+        raise EmitError(f"{path / 'model.py'} failed to build the model: {error}") from error
+
+    try:
+        weights = safetensors.torch.load_file(str(path / "weights.safetensors"))
+    except Exception as error:  # safetensors raises its own SafetensorError, OSError, ...
+        raise EmitError(f"cannot read {path / 'weights.safetensors'}: {error}") from error
+    for index, device in enumerate(actual):
+        prefix = f"seg{index}."
+        state = {k[len(prefix) :]: v.to(device) for k, v in weights.items() if k.startswith(prefix)}
+        try:
+            getattr(model, f"seg{index}").load_state_dict(state, strict=True, assign=True)
+        except (RuntimeError, AttributeError) as error:
+            raise EmitError(
+                f"weights.safetensors does not match model.py for seg{index}: {error}"
+            ) from error
+    model.segments = [(d, list(seg["nodes"])) for d, seg in zip(planned, meta["segments"])]
+    model.planned_devices = planned
+    model.devices = actual
+    return model
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    names = ("model.py", "weights.safetensors", "meta.json")
+    missing = [name for name in names if not (path / name).is_file()]
+    if missing:
+        raise EmitError(
+            f"{path} is not a model written by save_model: missing {', '.join(missing)}"
+        )
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise EmitError(f"{path / 'meta.json'} is unreadable or corrupt: {error}") from error
+    if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
+        raise EmitError(f"{path / 'meta.json'} is not in the {_FORMAT} format")
+    if not isinstance(meta.get("segments"), list) or not meta["segments"]:
+        raise EmitError(f"{path / 'meta.json'} lists no segments")
+    return meta
+
