@@ -46,7 +46,8 @@ EXAMPLES = {
 GRAPHS = {
     "stg-rand0000-p4": ("stg", "rand0000", 4),
     "stg-rand0118-p8": ("stg", "rand0118", 8),
-    "tarnawski-bert3-latency": ("tarnawski", "latency-inputs/OperatorGraphs/bert_l-3_inference.json",
+    "tarnawski-bert3-latency": ("tarnawski",
+                                "latency-inputs/OperatorGraphs/bert_l-3_inference.json",
                                 "latency"),
     "tarnawski-bert24-throughput": ("tarnawski",
                                     "throughput-inputs/LayerGraphs/bert24_inference.json",
