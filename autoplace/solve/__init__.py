@@ -359,11 +359,11 @@ def _solve_large(state: _SolveState, activation: Mapping[str, int]) -> SolveResu
     steps: list[tuple[str, float]] = []
     if best is not None:
         steps.append((f"best baseline ({best[0]})", best[1].objective_s(state.objective)))
-    time_limit_s = budget.coarse_solve_s()
+    coarse_limit_s = budget.coarse_solve_s()
     try:
         large = coarse_solve(problem, objective=options.objective,
                              contiguous=options.contiguous, hint=best[1] if best else None,
-                             time_limit_s=time_limit_s, known_bound_s=state.bound,
+                             time_limit_s=coarse_limit_s, known_bound_s=state.bound,
                              activation_bytes=activation, seed=options.seed,
                              workers=options.cpsat_workers, deterministic=options.deterministic,
                              stop=lambda: budget.stop_requested("cpsat"))

@@ -123,11 +123,11 @@ def improve(
     graph = problem.graph
     runs_on = group_devices(problem)
     best, moves = schedule, 0
-    budget = max_evaluations if max_evaluations is not None else float("inf")
+    evaluations_left = max_evaluations if max_evaluations is not None else float("inf")
     last = 0.0  # how long the last simulation took: the next must end before the deadline
 
     def out_of_time() -> bool:
-        return clock() + last >= deadline or budget <= 0
+        return clock() + last >= deadline or evaluations_left <= 0
 
     improved = True
     while improved and not out_of_time():
@@ -142,7 +142,7 @@ def improve(
             for dev in runs_on[name]:
                 if dev == here or out_of_time():
                     continue
-                budget -= 1
+                evaluations_left -= 1
                 device_of = dict(best.placement.device_of)
                 for m in group:
                     device_of[m] = dev
