@@ -19,9 +19,9 @@ from autoplace.errors import AutoplaceError
 from autoplace.ir import Cluster, Problem
 from autoplace.loader import normalize_inputs
 from autoplace.planfile import BaselineResult, Plan
-from autoplace.solve import DEFAULT_TIME_LIMIT_S, SolveResult, solve
+from autoplace.solve import DEFAULT_TIME_LIMIT_S, SolveOptions, SolveResult, solve
+from autoplace.solve.whatif import whatif_options, whatif_table
 from autoplace.trace import trace_model
-from autoplace.whatif import WHATIF_TIME_LIMIT_S, whatif_table
 
 __all__ = ["plan", "solve_graph"]
 
@@ -60,8 +60,8 @@ def plan(
     original with ``torch.testing.assert_close``. With ``whatif`` the model is also re-solved,
     briefly, on the first 1, 2, ... of the devices (``Plan.whatif``, the report's what-if table).
     """
-    if time_limit_s <= 0:
-        raise AutoplaceError(f"time limit must be positive, got {time_limit_s} s")
+    options = SolveOptions(time_limit_s=time_limit_s, seed=seed, deterministic=deterministic,
+                           objective=objective, contiguous=contiguous, solver=solver)
     if max_nodes < 2:
         raise AutoplaceError(f"max_nodes must be at least 2, got {max_nodes}")
     notes: list[str] = []
@@ -93,13 +93,10 @@ def plan(
     coarse = coarsen(traced.graph, costs, max_nodes=max_nodes,
                      max_group_bytes=max(smallest // 4, 1))
     problem = Problem(graph=coarse.graph, cluster=cluster, costs=coarse.costs)
-    result = solve(problem, solver=solver, time_limit_s=time_limit_s, seed=seed,
-                   objective=objective, contiguous=contiguous, deterministic=deterministic)
+    result = solve(problem, options=options)
     notes += result.notes
     # After Ctrl-C the user wants the plan so far now, not more solving for the what-if table.
-    scaling = whatif_table(problem, full=result, solver=solver, seed=seed, objective=objective,
-                           contiguous=contiguous, deterministic=deterministic,
-                           time_limit_s=min(WHATIF_TIME_LIMIT_S, time_limit_s / 10)
+    scaling = whatif_table(problem, full=result, options=whatif_options(options)
                            ) if whatif and result.solver.status != "INTERRUPTED" else None
     planned = _plan_of(result, problem, name=name, tracer=traced.tracer,
                        coarsening={"traced_ops": coarse.traced_ops,
@@ -128,10 +125,9 @@ def solve_graph(
 ) -> Plan:
     """Place a task graph read with ``autoplace.graphfile`` (no model to trace or emit): the
     Python API behind ``autoplace solve``."""
-    if time_limit_s <= 0:
-        raise AutoplaceError(f"time limit must be positive, got {time_limit_s} s")
-    result = solve(problem, solver=solver, objective=objective, contiguous=contiguous,
-                   time_limit_s=time_limit_s, seed=seed, deterministic=deterministic)
+    options = SolveOptions(time_limit_s=time_limit_s, seed=seed, deterministic=deterministic,
+                           objective=objective, contiguous=contiguous, solver=solver)
+    result = solve(problem, options=options)
     planned = _plan_of(result, problem, name=problem.graph.name, tracer="graph",
                        coarsening={"traced_ops": len(problem.graph.nodes),
                                    "plan_nodes": len(problem.graph.nodes), "steps": []})

@@ -17,7 +17,7 @@ import zoo
 import autoplace
 from autoplace.report import validate_plan_dict
 from autoplace.solve import solve
-from autoplace.whatif import restrict, whatif_table
+from autoplace.solve.whatif import restrict, whatif_table
 
 
 def test_restrict_keeps_the_first_devices_and_their_links() -> None:

@@ -15,11 +15,12 @@ from hypothesis import strategies as st
 from autoplace.errors import AutoplaceError, InfeasibleError
 from autoplace.ir import Costs, Placement
 from autoplace.simulate import simulate, validate
-from autoplace.solve import is_contiguous, solve
+from autoplace.solve import Budget, SolveOptions, is_contiguous, options, solve
 from autoplace.solve.bounds import lower_bound_s
 from autoplace.solve.cpsat import solve_cpsat
 from autoplace.solve.heuristics import heft, sequential_fill
 from autoplace.solve.stages import stage_order
+from autoplace.solve.whatif import WHATIF_TIME_LIMIT_S, whatif_options
 
 
 def test_fork_join_reaches_the_hand_computed_optimum():
@@ -295,6 +296,95 @@ def test_deterministic_runs_give_the_same_plan():
 def test_unknown_objective_is_named():
     with pytest.raises(AutoplaceError, match="unknown objective 'speed'.*latency, throughput"):
         solve(zoo.chain(zoo.cluster(2)), objective="speed")
+
+
+def test_options_are_checked_when_made():
+    with pytest.raises(AutoplaceError, match=r"unknown solver 'magic'; valid solvers: cpsat, "):
+        SolveOptions(solver="magic")
+    with pytest.raises(AutoplaceError, match="unknown objective 'speed'.*latency, throughput"):
+        SolveOptions(objective="speed")
+    with pytest.raises(AutoplaceError, match=r"time limit must be positive, got 0 s"):
+        SolveOptions(time_limit_s=0)
+    with pytest.raises(AutoplaceError, match=r"time limit must be positive, got -1 s"):
+        solve(zoo.chain(zoo.cluster(2)), time_limit_s=-1)
+    with pytest.raises(TypeError):
+        SolveOptions(10.0)  # keyword-only
+    options = SolveOptions(time_limit_s=2, seed=3, objective="throughput")
+    assert options.to_dict() == {"time_limit_s": 2, "seed": 3, "deterministic": False,
+                                 "objective": "throughput", "contiguous": False,
+                                 "workers": None, "solver": "cpsat"}
+    assert SolveOptions(workers=4).cpsat_workers == 4
+    assert SolveOptions(workers=4, deterministic=True).cpsat_workers == 1
+
+
+def test_options_or_keywords_give_the_same_plan():
+    p = zoo.fork_join(zoo.cluster(2))
+    by_keywords = solve(p, time_limit_s=1, deterministic=True, objective="throughput")
+    by_options = solve(p, options=SolveOptions(time_limit_s=1, deterministic=True,
+                                               objective="throughput"))
+    on_top = solve(p, options=SolveOptions(time_limit_s=1, deterministic=True),
+                   objective="throughput")
+    assert by_keywords.schedule.placement == by_options.schedule.placement
+    assert by_keywords.schedule.placement == on_top.schedule.placement
+    assert by_options.objective == on_top.objective == "throughput"
+
+
+class _Clock:
+    def __init__(self, now_s: float = 100.0) -> None:
+        self.now_s = now_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def test_the_budget_hands_out_the_named_shares_of_the_limit():
+    clock = _Clock()
+    budget = Budget(SolveOptions(time_limit_s=10), clock=clock)
+    assert budget.baselines_deadline() == pytest.approx(100 + 10 * options.BASELINE_SHARE)
+    clock.now_s = 104.0
+    assert budget.elapsed_s() == pytest.approx(4.0)
+    assert budget.remaining_s() == pytest.approx(6.0)
+    assert not budget.expired(budget.baselines_deadline())
+    assert budget.exact_round_s() == pytest.approx(6.0 - options.RESULT_MARGIN_S)
+    assert budget.coarse_solve_s() == pytest.approx(6.0 * options.COARSE_SHARE)
+    assert budget.moves_deadline() == pytest.approx(
+        100 + 10 * options.MOVES_SHARE - options.MOVES_MARGIN_S)
+    assert budget.moves_evaluations(1000) is None
+    clock.now_s = 109.95  # too little left to start CP-SAT again; the coarse model gets a floor
+    assert budget.expired(budget.baselines_deadline())
+    assert budget.exact_round_s() is None
+    assert budget.coarse_solve_s() == options.MIN_CPSAT_S
+
+
+def test_a_deterministic_budget_ignores_the_clock():
+    clock = _Clock()
+    budget = Budget(SolveOptions(time_limit_s=6, deterministic=True), clock=clock)
+    clock.now_s = 1e6
+    assert not budget.expired(budget.baselines_deadline())
+    assert budget.moves_deadline() == math.inf
+    assert budget.exact_round_s() == 6 / options.MEMORY_ROUNDS
+    assert budget.coarse_solve_s() == 6 / options.COARSE_PARTS
+    assert budget.moves_evaluations(1000) == int(options.MOVES_PER_NODE_S * 6 / 1000)
+    assert budget.moves_evaluations(10**9) == options.MIN_MOVES
+
+
+def test_whatif_rows_get_a_tenth_of_the_limit_at_most_one_second():
+    assert whatif_options(SolveOptions(time_limit_s=5, seed=2)) == SolveOptions(
+        time_limit_s=0.5, seed=2)
+    assert whatif_options(SolveOptions(time_limit_s=60)).time_limit_s == WHATIF_TIME_LIMIT_S
+
+
+def test_cpsat_stops_when_asked_and_says_it_was_interrupted():
+    p = zoo.fork_join(zoo.cluster(2))
+    asked = []
+
+    def stop() -> bool:
+        asked.append(1)
+        return True
+
+    r = solve_cpsat(p, time_limit_s=10, workers=1, stop=stop)
+    assert r.interrupted and asked == [1]
+    assert r.placement is not None or r.status == "UNKNOWN"
 
 
 @pytest.mark.parametrize("objective", ["latency", "throughput"])

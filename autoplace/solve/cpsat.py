@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
@@ -36,18 +36,26 @@ from ortools.sat.python import cp_model
 from autoplace.ir import Placement, Problem, Schedule
 from autoplace.solve.stages import stage_order
 
-__all__ = ["TIME_QUANTUM_S", "CpSatResult", "solve_cpsat"]
+__all__ = ["TIME_QUANTUM_S", "CpSatResult", "node_activation_bytes", "solve_cpsat"]
 
 # One nanosecond: fine enough that rounding is negligible against kernel launch overheads
 # (microseconds), coarse enough that an hour-long makespan still fits CP-SAT's int64 domains.
 TIME_QUANTUM_S = 1e-9
+# CP-SAT is never given less than this (wall or deterministic seconds): a limit of zero or less,
+# left after building a large model, would stop it before it reads the hint.
+_MIN_LIMIT_S = 0.01
+# CP-SAT ends a search without proof (FEASIBLE, UNKNOWN) only at its limit or on SIGINT, which it
+# catches: a search that used less than this share of its limit, less the slack (its own
+# start-up and wind-down), was stopped by Ctrl-C.
+_STOPPED_SHARE = 0.9
+_STOPPED_SLACK_S = 0.05
 
 
 @dataclass(frozen=True)
 class CpSatResult:
     """``progress``: (seconds since the start, best objective or None, best bound), one entry
     per improvement of either, in seconds of makespan. ``interrupted``: the search was stopped
-    by Ctrl-C (CP-SAT catches SIGINT and returns its best solution so far)."""
+    by Ctrl-C (CP-SAT catches SIGINT and returns its best solution so far) or by ``stop``."""
 
     placement: Placement | None
     status: str
@@ -59,9 +67,11 @@ class CpSatResult:
 
 
 class _Progress(cp_model.CpSolverSolutionCallback):
-    """Records every improving solution and bound while CP-SAT runs."""
+    """Records every improving solution and bound while CP-SAT runs, and stops the search when
+    ``stop`` asks to (as SIGINT would)."""
 
-    def __init__(self, slack_ticks: int, quantum_s: float) -> None:
+    def __init__(self, slack_ticks: int, quantum_s: float, solver: cp_model.CpSolver,
+                 stop: Callable[[], bool] | None) -> None:
         super().__init__()
         self.began = time.perf_counter()
         self.slack = slack_ticks
@@ -69,9 +79,15 @@ class _Progress(cp_model.CpSolverSolutionCallback):
         self.objective: float | None = None
         self.bound = 0.0
         self.points: list[tuple[float, float | None, float]] = []
+        self.solver = solver
+        self.stop = stop
+        self.stopped = False
 
     def _record(self) -> None:
         self.points.append((time.perf_counter() - self.began, self.objective, self.bound))
+        if self.stop is not None and not self.stopped and self.stop():
+            self.stopped = True
+            self.solver.stop_search()
 
     def on_solution_callback(self) -> None:
         self.objective = self.objective_value * self.quantum
@@ -87,6 +103,20 @@ class _Progress(cp_model.CpSolverSolutionCallback):
 def _bound_s(bound_ticks: float, slack_ticks: int, quantum_s: float) -> float:
     """CP-SAT's bound in seconds, less the rounding slack of the integer model."""
     return max(0.0, (bound_ticks - slack_ticks) * quantum_s)
+
+
+def node_activation_bytes(problem: Problem) -> dict[str, int]:
+    """What must be live on a node's device while it runs: its output and one copy of each
+    input (the simulator's memory model), so resident bytes plus this bound every device's peak
+    from below. ``solve_cpsat``'s ``activation_bytes``."""
+    graph = problem.graph
+    working: dict[str, int] = {}
+    for n in graph.nodes:
+        inputs: dict[str, int] = {}
+        for e in graph.in_edges(n.name):
+            inputs[e.src] = max(inputs.get(e.src, 0), e.bytes)
+        working[n.name] = n.output_bytes + sum(inputs.values())
+    return working
 
 
 def _quantum(problem: Problem) -> tuple[float, bool]:
@@ -169,6 +199,7 @@ def solve_cpsat(
     seed: int = 0,
     deterministic: bool = False,
     known_bound_s: float = 0.0,
+    stop: Callable[[], bool] | None = None,
 ) -> CpSatResult:
     """Minimise ``objective`` (``latency``: the makespan; ``throughput``: the largest per-device
     load) of ``problem`` with CP-SAT within ``time_limit_s``.
@@ -180,17 +211,62 @@ def solve_cpsat(
     overflowing). With ``deterministic``, ``time_limit_s`` is in CP-SAT's deterministic seconds
     (a work count, about a second each on a laptop core), so one worker with a fixed ``seed``
     stops at the same point on every run. ``known_bound_s`` is a lower bound proven elsewhere:
-    CP-SAT stops as soon as it reaches it.
+    CP-SAT stops as soon as it reaches it. ``stop`` is asked at every improvement; True stops
+    the search as Ctrl-C does (the result is then ``interrupted``).
     """
     building = time.perf_counter()
-    graph, cluster = problem.graph, problem.cluster
-    devices = list(cluster.names)
-    nodes = [n.name for n in graph.nodes]
-    allowed = problem.allowed
     quantum, exact = _quantum(problem)
     model = cp_model.CpModel()
+    x, hinted = _add_placement(model, problem, activation_bytes or {}, nogoods, hint, contiguous)
+    if objective == "throughput":
+        goal = _add_loads(model, problem, x, quantum)
+        # Every load is a sum of at most n compute and 2n copy times, each rounded up.
+        slack = 0 if exact else 3 * len(problem.graph.nodes)
+        start = None
+    else:
+        goal, start = _add_schedule(model, problem, x, hint, hinted, quantum)
+        # Rounding adds less than one quantum per duration and delay; a path has fewer than 2n.
+        slack = 0 if exact else 2 * len(problem.graph.nodes)
+    if known_bound_s > 0:
+        model.add(goal >= max(0, math.ceil(known_bound_s / quantum - 1e-6) - slack))
+    model.minimize(goal)
 
-    # --- placement: shared by both objectives
+    # --- solve
+    solver = _solver(time_limit_s, deterministic=deterministic, workers=workers, seed=seed,
+                     building=building)
+    progress = _Progress(slack, quantum, solver, stop)
+    solver.best_bound_callback = progress.on_bound
+    began = time.perf_counter()
+    status = solver.solve(model, progress)
+    wall = time.perf_counter() - began
+    used, limit = ((solver.deterministic_time, solver.parameters.max_deterministic_time)
+                   if deterministic else (wall, solver.parameters.max_time_in_seconds))
+    interrupted = progress.stopped or (status in (cp_model.FEASIBLE, cp_model.UNKNOWN)
+                                       and used < _STOPPED_SHARE * limit - _STOPPED_SLACK_S)
+
+    # --- read back
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return CpSatResult(placement=None, status=solver.status_name(status), objective_s=None,
+                           bound_s=0.0, wall_s=wall, progress=tuple(progress.points),
+                           interrupted=interrupted)
+    return CpSatResult(placement=_placement(solver, problem, x, start),
+                       status=solver.status_name(status),
+                       objective_s=solver.objective_value * quantum,
+                       bound_s=_bound_s(solver.best_objective_bound, slack, quantum), wall_s=wall,
+                       progress=tuple(progress.points), interrupted=interrupted)
+
+
+Vars = dict[tuple[str, str], cp_model.IntVar]
+
+
+def _add_placement(model: cp_model.CpModel, problem: Problem, activation: Mapping[str, int],
+                   nogoods: Sequence[tuple[str, frozenset[str]]], hint: Schedule | None,
+                   contiguous: bool) -> tuple[Vars, dict[str, str] | None]:
+    """The placement variables ``x`` and their constraints, shared by both objectives; returns
+    them with the hint's placement relabelled to obey the symmetry breaking."""
+    graph, devices = problem.graph, list(problem.cluster.names)
+    nodes = [n.name for n in graph.nodes]
+    allowed = problem.allowed
     x = {(n, d): model.new_bool_var(f"x[{n},{d}]") for n in nodes for d in devices}
     for n in nodes:
         model.add_exactly_one(x[n, d] for d in devices)
@@ -201,7 +277,23 @@ def solve_cpsat(
         for other in group[1:]:
             for d in devices:
                 model.add(x[group[0], d] == x[other, d])
-    _add_memory(model, problem, x, activation_bytes or {})
+    _add_memory(model, problem, x, activation)
+    classes = _add_symmetry_breaking(model, problem, x, nogoods)
+    hinted = _canonical(hint.placement.device_of, nodes, classes) if hint is not None else None
+    if contiguous:
+        _add_contiguity(model, problem, x, hinted)
+    if hinted is not None:
+        for n in nodes:
+            for d in devices:
+                model.add_hint(x[n, d], hinted[n] == d)
+    return x, hinted
+
+
+def _add_symmetry_breaking(model: cp_model.CpModel, problem: Problem, x: Vars,
+                           nogoods: Sequence[tuple[str, frozenset[str]]]) -> list[list[str]]:
+    """Node ``i`` (in topological order) may use only the first ``i + 1`` devices of each class
+    of identical devices; then the no-good cuts. Returns the classes."""
+    nodes = [n.name for n in problem.graph.nodes]
     classes = _identical_classes(problem)
     for cls in classes:
         for i, n in enumerate(nodes[: len(cls) - 1]):
@@ -214,36 +306,19 @@ def solve_cpsat(
     for device, members in nogoods:
         for d in class_of.get(device, [device]):
             model.add(sum(x[n, d] for n in members) <= len(members) - 1)
-    hinted = _canonical(hint.placement.device_of, nodes, classes) if hint is not None else None
-    if contiguous:
-        _add_contiguity(model, problem, x, hinted)
-    if hinted is not None:
-        for n in nodes:
-            for d in devices:
-                model.add_hint(x[n, d], hinted[n] == d)
+    return classes
 
-    # --- objective
-    if objective == "throughput":
-        goal = _add_loads(model, problem, x, quantum)
-        # Every load is a sum of at most n compute and 2n copy times, each rounded up.
-        slack = 0 if exact else 3 * len(nodes)
-        start = None
-    else:
-        goal, start = _add_schedule(model, problem, x, hint, hinted, quantum)
-        # Rounding adds less than one quantum per duration and delay; a path has fewer than 2n.
-        slack = 0 if exact else 2 * len(nodes)
-    if known_bound_s > 0:
-        model.add(goal >= max(0, math.ceil(known_bound_s / quantum - 1e-6) - slack))
-    model.minimize(goal)
 
-    # --- solve
+def _solver(time_limit_s: float, *, deterministic: bool, workers: int | None, seed: int,
+            building: float) -> cp_model.CpSolver:
+    """CP-SAT's parameters; the wall limit counts from ``building`` (a ``time.perf_counter``
+    value: when the model began to be built), as the limit covers building it too."""
     solver = cp_model.CpSolver()
     if deterministic:
-        solver.parameters.max_deterministic_time = max(time_limit_s, 0.01)
+        solver.parameters.max_deterministic_time = max(time_limit_s, _MIN_LIMIT_S)
     else:
-        # The time limit covers building the model too.
         spent = time.perf_counter() - building
-        solver.parameters.max_time_in_seconds = max(time_limit_s - spent, 0.01)
+        solver.parameters.max_time_in_seconds = max(time_limit_s - spent, _MIN_LIMIT_S)
     solver.parameters.num_workers = workers or max(1, min(8, os.cpu_count() or 1))
     solver.parameters.random_seed = seed
     # OR-Tools 9.15 can certify a wrong optimum through inclusion-detection presolve
@@ -253,23 +328,14 @@ def solve_cpsat(
     # reasoning on top of it declared feasible models INFEASIBLE (Tarnawski's ResNet-50
     # operator graph, 6 identical accelerators, OR-Tools 9.15), so it is switched off.
     solver.parameters.symmetry_level = 0
-    progress = _Progress(slack, quantum)
-    solver.best_bound_callback = progress.on_bound
-    began = time.perf_counter()
-    status = solver.solve(model, progress)
-    wall = time.perf_counter() - began
-    status_name = solver.status_name(status)
-    # CP-SAT ends a search without proof (FEASIBLE, UNKNOWN) only at its limit or on SIGINT,
-    # which it catches: well short of the limit, it was Ctrl-C.
-    used, limit = ((solver.deterministic_time, solver.parameters.max_deterministic_time)
-                   if deterministic else (wall, solver.parameters.max_time_in_seconds))
-    interrupted = status in (cp_model.FEASIBLE, cp_model.UNKNOWN) and used < 0.9 * limit - 0.05
+    return solver
 
-    # --- read back
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return CpSatResult(placement=None, status=status_name, objective_s=None,
-                           bound_s=0.0, wall_s=wall, progress=tuple(progress.points),
-                           interrupted=interrupted)
+
+def _placement(solver: cp_model.CpSolver, problem: Problem, x: Vars,
+               start: Mapping[str, cp_model.IntVar] | None) -> Placement:
+    """The solution's devices and, for the latency model, each device's order by start time."""
+    graph, devices = problem.graph, list(problem.cluster.names)
+    nodes = [n.name for n in graph.nodes]
     device_of = {n: next(d for d in devices if solver.boolean_value(x[n, d])) for n in nodes}
     order = None
     if start is not None:
@@ -277,14 +343,9 @@ def solve_cpsat(
         order = {d: tuple(sorted((n for n in nodes if device_of[n] == d),
                                  key=lambda n: (starts[n], graph.index[n])))
                  for d in devices}
-    return CpSatResult(placement=Placement(device_of=device_of, order=order),
-                       status=status_name,
-                       objective_s=solver.objective_value * quantum,
-                       bound_s=_bound_s(solver.best_objective_bound, slack, quantum), wall_s=wall,
-                       progress=tuple(progress.points), interrupted=interrupted)
+    return Placement(device_of=device_of, order=order)
 
 
-Vars = dict[tuple[str, str], cp_model.IntVar]
 
 
 def _add_memory(model: cp_model.CpModel, problem: Problem, x: Vars,
@@ -419,40 +480,48 @@ def _add_loads(model: cp_model.CpModel, problem: Problem, x: Vars,
     charged = {d.name for d in problem.cluster.devices if d.charges_transfers}
     if len(devices) > 1:
         for n in graph.nodes:
-            out = graph.out_edges(n.name)
-            if not out:
-                continue
-            # Copy time of n's output from a to b: the largest edge delay to a reader there.
-            copy = {(a, b): max(_ticks(problem.delay_s(e, a, b), quantum) for e in out)
-                    for a in allowed[n.name] for b in devices if a != b}
-            readers = {b: [e.dst for e in out if b in allowed[e.dst]] for b in devices}
-            sent = {}
-            for a in allowed[n.name]:
-                top = max((copy[a, b] for b in devices if b != a and readers[b]), default=0)
-                if top and a in charged:
-                    sent[a] = model.new_int_var(0, top, f"send[{n.name},{a}]")
-                    load_terms[a].append(sent[a])
-            for b in devices:
-                if not readers[b]:
-                    continue
-                top = max((copy[a, b] for a in allowed[n.name] if a != b), default=0)
-                if not top:
-                    continue
-                recv = model.new_bool_var(f"recv[{n.name},{b}]")
-                for v in readers[b]:
-                    model.add(recv >= x[v, b] - x[n.name, b])
-                pay = model.new_int_var(0, top, f"pay[{n.name},{b}]")
-                if b in charged:
-                    load_terms[b].append(pay)
-                for a in allowed[n.name]:
-                    if a == b or not copy[a, b]:
-                        continue
-                    # Charged when n is on a and its output goes to b.
-                    if b in charged:
-                        model.add(pay >= copy[a, b] * (x[n.name, a] + recv - 1))
-                    if a in sent:
-                        model.add(sent[a] >= copy[a, b] * (x[n.name, a] + recv - 1))
+            if graph.out_edges(n.name):
+                _add_copy_loads(model, problem, x, n.name, quantum, charged, load_terms)
     max_load = model.new_int_var(0, total, "max_load")
     for d in devices:
         model.add(max_load >= sum(load_terms[d]))
     return max_load
+
+
+def _add_copy_loads(model: cp_model.CpModel, problem: Problem, x: Vars, node: str,
+                    quantum: float, charged: set[str], load_terms: dict[str, list]) -> None:
+    """The copies of ``node``'s output, added to ``load_terms`` of the devices that are
+    ``charged`` for transfers: the sender pays its largest copy, each receiver its own."""
+    graph, allowed = problem.graph, problem.allowed
+    devices = list(problem.cluster.names)
+    out = graph.out_edges(node)
+    # Copy time of node's output from a to b: the largest edge delay to a reader there.
+    copy = {(a, b): max(_ticks(problem.delay_s(e, a, b), quantum) for e in out)
+            for a in allowed[node] for b in devices if a != b}
+    readers = {b: [e.dst for e in out if b in allowed[e.dst]] for b in devices}
+    sent = {}
+    for a in allowed[node]:
+        top = max((copy[a, b] for b in devices if b != a and readers[b]), default=0)
+        if top and a in charged:
+            sent[a] = model.new_int_var(0, top, f"send[{node},{a}]")
+            load_terms[a].append(sent[a])
+    for b in devices:
+        if not readers[b]:
+            continue
+        top = max((copy[a, b] for a in allowed[node] if a != b), default=0)
+        if not top:
+            continue
+        recv = model.new_bool_var(f"recv[{node},{b}]")
+        for v in readers[b]:
+            model.add(recv >= x[v, b] - x[node, b])
+        pay = model.new_int_var(0, top, f"pay[{node},{b}]")
+        if b in charged:
+            load_terms[b].append(pay)
+        for a in allowed[node]:
+            if a == b or not copy[a, b]:
+                continue
+            # Charged when node is on a and its output goes to b.
+            if b in charged:
+                model.add(pay >= copy[a, b] * (x[node, a] + recv - 1))
+            if a in sent:
+                model.add(sent[a] >= copy[a, b] * (x[node, a] + recv - 1))

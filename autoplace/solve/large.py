@@ -115,18 +115,19 @@ def improve(
     deadline: float,
     accept: Callable[[Schedule], bool] = lambda s: s.feasible,
     max_evaluations: int | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> tuple[Schedule, int]:
-    """Step 4: first-improvement local search until ``deadline`` (a ``time.perf_counter``
-    value), ``max_evaluations`` simulations (which makes it deterministic) or a local optimum.
-    Returns the best schedule and the number of moves kept."""
+    """Step 4: first-improvement local search until ``deadline`` (a ``clock`` value; the
+    solve's ``Budget`` hands it out), ``max_evaluations`` simulations (which makes it
+    deterministic) or a local optimum. Returns the best schedule and the number of moves kept."""
     graph = problem.graph
     runs_on = group_devices(problem)
     best, moves = schedule, 0
-    budget = max_evaluations if max_evaluations is not None else float("inf")
+    evaluations_left = max_evaluations if max_evaluations is not None else float("inf")
     last = 0.0  # how long the last simulation took: the next must end before the deadline
 
     def out_of_time() -> bool:
-        return time.perf_counter() + last >= deadline or budget <= 0
+        return clock() + last >= deadline or evaluations_left <= 0
 
     improved = True
     while improved and not out_of_time():
@@ -141,13 +142,13 @@ def improve(
             for dev in runs_on[name]:
                 if dev == here or out_of_time():
                     continue
-                budget -= 1
+                evaluations_left -= 1
                 device_of = dict(best.placement.device_of)
                 for m in group:
                     device_of[m] = dev
-                began = time.perf_counter()
+                began = clock()
                 candidate = simulate(problem, Placement(device_of=device_of))
-                last = time.perf_counter() - began
+                last = clock() - began
                 if (candidate.objective_s(objective) < best.objective_s(objective) * (1 - 1e-12)
                         and accept(candidate)):
                     best, moves, improved = candidate, moves + 1, True

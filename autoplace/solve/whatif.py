@@ -13,16 +13,19 @@ the makespan, or the largest device load) for the report's what-if table.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 from autoplace.errors import AutoplaceError
 from autoplace.ir import Cluster, Costs, Problem
-from autoplace.solve import SolveResult, solve
+from autoplace.solve import SolveOptions, SolveResult, solve
 
-__all__ = ["WHATIF_TIME_LIMIT_S", "restrict", "whatif_table"]
+__all__ = ["WHATIF_PARTS", "WHATIF_TIME_LIMIT_S", "restrict", "whatif_options", "whatif_table"]
 
-# Per re-solve; the rows are a rough guide, not a second full solve per device count.
+# Per re-solve, at most; the rows are a rough guide, not a second full solve per device count.
 WHATIF_TIME_LIMIT_S = 1.0
+# ... and at most a tenth of the plan's own limit, so a short solve stays short.
+WHATIF_PARTS = 10
 
 
 def restrict(problem: Problem, devices: tuple[str, ...]) -> Problem:
@@ -37,17 +40,28 @@ def restrict(problem: Problem, devices: tuple[str, ...]) -> Problem:
     return Problem(graph=problem.graph, cluster=sub, costs=costs)
 
 
+def whatif_options(options: SolveOptions) -> SolveOptions:
+    """The plan's own options (so the rows compare like with like), with the short time limit
+    of a what-if row."""
+    return replace(options,
+                   time_limit_s=min(WHATIF_TIME_LIMIT_S, options.time_limit_s / WHATIF_PARTS))
+
+
 def whatif_table(
     problem: Problem,
     *,
     full: SolveResult | None = None,
-    time_limit_s: float = WHATIF_TIME_LIMIT_S,
-    **solve_options: Any,
+    options: SolveOptions | None = None,
+    **fields: Any,
 ) -> tuple[dict[str, Any], ...]:
     """One row per prefix of ``problem``'s devices, smallest first, each solved with
-    ``solve_options`` (``solver``, ``objective``, ``seed``, ... as ``autoplace.solve.solve``
-    takes them; the plan's own, so the rows compare like with like). ``full``, the result
+    ``options`` (``whatif_options`` of the plan's), or with ``SolveOptions`` fields given as
+    keywords (``time_limit_s`` defaults to ``WHATIF_TIME_LIMIT_S``). ``full``, the result
     already found for every device, stands in for the last row instead of solving it again."""
+    if options is None:
+        options = SolveOptions(**{"time_limit_s": WHATIF_TIME_LIMIT_S, **fields})
+    elif fields:
+        options = replace(options, **fields)
     names = problem.cluster.names
     rows = []
     for k in range(1, len(names) + 1):
@@ -57,8 +71,7 @@ def whatif_table(
             result, detail = full, "the plan"
         else:
             try:
-                result = solve(restrict(problem, devices), time_limit_s=time_limit_s,
-                               **solve_options)
+                result = solve(restrict(problem, devices), options=options)
                 detail = ""
             except AutoplaceError as exc:
                 rows.append({"devices": list(devices), "makespan_s": None,

@@ -1,0 +1,108 @@
+"""The baselines: every heuristic of ``HEURISTICS`` and the best single device, each scored by the
+simulator. They are the plans CP-SAT must beat, its hints, and the report's comparison rows.
+
+Read ``run_baselines`` (the public call) and ``run_within`` (the same within a ``Budget``:
+the heuristics still to run once the baselines' share of the time limit has passed, or after
+Ctrl-C, are skipped); then ``best_baseline``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from autoplace.ir import Problem, Schedule
+from autoplace.simulate import simulate
+from autoplace.solve.heuristics import single_device
+from autoplace.solve.options import Budget, SolveOptions
+from autoplace.solve.registry import HEURISTICS
+from autoplace.solve.stages import stage_order
+
+__all__ = ["Baselines", "best_baseline", "is_contiguous", "run_baselines", "run_within"]
+
+
+def is_contiguous(problem: Problem, device_of: Mapping[str, str]) -> bool:
+    """True when the devices' node sets form a chain of pipeline stages (``stage_order``): no
+    path leaves a device's node set and comes back to it, and no two devices feed each other,
+    so the stages can run one after another."""
+    return stage_order(problem, device_of) is not None
+
+
+def run_baselines(
+    problem: Problem, objective: str = "latency", contiguous: bool = False
+) -> tuple[dict[str, Schedule | None], str | None]:
+    """Every baseline, simulated; ``None`` where the heuristic could not respect memory (or,
+    with ``contiguous``, made a split that is not contiguous)."""
+    # Deterministic: no deadline, every heuristic runs.
+    options = SolveOptions(objective=objective, contiguous=contiguous, deterministic=True)
+    ran = run_within(problem, options, Budget(options))
+    return ran.schedules, ran.best_single
+
+
+@dataclass(frozen=True)
+class Baselines:
+    schedules: dict[str, Schedule | None]
+    best_single: str | None
+    skipped: tuple[str, ...] = ()  # not run: the deadline passed, or Ctrl-C
+    interrupted: bool = False
+
+
+def _single_devices(problem: Problem) -> dict[str, Schedule]:
+    """Every device that holds the whole model alone, with its simulated plan."""
+    singles: dict[str, Schedule] = {}
+    seen: set[tuple] = set()
+    for device in problem.cluster.devices:
+        key = (device.memory_bytes,
+               tuple(problem.costs.of(n.name, device.name) for n in problem.graph.nodes))
+        if key in seen:
+            continue  # devices with the same memory and costs give the same single-device plan
+        seen.add(key)
+        placement = single_device(problem, device.name)
+        if placement is not None:
+            schedule = simulate(problem, placement)
+            if schedule.feasible:
+                singles[device.name] = schedule
+    return singles
+
+
+def run_within(problem: Problem, options: SolveOptions, budget: Budget) -> Baselines:
+    """``run_baselines``, skipping the heuristics still to run once the baselines' deadline
+    (``Budget.baselines_deadline``) has passed or Ctrl-C was pressed."""
+    objective = options.objective
+    singles = _single_devices(problem)
+    best_single = min(singles, key=lambda d: singles[d].objective_s(objective), default=None)
+    baselines: dict[str, Schedule | None] = {
+        "single-device": singles[best_single] if best_single else None}
+    deadline = budget.baselines_deadline()
+    skipped: list[str] = []
+    interrupted = False
+    for name, heuristic in HEURISTICS.items():
+        if interrupted or budget.expired(deadline):
+            skipped.append(name)
+            continue
+        try:
+            budget.checkpoint("baseline")
+            placement = heuristic(problem, objective)
+            if placement is None or (options.contiguous
+                                     and not is_contiguous(problem, placement.device_of)):
+                baselines[name] = None
+            else:
+                baselines[name] = simulate(problem, placement)
+        except KeyboardInterrupt:
+            interrupted = True
+            skipped.append(name)
+    return Baselines(baselines, best_single, tuple(skipped), interrupted)
+
+
+def best_baseline(schedules: Mapping[str, Schedule | None],
+         objective: str) -> tuple[str, Schedule] | None:
+    """The feasible schedule with the lowest objective, and its name (ties: the first name in
+    sorted order)."""
+    feasible = [(s.objective_s(objective), name) for name, s in schedules.items()
+                if s is not None and s.feasible]
+    if not feasible:
+        return None
+    name = min(feasible)[1]
+    schedule = schedules[name]
+    assert schedule is not None
+    return name, schedule
