@@ -25,7 +25,7 @@ from autoplace.profile.cache import ProfileCache
 from autoplace.profile.inventory import HostInfo, Inventory, inventory, present_devices
 from autoplace.profile.ops import _time_in_situ, op_signature
 from autoplace.profile.timing import ClockTimer, CudaEventTimer, measure, timer_for
-from autoplace.report import validate_plan_dict
+from autoplace.formats.plan_check import validate_plan_dict
 from autoplace.trace import trace_model
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

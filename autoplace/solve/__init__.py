@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from autoplace.errors import AutoplaceError, InfeasibleError
-from autoplace.ir import Placement, Problem, Schedule
+from autoplace.ir import Placement, Problem, Schedule, optimality_gap
 from autoplace.simulate import simulate
 from autoplace.solve.baechi import m_etf, m_sct
 from autoplace.solve.bounds import check_memory, lower_bound_s
@@ -105,9 +105,7 @@ class SolveResult:
 
     @property
     def gap(self) -> float | None:
-        if self.objective_s <= 0:
-            return 0.0
-        return max(0.0, (self.objective_s - self.lower_bound_s) / self.objective_s)
+        return optimality_gap(self.objective_s, self.lower_bound_s)
 
 
 def get_solver(name: str) -> str:
