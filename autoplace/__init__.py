@@ -19,6 +19,7 @@ from autoplace.errors import (
     TraceError,
     VerificationError,
 )
+from autoplace.formats.plan import Plan
 from autoplace.ir import (
     Cluster,
     Costs,
@@ -31,7 +32,6 @@ from autoplace.ir import (
     Problem,
     Schedule,
 )
-from autoplace.formats.plan import Plan
 from autoplace.pipeline import plan, save
 from autoplace.simulate import simulate, validate
 

@@ -17,15 +17,14 @@ from typing import Any
 import torch
 
 import autoplace.report as report
-
 from autoplace.coarsen import DEFAULT_MAX_NODES, coarsen
 from autoplace.cost import costs as cost_nodes
 from autoplace.devices import parse_device_spec, resolve_cluster
 from autoplace.errors import AutoplaceError
-from autoplace.ir import Cluster, Problem
-from autoplace.loader import normalize_inputs
 from autoplace.formats.output import atomic_output_dir
 from autoplace.formats.plan import BaselineResult, Plan, SolverRecord, Verification
+from autoplace.ir import Cluster, Problem
+from autoplace.loader import normalize_inputs
 from autoplace.solve import DEFAULT_TIME_LIMIT_S, SolveResult, solve
 from autoplace.trace import TracedModel, trace_model
 from autoplace.whatif import WHATIF_TIME_LIMIT_S, whatif_table
