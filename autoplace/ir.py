@@ -396,3 +396,12 @@ def optimality_gap(value_s: float, lower_bound_s: float) -> float:
     if value_s <= 0:
         return 0.0
     return max(0.0, (value_s - lower_bound_s) / value_s)
+
+
+def slowest_delay_s(problem: Problem, edge: Edge) -> float:
+    """``edge``'s copy time over the slowest link between two distinct devices (0 with one
+    device): what a placement-independent model (the contiguous-split and ideal DPs) charges a
+    copy before it knows which devices the ends land on."""
+    names = problem.cluster.names
+    return max((problem.delay_s(edge, a, b) for a in names for b in names if a != b),
+               default=0.0)
