@@ -7,8 +7,7 @@ The pipeline, one module per stage: ``trace`` -> ``cost`` -> ``coarsen`` -> ``so
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
+from autoplace._version import __version__
 from autoplace.errors import (
     AutoplaceError,
     DeviceSpecError,
@@ -20,6 +19,7 @@ from autoplace.errors import (
     TraceError,
     VerificationError,
 )
+from autoplace.formats.plan import Plan
 from autoplace.ir import (
     Cluster,
     Costs,
@@ -32,8 +32,7 @@ from autoplace.ir import (
     Problem,
     Schedule,
 )
-from autoplace.pipeline import plan
-from autoplace.planfile import Plan
+from autoplace.pipeline import plan, save
 from autoplace.simulate import simulate, validate
 
 __all__ = [
@@ -59,6 +58,7 @@ __all__ = [
     "VerificationError",
     "__version__",
     "plan",
+    "save",
     "simulate",
     "validate",
 ]

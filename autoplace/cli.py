@@ -142,9 +142,9 @@ def _solve_options(p: argparse.ArgumentParser) -> None:
 
 def _cmd_solve(args: argparse.Namespace) -> int:
     from autoplace.devices import resolve_cluster
-    from autoplace.graphfile import load_graph_file
-    from autoplace.pipeline import solve_graph
-    from autoplace.planfile import check_writable
+    from autoplace.formats.graph import load_graph_file
+    from autoplace.formats.output import check_writable
+    from autoplace.pipeline import save, solve_graph
     from autoplace.report import print_summary
 
     began = time.perf_counter()
@@ -158,16 +158,16 @@ def _cmd_solve(args: argparse.Namespace) -> int:
     result = solve_graph(problem, objective=args.objective, contiguous=args.contiguous,
                          time_limit_s=args.time_limit, solver=args.solver, seed=args.seed,
                          deterministic=args.deterministic)
-    result.save(out)
-    print_summary(result.to_dict())
+    save(result, out)
+    print_summary(result)
     print(f"wrote {out}/plan.json and the report in {time.perf_counter() - began:.1f} s")
     return 0
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
+    from autoplace.formats.output import check_writable
     from autoplace.loader import load_model_file
-    from autoplace.pipeline import plan
-    from autoplace.planfile import check_writable
+    from autoplace.pipeline import plan, save
     from autoplace.report import print_summary
 
     began = time.perf_counter()
@@ -182,8 +182,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                   objective=args.objective, contiguous=args.contiguous,
                   deterministic=args.deterministic, profile=args.profile,
                   cache=_cache(args) if args.profile else None, progress=args.profile)
-    result.save(out)
-    print_summary(result.to_dict())
+    save(result, out)
+    print_summary(result)
     print(f"wrote {out}/plan.json, report.html, summary.md, summary.txt"
           + (", model/" if result.emitted is not None else "")
           + f" in {time.perf_counter() - began:.1f} s")
@@ -242,18 +242,20 @@ def _cmd_devices(args: argparse.Namespace) -> int:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from autoplace.errors import OutputError
-    from autoplace.report import print_summary, read_plan_file, write_report
+    from autoplace.formats.plan import plan_path, read_plan
+    from autoplace.report import print_summary, write_report
 
     # Checked against the schema first: a bad file is one clear paragraph, and nothing is
-    # written; write_report renders everything before it replaces any file.
-    plan_path, data = read_plan_file(args.plan_json)
+    # written; write_report renders everything, then replaces the three files together.
+    path = plan_path(args.plan_json)
+    planned = read_plan(path)
     try:
-        write_report(plan_path.parent, data)
+        write_report(path.parent, planned)
     except OSError as exc:
-        raise OutputError(f"cannot write the report next to {str(plan_path)!r}: {exc}; copy "
+        raise OutputError(f"cannot write the report next to {str(path)!r}: {exc}; copy "
                           "the plan file to a writable directory and run this there") from exc
-    print_summary(data)
-    print(f"wrote {plan_path.parent}/report.html, summary.md, summary.txt")
+    print_summary(planned)
+    print(f"wrote {path.parent}/report.html, summary.md, summary.txt")
     return 0
 
 

@@ -387,3 +387,21 @@ class Schedule:
     def objective_s(self, objective: str) -> float:
         """The schedule's value under ``objective`` (``latency`` or ``throughput``)."""
         return self.max_load_s if objective == "throughput" else self.makespan_s
+
+
+def optimality_gap(value_s: float, lower_bound_s: float) -> float:
+    """How far ``value_s`` (a plan's makespan or largest load) may be from the best possible:
+    ``(value - bound) / value``, at least 0; 0 for a plan that takes no time. The one formula
+    behind ``SolveResult.gap``, ``Plan.gap`` and the report."""
+    if value_s <= 0:
+        return 0.0
+    return max(0.0, (value_s - lower_bound_s) / value_s)
+
+
+def slowest_delay_s(problem: Problem, edge: Edge) -> float:
+    """``edge``'s copy time over the slowest link between two distinct devices (0 with one
+    device): what a placement-independent model (the contiguous-split and ideal DPs) charges a
+    copy before it knows which devices the ends land on."""
+    names = problem.cluster.names
+    return max((problem.delay_s(edge, a, b) for a in names for b in names if a != b),
+               default=0.0)

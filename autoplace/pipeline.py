@@ -1,29 +1,36 @@
 """The pipeline, wired: trace -> cost -> coarsen -> solve (simulating every candidate) -> emit ->
-verify. ``plan`` is the Python API behind ``autoplace plan``; it returns a ``Plan`` and writes
-nothing (``Plan.save`` does).
+verify -> report. ``plan`` is the Python API behind ``autoplace plan`` and ``solve_graph`` the one
+behind ``autoplace solve``; each returns a ``Plan`` and writes nothing. ``save`` writes a plan's
+output directory (``plan.json``, the report, the emitted model), all at once.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import json
+import os
 from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import torch
 
+import autoplace.report as report
 from autoplace.coarsen import DEFAULT_MAX_NODES, coarsen
 from autoplace.cost import costs as cost_nodes
 from autoplace.devices import parse_device_spec, resolve_cluster
-from autoplace.emit import emit_and_verify
+from autoplace.emit import emit_and_verify, save_model
 from autoplace.errors import AutoplaceError
+from autoplace.formats.output import atomic_output_dir
+from autoplace.formats.plan import BaselineResult, Plan, SolverRecord, Verification
 from autoplace.ir import Cluster, Problem
 from autoplace.loader import normalize_inputs
-from autoplace.planfile import BaselineResult, Plan
 from autoplace.solve import DEFAULT_TIME_LIMIT_S, SolveOptions, SolveResult, solve
 from autoplace.solve.whatif import whatif_options, whatif_table
 from autoplace.trace import trace_model
 
-__all__ = ["plan", "solve_graph"]
+__all__ = ["plan", "save", "solve_graph"]
 
 
 def plan(
@@ -107,10 +114,10 @@ def plan(
             traced, model, args, kwargs, problem=planned.problem, schedule=planned.schedule,
             device_of_op=planned.device_of_op, check_outputs=verify)
         notes += emit_notes
-        planned = Plan(**{**_fields(planned), "emitted": emitted,
-                          "verification": verification})
-    return Plan(**{**_fields(planned), "notes": tuple(notes), "whatif": scaling,
-                   "profile": profiled.to_dict() if profiled else None})
+        planned = replace(planned, emitted=emitted,
+                          verification=Verification.from_dict(verification))
+    return replace(planned, notes=tuple(notes), whatif=scaling,
+                   profile=profiled.to_dict() if profiled else None)
 
 
 def solve_graph(
@@ -123,7 +130,7 @@ def solve_graph(
     seed: int = 0,
     deterministic: bool = False,
 ) -> Plan:
-    """Place a task graph read with ``autoplace.graphfile`` (no model to trace or emit): the
+    """Place a task graph read with ``autoplace.formats.graph`` (no model to trace or emit): the
     Python API behind ``autoplace solve``."""
     options = SolveOptions(time_limit_s=time_limit_s, seed=seed, deterministic=deterministic,
                            objective=objective, contiguous=contiguous, solver=solver)
@@ -131,7 +138,7 @@ def solve_graph(
     planned = _plan_of(result, problem, name=problem.graph.name, tracer="graph",
                        coarsening={"traced_ops": len(problem.graph.nodes),
                                    "plan_nodes": len(problem.graph.nodes), "steps": []})
-    return Plan(**{**_fields(planned), "notes": tuple(result.notes)})
+    return replace(planned, notes=tuple(result.notes))
 
 
 def _plan_of(result: SolveResult, problem: Problem, *, name: str, tracer: str,
@@ -140,7 +147,7 @@ def _plan_of(result: SolveResult, problem: Problem, *, name: str, tracer: str,
         problem=problem,
         schedule=result.schedule,
         lower_bound_s=result.lower_bound_s,
-        solver=result.solver.to_dict(),
+        solver=SolverRecord.from_dict(result.solver.to_dict()),
         baselines={k: BaselineResult.of(v) for k, v in result.baselines.items()},
         best_single_device=result.best_single_device,
         model=name,
@@ -152,5 +159,18 @@ def _plan_of(result: SolveResult, problem: Problem, *, name: str, tracer: str,
     )
 
 
-def _fields(p: Plan) -> Mapping[str, Any]:
-    return {f: getattr(p, f) for f in p.__dataclass_fields__}
+def save(plan: Plan, directory: str | os.PathLike[str]) -> Path:
+    """Write ``plan.json``, the report (``report.html``, ``summary.md``, ``summary.txt``) and,
+    when the plan carries an emitted model, ``model/`` into ``directory``, atomically: into a
+    temporary directory beside it, renamed into place (an older one is replaced); on any
+    failure nothing is left behind. Returns the directory."""
+    data = plan.to_dict()
+
+    def write(tmp: Path) -> None:
+        (tmp / "plan.json").write_text(json.dumps(data, indent=1) + "\n")
+        report.write_report(tmp, plan)
+        if plan.emitted is not None:
+
+            save_model(plan.emitted, tmp / "model")
+
+    return atomic_output_dir(directory, write)

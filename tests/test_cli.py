@@ -12,9 +12,9 @@ import torch
 
 from autoplace.cli import main
 from autoplace.emit import load_model
+from autoplace.formats.plan import Plan
+from autoplace.formats.plan_check import validate_plan_dict
 from autoplace.loader import load_model_file
-from autoplace.planfile import Plan
-from autoplace.report import validate_plan_dict
 from autoplace.simulate import validate
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

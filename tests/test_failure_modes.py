@@ -328,8 +328,8 @@ def test_deterministic_runs_write_the_same_plan(command, tmp_path):
 @pytest.mark.parametrize("command", ["plan", "solve"])
 def test_ctrl_c_while_solving_writes_the_best_plan_so_far_marked_as_such(command, tmp_path,
                                                                          monkeypatch):
-    from autoplace.planfile import Plan
-    from autoplace.report import validate_plan_dict
+    from autoplace.formats.plan import Plan
+    from autoplace.formats.plan_check import validate_plan_dict
     from autoplace.simulate import validate
     from autoplace.solve import HEURISTICS
 

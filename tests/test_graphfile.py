@@ -9,7 +9,7 @@ import math
 import pytest
 
 from autoplace.errors import GraphError, InfeasibleError
-from autoplace.graphfile import load_graph_file, problem_from_dict
+from autoplace.formats.graph import load_graph_file, problem_from_dict
 from autoplace.pipeline import solve_graph
 from autoplace.simulate import validate
 
@@ -63,19 +63,31 @@ def test_solving_a_graph_file_gives_a_checked_plan():
      r"cycle: a -> b -> d -> a"),
     ({"edges": [{"src": "a", "dst": "zz", "bytes": 1}]}, r"unknown node 'zz'"),
     ({"nodes": [{"name": "a", "compute_s": {"G": -1}}], "edges": []},
-     r"compute_s\['G'\] must be.*>= 0"),
+     r"graph: nodes\[0\]\.compute_s\.G: -1 is less than the minimum of 0"),
+    ({"nodes": [{"name": "a", "compute_s": {"G": True}}], "edges": []},
+     r"nodes\[0\]\.compute_s\.G: True is not of type 'number', 'null'"),
+    ({"nodes": [{"name": "a", "compute_s": {"G": float("inf")}}], "edges": []},
+     r"nodes\[0\]\.compute_s\.G: inf is greater than the maximum"),
+    ({"edges": [{"src": "a", "dst": "b", "bytes": "4 KiB"}]},
+     r"edges\[0\]\.bytes: '4 KiB' is not of type 'number'"),
     ({"nodes": [{"name": "a", "compute_s": {"H": 1}}], "edges": []},
      r"'a' has no compute time for device"),
-    ({"nodes": [{"name": "a"}], "edges": []}, r"'a' needs \"compute_s\""),
+    ({"nodes": [{"name": "a"}], "edges": []}, r"nodes\[0\]: 'compute_s' is a required property"),
     ({"nodes": [{"name": "a", "compute_s": {"G": 1}, "pinned": "g9"}], "edges": []},
      r"'a' is pinned to unknown device 'g9'"),
     ({"nodes": [{"name": "a", "compute_s": {"G": 1}, "memroy_bytes": 1}], "edges": []},
-     r"unknown keys"),
-    ({"devices": []}, r"at least one device"),
+     r"nodes\[0\]: Additional properties are not allowed \('memroy_bytes' was unexpected\)"),
+    ({"default_link": {"bandwidth_bytes_per_s": 0}},
+     r"default_link\.bandwidth_bytes_per_s: 0 is less than or equal to the minimum of 0"),
+    ({"nodes": [{"name": "a", "compute_s": {"G": 1}}, {"name": "a", "compute_s": {"G": 1}}],
+      "edges": []}, r"node name 'a' appears twice"),
+    ({"devices": []}, r"devices: \[\] should be non-empty"),
+    ({"nodes": []}, r"nodes: \[\] should be non-empty"),
+    ([1, 2], r"the top level: \[1, 2\] is not of type 'object'"),
 ])
 def test_bad_graphs_are_named(change, message):
     with pytest.raises(GraphError, match=message):
-        problem_from_dict(_with(**change))
+        problem_from_dict(_with(**change) if isinstance(change, dict) else change)
 
 
 def test_a_node_no_device_can_hold_is_named():

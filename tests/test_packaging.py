@@ -23,7 +23,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA_FILES = (
-    "autoplace/schema/plan.schema.json",
+    "autoplace/formats/plan.schema.json",
+    "autoplace/formats/graph.schema.json",
     "autoplace/templates/report.html.j2",
     "autoplace/templates/report.css",
     "autoplace/templates/report.js",

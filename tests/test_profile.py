@@ -19,13 +19,13 @@ from torch import nn
 
 from autoplace.cli import main
 from autoplace.devices import parse_device_spec
+from autoplace.formats.plan_check import validate_plan_dict
 from autoplace.pipeline import plan
 from autoplace.profile import open_cache, profile_model
 from autoplace.profile.cache import ProfileCache
 from autoplace.profile.inventory import HostInfo, Inventory, inventory, present_devices
 from autoplace.profile.ops import _time_in_situ, op_signature
 from autoplace.profile.timing import ClockTimer, CudaEventTimer, measure, timer_for
-from autoplace.report import validate_plan_dict
 from autoplace.trace import trace_model
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

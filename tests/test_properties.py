@@ -312,7 +312,7 @@ def test_random_modules_planned_end_to_end_verify(model_x):
     model, x = model_x
     plan = autoplace.plan(model, (x,), devices="2xA100-40GB,1xT4-16GB", time_limit_s=1,
                           whatif=False, deterministic=True)
-    assert plan.verification["status"] == "passed"
+    assert plan.verification.status == "passed"
     assert validate(plan.problem, plan.schedule) == []
     with torch.no_grad():
         torch.testing.assert_close(plan.emitted(x), model(x))

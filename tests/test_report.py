@@ -22,14 +22,14 @@ from typing import Any
 
 import pytest
 
+from autoplace.formats.plan import Plan
+from autoplace.formats.plan_check import load_schema, validate_plan_dict
 from autoplace.report import (
     format_bytes,
     format_seconds,
-    load_schema,
     overview,
     render_html,
     summary_text,
-    validate_plan_dict,
 )
 from autoplace.report.page import plotly_js
 
@@ -119,7 +119,7 @@ def make_plan() -> dict[str, Any]:
             "time_limit_s": 30.0,
         },
         "baselines": {
-            "single:cuda:0": {
+            "single-device": {
                 "makespan_s": 5.8e-3,
                 "feasible": True,
                 "peak_bytes": {"cuda:0": 1300 * MIB, "cuda:1": 0},
@@ -153,6 +153,11 @@ def make_plan() -> dict[str, Any]:
         "created": "2024-06-01T12:00:00+00:00",
         "autoplace_version": "0.1.0",
     }
+
+
+def as_plan(data: dict[str, Any]) -> Plan:
+    """The hand-built plan dictionary as the ``Plan`` the report renders."""
+    return Plan.from_dict(data)
 
 
 class _Tree(HTMLParser):
@@ -291,7 +296,7 @@ def figures(page: str) -> dict[str, dict[str, Any]]:
 
 
 def test_page_has_the_sections_and_charts_by_id() -> None:
-    page = render_html(make_plan())
+    page = render_html(as_plan(make_plan()))
     tree = parse(page)
     for element_id in ("summary", "timeline", "memory", "memory-peak", "comparison",
                        "baselines", "modules", "devices"):
@@ -301,7 +306,7 @@ def test_page_has_the_sections_and_charts_by_id() -> None:
 
 def test_timeline_has_one_bar_per_node_a_lane_per_device_and_the_transfer() -> None:
     plan = make_plan()
-    fig = figures(render_html(plan))["timeline"]
+    fig = figures(render_html(as_plan(plan)))["timeline"]
     bars = [t for t in fig["data"] if t["type"] == "bar"]
     assert [t["name"] for t in bars] == ["cuda:0", "cuda:1"]
     assert sum(len(t["base"]) for t in bars) == len(plan["nodes"])
@@ -318,7 +323,7 @@ def test_timeline_has_one_bar_per_node_a_lane_per_device_and_the_transfer() -> N
 
 
 def test_parallel_branches_overlap_in_time_on_different_lanes() -> None:
-    fig = figures(render_html(make_plan()))["timeline"]
+    fig = figures(render_html(as_plan(make_plan())))["timeline"]
     start = {}
     for t in fig["data"]:
         if t["type"] == "bar":
@@ -329,7 +334,7 @@ def test_parallel_branches_overlap_in_time_on_different_lanes() -> None:
 
 
 def test_critical_path_is_highlighted_on_the_timeline() -> None:
-    fig = figures(render_html(make_plan()))["timeline"]
+    fig = figures(render_html(as_plan(make_plan())))["timeline"]
     edged = {}
     for t in fig["data"]:
         if t["type"] == "bar":
@@ -340,7 +345,7 @@ def test_critical_path_is_highlighted_on_the_timeline() -> None:
 
 
 def test_page_is_self_contained() -> None:
-    page = render_html(make_plan())
+    page = render_html(as_plan(make_plan()))
     tree = parse(page)
     scripts = tree.find(tag="script")
     assert scripts and not [e for e in scripts if "src" in e["attrs"]]
@@ -359,7 +364,7 @@ def test_text_from_the_plan_is_escaped() -> None:
         if e["src"] == "b1":
             e["src"] = plan["nodes"][1]["name"]
     plan["model"] = 'x"><script>alert(1)</script>'
-    page = render_html(plan)
+    page = render_html(as_plan(plan))
     assert "<evil>" not in page and "alert(1)</script>" not in page
     assert "alert(2)</script>" not in page
     tree = parse(page)
@@ -375,21 +380,21 @@ def test_text_from_the_plan_is_escaped() -> None:
 
 def test_baselines_table_has_a_row_per_baseline_and_the_plan() -> None:
     plan = make_plan()
-    page = render_html(plan)
+    page = render_html(as_plan(plan))
     tree = parse(page)
     rows = tree.find(tag="tr", within_id="baselines")
     body_rows = [r for r in rows if not any(a["tag"] == "thead" for a in r["ancestors"])]
     assert len(body_rows) == len(plan["baselines"]) + 1
     text = " ".join(r["text"] for r in body_rows)
-    assert "1.45×" in text  # single:cuda:0, 5.8 ms against the plan's 4.0 ms
+    assert "1.45×" in text  # single-device, 5.8 ms against the plan's 4.0 ms
     comparison = figures(page)["comparison"]
     makespans = comparison["data"][0]
     # greedy_memory could not be scheduled: only the plan and two baselines have a bar.
-    assert makespans["y"] == ["autoplace plan", "single:cuda:0", "round_robin"]
+    assert makespans["y"] == ["autoplace plan", "single-device", "round_robin"]
 
 
 def test_summary_gives_speedup_over_each_baseline_bound_gap_and_costs() -> None:
-    tree = parse(render_html(make_plan()))
+    tree = parse(render_html(as_plan(make_plan())))
     summary = tree.by_id("summary")["text"]
     assert "1.45×" in summary and "round_robin 1.53×" in summary
     assert "3.60 ms" in summary and "gap 10.0%" in summary
@@ -401,13 +406,13 @@ def test_cost_sources_are_counted_and_default_to_analytic() -> None:
     plan = make_plan()
     plan["nodes"][0]["cost_source"] = "measured"
     del plan["nodes"][1]["cost_source"]
-    assert overview(plan).costs_text == "3 analytic, 1 measured"
+    assert overview(as_plan(plan)).costs_text == "3 analytic, 1 measured"
     plan["nodes"][0]["cost_source"] = "analytic"
-    assert overview(plan).costs_text == "analytic"
+    assert overview(as_plan(plan)).costs_text == "analytic"
 
 
 def test_memory_chart_has_a_curve_and_a_capacity_line_per_device() -> None:
-    fig = figures(render_html(make_plan()))["memory"]
+    fig = figures(render_html(as_plan(make_plan())))["memory"]
     curves = [t for t in fig["data"] if not t["name"].endswith("capacity")]
     caps = [t for t in fig["data"] if t["name"].endswith("capacity")]
     assert [t["name"] for t in curves] == ["cuda:0", "cuda:1"]
@@ -422,7 +427,7 @@ def test_memory_chart_has_a_curve_and_a_capacity_line_per_device() -> None:
 
 def test_solver_progress_is_charted_when_recorded_and_noted_when_not() -> None:
     plan = make_plan()
-    page = render_html(plan)
+    page = render_html(as_plan(plan))
     assert "progress" not in figures(page)
     assert parse(page).by_id("progress-missing")["text"] == "solver progress not recorded"
     plan["solver"]["progress"] = [
@@ -430,7 +435,7 @@ def test_solver_progress_is_charted_when_recorded_and_noted_when_not() -> None:
         {"t_s": 0.05, "objective_s": 4.4e-3, "bound_s": 3.4e-3},
         {"t_s": 0.30, "objective_s": 4.0e-3, "bound_s": 3.6e-3},
     ]
-    fig = figures(render_html(plan))["progress"]
+    fig = figures(render_html(as_plan(plan)))["progress"]
     by_name = {t["name"]: t for t in fig["data"]}
     assert by_name["best solution"]["y"][:2] == pytest.approx([4.4, 4.0])  # ms
     assert by_name["proven bound"]["y"][:3] == pytest.approx([3.0, 3.4, 3.6])
@@ -439,14 +444,14 @@ def test_solver_progress_is_charted_when_recorded_and_noted_when_not() -> None:
 
 def test_whatif_table_lists_every_device_count() -> None:
     plan = make_plan()
-    assert parse(render_html(plan)).by_id("whatif-missing")
+    assert parse(render_html(as_plan(plan))).by_id("whatif-missing")
     plan["whatif"] = [
         {"devices": ["cuda:0"], "makespan_s": 5.8e-3, "status": "OPTIMAL", "detail": ""},
         {"devices": ["cuda:0", "cuda:1"], "makespan_s": 4.0e-3, "status": "OPTIMAL",
          "detail": "the plan"},
     ]
     validate_plan_dict(plan)
-    tree = parse(render_html(plan))
+    tree = parse(render_html(as_plan(plan)))
     rows = [r["text"] for r in tree.find(tag="tr", within_id="whatif")][1:]
     assert len(rows) == 2
     assert "5.80 ms" in rows[0] and "1.00x" in rows[0]
@@ -461,13 +466,13 @@ def test_whatif_row_that_does_not_fit_says_so() -> None:
         {"devices": ["cuda:0", "cuda:1"], "makespan_s": 4.0e-3, "status": "OPTIMAL"},
     ]
     validate_plan_dict(plan)
-    rows = [r["text"] for r in parse(render_html(plan)).find(tag="tr", within_id="whatif")]
+    rows = [r["text"] for r in parse(render_html(as_plan(plan))).find(tag="tr", within_id="whatif")]
     assert "does not fit" in rows[1] and "needs 41.2 GiB" in rows[1]
     assert "n/a" in rows[2]  # no speed-up over a row that has no makespan
 
 
 def test_module_tree_rolls_time_and_bytes_up_and_is_searchable() -> None:
-    page = render_html(make_plan())
+    page = render_html(as_plan(make_plan()))
     tree = parse(page)
     assert tree.by_id("module-search")["tag"] == "input"
     rows = [r for r in tree.find(tag="tr", within_id="modules") if "data-key" in r["attrs"]]
@@ -488,12 +493,12 @@ def test_page_renders_without_optional_fields() -> None:
     plan["best_single_device"] = {"device": None, "makespan_s": None}
     plan["speedup_over_single"] = None
     plan["solver"]["gap"] = None
-    page = render_html(plan)
+    page = render_html(as_plan(plan))
     parse(page).by_id("timeline")
     # Without a stored timeline the memory curve comes from re-simulating the placement.
     curve = figures(page)["memory"]["data"][0]
     assert len(curve["y"]) > 2
-    assert "n/a" in summary_text(plan)
+    assert "n/a" in summary_text(as_plan(plan))
 
 
 def test_page_for_200_nodes_stays_small() -> None:
@@ -514,7 +519,7 @@ def test_page_for_200_nodes_stays_small() -> None:
     plan["transfers"] = []
     plan["makespan_s"] = 100 * 1e-4
     plan["memory"]["cuda:0"]["timeline"] = [[i * 1e-5, 2**30 + i * 4096] for i in range(1000)]
-    page = render_html(plan)
+    page = render_html(as_plan(plan))
     assert len(page.encode("utf-8")) - len(plotly_js().encode("utf-8")) < 1_000_000
     bars = [t for t in figures(page)["timeline"]["data"] if t["type"] == "bar"]
     assert sum(len(t["base"]) for t in bars) == 200
@@ -533,12 +538,12 @@ def test_vendored_plotly_matches_the_python_package() -> None:
 
 
 def test_summary_mentions_makespan_devices_baselines_and_verification() -> None:
-    text = summary_text(make_plan())
+    text = summary_text(as_plan(make_plan()))
     assert "makespan" in text and "4.00 ms" in text
     assert "cuda:0" in text and "cuda:1" in text
     assert "1.45x" in text
     assert "780 MiB / 40.0 GiB" in text
-    for name in ("single:cuda:0", "round_robin", "greedy_memory"):
+    for name in ("single-device", "round_robin", "greedy_memory"):
         assert name in text
     assert "passed" in text
 

@@ -14,7 +14,7 @@ import json
 import os
 
 import pytest
-from test_report import make_plan
+from test_report import as_plan, make_plan
 
 from autoplace.report import (
     critical_path,
@@ -28,7 +28,7 @@ from autoplace.report import page as page_module
 
 
 def test_critical_path_follows_the_transfer_merge_waited_for() -> None:
-    path = critical_path(make_plan())
+    path = critical_path(as_plan(make_plan()))
     assert [(s.kind, s.name) for s in path] == [
         ("node", "b1"), ("transfer", "b1"), ("node", "merge"), ("node", "head")]
     assert path[1].src_device == "cuda:1" and path[1].dst_device == "cuda:0"
@@ -39,7 +39,7 @@ def test_critical_path_follows_the_device_when_a_node_waits_for_its_lane() -> No
     # head runs after merge on cuda:0 but reads nothing from it: it waited for the device.
     plan = make_plan()
     plan["edges"] = [e for e in plan["edges"] if e["dst"] != "head"]
-    assert [s.name for s in critical_path(plan)][-2:] == ["merge", "head"]
+    assert [s.name for s in critical_path(as_plan(plan))][-2:] == ["merge", "head"]
 
 
 def test_critical_path_of_one_chain_is_every_node() -> None:
@@ -53,12 +53,12 @@ def test_critical_path_of_one_chain_is_every_node() -> None:
     plan["makespan_s"] = t
     plan["transfers"] = []
     plan["edges"].append({"src": "a1", "dst": "b1", "bytes": 1})
-    assert [s.name for s in critical_path(plan)] == ["a1", "b1", "merge", "head"]
+    assert [s.name for s in critical_path(as_plan(plan))] == ["a1", "b1", "merge", "head"]
 
 
 def test_overview_compares_against_every_baseline() -> None:
-    ov = overview(make_plan())
-    assert [c.name for c in ov.comparisons] == ["single:cuda:0", "round_robin", "greedy_memory"]
+    ov = overview(as_plan(make_plan()))
+    assert [c.name for c in ov.comparisons] == ["single-device", "round_robin", "greedy_memory"]
     assert ov.comparisons[0].speedup == pytest.approx(1.45)
     assert ov.comparisons[2].speedup is None and not ov.comparisons[2].feasible
     assert ov.gap == pytest.approx(0.1)
@@ -69,29 +69,30 @@ def test_overview_compares_against_every_baseline() -> None:
 def test_overview_of_a_throughput_plan_compares_loads() -> None:
     plan = make_plan()
     plan["objective"] = "throughput"
-    plan["max_load_s"] = 3.0e-3
-    for name, load in (("single:cuda:0", 5.8e-3), ("round_robin", 3.3e-3)):
+    plan["loads"] = {"cuda:0": 3.0e-3, "cuda:1": 2.7e-3}  # the plan's value is the largest
+    for name, load in (("single-device", 5.8e-3), ("round_robin", 3.3e-3)):
         plan["baselines"][name]["max_load_s"] = load
-    ov = overview(plan)
+    ov = overview(as_plan(plan))
     assert ov.value_label == "largest device load" and ov.value_s == 3.0e-3
     assert ov.comparisons[0].name == "round_robin"
     assert ov.comparisons[0].speedup == pytest.approx(1.1)
-    assert "largest device load" in summary_text(plan)
+    assert "largest device load" in summary_text(as_plan(plan))
     plan["whatif"] = [
         {"devices": ["cuda:0"], "makespan_s": 5.8e-3, "objective_s": 5.8e-3, "status": "OPTIMAL"},
         {"devices": ["cuda:0", "cuda:1"], "makespan_s": 4.0e-3, "objective_s": 3.0e-3,
          "status": "OPTIMAL"}]
-    rows = overview(plan).whatif
+    rows = overview(as_plan(plan)).whatif
     assert [r.value_s for r in rows] == [5.8e-3, 3.0e-3]
     assert rows[1].speedup_over_first == pytest.approx(5.8 / 3.0)
-    assert "| 2: cuda:0, cuda:1 | 3.00 ms | 1.93x | OPTIMAL |" in render_markdown(plan)
+    assert "| 2: cuda:0, cuda:1 | 3.00 ms | 1.93x | OPTIMAL |" in render_markdown(as_plan(plan))
 
 
 def test_module_tree_is_preorder_in_execution_order_with_rollups() -> None:
     plan = make_plan()
     plan["nodes"][0]["module"] = "branch_a.0"
     plan["nodes"][1]["module"] = "branch_b.0"
-    rows = module_tree(plan)
+    planned = as_plan(plan)
+    rows = module_tree(planned, critical_path(planned))
     assert [(r.depth, r.label) for r in rows] == [
         (0, "TwoBranch"),
         (1, "branch_a"), (2, "0"), (3, "a1"),
@@ -115,10 +116,10 @@ def test_markdown_summary_has_the_tables_and_escapes_pipes() -> None:
     plan["whatif"] = [{"devices": ["cuda:0"], "makespan_s": 5.8e-3, "status": "OPTIMAL"},
                       {"devices": ["cuda:0", "cuda:1"], "makespan_s": 4.0e-3,
                        "status": "OPTIMAL", "detail": "the plan"}]
-    md = render_markdown(plan)
+    md = render_markdown(as_plan(plan))
     assert md.startswith("### autoplace plan for `a\\|b`")
     assert "| **makespan** | **4.00 ms** |" in md
-    assert "| single:cuda:0 | 5.80 ms | 1.45x | yes |" in md
+    assert "| single-device | 5.80 ms | 1.45x | yes |" in md
     assert "| greedy_memory | not scheduled | n/a | no |" in md
     assert "| cuda:0 | A100-40GB | 780 MiB / 40.0 GiB (1.9%) | 768 MiB |" in md
     assert "| 2: cuda:0, cuda:1 | 4.00 ms | 1.45x | OPTIMAL (the plan) |" in md
@@ -132,24 +133,54 @@ def test_markdown_summary_has_the_tables_and_escapes_pipes() -> None:
 
 def test_write_report_writes_three_files_or_none(tmp_path, monkeypatch) -> None:
     plan = make_plan()
-    written = write_report(tmp_path, plan)
+    written = write_report(tmp_path, as_plan(plan))
     assert sorted(p.name for p in written) == ["report.html", "summary.md", "summary.txt"]
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     assert "4.00 ms" in before["summary.txt"].decode()
 
-    def broken(plan):
+    def broken(*args):
         raise RuntimeError("template bug")
 
     monkeypatch.setattr(page_module, "render_markdown", broken)
     plan["model"] = "Changed"
     with pytest.raises(RuntimeError, match="template bug"):
-        write_report(tmp_path, plan)
+        write_report(tmp_path, as_plan(plan))
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # nothing half-new
     assert all(oct(os.stat(p).st_mode)[-3:] != "600" for p in tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("exc", [OSError, KeyboardInterrupt])
+def test_a_failure_while_replacing_the_files_puts_the_old_ones_back(tmp_path, monkeypatch,
+                                                                    exc) -> None:
+    # `autoplace report` rewrites the three files of an existing output directory: a failure
+    # after the first is replaced (a full disk, Ctrl-C) must not leave a mix of old and new.
+    from autoplace.formats import output
+
+    write_report(tmp_path, as_plan(make_plan()))
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    real_replace = output.os.replace
+    calls = []
+
+    def replace_then_fail(src, dst):
+        calls.append(dst)
+        if len(calls) == 4:  # old report.html out, new one in, old summary.md out, then this
+            raise exc("injected")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(output.os, "replace", replace_then_fail)
+    plan = make_plan()
+    plan["model"] = "Changed"
+    with pytest.raises(exc, match="injected"):
+        write_report(tmp_path, as_plan(plan))
+    monkeypatch.setattr(output.os, "replace", real_replace)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    # Without the failure the same call replaces all three.
+    write_report(tmp_path, as_plan(plan))
+    assert all("Changed" in (tmp_path / name).read_text() for name in before)
+
+
 def test_plan_json_round_trip_keeps_whatif(tmp_path) -> None:
-    from autoplace.planfile import Plan
+    from autoplace.formats.plan import Plan
 
     plan = make_plan()
     plan["outputs"] = ["head"]

@@ -36,7 +36,7 @@ def reports(tmp_path_factory) -> dict[str, Path]:
         plan = autoplace.plan(loaded.model, loaded.kwargs or loaded.args,
                               devices="2xA100-40GB,1xT4", time_limit_s=1, emit=False,
                               name=loaded.name)
-        out[name] = plan.save(tmp_path_factory.mktemp(name) / "out") / "report.html"
+        out[name] = autoplace.save(plan, tmp_path_factory.mktemp(name) / "out") / "report.html"
     return out
 
 

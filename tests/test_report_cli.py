@@ -50,7 +50,7 @@ def _bad_files(tmp: Path) -> dict[str, tuple[Path, str]]:
     cases: dict[str, tuple[Path, str]] = {"missing": (tmp / "nothere" / "plan.json",
                                                       "no plan file at")}
     (tmp / "notjson.json").write_text("{not json")
-    cases["not json"] = (tmp / "notjson.json", "is not JSON")
+    cases["not json"] = (tmp / "notjson.json", "is not valid JSON")
     (tmp / "list.json").write_text("[1, 2]")
     cases["a list"] = (tmp / "list.json", "not a plan object")
     no_makespan = dict(good)

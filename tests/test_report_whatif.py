@@ -15,7 +15,7 @@ import torch
 import zoo
 
 import autoplace
-from autoplace.report import validate_plan_dict
+from autoplace.formats.plan_check import validate_plan_dict
 from autoplace.solve import solve
 from autoplace.solve.whatif import restrict, whatif_table
 
@@ -52,7 +52,7 @@ def test_plan_records_the_whatif_rows(tmp_path) -> None:
     plan = autoplace.plan(model, (torch.randn(2, 8),), devices="2xA100-40GB,1xT4",
                           time_limit_s=2, emit=False)
     assert [len(r["devices"]) for r in plan.whatif] == [1, 2, 3]
-    plan.save(tmp_path / "out")
+    autoplace.save(plan, tmp_path / "out")
     data = json.loads((tmp_path / "out" / "plan.json").read_text())
     validate_plan_dict(data)
     assert data["whatif"][-1]["makespan_s"] == data["makespan_s"]

@@ -1,13 +1,14 @@
-"""What a report says, worked out from the plan dictionary alone: the numbers behind every
-chart and table, before any of them is drawn.
+"""What a report says, worked out from a ``Plan`` alone: the numbers behind every chart and
+table, before any of them is drawn. What the plan already derives (its value, gap, speed-ups,
+each baseline's result) is read from it, not worked out again.
 
 Read in this order:
 
 * ``overview``: the summary facts (speed-ups over the best single device and over each baseline,
-  gap, solver, which costs were used, what-if rows), the one object that the HTML page, the
-  markdown summary and the terminal summary all render.
+  gap, solver, which costs were used, what-if rows, the critical path), the one object that the
+  HTML page, the markdown summary and the terminal summary all render.
 * ``critical_path``: the chain of nodes and transfers that sets the makespan, walked back from
-  the last node to finish.
+  the last node to finish; computed once, by ``overview``.
 * ``memory_timelines``: bytes in use per device over time.
 * ``module_tree``: time and bytes per module, rolled up from the nodes, in execution order.
 """
@@ -19,6 +20,10 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from autoplace.formats.plan import BaselineResult, Plan, SolverRecord, Verification
+from autoplace.ir import Device, OpNode, Transfer
+from autoplace.simulate import simulate
 
 __all__ = [
     "Comparison",
@@ -32,20 +37,28 @@ __all__ = [
     "overview",
 ]
 
-Plan = Mapping[str, Any]
-
 
 @dataclass(frozen=True)
 class Comparison:
     """A baseline next to the plan: ``speedup`` is how many times better the plan is under its
-    objective (the baseline's ``value_s`` over the plan's)."""
+    objective (``Plan.speedup_over``), ``value_s`` the baseline's value under it."""
 
     name: str
-    makespan_s: float | None
+    baseline: BaselineResult
     value_s: float | None
-    feasible: bool
     speedup: float | None
-    peak_bytes: Mapping[str, int]
+
+    @property
+    def makespan_s(self) -> float | None:
+        return self.baseline.makespan_s
+
+    @property
+    def feasible(self) -> bool:
+        return self.baseline.feasible
+
+    @property
+    def peak_bytes(self) -> Mapping[str, int]:
+        return self.baseline.peak_bytes
 
 
 @dataclass(frozen=True)
@@ -70,7 +83,7 @@ class Overview:
     objective: str
     value_label: str  # what the objective measures: "makespan" or "largest device load"
     value_s: float  # the plan's value under its objective
-    devices: tuple[Mapping[str, Any], ...]
+    devices: tuple[Device, ...]
     device_counts: tuple[tuple[str, int], ...]
     makespan_s: float
     best_single_device: str | None
@@ -79,10 +92,10 @@ class Overview:
     comparisons: tuple[Comparison, ...]
     lower_bound_s: float
     gap: float | None
-    solver: Mapping[str, Any]
+    solver: SolverRecord
     cost_sources: tuple[tuple[str, int], ...]
     memory: tuple[Mapping[str, Any], ...]
-    verification: Mapping[str, Any] | None
+    verification: Verification | None
     whatif: tuple[WhatIfRow, ...] | None
     critical_path: tuple[PathStep, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)
@@ -115,75 +128,58 @@ class Overview:
 
 
 def overview(plan: Plan) -> Overview:
-    makespan = plan["makespan_s"]
-    # A throughput plan minimises its busiest device's load; everything else, the makespan.
-    key = "max_load_s" if plan["objective"] == "throughput" and "max_load_s" in plan \
-        else "makespan_s"
-    value = plan[key]
-    best = plan.get("best_single_device") or {}
-    single = plan.get("baselines", {}).get("single-device") or {}
-    comparisons = []
-    for name, b in sorted(plan.get("baselines", {}).items(),
-                          key=lambda item: _baseline_key(item, key)):
-        b_value = b.get(key)
-        comparisons.append(Comparison(
-            name=name, makespan_s=b.get("makespan_s"), value_s=b_value,
-            feasible=bool(b.get("feasible", False)),
-            speedup=b_value / value if b_value is not None and value > 0 else None,
-            peak_bytes=dict(b.get("peak_bytes", {}))))
-    memory = []
-    for d in plan["devices"]:
-        mem = plan.get("memory", {}).get(d["name"], {})
-        peak = int(mem.get("peak_bytes", 0))
-        cap = int(mem.get("capacity_bytes", d["memory_bytes"]))
-        memory.append({"device": d["name"], "type": d["type"], "peak_bytes": peak,
-                       "capacity_bytes": cap, "resident_bytes": int(mem.get("resident_bytes", 0)),
-                       "fraction": peak / cap if cap else math.inf, "over": peak > cap})
-    kinds = Counter(d["type"] for d in plan["devices"])
+    objective = plan.objective
+    single = plan.single_device
+    comparisons = sorted(
+        (Comparison(name=name, baseline=b, value_s=b.objective_s(objective),
+                    speedup=plan.speedup_over(b)) for name, b in plan.baselines.items()),
+        key=lambda c: (math.inf if c.value_s is None else c.value_s, c.name))
+    devices = plan.problem.cluster.devices
+    device_of = plan.schedule.placement.device_of
+    sources = Counter(plan.problem.costs.source_of(n.name, device_of[n.name])
+                      for n in plan.problem.graph.nodes)
     return Overview(
-        model=plan["model"], objective=plan["objective"],
-        value_label="largest device load" if key == "max_load_s" else "makespan",
-        value_s=value, devices=tuple(plan["devices"]),
-        device_counts=tuple(kinds.items()), makespan_s=makespan,
-        best_single_device=best.get("device"),
-        best_single_s=single.get(key, best.get("makespan_s")),
-        speedup_over_single=plan.get("speedup_over_single"), comparisons=tuple(comparisons),
-        lower_bound_s=plan["lower_bound_s"], gap=_gap(plan, value), solver=plan["solver"],
-        cost_sources=tuple(sorted(
-            Counter(n.get("cost_source", "analytic") for n in plan["nodes"]).items(),
-            key=lambda kv: (-kv[1], kv[0]))),
+        model=plan.model, objective=objective,
+        # A throughput plan minimises its busiest device's load; everything else, the makespan.
+        value_label="largest device load" if objective == "throughput" else "makespan",
+        value_s=plan.objective_s, devices=devices,
+        device_counts=tuple(Counter(d.type for d in devices).items()),
+        makespan_s=plan.makespan_s, best_single_device=plan.best_single_device,
+        best_single_s=single.objective_s(objective) if single is not None else None,
+        speedup_over_single=plan.speedup_over_single, comparisons=tuple(comparisons),
+        lower_bound_s=plan.lower_bound_s, gap=plan.gap, solver=plan.solver,
+        cost_sources=tuple(sorted(sources.items(), key=lambda kv: (-kv[1], kv[0]))),
         profiled_devices=tuple(dp["device"] for dp in
-                               (plan.get("profile") or {}).get("devices", ())),
-        memory=tuple(memory), verification=plan.get("verification"),
-        whatif=_whatif_rows(plan, key), critical_path=tuple(critical_path(plan)),
-        notes=tuple(plan.get("notes", ())),
+                               (plan.profile or {}).get("devices", ())),
+        memory=_memory_rows(plan), verification=plan.verification,
+        whatif=_whatif_rows(plan), critical_path=tuple(critical_path(plan)),
+        notes=plan.notes,
     )
 
 
-def _gap(plan: Plan, value_s: float) -> float | None:
-    gap = plan["solver"].get("gap")
-    if gap is not None:
-        return float(gap)
-    # Derivable from the top-level numbers when the solver did not report one (e.g. a fallback).
-    bound = plan["lower_bound_s"]
-    return max(0.0, (value_s - bound) / value_s) if value_s > 0 else None
+def _memory_rows(plan: Plan) -> tuple[dict[str, Any], ...]:
+    s = plan.schedule
+    rows = []
+    for d in plan.problem.cluster.devices:
+        peak, cap = int(s.peak_bytes.get(d.name, 0)), d.memory_bytes
+        rows.append({"device": d.name, "type": d.type, "peak_bytes": peak, "capacity_bytes": cap,
+                     "resident_bytes": int(s.resident_bytes.get(d.name, 0)),
+                     "fraction": peak / cap if cap else math.inf, "over": peak > cap})
+    return tuple(rows)
 
 
-def _baseline_key(item: tuple[str, Mapping[str, Any]], key: str) -> tuple[float, str]:
-    value = item[1].get(key)
-    return (math.inf if value is None else value, item[0])
-
-
-def _whatif_rows(plan: Plan, key: str) -> tuple[WhatIfRow, ...] | None:
-    rows = plan.get("whatif")
+def _whatif_rows(plan: Plan) -> tuple[WhatIfRow, ...] | None:
+    rows = plan.whatif
     if rows is None:
         return None
-    types = {d["name"]: d["type"] for d in plan["devices"]}
-    all_devices = [d["name"] for d in plan["devices"]]
+    cluster = plan.problem.cluster
+    types = {d.name: d.type for d in cluster.devices}
+    all_devices = list(cluster.names)
 
     def value(row: Mapping[str, Any]) -> float | None:
-        return row.get("objective_s", row.get("makespan_s")) if key != "makespan_s" \
-            else row.get("makespan_s")
+        if plan.objective != "throughput":
+            return row.get("makespan_s")
+        return row.get("objective_s", row.get("makespan_s"))
 
     first = value(rows[0]) if rows else None
     out = []
@@ -224,52 +220,55 @@ def critical_path(plan: Plan) -> list[PathStep]:
     node starts at time zero gives a chain whose durations, plus any idle gaps between them,
     add up to the makespan: shortening anything off the chain cannot shorten the plan.
     """
-    nodes = {n["name"]: n for n in plan["nodes"]}
-    if not nodes:
+    graph, s = plan.problem.graph, plan.schedule
+    if not graph.nodes:
         return []
-    preds: dict[str, list[str]] = defaultdict(list)
-    for e in plan["edges"]:
-        preds[e["dst"]].append(e["src"])
-    arrival = {(t["src"], t["dst_device"]): (i, t) for i, t in enumerate(plan["transfers"])}
-    previous: dict[str, str] = {}
-    by_device: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
-    for n in plan["nodes"]:
-        by_device[n["device"]].append(n)
-    for lane in by_device.values():
-        lane.sort(key=lambda n: (n["start_s"], n["end_s"]))
-        for before, after in zip(lane, lane[1:]):
-            previous[after["name"]] = before["name"]
-    tol = 1e-9 * max(plan["makespan_s"], 1e-9)
+    device_of, start, end = s.placement.device_of, s.start_s, s.end_s
+    arrival = {(t.src, t.dst_device): (i, t) for i, t in enumerate(s.transfers)}
+    previous = _previous_on_device(plan)
+    tol = 1e-9 * max(s.makespan_s, 1e-9)
 
-    current = max(plan["nodes"], key=lambda n: (n["end_s"], n["start_s"]))
+    current = max(graph.nodes, key=lambda n: (end[n.name], start[n.name])).name
     path: list[PathStep] = []
-    for _ in range(len(nodes)):  # each step moves to a strictly earlier node; bounds the walk
-        path.append(PathStep(kind="node", name=current["name"], start_s=current["start_s"],
-                             end_s=current["end_s"], device=current["device"]))
-        if current["start_s"] <= tol:
+    for _ in range(len(graph.nodes)):  # each step moves to a strictly earlier node; bounds it
+        path.append(PathStep(kind="node", name=current, start_s=start[current],
+                             end_s=end[current], device=device_of[current]))
+        if start[current] <= tol:
             break
-        waits: list[tuple[float, str, tuple[int, Mapping[str, Any]] | None]] = []
-        for p in preds[current["name"]]:
-            src = nodes[p]
-            if src["device"] == current["device"]:
-                waits.append((src["end_s"], p, None))
-            elif (p, current["device"]) in arrival:
-                i, t = arrival[(p, current["device"])]
-                waits.append((t["end_s"], p, (i, t)))
-        if current["name"] in previous:
-            before = previous[current["name"]]
-            waits.append((nodes[before]["end_s"] - tol / 2, before, None))
+        waits: list[tuple[float, str, tuple[int, Transfer] | None]] = []
+        for e in graph.in_edges(current):
+            if device_of[e.src] == device_of[current]:
+                waits.append((end[e.src], e.src, None))
+            elif (e.src, device_of[current]) in arrival:
+                i, t = arrival[(e.src, device_of[current])]
+                waits.append((t.end_s, e.src, (i, t)))
+        if current in previous:
+            before = previous[current]
+            waits.append((end[before] - tol / 2, before, None))
         if not waits:
             break
         _, name, transfer = max(waits, key=lambda w: w[0])
         if transfer is not None:
             i, t = transfer
-            path.append(PathStep(kind="transfer", name=t["src"], start_s=t["start_s"],
-                                 end_s=t["end_s"], src_device=t["src_device"],
-                                 dst_device=t["dst_device"], index=i))
-        current = nodes[name]
+            path.append(PathStep(kind="transfer", name=t.src, start_s=t.start_s, end_s=t.end_s,
+                                 src_device=t.src_device, dst_device=t.dst_device, index=i))
+        current = name
     path.reverse()
     return path
+
+
+def _previous_on_device(plan: Plan) -> dict[str, str]:
+    """The node that ran just before each node on its device."""
+    s = plan.schedule
+    by_device: dict[str, list[str]] = defaultdict(list)
+    for n in plan.problem.graph.nodes:
+        by_device[s.placement.device_of[n.name]].append(n.name)
+    previous: dict[str, str] = {}
+    for lane in by_device.values():
+        lane.sort(key=lambda n: (s.start_s[n], s.end_s[n]))
+        for before, after in zip(lane, lane[1:]):
+            previous[after] = before
+    return previous
 
 
 # ---------------------------------------------------------------------------------------------
@@ -279,31 +278,27 @@ def critical_path(plan: Plan) -> list[PathStep]:
 def memory_timelines(plan: Plan) -> dict[str, list[tuple[float, int]]]:
     """Bytes in use on each device as ``(t_s, bytes)`` steps (each holds until the next).
 
-    ``plan.json`` carries the simulator's timeline; a plan without one is re-simulated from its
-    placement and device order (the one simulator's memory model: resident parameters, plus each
-    output from its producer's start until its last reader and outgoing transfer are done). A
-    device with neither gets its resident bytes alone.
+    A plan carries the simulator's timeline; one without (an older or hand-written plan file)
+    is re-simulated from its placement and device order (the one simulator's memory model:
+    resident parameters, plus each output from its producer's start until its last reader and
+    outgoing transfer are done). A device with neither gets its resident bytes alone.
     """
-    memory = plan.get("memory", {})
+    s = plan.schedule
+    names = plan.problem.cluster.names
+    simulated = _resimulated_timelines(plan) if any(
+        not s.memory_timeline.get(name) for name in names) else {}
     out: dict[str, list[tuple[float, int]]] = {}
-    missing = [d["name"] for d in plan["devices"] if not memory.get(d["name"], {}).get("timeline")]
-    simulated = _resimulated_timelines(plan) if missing else {}
-    for d in plan["devices"]:
-        name = d["name"]
-        points = memory.get(name, {}).get("timeline") or simulated.get(name)
+    for name in names:
+        points = s.memory_timeline.get(name) or simulated.get(name)
         if not points:
-            points = [(0.0, int(memory.get(name, {}).get("resident_bytes", 0)))]
+            points = [(0.0, int(s.resident_bytes.get(name, 0)))]
         out[name] = [(float(t), int(b)) for t, b in points]
     return out
 
 
 def _resimulated_timelines(plan: Plan) -> dict[str, Sequence[tuple[float, int]]]:
-    from autoplace.planfile import Plan as PlanFile
-    from autoplace.simulate import simulate
-
     try:
-        loaded = PlanFile.from_dict(plan)
-        return dict(simulate(loaded.problem, loaded.schedule.placement).memory_timeline)
+        return dict(simulate(plan.problem, plan.schedule.placement).memory_timeline)
     except Exception:  # a report still renders; the chart then shows resident bytes only
         return {}
 
@@ -339,65 +334,70 @@ class ModuleRow:
         return ", ".join(f"{dev} {share:.0%}" for dev, share in self.devices)
 
 
-def module_tree(plan: Plan) -> list[ModuleRow]:
-    """Modules and their nodes in pre-order, siblings in order of their first start.
+def module_tree(plan: Plan, path: Sequence[PathStep]) -> list[ModuleRow]:
+    """Modules and their nodes in pre-order, siblings in order of their first start; nodes on
+    ``path`` (the plan's ``critical_path``) are marked.
 
     A module's time and bytes are the sums over every node in it or below it; its devices are
     where that time was spent. The root is the model itself (nodes with no module sit there).
     """
-    critical = {s.name for s in critical_path(plan) if s.kind == "node"}
-    total = sum(n["end_s"] - n["start_s"] for n in plan["nodes"]) or 1.0
-    members: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    critical = {step.name for step in path if step.kind == "node"}
+    s = plan.schedule
+    total = sum(s.end_s[n.name] - s.start_s[n.name] for n in plan.problem.graph.nodes) or 1.0
+    members: dict[str, list[OpNode]] = defaultdict(list)
     children: dict[str, set[str]] = defaultdict(set)
-    own: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
-    for n in plan["nodes"]:
-        parts = n["module"].split(".") if n["module"] else []
-        own[n["module"]].append(n)
+    own: dict[str, list[OpNode]] = defaultdict(list)
+    for n in plan.problem.graph.nodes:
+        parts = n.module.split(".") if n.module else []
+        own[n.module].append(n)
         for i in range(len(parts) + 1):
             members[".".join(parts[:i])].append(n)
             if i:
                 children[".".join(parts[: i - 1])].add(".".join(parts[:i]))
     if not members:
         return []
-    first = {path: min(n["start_s"] for n in ns) for path, ns in members.items()}
+    first = {key: min(s.start_s[n.name] for n in ns) for key, ns in members.items()}
 
     rows: list[ModuleRow] = []
 
-    def visit(path: str, parent: str | None, depth: int) -> None:
-        key = f"m:{path}"
-        kids: list[tuple[float, str, str | Mapping[str, Any]]] = [
-            (first[c], c, c) for c in children[path]]
-        kids += [(n["start_s"], n["name"], n) for n in own[path]]
-        label = path.rsplit(".", 1)[-1] if path else plan["model"]
-        rows.append(_row(key, parent, label, path, "module", depth, members[path], total,
-                         has_children=bool(kids)))
+    def visit(module: str, parent: str | None, depth: int) -> None:
+        key = f"m:{module}"
+        kids: list[tuple[float, str, str | OpNode]] = [
+            (first[c], c, c) for c in children[module]]
+        kids += [(s.start_s[n.name], n.name, n) for n in own[module]]
+        label = module.rsplit(".", 1)[-1] if module else plan.model
+        rows.append(_row(plan, key, parent, label, module, "module", depth, members[module],
+                         total, has_children=bool(kids)))
         for _, _, kid in sorted(kids, key=lambda k: (k[0], k[1])):
             if isinstance(kid, str):
                 visit(kid, key, depth + 1)
             else:
-                rows.append(_row(f"n:{kid['name']}", key, kid["name"], path, "node", depth + 1,
-                                 [kid], total, critical=kid["name"] in critical))
+                rows.append(_row(plan, f"n:{kid.name}", key, kid.name, module, "node",
+                                 depth + 1, [kid], total, critical=kid.name in critical))
 
     visit("", None, 0)
     return rows
 
 
-def _row(key: str, parent: str | None, label: str, path: str, kind: str, depth: int,
-         nodes: Sequence[Mapping[str, Any]], total_s: float, *, critical: bool = False,
+def _row(plan: Plan, key: str, parent: str | None, label: str, path: str, kind: str, depth: int,
+         nodes: Sequence[OpNode], total_s: float, *, critical: bool = False,
          has_children: bool = False) -> ModuleRow:
+    s = plan.schedule
+    device_of = s.placement.device_of
     per_device: dict[str, float] = defaultdict(float)
     for n in nodes:
-        per_device[n["device"]] += n["end_s"] - n["start_s"]
+        per_device[device_of[n.name]] += s.end_s[n.name] - s.start_s[n.name]
     time_s = sum(per_device.values())
     if time_s > 0:
         shares = {d: t / time_s for d, t in per_device.items()}
     else:  # zero-time rows still say where they run
-        counts = Counter(n["device"] for n in nodes)
+        counts = Counter(device_of[n.name] for n in nodes)
         shares = {d: c / len(nodes) for d, c in counts.items()}
     return ModuleRow(
         key=key, parent=parent, label=label, path=path, kind=kind, depth=depth,
         devices=tuple(sorted(shares.items(), key=lambda kv: (-kv[1], kv[0]))),
         time_s=time_s, share=time_s / total_s,
-        param_bytes=sum(n["memory_bytes"] for n in nodes),
-        output_bytes=sum(n["output_bytes"] for n in nodes), nodes=len(nodes),
-        start_s=min(n["start_s"] for n in nodes), critical=critical, has_children=has_children)
+        param_bytes=sum(n.param_bytes for n in nodes),
+        output_bytes=sum(n.output_bytes for n in nodes), nodes=len(nodes),
+        start_s=min(s.start_s[n.name] for n in nodes), critical=critical,
+        has_children=has_children)

@@ -1,4 +1,4 @@
-"""The report's charts as plotly figures, built from the plan dictionary and ``analysis``.
+"""The report's charts as plotly figures, built from a ``Plan`` and ``analysis``.
 
 One function per chart, each returning a ``plotly.graph_objects.Figure`` that the page embeds as
 JSON and plotly.js draws: ``timeline_figure`` (Gantt per device, transfers, critical path),
@@ -14,6 +14,8 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from autoplace.formats.plan import Plan
+from autoplace.ir import OpNode
 from autoplace.report.analysis import Overview, PathStep
 from autoplace.report.units import (
     bytes_unit,
@@ -44,9 +46,6 @@ _BASELINE_COLOR = "#9aa5b1"
 _FONT = dict(family="system-ui, -apple-system, Segoe UI, Roboto, sans-serif", size=12,
              color="#1f2328")
 
-Plan = Mapping[str, Any]
-
-
 def _go() -> Any:
     # Imported on first use: `autoplace plan --help` and the solver need none of plotly.
     import plotly.graph_objects as go
@@ -59,7 +58,7 @@ def _e(value: object) -> str:
 
 
 def device_colors(plan: Plan) -> dict[str, str]:
-    return {d["name"]: PALETTE[i % len(PALETTE)] for i, d in enumerate(plan["devices"])}
+    return {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(plan.problem.cluster.names)}
 
 
 def _layout(**kw: Any) -> dict[str, Any]:
@@ -72,8 +71,8 @@ def _layout(**kw: Any) -> dict[str, Any]:
 
 
 def _t_max(plan: Plan) -> float:
-    t_max = max([plan["makespan_s"]] + [n["end_s"] for n in plan["nodes"]]
-                + [t["end_s"] for t in plan["transfers"]])
+    s = plan.schedule
+    t_max = max([s.makespan_s, *s.end_s.values(), *(t.end_s for t in s.transfers)])
     return t_max if t_max > 0 else 1.0
 
 
@@ -94,30 +93,34 @@ def timeline_figure(plan: Plan, path: Sequence[PathStep]) -> Any:
     t_max = _t_max(plan)
     unit, scale = time_unit(t_max)
     colors = device_colors(plan)
-    lanes = [d["name"] for d in plan["devices"]]
+    lanes = list(plan.problem.cluster.names)
+    s = plan.schedule
+    device_of, start, end = s.placement.device_of, s.start_s, s.end_s
+    costs = plan.problem.costs
     lane = {name: i for i, name in enumerate(lanes)}
     critical_nodes = {s.name for s in path if s.kind == "node"}
     critical_transfers = {s.index for s in path if s.kind == "transfer"}
     fig = go.Figure()
     for dev in lanes:
-        nodes = [n for n in plan["nodes"] if n["device"] == dev]
-        crit = [n["name"] in critical_nodes for n in nodes]
+        nodes = [n for n in plan.problem.graph.nodes if device_of[n.name] == dev]
+        crit = [n.name in critical_nodes for n in nodes]
         fig.add_trace(go.Bar(
             name=_e(dev), orientation="h", y=[lane[dev]] * len(nodes), width=0.62,
-            base=[n["start_s"] * scale for n in nodes],
-            x=[(n["end_s"] - n["start_s"]) * scale for n in nodes],
+            base=[start[n.name] * scale for n in nodes],
+            x=[(end[n.name] - start[n.name]) * scale for n in nodes],
             # Off the critical path a bar is faded; on it, solid and edged in red.
             marker=dict(color=colors[dev], opacity=[1.0 if c else 0.5 for c in crit],
                         line=dict(color=[CRITICAL if c else "#ffffff" for c in crit],
                                   width=[1.5 if c else 0.6 for c in crit])),
-            text=[_e(n["name"]) if _fits(n, t_max) else "" for n in nodes],
+            text=[_e(n.name) if _fits(n, end[n.name] - start[n.name], t_max) else ""
+                  for n in nodes],
             textposition="inside", insidetextanchor="start", constraintext="none",
             textfont=dict(color="#ffffff", size=11),
             customdata=[[
-                _e(n["name"]), _e(n["module"] or "(none)"), _e(_ops_text(n["ops"])),
-                format_seconds(n["end_s"] - n["start_s"]), format_seconds(n["start_s"]),
-                format_seconds(n["end_s"]), format_bytes(n["memory_bytes"]),
-                format_bytes(n["output_bytes"]), _e(n.get("cost_source", "analytic")),
+                _e(n.name), _e(n.module or "(none)"), _e(_ops_text(n.ops)),
+                format_seconds(end[n.name] - start[n.name]), format_seconds(start[n.name]),
+                format_seconds(end[n.name]), format_bytes(n.param_bytes),
+                format_bytes(n.output_bytes), _e(costs.source_of(n.name, dev)),
                 "<br><b>on the critical path</b>" if c else "",
             ] for n, c in zip(nodes, crit)],
             hovertemplate=(
@@ -130,7 +133,7 @@ def timeline_figure(plan: Plan, path: Sequence[PathStep]) -> Any:
         _add_transfers(fig, plan, lane, scale, critical_transfers, critical=critical)
     _add_path(fig, path, lane, scale)
     shapes, annotations = _marker_lines(plan, scale)
-    types = {d["name"]: d["type"] for d in plan["devices"]}
+    types = {d.name: d.type for d in plan.problem.cluster.devices}
     fig.update_layout(**_layout(
         height=140 + 64 * len(lanes), barmode="overlay", bargap=0.2, hovermode="closest",
         shapes=shapes, annotations=annotations,
@@ -142,12 +145,12 @@ def timeline_figure(plan: Plan, path: Sequence[PathStep]) -> Any:
     return fig
 
 
-def _fits(node: Mapping[str, Any], t_max: float) -> bool:
+def _fits(node: OpNode, duration_s: float, t_max: float) -> bool:
     # Label a bar only where its name fits (about 6.5 px a character on a ~1000 px axis):
     # plotly measures every label it is given, and fitting hundreds of them is most of the
     # time a page takes to draw.
-    width_px = (node["end_s"] - node["start_s"]) / t_max * 1000
-    return width_px >= 6.5 * len(node["name"]) + 10
+    width_px = duration_s / t_max * 1000
+    return width_px >= 6.5 * len(node.name) + 10
 
 
 def _add_transfers(fig: Any, plan: Plan, lane: Mapping[str, int], scale: float,
@@ -158,16 +161,16 @@ def _add_transfers(fig: Any, plan: Plan, lane: Mapping[str, int], scale: float,
     custom: list[list[str]] = []
     symbols: list[str] = []
     sizes: list[int] = []
-    for i, t in enumerate(plan["transfers"]):
+    for i, t in enumerate(plan.schedule.transfers):
         if (i in critical_transfers) != critical:
             continue
-        src, dst = lane[t["src_device"]], lane[t["dst_device"]]
+        src, dst = lane[t.src_device], lane[t.dst_device]
         down = dst > src  # lanes are drawn top to bottom in device order
-        xs += [t["start_s"] * scale, t["end_s"] * scale, None]
+        xs += [t.start_s * scale, t.end_s * scale, None]
         ys += [src + (0.33 if down else -0.33), dst + (-0.33 if down else 0.33), None]
-        info = [_e(t["src"]), _e(t["src_device"]), _e(t["dst_device"]),
-                format_bytes(t["bytes"]), format_seconds(t["end_s"] - t["start_s"]),
-                format_seconds(t["start_s"]), format_seconds(t["end_s"])]
+        info = [_e(t.src), _e(t.src_device), _e(t.dst_device),
+                format_bytes(t.bytes), format_seconds(t.end_s - t.start_s),
+                format_seconds(t.start_s), format_seconds(t.end_s)]
         custom += [info, info, info]
         symbols += ["circle", "arrow", "circle"]
         sizes += [5, 12, 0]
@@ -204,8 +207,8 @@ def _add_path(fig: Any, path: Sequence[PathStep], lane: Mapping[str, int], scale
 def _marker_lines(plan: Plan, scale: float) -> tuple[list, list]:
     # Dashed: the makespan; dotted: the lower bound. Their distance is the gap, drawn.
     shapes, annotations = [], []
-    for x, label, dash in ((plan["makespan_s"], "makespan", "dash"),
-                           (plan["lower_bound_s"], "lower bound", "dot")):
+    for x, label, dash in ((plan.makespan_s, "makespan", "dash"),
+                           (plan.lower_bound_s, "lower bound", "dot")):
         shapes.append(dict(type="line", xref="x", yref="paper", x0=x * scale, x1=x * scale,
                            y0=0, y1=1, line=dict(color="#57606a", width=1, dash=dash)))
         # Both labels end at their line; the bound's sits at the foot so the two never collide.
@@ -360,28 +363,29 @@ def comparison_figure(ov: Overview) -> Any:
 def progress_figure(plan: Plan) -> Any | None:
     """CP-SAT's best solution and proven bound against solver time, or ``None`` when the plan
     did not record them."""
-    progress = plan["solver"].get("progress") or []
+    progress = plan.solver.progress  # (t_s, objective_s or None, bound_s)
     if not progress:
         return None
     go = _go()
-    values = [p["objective_s"] for p in progress if p["objective_s"] is not None]
-    values += [p["bound_s"] for p in progress] + [plan["makespan_s"]]
+    values = [obj for _, obj, _ in progress if obj is not None]
+    values += [bound for _, _, bound in progress] + [plan.makespan_s]
     unit, scale = time_unit(max(values))
-    t_end = max(plan["solver"].get("wall_s") or 0.0, progress[-1]["t_s"])
+    t_end = max(plan.solver.wall_s or 0.0, progress[-1][0])
     fig = go.Figure()
-    found = [p for p in progress if p["objective_s"] is not None]
-    for name, points, key, color in (("best solution", found, "objective_s", _PLAN_COLOR),
-                                     ("proven bound", progress, "bound_s", "#59a14f")):
+    found = [(t, obj) for t, obj, _ in progress if obj is not None]
+    bounds = [(t, bound) for t, _, bound in progress]
+    for name, points, color in (("best solution", found, _PLAN_COLOR),
+                                ("proven bound", bounds, "#59a14f")):
         if not points:
             continue
-        xs = [p["t_s"] for p in points] + [t_end]
-        ys = [p[key] * scale for p in points] + [points[-1][key] * scale]
+        xs = [t for t, _ in points] + [t_end]
+        ys = [v * scale for _, v in points] + [points[-1][1] * scale]
         fig.add_trace(go.Scatter(
             name=name, x=xs, y=ys, mode="lines+markers", line=dict(shape="hv", color=color),
             marker=dict(size=[6] * len(points) + [0]),
             hovertemplate=name + ": %{y:.4g} " + unit + " at %{x:.3g} s<extra></extra>"))
     fig.add_trace(go.Scatter(
-        name="plan (simulated)", x=[0, t_end], y=[plan["makespan_s"] * scale] * 2, mode="lines",
+        name="plan (simulated)", x=[0, t_end], y=[plan.makespan_s * scale] * 2, mode="lines",
         line=dict(color="#57606a", dash="dash", width=1), hoverinfo="skip"))
     fig.update_layout(**_layout(
         height=300, xaxis=dict(title=dict(text="solver time (s)"), rangemode="tozero"),

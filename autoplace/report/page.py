@@ -5,18 +5,18 @@
 itself (its basic bundle, once per page) are inlined, so it opens offline and fetches nothing.
 Each chart travels as JSON in a ``<script type="application/json">`` block that the page's
 script hands to ``Plotly.newPlot``. ``render_markdown`` makes ``summary.md``; ``write_report``
-writes ``report.html``, ``summary.md`` and ``summary.txt`` together.
+writes ``report.html``, ``summary.md`` and ``summary.txt`` together, all or none.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import tempfile
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from autoplace.formats.output import replace_files
+from autoplace.formats.plan import SCHEMA_VERSION, Plan
 from autoplace.report import analysis, charts, text
 from autoplace.report.units import format_bytes, format_ratio, format_seconds, format_share
 
@@ -63,9 +63,9 @@ def _phrases(ov: analysis.Overview) -> dict[str, Any]:
             "verification": text.verification_text(ov)}
 
 
-def render_html(plan: Mapping[str, Any]) -> str:
-    """The report page for ``plan`` (a ``plan.json`` dictionary)."""
-    ov = analysis.overview(plan)
+def render_html(plan: Plan, ov: analysis.Overview | None = None) -> str:
+    """The report page for ``plan``; ``ov`` is its ``analysis.overview`` when the caller has it."""
+    ov = ov or analysis.overview(plan)
     figures = {
         "timeline": charts.timeline_figure(plan, ov.critical_path),
         "memory": charts.memory_figure(plan, analysis.memory_timelines(plan), ov),
@@ -75,47 +75,25 @@ def render_html(plan: Mapping[str, Any]) -> str:
     }
     return _environment().get_template("report.html.j2").render(
         plan=plan, ov=ov, say=_phrases(ov), colors=charts.device_colors(plan),
-        critical_color=charts.CRITICAL, modules=analysis.module_tree(plan),
+        critical_color=charts.CRITICAL, modules=analysis.module_tree(plan, ov.critical_path),
         figures={k: _script_json(f) for k, f in figures.items() if f is not None},
-        plotly_js=plotly_js())
+        plotly_js=plotly_js(), schema_version=SCHEMA_VERSION)
 
 
-def render_markdown(plan: Mapping[str, Any]) -> str:
+def render_markdown(plan: Plan, ov: analysis.Overview | None = None) -> str:
     """``summary.md``: the summary as markdown tables, for pull requests and chat."""
-    ov = analysis.overview(plan)
+    ov = ov or analysis.overview(plan)
     return _environment().get_template("summary.md.j2").render(plan=plan, ov=ov, say=_phrases(ov))
 
 
-def write_report(directory: str | os.PathLike[str], plan: Mapping[str, Any]) -> list[Path]:
+def write_report(directory: str | os.PathLike[str], plan: Plan) -> list[Path]:
     """Write ``report.html``, ``summary.md`` and ``summary.txt`` for ``plan`` into
     ``directory``.
 
-    Everything is rendered before anything is written, and each file is written to a temporary
-    name and renamed over the old one, so a failure leaves the old files as they were.
+    Everything is rendered before anything is written, and the three files replace the old ones
+    together (``formats.output.replace_files``): a failure leaves the old files as they were.
     """
-    contents = {"report.html": render_html(plan), "summary.md": render_markdown(plan),
-                "summary.txt": text.summary_text(plan) + "\n"}
-    target = Path(directory)
-    written: list[Path] = []
-    temporaries: list[tuple[str, Path]] = []
-    try:
-        for name in REPORT_FILES:
-            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=target)
-            temporaries.append((tmp, target / name))
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(contents[name])
-            os.chmod(tmp, 0o666 & ~_umask())
-        for tmp, final in temporaries:
-            os.replace(tmp, final)
-            written.append(final)
-    finally:
-        for tmp, _ in temporaries:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    return written
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    ov = analysis.overview(plan)
+    contents = {"report.html": render_html(plan, ov), "summary.md": render_markdown(plan, ov),
+                "summary.txt": text.summary_text(ov) + "\n"}
+    return replace_files(directory, {name: contents[name] for name in REPORT_FILES})

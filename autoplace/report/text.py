@@ -8,9 +8,9 @@ them (in colour on a terminal), ``summary_text`` returns them as plain text.
 from __future__ import annotations
 
 import io
-from collections.abc import Mapping
 from typing import Any
 
+from autoplace.formats.plan import Plan
 from autoplace.report.analysis import Overview, overview
 from autoplace.report.units import format_bytes, format_ratio, format_seconds, format_share
 
@@ -30,10 +30,9 @@ def gap_text(ov: Overview) -> str:
 
 def solver_text(ov: Overview) -> str:
     solver = ov.solver
-    limit = solver.get("time_limit_s")
+    limit = solver.time_limit_s
     limit_text = f" (limit {format_seconds(limit)})" if limit else ""
-    return (f"{solver['name']}: {solver['status']} in {format_seconds(solver['wall_s'])}"
-            f"{limit_text}")
+    return f"{solver.name}: {solver.status} in {format_seconds(solver.wall_s)}{limit_text}"
 
 
 def critical_text(ov: Overview) -> str:
@@ -50,22 +49,23 @@ def verification_text(ov: Overview) -> str | None:
     verification = ov.verification
     if not verification:
         return None
-    diff = verification.get("max_abs_diff")
-    return verification["status"] + (f", max |diff| {diff:.3g}" if diff is not None else "")
+    diff = verification.max_abs_diff
+    return verification.status + (f", max |diff| {diff:.3g}" if diff is not None else "")
 
 
-def summary_renderable(plan: Mapping[str, Any]) -> Any:
-    """The summary as a group of ``rich`` tables."""
+def summary_renderable(plan: Plan | Overview) -> Any:
+    """The summary as a group of ``rich`` tables (of ``plan``, or of its overview when the
+    caller has it already)."""
     from rich import box
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
-    ov = overview(plan)
+    ov = plan if isinstance(plan, Overview) else overview(plan)
     facts = Table.grid(padding=(0, 2))
     facts.add_column(style="dim", no_wrap=True)
     facts.add_column()
-    facts.add_row("devices", f"{', '.join(d['name'] for d in ov.devices)} ({ov.devices_text})")
+    facts.add_row("devices", f"{', '.join(d.name for d in ov.devices)} ({ov.devices_text})")
     facts.add_row("makespan", Text(format_seconds(ov.makespan_s), style="bold"))
     if ov.value_label != "makespan":
         facts.add_row(ov.value_label, Text(format_seconds(ov.value_s), style="bold"))
@@ -76,7 +76,7 @@ def summary_renderable(plan: Mapping[str, Any]) -> Any:
     facts.add_row("critical path", critical_text(ov))
     verified = verification_text(ov)
     if verified:
-        style = {"passed": "green", "failed": "bold red"}.get(ov.verification["status"], "")
+        style = {"passed": "green", "failed": "bold red"}.get(ov.verification.status, "")
         facts.add_row("verification", Text(verified, style=style))
 
     def table(title: str, *columns: str) -> Table:
@@ -119,14 +119,14 @@ def summary_renderable(plan: Mapping[str, Any]) -> Any:
     return Group(*parts)
 
 
-def print_summary(plan: Mapping[str, Any], *, console: Any = None) -> None:
+def print_summary(plan: Plan, *, console: Any = None) -> None:
     """Print the summary to the terminal (plain text when stdout is not a terminal)."""
     from rich.console import Console
 
     (console or Console(highlight=False)).print(summary_renderable(plan))
 
 
-def summary_text(plan: Mapping[str, Any], *, width: int = 100) -> str:
+def summary_text(plan: Plan | Overview, *, width: int = 100) -> str:
     """The summary as plain text, ``width`` columns wide (what ``summary.txt`` holds)."""
     from rich.console import Console
 

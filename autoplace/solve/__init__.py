@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autoplace.errors import InfeasibleError
-from autoplace.ir import Placement, Problem, Schedule
+from autoplace.ir import Placement, Problem, Schedule, optimality_gap
 from autoplace.simulate import simulate
 from autoplace.solve.baselines import best_baseline, is_contiguous, run_baselines, run_within
 from autoplace.solve.bounds import check_memory, lower_bound_s
@@ -107,9 +107,7 @@ class SolveResult:
 
     @property
     def gap(self) -> float | None:
-        if self.objective_s <= 0:
-            return 0.0
-        return max(0.0, (self.objective_s - self.lower_bound_s) / self.objective_s)
+        return optimality_gap(self.objective_s, self.lower_bound_s)
 
 
 @dataclass

@@ -1,0 +1,411 @@
+"""``Plan``: the result of the pipeline as typed data, its ``plan.json`` form, and the one
+reader of that file.
+
+A plan written to JSON can be read back, re-simulated, reported and emitted again without
+re-tracing: ``read_plan(dir).problem`` is the exact problem that was solved, and
+``read_plan(dir).schedule`` its schedule. The layout is documented by ``plan.schema.json``
+beside this module (``SCHEMA_VERSION``).
+
+Read in this order: the records a plan holds (``BaselineResult``, ``SolverRecord``,
+``Verification``), then ``Plan`` (its fields are data; its properties derive everything else,
+each in one place), its JSON form (``to_dict`` / ``from_dict``), and ``read_plan``, which checks a
+file against the schema (``plan_check``) before building the plan. Writing a plan with its report
+and model is the pipeline's job (``autoplace.pipeline.save``), not this module's.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from autoplace._version import __version__
+from autoplace.errors import AutoplaceError, OutputError
+from autoplace.formats.plan_check import count_problems, plan_problems
+from autoplace.ir import (
+    Cluster,
+    Costs,
+    Device,
+    Edge,
+    Link,
+    OpGraph,
+    OpNode,
+    Placement,
+    Problem,
+    Schedule,
+    Transfer,
+    optimality_gap,
+)
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "BaselineResult",
+    "Plan",
+    "SolverRecord",
+    "Verification",
+    "plan_path",
+    "read_plan",
+]
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class BaselineResult:
+    """A baseline placement as the simulator scored it: what a plan keeps of its schedule."""
+
+    makespan_s: float | None  # None when the heuristic found no placement at all
+    feasible: bool
+    peak_bytes: Mapping[str, int] = field(default_factory=dict)
+    max_load_s: float | None = None
+
+    @classmethod
+    def of(cls, schedule: Schedule | None) -> BaselineResult:
+        if schedule is None:
+            return cls(makespan_s=None, feasible=False)
+        return cls(makespan_s=schedule.makespan_s, feasible=schedule.feasible,
+                   peak_bytes=dict(schedule.peak_bytes), max_load_s=schedule.max_load_s)
+
+    def objective_s(self, objective: str) -> float | None:
+        return self.max_load_s if objective == "throughput" else self.makespan_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"makespan_s": self.makespan_s, "max_load_s": self.max_load_s,
+                "feasible": self.feasible, "peak_bytes": dict(self.peak_bytes)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BaselineResult:
+        return cls(makespan_s=data.get("makespan_s"), feasible=data.get("feasible", False),
+                   peak_bytes=dict(data.get("peak_bytes", {})), max_load_s=data.get("max_load_s"))
+
+
+@dataclass(frozen=True)
+class SolverRecord:
+    """What the solver reported: its name and status, the time it took and was given, its own
+    objective before re-simulation, CP-SAT's progress as ``(t_s, objective_s, bound_s)`` and,
+    for coarsened graphs, each step as ``(step, objective_s)``. The gap is the plan's."""
+
+    name: str
+    status: str
+    wall_s: float
+    objective_s: float | None = None
+    time_limit_s: float | None = None
+    progress: tuple[tuple[float, float | None, float], ...] = ()
+    steps: tuple[tuple[str, float], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "status": self.status, "wall_s": self.wall_s,
+                "objective_s": self.objective_s, "time_limit_s": self.time_limit_s,
+                "progress": [{"t_s": t, "objective_s": obj, "bound_s": bound}
+                             for t, obj, bound in self.progress],
+                "steps": [{"step": step, "objective_s": value} for step, value in self.steps]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SolverRecord:
+        return cls(name=data["name"], status=data["status"], wall_s=data["wall_s"],
+                   objective_s=data.get("objective_s"), time_limit_s=data.get("time_limit_s"),
+                   progress=tuple((p["t_s"], p["objective_s"], p["bound_s"])
+                                  for p in data.get("progress") or ()),
+                   steps=tuple((s["step"], s["objective_s"]) for s in data.get("steps") or ()))
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The emitted model run against the original: ``passed``, ``failed`` or ``skipped``."""
+
+    status: str = "skipped"
+    detail: str = "not verified"
+    max_abs_diff: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "detail": self.detail, "max_abs_diff": self.max_abs_diff}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Verification:
+        return cls(status=data["status"], detail=data.get("detail", ""),
+                   max_abs_diff=data.get("max_abs_diff"))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A placement with everything needed to check, report and run it.
+
+    The fields are data and round-trip through ``plan.json``; the properties are derived from
+    them, here and nowhere else. ``emitted``, the partitioned model ``autoplace.plan`` built
+    (an ``autoplace.emit`` object), is not plan data: it travels beside the plan so that
+    ``autoplace.save`` can write ``model/``, and is neither compared nor written to JSON.
+    """
+
+    problem: Problem
+    schedule: Schedule
+    lower_bound_s: float
+    solver: SolverRecord
+    baselines: Mapping[str, BaselineResult]
+    best_single_device: str | None
+    model: str = "model"
+    objective: str = "latency"
+    contiguous: bool = False
+    tracer: str = "graph"
+    coarsening: Mapping[str, Any] = field(default_factory=dict)
+    verification: Verification | None = field(default_factory=Verification)
+    notes: tuple[str, ...] = ()
+    created: str = ""
+    whatif: tuple[Mapping[str, Any], ...] | None = None
+    profile: Mapping[str, Any] | None = None
+    autoplace_version: str = __version__
+    emitted: Any = field(default=None, compare=False, repr=False)
+
+    # ---- derived
+
+    @property
+    def makespan_s(self) -> float:
+        return self.schedule.makespan_s
+
+    @property
+    def objective_s(self) -> float:
+        """The plan's value under its objective: the makespan, or the largest load."""
+        return self.schedule.objective_s(self.objective)
+
+    @property
+    def gap(self) -> float:
+        return optimality_gap(self.objective_s, self.lower_bound_s)
+
+    @property
+    def single_device(self) -> BaselineResult | None:
+        """The best single device's result (``best_single_device`` names the device)."""
+        return self.baselines.get("single-device")
+
+    @property
+    def best_single_makespan_s(self) -> float | None:
+        single = self.single_device
+        return single.makespan_s if single is not None else None
+
+    def speedup_over(self, baseline: BaselineResult | None) -> float | None:
+        """How many times better than ``baseline`` the plan is, under the plan's objective;
+        ``None`` when the baseline has no value."""
+        value = baseline.objective_s(self.objective) if baseline is not None else None
+        if value is None or self.objective_s <= 0:
+            return None
+        return value / self.objective_s
+
+    @property
+    def speedup_over_single(self) -> float | None:
+        """How many times better than the best single device, under the plan's objective."""
+        return self.speedup_over(self.single_device)
+
+    @property
+    def device_of_op(self) -> dict[str, str]:
+        """Each traced op's device: the plan expanded back from coarse nodes."""
+        device_of = self.schedule.placement.device_of
+        return {op: device_of[node.name] for node in self.problem.graph.nodes for op in node.ops}
+
+    def with_verification(self, verification: Verification) -> Plan:
+        return replace(self, verification=verification)
+
+    # ---- JSON form
+
+    def to_dict(self) -> dict[str, Any]:
+        cluster, s = self.problem.cluster, self.schedule
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "model": self.model,
+            "objective": self.objective,
+            "tracer": self.tracer,
+            "contiguous": self.contiguous,
+            "devices": [{"name": d.name, "type": d.type, "memory_bytes": d.memory_bytes,
+                         "host": d.host, "torch_device": d.torch_device,
+                         "charges_transfers": d.charges_transfers}
+                        for d in cluster.devices],
+            "links": [{"src": lk.src, "dst": lk.dst,
+                       "bandwidth_bytes_per_s": lk.bandwidth_bytes_per_s,
+                       "latency_s": lk.latency_s, "kind": lk.kind} for lk in cluster.links],
+            **_graph_dict(self.problem, s),
+            "order": {d: list(seq) for d, seq in (s.placement.order or {}).items()},
+            "transfers": [{"src": t.src, "src_device": t.src_device, "dst_device": t.dst_device,
+                           "bytes": t.bytes, "start_s": t.start_s, "end_s": t.end_s}
+                          for t in s.transfers],
+            "makespan_s": s.makespan_s,
+            "max_load_s": s.max_load_s,
+            "loads": dict(s.load_s),
+            "lower_bound_s": self.lower_bound_s,
+            "solver": {**self.solver.to_dict(), "gap": self.gap},
+            "baselines": {name: b.to_dict() for name, b in self.baselines.items()},
+            "best_single_device": {"device": self.best_single_device,
+                                   "makespan_s": self.best_single_makespan_s},
+            "speedup_over_single": self.speedup_over_single,
+            "memory": {d.name: {"peak_bytes": s.peak_bytes[d.name],
+                                "capacity_bytes": d.memory_bytes,
+                                "resident_bytes": s.resident_bytes[d.name],
+                                "timeline": [list(p) for p in s.memory_timeline[d.name]]}
+                       for d in cluster.devices},
+            "coarsening": dict(self.coarsening),
+            "notes": list(self.notes),
+            "created": self.created or _dt.datetime.now(_dt.UTC).isoformat(),
+            "autoplace_version": self.autoplace_version,
+        } | ({} if self.verification is None else {"verification": self.verification.to_dict()}) \
+          | ({} if self.whatif is None else {"whatif": [dict(row) for row in self.whatif]}) \
+          | ({} if self.profile is None else {"profile": dict(self.profile)})
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Plan:
+        """The plan in ``data`` (a ``plan.json`` dictionary, not checked: ``read_plan``
+        checks files). Derived entries (``max_load_s``, ``speedup_over_single``, the solver's
+        ``gap``, ...) are not read: the plan derives them again."""
+        problem = _problem_from(data)
+        verification = data.get("verification")
+        best_single = data.get("best_single_device") or {}
+        return cls(
+            problem=problem, schedule=_schedule_from(data), lower_bound_s=data["lower_bound_s"],
+            solver=SolverRecord.from_dict(data["solver"]),
+            baselines={name: BaselineResult.from_dict(b)
+                       for name, b in data.get("baselines", {}).items()},
+            best_single_device=best_single.get("device"),
+            model=data.get("model", "model"), objective=data.get("objective", "latency"),
+            contiguous=data.get("contiguous", False),
+            tracer=data.get("tracer", "graph"), coarsening=data.get("coarsening", {}),
+            verification=Verification.from_dict(verification) if verification else None,
+            notes=tuple(data.get("notes", ())), created=data.get("created", ""),
+            whatif=tuple(data["whatif"]) if "whatif" in data else None,
+            profile=data.get("profile"),
+            autoplace_version=data.get("autoplace_version", __version__),
+        )
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Plan:
+        """``read_plan(path)``: a checked ``plan.json``, or the directory holding one."""
+        return read_plan(path)
+
+
+def _graph_dict(problem: Problem, s: Schedule) -> dict[str, Any]:
+    """The ``nodes``, ``edges``, ``colocate`` and ``outputs`` entries of ``plan.json``."""
+    graph, cluster, costs = problem.graph, problem.cluster, problem.costs
+    device_of = s.placement.device_of
+    return {
+        "nodes": [{
+            "name": n.name, "ops": list(n.ops), "targets": list(n.targets),
+            "module": n.module, "is_input": n.is_input, "device": device_of[n.name],
+            "start_s": s.start_s[n.name], "end_s": s.end_s[n.name],
+            # JSON has no infinity: null marks a device the node cannot run on.
+            "compute_s": {d: (t if math.isfinite(t) else None)
+                          for d, t in costs.compute_s[n.name].items()},
+            "memory_bytes": n.param_bytes, "output_bytes": n.output_bytes,
+            "output_shapes": [list(x) for x in n.output_shapes],
+            "output_dtypes": list(n.output_dtypes), "flops": n.flops,
+            "bytes_accessed": n.bytes_accessed, "launches": n.launches, "dtype": n.dtype,
+            "cost_source": costs.source_of(n.name, device_of[n.name]),
+        } | ({"cost_sources": {d: costs.source_of(n.name, d) for d in cluster.names}}
+             if n.name in costs.device_source else {}) for n in graph.nodes],
+        "edges": [{"src": e.src, "dst": e.dst, "bytes": e.bytes}
+                  | ({} if e.transfer_s is None else {"transfer_s": e.transfer_s})
+                  for e in graph.edges],
+        "colocate": [list(g) for g in graph.colocate],
+        "outputs": list(graph.outputs),
+    }
+
+
+def _problem_from(data: Mapping[str, Any]) -> Problem:
+    devices = tuple(Device(name=d["name"], type=d["type"], memory_bytes=d["memory_bytes"],
+                           host=d.get("host", "localhost"),
+                           torch_device=d.get("torch_device", ""),
+                           charges_transfers=d.get("charges_transfers", True))
+                    for d in data["devices"])
+    links = tuple(Link(src=lk["src"], dst=lk["dst"],
+                       bandwidth_bytes_per_s=lk["bandwidth_bytes_per_s"],
+                       latency_s=lk["latency_s"], kind=lk.get("kind", ""))
+                  for lk in data["links"])
+    nodes = tuple(OpNode(
+        name=n["name"], ops=tuple(n["ops"]), targets=tuple(n.get("targets", ())),
+        module=n.get("module", ""), is_input=n.get("is_input", False),
+        output_shapes=tuple(tuple(x) for x in n.get("output_shapes", ())),
+        output_dtypes=tuple(n.get("output_dtypes", ())), output_bytes=n["output_bytes"],
+        param_bytes=n["memory_bytes"], flops=n.get("flops", 0.0),
+        bytes_accessed=n.get("bytes_accessed", 0), launches=n.get("launches", 0),
+        dtype=n.get("dtype", "float32"),
+    ) for n in data["nodes"])
+    graph = OpGraph(nodes=nodes,
+                    edges=tuple(Edge(src=e["src"], dst=e["dst"], bytes=e["bytes"],
+                                     transfer_s=e.get("transfer_s"))
+                                for e in data["edges"]),
+                    colocate=tuple(tuple(g) for g in data.get("colocate", ())),
+                    outputs=tuple(data.get("outputs", ())), name=data.get("model", "model"))
+    costs = Costs(compute_s={n["name"]: {d: math.inf if t is None else t
+                                         for d, t in n["compute_s"].items()}
+                             for n in data["nodes"]},
+                  source={n["name"]: n.get("cost_source", "analytic") for n in data["nodes"]},
+                  device_source={n["name"]: dict(n["cost_sources"]) for n in data["nodes"]
+                                 if "cost_sources" in n})
+    return Problem(graph=graph, cluster=Cluster(devices=devices, links=links), costs=costs)
+
+
+def _schedule_from(data: Mapping[str, Any]) -> Schedule:
+    order = {d: tuple(seq) for d, seq in data.get("order", {}).items()} or None
+    memory = data["memory"]
+    return Schedule(
+        placement=Placement(device_of={n["name"]: n["device"] for n in data["nodes"]},
+                            order=order),
+        makespan_s=data["makespan_s"],
+        start_s={n["name"]: n["start_s"] for n in data["nodes"]},
+        end_s={n["name"]: n["end_s"] for n in data["nodes"]},
+        transfers=tuple(Transfer(src=t["src"], src_device=t["src_device"],
+                                 dst_device=t["dst_device"], bytes=t["bytes"],
+                                 start_s=t["start_s"], end_s=t["end_s"])
+                        for t in data.get("transfers", ())),
+        resident_bytes={d: m["resident_bytes"] for d, m in memory.items()},
+        peak_bytes={d: m["peak_bytes"] for d, m in memory.items()},
+        memory_timeline={d: tuple(tuple(p) for p in m.get("timeline", ()))
+                         for d, m in memory.items()},
+        over_capacity={d: m["peak_bytes"] - m["capacity_bytes"] for d, m in memory.items()
+                       if m["peak_bytes"] > m["capacity_bytes"]},
+        load_s=dict(data.get("loads", {})),
+    )
+
+
+# ---- the one reader
+
+
+def plan_path(path: str | os.PathLike[str]) -> Path:
+    """The ``plan.json`` that ``path`` names: itself, or the one in the directory it names."""
+    given = Path(path)
+    return given / "plan.json" if given.is_dir() else given
+
+
+def read_plan(path: str | os.PathLike[str]) -> Plan:
+    """Read and check ``path`` (a ``plan.json``, or the directory holding one).
+
+    A missing file, a file that is not JSON, a plan the schema (or a cross-reference) rejects
+    and a plan this version cannot build each raise ``OutputError`` with one paragraph naming
+    the file and what to do.
+    """
+    where = plan_path(path)
+    try:
+        text = where.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise OutputError(f"no plan file at {str(where)!r}: pass a plan.json written by "
+                          "`autoplace plan`, or the directory that holds it") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise OutputError(f"cannot read the plan file {str(where)!r}: {exc}") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise OutputError(f"{str(where)!r} is not valid JSON ({exc}); pass a plan.json written "
+                          "by `autoplace plan`, or run `autoplace plan` again to rewrite it"
+                          ) from exc
+    if not isinstance(data, dict):
+        raise OutputError(f"{str(where)!r} holds a JSON {type(data).__name__}, not a plan "
+                          "object; pass a plan.json written by `autoplace plan`")
+    problems = plan_problems(data)
+    if problems:
+        shown = "; ".join(problems[:3]) + ("; ..." if len(problems) > 3 else "")
+        raise OutputError(f"{str(where)!r} is not a valid plan ({count_problems(problems)}: "
+                          f"{shown}); run `autoplace plan` again to rewrite it")
+    try:
+        return Plan.from_dict(data)
+    except (KeyError, TypeError, ValueError, AutoplaceError) as exc:
+        # The schema holds, yet the IR refuses it (an edge that goes backwards, ...).
+        raise OutputError(f"{str(where)!r} is not a plan file this version can read "
+                          f"({type(exc).__name__}: {exc})") from exc
