@@ -170,7 +170,6 @@ def save(plan: Plan, directory: str | os.PathLike[str]) -> Path:
         (tmp / "plan.json").write_text(json.dumps(data, indent=1) + "\n")
         report.write_report(tmp, plan)
         if plan.emitted is not None:
-
             save_model(plan.emitted, tmp / "model")
 
     return atomic_output_dir(directory, write)
