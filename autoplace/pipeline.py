@@ -16,11 +16,12 @@ from typing import Any
 
 import torch
 
+import autoplace.emit
 import autoplace.report as report
 from autoplace.coarsen import DEFAULT_MAX_NODES, coarsen
 from autoplace.cost import costs as cost_nodes
 from autoplace.devices import parse_device_spec, resolve_cluster
-from autoplace.emit import emit_and_verify, save_model
+from autoplace.emit import emit_and_verify
 from autoplace.errors import AutoplaceError
 from autoplace.formats.output import atomic_output_dir
 from autoplace.formats.plan import BaselineResult, Plan, SolverRecord, Verification
@@ -170,6 +171,6 @@ def save(plan: Plan, directory: str | os.PathLike[str]) -> Path:
         (tmp / "plan.json").write_text(json.dumps(data, indent=1) + "\n")
         report.write_report(tmp, plan)
         if plan.emitted is not None:
-            save_model(plan.emitted, tmp / "model")
+            autoplace.emit.save_model(plan.emitted, tmp / "model")
 
     return atomic_output_dir(directory, write)
