@@ -6,7 +6,8 @@ Two families:
    (possibly overlapping) colocation groups and nodes that cannot run on some devices. Whatever
    it returns must pass the simulator's own checks (precedence with transfer delays, no overlap,
    colocation, memory within capacity), put no node where it cannot run, and be no worse than any
-   baseline; where it gives up, every placement tried in the simulator must overflow a device. ``tests/test_solve.py`` holds the simpler random-DAG properties (uniform memory, one
+   baseline; where it gives up, every placement tried in the simulator must overflow a device.
+   ``tests/test_solve.py`` holds the simpler random-DAG properties (uniform memory, one
    colocation pair) and the comparison against enumerating every placement.
 2. The emitter, on random small ``nn.Module``s built from common layers: split across devices at
    random (and as planned), the emitted model, and the one saved and loaded back, must equal the
