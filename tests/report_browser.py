@@ -2,7 +2,8 @@
 Selenium: how long its charts take to draw, what JavaScript errors it raised, a screenshot.
 
 Shared by the browser tests (``tests/test_report_browser.py``) and the load benchmark
-(``benchmarks/report_load.py``). ``available()`` says why it cannot run, so tests skip cleanly.
+(``benchmarks/report_load.py``). ``available()`` says why it cannot run, so a test can say so
+(``conftest.require``: a skip, or a failure under CI=true).
 """
 
 from __future__ import annotations

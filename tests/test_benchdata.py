@@ -1,8 +1,9 @@
 """Tests of benchmarks/benchdata.py: the STG and Tarnawski readers and the authors' two rules.
 
 The first tests use tiny instances worked out by hand and run everywhere. The rest read
-../shared/benchdata (or $AUTOPLACE_BENCHDATA) and skip when it is absent; they reproduce every
-reference value of that directory's README from the authors' split files.
+../shared/benchdata (or $AUTOPLACE_BENCHDATA) and skip when it is absent, or fail under CI=true
+(``conftest.require``); they reproduce every reference value of that directory's README from the
+authors' split files.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 import pytest
+from conftest import require
 
 from autoplace.ir import Placement
 from autoplace.simulate import simulate, validate
@@ -23,7 +25,17 @@ from benchdata import CPU, FPGA, BenchDataError, TarnawskiEdge, TarnawskiInput, 
 
 DATA = benchdata.benchdata_dir()
 TARNAWSKI = DATA / "tarnawski2020"
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"no benchmark data at {DATA}")
+
+
+@pytest.fixture
+def _benchdata_present() -> None:
+    require(DATA.is_dir(), f"no benchmark data at {DATA} (put it at ../shared/benchdata or set "
+                           f"${benchdata.BENCHDATA_ENV})")
+
+
+# The tests of the released data: skipped without the directory, failed without it under CI=true.
+needs_data = pytest.mark.usefixtures("_benchdata_present")
+
 
 # --- hand-worked instances -------------------------------------------------------------------
 

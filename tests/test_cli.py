@@ -23,8 +23,6 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 @pytest.mark.parametrize("example", ["mlp", "lenet", "inception", "gpt2"])
 @pytest.mark.parametrize("devices", ["2xA100-40GB", "2xA100-40GB,2xT4-16GB"])
 def test_every_example_plans_emits_and_verifies(example, devices, tmp_path, capsys):
-    if example == "gpt2":
-        pytest.importorskip("transformers")
     out = tmp_path / "out"
     code = main(["plan", str(EXAMPLES / f"{example}.py"), "--devices", devices,
                  "--out", str(out), "--time-limit", "5"])

@@ -13,7 +13,8 @@ from autoplace.trace import trace_model
 
 
 def _traced_gpt2(n_layer: int = 2):
-    transformers = pytest.importorskip("transformers")
+    import transformers  # deferred: a heavy import, for the tests that use it
+
     config = transformers.GPT2Config(n_layer=n_layer, n_embd=32, n_head=2, vocab_size=64,
                                      n_positions=16, use_cache=False, bos_token_id=0,
                                      eos_token_id=0)

@@ -165,7 +165,8 @@ def mlp() -> tuple[MLP, torch.Tensor, torch.fx.GraphModule, dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def gpt2() -> tuple[torch.nn.Module, torch.Tensor, torch.fx.GraphModule]:
-    transformers = pytest.importorskip("transformers")
+    import transformers  # deferred: a heavy import, for the tests that use it
+
     logging.getLogger("transformers").setLevel(logging.ERROR)
     torch.manual_seed(0)
     config = transformers.GPT2Config(

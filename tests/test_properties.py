@@ -6,7 +6,8 @@ Two families:
    (possibly overlapping) colocation groups and nodes that cannot run on some devices. Whatever
    it returns must pass the simulator's own checks (precedence with transfer delays, no overlap,
    colocation, memory within capacity), put no node where it cannot run, and be no worse than any
-   baseline. ``tests/test_solve.py`` holds the simpler random-DAG properties (uniform memory, one
+   baseline; where it gives up, every placement tried in the simulator must overflow a device.
+   ``tests/test_solve.py`` holds the simpler random-DAG properties (uniform memory, one
    colocation pair) and the comparison against enumerating every placement.
 2. The emitter, on random small ``nn.Module``s built from common layers: split across devices at
    random (and as planned), the emitted model, and the one saved and loaded back, must equal the
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -30,10 +32,9 @@ from torch import nn
 import autoplace
 from autoplace.emit import emit_model, load_model, save_model
 from autoplace.errors import InfeasibleError
-from autoplace.ir import Costs
+from autoplace.ir import Costs, Placement
 from autoplace.simulate import simulate, validate
 from autoplace.solve import solve
-from autoplace.solve.heuristics import heft, sequential_fill
 from autoplace.trace import trace_model
 
 SOLVER_PROFILE = settings(max_examples=40, deadline=None, derandomize=True,
@@ -101,18 +102,70 @@ def _check_plan(p, r, objective: str) -> None:
     assert r.lower_bound_s <= r.objective_s * (1 + 1e-9) + 1e-12
 
 
+def _placements_within_parameters(p) -> Iterator[dict[str, str]]:
+    """Every placement of ``p``'s nodes on devices where they can run, colocation groups together,
+    whose parameters alone fit each device: the others cannot fit once activations are added, so
+    leaving them out as the enumeration goes (node by node) changes no answer."""
+    allowed = p.allowed
+    capacity = {d.name: d.memory_bytes for d in p.cluster.devices}
+    params = {n.name: n.param_bytes for n in p.graph.nodes}
+    names = [n.name for n in p.graph.nodes]
+
+    def extend(i: int, device_of: dict[str, str], used: dict[str, int]) -> Iterator[dict[str, str]]:
+        if i == len(names):
+            yield dict(device_of)
+            return
+        name = names[i]
+        # Groups overlap: a node joins the device of every placed member of each of its groups.
+        joined = {device_of[m] for g in p.graph.colocate if name in g for m in g if m in device_of}
+        for dev in allowed[name]:
+            if (joined and joined != {dev}) or used[dev] + params[name] > capacity[dev]:
+                continue
+            device_of[name] = dev
+            used[dev] += params[name]
+            yield from extend(i + 1, device_of, used)
+            used[dev] -= params[name]
+            del device_of[name]
+
+    yield from extend(0, {}, dict.fromkeys(capacity, 0))
+
+
+def _assert_nothing_fits(p) -> None:
+    """The solver gave up: check, by trying every placement in the simulator, that none fits."""
+    for device_of in _placements_within_parameters(p):
+        schedule = simulate(p, Placement(device_of=device_of))
+        assert not schedule.feasible, f"the solver gave up, but {device_of} fits"
+
+
 @SOLVER_PROFILE
 @given(mixed_problems(), st.sampled_from(["latency", "throughput"]))
 def test_mixed_devices_give_valid_plans_no_worse_than_any_baseline(p, objective):
     try:
         r = solve(p, objective=objective, time_limit_s=2, workers=1)
     except InfeasibleError:
-        # The solver may give up only where no heuristic found a plan within memory either.
-        for heuristic in (heft, sequential_fill):
-            placement = heuristic(p)
-            assert placement is None or not simulate(p, placement).feasible
+        _assert_nothing_fits(p)
         return
     _check_plan(p, r, objective)
+
+
+def test_the_enumeration_sees_what_fits_and_what_does_not():
+    # Chain a -> b -> c, 400 parameter bytes each, 100-byte edges, two devices: three nodes never
+    # fit one device (1,200 bytes), so a pair shares one: 800 resident plus the pair's live
+    # outputs. {a, b}: b starts while a's output is live, 1,000 bytes at the peak; {a, c} or
+    # {b, c}: 900 at least (a's or b's output). At 1,000 bytes {a, b} | {c} fits; at 850 nothing
+    # does, though all six splits keep their parameters within memory.
+    for memory_bytes, fits in ((1000, True), (850, False)):
+        p = zoo.chain(zoo.cluster(2, memory_bytes=memory_bytes), params=400)
+        placements = list(_placements_within_parameters(p))
+        assert len(placements) == 6
+        feasible = [d for d in placements if simulate(p, Placement(device_of=d)).feasible]
+        assert bool(feasible) == fits, memory_bytes
+        if fits:
+            solve(p, time_limit_s=2, workers=1)
+        else:
+            _assert_nothing_fits(p)
+            with pytest.raises(InfeasibleError):
+                solve(p, time_limit_s=2, workers=1)
 
 
 @settings(max_examples=15, deadline=None, derandomize=True,
@@ -122,6 +175,7 @@ def test_deterministic_mode_repeats_itself(p):
     try:
         runs = [solve(p, time_limit_s=1, deterministic=True) for _ in range(2)]
     except InfeasibleError:
+        _assert_nothing_fits(p)
         return
     assert runs[0].schedule.placement == runs[1].schedule.placement
     assert runs[0].schedule.makespan_s == runs[1].schedule.makespan_s

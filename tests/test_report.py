@@ -20,6 +20,7 @@ import re
 from html.parser import HTMLParser
 from typing import Any
 
+import jsonschema
 import pytest
 
 from autoplace.formats.plan import Plan
@@ -237,20 +238,17 @@ def test_hand_built_plan_is_consistent() -> None:
 
 
 def test_schema_loads_and_is_valid_draft_2020_12() -> None:
-    jsonschema = pytest.importorskip("jsonschema")
     schema = load_schema()
     assert schema["$schema"].endswith("2020-12/schema")
     jsonschema.Draft202012Validator.check_schema(schema)
 
 
 def test_valid_plan_passes_and_survives_json_round_trip() -> None:
-    pytest.importorskip("jsonschema")
     plan = json.loads(json.dumps(make_plan()))
     validate_plan_dict(plan)
 
 
 def test_plan_without_makespan_fails() -> None:
-    pytest.importorskip("jsonschema")
     plan = make_plan()
     del plan["makespan_s"]
     with pytest.raises(ValueError, match="'makespan_s' is a required property"):
@@ -258,7 +256,6 @@ def test_plan_without_makespan_fails() -> None:
 
 
 def test_node_without_device_fails_with_its_path() -> None:
-    pytest.importorskip("jsonschema")
     plan = make_plan()
     del plan["nodes"][2]["device"]
     with pytest.raises(ValueError, match=r"plan\.nodes\[2\]: 'device' is a required property"):
@@ -266,7 +263,6 @@ def test_node_without_device_fails_with_its_path() -> None:
 
 
 def test_wrong_types_fail() -> None:
-    pytest.importorskip("jsonschema")
     plan = make_plan()
     plan["nodes"][0]["memory_bytes"] = "256MiB"
     plan["tracer"] = "jit"
@@ -277,7 +273,6 @@ def test_wrong_types_fail() -> None:
 
 
 def test_node_on_unknown_device_fails() -> None:
-    pytest.importorskip("jsonschema")
     plan = make_plan()
     plan["nodes"][1]["device"] = "cuda:7"
     plan["nodes"][1]["compute_s"]["cuda:7"] = 1e-3
