@@ -6,14 +6,14 @@ nothing (``Plan.save`` does).
 from __future__ import annotations
 
 import datetime as _dt
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
+from autoplace.cluster import resolve_cluster
 from autoplace.coarsen import DEFAULT_MAX_NODES, coarsen
 from autoplace.cost import costs as cost_nodes
-from autoplace.devices import parse_device_spec, resolve_cluster
 from autoplace.errors import AutoplaceError
 from autoplace.ir import Cluster, Problem
 from autoplace.loader import normalize_inputs
@@ -124,14 +124,10 @@ def plan(
         raise AutoplaceError(f"time limit must be positive, got {time_limit_s} s")
     if max_nodes < 2:
         raise AutoplaceError(f"max_nodes must be at least 2, got {max_nodes}")
-    notes: list[str] = []
-    if isinstance(devices, Cluster):
-        cluster = devices
-    elif isinstance(devices, str) and cluster_file is None:
-        cluster = parse_device_spec(devices)
-    else:
-        cluster, found = resolve_cluster(spec=devices, cluster_file=cluster_file)
-        notes += found
+    cluster, found = resolve_cluster(spec=devices if isinstance(devices, str) else None,
+                                     cluster=devices if isinstance(devices, Cluster) else None,
+                                     cluster_file=cluster_file)
+    notes: list[str] = list(found)
     args, kwargs = normalize_inputs(example_inputs, where="example_inputs")
     model.eval()
 
@@ -184,9 +180,10 @@ def solve_graph(
     solver: str = "cpsat",
     seed: int = 0,
     deterministic: bool = False,
+    notes: Sequence[str] = (),
 ) -> Plan:
     """Place a task graph read with ``autoplace.graphfile`` (no model to trace or emit): the
-    Python API behind ``autoplace solve``."""
+    Python API behind ``autoplace solve``. ``notes`` (from ``resolve_cluster``) lead the plan's."""
     if time_limit_s <= 0:
         raise AutoplaceError(f"time limit must be positive, got {time_limit_s} s")
     result = solve(problem, solver=solver, objective=objective, contiguous=contiguous,
@@ -194,7 +191,7 @@ def solve_graph(
     planned = _plan_of(result, problem, name=problem.graph.name, tracer="graph",
                        coarsening={"traced_ops": len(problem.graph.nodes),
                                    "plan_nodes": len(problem.graph.nodes), "steps": []})
-    return Plan(**{**_fields(planned), "notes": tuple(result.notes)})
+    return Plan(**{**_fields(planned), "notes": (*notes, *result.notes)})
 
 
 def _plan_of(result: SolveResult, problem: Problem, *, name: str, tracer: str,
