@@ -32,8 +32,8 @@ from cost_models import (
 
 __all__ = [
     "CHOOSE_HINT",
-    "DEFAULT_SIMULATED_SPEC",
     "CUDA_NAME",
+    "DEFAULT_SIMULATED_SPEC",
     "Entry",
     "detected_entry",
     "lookup_type",
