@@ -12,8 +12,8 @@ import sys
 import time
 from collections.abc import Sequence
 
+from autoplace.cluster import DEFAULT_SIMULATED_SPEC
 from autoplace.coarsen import DEFAULT_MAX_NODES
-from autoplace.devices import DEFAULT_SIMULATED_SPEC
 from autoplace.errors import AutoplaceError
 from autoplace.solve import DEFAULT_TIME_LIMIT_S, OBJECTIVES, SOLVERS
 
@@ -141,7 +141,7 @@ def _solve_options(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_solve(args: argparse.Namespace) -> int:
-    from autoplace.devices import resolve_cluster
+    from autoplace.cluster import resolve_cluster
     from autoplace.formats.graph import load_graph_file
     from autoplace.formats.output import check_writable
     from autoplace.pipeline import save, solve_graph
@@ -151,13 +151,13 @@ def _cmd_solve(args: argparse.Namespace) -> int:
     if args.devices and args.cluster:
         raise AutoplaceError("pass either --devices or --cluster, not both")
     out = check_writable(args.out)
-    cluster = None
-    if args.devices or args.cluster:
-        cluster, _ = resolve_cluster(spec=args.devices, cluster_file=args.cluster)
+    cluster, notes = None, []
+    if args.devices or args.cluster:  # otherwise the graph file's own devices
+        cluster, notes = resolve_cluster(spec=args.devices, cluster_file=args.cluster)
     problem = load_graph_file(args.graph_file, cluster=cluster)
     result = solve_graph(problem, objective=args.objective, contiguous=args.contiguous,
                          time_limit_s=args.time_limit, solver=args.solver, seed=args.seed,
-                         deterministic=args.deterministic)
+                         deterministic=args.deterministic, notes=notes)
     save(result, out)
     print_summary(result)
     print(f"wrote {out}/plan.json and the report in {time.perf_counter() - began:.1f} s")
@@ -197,20 +197,19 @@ def _cache(args: argparse.Namespace):  # noqa: ANN202 - autoplace.profile is imp
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
-    from autoplace.devices import parse_device_spec
+    from autoplace.cluster import describe_present, inventory, present_devices, resolve_cluster
     from autoplace.loader import load_model_file
     from autoplace.profile import profile_model
-    from autoplace.profile.inventory import describe_present, inventory, present_devices
     from autoplace.trace import trace_model
 
     inv = inventory()
-    spec = args.devices or ",".join(["cpu", *(f"cuda:{g.index}" for g in inv.gpus)])
-    cluster = parse_device_spec(spec)
+    everything_here = ",".join(["cpu", *(f"cuda:{g.index}" for g in inv.gpus)])
+    cluster, spec_notes = resolve_cluster(spec=args.devices or everything_here, gpus=inv.gpus)
     present, absent = present_devices(cluster, inv)
     if not present:
         from autoplace.errors import DeviceSpecError
 
-        here = parse_device_spec(",".join(["cpu", *(f"cuda:{g.index}" for g in inv.gpus)]))
+        here, _ = resolve_cluster(spec=everything_here, gpus=inv.gpus)
         raise DeviceSpecError(
             f"nothing to profile: {'; '.join(absent)}. Devices here: "
             f"{describe_present(here.devices)}. Profile those (e.g. --devices cpu), or plan "
@@ -225,7 +224,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
                                cache=cache, progress=True, inv=inv)
     for line in inv.lines() + result.lines():
         print(line)
-    for note in result.notes:
+    for note in (*spec_notes, *result.notes):
         print(f"note: {note}")
     where = result.cache.get("path") or "memory only (--no-cache)"
     print(f"profiled in {result.wall_s:.1f} s ({time.perf_counter() - began:.1f} s with "
@@ -234,7 +233,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
 
 def _cmd_devices(args: argparse.Namespace) -> int:
-    from autoplace.devices import detect_gpus, format_catalog
+    from autoplace.cluster import detect_gpus, format_catalog
 
     print(format_catalog(detect_gpus()))
     return 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,9 +18,9 @@ import torch
 
 import autoplace.emit
 import autoplace.report as report
+from autoplace.cluster import resolve_cluster
 from autoplace.coarsen import DEFAULT_MAX_NODES, coarsen
 from autoplace.cost import costs as cost_nodes
-from autoplace.devices import parse_device_spec, resolve_cluster
 from autoplace.emit import emit_and_verify
 from autoplace.errors import AutoplaceError
 from autoplace.formats.output import atomic_output_dir
@@ -72,14 +72,10 @@ def plan(
                            objective=objective, contiguous=contiguous, solver=solver)
     if max_nodes < 2:
         raise AutoplaceError(f"max_nodes must be at least 2, got {max_nodes}")
-    notes: list[str] = []
-    if isinstance(devices, Cluster):
-        cluster = devices
-    elif isinstance(devices, str) and cluster_file is None:
-        cluster = parse_device_spec(devices)
-    else:
-        cluster, found = resolve_cluster(spec=devices, cluster_file=cluster_file)
-        notes += found
+    cluster, found = resolve_cluster(spec=devices if isinstance(devices, str) else None,
+                                     cluster=devices if isinstance(devices, Cluster) else None,
+                                     cluster_file=cluster_file)
+    notes: list[str] = list(found)
     args, kwargs = normalize_inputs(example_inputs, where="example_inputs")
     model.eval()
 
@@ -130,16 +126,17 @@ def solve_graph(
     solver: str = "cpsat",
     seed: int = 0,
     deterministic: bool = False,
+    notes: Sequence[str] = (),
 ) -> Plan:
     """Place a task graph read with ``autoplace.formats.graph`` (no model to trace or emit): the
-    Python API behind ``autoplace solve``."""
+    Python API behind ``autoplace solve``. ``notes`` (from ``resolve_cluster``) lead the plan's."""
     options = SolveOptions(time_limit_s=time_limit_s, seed=seed, deterministic=deterministic,
                            objective=objective, contiguous=contiguous, solver=solver)
     result = solve(problem, options=options)
     planned = _plan_of(result, problem, name=problem.graph.name, tracer="graph",
                        coarsening={"traced_ops": len(problem.graph.nodes),
                                    "plan_nodes": len(problem.graph.nodes), "steps": []})
-    return replace(planned, notes=tuple(result.notes))
+    return replace(planned, notes=(*notes, *result.notes))
 
 
 def _plan_of(result: SolveResult, problem: Problem, *, name: str, tracer: str,

@@ -26,12 +26,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, ROOT, machine_line, write_markdown  # noqa: E402
 
-from autoplace.devices import parse_device_spec  # noqa: E402
+from autoplace.cluster import device_key, inventory, resolve_cluster  # noqa: E402
 from autoplace.loader import load_model_file  # noqa: E402
 from autoplace.profile import profile_model  # noqa: E402
 from autoplace.profile.cache import ProfileCache  # noqa: E402
 from autoplace.profile.calibrate import compare, fit_from_records  # noqa: E402
-from autoplace.profile.inventory import device_key, inventory  # noqa: E402
 from autoplace.profile.links import measure_link  # noqa: E402
 from autoplace.trace import trace_model  # noqa: E402
 
@@ -47,9 +46,11 @@ def main() -> int:
     opts = parser.parse_args()
     began = time.perf_counter()
     inv = inventory()
-    cluster = parse_device_spec(opts.device)
+    cluster, notes = resolve_cluster(spec=opts.device, gpus=inv.gpus)
     (device,) = cluster.devices
     key = device_key(device.torch_device, inv)
+    for note in notes:  # e.g. a GPU that the catalog lacks, costed as the closest type
+        print(f"note: {note}")
     rows = {}
     traced_of = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -37,12 +37,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, ROOT, machine_line, write_markdown  # noqa: E402
 
-from autoplace.devices import parse_device_spec  # noqa: E402
+from autoplace.cluster import inventory, resolve_cluster  # noqa: E402
 from autoplace.loader import load_model_file  # noqa: E402
 from autoplace.profile import profile_model  # noqa: E402
 from autoplace.profile.cache import ProfileCache  # noqa: E402
 from autoplace.profile.calibrate import compare, fit_from_records  # noqa: E402
-from autoplace.profile.inventory import inventory  # noqa: E402
 from autoplace.profile.timing import ClockTimer, measure  # noqa: E402
 from autoplace.trace import trace_model  # noqa: E402
 
@@ -61,7 +60,7 @@ def one_round(cache_dir: Path, timer: ClockTimer) -> dict[str, dict]:
     """Profile every example into one fresh cache; return per-example figures."""
     inv = inventory()
     cache = ProfileCache(cache_dir / "profile.sqlite3", torch_version=torch.__version__)
-    cluster = parse_device_spec("cpu")
+    cluster, _ = resolve_cluster(spec="cpu", gpus=inv.gpus)
     rows: dict[str, dict] = {}
     traced_of = {}
     for name in EXAMPLES:

@@ -6,9 +6,9 @@ import pytest
 import torch
 import zoo
 
+from autoplace.cluster import resolve_cluster
 from autoplace.coarsen import coarsen
 from autoplace.cost import analytic_costs
-from autoplace.devices import parse_device_spec
 from autoplace.trace import trace_model
 
 
@@ -25,7 +25,7 @@ def _traced_gpt2(n_layer: int = 2):
 
 def test_coarsening_preserves_ops_costs_params_and_colocation():
     traced = _traced_gpt2()
-    cluster = parse_device_spec("2xA100-40GB")
+    cluster = resolve_cluster(spec="2xA100-40GB")[0]
     costs = analytic_costs(traced.graph, cluster)
     coarse = coarsen(traced.graph, costs, max_nodes=12)
     g = coarse.graph
@@ -46,7 +46,7 @@ def test_coarsening_preserves_ops_costs_params_and_colocation():
 
 def test_small_graphs_only_fold_free_ops():
     traced = _traced_gpt2(n_layer=1)
-    cluster = parse_device_spec("2xA100-40GB")
+    cluster = resolve_cluster(spec="2xA100-40GB")[0]
     costs = analytic_costs(traced.graph, cluster)
     coarse = coarsen(traced.graph, costs, max_nodes=10_000)
     assert len(coarse.steps) == 1 and coarse.steps[0].startswith("folded")
@@ -58,7 +58,7 @@ def test_small_graphs_only_fold_free_ops():
 
 def test_parameter_budget_limits_groups():
     traced = trace_model(zoo.TwoLayer().eval(), (torch.randn(3, 8),))
-    cluster = parse_device_spec("2xA100-40GB")
+    cluster = resolve_cluster(spec="2xA100-40GB")[0]
     costs = analytic_costs(traced.graph, cluster)
     coarse = coarsen(traced.graph, costs, max_nodes=2, max_group_bytes=600)
     assert all(n.param_bytes <= 600 for n in coarse.graph.nodes)

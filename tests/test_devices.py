@@ -1,4 +1,5 @@
-"""Tests for autoplace.devices: device specs, cluster files, GPU detection and the catalog table.
+"""Tests for autoplace.cluster: device specs, cluster files (read by autoplace.formats.cluster and
+checked against its JSON Schema), GPU detection and the catalog table.
 
 Detection is replaced by a stub wherever a test depends on which GPUs exist, so the tests give the
 same answers on a laptop and on a GPU server.
@@ -6,6 +7,7 @@ same answers on a laptop and on a GPU server.
 
 from __future__ import annotations
 
+import json
 import sys
 import textwrap
 import types
@@ -13,21 +15,24 @@ from pathlib import Path
 
 import pytest
 
-from autoplace import devices
-from autoplace.devices import (
+from autoplace.cli import main
+from autoplace.cluster import (
     DEFAULT_SIMULATED_SPEC,
     DetectedGPU,
+    detect,
     detect_gpus,
     format_catalog,
+    inventory,
     load_cluster_file,
-    parse_device_spec,
     resolve_cluster,
 )
 from autoplace.errors import DeviceSpecError
+from autoplace.formats import cluster as cluster_format
 from autoplace.ir import Cluster
 from cost_models import catalog_names, get_link_kind
 
 GIB = 2**30
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 A100_SXM = DetectedGPU(
     index=0, name="NVIDIA A100-SXM4-40GB", memory_bytes=40 * GIB, catalog_type="A100-40GB"
@@ -39,12 +44,18 @@ H100_SXM = DetectedGPU(
 
 @pytest.fixture
 def no_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(devices, "detect_gpus", lambda: [])
+    monkeypatch.setattr(detect, "detect_gpus", lambda: [])
 
 
 @pytest.fixture
 def two_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(devices, "detect_gpus", lambda: [A100_SXM, H100_SXM])
+    monkeypatch.setattr(detect, "detect_gpus", lambda: [A100_SXM, H100_SXM])
+
+
+def parse_device_spec(spec: str) -> Cluster:
+    """The cluster of ``spec``, through the one route every caller takes."""
+    cluster, _ = resolve_cluster(spec=spec)
+    return cluster
 
 
 def kinds(cluster: Cluster) -> dict[tuple[str, str], str]:
@@ -158,14 +169,59 @@ def test_gpu_missing_from_catalog_is_costed_as_the_closest(monkeypatch: pytest.M
     gh200 = DetectedGPU(
         index=0, name="NVIDIA GH200 480GB", memory_bytes=95 * GIB, catalog_type=None
     )
-    monkeypatch.setattr(devices, "detect_gpus", lambda: [gh200])
+    monkeypatch.setattr(detect, "detect_gpus", lambda: [gh200])
     cluster, notes = resolve_cluster(spec="cuda:0", cluster_file=None)
     assert cluster.devices[0].type == "A100-80GB"  # 80 GiB is the closest to 95 GiB
     assert cluster.devices[0].memory_bytes == 95 * GIB  # but the real memory is kept
     assert any("GH200" in note and "A100-80GB" in note for note in notes)
 
 
+GH200 = DetectedGPU(index=0, name="NVIDIA GH200 480GB", memory_bytes=95 * GIB, catalog_type=None)
+
+
+def test_a_spec_note_reaches_plan_json_and_the_terminal(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `cuda:0` on a GPU the catalog lacks is the spec that makes a note; plan and solve both
+    # used to drop it.
+    monkeypatch.setattr(detect, "detect_gpus", lambda: [GH200])
+    out = tmp_path / "plan"
+    args = ["--devices", "cuda:0,cpu", "--time-limit", "2", "--out"]
+    code = main(["plan", str(EXAMPLES / "mlp.py"), *args, str(out), "--no-emit", "--no-profile"])
+    assert code == 0, capsys.readouterr().err
+    notes = json.loads((out / "plan.json").read_text())["notes"]
+    assert any("GH200" in n and "not in the device catalog" in n for n in notes), notes
+    assert "is not in the device catalog" in capsys.readouterr().out
+    graph = tmp_path / "g.json"
+    graph.write_text(json.dumps({
+        "name": "pair",
+        "devices": [{"name": "d0", "memory_bytes": 10**9}],
+        "default_link": {"bandwidth_bytes_per_s": 1e9, "latency_s": 1e-5},
+        "nodes": [{"name": n, "compute_s": {"A100-80GB": 0.001, "CPU": 0.01}} for n in "ab"],
+        "edges": [{"src": "a", "dst": "b", "bytes": 1000}],
+    }))
+    solved = tmp_path / "solve"
+    assert main(["solve", str(graph), *args, str(solved)]) == 0, capsys.readouterr().err
+    notes = json.loads((solved / "plan.json").read_text())["notes"]
+    assert notes[0].startswith("GPU cuda:0 (NVIDIA GH200 480GB) is not in the device catalog")
+
+
 # --- resolve_cluster -----------------------------------------------------------------------------
+
+
+def test_resolve_takes_a_cluster_or_the_gpus_a_caller_found(tmp_path: Path) -> None:
+    ready = parse_device_spec("2xT4")
+    assert resolve_cluster(cluster=ready) == (ready, [])
+    # The profiler passes the GPUs its inventory found: nothing is detected again.
+    cluster, notes = resolve_cluster(spec="cuda:0", gpus=[GH200])
+    assert cluster.devices[0].memory_bytes == 95 * GIB and "GH200" in notes[0]
+    cluster, notes = resolve_cluster(gpus=[A100_SXM])
+    assert cluster.names == ("cuda:0",) and notes[0].startswith("using the GPU found: cuda:0")
+    with pytest.raises(DeviceSpecError, match="got both a device spec and a Cluster; give one"):
+        resolve_cluster(spec="2xT4", cluster=ready)
+    with pytest.raises(DeviceSpecError, match="got both a cluster file and a Cluster"):
+        resolve_cluster(cluster_file=str(tmp_path / "c.toml"), cluster=ready)
+
 
 
 @pytest.mark.usefixtures("no_gpus")
@@ -238,7 +294,7 @@ def test_nvml_detection_follows_cuda_visible_devices(monkeypatch: pytest.MonkeyP
 
 def test_nvml_defers_to_torch_when_numbering_may_differ(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(["Tesla T4", "NVIDIA A100-SXM4-40GB"]))
-    monkeypatch.setattr(devices, "_detect_with_torch", lambda: ["asked torch"])
+    monkeypatch.setattr(detect, "_detect_with_torch", lambda **_: ("asked torch",))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
     # Mixed GPUs: CUDA puts the fastest first, NVML orders by PCI bus.
@@ -247,6 +303,17 @@ def test_nvml_defers_to_torch_when_numbering_may_differ(monkeypatch: pytest.Monk
     assert [g.catalog_type for g in detect_gpus()] == ["T4", "A100-40GB"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-8f6f4c3e")  # a UUID only CUDA can resolve
     assert detect_gpus() == ["asked torch"]
+
+
+def test_inventory_follows_the_same_cuda_visible_devices_rule(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # One detector: the profiler's inventory numbers GPUs as `autoplace devices` and specs do.
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(["NVIDIA A100-SXM4-40GB"] * 4))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    inv = inventory()
+    assert inv.source == "nvml" and inv.gpus == tuple(detect_gpus())
+    assert [(g.index, g.memory_bytes) for g in inv.gpus] == [(0, 4 * GIB), (1, 2 * GIB)]
 
 
 # --- Cluster files -------------------------------------------------------------------------------
@@ -330,8 +397,8 @@ latency_s = 0
 
 
 def test_the_documented_example_loads(tmp_path: Path) -> None:
-    doc = devices.__doc__ or ""
-    example = doc.split("overrides::\n", 1)[1].split("\nWith one host", 1)[0]
+    doc = cluster_format.__doc__ or ""
+    example = doc.split("The format::\n", 1)[1].split("\nWith one host", 1)[0]
     cluster = load_cluster_file(write(tmp_path, textwrap.dedent(example)))
     assert cluster.names == (
         "node0/cuda:0",
@@ -355,19 +422,39 @@ def test_devices_alone_make_one_machine(tmp_path: Path) -> None:
     ("text", "message"),
     [
         ("[[hosts]\nname = 'a'\n", r"not valid TOML: .*line 1"),
-        ("hostz = []\n", r"unknown key 'hostz'; allowed keys: hosts, devices, links"),
-        ("[[hosts]]\nname = 'a'\ndevice = ['T4']\n", r"hosts\[0\]: unknown key 'device'"),
-        ("[[hosts]]\nname = 3\n", r"hosts\[0\]: name must be a non-empty string, got 3"),
-        ("[[hosts]]\ndevices = ['T4']\n", r"hosts\[0\]: missing required key 'name'"),
-        ("[[hosts]]\nname = 'a'\ndevices = 'T4'\n", r"devices must be a list of spec strings"),
-        ("[[hosts]]\nname = 'a/b'\ndevices = ['T4']\n", r"contains '/'"),
+        (
+            "hostz = []\n",
+            r"cluster\.toml: Additional properties are not allowed \('hostz' was unexpected\); "
+            r"allowed keys: hosts, devices, links",
+        ),
+        (
+            "[[hosts]]\nname = 'a'\ndevice = ['T4']\n",
+            r"hosts\[0\]: Additional properties .*'device' was unexpected.*keys: name, devices",
+        ),
+        ("[[hosts]]\nname = 3\n", r"hosts\[0\]\.name: 3 is not a host name"),
+        ("[[hosts]]\ndevices = ['T4']\n", r"hosts\[0\]: 'name' is a required property"),
+        (
+            "[[hosts]]\nname = 'a'\ndevices = 'T4'\n",
+            r"hosts\[0\]\.devices: 'T4' is not a list of device spec strings",
+        ),
+        (
+            "[[hosts]]\nname = 'a'\n[[hosts]]\nname = 'b'\ndevices = ['T4', 5]\n",
+            r"hosts\[1\]\.devices\[1\]: 5 is not of type 'string'",
+        ),
+        ("[[hosts]]\nname = 'a/b'\ndevices = ['T4']\n", r"hosts\[0\]\.name: 'a/b' is not .*no '/'"),
+        ("[[hosts]]\nname = '  '\n", r"hosts\[0\]\.name: '  ' is not a host name: not blank"),
         ("[[hosts]]\nname = 'a'\n[[hosts]]\nname = 'a'\n", r"'a' is used twice"),
-        ("[hosts]\nname = 'a'\n", r"'hosts' must be an array of tables, written \[\[hosts\]\]"),
+        ("[hosts]\nname = 'a'\n", r"hosts: \{'name': 'a'\} is not an array of tables, written \["),
         ("[[hosts]]\nname = 'a'\ndevices = ['2xFOO']\n", r"unknown device type 'FOO'.*A100-40GB"),
         ("[[hosts]]\nname = 'a'\ndevices = ['cuda:0']\n", r"'cuda:0' names a GPU of this machine"),
         ("[[hosts]]\nname = 'a'\ndevices = []\n", r"defines no devices"),
-        ("[[devices]]\ntype = 'T4'\nmemory_bytes = -1\n", r"memory_bytes must be a number > 0"),
-        ("[[devices]]\ntype = 'T4'\nmemory_bytes = true\n", r"memory_bytes must be a number"),
+        (
+            "[[devices]]\ntype = 'T4'\nmemory_bytes = -1\n",
+            r"devices\[0\]\.memory_bytes: -1 is less than or equal to the minimum of 0",
+        ),
+        ("[[devices]]\ntype = 'T4'\nmemory_bytes = 1.5\n", r"1\.5 is not of type 'integer'"),
+        ("[[devices]]\ntype = ' '\n", r"devices\[0\]\.type: ' ' is not a non-blank string"),
+        ("[[devices]]\ntype = 'T4'\nmemory_bytes = true\n", r"True is not of type 'integer'"),
         ("[[devices]]\ntype = 'T4'\ntorch_device = 'cpu'\n", r"'cpu' does not fit a gpu"),
         ("[[devices]]\ntype = 'T4'\nhost = 'x'\n", r"host 'x' is not one of"),
         (
@@ -400,11 +487,17 @@ BACK = '[[links]]\nsrc = "node1/cuda:0"\ndst = "node0/cuda:0"\n'
         (PAIR + 'kind = "nvlink9"', r"unknown link kind 'nvlink9'; valid kinds: nvlink2"),
         (
             PAIR + 'bandwidth_bytes_per_s = "fast"',
-            r"bandwidth_bytes_per_s must be a number > 0, got 'fast'",
+            r"links\[0\]\.bandwidth_bytes_per_s: 'fast' is not of type 'number'",
         ),
-        (PAIR + "bandwidth_bytes_per_s = 0", r"must be a number > 0"),
-        (PAIR + 'latency_s = 1e-6\nsymmetric = "yes"', r"symmetric must be true or false"),
-        (PAIR + "latency_s = 1e-6\nspeed = 1", r"links\[0\]: unknown key 'speed'"),
+        (PAIR + "bandwidth_bytes_per_s = 0", r"0 is less than or equal to the minimum of 0"),
+        (PAIR + "latency_s = -1e-6", r"latency_s: -1e-06 is less than the minimum of 0"),
+        (PAIR + "latency_s = nan", r"links\[0\]\.latency_s: nan is not a finite number"),
+        (PAIR + "bandwidth_bytes_per_s = inf", r"bandwidth_bytes_per_s: inf is not a finite"),
+        (PAIR + 'latency_s = 1e-6\nsymmetric = "yes"', r"symmetric: 'yes' is not of type 'bool"),
+        (
+            PAIR + "latency_s = 1e-6\nspeed = 1",
+            r"links\[0\]: Additional properties .*'speed' was unexpected.*allowed keys: src, dst",
+        ),
         (
             PAIR + "latency_s = 1e-6\n" + BACK + "latency_s = 2e-6",
             r"links\[1\]: the link node1/cuda:0 -> node0/cuda:0 is already overridden by links\[0",

@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA_FILES = (
     "autoplace/formats/plan.schema.json",
     "autoplace/formats/graph.schema.json",
+    "autoplace/formats/cluster.schema.json",
     "autoplace/templates/report.html.j2",
     "autoplace/templates/report.css",
     "autoplace/templates/report.js",

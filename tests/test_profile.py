@@ -18,18 +18,23 @@ import zoo
 from torch import nn
 
 from autoplace.cli import main
-from autoplace.devices import parse_device_spec
+from autoplace.cluster import HostInfo, Inventory, inventory, present_devices, resolve_cluster
 from autoplace.formats.plan_check import validate_plan_dict
+from autoplace.ir import Cluster
 from autoplace.pipeline import plan
 from autoplace.profile import open_cache, profile_model
 from autoplace.profile.cache import ProfileCache
-from autoplace.profile.inventory import HostInfo, Inventory, inventory, present_devices
 from autoplace.profile.ops import _time_in_situ, op_signature
 from autoplace.profile.timing import ClockTimer, CudaEventTimer, measure, timer_for
 from autoplace.trace import trace_model
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 CPU_HERE = Inventory(host=HostInfo(cpu_model="test CPU", logical_cpus=2, torch_threads=1))
+
+
+def parse_device_spec(spec: str) -> Cluster:
+    cluster, _ = resolve_cluster(spec=spec)
+    return cluster
 
 
 @pytest.fixture(autouse=True)
@@ -264,6 +269,18 @@ def test_inventory_reads_nvml_names_memory_pcie_and_nvlink(monkeypatch):
     present, absent = present_devices(parse_device_spec("T4,A100-40GB"), inv)
     assert [d.name for d in present] == ["cuda:1"]
     assert "cuda:0 is planned as T4 but cuda:0 here is NVIDIA A100-SXM4-40GB" in absent[0]
+
+
+def test_nvml_topology_follows_cuda_visible_devices(monkeypatch):
+    # torch renumbers the visible GPUs from 0 in the listed order; NVLink peers follow, and a
+    # hidden peer is no peer.
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml())
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    inv = inventory()
+    assert inv.source == "nvml" and [g.nvlink_peers for g in inv.gpus] == [(1,), (0,)]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    (only,) = inventory().gpus
+    assert (only.index, only.nvlink_peers, only.pcie_gen) == (0, (), 4)
 
 
 @pytest.mark.parametrize("pynvml", [None, "failing"])

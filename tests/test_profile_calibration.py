@@ -9,8 +9,8 @@ import random
 
 import pytest
 
+from autoplace.cluster import resolve_cluster
 from autoplace.cost import costs, node_family, op_short_name, weakest_source
-from autoplace.devices import parse_device_spec
 from autoplace.ir import Edge, OpGraph, OpNode
 from autoplace.profile.cache import OpRecord
 from autoplace.profile.calibrate import fit_from_records, fits_for
@@ -106,7 +106,7 @@ def _law_fit(device_type: str, factor: float, samples: int) -> CalibrationFit:
 def test_an_unmeasured_gpu_borrows_a_measured_gpus_efficiencies_but_never_the_cpus():
     h200 = _law_fit("H200", 1.5, 50)
     cpu = _law_fit("CPU", 40.0, 80)
-    cluster = parse_device_spec("2xA100-40GB,cpu")
+    cluster = resolve_cluster(spec="2xA100-40GB,cpu")[0]
     chosen, notes = fits_for(cluster, {"H200": h200, "CPU": cpu})
     assert chosen["CPU"] == cpu
     assert chosen["A100-40GB"].laws == h200.laws
@@ -123,7 +123,7 @@ def test_costs_prefer_measured_then_calibrated_then_analytic():
                launches=1, output_bytes=400),
         OpNode(name="view", targets=("aten.view.default",), output_bytes=400),
     ), edges=(Edge("x", "mm", 400), Edge("mm", "view", 400)))
-    cluster = parse_device_spec("A100-40GB,cpu")
+    cluster = resolve_cluster(spec="A100-40GB,cpu")[0]
     cpu_fit = _law_fit("CPU", 2.0, 3)  # half the roofline's peaks
     result = costs(graph, cluster, measured={"mm": {"cpu": 0.25}}, fits={"CPU": cpu_fit})
     assert result.of("mm", "cpu") == 0.25 and result.source_of("mm", "cpu") == "measured"

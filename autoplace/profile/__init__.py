@@ -6,7 +6,10 @@ tracing when asked to (``--profile``), and ``autoplace.cost.costs`` then takes e
 measured time where there is one, a calibrated one where a fit exists, and the analytic roofline
 otherwise. ``autoplace profile`` runs this stage alone.
 
-Read in this order: ``inventory`` (what is here), ``timing`` (clocks and the stable-median loop),
+What is here (the host, the GPUs, which planned devices can be profiled) comes from
+``autoplace.cluster.detect``, the detector device specs use too.
+
+Read in this order: ``timing`` (clocks and the stable-median loop),
 ``ops`` (one device, op by op), ``links`` (copies between devices), ``cache`` (the SQLite file
 that keeps all of it across runs and models), ``calibrate`` (fits), then ``profile_model`` below.
 """
@@ -21,10 +24,10 @@ from typing import Any
 
 import torch
 
+from autoplace.cluster import Inventory, device_key, inventory, present_devices
 from autoplace.ir import Cluster, Device, Link
 from autoplace.profile.cache import LinkRecord, ProfileCache, default_cache_path
 from autoplace.profile.calibrate import Comparison, compare, fits_for, refit
-from autoplace.profile.inventory import Inventory, device_key, inventory, present_devices
 from autoplace.profile.links import measure_link
 from autoplace.profile.ops import DeviceProfile, Progress, profile_device
 from autoplace.profile.timing import Timer

@@ -5,9 +5,9 @@ Where: ``$AUTOPLACE_CACHE_DIR/profile.sqlite3`` when that variable is set, else
 (``default_cache_path``). ``--no-cache`` uses a private in-memory database instead.
 
 An op's time is keyed by its signature (target, input shapes and dtypes, the other
-arguments), the device it ran on (``inventory.device_key``: the GPU's name, or the CPU's model
-and thread count) and the torch version, so one measurement serves every model and run that has
-the same op. A model's whole forward pass, measured for comparison, is kept too, keyed by the
+arguments), the device it ran on (``autoplace.cluster.device_key``: the GPU's name, or the CPU's
+model and thread count) and the torch version, so one measurement serves every model and run that
+has the same op. A model's whole forward pass, measured for comparison, is kept too, keyed by the
 signatures of all its ops in order. Measurements from another torch version are never used
 (kernels change between releases); the cache says how many there are.
 

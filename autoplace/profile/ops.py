@@ -197,160 +197,221 @@ def profile_device(
     """
     began = time.perf_counter()
     dev = torch.device(device.torch_device)
-    timer = timer or timer_for(device.torch_device)
+    cuda = dev.type == "cuda"
+    on = _OnDevice(device=device, device_key=device_key, cache=cache, dev=dev, cuda=cuda,
+                   timer=timer or timer_for(device.torch_device),
+                   in_situ=(not cuda) if in_situ is None else in_situ)
     gm = traced.module
-    graph = traced.graph
-    wanted = {n.name for n in graph.nodes if not n.is_input and n.launches > 0}
-    ir_node = {n.name: n for n in graph.nodes}
     fx_nodes = list(gm.graph.nodes)
-    index = {n.name: i for i, n in enumerate(fx_nodes)}
-    last_use = {n.name: max((index[u.name] for u in n.users), default=index[n.name])
-                for n in fx_nodes}
-    # A value is dropped after its last reader ran. (An op timed with its neighbour needs the
-    # neighbour's inputs again: the neighbour's `run` closure keeps them.)
-    free_at: dict[int, list[str]] = {}
-    for name, i in last_use.items():
-        free_at.setdefault(i, []).append(name)
+    free_at = _free_schedule(fx_nodes)
+    walk = _Walk(ir_node={n.name: n for n in traced.graph.nodes},
+                 wanted={n.name for n in traced.graph.nodes if not n.is_input and n.launches > 0})
+    with torch.no_grad():
+        end = _first_walk(gm, fx_nodes, args, kwargs, on=on, walk=walk, free_at=free_at,
+                          progress=progress)
+        if walk.pending:
+            samples = _time_in_situ(gm, fx_nodes[:end], args, kwargs, dev=dev, timer=on.timer,
+                                    free_at=free_at,
+                                    names={n for v in walk.pending.values() for n in v})
+            _take_in_situ(samples, on=on, walk=walk)
+            walk.ops = {n.name: walk.ops[n.name] for n in fx_nodes if n.name in walk.ops}
+    cache.put_ops(walk.records)
+    unmeasured = tuple(sorted(walk.wanted - set(walk.ops)))
+    if walk.stopped is not None:
+        walk.notes.append(f"profiling on {device.name} stopped at {walk.stopped}; the "
+                          f"{len(unmeasured)} ops not measured keep calibrated or analytic costs")
+    whole = (_whole_forward_cached(model, args, kwargs, on=on, walk=walk)
+             if whole_forward and model is not None and walk.stopped is None else None)
+    return DeviceProfile(device=device.name, torch_device=device.torch_device,
+                         device_key=device_key, device_type=device.type, ops=walk.ops,
+                         whole_forward=whole, notes=tuple(walk.notes), unmeasured=unmeasured,
+                         measured_now=walk.measured_now, from_cache=walk.from_cache,
+                         wall_s=time.perf_counter() - began)
 
+
+@dataclass(frozen=True, kw_only=True)
+class _OnDevice:
+    """Where and how ``profile_device`` times: fixed for one device."""
+
+    device: Device
+    device_key: str
+    cache: ProfileCache
+    dev: torch.device
+    cuda: bool
+    timer: Timer
+    in_situ: bool
+
+
+# The op before, to time an op together with: its node, a closure running it, its time (or 0).
+_Previous = tuple[torch.fx.Node, Callable[[], Any], float]
+
+
+@dataclass(kw_only=True)
+class _Walk:
+    """What the walks over one device gather; filled in as they go."""
+
+    ir_node: Mapping[str, Any]
+    wanted: set[str]
+    ops: dict[str, OpProfile] = field(default_factory=dict)
+    records: list[OpRecord] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seen: dict[str, OpProfile] = field(default_factory=dict)  # by signature, this run
+    signatures: list[str] = field(default_factory=list)
+    # In situ: the signatures still to time and their nodes, and each node's inputs (for the
+    # isolated fallback should the repeated walks fail) and output size.
+    pending: dict[str, list[str]] = field(default_factory=dict)
+    fallback: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    output_bytes: dict[str, int] = field(default_factory=dict)
+    previous: _Previous | None = None
+    stopped: str | None = None
+    measured_now: int = 0
+    from_cache: int = 0
+    done: int = 0
+
+    def measured(self, profile: OpProfile, *, ir: Any, on: _OnDevice) -> None:
+        """Count a fresh measurement and keep its cache row."""
+        self.measured_now += 1
+        self.records.append(_record(profile, ir, device_key=on.device_key,
+                                    device_type=on.device.type))
+
+
+def _free_schedule(fx_nodes: list[torch.fx.Node]) -> dict[int, list[str]]:
+    """The values to drop after each position, that of their last reader. (An op timed with its
+    neighbour needs the neighbour's inputs again: the neighbour's `run` closure keeps them.)"""
+    index = {n.name: i for i, n in enumerate(fx_nodes)}
+    free_at: dict[int, list[str]] = {}
+    for n in fx_nodes:
+        last_use = max((index[u.name] for u in n.users), default=index[n.name])
+        free_at.setdefault(last_use, []).append(n.name)
+    return free_at
+
+
+def _first_walk(gm: torch.fx.GraphModule, fx_nodes: list[torch.fx.Node], args: tuple,
+                kwargs: Mapping[str, Any], *, on: _OnDevice, walk: _Walk,
+                free_at: Mapping[int, list[str]], progress: Progress | None) -> int:
+    """Run the graph once on the device, timing (or looking up, or setting aside for the in-situ
+    walks) every wanted op. Returns the position where it ended: the output, or the op that
+    could not run (``walk.stopped`` says why)."""
     inputs = iter(flat_inputs(gm, args, dict(kwargs)))
     env: dict[str, Any] = {}
-    ops: dict[str, OpProfile] = {}
-    records: list[OpRecord] = []
-    notes: list[str] = []
-    seen: dict[str, OpProfile] = {}
-    signatures: list[str] = []
-    previous: tuple[torch.fx.Node, Callable[[], Any], float] | None = None
-    stopped: str | None = None
-    measured_now = from_cache = 0
-    done = 0
-    cuda = dev.type == "cuda"
-    in_situ = (not cuda) if in_situ is None else in_situ
-    # In situ: the signatures still to time, their nodes, and each node's inputs (for the
-    # isolated fallback should the repeated walks fail).
-    pending: dict[str, list[str]] = {}
-    fallback: dict[str, tuple[torch.fx.Node, Callable[..., Any], Any, Any, Any]] = {}
-    output_bytes: dict[str, int] = {}
+    end = 0
+    for end, node in enumerate(fx_nodes):
+        for name in free_at.get(end - 1, ()):
+            env.pop(name, None)
+        if node.op == "output":
+            break
+        if node.op == "placeholder":
+            env[node.name] = _to_device(next(inputs, None), on.dev)
+            continue
+        if node.op == "get_attr":
+            env[node.name] = _to_device(_attr(gm, str(node.target)), on.dev)
+            continue
+        fn_target = _callable(gm, node)
+        call_args, call_kwargs = _inputs(node, env, on.dev)
 
-    with torch.no_grad():
-        for i, node in enumerate(fx_nodes):
-            for name in free_at.get(i - 1, ()):
-                env.pop(name, None)
-            if node.op == "output":
-                break
-            if node.op == "placeholder":
-                env[node.name] = _to_device(next(inputs, None), dev)
-                continue
-            if node.op == "get_attr":
-                env[node.name] = _to_device(_attr(gm, str(node.target)), dev)
-                continue
-            fn_target = _callable(gm, node)
-            call_args, call_kwargs = _inputs(node, env, dev)
+        def run(f=fn_target, a=call_args, k=call_kwargs) -> Any:
+            return f(*a, **k)
 
-            def run(f=fn_target, a=call_args, k=call_kwargs) -> Any:
-                return f(*a, **k)
+        # The op runs for real first (later ops need its value; an op whose state the op
+        # before it sets up finds it set up), then is timed.
+        try:
+            env[node.name] = run()
+        except Exception as exc:  # the op cannot run here at all
+            walk.stopped = (f"{node.name} ({node.target}) failed on {on.device.torch_device}: "
+                            f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}")
+            break
+        if node.name in walk.wanted:
+            if progress is not None:
+                progress(node.name, walk.done, len(walk.wanted))
+            _visit_op(node, fn_target, call_args, call_kwargs, value=env[node.name], on=on,
+                      walk=walk)
+            walk.done += 1
+        if node.name in walk.ops or node.name in walk.fallback:
+            walk.previous = (node, run,
+                             walk.ops[node.name].median_s if node.name in walk.ops else 0.0)
+    env.clear()
+    return end
 
-            # The op runs for real first (later ops need its value; an op whose state the op
-            # before it sets up finds it set up), then is timed.
-            try:
-                env[node.name] = run()
-            except Exception as exc:  # the op cannot run here at all
-                stopped = (f"{node.name} ({node.target}) failed on {device.torch_device}: "
-                           f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}")
-                break
-            if node.name in wanted:
-                ir = ir_node[node.name]
-                target = ir.targets[0] if ir.targets else str(node.target)
-                signature = op_signature(target, call_args, call_kwargs)
-                signatures.append(signature)
-                if progress is not None:
-                    progress(node.name, done, len(wanted))
-                profile = seen.get(signature)
-                if profile is None:
-                    cached = cache.get_op(signature, device_key)
-                    if cached is not None and (cached.method == "in-situ") == in_situ:
-                        profile = OpProfile(
-                            node=node.name, signature=signature, median_s=cached.median_s,
-                            spread=cached.spread, samples=cached.samples,
-                            param_bytes=cached.param_bytes, output_bytes=cached.output_bytes,
-                            workspace_bytes=cached.workspace_bytes, method="cached")
-                        from_cache += 1
-                if profile is None and in_situ:
-                    pending.setdefault(signature, []).append(node.name)
-                    fallback[node.name] = (node, fn_target, call_args, call_kwargs, previous)
-                    output_bytes[node.name] = _nbytes(env[node.name])
-                elif profile is None:
-                    profile, note = _time_op(node, fn_target, call_args, call_kwargs, ir=ir,
-                                             signature=signature, timer=timer, cuda=cuda,
-                                             dev=dev, previous=previous)
-                    if note:
-                        notes.append(note)
-                    if profile is not None:
-                        measured_now += 1
-                        records.append(_record(profile, ir, device_key=device_key,
-                                               device_type=device.type))
-                elif profile.node != node.name:
-                    profile = OpProfile(**{**profile.__dict__, "node": node.name,
-                                           "method": "cached"})
-                if profile is not None:
-                    seen.setdefault(signature, profile)
-                    ops[node.name] = profile
-                done += 1
-            if node.name in ops or node.name in fallback:
-                previous = (node, run, ops[node.name].median_s if node.name in ops else 0.0)
-        env.clear()
-        if pending:
-            samples = _time_in_situ(gm, fx_nodes[:i], args, kwargs, dev=dev, timer=timer,
-                                    free_at=free_at, names={n for v in pending.values() for n in v})
-            for signature, names in pending.items():
-                pooled = [t for name in names for t in samples.get(name, ())]
-                first = names[0]
-                fb_node, fb_fn, fb_args, fb_kwargs, fb_previous = fallback[first]
-                ir = ir_node[first]
-                if pooled:
-                    profile = OpProfile(
-                        node=first, signature=signature, median_s=statistics.median(pooled),
-                        spread=relative_spread(pooled), samples=len(pooled),
-                        param_bytes=ir.param_bytes,
-                        output_bytes=output_bytes[first], workspace_bytes=None,
-                        method="in-situ")
-                else:  # the repeated walks failed before this op: time it alone
-                    if fb_previous is not None and fb_previous[0].name in ops:
-                        fb_previous = (*fb_previous[:2], ops[fb_previous[0].name].median_s)
-                    profile, note = _time_op(fb_node, fb_fn, fb_args, fb_kwargs, ir=ir,
-                                             signature=signature, timer=timer, cuda=cuda,
-                                             dev=dev, previous=fb_previous)
-                    if note:
-                        notes.append(note)
-                if profile is None:
-                    continue
-                measured_now += 1
-                records.append(_record(profile, ir, device_key=device_key,
-                                       device_type=device.type))
-                for k, name in enumerate(names):
-                    ops[name] = profile if k == 0 else OpProfile(
-                        **{**profile.__dict__, "node": name, "method": "cached"})
-            ops = {n.name: ops[n.name] for n in fx_nodes if n.name in ops}  # graph order
-    cache.put_ops(records)
-    unmeasured = tuple(sorted(wanted - set(ops)))
-    if stopped is not None:
-        notes.append(f"profiling on {device.name} stopped at {stopped}; the {len(unmeasured)} "
-                     "ops not measured keep calibrated or analytic costs")
-    whole = None
-    if whole_forward and model is not None and stopped is None:
-        model_key = hashlib.sha256("\n".join(signatures).encode()).hexdigest()
-        known = cache.get_forward(model_key, device_key)
-        if known is not None:
-            whole = Measurement(median_s=known[0], spread=known[1], samples=known[2], calls=1)
-        else:
-            whole = _whole_forward(model, args, kwargs, dev=dev, timer=timer, notes=notes)
-            if whole is not None:
-                cache.put_forward(model_key, device_key, median_s=whole.median_s,
-                                  spread=whole.spread, samples=whole.samples)
-    return DeviceProfile(device=device.name, torch_device=device.torch_device,
-                         device_key=device_key, device_type=device.type, ops=ops,
-                         whole_forward=whole, notes=tuple(notes), unmeasured=unmeasured,
-                         measured_now=measured_now, from_cache=from_cache,
-                         wall_s=time.perf_counter() - began)
+
+def _visit_op(node: torch.fx.Node, fn_target: Callable[..., Any], call_args: Any,
+              call_kwargs: Any, *, value: Any, on: _OnDevice, walk: _Walk) -> None:
+    """One wanted op on the first walk: an identical op's time from this run or the cache, a
+    place in the in-situ walks, or a time taken now."""
+    ir = walk.ir_node[node.name]
+    target = ir.targets[0] if ir.targets else str(node.target)
+    signature = op_signature(target, call_args, call_kwargs)
+    walk.signatures.append(signature)
+    profile = walk.seen.get(signature)
+    if profile is None:
+        cached = on.cache.get_op(signature, on.device_key)
+        if cached is not None and (cached.method == "in-situ") == on.in_situ:
+            profile = OpProfile(
+                node=node.name, signature=signature, median_s=cached.median_s,
+                spread=cached.spread, samples=cached.samples, param_bytes=cached.param_bytes,
+                output_bytes=cached.output_bytes, workspace_bytes=cached.workspace_bytes,
+                method="cached")
+            walk.from_cache += 1
+    if profile is None and on.in_situ:
+        walk.pending.setdefault(signature, []).append(node.name)
+        walk.fallback[node.name] = (node, fn_target, call_args, call_kwargs, walk.previous)
+        walk.output_bytes[node.name] = _nbytes(value)
+        return
+    if profile is None:
+        profile, note = _time_op(node, fn_target, call_args, call_kwargs, ir=ir,
+                                 signature=signature, timer=on.timer, cuda=on.cuda, dev=on.dev,
+                                 previous=walk.previous)
+        if note:
+            walk.notes.append(note)
+        if profile is not None:
+            walk.measured(profile, ir=ir, on=on)
+    elif profile.node != node.name:
+        profile = OpProfile(**{**profile.__dict__, "node": node.name, "method": "cached"})
+    if profile is not None:
+        walk.seen.setdefault(signature, profile)
+        walk.ops[node.name] = profile
+
+
+def _take_in_situ(samples: Mapping[str, list[float]], *, on: _OnDevice, walk: _Walk) -> None:
+    """Each pending signature's time from the in-situ walks (pooled over its nodes), or, where
+    the walks failed before it, timed alone."""
+    for signature, names in walk.pending.items():
+        pooled = [t for name in names for t in samples.get(name, ())]
+        first, ir = names[0], walk.ir_node[names[0]]
+        if pooled:
+            profile: OpProfile | None = OpProfile(
+                node=first, signature=signature, median_s=statistics.median(pooled),
+                spread=relative_spread(pooled), samples=len(pooled), param_bytes=ir.param_bytes,
+                output_bytes=walk.output_bytes[first], workspace_bytes=None, method="in-situ")
+        else:  # the repeated walks failed before this op: time it alone
+            fb_node, fb_fn, fb_args, fb_kwargs, fb_previous = walk.fallback[first]
+            if fb_previous is not None and fb_previous[0].name in walk.ops:
+                fb_previous = (*fb_previous[:2], walk.ops[fb_previous[0].name].median_s)
+            profile, note = _time_op(fb_node, fb_fn, fb_args, fb_kwargs, ir=ir,
+                                     signature=signature, timer=on.timer, cuda=on.cuda,
+                                     dev=on.dev, previous=fb_previous)
+            if note:
+                walk.notes.append(note)
+        if profile is None:
+            continue
+        walk.measured(profile, ir=ir, on=on)
+        for k, name in enumerate(names):
+            walk.ops[name] = profile if k == 0 else OpProfile(
+                **{**profile.__dict__, "node": name, "method": "cached"})
+
+
+def _whole_forward_cached(model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any], *,
+                          on: _OnDevice, walk: _Walk) -> Measurement | None:
+    """The whole forward pass, from the cache (keyed by the model's op signatures in order) or
+    timed now and stored."""
+    model_key = hashlib.sha256("\n".join(walk.signatures).encode()).hexdigest()
+    known = on.cache.get_forward(model_key, on.device_key)
+    if known is not None:
+        return Measurement(median_s=known[0], spread=known[1], samples=known[2], calls=1)
+    whole = _whole_forward(model, args, kwargs, dev=on.dev, timer=on.timer, notes=walk.notes)
+    if whole is not None:
+        on.cache.put_forward(model_key, on.device_key, median_s=whole.median_s,
+                             spread=whole.spread, samples=whole.samples)
+    return whole
 
 
 def _time_in_situ(

@@ -1,0 +1,148 @@
+"""A cluster file into a ``Cluster``: hosts with device specs, ``[[devices]]`` with overrides,
+``[[links]]`` that replace default links.
+
+``autoplace.formats.cluster`` documents the format, reads the TOML and checks every field's type
+and range against the schema; what is left here are the checks that need the device catalog or
+the devices already defined: device types and link kinds exist, a ``torch_device`` fits its
+device, host names are unique, a link names two distinct devices and overrides something, once.
+
+Read ``load_cluster_file``, then ``_device_entry`` and ``_link_overrides``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from autoplace.cluster.build import LOCAL_HOST, build_cluster
+from autoplace.cluster.spec import CUDA_NAME, Entry, lookup_type, parse_tokens
+from autoplace.errors import DeviceSpecError
+from autoplace.formats.cluster import read_cluster_file
+from autoplace.ir import Cluster, Link
+from cost_models import LINK_CATALOG, link_kind_names
+
+__all__ = ["load_cluster_file"]
+
+_LINK_FIGURES = ("kind", "bandwidth_bytes_per_s", "latency_s")
+
+
+def load_cluster_file(path: str | os.PathLike[str]) -> Cluster:
+    """The cluster the TOML file at ``path`` describes (``autoplace.formats.cluster``)."""
+    where = f"cluster file {os.fspath(path)}"
+    data = read_cluster_file(path)
+    hosts: dict[str, list[Entry]] = {}
+    for i, table in enumerate(data.get("hosts", ())):
+        at = f"{where}: hosts[{i}]"
+        name = table["name"].strip()
+        if name in hosts:
+            raise DeviceSpecError(f"{at}: host name {name!r} is used twice")
+        hosts[name] = []
+        for spec in table.get("devices", ()):
+            hosts[name] += parse_tokens(spec, where=f"{at}.devices", detected=None, notes=[])
+
+    if not hosts:
+        hosts[LOCAL_HOST] = []  # [[devices]] alone describe one machine
+    for i, table in enumerate(data.get("devices", ())):
+        host, entry = _device_entry(table, hosts=list(hosts), where=where, index=i)
+        hosts[host].append(entry)
+
+    if not any(hosts.values()):
+        raise DeviceSpecError(f"{where}: defines no devices; add [[hosts]] with devices")
+    cluster = build_cluster(list(hosts.items()), where=where)
+    overrides = _link_overrides(
+        data.get("links", ()), cluster=cluster, hosts=list(hosts), where=where
+    )
+    if not overrides:
+        return cluster
+    return Cluster(
+        devices=cluster.devices,
+        links=tuple(overrides.get((link.src, link.dst), link) for link in cluster.links),
+    )
+
+
+def _device_entry(
+    table: Mapping[str, Any], *, hosts: list[str], where: str, index: int
+) -> tuple[str, Entry]:
+    at = f"{where}: devices[{index}]"
+    if "host" in table:
+        host = table["host"].strip()
+        if host not in hosts:
+            raise DeviceSpecError(f"{at}: host {host!r} is not one of the [[hosts]]: {hosts}")
+    elif len(hosts) == 1:
+        host = hosts[0]
+    else:
+        raise DeviceSpecError(f"{at}: say which host it is on with host = one of {hosts}")
+    type_name = table["type"].strip()
+    device_type = lookup_type(type_name, token=type_name, where=at)
+    torch_device = "cpu" if device_type.kind == "cpu" else None
+    if "torch_device" in table:
+        given = table["torch_device"].strip()
+        cpu = device_type.kind == "cpu"
+        if not (given == "cpu" if cpu else CUDA_NAME.fullmatch(given) is not None):
+            expected = "cpu" if cpu else "cuda:N"
+            raise DeviceSpecError(
+                f"{at}: torch_device {given!r} does not fit a {device_type.kind} "
+                f"({device_type.name}): use {expected!r}"
+            )
+        torch_device = given.lower()
+    entry = Entry(
+        type=device_type,
+        # The schema lets a whole float through (75e9 is an integer to JSON Schema).
+        memory_bytes=int(table.get("memory_bytes", device_type.memory_bytes)),
+        torch_device=torch_device,
+        origin=f"devices[{index}]",
+        from_table=True,
+    )
+    return host, entry
+
+
+def _link_overrides(
+    tables: Sequence[Mapping[str, Any]], *, cluster: Cluster, hosts: list[str], where: str
+) -> dict[tuple[str, str], Link]:
+    def device_name(value: str, *, at: str) -> str:
+        value = value.strip()
+        if value in cluster.names:
+            return value
+        # With one host, devices are named without it; accept "host/cuda:0" all the same.
+        host, _, local = value.rpartition("/")
+        if len(hosts) == 1 and host == hosts[0] and local in cluster.names:
+            return local
+        raise DeviceSpecError(
+            f"{at}: unknown device {value!r}; devices: {', '.join(cluster.names)}"
+        )
+
+    overrides: dict[tuple[str, str], Link] = {}
+    first_at: dict[tuple[str, str], str] = {}
+    for i, table in enumerate(tables):
+        at = f"{where}: links[{i}]"
+        src = device_name(table["src"], at=at)
+        dst = device_name(table["dst"], at=at)
+        if src == dst:
+            raise DeviceSpecError(f"{at}: src and dst are the same device {src!r}")
+        if not set(_LINK_FIGURES) & table.keys():
+            raise DeviceSpecError(
+                f"{at}: overrides nothing; give kind, bandwidth_bytes_per_s or latency_s"
+            )
+        base = cluster.link(src, dst)
+        bandwidth, latency, kind = base.bandwidth_bytes_per_s, base.latency_s, "custom"
+        if "kind" in table:
+            kind = table["kind"].strip()
+            if kind not in LINK_CATALOG:
+                raise DeviceSpecError(
+                    f"{at}: unknown link kind {kind!r}; valid kinds: {', '.join(link_kind_names())}"
+                )
+            bandwidth = LINK_CATALOG[kind].bandwidth_bytes_per_s
+            latency = LINK_CATALOG[kind].latency_s
+        bandwidth = float(table.get("bandwidth_bytes_per_s", bandwidth))
+        latency = float(table.get("latency_s", latency))
+        for a, b in [(src, dst), (dst, src)] if table.get("symmetric", True) else [(src, dst)]:
+            if (a, b) in overrides:
+                raise DeviceSpecError(
+                    f"{at}: the link {a} -> {b} is already overridden by {first_at[(a, b)]}"
+                )
+            overrides[(a, b)] = Link(
+                src=a, dst=b, bandwidth_bytes_per_s=bandwidth, latency_s=latency, kind=kind
+            )
+            first_at[(a, b)] = f"links[{i}]"
+    return overrides

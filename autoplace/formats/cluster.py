@@ -1,0 +1,124 @@
+"""The cluster file: a TOML description of hosts, devices and links, read and checked against
+``cluster.schema.json`` (JSON Schema, draft 2020-12) before anything is built from it.
+
+Read ``read_cluster_file``; ``autoplace.cluster.file`` turns what it returns into a ``Cluster``
+and makes the checks a schema cannot (device types and link kinds from the catalog, link ends
+that name devices). The format::
+
+    [[hosts]]
+    name = "node0"
+    devices = ["2xA100-40GB", "cpu"]     # the spec syntax of --devices, catalog types only
+
+    [[hosts]]
+    name = "node1"
+    devices = ["A100-40GB"]
+
+    [[devices]]                          # optional: one device with overrides
+    host = "node1"                       # a [[hosts]] name; omit it when there are no [[hosts]]
+    type = "A100-80GB"
+    torch_device = "cuda:1"              # optional: default is the host's next free cuda:N
+    memory_bytes = 75_000_000_000        # optional: default is the catalog's
+
+    [[links]]                            # optional: override the default link of a pair
+    src = "node0/cuda:0"
+    dst = "node1/cuda:0"
+    kind = "network"                     # optional: a link kind to start from (and its label)
+    bandwidth_bytes_per_s = 25e9         # optional
+    latency_s = 5e-6                     # optional
+    symmetric = true                     # the default: dst -> src gets the same figures
+
+With one host, devices are named as in a spec (``cuda:0``, ``cpu``); with several,
+``host/cuda:0`` (``torch_device`` stays ``cuda:0``). Devices on different hosts default to a
+``network`` link. Two GPUs of one NVLink-capable type on one host are assumed to share an NVLink
+board (as in HGX/DGX systems): override the links of PCIe-only machines.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tomllib
+from collections.abc import Iterable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from autoplace.errors import DeviceSpecError
+
+__all__ = ["cluster_schema", "read_cluster_file", "schema_problems"]
+
+_SCHEMA_PATH = Path(__file__).with_name("cluster.schema.json")
+_SHOWN_PROBLEMS = 3  # a file with more is usually wrong throughout; the first few say how
+
+
+@cache
+def cluster_schema() -> dict[str, Any]:
+    """The cluster file's JSON Schema (read once; it ships next to this module)."""
+    return json.loads(_SCHEMA_PATH.read_text(encoding="utf-8"))
+
+
+def read_cluster_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The TOML at ``path``, parsed and checked against the schema.
+
+    Every problem raises ``DeviceSpecError`` starting ``cluster file PATH:``; a schema problem
+    names the field's path and what was expected (``hosts[1].devices[0]: 5 is not of type
+    'string'``).
+    """
+    where = f"cluster file {os.fspath(path)}"
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise DeviceSpecError(f"{where}: no such file") from None
+    except OSError as exc:
+        raise DeviceSpecError(f"{where}: cannot be read ({exc.strerror or exc})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise DeviceSpecError(f"{where}: not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise DeviceSpecError(f"{where}: not UTF-8 text ({exc.reason})") from None
+    problems = schema_problems(data) or _non_finite(data)
+    if problems:
+        more = len(problems) - _SHOWN_PROBLEMS
+        raise DeviceSpecError(
+            f"{where}: " + "; ".join(problems[:_SHOWN_PROBLEMS])
+            + (f"; and {more} more" if more > 0 else "")
+        )
+    return data
+
+
+def schema_problems(data: Any) -> list[str]:
+    """Each way ``data`` breaks the schema, as ``path: what was expected``, in file order."""
+    import jsonschema  # deferred: only cluster files need it
+
+    validator = jsonschema.Draft202012Validator(cluster_schema())
+    errors = sorted(validator.iter_errors(data), key=lambda e: [str(p) for p in e.absolute_path])
+    problems = []
+    for error in errors:
+        message = error.message
+        if error.validator in ("type", "pattern") and "description" in error.schema:
+            # The schema's own words ("an array of tables, written [[hosts]]") beat a regex.
+            message = f"{error.instance!r} is not {error.schema['description']}"
+        elif error.validator == "additionalProperties":
+            message += f"; allowed keys: {', '.join(error.schema['properties'])}"
+        path = _json_path(error.absolute_path)
+        problems.append(f"{path}: {message}" if path else message)
+    return problems
+
+
+def _non_finite(data: dict[str, Any]) -> list[str]:
+    """TOML has ``inf`` and ``nan``, which JSON (and so JSON Schema) has no words for: a bound
+    such as ``exclusiveMinimum`` lets both through, so they are caught here."""
+    return [
+        f"links[{i}].{key}: {value!r} is not a finite number"
+        for i, link in enumerate(data.get("links", ()))
+        for key, value in link.items()
+        if isinstance(value, float) and not math.isfinite(value)
+    ]
+
+
+def _json_path(path: Iterable[Any]) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
