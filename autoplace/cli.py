@@ -166,7 +166,7 @@ def _cmd_solve(args: argparse.Namespace) -> int:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from autoplace.formats.output import check_writable
-    from autoplace.loader import load_model_file
+    from autoplace.load import load_model_file
     from autoplace.pipeline import plan, save
     from autoplace.report import print_summary
 
@@ -198,7 +198,7 @@ def _cache(args: argparse.Namespace):  # noqa: ANN202 - autoplace.profile is imp
 
 def _cmd_profile(args: argparse.Namespace) -> int:
     from autoplace.cluster import describe_present, inventory, present_devices, resolve_cluster
-    from autoplace.loader import load_model_file
+    from autoplace.load import load_model_file
     from autoplace.profile import profile_model
     from autoplace.trace import trace_model
 

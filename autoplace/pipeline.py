@@ -26,7 +26,7 @@ from autoplace.errors import AutoplaceError
 from autoplace.formats.output import atomic_output_dir
 from autoplace.formats.plan import BaselineResult, Plan, SolverRecord, Verification
 from autoplace.ir import Cluster, Problem
-from autoplace.loader import normalize_inputs
+from autoplace.load import normalize_inputs
 from autoplace.solve import DEFAULT_TIME_LIMIT_S, SolveOptions, SolveResult, solve
 from autoplace.solve.whatif import whatif_options, whatif_table
 from autoplace.trace import trace_model

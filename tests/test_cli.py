@@ -14,7 +14,7 @@ from autoplace.cli import main
 from autoplace.emit import load_model
 from autoplace.formats.plan import Plan
 from autoplace.formats.plan_check import validate_plan_dict
-from autoplace.loader import load_model_file
+from autoplace.load import load_model_file
 from autoplace.simulate import validate
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

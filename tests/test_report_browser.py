@@ -16,7 +16,7 @@ from conftest import require
 from report_browser import HeadlessChromium, available
 
 import autoplace
-from autoplace.loader import load_model_file
+from autoplace.load import load_model_file
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 NAMES = ("mlp", "lenet", "inception", "gpt2")
