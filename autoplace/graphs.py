@@ -1,0 +1,56 @@
+"""Graph helpers on networkx that more than one stage needs: a stable topological order and a
+cycle named node by node.
+
+Read ``topological_order`` (what the graph file reader and the benchmark loaders sort their
+nodes with), then ``find_cycle``. ``OpGraph.to_networkx`` (in ``ir``) gives the IR's graph as an
+``nx.DiGraph``; this module never imports the IR, so the IR can use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Sequence
+from typing import TypeVar
+
+import networkx as nx
+
+from autoplace.errors import GraphError
+
+__all__ = ["cycle_text", "find_cycle", "topological_order"]
+
+N = TypeVar("N", bound=Hashable)
+
+
+def find_cycle(graph: nx.DiGraph) -> list | None:
+    """The nodes of one cycle of ``graph``, starting at the one added to the graph first;
+    ``None`` when the graph is acyclic."""
+    try:
+        edges = nx.find_cycle(graph)
+    except nx.NetworkXNoCycle:
+        return None
+    cycle = [u for u, _ in edges]
+    position = {v: i for i, v in enumerate(graph)}
+    first = min(range(len(cycle)), key=lambda i: position[cycle[i]])
+    return cycle[first:] + cycle[:first]
+
+
+def cycle_text(cycle: Sequence) -> str:
+    """``a -> b -> a``: a cycle's nodes, back to the first."""
+    return " -> ".join(str(v) for v in [*cycle, cycle[0]])
+
+
+def topological_order(nodes: Sequence[N], edges: Iterable[tuple[N, N]]) -> list[N]:
+    """``nodes`` in topological order along ``edges``, stable: of the nodes ready at any point,
+    the one listed first in ``nodes`` comes first (Kahn's algorithm with that priority). A
+    cycle raises ``GraphError`` naming it: ``the graph has a cycle: a -> b -> a; ...``. Every
+    edge joins two of ``nodes``."""
+    graph = nx.DiGraph()
+    graph.add_nodes_from(nodes)
+    graph.add_edges_from(edges)
+    position = {v: i for i, v in enumerate(nodes)}
+    try:
+        return list(nx.lexicographical_topological_sort(graph, key=position.__getitem__))
+    except nx.NetworkXUnfeasible:
+        cycle = find_cycle(graph)
+        assert cycle is not None, "networkx found no topological order but no cycle either"
+        raise GraphError(f"the graph has a cycle: {cycle_text(cycle)}; a task graph must be "
+                         "acyclic") from None
