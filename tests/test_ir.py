@@ -7,7 +7,7 @@ import networkx as nx
 import pytest
 
 from autoplace.errors import GraphError
-from autoplace.graphs import find_cycle, topological_order
+from autoplace.graphs import find_cycle, longest_path_length, topological_order
 from autoplace.ir import Edge, OpGraph, OpNode
 
 
@@ -62,3 +62,12 @@ def test_to_networkx_keeps_nodes_edges_and_order_and_is_built_once():
     assert graph.to_networkx() is digraph
     with pytest.raises(nx.NetworkXError, match="Frozen"):
         digraph.add_edge("b", "a")
+
+
+def test_longest_path_weighs_nodes():
+    # a (1) -> b (5) -> d (1) is 7; a -> c (2) -> d is 4; e (8) alone is 8.
+    weights = {"a": 1, "b": 5, "c": 2, "d": 1}
+    edges = [("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")]
+    assert longest_path_length(weights, edges) == 7
+    assert longest_path_length({**weights, "e": 8}, edges) == 8
+    assert longest_path_length({}, []) == 0
