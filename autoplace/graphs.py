@@ -22,7 +22,8 @@ N = TypeVar("N", bound=Hashable)
 
 
 def find_cycle(graph: nx.DiGraph) -> list | None:
-    """The nodes of one cycle of ``graph``, starting at the one added to the graph first;
+    """The nodes of one cycle of ``graph``, ending at the one added to the graph first (as the
+    graph file reader has always named them: ``a -> b -> d -> a`` for nodes listed ``d, a, b``);
     ``None`` when the graph is acyclic."""
     try:
         edges = nx.find_cycle(graph)
@@ -31,7 +32,7 @@ def find_cycle(graph: nx.DiGraph) -> list | None:
     cycle = [u for u, _ in edges]
     position = {v: i for i, v in enumerate(graph)}
     first = min(range(len(cycle)), key=lambda i: position[cycle[i]])
-    return cycle[first:] + cycle[:first]
+    return cycle[first + 1:] + cycle[:first + 1]
 
 
 def cycle_text(cycle: Sequence) -> str:
