@@ -34,6 +34,7 @@ import numpy as np
 
 from autoplace.ir import Placement, Problem
 from autoplace.solve.heuristics import activation_reserve
+from autoplace.solve.partition import grouped_order
 
 __all__ = ["ideal_dp"]
 
@@ -159,8 +160,6 @@ def _units(problem: Problem) -> tuple[list[tuple[str, ...]], list[int]]:
     in no group whose outputs all go back in the order (a gradient sum in a training graph's
     backward pass) would then be free to join any later stage and multiply the ideals, so it
     joins the unit that feeds it last instead."""
-    from autoplace.solve.partition import grouped_order
-
     graph = problem.graph
     position = {v: i for i, v in enumerate(grouped_order(problem))}
     units = sorted(dict.fromkeys(graph.colocation_of.values()),

@@ -24,6 +24,7 @@ import numpy as np
 
 from autoplace.errors import AutoplaceError
 from autoplace.ir import Edge, Placement, Problem
+from autoplace.simulate import simulate
 from autoplace.solve.heuristics import (
     _group_bytes,
     activation_reserve,
@@ -226,8 +227,6 @@ def _postorder(preds: Mapping[tuple[str, ...], list[tuple[str, ...]]],
 def contiguous_split(problem: Problem, objective: str = "throughput") -> Placement | None:
     """``contiguous_dp`` over ``graph.nodes``' order and over ``grouped_order``; the better
     split under the simulator's ``objective``."""
-    from autoplace.simulate import simulate
-
     found = [p for p in (contiguous_dp(problem, objective),
                          contiguous_dp(problem, objective, order=grouped_order(problem)))
              if p is not None]

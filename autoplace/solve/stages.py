@@ -29,6 +29,7 @@ import networkx as nx
 import numpy as np
 
 from autoplace.ir import Placement, Problem
+from autoplace.simulate import simulate
 from autoplace.solve.heuristics import activation_reserve
 
 __all__ = ["group_dp", "stage_dp", "stage_order"]
@@ -37,8 +38,6 @@ __all__ = ["group_dp", "stage_dp", "stage_order"]
 def stage_dp(problem: Problem, objective: str = "throughput") -> Placement | None:
     """``group_dp`` over two orders of the groups (by first member, and spectral), the better
     under the simulator's ``objective``."""
-    from autoplace.simulate import simulate
-
     found = [p for p in (group_dp(problem, objective, key=key) for key in ("first", "spectral"))
              if p is not None]
     scored = [(simulate(problem, p), p) for p in found]
