@@ -5,6 +5,8 @@ Read in this order: ``OpNode`` and ``Edge`` make an ``OpGraph`` (a DAG kept in t
 a ``Problem`` bundles the three and is what solvers and the simulator take. A ``Placement`` maps
 nodes to devices (with an optional per-device execution order); the simulator turns it into a
 ``Schedule``. After tracing, nothing here refers to torch: only names, shapes, dtypes and bytes.
+``OpGraph.to_networkx`` hands the graph to networkx's algorithms (``graphs`` holds the helpers
+several stages share); colocation groups are merged with networkx's union-find.
 """
 
 from __future__ import annotations
