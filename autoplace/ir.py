@@ -5,6 +5,8 @@ Read in this order: ``OpNode`` and ``Edge`` make an ``OpGraph`` (a DAG kept in t
 a ``Problem`` bundles the three and is what solvers and the simulator take. A ``Placement`` maps
 nodes to devices (with an optional per-device execution order); the simulator turns it into a
 ``Schedule``. After tracing, nothing here refers to torch: only names, shapes, dtypes and bytes.
+``OpGraph.to_networkx`` hands the graph to networkx's algorithms (``graphs`` holds the helpers
+several stages share); colocation groups are merged with networkx's union-find.
 """
 
 from __future__ import annotations
@@ -14,7 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
+import networkx as nx
+from networkx.utils import UnionFind
+
 from autoplace.errors import DeviceSpecError, GraphError
+from autoplace.graphs import cycle_text, find_cycle
 
 __all__ = [
     "Cluster",
@@ -108,10 +114,8 @@ class OpGraph:
                         f"edge {edge.src!r} -> {edge.dst!r} names unknown node {end!r}"
                     )
             if index[edge.src] >= index[edge.dst]:
-                raise GraphError(
-                    f"edge {edge.src!r} -> {edge.dst!r} goes backwards: nodes must be listed in "
-                    "topological order (a cycle, or an unsorted node list)"
-                )
+                raise GraphError(f"edge {edge.src!r} -> {edge.dst!r} goes backwards: nodes must "
+                                 f"be listed in topological order ({self._why_backwards()})")
             if edge.bytes < 0:
                 raise GraphError(f"edge {edge.src!r} -> {edge.dst!r} has negative bytes")
             if edge.bytes > self.nodes[index[edge.src]].output_bytes:
@@ -131,6 +135,30 @@ class OpGraph:
         for name in self.outputs:
             if name not in index:
                 raise GraphError(f"output names unknown node {name!r}")
+
+    def _why_backwards(self) -> str:
+        """The cycle when the edges have one, else that the node list is unsorted."""
+        graph = nx.DiGraph()
+        graph.add_nodes_from(node.name for node in self.nodes)
+        graph.add_edges_from((edge.src, edge.dst) for edge in self.edges)
+        cycle = find_cycle(graph)
+        if cycle is None:
+            return "the edges form no cycle: sort the node list"
+        return f"the edges form a cycle: {cycle_text(cycle)}"
+
+    def to_networkx(self) -> nx.DiGraph:
+        """The graph as a frozen ``nx.DiGraph``: nodes by name with the ``OpNode`` as ``node``,
+        edges with ``bytes`` and the ``Edge`` as ``edge``; nodes and each node's successors in
+        the order of ``nodes`` and ``edges``. Built once per graph."""
+        return self._networkx
+
+    @cached_property
+    def _networkx(self) -> nx.DiGraph:
+        graph = nx.DiGraph(name=self.name)
+        graph.add_nodes_from((node.name, {"node": node}) for node in self.nodes)
+        graph.add_edges_from((edge.src, edge.dst, {"bytes": edge.bytes, "edge": edge})
+                             for edge in self.edges)
+        return nx.freeze(graph)
 
     @cached_property
     def index(self) -> dict[str, int]:
@@ -167,21 +195,13 @@ class OpGraph:
     def colocation_of(self) -> dict[str, tuple[str, ...]]:
         """Each node's colocation group (itself alone when it has none), groups merged if they
         overlap."""
-        parent = {node.name: node.name for node in self.nodes}
-
-        def find(x: str) -> str:
-            while parent[x] != x:
-                parent[x] = parent[parent[x]]
-                x = parent[x]
-            return x
-
+        sets = UnionFind(node.name for node in self.nodes)
         for group in self.colocate:
-            for name in group[1:]:
-                parent[find(name)] = find(group[0])
+            sets.union(*group)
         members: dict[str, list[str]] = {}
         for node in self.nodes:
-            members.setdefault(find(node.name), []).append(node.name)
-        return {name: tuple(members[find(name)]) for name in parent}
+            members.setdefault(sets[node.name], []).append(node.name)
+        return {node.name: tuple(members[sets[node.name]]) for node in self.nodes}
 
     @property
     def total_param_bytes(self) -> int:

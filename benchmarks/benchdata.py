@@ -26,7 +26,6 @@ Errors on malformed data or an assignment the rules cannot score are ``BenchData
 from __future__ import annotations
 
 import csv
-import heapq
 import json
 import math
 import os
@@ -37,7 +36,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import TypeVar
 
+import networkx as nx
+
 from autoplace.errors import AutoplaceError
+from autoplace.graphs import cycle_text, find_cycle, longest_path_length
 from autoplace.ir import Cluster, Costs, Device, Edge, Link, OpGraph, OpNode, Placement, Problem
 
 __all__ = [
@@ -94,28 +96,17 @@ def benchdata_dir() -> Path:
 
 
 def _topological(ids: Iterable[K], preds: Mapping[K, Iterable[K]]) -> list[K]:
-    """Kahn's algorithm, smallest id first among ready nodes so the order is reproducible."""
-    ids = list(ids)
-    indegree = {i: 0 for i in ids}
-    succs: dict[K, list[K]] = defaultdict(list)
-    for v in ids:
-        for u in preds.get(v, ()):
-            indegree[v] += 1
-            succs[u].append(v)
-    ready = [i for i in ids if indegree[i] == 0]
-    heapq.heapify(ready)
-    order: list[K] = []
-    while ready:
-        u = heapq.heappop(ready)
-        order.append(u)
-        for v in succs[u]:
-            indegree[v] -= 1
-            if indegree[v] == 0:
-                heapq.heappush(ready, v)
-    if len(order) != len(ids):
-        stuck = sorted(set(ids) - set(order))[:5]
-        raise BenchDataError(f"the graph has a cycle through nodes {stuck}")
-    return order
+    """The ids in topological order, the smallest id first among ready ones so the order is
+    reproducible (networkx's lexicographical topological sort); a cycle is named."""
+    graph = nx.DiGraph()
+    graph.add_nodes_from(ids)
+    graph.add_edges_from([(u, v) for v in graph for u in preds.get(v, ())])
+    try:
+        return list(nx.lexicographical_topological_sort(graph))
+    except nx.NetworkXUnfeasible:
+        cycle = find_cycle(graph)
+        assert cycle is not None
+        raise BenchDataError(f"the graph has a cycle: {cycle_text(cycle)}") from None
 
 
 def _free_links(devices: list[Device]) -> Cluster:
@@ -163,10 +154,7 @@ def load_stg(path: str | Path) -> tuple[dict[int, int], dict[int, list[int]]]:
 
 def stg_critical_path(durations: Mapping[int, int], preds: Mapping[int, list[int]]) -> int:
     """Length of the longest path, summing task durations (no communication in STG)."""
-    finish: dict[int, int] = {}
-    for task in _topological(durations, preds):
-        finish[task] = durations[task] + max((finish[p] for p in preds[task]), default=0)
-    return max(finish.values(), default=0)
+    return longest_path_length(durations, [(p, t) for t in durations for p in preds[t]])
 
 
 def stg_problem(path: str | Path, procs: int) -> Problem:

@@ -35,9 +35,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from autoplace.ir import Edge, Placement, Problem
+from autoplace.ir import Placement, Problem
 from autoplace.simulate import upward_rank
-from autoplace.solve.heuristics import _group_bytes, activation_reserve, group_devices
+from autoplace.solve.heuristics import (
+    _group_bytes,
+    activation_reserve,
+    group_devices,
+    mean_delay_s,
+)
 
 __all__ = ["favourite_children", "m_etf", "m_sct"]
 
@@ -61,14 +66,6 @@ def m_sct(problem: Problem) -> Placement | None:
     return _list_schedule(problem, favourite=favourite_children(problem))
 
 
-def _mean_delay(problem: Problem, edge: Edge) -> float:
-    names = problem.cluster.names
-    pairs = [(a, b) for a in names for b in names if a != b]
-    if not pairs:
-        return 0.0
-    return sum(problem.delay_s(edge, a, b) for a, b in pairs) / len(pairs)
-
-
 def favourite_children(problem: Problem) -> dict[str, str]:
     """Each parent's favourite child (parents without one are absent): a greedy matching over
     edges that cost communication, most critical first (see the module docstring)."""
@@ -76,9 +73,11 @@ def favourite_children(problem: Problem) -> dict[str, str]:
     runs_on = group_devices(problem)
     own = {n.name: sum(costs.of(n.name, d) for d in problem.allowed[n.name])
            / len(problem.allowed[n.name]) for n in graph.nodes}
-    comm = {(e.src, e.dst): _mean_delay(problem, e) for e in graph.edges}
+    comm = {(e.src, e.dst): mean_delay_s(problem, e) for e in graph.edges}
     bottom = upward_rank(problem)  # own compute plus the longest path below, no communication
-    top: dict[str, float] = {}  # longest path from a source to the node's start
+    # Longest path from a source to the node's start. Hand-written: networkx's longest path
+    # gives the graph's one longest, not every node's.
+    top: dict[str, float] = {}
     for node in graph.nodes:
         top[node.name] = max((top[e.src] + own[e.src] + comm[(e.src, e.dst)]
                               for e in graph.in_edges(node.name)), default=0.0)

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 from autoplace.errors import InfeasibleError
+from autoplace.graphs import longest_path_length
 from autoplace.ir import Problem
 from autoplace.solve.heuristics import group_devices
 
@@ -123,9 +124,7 @@ def lower_bound_s(problem: Problem, objective: str = "latency") -> float:
                                        for d in holders[group[0]] or cluster.names))
     if objective == "throughput":
         return max(work, max(fastest.values(), default=0.0), colocated)
-    path: dict[str, float] = {}
-    for node in graph.nodes:
-        ready = max((path[e.src] for e in graph.in_edges(node.name)), default=0.0)
-        path[node.name] = ready + fastest[node.name]
-    critical = max(path.values(), default=0.0)
+    # float: when every path weighs 0, networkx's length is the int 0 (plan.json writes 0.0).
+    critical = float(longest_path_length(fastest, ((e.src, e.dst) for e in graph.edges)))
     return max(critical, work, colocated)
+

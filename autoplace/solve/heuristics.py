@@ -18,9 +18,11 @@ import itertools
 import math
 
 from autoplace.ir import Edge, Placement, Problem
+from autoplace.simulate import upward_rank
 
 __all__ = [
-    "activation_reserve", "group_devices", "heft", "sequential_fill", "single_device"]
+    "activation_reserve", "group_devices", "heft", "mean_delay_s", "sequential_fill",
+    "single_device"]
 
 
 def activation_reserve(problem: Problem) -> int:
@@ -45,6 +47,15 @@ def group_devices(problem: Problem) -> dict[str, tuple[str, ...]]:
     return {name: tuple(d for d in problem.cluster.names
                         if all(d in allowed[m] for m in group))
             for name, group in problem.graph.colocation_of.items()}
+
+
+def mean_delay_s(problem: Problem, edge: Edge) -> float:
+    """The edge's copy time averaged over the links between distinct devices (0 with one)."""
+    names = problem.cluster.names
+    pairs = [(a, b) for a in names for b in names if a != b]
+    if not pairs:
+        return 0.0
+    return sum(problem.delay_s(edge, a, b) for a, b in pairs) / len(pairs)
 
 
 def single_device(problem: Problem, device: str) -> Placement | None:
@@ -101,23 +112,9 @@ def heft(problem: Problem) -> Placement | None:
     graph, cluster, costs = problem.graph, problem.cluster, problem.costs
     reserve = activation_reserve(problem)
     group_bytes = _group_bytes(problem)
-    # HEFT's upward rank: mean compute over devices plus mean transfer over distinct links.
-    pairs = [(a, b) for a in cluster.names for b in cluster.names if a != b]
-
     runs_on = group_devices(problem)
-
-    def mean_comm(e: Edge) -> float:
-        if not pairs:
-            return 0.0
-        return sum(problem.delay_s(e, a, b) for a, b in pairs) / len(pairs)
-
-    ranked: dict[str, float] = {}
-    for node in reversed(graph.nodes):
-        allowed = problem.allowed[node.name]
-        own = sum(costs.of(node.name, d) for d in allowed) / len(allowed)
-        ranked[node.name] = own + max(
-            (mean_comm(e) + ranked[e.dst] for e in graph.out_edges(node.name)),
-            default=0.0)
+    # HEFT's upward rank: mean compute over devices plus mean transfer over distinct links.
+    ranked = upward_rank(problem, edge_s=lambda e: mean_delay_s(problem, e))
     priority = sorted(graph.nodes, key=lambda n: (-ranked[n.name], graph.index[n.name]))
 
     used = dict.fromkeys(cluster.names, 0)

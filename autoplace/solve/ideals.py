@@ -26,10 +26,15 @@ for each node outside it the longest of its edges into the segment.
 
 from __future__ import annotations
 
+import functools
+import operator
+
+import networkx as nx
 import numpy as np
 
 from autoplace.ir import Placement, Problem
 from autoplace.solve.heuristics import activation_reserve
+from autoplace.solve.partition import grouped_order
 
 __all__ = ["ideal_dp"]
 
@@ -52,35 +57,52 @@ def ideal_dp(problem: Problem, objective: str = "throughput", *,
         return None
 
     # --- data: membership of each ideal, and per group its cost on each device and its bytes
-    m, k = len(ideals), len(cluster.devices)
     member = np.array([[(ideal >> g) & 1 for g in range(len(groups))] for ideal in ideals],
                       dtype=bool)
-    cost = np.zeros((len(groups), k))
+    cost = np.zeros((len(groups), len(cluster.devices)))
     for n, g in zip(graph.nodes, of_node, strict=True):
         cost[g] += [problem.costs.of(n.name, d) for d in cluster.names]
     cannot = ~np.isfinite(cost)
     cost[cannot] = 0.0
     params = np.zeros(len(groups))
     np.add.at(params, of_node, [n.param_bytes for n in graph.nodes])
-    capacity = np.array([d.memory_bytes for d in cluster.devices]) - activation_reserve(problem)
-    charged = np.array([1.0 if d.charges_transfers else 0.0 for d in cluster.devices])
-    sources, src_group, dst_group, delay = _edges(problem, unit_of)
+    edges = _edges(problem, unit_of)
 
     # --- per ideal J: the ideals I <= J and the segments J - I (shared by every device)
     segments = []
-    for j in range(m):
+    for j in range(len(ideals)):
         subs = np.flatnonzero(~(member[:j + 1] & ~member[j]).any(axis=1))
         inside = member[j] & ~member[subs]  # (subsets, groups)
         segments.append((subs, inside @ cost, inside @ cannot > 0, inside @ params,
-                         _comm(inside, sources, src_group, dst_group, delay)))
+                         _comm(inside, *edges)))
 
-    # --- DP over how many devices of each class are used; a class is a set of interchangeable
-    # devices (same costs, memory, transfer charging), so which of them takes a stage does not
-    # matter, and stages may use the classes in any order (a CPU stage between accelerators).
     classes = _classes(problem)
-    shape = tuple(len(members) + 1 for members in classes)
-    if int(np.prod(shape)) > max_states:
+    if int(np.prod([len(members) + 1 for members in classes])) > max_states:
         return None
+    chain = _chain_dp(problem, segments, classes, objective)
+    if chain is None:
+        return None
+    device_of: dict[str, str] = {}
+    for device, j, i in chain:
+        for g in np.flatnonzero(member[j] & ~member[i]):
+            for v in groups[g]:
+                device_of[v] = device
+    return Placement(device_of=device_of)
+
+
+def _chain_dp(problem: Problem, segments: list[tuple], classes: list[list[int]],
+              objective: str) -> list[tuple[str, int, int]] | None:
+    """The DP over how many devices of each class are used; returns the best chain's stages as
+    (device, ideal it ends at, ideal it starts after), or ``None`` when no chain fits.
+
+    A class is a set of interchangeable devices (same costs, memory, transfer charging), so
+    which of them takes a stage does not matter, and stages may use the classes in any order (a
+    CPU stage between accelerators)."""
+    cluster = problem.cluster
+    m = len(segments)
+    capacity = np.array([d.memory_bytes for d in cluster.devices]) - activation_reserve(problem)
+    charged = np.array([1.0 if d.charges_transfers else 0.0 for d in cluster.devices])
+    shape = tuple(len(members) + 1 for members in classes)
     combine = np.maximum if objective == "throughput" else np.add
     best = np.full((*shape, m), np.inf)
     best[(0,) * len(shape)][0] = 0.0
@@ -108,17 +130,14 @@ def ideal_dp(problem: Problem, objective: str = "throughput", *,
     if not np.isfinite(value):
         return None
 
-    device_of: dict[str, str] = {}
+    chain: list[tuple[str, int, int]] = []
     j = m - 1
     while any(used):
         q, i = (int(x) for x in choice[used][j])
-        name = cluster.names[classes[q][used[q] - 1]]
-        for g in np.flatnonzero(member[j] & ~member[i]):
-            for v in groups[g]:
-                device_of[v] = name
+        chain.append((cluster.names[classes[q][used[q] - 1]], j, i))
         used = tuple(c - (x == q) for x, c in enumerate(used))
         j = i
-    return Placement(device_of=device_of)
+    return chain
 
 
 def _classes(problem: Problem) -> list[list[int]]:
@@ -141,8 +160,6 @@ def _units(problem: Problem) -> tuple[list[tuple[str, ...]], list[int]]:
     in no group whose outputs all go back in the order (a gradient sum in a training graph's
     backward pass) would then be free to join any later stage and multiply the ideals, so it
     joins the unit that feeds it last instead."""
-    from autoplace.solve.partition import grouped_order
-
     graph = problem.graph
     position = {v: i for i, v in enumerate(grouped_order(problem))}
     units = sorted(dict.fromkeys(graph.colocation_of.values()),
@@ -173,20 +190,20 @@ def _units(problem: Problem) -> tuple[list[tuple[str, ...]], list[int]]:
 
 def _ideals(preds: list[int], limit: int) -> list[int] | None:
     """Every ideal as a bit mask, by size (so a subset comes before its supersets); ``None``
-    past ``limit``."""
-    found = {0}
-    frontier = [0]
-    while frontier:
-        grown: list[int] = []
-        for ideal in frontier:
-            for g, need in enumerate(preds):
-                bit = 1 << g
-                if not ideal & bit and need & ~ideal == 0 and ideal | bit not in found:
-                    found.add(ideal | bit)
-                    grown.append(ideal | bit)
-                    if len(found) > limit:
-                        return None
-        frontier = grown
+    past ``limit``. ``preds[b]`` has bit ``a`` set for each predecessor ``a < b`` of unit ``b``.
+
+    An ideal is the set of its maximal units and what lies below them, and those maximal units
+    are an antichain, one ideal per antichain: networkx enumerates the antichains."""
+    units = nx.DiGraph()
+    units.add_nodes_from(range(len(preds)))
+    units.add_edges_from((a, b) for b, need in enumerate(preds)
+                         for a in range(b) if need >> a & 1)
+    below = [1 << g | sum(1 << a for a in nx.ancestors(units, g)) for g in units]
+    found: list[int] = []
+    for antichain in nx.antichains(units, topo_order=range(len(preds))):
+        found.append(functools.reduce(operator.or_, (below[g] for g in antichain), 0))
+        if len(found) > limit:
+            return None
     return sorted(found, key=lambda ideal: (ideal.bit_count(), ideal))
 
 

@@ -19,10 +19,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping, Sequence
 
+import networkx as nx
 import numpy as np
 
 from autoplace.errors import AutoplaceError
 from autoplace.ir import Edge, Placement, Problem
+from autoplace.simulate import simulate
 from autoplace.solve.heuristics import (
     _group_bytes,
     activation_reserve,
@@ -212,37 +214,19 @@ def grouped_order(problem: Problem, *, seed: int | None = None,
 
 def _postorder(preds: Mapping[tuple[str, ...], list[tuple[str, ...]]],
                roots: Sequence[tuple[str, ...]]) -> list[tuple[str, ...]] | None:
-    """Depth-first postorder over ``preds`` (each item after its predecessors), iteratively;
-    ``None`` on a cycle."""
-    done: set[tuple[str, ...]] = set()
-    active: set[tuple[str, ...]] = set()
-    out: list[tuple[str, ...]] = []
-    for root in roots:
-        if root in done:
-            continue
-        stack = [(root, iter(preds[root]))]
-        active.add(root)
-        while stack:
-            item, pending = stack[-1]
-            nxt = next((p for p in pending if p not in done), None)
-            if nxt is None:
-                stack.pop()
-                active.discard(item)
-                done.add(item)
-                out.append(item)
-            elif nxt in active:
-                return None
-            else:
-                active.add(nxt)
-                stack.append((nxt, iter(preds[nxt])))
-    return out
+    """Depth-first postorder over ``preds`` (each item after its predecessors, visited in list
+    order, from ``roots`` in order); ``None`` on a cycle."""
+    inputs = nx.DiGraph()
+    inputs.add_nodes_from(roots)  # networkx starts its searches in the order nodes were added
+    inputs.add_edges_from((item, p) for item, ps in preds.items() for p in ps)
+    if not nx.is_directed_acyclic_graph(inputs):
+        return None
+    return list(nx.dfs_postorder_nodes(inputs))
 
 
 def contiguous_split(problem: Problem, objective: str = "throughput") -> Placement | None:
     """``contiguous_dp`` over ``graph.nodes``' order and over ``grouped_order``; the better
     split under the simulator's ``objective``."""
-    from autoplace.simulate import simulate
-
     found = [p for p in (contiguous_dp(problem, objective),
                          contiguous_dp(problem, objective, order=grouped_order(problem)))
              if p is not None]
