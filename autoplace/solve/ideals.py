@@ -32,7 +32,7 @@ import operator
 import networkx as nx
 import numpy as np
 
-from autoplace.ir import Placement, Problem
+from autoplace.ir import Placement, Problem, slowest_delay_s
 from autoplace.solve.heuristics import activation_reserve
 from autoplace.solve.partition import grouped_order
 
@@ -212,14 +212,11 @@ def _edges(problem: Problem, unit_of: dict[str, int]
     """Edges between units, sorted by source node: start of each source's run, the units at
     both ends, and the copy's time (the slowest link's when links differ)."""
     graph = problem.graph
-    names = problem.cluster.names
     rows = []
     for e in graph.edges:
         a, b = unit_of[e.src], unit_of[e.dst]
         if a != b:
-            slowest = max((problem.delay_s(e, x, y) for x in names for y in names if x != y),
-                          default=0.0)
-            rows.append((graph.index[e.src], a, b, slowest))
+            rows.append((graph.index[e.src], a, b, slowest_delay_s(problem, e)))
     rows.sort()
     src = np.array([r[0] for r in rows], dtype=np.int64)
     starts = np.flatnonzero(np.r_[True, src[1:] != src[:-1]]) if len(rows) else src

@@ -23,7 +23,7 @@ import networkx as nx
 import numpy as np
 
 from autoplace.errors import AutoplaceError
-from autoplace.ir import Edge, Placement, Problem
+from autoplace.ir import Placement, Problem, slowest_delay_s
 from autoplace.simulate import simulate
 from autoplace.solve.heuristics import (
     _group_bytes,
@@ -254,13 +254,6 @@ def _cut_points(problem: Problem, position: Mapping[str, int], *,
     return allowed
 
 
-def _edge_delay(problem: Problem, edge: Edge) -> float:
-    """The edge's copy time, the slowest link's when links differ."""
-    names = problem.cluster.names
-    return max((problem.delay_s(edge, a, b) for a in names for b in names if a != b),
-               default=0.0)
-
-
 def _sweep(problem: Problem, names: Sequence[str], position: Mapping[str, int],
            cuts: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
     """Yield ``(j, comm)`` for every cut ``j > 0``: ``comm[c]`` is the communication load of the
@@ -277,7 +270,7 @@ def _sweep(problem: Problem, names: Sequence[str], position: Mapping[str, int],
     n = len(graph.nodes)
     m = len(cuts)
     up_to = np.searchsorted(cuts, np.arange(n + 1), side="right")  # cuts c with cuts[c] <= p
-    delay = {(e.src, e.dst): _edge_delay(problem, e) for e in graph.edges}
+    delay = {(e.src, e.dst): slowest_delay_s(problem, e) for e in graph.edges}
     # x's outgoing delays in order of destination, and suffix maxima: x's send when its edges
     # to destinations before some point have turned internal.
     outs: dict[str, list[float]] = {}
