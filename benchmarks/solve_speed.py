@@ -1,4 +1,4 @@
-"""Wall time of the solver's graph work on the 10,000-node scaling graph: each baseline, the
+"""CPU time of the solver's graph work on the 10,000-node scaling graph: each baseline, the
 lower bound, one simulation, and a whole solve under ``--deterministic`` (CP-SAT's budget in
 deterministic seconds, so only the code around it changes the wall time).
 
@@ -6,7 +6,10 @@ deterministic seconds, so only the code around it changes the wall time).
     python benchmarks/solve_speed.py --label before --out /tmp/before.md
 
 Written to check that a restructure (networkx in place of hand-written graph algorithms) costs
-at most 10% of the solve time. Each figure is the median of ``--repeats`` runs.
+at most 10% of the solve time. Each figure is the median of ``--repeats`` runs, in CPU seconds of
+this process (``time.process_time``, CP-SAT's threads included): on a shared machine wall time
+varies with the load, CPU time much less. ``PYTHONPATH=DIR`` times another checkout's
+``autoplace`` (e.g. one from before a change) with this same script.
 """
 
 from __future__ import annotations
@@ -31,9 +34,9 @@ from autoplace.solve.bounds import lower_bound_s  # noqa: E402
 def _median_s(fn, repeats: int) -> float:  # noqa: ANN001
     times = []
     for _ in range(repeats):
-        began = time.perf_counter()
+        began = time.process_time()
         fn()
-        times.append(time.perf_counter() - began)
+        times.append(time.process_time() - began)
     return statistics.median(times)
 
 
@@ -62,7 +65,7 @@ def main() -> int:
         lambda: solve(problem, time_limit_s=args.time_limit, deterministic=True), 1)))
     lines = [f"# Solver speed on the {args.nodes}-node scaling graph {args.label}".rstrip(), "",
              f"{machine_line()}. Command: `python benchmarks/solve_speed.py`. Median of "
-             f"{args.repeats} runs (the whole solve: one run).", "", "| step | wall s |",
+             f"{args.repeats} runs (the whole solve: one run).", "", "| step | CPU s |",
              "| --- | --- |"] + [f"| {step} | {wall:.3f} |" for step, wall in rows]
     print("\n".join(lines))
     return write_markdown(args.out, lines)
