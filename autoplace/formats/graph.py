@@ -28,7 +28,6 @@ groups naming nodes that exist, a time for every device, no cycle), then the ``P
 from __future__ import annotations
 
 import functools
-import heapq
 import json
 import math
 import os
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from autoplace.errors import AutoplaceError, DeviceSpecError, GraphError
+from autoplace.graphs import topological_order
 from autoplace.ir import Cluster, Costs, Device, Edge, Link, OpGraph, OpNode, Problem
 
 __all__ = ["graph_problems", "load_graph_file", "problem_from_dict"]
@@ -107,7 +107,7 @@ def problem_from_dict(data: Any, *, cluster: Cluster | None = None, where: str =
                                param_bytes=int(n.get("memory_bytes", 0)),
                                output_bytes=int(n.get("output_bytes", out_bytes[n["name"]])))
              for n in data["nodes"]}
-    order = _topological(names, edges)
+    order = topological_order(names, [(e.src, e.dst) for e in edges])
     colocate = tuple(tuple(g) for g in data.get("colocate", ()))
     for group in colocate:
         for m in group:
@@ -180,35 +180,3 @@ def _compute_times(node: Mapping[str, Any], cluster: Cluster, where: str) -> dic
                              f"{pinned!r}; devices: {list(per_device)}")
         per_device = {d: (t if d == pinned else math.inf) for d, t in per_device.items()}
     return per_device
-
-
-def _topological(names: list[str], edges: list[Edge]) -> list[str]:
-    """Kahn's algorithm, stable in file order; a cycle is named."""
-    indegree = dict.fromkeys(names, 0)
-    succs: dict[str, list[str]] = {n: [] for n in names}
-    for e in edges:
-        indegree[e.dst] += 1
-        succs[e.src].append(e.dst)
-    position = {n: i for i, n in enumerate(names)}
-    ready = [(position[n], n) for n in names if indegree[n] == 0]
-    heapq.heapify(ready)
-    order: list[str] = []
-    while ready:
-        _, n = heapq.heappop(ready)
-        order.append(n)
-        for m in succs[n]:
-            indegree[m] -= 1
-            if indegree[m] == 0:
-                heapq.heappush(ready, (position[m], m))
-    if len(order) < len(names):
-        stuck = {n for n in names if indegree[n] > 0}
-        # Walk back along edges inside the stuck set until a node repeats: that is a cycle.
-        preds = {n: [e.src for e in edges if e.dst == n and e.src in stuck] for n in stuck}
-        node, seen = min(stuck, key=position.__getitem__), []
-        while node not in seen:
-            seen.append(node)
-            node = preds[node][0]
-        cycle = seen[seen.index(node):][::-1]
-        raise GraphError(f"the graph has a cycle: {' -> '.join(cycle + [cycle[0]])}; a task "
-                         "graph must be acyclic")
-    return order
