@@ -1,5 +1,8 @@
-"""The baselines: every heuristic of ``HEURISTICS`` and the best single device, each scored by the
-simulator. They are the plans CP-SAT must beat, its hints, and the report's comparison rows.
+"""The baselines: every heuristic of ``HEURISTICS``, the best single device and the caller's
+``extra`` placements (accelerate's device maps, ``solve/accelerate.py``), each scored by the
+simulator. They are the plans CP-SAT must beat, its hints, and the report's comparison rows. A
+heuristic that does not apply at this size raises ``NotRun``: it is listed as not run, with why,
+not as a placement that does not fit.
 
 Read ``run_baselines`` (the public call) and ``run_within`` (the same within a ``Budget``:
 the heuristics still to run once the baselines' share of the time limit has passed, or after
@@ -9,11 +12,11 @@ Ctrl-C, are skipped); then ``best_baseline``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from autoplace.ir import Problem, Schedule
+from autoplace.ir import Placement, Problem, Schedule
 from autoplace.simulate import simulate
-from autoplace.solve.heuristics import single_device
+from autoplace.solve.heuristics import NotRun, single_device
 from autoplace.solve.options import Budget, SolveOptions
 from autoplace.solve.registry import HEURISTICS
 from autoplace.solve.stages import stage_order
@@ -45,6 +48,7 @@ class Baselines:
     best_single: str | None
     skipped: tuple[str, ...] = ()  # not run: the deadline passed, or Ctrl-C
     interrupted: bool = False
+    not_run: Mapping[str, str] = field(default_factory=dict)  # name -> why it does not apply
 
 
 def _single_devices(problem: Problem) -> dict[str, Schedule]:
@@ -65,16 +69,23 @@ def _single_devices(problem: Problem) -> dict[str, Schedule]:
     return singles
 
 
-def run_within(problem: Problem, options: SolveOptions, budget: Budget) -> Baselines:
+def run_within(problem: Problem, options: SolveOptions, budget: Budget, *,
+               extra: Mapping[str, Placement] | None = None) -> Baselines:
     """``run_baselines``, skipping the heuristics still to run once the baselines' deadline
-    (``Budget.baselines_deadline``) has passed or Ctrl-C was pressed."""
+    (``Budget.baselines_deadline``) has passed or Ctrl-C was pressed. ``extra`` placements
+    (by name) are simulated first: one simulation each, never skipped."""
     objective = options.objective
     singles = _single_devices(problem)
     best_single = min(singles, key=lambda d: singles[d].objective_s(objective), default=None)
     baselines: dict[str, Schedule | None] = {
         "single-device": singles[best_single] if best_single else None}
+    for name, placement in (extra or {}).items():
+        baselines[name] = (None if options.contiguous
+                           and not is_contiguous(problem, placement.device_of)
+                           else simulate(problem, placement))
     deadline = budget.baselines_deadline()
     skipped: list[str] = []
+    not_run: dict[str, str] = {}
     interrupted = False
     for name, heuristic in HEURISTICS.items():
         if interrupted or budget.expired(deadline):
@@ -88,10 +99,12 @@ def run_within(problem: Problem, options: SolveOptions, budget: Budget) -> Basel
                 baselines[name] = None
             else:
                 baselines[name] = simulate(problem, placement)
+        except NotRun as why:
+            not_run[name] = str(why)
         except KeyboardInterrupt:
             interrupted = True
             skipped.append(name)
-    return Baselines(baselines, best_single, tuple(skipped), interrupted)
+    return Baselines(baselines, best_single, tuple(skipped), interrupted, not_run)
 
 
 def best_baseline(schedules: Mapping[str, Schedule | None],
