@@ -168,6 +168,8 @@ class Plan:
     created: str = ""
     whatif: tuple[Mapping[str, Any], ...] | None = None
     profile: Mapping[str, Any] | None = None
+    # The --min-gain policy: its threshold, whether it chose the single device, and why.
+    min_gain: Mapping[str, Any] | None = None
     autoplace_version: str = __version__
     emitted: Any = field(default=None, compare=False, repr=False)
 
@@ -260,7 +262,8 @@ class Plan:
             "autoplace_version": self.autoplace_version,
         } | ({} if self.verification is None else {"verification": self.verification.to_dict()}) \
           | ({} if self.whatif is None else {"whatif": [dict(row) for row in self.whatif]}) \
-          | ({} if self.profile is None else {"profile": dict(self.profile)})
+          | ({} if self.profile is None else {"profile": dict(self.profile)}) \
+          | ({} if self.min_gain is None else {"min_gain": dict(self.min_gain)})
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
@@ -282,7 +285,7 @@ class Plan:
             verification=Verification.from_dict(verification) if verification else None,
             notes=tuple(data.get("notes", ())), created=data.get("created", ""),
             whatif=tuple(data["whatif"]) if "whatif" in data else None,
-            profile=data.get("profile"),
+            profile=data.get("profile"), min_gain=data.get("min_gain"),
             autoplace_version=data.get("autoplace_version", __version__),
         )
 

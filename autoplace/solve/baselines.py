@@ -6,7 +6,8 @@ not as a placement that does not fit.
 
 Read ``run_baselines`` (the public call) and ``run_within`` (the same within a ``Budget``:
 the heuristics still to run once the baselines' share of the time limit has passed, or after
-Ctrl-C, are skipped); then ``best_baseline``.
+Ctrl-C, are skipped); then ``best_baseline``, and ``prefer_single``, the ``--min-gain`` policy
+(a split that gains too little over the best single device is not worth making).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from autoplace.errors import AutoplaceError
 from autoplace.ir import Placement, Problem, Schedule
 from autoplace.simulate import simulate
 from autoplace.solve.heuristics import NotRun, single_device
@@ -21,7 +23,8 @@ from autoplace.solve.options import Budget, SolveOptions
 from autoplace.solve.registry import HEURISTICS
 from autoplace.solve.stages import stage_order
 
-__all__ = ["Baselines", "best_baseline", "is_contiguous", "run_baselines", "run_within"]
+__all__ = ["DEFAULT_MIN_GAIN", "Baselines", "best_baseline", "check_min_gain", "is_contiguous",
+           "prefer_single", "run_baselines", "run_within"]
 
 
 def is_contiguous(problem: Problem, device_of: Mapping[str, str]) -> bool:
@@ -119,3 +122,41 @@ def best_baseline(schedules: Mapping[str, Schedule | None],
     schedule = schedules[name]
     assert schedule is not None
     return name, schedule
+
+
+# Splitting must beat the best single device by this fraction, or the plan is that device. 5%:
+# the run-to-run spread of a measured forward pass on this machine (docs/errors.md, "--min-gain",
+# gives the command): a smaller predicted gain is within the noise of what a user would measure,
+# and one device needs no copies, no second GPU and no emitted split.
+DEFAULT_MIN_GAIN = 0.05
+
+
+def check_min_gain(min_gain: float) -> float:
+    """``min_gain`` if it is a fraction in [0, 1); otherwise a clear error."""
+    if not 0 <= min_gain < 1:
+        raise AutoplaceError(
+            f"--min-gain must be a fraction in [0, 1), got {min_gain:g}: it is the smallest gain "
+            "over the best single device worth splitting for (0.05: split only when at least "
+            "5% faster; 0: whenever faster)")
+    return min_gain
+
+
+def prefer_single(schedule: Schedule, schedules: Mapping[str, Schedule | None], objective: str,
+                  min_gain: float) -> tuple[Schedule, str | None]:
+    """The best single device's schedule instead of ``schedule`` when ``schedule`` splits the
+    model across devices and gains less than ``min_gain`` over it, with why; else
+    ``schedule`` and ``None``."""
+    single = schedules.get("single-device")
+    split_s = schedule.objective_s(objective)
+    if (single is None or not single.feasible
+            or len(set(schedule.placement.device_of.values())) < 2):
+        return schedule, None
+    single_s = single.objective_s(objective)
+    gain = single_s / split_s - 1 if split_s > 0 else 0.0
+    if gain >= min_gain:
+        return schedule, None
+    device = next(iter(single.placement.device_of.values()), "?")
+    return single, (f"splitting across {len(set(schedule.placement.device_of.values()))} "
+                    f"devices ({split_s:.6g} s) gains {gain:.1%} over {device} alone "
+                    f"({single_s:.6g} s), less than --min-gain {min_gain:.0%}: the plan is the "
+                    "single device")
