@@ -137,8 +137,8 @@ def _solve_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-gain", metavar="FRACTION", type=float, default=DEFAULT_MIN_GAIN,
                    help="split only when it is at least this much faster than the best single "
                    "device, otherwise the plan is that device and says why (a fraction in "
-                   f"[0, 1); default: {DEFAULT_MIN_GAIN:g}, the run-to-run noise of a measured "
-                   "forward pass)")
+                   f"[0, 1); default: {DEFAULT_MIN_GAIN:g}, about the run-to-run noise of a "
+                   "measured forward pass)")
     p.add_argument("--deterministic", action="store_true",
                    help="same input and same costs, same plan: one CP-SAT worker, with "
                    "--time-limit counted in CP-SAT's deterministic seconds rather than wall "
