@@ -16,6 +16,7 @@ from autoplace.cluster import DEFAULT_SIMULATED_SPEC
 from autoplace.coarsen import DEFAULT_MAX_NODES
 from autoplace.errors import AutoplaceError
 from autoplace.solve import DEFAULT_TIME_LIMIT_S, OBJECTIVES, SOLVERS
+from autoplace.solve.baselines import DEFAULT_MIN_GAIN, check_min_gain
 
 __all__ = ["main"]
 
@@ -133,6 +134,11 @@ def _solve_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--contiguous", action="store_true",
                    help="make the devices' node sets a chain of pipeline stages (no path leaves "
                    "a device and comes back, no two devices feed each other)")
+    p.add_argument("--min-gain", metavar="FRACTION", type=float, default=DEFAULT_MIN_GAIN,
+                   help="split only when it is at least this much faster than the best single "
+                   "device, otherwise the plan is that device and says why (a fraction in "
+                   f"[0, 1); default: {DEFAULT_MIN_GAIN:g}, about the run-to-run noise of a "
+                   "measured forward pass)")
     p.add_argument("--deterministic", action="store_true",
                    help="same input and same costs, same plan: one CP-SAT worker, with "
                    "--time-limit counted in CP-SAT's deterministic seconds rather than wall "
@@ -150,6 +156,7 @@ def _cmd_solve(args: argparse.Namespace) -> int:
     began = time.perf_counter()
     if args.devices and args.cluster:
         raise AutoplaceError("pass either --devices or --cluster, not both")
+    check_min_gain(args.min_gain)
     out = check_writable(args.out)
     cluster, notes = None, []
     if args.devices or args.cluster:  # otherwise the graph file's own devices
@@ -157,7 +164,7 @@ def _cmd_solve(args: argparse.Namespace) -> int:
     problem = load_graph_file(args.graph_file, cluster=cluster)
     result = solve_graph(problem, objective=args.objective, contiguous=args.contiguous,
                          time_limit_s=args.time_limit, solver=args.solver, seed=args.seed,
-                         deterministic=args.deterministic, notes=notes)
+                         deterministic=args.deterministic, notes=notes, min_gain=args.min_gain)
     save(result, out)
     print_summary(result)
     print(f"wrote {out}/plan.json and the report in {time.perf_counter() - began:.1f} s")
@@ -173,6 +180,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     began = time.perf_counter()
     if args.devices and args.cluster:
         raise AutoplaceError("pass either --devices or --cluster, not both")
+    check_min_gain(args.min_gain)
     out = check_writable(args.out)
     loaded = load_model_file(args.model_file)
     result = plan(loaded.model, loaded.kwargs or loaded.args,
@@ -181,7 +189,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                   verify=args.verify, seed=args.seed, name=loaded.name,
                   objective=args.objective, contiguous=args.contiguous,
                   deterministic=args.deterministic, profile=args.profile,
-                  cache=_cache(args) if args.profile else None, progress=args.profile)
+                  cache=_cache(args) if args.profile else None, progress=args.profile,
+                  min_gain=args.min_gain)
     save(result, out)
     print_summary(result)
     print(f"wrote {out}/plan.json, report.html, summary.md, summary.txt"

@@ -18,8 +18,8 @@ from cost_models import get_device_type
 from cost_models.calibration import CalibrationFit, op_family
 from cost_models.roofline import op_time_s
 
-__all__ = ["SOURCES", "analytic_costs", "costs", "node_family", "op_short_name",
-           "weakest_source"]
+__all__ = ["SOURCES", "analytic_cpu_note", "analytic_costs", "costs", "node_family",
+           "op_short_name", "weakest_source"]
 
 # From least to most measured. A group of nodes is as good as its weakest member.
 SOURCES = ("analytic", "calibrated", "measured")
@@ -97,3 +97,20 @@ def costs(
         if len(set(kinds.values())) > 1 or source[node.name] != "analytic":
             device_source[node.name] = kinds
     return Costs(compute_s=compute_s, source=source, device_source=device_source)
+
+
+def analytic_cpu_note(graph: OpGraph, cluster: Cluster, costs: Costs) -> str | None:
+    """A warning when a CPU's op times are the analytic roofline: its peak figures assume every
+    core busy at full vector width, while PyTorch's small CPU ops are dominated by dispatch and
+    threading, so the roofline can be orders of magnitude too fast (issue 13 met LeNet at
+    50 us predicted against 5.4 ms measured). ``None`` when no CPU is costed analytically."""
+    cpus = [d.name for d in cluster.devices if get_device_type(d.type).kind == "cpu"]
+    ops = [n.name for n in graph.nodes if not n.is_input]
+    analytic = [d for d in cpus
+                if any(costs.source_of(n, d) == "analytic" for n in ops)]
+    if not analytic:
+        return None
+    return (f"op times on {', '.join(analytic)} are analytic (the roofline, not calibrated for "
+            "CPUs): they can be far too fast, so plans that use the CPU are unreliable; "
+            "profile it (autoplace profile MODEL_FILE --devices cpu, or plan with --profile on "
+            "this machine)")

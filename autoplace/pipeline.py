@@ -20,6 +20,7 @@ import autoplace.emit
 import autoplace.report as report
 from autoplace.cluster import resolve_cluster
 from autoplace.coarsen import DEFAULT_MAX_NODES, coarsen
+from autoplace.cost import analytic_cpu_note
 from autoplace.cost import costs as cost_nodes
 from autoplace.emit import emit_and_verify
 from autoplace.errors import AutoplaceError
@@ -28,6 +29,8 @@ from autoplace.formats.plan import BaselineResult, Plan, SolverRecord, Verificat
 from autoplace.ir import Cluster, Problem
 from autoplace.load import normalize_inputs
 from autoplace.solve import DEFAULT_TIME_LIMIT_S, SolveOptions, SolveResult, solve
+from autoplace.solve.accelerate import accelerate_baselines
+from autoplace.solve.baselines import DEFAULT_MIN_GAIN, check_min_gain, prefer_single
 from autoplace.solve.whatif import whatif_options, whatif_table
 from autoplace.trace import trace_model
 
@@ -54,6 +57,7 @@ def plan(
     profile: bool = False,
     cache: Any = None,
     progress: bool = False,
+    min_gain: float = DEFAULT_MIN_GAIN,
 ) -> Plan:
     """Plan ``model`` on ``devices`` (a spec such as ``"2xA100-40GB"``, a ``Cluster``, or
     ``None`` for the GPUs found / the default simulated set).
@@ -67,7 +71,11 @@ def plan(
     partitioned model is built (``Plan.emitted``) and, with ``verify``, checked against the
     original with ``torch.testing.assert_close``. With ``whatif`` the model is also re-solved,
     briefly, on the first 1, 2, ... of the devices (``Plan.whatif``, the report's what-if table).
+    accelerate's sequential and balanced device maps, where accelerate is installed, are among
+    the baselines. A split that gains less than ``min_gain`` (a fraction) over the best single
+    device is not made: the plan is that device, and says why (``Plan.min_gain``).
     """
+    check_min_gain(min_gain)
     options = SolveOptions(time_limit_s=time_limit_s, seed=seed, deterministic=deterministic,
                            objective=objective, contiguous=contiguous, solver=solver)
     if max_nodes < 2:
@@ -93,11 +101,14 @@ def plan(
     costs = cost_nodes(traced.graph, cluster,
                        measured=profiled.measured() if profiled else None,
                        fits=profiled.fits if profiled else None)
+    notes += [n for n in [analytic_cpu_note(traced.graph, cluster, costs)] if n]
     smallest = min(d.memory_bytes for d in cluster.devices)
     coarse = coarsen(traced.graph, costs, max_nodes=max_nodes,
                      max_group_bytes=max(smallest // 4, 1))
     problem = Problem(graph=coarse.graph, cluster=cluster, costs=coarse.costs)
-    result = solve(problem, options=options)
+    extra, accelerate_notes = accelerate_baselines(model, traced.graph, problem)
+    notes += accelerate_notes
+    result, gain = _min_gain(solve(problem, options=options, extra_baselines=extra), min_gain)
     notes += result.notes
     # After Ctrl-C the user wants the plan so far now, not more solving for the what-if table.
     scaling = whatif_table(problem, full=result, options=whatif_options(options)
@@ -113,7 +124,7 @@ def plan(
         notes += emit_notes
         planned = replace(planned, emitted=emitted,
                           verification=Verification.from_dict(verification))
-    return replace(planned, notes=tuple(notes), whatif=scaling,
+    return replace(planned, notes=tuple(notes), whatif=scaling, min_gain=gain,
                    profile=profiled.to_dict() if profiled else None)
 
 
@@ -127,16 +138,29 @@ def solve_graph(
     seed: int = 0,
     deterministic: bool = False,
     notes: Sequence[str] = (),
+    min_gain: float = DEFAULT_MIN_GAIN,
 ) -> Plan:
     """Place a task graph read with ``autoplace.formats.graph`` (no model to trace or emit): the
-    Python API behind ``autoplace solve``. ``notes`` (from ``resolve_cluster``) lead the plan's."""
+    Python API behind ``autoplace solve``. ``notes`` (from ``resolve_cluster``) lead the plan's;
+    ``min_gain`` as for ``plan``."""
+    check_min_gain(min_gain)
     options = SolveOptions(time_limit_s=time_limit_s, seed=seed, deterministic=deterministic,
                            objective=objective, contiguous=contiguous, solver=solver)
-    result = solve(problem, options=options)
+    result, gain = _min_gain(solve(problem, options=options), min_gain)
     planned = _plan_of(result, problem, name=problem.graph.name, tracer="graph",
                        coarsening={"traced_ops": len(problem.graph.nodes),
                                    "plan_nodes": len(problem.graph.nodes), "steps": []})
-    return replace(planned, notes=(*notes, *result.notes))
+    return replace(planned, notes=(*notes, *result.notes), min_gain=gain)
+
+
+def _min_gain(result: SolveResult, min_gain: float) -> tuple[SolveResult, dict[str, Any]]:
+    """The ``--min-gain`` policy (``baselines.prefer_single``) applied to a solve's result, and
+    the record ``plan.json`` keeps of it."""
+    chosen, why = prefer_single(result.schedule, result.baselines, result.objective, min_gain)
+    record = {"threshold": min_gain, "single_device_chosen": why is not None, "reason": why}
+    if why is None:
+        return result, record
+    return replace(result, schedule=chosen, notes=(*result.notes, why)), record
 
 
 def _plan_of(result: SolveResult, problem: Problem, *, name: str, tracer: str,
@@ -146,7 +170,8 @@ def _plan_of(result: SolveResult, problem: Problem, *, name: str, tracer: str,
         schedule=result.schedule,
         lower_bound_s=result.lower_bound_s,
         solver=SolverRecord.from_dict(result.solver.to_dict()),
-        baselines={k: BaselineResult.of(v) for k, v in result.baselines.items()},
+        baselines={k: BaselineResult.of(v) for k, v in result.baselines.items()}
+        | {k: BaselineResult.of(None, not_run=why) for k, why in result.not_run.items()},
         best_single_device=result.best_single_device,
         model=name,
         objective=result.objective,

@@ -322,7 +322,8 @@ def _memory(
 
 def validate(problem: Problem, schedule: Schedule, *, tol_s: float = 1e-9) -> list[str]:
     """Re-check a schedule against the model: durations, precedence with transfer delays,
-    no overlap on a device, colocation, memory within capacity. Returns the violations."""
+    no overlap on a device, colocation, and memory, simulated again from the schedule's times
+    (within capacity, and equal to the peak the schedule records). Returns the violations."""
     graph, costs = problem.graph, problem.costs
     device_of = schedule.placement.device_of
     problems: list[str] = []
@@ -347,6 +348,26 @@ def validate(problem: Problem, schedule: Schedule, *, tol_s: float = 1e-9) -> li
     for group in graph.colocate:
         if len({device_of[n] for n in group}) > 1:
             problems.append(f"colocation group {list(group)} is split across devices")
-    for dev, excess in schedule.over_capacity.items():
-        problems.append(f"{dev} is {excess} bytes over its capacity")
+    return problems + _memory_violations(problem, schedule)
+
+
+def _memory_violations(problem: Problem, schedule: Schedule) -> list[str]:
+    """Memory re-simulated from the schedule's own start and end times, not read from its
+    ``peak_bytes``: a hand-edited plan that lowers its figures is caught."""
+    device_of = dict(schedule.placement.device_of)
+    end = dict(schedule.end_s)
+    transfers = [Transfer(src=src, src_device=device_of[src], dst_device=dst_dev, bytes=nbytes,
+                          start_s=end[src], end_s=end[src] + secs)
+                 for (src, dst_dev), (nbytes, secs) in copies(problem, device_of).items()]
+    _, peak, _ = _memory(problem, device_of, dict(schedule.start_s), end, transfers,
+                         max(end.values(), default=0.0))
+    problems: list[str] = []
+    for device in problem.cluster.devices:
+        dev, needed = device.name, peak[device.name]
+        recorded = schedule.peak_bytes.get(dev)
+        if recorded is not None and recorded != needed:
+            problems.append(f"{dev} records a peak of {recorded} bytes; its schedule needs "
+                            f"{needed}")
+        if needed > device.memory_bytes:
+            problems.append(f"{dev} is {needed - device.memory_bytes} bytes over its capacity")
     return problems

@@ -35,9 +35,11 @@ def test_every_example_plans_emits_and_verifies(example, devices, tmp_path, caps
     assert len(data["devices"]) == expected and data["devices"][0]["type"] == "A100-40GB"
     n = len(data["devices"])
     assert len(data["links"]) == n * (n - 1)
+    # Never worse than a baseline, except by less than --min-gain where one device was chosen.
+    slack = 1 + data["min_gain"]["threshold"] * data["min_gain"]["single_device_chosen"]
     for name, baseline in data["baselines"].items():
         if baseline["feasible"]:
-            assert data["makespan_s"] <= baseline["makespan_s"] + 1e-12, name
+            assert data["makespan_s"] <= baseline["makespan_s"] * slack + 1e-12, name
     assert data["lower_bound_s"] <= data["makespan_s"] + 1e-12
     html = (out / "report.html").read_text()
     assert 'id="timeline"' in html and 'id="memory"' in html
@@ -118,6 +120,9 @@ HUGE_LAYER_MODEL = """
     (["plan", "{mlp}", "--cluster", "{bad_toml}"], "cluster.toml"),
     (["plan", "{mlp}", "--out", "{file_as_dir}/out"], "not a directory"),
     (["plan", "{mlp}", "--devices", "2xA100-40GB", "--cluster", "{bad_toml}"], "not both"),
+    (["plan", "{mlp}", "--min-gain", "1"], r"--min-gain must be a fraction in \[0, 1\), got 1"),
+    (["plan", "{mlp}", "--min-gain", "-0.1"], r"--min-gain .* got -0.1"),
+    (["solve", "{diamond}", "--min-gain", "2.5"], r"--min-gain .* got 2.5"),
 ])
 def test_bad_input_exits_2_with_a_clear_message_and_writes_nothing(args, pattern, tmp_path,
                                                                      capsys):
@@ -128,6 +133,7 @@ def test_bad_input_exits_2_with_a_clear_message_and_writes_nothing(args, pattern
         if a.startswith("{file:"):
             a = _model_file(tmp_path, a[len("{file:"):-1])
         a = a.format(tmp=tmp_path, mlp=EXAMPLES / "mlp.py", bad_toml=tmp_path / "cluster.toml",
+                     diamond=EXAMPLES / "graphs" / "diamond.json",
                      file_as_dir=tmp_path / "afile")
         argv.append(a)
     out = tmp_path / "never"
@@ -163,3 +169,23 @@ def test_one_layer_larger_than_any_device_names_it(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "node 'linear' needs" in err and "short" in err and "cuda:0 (L4)" in err
     assert not (tmp_path / "o").exists()
+
+
+def test_min_gain_keeps_one_device_when_splitting_gains_too_little(tmp_path, capsys):
+    # diamond.json on its own devices: the split's gain over one device, measured by a first
+    # run with --min-gain 0, decides the threshold of the second run (just above the gain).
+    first, second = tmp_path / "a", tmp_path / "b"
+    graph = str(EXAMPLES / "graphs" / "diamond.json")
+    assert main(["solve", graph, "--out", str(first), "--min-gain", "0"]) == 0
+    split = json.loads((first / "plan.json").read_text())
+    gain = split["speedup_over_single"] - 1
+    assert gain > 0 and not split["min_gain"]["single_device_chosen"]
+    assert main(["solve", graph, "--out", str(second), "--min-gain", f"{gain * 1.01:.6f}"]) == 0
+    data = json.loads((second / "plan.json").read_text())
+    validate_plan_dict(data)
+    assert data["min_gain"]["single_device_chosen"]
+    assert "less than --min-gain" in data["min_gain"]["reason"]
+    assert len({n["device"] for n in data["nodes"]}) == 1
+    assert data["makespan_s"] == pytest.approx(data["best_single_device"]["makespan_s"])
+    assert data["min_gain"]["reason"] in data["notes"]
+    assert "less than --min-gain" in capsys.readouterr().out

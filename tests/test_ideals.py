@@ -19,7 +19,7 @@ from autoplace.errors import AutoplaceError
 from autoplace.ir import Costs, Problem
 from autoplace.simulate import loads
 from autoplace.solve import HEURISTICS, is_contiguous
-from autoplace.solve.heuristics import activation_reserve
+from autoplace.solve.heuristics import NotRun, activation_reserve
 from autoplace.solve.ideals import ideal_dp
 from autoplace.solve.partition import contiguous_dp, contiguous_split, grouped_order
 
@@ -112,9 +112,10 @@ def test_ideal_dp_uses_the_device_classes_in_any_stage_order():
     assert max(loads(p, placement.device_of).values()) == pytest.approx(10.0)
 
 
-def test_ideal_dp_gives_none_past_its_limit():
+def test_ideal_dp_is_not_run_past_its_limit():
     p = zoo.chain(zoo.cluster(2))
-    assert ideal_dp(p, "throughput", max_ideals=2) is None
+    with pytest.raises(NotRun, match="more than 2 ideals"):
+        ideal_dp(p, "throughput", max_ideals=2)
     assert ideal_dp(p, "throughput") is not None
 
 
@@ -179,3 +180,25 @@ def test_ideal_dp_is_the_best_contiguous_split(p, objective):
     assert is_contiguous(p, placement.device_of)
     assert _value(p, placement.device_of, objective) == pytest.approx(brute, rel=1e-9,
                                                                         abs=1e-12)
+
+
+def test_ideal_dp_past_its_limit_is_reported_as_not_run_not_as_unfit():
+    # Ten independent nodes: every subset is an ideal, 1024 > 600. The plan must say ideal-dp
+    # did not run (and why) in the result, plan.json and every report, not "fits memory: no".
+    from autoplace.formats.plan import BaselineResult
+    from autoplace.formats.plan_check import validate_plan_dict
+    from autoplace.pipeline import solve_graph
+    from autoplace.report import render_html, render_markdown, summary_text
+
+    p = zoo.problem([(f"n{i}", 1, 0) for i in range(10)], [], zoo.cluster(2))
+    plan = solve_graph(p, time_limit_s=2, deterministic=True)
+    why = "more than 600 ideals (the graph has 10 units)"
+    assert plan.baselines["ideal-dp"] == BaselineResult(makespan_s=None, feasible=False,
+                                                        not_run=why)
+    data = plan.to_dict()
+    validate_plan_dict(data)
+    assert data["baselines"]["ideal-dp"]["not_run"] == why
+    assert "| ideal-dp | not run |" in render_markdown(plan).replace("  ", " ")
+    assert f'<span title="{why}">not run</span>' in render_html(plan)
+    row = next(line for line in summary_text(plan).splitlines() if "ideal-dp" in line)
+    assert row.count("not run") == 2 and " no " not in row

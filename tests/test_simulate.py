@@ -135,3 +135,21 @@ def test_loads_count_compute_and_each_copy_once_per_end():
     assert s.max_load_s == pytest.approx(13.0)
     one = simulate(p, Placement(device_of=dict.fromkeys("abcd", "d0")))
     assert one.load_s == pytest.approx({"d0": 22.0, "d1": 0.0})
+
+
+def test_validate_resimulates_memory_instead_of_trusting_the_recorded_peak():
+    # Chain a -> b -> c on one 100-byte device: 30 resident + 200 live = 230 bytes (see
+    # test_memory_peak_counts_params_and_live_activations). A plan edited to record 100 bytes
+    # and no overflow must still fail validation, naming the real figure.
+    p = zoo.chain(zoo.cluster(1, memory_bytes=100), params=10)
+    s = simulate(p, Placement(device_of=dict.fromkeys("abc", "d0")))
+    edited = dataclasses.replace(s, peak_bytes={"d0": 100}, over_capacity={})
+    found = validate(p, edited)
+    assert "d0 is 130 bytes over its capacity" in found
+    assert "d0 records a peak of 100 bytes; its schedule needs 230" in found
+
+
+def test_validate_accepts_what_the_simulator_recorded_with_copies():
+    p = zoo.chain(zoo.cluster(2, memory_bytes=10_000))
+    s = simulate(p, Placement(device_of={"a": "d0", "b": "d1", "c": "d1"}))
+    assert validate(p, s) == []

@@ -436,3 +436,18 @@ def test_deterministic_large_graph_path_repeats_itself(monkeypatch):
     runs = [solve(p, time_limit_s=1, deterministic=True) for _ in range(2)]
     assert runs[0].schedule.placement == runs[1].schedule.placement
     assert runs[0].solver.steps == runs[1].solver.steps
+
+
+def test_throughput_charges_a_copy_only_for_the_edges_read_on_its_device():
+    # Fan-out a -> b (100 bytes: 1 s) and a -> c (800 bytes: 8 s); a 1 s, b and c 5 s each.
+    # {a, c} on d0, {b} on d1: d0 computes 6 s and sends a's copy to d1 (only the edge to b
+    # is read there: 1 s) = 7; d1 computes 5 and receives 1 = 6. Max load 7 s. One device: 11.
+    # Charging the 8 s edge to the copy to d1 (it is read on d0) made this 14 and the model
+    # chose one device (11 s) as "OPTIMAL".
+    p = zoo.problem([("a", 1, 0), ("b", 5, 0), ("c", 5, 0)],
+                    [("a", "b", 100), ("a", "c", 800)], zoo.cluster(2))
+    r = solve_cpsat(p, time_limit_s=10, objective="throughput", workers=1)
+    assert r.status == "OPTIMAL"
+    assert r.objective_s == pytest.approx(7.0)
+    assert simulate(p, r.placement).max_load_s == pytest.approx(r.objective_s)
+    assert r.bound_s <= simulate(p, r.placement).max_load_s + 1e-9

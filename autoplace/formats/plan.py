@@ -63,9 +63,12 @@ class BaselineResult:
     feasible: bool
     peak_bytes: Mapping[str, int] = field(default_factory=dict)
     max_load_s: float | None = None
+    not_run: str | None = None  # why the baseline did not run (too large for it), if it did not
 
     @classmethod
-    def of(cls, schedule: Schedule | None) -> BaselineResult:
+    def of(cls, schedule: Schedule | None, *, not_run: str | None = None) -> BaselineResult:
+        if not_run is not None:
+            return cls(makespan_s=None, feasible=False, not_run=not_run)
         if schedule is None:
             return cls(makespan_s=None, feasible=False)
         return cls(makespan_s=schedule.makespan_s, feasible=schedule.feasible,
@@ -74,14 +77,22 @@ class BaselineResult:
     def objective_s(self, objective: str) -> float | None:
         return self.max_load_s if objective == "throughput" else self.makespan_s
 
+    @property
+    def fits_text(self) -> str:
+        """The report's "fits memory" cell: yes, no, or "not run" for a baseline that did not
+        run (it says nothing about memory)."""
+        return "not run" if self.not_run is not None else "yes" if self.feasible else "no"
+
     def to_dict(self) -> dict[str, Any]:
-        return {"makespan_s": self.makespan_s, "max_load_s": self.max_load_s,
+        data = {"makespan_s": self.makespan_s, "max_load_s": self.max_load_s,
                 "feasible": self.feasible, "peak_bytes": dict(self.peak_bytes)}
+        return data | ({"not_run": self.not_run} if self.not_run is not None else {})
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BaselineResult:
         return cls(makespan_s=data.get("makespan_s"), feasible=data.get("feasible", False),
-                   peak_bytes=dict(data.get("peak_bytes", {})), max_load_s=data.get("max_load_s"))
+                   peak_bytes=dict(data.get("peak_bytes", {})), max_load_s=data.get("max_load_s"),
+                   not_run=data.get("not_run"))
 
 
 @dataclass(frozen=True)
@@ -157,6 +168,8 @@ class Plan:
     created: str = ""
     whatif: tuple[Mapping[str, Any], ...] | None = None
     profile: Mapping[str, Any] | None = None
+    # The --min-gain policy: its threshold, whether it chose the single device, and why.
+    min_gain: Mapping[str, Any] | None = None
     autoplace_version: str = __version__
     emitted: Any = field(default=None, compare=False, repr=False)
 
@@ -249,7 +262,8 @@ class Plan:
             "autoplace_version": self.autoplace_version,
         } | ({} if self.verification is None else {"verification": self.verification.to_dict()}) \
           | ({} if self.whatif is None else {"whatif": [dict(row) for row in self.whatif]}) \
-          | ({} if self.profile is None else {"profile": dict(self.profile)})
+          | ({} if self.profile is None else {"profile": dict(self.profile)}) \
+          | ({} if self.min_gain is None else {"min_gain": dict(self.min_gain)})
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
@@ -271,7 +285,7 @@ class Plan:
             verification=Verification.from_dict(verification) if verification else None,
             notes=tuple(data.get("notes", ())), created=data.get("created", ""),
             whatif=tuple(data["whatif"]) if "whatif" in data else None,
-            profile=data.get("profile"),
+            profile=data.get("profile"), min_gain=data.get("min_gain"),
             autoplace_version=data.get("autoplace_version", __version__),
         )
 

@@ -57,6 +57,15 @@ class Comparison:
         return self.baseline.feasible
 
     @property
+    def fits_text(self) -> str:
+        return self.baseline.fits_text
+
+    @property
+    def missing_text(self) -> str:
+        """What the value column says when there is no value."""
+        return "not run" if self.baseline.not_run is not None else "not scheduled"
+
+    @property
     def peak_bytes(self) -> Mapping[str, int]:
         return self.baseline.peak_bytes
 

@@ -99,9 +99,8 @@ def summary_renderable(plan: Plan | Overview) -> Any:
     baselines.add_row("autoplace plan", format_seconds(ov.value_s), "", "yes", style="bold")
     for c in ov.comparisons:
         baselines.add_row(c.name, format_seconds(c.value_s) if c.value_s is not None
-                          else "not scheduled",
-                          format_ratio(c.speedup),
-                          "yes" if c.feasible else "no")
+                          else c.missing_text,
+                          format_ratio(c.speedup), c.fits_text)
     parts: list[Any] = [
         Text(f"autoplace plan for {ov.model} (objective: {ov.objective})", style="bold"),
         facts, Text(""), memory, baselines]

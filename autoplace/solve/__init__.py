@@ -99,6 +99,7 @@ class SolveResult:
     notes: tuple[str, ...] = field(default_factory=tuple)
     objective: str = "latency"
     contiguous: bool = False
+    not_run: Mapping[str, str] = field(default_factory=dict)  # baseline -> why it did not run
 
     @property
     def objective_s(self) -> float:
@@ -124,6 +125,7 @@ class _SolveState:
     analytic: float  # the analytic lower bound (``bounds.lower_bound_s``)
     bound: float
     notes: list[str]
+    not_run: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def objective(self) -> str:
@@ -145,7 +147,7 @@ class _SolveState:
         return SolveResult(schedule=chosen, solver=info, lower_bound_s=self.bound,
                            baselines=self.baselines, best_single_device=self.best_single,
                            notes=tuple(self.notes), objective=self.options.objective,
-                           contiguous=self.options.contiguous)
+                           contiguous=self.options.contiguous, not_run=self.not_run)
 
 
 def solve(
@@ -154,6 +156,7 @@ def solve(
     options: SolveOptions | None = None,
     clock: Clock = time.perf_counter,
     stop: StopCheck | None = None,
+    extra_baselines: Mapping[str, Placement] | None = None,
     **fields: Any,
 ) -> SolveResult:
     """Place ``problem``'s nodes on its devices, minimising the simulated objective of
@@ -161,11 +164,13 @@ def solve(
     as keywords instead (``solve(problem, time_limit_s=5, seed=1)``) or on top of ``options``.
 
     ``clock`` and ``stop`` are for tests: the clock the time limit is counted on, and a check
-    asked at every checkpoint ("baseline", "cpsat") that stops the solve there as Ctrl-C does."""
+    asked at every checkpoint ("baseline", "cpsat") that stops the solve there as Ctrl-C does.
+    ``extra_baselines`` (name -> placement, e.g. accelerate's maps) are scored, shown and used as
+    hints like the heuristics' plans, so the plan is never worse than them either."""
     options = replace(options, **fields) if options is not None else SolveOptions(**fields)
     check_memory(problem)
     budget = Budget(options, clock=clock, stop=stop)
-    state, interrupted = _start(problem, options, budget)
+    state, interrupted = _start(problem, options, budget, extra_baselines)
     if interrupted:
         if state.best is None:
             raise KeyboardInterrupt
@@ -181,10 +186,10 @@ def solve(
     return _solve_exact(state, activation)
 
 
-def _start(problem: Problem, options: SolveOptions,
-           budget: Budget) -> tuple[_SolveState, bool]:
+def _start(problem: Problem, options: SolveOptions, budget: Budget,
+           extra: Mapping[str, Placement] | None = None) -> tuple[_SolveState, bool]:
     """Step 1: the baselines and the analytic bound; whether Ctrl-C cut the baselines short."""
-    ran = run_within(problem, options, budget)
+    ran = run_within(problem, options, budget, extra=extra)
     analytic = lower_bound_s(problem, options.objective)
     notes: list[str] = []
     if ran.skipped:
@@ -193,7 +198,7 @@ def _start(problem: Problem, options: SolveOptions,
     state = _SolveState(problem=problem, options=options, budget=budget,
                         baselines=ran.schedules, best_single=ran.best_single,
                         best=best_baseline(ran.schedules, options.objective),
-                        analytic=analytic, bound=analytic, notes=notes)
+                        analytic=analytic, bound=analytic, notes=notes, not_run=ran.not_run)
     return state, ran.interrupted
 
 
@@ -201,6 +206,9 @@ def _heuristic(state: _SolveState) -> SolveResult:
     """Step 2: the named heuristic's plan. (Its result carries no notes.)"""
     solver, contiguous = state.options.solver, state.options.contiguous
     chosen = state.baselines.get(solver)
+    if solver in state.not_run:
+        raise InfeasibleError(f"the {solver} heuristic does not run on this graph: "
+                              f"{state.not_run[solver]}; try --solver cpsat")
     if chosen is None or not chosen.feasible:
         raise InfeasibleError(
             f"the {solver} heuristic found no placement within memory"

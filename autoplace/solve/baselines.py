@@ -1,24 +1,30 @@
-"""The baselines: every heuristic of ``HEURISTICS`` and the best single device, each scored by the
-simulator. They are the plans CP-SAT must beat, its hints, and the report's comparison rows.
+"""The baselines: every heuristic of ``HEURISTICS``, the best single device and the caller's
+``extra`` placements (accelerate's device maps, ``solve/accelerate.py``), each scored by the
+simulator. They are the plans CP-SAT must beat, its hints, and the report's comparison rows. A
+heuristic that does not apply at this size raises ``NotRun``: it is listed as not run, with why,
+not as a placement that does not fit.
 
 Read ``run_baselines`` (the public call) and ``run_within`` (the same within a ``Budget``:
 the heuristics still to run once the baselines' share of the time limit has passed, or after
-Ctrl-C, are skipped); then ``best_baseline``.
+Ctrl-C, are skipped); then ``best_baseline``, and ``prefer_single``, the ``--min-gain`` policy
+(a split that gains too little over the best single device is not worth making).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from autoplace.ir import Problem, Schedule
+from autoplace.errors import AutoplaceError
+from autoplace.ir import Placement, Problem, Schedule
 from autoplace.simulate import simulate
-from autoplace.solve.heuristics import single_device
+from autoplace.solve.heuristics import NotRun, single_device
 from autoplace.solve.options import Budget, SolveOptions
 from autoplace.solve.registry import HEURISTICS
 from autoplace.solve.stages import stage_order
 
-__all__ = ["Baselines", "best_baseline", "is_contiguous", "run_baselines", "run_within"]
+__all__ = ["DEFAULT_MIN_GAIN", "Baselines", "best_baseline", "check_min_gain", "is_contiguous",
+           "prefer_single", "run_baselines", "run_within"]
 
 
 def is_contiguous(problem: Problem, device_of: Mapping[str, str]) -> bool:
@@ -45,6 +51,7 @@ class Baselines:
     best_single: str | None
     skipped: tuple[str, ...] = ()  # not run: the deadline passed, or Ctrl-C
     interrupted: bool = False
+    not_run: Mapping[str, str] = field(default_factory=dict)  # name -> why it does not apply
 
 
 def _single_devices(problem: Problem) -> dict[str, Schedule]:
@@ -65,16 +72,23 @@ def _single_devices(problem: Problem) -> dict[str, Schedule]:
     return singles
 
 
-def run_within(problem: Problem, options: SolveOptions, budget: Budget) -> Baselines:
+def run_within(problem: Problem, options: SolveOptions, budget: Budget, *,
+               extra: Mapping[str, Placement] | None = None) -> Baselines:
     """``run_baselines``, skipping the heuristics still to run once the baselines' deadline
-    (``Budget.baselines_deadline``) has passed or Ctrl-C was pressed."""
+    (``Budget.baselines_deadline``) has passed or Ctrl-C was pressed. ``extra`` placements
+    (by name) are simulated first: one simulation each, never skipped."""
     objective = options.objective
     singles = _single_devices(problem)
     best_single = min(singles, key=lambda d: singles[d].objective_s(objective), default=None)
     baselines: dict[str, Schedule | None] = {
         "single-device": singles[best_single] if best_single else None}
+    for name, placement in (extra or {}).items():
+        baselines[name] = (None if options.contiguous
+                           and not is_contiguous(problem, placement.device_of)
+                           else simulate(problem, placement))
     deadline = budget.baselines_deadline()
     skipped: list[str] = []
+    not_run: dict[str, str] = {}
     interrupted = False
     for name, heuristic in HEURISTICS.items():
         if interrupted or budget.expired(deadline):
@@ -88,10 +102,12 @@ def run_within(problem: Problem, options: SolveOptions, budget: Budget) -> Basel
                 baselines[name] = None
             else:
                 baselines[name] = simulate(problem, placement)
+        except NotRun as why:
+            not_run[name] = str(why)
         except KeyboardInterrupt:
             interrupted = True
             skipped.append(name)
-    return Baselines(baselines, best_single, tuple(skipped), interrupted)
+    return Baselines(baselines, best_single, tuple(skipped), interrupted, not_run)
 
 
 def best_baseline(schedules: Mapping[str, Schedule | None],
@@ -106,3 +122,42 @@ def best_baseline(schedules: Mapping[str, Schedule | None],
     schedule = schedules[name]
     assert schedule is not None
     return name, schedule
+
+
+# Splitting must beat the best single device by this fraction, or the plan is that device. 5%:
+# the run-to-run noise of a measured forward pass (``benchmarks/noise.py``: the standard
+# deviation of round medians was 2.8% to 7.6% for the MLP and 6.2% to 13% for GPT-2 on the shared
+# 2-core development machine). A smaller predicted gain could not be told apart by measuring,
+# and one device needs no copies, no second device and no emitted split.
+DEFAULT_MIN_GAIN = 0.05
+
+
+def check_min_gain(min_gain: float) -> float:
+    """``min_gain`` if it is a fraction in [0, 1); otherwise a clear error."""
+    if not 0 <= min_gain < 1:
+        raise AutoplaceError(
+            f"--min-gain must be a fraction in [0, 1), got {min_gain:g}: it is the smallest gain "
+            "over the best single device worth splitting for (0.05: split only when at least "
+            "5% faster; 0: whenever faster)")
+    return min_gain
+
+
+def prefer_single(schedule: Schedule, schedules: Mapping[str, Schedule | None], objective: str,
+                  min_gain: float) -> tuple[Schedule, str | None]:
+    """The best single device's schedule instead of ``schedule`` when ``schedule`` splits the
+    model across devices and gains less than ``min_gain`` over it, with why; else
+    ``schedule`` and ``None``."""
+    single = schedules.get("single-device")
+    split_s = schedule.objective_s(objective)
+    if (single is None or not single.feasible
+            or len(set(schedule.placement.device_of.values())) < 2):
+        return schedule, None
+    single_s = single.objective_s(objective)
+    gain = single_s / split_s - 1 if split_s > 0 else 0.0
+    if gain >= min_gain:
+        return schedule, None
+    device = next(iter(single.placement.device_of.values()), "?")
+    return single, (f"splitting across {len(set(schedule.placement.device_of.values()))} "
+                    f"devices ({split_s:.6g} s) gains {gain:.1%} over {device} alone "
+                    f"({single_s:.6g} s), less than --min-gain {min_gain:.0%}: the plan is the "
+                    "single device")

@@ -465,8 +465,8 @@ def _add_schedule(model: cp_model.CpModel, problem: Problem, x: Vars, hint: Sche
 def _add_loads(model: cp_model.CpModel, problem: Problem, x: Vars,
                quantum: float) -> cp_model.IntVar:
     """Per-device load (compute + copies sent and received, as ``simulate.loads``); returns the
-    largest. ``recv[u, r]``: ``u``'s output is copied to ``r``; ``pay_send[u]`` is at least the
-    copy time of every copy ``u`` makes, and is charged to ``u``'s device."""
+    largest. ``pay[u, r]``: the time of ``u``'s copy to ``r`` (charged to ``r``); ``send[u, a]``
+    is at least the time of every copy ``u`` makes from ``a``, and is charged to ``a``."""
     graph, costs, allowed = problem.graph, problem.costs, problem.allowed
     devices = list(problem.cluster.names)
     total = sum(max(_ticks(costs.of(n.name, d), quantum) for d in allowed[n.name])
@@ -491,37 +491,35 @@ def _add_loads(model: cp_model.CpModel, problem: Problem, x: Vars,
 def _add_copy_loads(model: cp_model.CpModel, problem: Problem, x: Vars, node: str,
                     quantum: float, charged: set[str], load_terms: dict[str, list]) -> None:
     """The copies of ``node``'s output, added to ``load_terms`` of the devices that are
-    ``charged`` for transfers: the sender pays its largest copy, each receiver its own."""
+    ``charged`` for transfers: the sender pays its largest copy, each receiver its own.
+
+    A copy from a to b takes the largest delay of the edges *read on b* (``simulate.copies``):
+    ``pay[node, b]`` is at least the delay of every edge ``(node, v)`` with node on a and v on
+    b, so an edge read on another device never prices the copy to b."""
     graph, allowed = problem.graph, problem.allowed
     devices = list(problem.cluster.names)
     out = graph.out_edges(node)
-    # Copy time of node's output from a to b: the largest edge delay to a reader there.
-    copy = {(a, b): max(_ticks(problem.delay_s(e, a, b), quantum) for e in out)
-            for a in allowed[node] for b in devices if a != b}
-    readers = {b: [e.dst for e in out if b in allowed[e.dst]] for b in devices}
-    sent = {}
+    sent: dict[str, cp_model.IntVar] = {}
     for a in allowed[node]:
-        top = max((copy[a, b] for b in devices if b != a and readers[b]), default=0)
+        top = max((_ticks(problem.delay_s(e, a, b), quantum) for e in out
+                   for b in allowed[e.dst] if b != a), default=0)
         if top and a in charged:
             sent[a] = model.new_int_var(0, top, f"send[{node},{a}]")
             load_terms[a].append(sent[a])
     for b in devices:
-        if not readers[b]:
+        # (sender a, reader v, copy ticks) for every edge that b may read from another device.
+        reads = [(a, e.dst, _ticks(problem.delay_s(e, a, b), quantum))
+                 for e in out if b in allowed[e.dst] for a in allowed[node] if a != b]
+        reads = [(a, v, ticks) for a, v, ticks in reads if ticks]
+        if not reads:
             continue
-        top = max((copy[a, b] for a in allowed[node] if a != b), default=0)
-        if not top:
-            continue
-        recv = model.new_bool_var(f"recv[{node},{b}]")
-        for v in readers[b]:
-            model.add(recv >= x[v, b] - x[node, b])
-        pay = model.new_int_var(0, top, f"pay[{node},{b}]")
+        pay = None
         if b in charged:
+            pay = model.new_int_var(0, max(t for _, _, t in reads), f"pay[{node},{b}]")
             load_terms[b].append(pay)
-        for a in allowed[node]:
-            if a == b or not copy[a, b]:
-                continue
-            # Charged when node is on a and its output goes to b.
-            if b in charged:
-                model.add(pay >= copy[a, b] * (x[node, a] + recv - 1))
+        for a, v, ticks in reads:
+            # Charged when node is on a and its reader v is on b.
+            if pay is not None:
+                model.add(pay >= ticks * (x[node, a] + x[v, b] - 1))
             if a in sent:
-                model.add(sent[a] >= copy[a, b] * (x[node, a] + recv - 1))
+                model.add(sent[a] >= ticks * (x[node, a] + x[v, b] - 1))

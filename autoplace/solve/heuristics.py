@@ -7,8 +7,9 @@
   colocation-aware: a device is a candidate only if the node's colocation group still fits.
 
 All return a ``Placement`` (or ``None`` when they cannot respect memory); the simulator scores
-them. Memory checks count resident parameters plus a reserve for activations, the largest working
-set of any node (accelerate reserves room for its largest layer the same way).
+them. A heuristic that does not apply at a problem's size raises ``NotRun`` instead, saying why.
+Memory checks count resident parameters plus a reserve for activations, the largest working set
+of any node (accelerate reserves room for its largest layer the same way).
 """
 
 from __future__ import annotations
@@ -21,8 +22,13 @@ from autoplace.ir import Edge, Placement, Problem
 from autoplace.simulate import upward_rank
 
 __all__ = [
-    "activation_reserve", "group_devices", "heft", "mean_delay_s", "sequential_fill",
+    "NotRun", "activation_reserve", "group_devices", "heft", "mean_delay_s", "sequential_fill",
     "single_device"]
+
+
+class NotRun(Exception):  # noqa: N818 - a verdict, not a fault: the baseline does not apply
+    """Raised by a baseline that does not run on this problem (it is too large for it); the
+    message says why, and the plan lists the baseline as "not run", not as unable to fit."""
 
 
 def activation_reserve(problem: Problem) -> int:

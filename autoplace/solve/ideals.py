@@ -33,7 +33,7 @@ import networkx as nx
 import numpy as np
 
 from autoplace.ir import Placement, Problem, slowest_delay_s
-from autoplace.solve.heuristics import activation_reserve
+from autoplace.solve.heuristics import NotRun, activation_reserve
 from autoplace.solve.partition import grouped_order
 
 __all__ = ["ideal_dp"]
@@ -42,18 +42,22 @@ __all__ = ["ideal_dp"]
 def ideal_dp(problem: Problem, objective: str = "throughput", *,
              max_ideals: int = 600, max_states: int = 512) -> Placement | None:
     """The best contiguous split (a chain of ideals of the colocation groups' graph), each stage
-    on its own device; ``None`` with more than ``max_ideals`` ideals, more than ``max_states``
-    combinations of device counts per class, or when no split meets memory and the devices
-    each node may run on."""
+    on its own device; ``None`` when no split meets memory and the devices each node may run
+    on. Raises ``NotRun`` with more than ``max_ideals`` ideals or more than ``max_states``
+    combinations of device counts per class (the DP's time grows with both)."""
 
     graph, cluster = problem.graph, problem.cluster
     if len(set(graph.colocation_of.values())) + 1 > max_ideals:
-        return None  # every prefix of a topological order is an ideal
+        # Every prefix of a topological order is an ideal.
+        raise NotRun(f"more than {max_ideals} ideals (the graph has "
+                     f"{len(set(graph.colocation_of.values()))} units)")
     groups, preds = _units(problem)
     unit_of = {v: i for i, g in enumerate(groups) for v in g}
     of_node = np.array([unit_of[n.name] for n in graph.nodes])
     ideals = _ideals(preds, max_ideals)
-    if ideals is None or len(ideals) < 2:
+    if ideals is None:
+        raise NotRun(f"more than {max_ideals} ideals (the graph has {len(groups)} units)")
+    if len(ideals) < 2:
         return None
 
     # --- data: membership of each ideal, and per group its cost on each device and its bytes
@@ -77,8 +81,9 @@ def ideal_dp(problem: Problem, objective: str = "throughput", *,
                          _comm(inside, *edges)))
 
     classes = _classes(problem)
-    if int(np.prod([len(members) + 1 for members in classes])) > max_states:
-        return None
+    states = int(np.prod([len(members) + 1 for members in classes]))
+    if states > max_states:
+        raise NotRun(f"{states} combinations of device counts, more than {max_states}")
     chain = _chain_dp(problem, segments, classes, objective)
     if chain is None:
         return None

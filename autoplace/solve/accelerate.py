@@ -1,0 +1,181 @@
+"""Hugging Face accelerate's own device maps as baselines: the tool a user would pick instead.
+
+accelerate's ``infer_auto_device_map`` assigns whole modules to devices by parameter size alone,
+filling GPU 0, then GPU 1, ... (``device_map="sequential"``), or first capping each GPU at an
+even share with ``get_balanced_memory`` (``device_map="balanced"``); transformers' own
+``from_pretrained`` does exactly this (``transformers.integrations.accelerate._get_device_map``).
+Here it is called with the plan's devices and memory limits and with ``no_split_module_classes``
+from the model (``model._no_split_modules`` for transformers models), and its map is turned into
+a placement that the simulator scores like every other baseline.
+
+Read ``accelerate_maps`` (accelerate's maps, each op's device), then ``on_graph`` (the same on a
+coarsened graph) and ``accelerate_baselines`` (both, for ``solve``'s ``extra_baselines``).
+
+How a map becomes a placement: each op goes to the device of the map key that is the longest
+prefix of its module path. An op of a module no key covers (the glue code of a parent's
+``forward``, run where its inputs are under accelerate's hooks) goes where its first input is;
+one with no input (a placeholder, an ``arange``) goes to the map's first device, where
+accelerate's top-level hook moves the inputs. A map that offloads to ``cpu`` or ``disk`` when
+the cluster has no such device is not a baseline here: it is reported as such, with why.
+accelerate is optional (the ``examples`` and ``dev`` extras): without it there are no such
+baselines, and a note says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from autoplace.ir import Cluster, OpGraph, Placement, Problem
+
+__all__ = ["ACCELERATE_STRATEGIES", "AccelerateMap", "accelerate_available",
+           "accelerate_baselines", "accelerate_maps", "on_graph"]
+
+# Baseline names, each with whether it balances first (get_balanced_memory) as "balanced" does.
+ACCELERATE_STRATEGIES = {"accelerate-sequential": False, "accelerate-balanced": True}
+
+
+def accelerate_available() -> bool:
+    return importlib.util.find_spec("accelerate") is not None
+
+
+@dataclass(frozen=True)
+class AccelerateMap:
+    """One of accelerate's maps: its own ``device_map`` (module -> accelerate device key), and
+    each traced op's device in the cluster, or ``None`` with the reason in ``note``."""
+
+    name: str
+    device_map: Mapping[str, int | str]
+    device_of_op: Mapping[str, str] | None
+    note: str | None = None
+
+
+def _keys(cluster: Cluster) -> dict[int | str, str]:
+    """accelerate's device key -> cluster device: GPUs are integers in the cluster's order (as
+    ``cuda:N`` is N), a CPU is ``"cpu"``."""
+    keys: dict[int | str, str] = {}
+    for device in cluster.devices:
+        if device.torch_device.startswith("cpu"):
+            keys.setdefault("cpu", device.name)
+        else:
+            keys[sum(isinstance(k, int) for k in keys)] = device.name
+    return keys
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """accelerate warns that the planned GPUs are "not available" here: planning for devices
+    that are not here is the point, so its warnings are silenced while it runs."""
+    logger = logging.getLogger("accelerate")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def no_split_classes(model: torch.nn.Module) -> list[str]:
+    """The module classes accelerate must keep whole: transformers models list them."""
+    return sorted(getattr(model, "_no_split_modules", None) or [])
+
+
+def accelerate_maps(model: torch.nn.Module, graph: OpGraph,
+                    cluster: Cluster) -> tuple[AccelerateMap, ...]:
+    """accelerate's sequential and balanced maps of ``model`` for ``cluster``'s devices and
+    memory limits, each op of the traced ``graph`` placed by its module path."""
+    from accelerate.utils import get_balanced_memory, infer_auto_device_map
+
+    keys = _keys(cluster)
+    limits = {key: cluster.device(name).memory_bytes for key, name in keys.items()}
+    no_split = no_split_classes(model)
+    maps: list[AccelerateMap] = []
+    for name, balanced in ACCELERATE_STRATEGIES.items():
+        max_memory = dict(limits)
+        with _quiet():
+            if balanced:
+                max_memory = get_balanced_memory(model, max_memory=max_memory,
+                                                 no_split_module_classes=no_split)
+            device_map = infer_auto_device_map(model, max_memory=max_memory,
+                                               no_split_module_classes=no_split)
+        outside = sorted({str(v) for v in device_map.values() if v not in keys})
+        if outside:
+            moved = [m or "(the whole model)" for m, v in device_map.items() if v not in keys]
+            maps.append(AccelerateMap(name, device_map, None, note=(
+                f"{name} offloads {len(moved)} module(s) ({', '.join(moved[:3])}"
+                f"{', ...' if len(moved) > 3 else ''}) to {', '.join(outside)}, which is not a "
+                "device of this cluster: the weights do not fit the devices' limits its way; "
+                "not a baseline")))
+            continue
+        maps.append(AccelerateMap(name, device_map,
+                                  _device_of_op(graph, device_map, keys)))
+    return tuple(maps)
+
+
+def _device_of_op(graph: OpGraph, device_map: Mapping[str, int | str],
+                  keys: Mapping[int | str, str]) -> dict[str, str]:
+    """Each op's device: its module's longest key, else its first input's device, else the
+    map's first device (see the module docstring)."""
+    first = keys[next(iter(device_map.values()))]
+    by_length = sorted(device_map, key=len, reverse=True)
+    device_of: dict[str, str] = {}
+    for node in graph.nodes:  # topological order: an op's inputs are placed before it
+        path = node.module
+        key = next((k for k in by_length
+                    if k == "" or path == k or path.startswith(k + ".")), None)
+        if key is not None:
+            device_of[node.name] = keys[device_map[key]]
+            continue
+        inputs = graph.in_edges(node.name)
+        device_of[node.name] = device_of[inputs[0].src] if inputs else first
+    return device_of
+
+
+def on_graph(problem: Problem, device_of_op: Mapping[str, str]) -> tuple[Placement | None, str]:
+    """The placement of ``problem``'s (possibly coarsened) nodes that ``device_of_op`` implies,
+    and what had to give: a node whose ops accelerate splits goes where most of its ops are.
+    ``None`` when a node would land on a device where it cannot run."""
+    device_of: dict[str, str] = {}
+    split = 0
+    for node in problem.graph.nodes:
+        devices = [device_of_op[op] for op in node.ops]
+        if len(set(devices)) > 1:
+            split += 1
+        device_of[node.name] = Counter(devices).most_common(1)[0][0]
+    for group in problem.graph.colocate:  # accelerate keeps tied parameters together too
+        for member in group[1:]:
+            device_of[member] = device_of[group[0]]
+    banned = [n for n, d in device_of.items() if d not in problem.allowed[n]]
+    if banned:
+        return None, (f"places {banned[0]!r} on {device_of[banned[0]]}, where it cannot run; "
+                      "not a baseline")
+    return Placement(device_of=device_of), (
+        f"{split} of {len(problem.graph.nodes)} coarse nodes straddle its split; each went "
+        "where most of its ops are" if split else "")
+
+
+def accelerate_baselines(model: torch.nn.Module, graph: OpGraph,
+                         problem: Problem) -> tuple[dict[str, Placement], list[str]]:
+    """accelerate's maps as ``solve``'s ``extra_baselines`` for ``problem`` (whose nodes' ops
+    are ops of the traced ``graph``), and the notes a user must see."""
+    if not accelerate_available():
+        return {}, ["accelerate is not installed: its device maps are not among the baselines "
+                    "(pip install 'autoplace[examples]')"]
+    placements: dict[str, Placement] = {}
+    notes: list[str] = []
+    for found in accelerate_maps(model, graph, problem.cluster):
+        if found.device_of_op is None:
+            notes.append(found.note or f"{found.name}: not a baseline")
+            continue
+        placement, why = on_graph(problem, found.device_of_op)
+        if why:
+            notes.append(f"{found.name} {why}")
+        if placement is not None:
+            placements[found.name] = placement
+    return placements, notes
