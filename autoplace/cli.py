@@ -61,6 +61,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                    help="run the original and the emitted model on the example inputs and check "
                    "them with torch.testing.assert_close (default: on)")
+    p.add_argument("--check-memory", action=argparse.BooleanOptionalAction, default=None,
+                   help="while verifying, the emitted model's peak bytes per device are "
+                   "measured and recorded; with --check-memory a device above the plan's figure "
+                   "fails verification (default: off until the plan's memory figure is an "
+                   "upper bound, autoplace.emit.ENFORCE_PEAK_DEFAULT)")
     p.add_argument("--emit", action=argparse.BooleanOptionalAction, default=True,
                    help="write the partitioned model to OUT/model (default: on)")
     p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
@@ -178,7 +183,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     result = plan(loaded.model, loaded.kwargs or loaded.args,
                   devices=args.devices, cluster_file=args.cluster, time_limit_s=args.time_limit,
                   solver=args.solver, max_nodes=args.max_nodes, emit=args.emit,
-                  verify=args.verify, seed=args.seed, name=loaded.name,
+                  verify=args.verify, check_memory=args.check_memory, seed=args.seed,
+                  name=loaded.name,
                   objective=args.objective, contiguous=args.contiguous,
                   deterministic=args.deterministic, profile=args.profile,
                   cache=_cache(args) if args.profile else None, progress=args.profile)
