@@ -217,3 +217,11 @@ def test_run_with_inputs_of_another_shape_writes_nothing(planned, tmp_path, caps
 
 def test_run_rejects_zero_repeats(planned, capsys):
     _fails(["run", str(planned), "--repeats", "0"], capsys, match="--repeats 1 or more")
+
+
+def test_a_model_with_torch_cond_is_measured_through_its_branch():
+    loaded = load_model_file(EXAMPLES / "corpus" / "cond_branch.py")
+    plan = autoplace.plan(loaded.model, loaded.kwargs or loaded.args, devices="2xA100-40GB",
+                          time_limit_s=1, whatif=False, check_memory=False)
+    found = measure(plan.emitted, loaded.args, loaded.kwargs)
+    assert sum(found.activation_peak_bytes.values()) > 0

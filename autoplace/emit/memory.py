@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
+from torch._C import DispatchKey
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
@@ -189,6 +190,7 @@ class _Tracker:
             self._hooks.append(segment.register_forward_pre_hook(
                 lambda _m, a, d=device: self._enter(d, a)))
             self._hooks.append(segment.register_forward_hook(lambda *_: self._leave()))
+        _register_higher_order()
         for mode in self._modes:
             mode.__enter__()
         return self
@@ -260,7 +262,9 @@ class _Tracker:
 
 
 class _Dispatch(TorchDispatchMode):
-    """Every aten op: poll for frees, run it, record the storages it allocated."""
+    """Every aten op: poll for frees, run it, record the storages it allocated. Of higher-order
+    ops (``_register_higher_order``), ``torch.cond`` runs its taken branch under this mode, op
+    by op; others (``while_loop``, ``map``, ...) run densely and only their outputs count."""
 
     def __init__(self, tracker: _Tracker) -> None:
         super().__init__()
@@ -303,6 +307,31 @@ class _Function(TorchFunctionMode):
         if ident is not None and tracker._device[ident] is None:
             tracker._copy_of[ident] = tracker._home(source)
         return out
+
+
+def _run_higher_order(hop: Any) -> Any:
+    def run(mode: _Dispatch, *args: Any, **kwargs: Any) -> Any:
+        if hop.name() == "cond":
+            # torch.cond(pred, true_fn, false_fn, operands): the taken branch, op by op.
+            pred, true_fn, false_fn, operands = args
+            with mode:
+                return (true_fn if bool(pred) else false_fn)(*operands)
+        # Others run densely, unseen inside (torch refuses a mode there); outputs are counted.
+        out = hop.dispatch(DispatchKey.CompositeExplicitAutograd, *args, **kwargs)
+        mode._tracker._poll()
+        leaves = [x for x in pytree.tree_leaves(out) if isinstance(x, torch.Tensor)]
+        mode._tracker._allocated(out, fresh=[True] * len(leaves))
+        return out
+    return run
+
+
+def _register_higher_order() -> None:
+    """Teach every higher-order op that has a dense implementation to run under ``_Dispatch``
+    (torch asks each mode for a rule; without one, ``torch.cond`` raises). Idempotent."""
+    for hop in list(torch._ops._higher_order_ops.values()):
+        dense = DispatchKey.CompositeExplicitAutograd in hop.py_kernels
+        if dense and _Dispatch not in hop.python_key_table:
+            hop.py_impl(_Dispatch)(_run_higher_order(hop))
 
 
 def _replay(log: list[tuple[int, bool]], sizes: list[int], device: list[str]) -> dict[str, int]:
