@@ -238,15 +238,16 @@ def load_model(
     except Exception as error:
         raise EmitError(f"{path / 'model.py'} failed to build the model: {error}") from error
 
+    try:
+        weights = safetensors.torch.load_file(str(path / "weights.safetensors"))
+    except Exception as error:  # safetensors raises its own SafetensorError, OSError, ...
+        raise EmitError(f"cannot read {path / 'weights.safetensors'}: {error}") from error
+    # A file safetensors can parse may still hold changed bytes: only the hash can tell.
     expected = meta.get("weights_sha256")
     if expected and _sha256(path / "weights.safetensors") != expected:
         raise EmitError(
             f"{path / 'weights.safetensors'} is corrupted: its SHA-256 differs from the one "
             "meta.json recorded when it was written; plan the model again")
-    try:
-        weights = safetensors.torch.load_file(str(path / "weights.safetensors"))
-    except Exception as error:  # safetensors raises its own SafetensorError, OSError, ...
-        raise EmitError(f"cannot read {path / 'weights.safetensors'}: {error}") from error
     for index, device in enumerate(actual):
         prefix = f"seg{index}."
         state = {k[len(prefix) :]: v.to(device) for k, v in weights.items() if k.startswith(prefix)}
