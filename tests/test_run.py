@@ -225,3 +225,32 @@ def test_a_model_with_torch_cond_is_measured_through_its_branch():
                           time_limit_s=1, whatif=False, check_memory=False)
     found = measure(plan.emitted, loaded.args, loaded.kwargs)
     assert sum(found.activation_peak_bytes.values()) > 0
+
+
+def test_plan_with_check_memory_fails_above_the_plan_and_writes_nothing(
+        tmp_path, capsys, monkeypatch):
+    # A measurement far above every device's figure (1 TiB of activations), whatever the plan
+    # says today: the check fails the plan, exit 2, nothing written.
+    import autoplace.emit as emit
+    from autoplace.emit.memory import PeakMeasurement
+
+    real = emit.measure
+
+    def inflated(model, args, kwargs):
+        found = real(model, args, kwargs)
+        return PeakMeasurement(weights_bytes=found.weights_bytes,
+                               activation_peak_bytes={d: 2**40 for d in found.weights_bytes},
+                               method=found.method)
+
+    monkeypatch.setattr(emit, "measure", inflated)
+    out = tmp_path / "out"
+    _fails(["plan", str(EXAMPLES / "mlp.py"), "--devices", "2xA100-40GB", "--out", str(out),
+            "--time-limit", "1", "--no-profile", "--check-memory"], capsys,
+           match="the emitted model needs more memory than the plan says")
+    assert not out.exists()
+    assert main(["plan", str(EXAMPLES / "mlp.py"), "--devices", "2xA100-40GB", "--out",
+                 str(out), "--time-limit", "1", "--no-profile", "--no-check-memory"]) == 0
+    verification = json.loads((out / "plan.json").read_text())["verification"]
+    assert verification["status"] == "passed"
+    assert verification["memory_status"] == "exceeded"
+    assert "memory exceeds the plan (not enforced)" in verification["detail"]
