@@ -254,3 +254,15 @@ def test_plan_with_check_memory_fails_above_the_plan_and_writes_nothing(
     assert verification["status"] == "passed"
     assert verification["memory_status"] == "exceeded"
     assert "memory exceeds the plan (not enforced)" in verification["detail"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_the_allocator_sees_at_least_the_tracked_storages():
+    x = torch.randn(256)
+    traced = trace_model(Chain(), (x,), {}, name="chain")
+    emitted = emit_model(traced.module, {"mul": "cuda:0", "add": "cuda:0", "mul_1": "cuda:0"})
+    storage = measure(emitted, (x,), method="storage")
+    allocator = measure(emitted, (x,), method="allocator")
+    assert measure(emitted, (x,)).method == "allocator"
+    # The allocator rounds each block up to 512 bytes; it never sees less than the storages.
+    assert allocator.peak_bytes["cuda:0"] >= storage.peak_bytes["cuda:0"] == 3072

@@ -99,7 +99,7 @@ def measure(
         method = "allocator" if separate and on_gpus else "storage"
     weights = weight_bytes(emitted)
     if method == "allocator":
-        activations = _allocator_peaks(emitted, args, dict(kwargs or {}), planned, actual, weights)
+        activations = _allocator_peaks(emitted, args, dict(kwargs or {}), planned, actual)
     elif method == "storage":
         tracker = _Tracker(emitted, planned)
         with tracker:
@@ -146,20 +146,22 @@ def _allocator_peaks(
     kwargs: dict[str, Any],
     planned: list[str],
     actual: list[str],
-    weights: Mapping[str, int],
 ) -> dict[str, int]:
-    """The caching allocator's peak per CUDA device over one pass, less its weights (which the
-    allocator also holds), as activations per planned device."""
+    """The caching allocator's peak per CUDA device over one pass, less what was allocated
+    before it (the weights, and anything else already there), as activations per planned
+    device."""
     where = dict(zip(actual, planned))
+    before = {}
     for device in where:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
+        before[device] = torch.cuda.memory_allocated(device)
     with torch.no_grad():
         emitted(*args, **kwargs)
     peaks = {}
     for device, plan in where.items():
         torch.cuda.synchronize(device)
-        peaks[plan] = max(torch.cuda.max_memory_allocated(device) - weights.get(plan, 0), 0)
+        peaks[plan] = max(torch.cuda.max_memory_allocated(device) - before[device], 0)
     return peaks
 
 
