@@ -74,8 +74,10 @@ def measure(model: str, path: Path, devices: str, *, time_limit_s: float) -> Row
     return Row(model, devices, peaks=peaks, wall_s=wall_s)
 
 
-def _mib(nbytes: int) -> str:
-    return f"{nbytes / 2**20:.2f}"
+def _size(nbytes: int) -> str:
+    if nbytes >= 2**20:
+        return f"{nbytes / 2**20:.2f} MiB"
+    return f"{nbytes / 2**10:.1f} KiB" if nbytes >= 2**10 else f"{nbytes} B"
 
 
 def table(rows: list[Row], *, time_limit_s: float) -> str:
@@ -104,7 +106,7 @@ def table(rows: list[Row], *, time_limit_s: float) -> str:
         + (f"Worst: {over[-1][1]} on {over[-1][2]}, {over[-1][3]}, measured "
            f"{over[-1][0]:.2f}x the plan." if over else ""),
         "",
-        "| model | devices | device | measured (MiB) | predicted (MiB) | predicted / measured "
+        "| model | devices | device | measured | predicted | predicted / measured "
         "| holds |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -114,7 +116,7 @@ def table(rows: list[Row], *, time_limit_s: float) -> str:
             continue
         for device, (m, p) in row.peaks.items():
             ratio = f"{p / m:.2f}" if m else "n/a"
-            lines.append(f"| {row.model} | {row.devices} | {device} | {_mib(m)} | {_mib(p)} | "
+            lines.append(f"| {row.model} | {row.devices} | {device} | {_size(m)} | {_size(p)} | "
                          f"{ratio} | {'yes' if m <= p else '**no**'} |")
     return "\n".join(lines) + "\n"
 
