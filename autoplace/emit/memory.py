@@ -50,7 +50,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from autoplace.errors import EmitError
 
-__all__ = ["PeakMeasurement", "measure_peak_bytes", "weight_bytes"]
+__all__ = ["PeakMeasurement", "measure", "measure_peak_bytes", "weight_bytes"]
 
 Method = Literal["auto", "storage", "allocator"]
 
