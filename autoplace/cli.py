@@ -1,4 +1,5 @@
-"""The ``autoplace`` command line: ``plan``, ``solve``, ``profile``, ``devices`` and ``report``.
+"""The ``autoplace`` command line: ``plan``, ``solve``, ``profile``, ``devices``, ``report`` and
+``run``.
 
 ``main(argv)`` returns the exit code: 0 on success, 2 for any ``AutoplaceError`` (bad input, a
 model that does not fit, an unwritable output directory), printed as one paragraph with no
@@ -28,6 +29,7 @@ Automatic device placement for PyTorch models.
   autoplace profile examples/mlp.py --devices cpu
   autoplace devices
   autoplace report autoplace-out/plan.json
+  autoplace run autoplace-out --repeats 10
 """
 
 
@@ -62,6 +64,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                    help="run the original and the emitted model on the example inputs and check "
                    "them with torch.testing.assert_close (default: on)")
+    p.add_argument("--check-memory", action=argparse.BooleanOptionalAction, default=None,
+                   help="while verifying, the emitted model's peak bytes per device are "
+                   "measured and recorded; with --check-memory a device above the plan's figure "
+                   "fails verification (default: off until the plan's memory figure is an "
+                   "upper bound, autoplace.emit.ENFORCE_PEAK_DEFAULT)")
     p.add_argument("--emit", action=argparse.BooleanOptionalAction, default=True,
                    help="write the partitioned model to OUT/model (default: on)")
     p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
@@ -108,7 +115,30 @@ def _parser() -> argparse.ArgumentParser:
                        description="Re-render report.html, summary.md and summary.txt next to "
                        "PLAN_JSON from the plan file alone (no model, no solving).")
     r.add_argument("plan_json", metavar="PLAN_JSON", help="a plan.json, or its directory")
+    _run_parser(sub)
     return parser
+
+
+def _run_parser(sub: argparse._SubParsersAction) -> None:
+    u = sub.add_parser(
+        "run", help="run an emitted model; measured time and memory against the plan's",
+        description="Load OUT/model (planned devices not on this machine run on the CPU, and "
+        "the output says so), run it on the example inputs saved with it or on --inputs, and "
+        "print the median time against the plan's predicted makespan, and the peak bytes per "
+        "device (weights + live activations) against the plan's predicted peak.")
+    u.add_argument("out", metavar="OUT", help="an output directory of `autoplace plan`")
+    u.add_argument("--inputs", metavar="FILE.safetensors",
+                   help="inputs instead of the saved example: one tensor per example input, "
+                   "named args.0, args.1, ..., kwargs.NAME, of the example's shapes and dtypes")
+    u.add_argument("--warmup", type=int, default=1, metavar="N",
+                   help="untimed passes first (default: 1)")
+    u.add_argument("--repeats", type=int, default=5, metavar="N",
+                   help="timed passes; the median is reported (default: 5)")
+    u.add_argument("--json", action="store_true",
+                   help="print one JSON object: measured_s, predicted_s, peak_bytes (device -> "
+                   "measured), predicted_peak_bytes, and the details")
+    u.add_argument("--save-outputs", metavar="FILE.safetensors",
+                   help="write the model's output tensors (output, output.0, output.NAME, ...)")
 
 
 def _cache_option(p: argparse.ArgumentParser) -> None:
@@ -186,7 +216,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     result = plan(loaded.model, loaded.kwargs or loaded.args,
                   devices=args.devices, cluster_file=args.cluster, time_limit_s=args.time_limit,
                   solver=args.solver, max_nodes=args.max_nodes, emit=args.emit,
-                  verify=args.verify, seed=args.seed, name=loaded.name,
+                  verify=args.verify, check_memory=args.check_memory, seed=args.seed,
+                  name=loaded.name,
                   objective=args.objective, contiguous=args.contiguous,
                   deterministic=args.deterministic, profile=args.profile,
                   cache=_cache(args) if args.profile else None, progress=args.profile,
@@ -267,10 +298,28 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    import json
+
+    from autoplace.run import run_plan, save_outputs
+
+    result = run_plan(args.out, inputs_file=args.inputs, warmup=args.warmup,
+                      repeats=args.repeats)
+    written = save_outputs(result.outputs, args.save_outputs) if args.save_outputs else []
+    if args.json:
+        print(json.dumps(result.to_dict()))
+        return 0
+    for line in result.lines():
+        print(line)
+    if written:
+        print(f"wrote {len(written)} output tensor(s) to {args.save_outputs}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     command = {"plan": _cmd_plan, "solve": _cmd_solve, "profile": _cmd_profile,
-               "devices": _cmd_devices, "report": _cmd_report}[args.command]
+               "devices": _cmd_devices, "report": _cmd_report, "run": _cmd_run}[args.command]
     try:
         return command(args)
     except AutoplaceError as exc:

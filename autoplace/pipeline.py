@@ -48,6 +48,7 @@ def plan(
     max_nodes: int = DEFAULT_MAX_NODES,
     emit: bool = True,
     verify: bool = True,
+    check_memory: bool | None = None,
     seed: int = 0,
     name: str = "model",
     whatif: bool = True,
@@ -69,11 +70,13 @@ def plan(
 
     The model is switched to ``eval()`` mode: autoplace plans inference. With ``emit`` the
     partitioned model is built (``Plan.emitted``) and, with ``verify``, checked against the
-    original with ``torch.testing.assert_close``. With ``whatif`` the model is also re-solved,
-    briefly, on the first 1, 2, ... of the devices (``Plan.whatif``, the report's what-if table).
-    accelerate's sequential and balanced device maps, where accelerate is installed, are among
-    the baselines. A split that gains less than ``min_gain`` (a fraction) over the best single
-    device is not made: the plan is that device, and says why (``Plan.min_gain``).
+    original with ``torch.testing.assert_close`` and its peak memory per device measured against
+    the plan's (failing above it with ``check_memory``; ``None`` means
+    ``autoplace.emit.ENFORCE_PEAK_DEFAULT``). With ``whatif`` the model is also re-solved,
+    briefly, on the first 1, 2, ... of the devices (``Plan.whatif``, the report's what-if
+    table). accelerate's sequential and balanced device maps, where accelerate is installed, are
+    among the baselines. A split that gains less than ``min_gain`` (a fraction) over the best
+    single device is not made: the plan is that device, and says why (``Plan.min_gain``).
     """
     check_min_gain(min_gain)
     options = SolveOptions(time_limit_s=time_limit_s, seed=seed, deterministic=deterministic,
@@ -120,7 +123,7 @@ def plan(
     if emit:
         emitted, verification, emit_notes = emit_and_verify(
             traced, model, args, kwargs, problem=planned.problem, schedule=planned.schedule,
-            device_of_op=planned.device_of_op, check_outputs=verify)
+            device_of_op=planned.device_of_op, check_outputs=verify, check_memory=check_memory)
         notes += emit_notes
         planned = replace(planned, emitted=emitted,
                           verification=Verification.from_dict(verification))

@@ -11,7 +11,8 @@ Two families:
    colocation pair) and the comparison against enumerating every placement.
 2. The emitter, on random small ``nn.Module``s built from common layers: split across devices at
    random (and as planned), the emitted model, and the one saved and loaded back, must equal the
-   original (``torch.testing.assert_close``).
+   original (``torch.testing.assert_close``); and, as planned, its measured peak bytes per
+   device (``autoplace.emit.memory``) stay at or below the plan's peak.
 
 Profiles are derandomized (the same examples on every run), so CI is stable.
 """
@@ -30,7 +31,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import autoplace
-from autoplace.emit import emit_model, load_model, save_model
+from autoplace.emit import emit_model, load_model, measure_peak_bytes, save_model
 from autoplace.errors import InfeasibleError
 from autoplace.ir import Costs, Placement
 from autoplace.simulate import simulate, validate
@@ -370,6 +371,26 @@ def test_random_modules_planned_end_to_end_verify(model_x):
     assert validate(plan.problem, plan.schedule) == []
     with torch.no_grad():
         torch.testing.assert_close(plan.emitted(x), model(x))
+
+
+@pytest.mark.xfail(strict=False, reason="the plan's memory figure undercounts today (values "
+                   "crossing segments live to the end of forward, coarse-group internals): "
+                   "issue 13, fixed on another branch")
+@settings(max_examples=10, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(random_models)
+def test_random_modules_measured_peak_within_the_plan(model_x):
+    model, x = model_x
+    plan = autoplace.plan(model, (x,), devices="2xA100-40GB,1xT4-16GB", time_limit_s=1,
+                          whatif=False, deterministic=True, check_memory=False)
+    measured = measure_peak_bytes(plan.emitted, (x,))
+    name_of = {d.torch_device: d.name for d in plan.problem.cluster.devices}
+    for device, nbytes in measured.items():
+        assert nbytes <= plan.schedule.peak_bytes[name_of[device]], (device, nbytes)
+    # The verification record holds the same measurement.
+    assert {name_of[d]: b for d, b in measured.items()} == {
+        d: e["measured_bytes"] for d, e in plan.verification.peak_bytes.items()
+        if d in {name_of[k] for k in measured}}
 
 
 def test_the_random_splits_really_cross_devices():

@@ -13,7 +13,9 @@ Read in this order:
 3. ``device_map``: where planned devices run here (``local_device_map``, glob remaps).
 4. ``saving``: ``save_model`` and ``load_model`` (``model.py``, ``weights.safetensors``,
    ``meta.json``).
-5. ``verification.verify``: ``torch.testing.assert_close`` against the original model.
+5. ``verification.verify``: ``torch.testing.assert_close`` against the original model; then
+   ``memory.measure`` (peak bytes per planned device while the emitted model runs) and
+   ``verification.check_peak`` (no device above the plan's figure).
 """
 
 from __future__ import annotations
@@ -24,13 +26,15 @@ from typing import Any
 import torch
 
 from autoplace.emit.device_map import local_device_map
+from autoplace.emit.memory import measure, measure_peak_bytes
 from autoplace.emit.model import PartitionedModel, SegmentInfo, emit_model
 from autoplace.emit.saving import load_model, save_model
-from autoplace.emit.verification import VerifyResult, verify
+from autoplace.emit.verification import ENFORCE_PEAK_DEFAULT, VerifyResult, check_peak, verify
 from autoplace.ir import Problem, Schedule
 from autoplace.trace import TracedModel
 
 __all__ = [
+    "ENFORCE_PEAK_DEFAULT",
     "PartitionedModel",
     "SegmentInfo",
     "VerifyResult",
@@ -38,6 +42,7 @@ __all__ = [
     "emit_model",
     "load_model",
     "local_device_map",
+    "measure_peak_bytes",
     "save_model",
     "verify",
 ]
@@ -53,13 +58,19 @@ def emit_and_verify(
     schedule: Schedule,
     device_of_op: Mapping[str, str],
     check_outputs: bool,
+    check_memory: bool | None = None,
 ) -> tuple[PartitionedModel | None, dict[str, Any], list[str]]:
     """Emit ``traced`` as the plan places it and, with ``check_outputs``, verify it against
     ``model`` on ``args``/``kwargs``: ``(emitted model or None, the plan's verification record,
     notes)``.
 
+    Verifying also measures the emitted model's peak bytes per device and records them beside
+    the plan's (``peak_bytes``); a measurement above the plan's figure raises
+    ``VerificationError`` when ``check_memory`` is on (``None``: ``ENFORCE_PEAK_DEFAULT``); off,
+    it is recorded as ``exceeded``.
     ``problem``, ``schedule`` and ``device_of_op`` are the plan's; devices absent from this
-    machine are materialized on the CPU, and a note says so.
+    machine are materialized on the CPU, and a note says so. The example inputs travel with the
+    emitted model (``example_inputs``) so that ``save_model`` writes them for ``autoplace run``.
     """
     notes: list[str] = []
     if traced.has_meta_params:
@@ -76,6 +87,7 @@ def emit_and_verify(
                      "on cpu for verification; `autoplace.emit.load_model(dir)` puts it on the "
                      "planned devices")
     emitted = emit_model(traced.module, device_of, order=order, device_map=remap)
+    emitted.example_inputs = (args, kwargs)
     if not check_outputs:
         return emitted, {"status": "skipped", "max_abs_diff": None,
                          "detail": "verification disabled (--no-verify)"}, notes
@@ -84,8 +96,35 @@ def emit_and_verify(
     detail = outcome.detail
     if moved:
         detail += " (planned devices remapped to cpu)"
-    return emitted, {"status": outcome.status, "max_abs_diff": outcome.max_abs_diff,
-                     "detail": detail}, notes
+    record = {"status": outcome.status, "max_abs_diff": outcome.max_abs_diff}
+    memory, memory_detail = _check_memory(emitted, args, kwargs, problem=problem,
+                                          schedule=schedule,
+                                          enforce=ENFORCE_PEAK_DEFAULT if check_memory is None
+                                          else check_memory)
+    return emitted, record | memory | {"detail": f"{detail}; {memory_detail}"}, notes
+
+
+def _check_memory(
+    emitted: PartitionedModel,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    problem: Problem,
+    schedule: Schedule,
+    enforce: bool,
+) -> tuple[dict[str, Any], str]:
+    """Measure the emitted model's peak per planned device and check it against the plan's."""
+    name_of: dict[str, str] = {}
+    for device in problem.cluster.devices:
+        if device.torch_device in name_of:
+            return {"memory_status": "not measured"}, (
+                f"memory not measured: {name_of[device.torch_device]} and {device.name} are "
+                f"both {device.torch_device}, so their segments cannot be told apart")
+        name_of[device.torch_device] = device.name
+    measured = measure(emitted, args, kwargs)
+    by_name = {name_of[d]: b for d, b in measured.peak_bytes.items()}
+    checked = check_peak(by_name, schedule.peak_bytes, method=measured.method, enforce=enforce)
+    return checked.to_dict() | {"peak_method": measured.method}, checked.detail
 
 
 def _op_order(module: torch.fx.GraphModule, problem: Problem, schedule: Schedule) -> list[str]:

@@ -2,14 +2,20 @@
 
 ``save_model`` writes ``model.py`` (source from ``autoplace.emit.codegen``; imports torch and the
 standard library only), ``weights.safetensors`` (every segment's tensors under
-``seg<i>.<name>``) and ``meta.json`` (planned devices, node names, pytree specs). ``load_model``
-checks ``meta.json``, imports only allow-listed modules for the pytree specs, executes
-``model.py``, and assigns the weights on each segment's ``device_map``-remapped device. Read
-``save_model``, ``_weights``, ``_dump_spec``, then ``load_model`` and ``_read_meta``.
+``seg<i>.<name>``), ``meta.json`` (planned devices, node names, pytree specs, the weights'
+SHA-256) and, when the model carries its example inputs (``example_inputs``, set by
+``emit_and_verify``), ``inputs.safetensors``: each tensor input under its name from
+``input_names`` (``args.0``, ``kwargs.input_ids``), with the structure and any non-tensor
+inputs in ``meta.json``. ``load_model`` checks ``meta.json`` and the weights' hash, imports only
+allow-listed modules for the pytree specs, executes ``model.py``, and assigns the weights on
+each segment's ``device_map``-remapped device; ``load_inputs`` reads the example inputs back.
+Read ``save_model``, ``_weights``, ``_inputs``, ``_dump_spec``, then ``load_model``,
+``_read_meta`` and ``load_inputs``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import json
@@ -32,7 +38,7 @@ from autoplace.emit.device_map import check_device, remap
 from autoplace.emit.model import PartitionedModel
 from autoplace.errors import EmitError, OutputError
 
-__all__ = ["load_model", "save_model"]
+__all__ = ["input_names", "load_inputs", "load_model", "save_model"]
 
 _SPEC_MODULE_PREFIXES = ("transformers.", "torch.")
 _FORMAT = "autoplace.emit/1"
@@ -81,6 +87,7 @@ def save_model(model: PartitionedModel, directory: str | Path) -> None:
         "pytree_modules": sorted(set(in_modules) | set(out_modules if out_spec else [])),
     }
     weights = _weights(model)
+    inputs, meta["inputs"] = _inputs(getattr(model, "example_inputs", None))
     path = Path(directory)
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -88,6 +95,11 @@ def save_model(model: PartitionedModel, directory: str | Path) -> None:
         safetensors.torch.save_file(
             weights, str(path / "weights.safetensors"), metadata={"format": "pt"}
         )
+        meta["weights_sha256"] = _sha256(path / "weights.safetensors")
+        if inputs is not None:
+            safetensors.torch.save_file(
+                inputs, str(path / "inputs.safetensors"), metadata={"format": "pt"}
+            )
         (path / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     except OSError as error:
         raise OutputError(f"cannot write the emitted model to {path}: {error}") from error
@@ -112,6 +124,52 @@ def _weights(model: PartitionedModel) -> dict[str, torch.Tensor]:
             storages.add(data.untyped_storage().data_ptr())
             weights[f"seg{seg.index}.{name}"] = data
     return weights
+
+
+def input_names(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[str]:
+    """A name per leaf of ``(args, kwargs)``, in pytree order: ``args.0``, ``args.1.2``,
+    ``kwargs.input_ids``; the keys of ``inputs.safetensors`` and of ``autoplace run --inputs``."""
+    paths, _ = pytree.tree_flatten_with_path((tuple(args), dict(kwargs)))
+    names = []
+    for path, _leaf in paths:
+        parts = [("args", "kwargs")[path[0].idx]]  # type: ignore[union-attr]
+        for key in path[1:]:
+            part = getattr(key, "idx", getattr(key, "key", getattr(key, "name", key)))
+            parts.append(str(part))
+        names.append(".".join(parts))
+    return names
+
+
+def _inputs(
+    example: tuple[tuple[Any, ...], dict[str, Any]] | None,
+) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any] | None]:
+    """The example inputs as safetensors tensors and their ``meta.json`` entry (structure and
+    non-tensor leaves), or ``(None, None)`` where they cannot be saved without pickle."""
+    if example is None:
+        return None, None
+    args, kwargs = example
+    leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+    text, _, _ = _dump_spec(spec)
+    if text is None:
+        return None, None
+    tensors: dict[str, torch.Tensor] = {}
+    constants: dict[str, Any] = {}
+    for name, leaf in zip(input_names(args, kwargs), leaves):
+        if isinstance(leaf, torch.Tensor):
+            tensors[name] = leaf.detach().to("cpu").contiguous().clone()
+        elif leaf is None or isinstance(leaf, (bool, int, float, str)):
+            constants[name] = leaf
+        else:
+            return None, None  # not representable without pickle: `run` then needs --inputs
+    return tensors, {"spec": text, "names": list(tensors), "constants": constants}
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _dump_spec(spec: pytree.TreeSpec | None) -> tuple[str | None, list[str], str]:
@@ -184,6 +242,12 @@ def load_model(
         weights = safetensors.torch.load_file(str(path / "weights.safetensors"))
     except Exception as error:  # safetensors raises its own SafetensorError, OSError, ...
         raise EmitError(f"cannot read {path / 'weights.safetensors'}: {error}") from error
+    # A file safetensors can parse may still hold changed bytes: only the hash can tell.
+    expected = meta.get("weights_sha256")
+    if expected and _sha256(path / "weights.safetensors") != expected:
+        raise EmitError(
+            f"{path / 'weights.safetensors'} is corrupted: its SHA-256 differs from the one "
+            "meta.json recorded when it was written; plan the model again")
     for index, device in enumerate(actual):
         prefix = f"seg{index}."
         state = {k[len(prefix) :]: v.to(device) for k, v in weights.items() if k.startswith(prefix)}
@@ -216,3 +280,37 @@ def _read_meta(path: Path) -> dict[str, Any]:
         raise EmitError(f"{path / 'meta.json'} lists no segments")
     return meta
 
+
+
+def load_inputs(directory: str | Path) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    """The example inputs ``save_model`` wrote, as ``(args, kwargs)`` on the CPU, or ``None``
+    when it wrote none."""
+    path = Path(directory)
+    entry = _read_meta(path).get("inputs")
+    if not entry:
+        return None
+    try:
+        tensors = safetensors.torch.load_file(str(path / "inputs.safetensors"))
+    except Exception as error:  # a missing or damaged file: SafetensorError, OSError, ...
+        raise EmitError(f"cannot read {path / 'inputs.safetensors'}: {error}") from error
+    try:
+        spec = pytree.treespec_loads(entry["spec"])
+        names = list(entry["names"]) + list(entry["constants"])
+        values = {**tensors, **entry["constants"]}
+        example = spec.unflatten([values[name] for name in _in_order(spec, names)])
+    except Exception as error:  # a hand-edited meta.json: KeyError, ValueError, ...
+        raise EmitError(
+            f"{path / 'meta.json'} and {path / 'inputs.safetensors'} do not describe the same "
+            f"inputs ({type(error).__name__}: {error}); plan the model again") from error
+    args, kwargs = example
+    return tuple(args), dict(kwargs)
+
+
+def _in_order(spec: pytree.TreeSpec, names: list[str]) -> list[str]:
+    """The leaf names in the spec's order (``input_names`` of a structure like the saved one)."""
+    placeholder = spec.unflatten(list(range(spec.num_leaves)))
+    ordered = input_names(*placeholder)
+    missing = sorted(set(ordered) - set(names))
+    if missing:
+        raise KeyError(f"no value for {', '.join(missing)}")
+    return ordered

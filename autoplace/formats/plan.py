@@ -127,19 +127,32 @@ class SolverRecord:
 
 @dataclass(frozen=True)
 class Verification:
-    """The emitted model run against the original: ``passed``, ``failed`` or ``skipped``."""
+    """The emitted model run against the original: ``passed``, ``failed`` or ``skipped``.
+
+    ``peak_bytes`` maps each device to its measured and predicted peak
+    (``{"measured_bytes", "predicted_bytes"}``, ``autoplace.emit.memory``); ``memory_status``
+    is ``within``, ``exceeded`` (recorded with the check off) or ``not measured``."""
 
     status: str = "skipped"
     detail: str = "not verified"
     max_abs_diff: float | None = None
+    memory_status: str = "not measured"
+    peak_bytes: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    peak_method: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"status": self.status, "detail": self.detail, "max_abs_diff": self.max_abs_diff}
+        return {"status": self.status, "detail": self.detail, "max_abs_diff": self.max_abs_diff,
+                "memory_status": self.memory_status,
+                "peak_bytes": {d: dict(v) for d, v in self.peak_bytes.items()},
+                "peak_method": self.peak_method}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Verification:
         return cls(status=data["status"], detail=data.get("detail", ""),
-                   max_abs_diff=data.get("max_abs_diff"))
+                   max_abs_diff=data.get("max_abs_diff"),
+                   memory_status=data.get("memory_status", "not measured"),
+                   peak_bytes={d: dict(v) for d, v in (data.get("peak_bytes") or {}).items()},
+                   peak_method=data.get("peak_method"))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,349 @@
+"""Emit: measure an emitted model's peak memory per *planned* device while it runs.
+
+The plan's memory figure for a device (``simulate.py``) is its resident parameters plus its live
+activations at their peak. ``measure_peak_bytes`` measures the same two things on the emitted
+model, on one forward pass without gradients, so that verification can fail a plan whose
+figure is below what its model needs:
+
+* **weights**: the bytes of the distinct tensor storages (parameters and buffers) each segment
+  holds, counted on the segment's planned device (a storage shared by segments counts once, on
+  the first);
+* **activations**: every tensor storage an op allocates while the model runs, counted on the
+  planned device of the segment running when it was allocated, from that moment until its last
+  reference is dropped. A value copied to another planned device (the generated forward's
+  ``.to(...)``; model inputs too) counts on the receiving device from the copy on; on a machine
+  where both devices are the CPU the copy would not happen, so it is made (a ``clone``) while
+  measuring and charged to the device of the segment that reads it. A copy onto the device the
+  tensor is already on (a CPU input read by a CPU segment) is charged nowhere, as ``.to`` makes
+  none. Model outputs stay alive to the end, as the simulator has them.
+
+Not counted: memory an op uses only inside its kernel (workspace), allocator rounding, and the
+runtime's own reserve (the CUDA context). ``method="allocator"`` (the default when every segment
+runs on its own CUDA device) reads ``torch.cuda.max_memory_allocated`` per device instead, which
+includes workspace and rounding but not the context.
+
+How activations are tracked (``method="storage"``): a ``TorchDispatchMode`` sees every aten op
+below autograd, so the ops inside composite ops too; an output whose schema says it does not
+alias an input, and whose storage is not already known, is a new allocation. Each storage is
+held by a ``StorageWeakRef`` (torch.multiprocessing's C++ weak reference) and polled before
+every op: an expired one was freed. Forward pre- and post-hooks on ``seg0..segN`` say which
+segment runs; a ``TorchFunctionMode`` catches ``Tensor.to`` outside segments (the copies).
+Segments run in other threads cannot be seen by these thread-local modes: measuring such a
+model raises instead of reporting a figure that is too low.
+
+Read ``measure_peak_bytes``, then ``_Tracker`` (the two modes and the hooks) and ``_replay``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch._C import DispatchKey
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from autoplace.errors import EmitError
+
+__all__ = ["PeakMeasurement", "measure", "measure_peak_bytes", "weight_bytes"]
+
+Method = Literal["auto", "storage", "allocator"]
+
+
+@dataclass(frozen=True)
+class PeakMeasurement:
+    """Per planned device: resident weight bytes, the peak of live activation bytes, and their
+    sum ``peak_bytes`` (the figure comparable to the plan's). ``method`` says how."""
+
+    weights_bytes: Mapping[str, int]
+    activation_peak_bytes: Mapping[str, int]
+    method: str
+
+    @property
+    def peak_bytes(self) -> dict[str, int]:
+        devices = sorted(set(self.weights_bytes) | set(self.activation_peak_bytes))
+        return {d: self.weights_bytes.get(d, 0) + self.activation_peak_bytes.get(d, 0)
+                for d in devices}
+
+
+def measure_peak_bytes(
+    emitted: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    method: Method = "auto",
+) -> dict[str, int]:
+    """Peak bytes (weights + live activations) per planned device over one forward pass of
+    ``emitted`` (a ``PartitionedModel`` or a model from ``load_model``) on ``args``/``kwargs``.
+    See the module docstring for what is counted; ``measure`` gives the breakdown."""
+    return measure(emitted, args, kwargs, method=method).peak_bytes
+
+
+def measure(
+    emitted: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    method: Method = "auto",
+) -> PeakMeasurement:
+    """``measure_peak_bytes`` with the weights and activations apart."""
+    planned, actual = _devices(emitted)
+    if method == "auto":
+        separate = len(set(actual)) == len(set(planned))
+        on_gpus = all(torch.device(d).type == "cuda" for d in actual)
+        method = "allocator" if separate and on_gpus else "storage"
+    weights = weight_bytes(emitted)
+    if method == "allocator":
+        activations = _allocator_peaks(emitted, args, dict(kwargs or {}), planned, actual)
+    elif method == "storage":
+        tracker = _Tracker(emitted, planned)
+        with tracker:
+            with torch.no_grad():
+                result = emitted(*args, **dict(kwargs or {}))
+            tracker.keep(result)
+        activations = tracker.peaks()
+    else:
+        raise EmitError(f"unknown measuring method {method!r}; valid: auto, storage, allocator")
+    return PeakMeasurement(weights_bytes=weights, activation_peak_bytes=activations,
+                           method=method)
+
+
+def weight_bytes(emitted: torch.nn.Module) -> dict[str, int]:
+    """Bytes of the distinct parameter and buffer storages per planned device."""
+    planned, _ = _devices(emitted)
+    seen: set[StorageWeakRef] = set()
+    total = dict.fromkeys(planned, 0)
+    for index, device in enumerate(planned):
+        segment = getattr(emitted, f"seg{index}")
+        for tensor in (*segment.parameters(), *segment.buffers()):
+            if tensor.is_meta:
+                continue
+            key = StorageWeakRef(tensor.untyped_storage())
+            if key not in seen:
+                seen.add(key)
+                total[device] += tensor.untyped_storage().nbytes()
+    return total
+
+
+def _devices(emitted: torch.nn.Module) -> tuple[list[str], list[str]]:
+    planned = getattr(emitted, "planned_devices", None)
+    actual = getattr(emitted, "devices", None)
+    if not planned or actual is None or len(planned) != len(actual):
+        raise EmitError(
+            f"{type(emitted).__name__} is not an emitted model: measuring needs the "
+            "planned_devices and segments of autoplace.emit.emit_model or load_model")
+    return [str(d) for d in planned], [str(d) for d in actual]
+
+
+def _allocator_peaks(
+    emitted: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    planned: list[str],
+    actual: list[str],
+) -> dict[str, int]:
+    """The caching allocator's peak per CUDA device over one pass, less what was allocated
+    before it (the weights, and anything else already there), as activations per planned
+    device."""
+    where = dict(zip(actual, planned))
+    before = {}
+    for device in where:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before[device] = torch.cuda.memory_allocated(device)
+    with torch.no_grad():
+        emitted(*args, **kwargs)
+    peaks = {}
+    for device, plan in where.items():
+        torch.cuda.synchronize(device)
+        peaks[plan] = max(torch.cuda.max_memory_allocated(device) - before[device], 0)
+    return peaks
+
+
+class _Tracker:
+    """The event log of one measured pass: allocations and frees of tensor storages, each
+    storage charged to a planned device (possibly decided later, for copies)."""
+
+    def __init__(self, emitted: torch.nn.Module, planned: list[str]) -> None:
+        self._emitted = emitted
+        self._planned = planned
+        self._thread = threading.get_ident()
+        self._running: list[str] = []  # planned device of the segment running, innermost last
+        self._live: dict[StorageWeakRef, int] = {}  # storage -> its id in the log
+        self._known: dict[StorageWeakRef, str] = {}  # weights -> planned device
+        self._bytes: list[int] = []  # id -> bytes
+        self._device: list[str | None] = []  # id -> planned device (None: a copy not yet read)
+        self._copy_of: dict[int, str] = {}  # copy id -> planned device of what it copies
+        self._log: list[tuple[int, bool]] = []  # (id, allocated?) in order
+        self._kept: list[Any] = []
+        self._hooks: list[Any] = []
+        self._modes = (_Dispatch(self), _Function(self))
+
+    def __enter__(self) -> _Tracker:
+        for index, device in enumerate(self._planned):
+            segment = getattr(self._emitted, f"seg{index}")
+            for tensor in (*segment.parameters(), *segment.buffers()):
+                self._known.setdefault(StorageWeakRef(tensor.untyped_storage()), device)
+            self._hooks.append(segment.register_forward_pre_hook(
+                lambda _m, a, d=device: self._enter(d, a)))
+            self._hooks.append(segment.register_forward_hook(lambda *_: self._leave()))
+        _register_higher_order()
+        for mode in self._modes:
+            mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for mode in reversed(self._modes):
+            mode.__exit__(*exc)
+        for hook in self._hooks:
+            hook.remove()
+        self._poll()
+
+    def keep(self, result: Any) -> None:
+        """The model's outputs live to the end (held until ``peaks`` is read)."""
+        self._kept.append(result)
+
+    def peaks(self) -> dict[str, int]:
+        return _replay(self._log, self._bytes, self._resolved())
+
+    # -- called by the hooks and modes -------------------------------------------------------
+
+    def _enter(self, device: str, inputs: tuple[Any, ...]) -> None:
+        if threading.get_ident() != self._thread:
+            raise EmitError(
+                "this emitted model runs segments in other threads, where the memory tracker "
+                "cannot see them; measure it with method='allocator' on GPUs")
+        self._poll()
+        for leaf in pytree.tree_leaves(inputs):
+            if isinstance(leaf, torch.Tensor):
+                ident = self._live.get(StorageWeakRef(leaf.untyped_storage()))
+                if ident is not None and self._device[ident] is None:
+                    # A copy made in the top-level forward: it lives on the reader's device,
+                    # unless it copies onto the device its source is on (then .to makes none).
+                    same = self._copy_of.get(ident) == device
+                    self._device[ident] = "" if same else device
+        self._running.append(device)
+
+    def _leave(self) -> None:
+        self._running.pop()
+
+    def _poll(self) -> None:
+        for key in [k for k in self._live if k.expired()]:
+            self._log.append((self._live.pop(key), False))
+
+    def _allocated(self, outputs: Any, *, fresh: list[bool]) -> None:
+        leaves = [x for x in pytree.tree_leaves(outputs) if isinstance(x, torch.Tensor)]
+        for leaf, is_fresh in zip(leaves, fresh):
+            key = StorageWeakRef(leaf.untyped_storage())
+            if not is_fresh or key in self._live or key in self._known:
+                continue
+            ident = len(self._bytes)
+            self._live[key] = ident
+            self._bytes.append(leaf.untyped_storage().nbytes())
+            device = self._running[-1] if self._running else None
+            self._device.append(device)
+            self._log.append((ident, True))
+
+    def _home(self, tensor: torch.Tensor) -> str:
+        """The planned device a tensor is on: its allocation's, or its own for inputs."""
+        key = StorageWeakRef(tensor.untyped_storage())
+        ident = self._live.get(key)
+        if ident is not None and self._device[ident]:
+            return str(self._device[ident])
+        return self._known.get(key, str(tensor.device))
+
+    def _resolved(self) -> list[str]:
+        # A copy no segment read (returned as an output, say) stays on its source's device.
+        return [d if d is not None else self._copy_of.get(i, "") for i, d in
+                enumerate(self._device)]
+
+
+class _Dispatch(TorchDispatchMode):
+    """Every aten op: poll for frees, run it, record the storages it allocated. Of higher-order
+    ops (``_register_higher_order``), ``torch.cond`` runs its taken branch under this mode, op
+    by op; others (``while_loop``, ``map``, ...) run densely and only their outputs count."""
+
+    def __init__(self, tracker: _Tracker) -> None:
+        super().__init__()
+        self._tracker = tracker
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        self._tracker._poll()
+        out = func(*args, **(kwargs or {}))
+        returns = func._schema.returns
+        leaves = [x for x in pytree.tree_leaves(out) if isinstance(x, torch.Tensor)]
+        # A return with alias info is a view of, or writes into, an input: no new memory.
+        fresh = [True] * len(leaves)
+        if len(returns) == len(leaves):
+            fresh = [r.alias_info is None for r in returns]
+        elif any(r.alias_info is not None for r in returns):
+            fresh = [False] * len(leaves)
+        self._tracker._allocated(out, fresh=fresh)
+        return out
+
+
+class _Function(TorchFunctionMode):
+    """``Tensor.to`` in the top-level forward moves a value between planned devices: make the
+    copy even where both devices are the CPU, so that it can be charged."""
+
+    def __init__(self, tracker: _Tracker) -> None:
+        super().__init__()
+        self._tracker = tracker
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        out = func(*args, **(kwargs or {}))
+        tracker = self._tracker
+        if func is not torch.Tensor.to or tracker._running or not args:
+            return out
+        source = args[0]
+        if not isinstance(out, torch.Tensor) or not isinstance(source, torch.Tensor):
+            return out
+        if out.untyped_storage().data_ptr() == source.untyped_storage().data_ptr():
+            out = out.clone()  # seen by _Dispatch as an allocation outside any segment
+        ident = tracker._live.get(StorageWeakRef(out.untyped_storage()))
+        if ident is not None and tracker._device[ident] is None:
+            tracker._copy_of[ident] = tracker._home(source)
+        return out
+
+
+def _run_higher_order(hop: Any) -> Any:
+    def run(mode: _Dispatch, *args: Any, **kwargs: Any) -> Any:
+        if hop.name() == "cond":
+            # torch.cond(pred, true_fn, false_fn, operands): the taken branch, op by op.
+            pred, true_fn, false_fn, operands = args
+            with mode:
+                return (true_fn if bool(pred) else false_fn)(*operands)
+        # Others run densely, unseen inside (torch refuses a mode there); outputs are counted.
+        out = hop.dispatch(DispatchKey.CompositeExplicitAutograd, *args, **kwargs)
+        mode._tracker._poll()
+        leaves = [x for x in pytree.tree_leaves(out) if isinstance(x, torch.Tensor)]
+        mode._tracker._allocated(out, fresh=[True] * len(leaves))
+        return out
+    return run
+
+
+def _register_higher_order() -> None:
+    """Teach every higher-order op that has a dense implementation to run under ``_Dispatch``
+    (torch asks each mode for a rule; without one, ``torch.cond`` raises). Idempotent."""
+    for hop in list(torch._ops._higher_order_ops.values()):
+        dense = DispatchKey.CompositeExplicitAutograd in hop.py_kernels
+        if dense and _Dispatch not in hop.python_key_table:
+            hop.py_impl(_Dispatch)(_run_higher_order(hop))
+
+
+def _replay(log: list[tuple[int, bool]], sizes: list[int], device: list[str]) -> dict[str, int]:
+    """Live bytes per device along the log; the largest value each reaches."""
+    live: dict[str, int] = {}
+    peak: dict[str, int] = {}
+    for ident, allocated in log:
+        where = device[ident]
+        if not where:
+            continue
+        live[where] = live.get(where, 0) + (sizes[ident] if allocated else -sizes[ident])
+        peak[where] = max(peak.get(where, 0), live[where])
+    return peak

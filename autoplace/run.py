@@ -1,0 +1,264 @@
+"""``autoplace run OUT/``: run an emitted model and set what it does beside what its plan says.
+
+Takes an output directory of ``autoplace plan`` (``plan.json`` and ``model/``); loads the model
+with ``autoplace.emit.load_model`` onto the planned devices, those not on this machine remapped
+to the CPU (a note says so); runs it on the example inputs saved at emit time
+(``model/inputs.safetensors``) or on a user's ``--inputs`` file, after ``warmup`` passes, for
+``repeats`` timed passes; and measures its peak bytes per device on one more pass
+(``autoplace.emit.memory``, weights + live activations, as the plan counts them). Returns a
+``RunResult``: the median time against the plan's makespan, measured against predicted peak per
+device.
+
+Every check on the user's files happens before anything is written: a directory that is not a
+plan, weights missing or corrupted, an inputs file whose tensors differ from the example's in
+name, shape or dtype each raise an ``AutoplaceError`` naming the file (and the tensor), and
+``save_outputs`` writes its file all at once (a temporary file renamed into place).
+
+Read ``run_plan``, then ``read_inputs_file`` and ``save_outputs``.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+from torch.utils import _pytree as pytree
+
+from autoplace.emit import load_model, local_device_map
+from autoplace.emit.memory import measure
+from autoplace.emit.saving import input_names, load_inputs
+from autoplace.errors import AutoplaceError, EmitError, OutputError
+from autoplace.formats.plan import Plan, plan_path, read_plan
+
+__all__ = ["RunResult", "read_inputs_file", "run_plan", "save_outputs"]
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One ``autoplace run``: times in seconds, bytes per plan device name."""
+
+    measured_s: float
+    predicted_s: float
+    times_s: tuple[float, ...]
+    peak_bytes: Mapping[str, int]
+    predicted_peak_bytes: Mapping[str, int]
+    peak_method: str
+    device_map: Mapping[str, str]
+    inputs: str
+    notes: tuple[str, ...] = ()
+    outputs: Any = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` object: the four keys the issue names first, then the context."""
+        return {
+            "measured_s": self.measured_s,
+            "predicted_s": self.predicted_s,
+            "peak_bytes": dict(self.peak_bytes),
+            "predicted_peak_bytes": dict(self.predicted_peak_bytes),
+            "times_s": list(self.times_s),
+            "peak_method": self.peak_method,
+            "device_map": dict(self.device_map),
+            "inputs": self.inputs,
+            "notes": list(self.notes),
+        }
+
+    def lines(self) -> list[str]:
+        """The terminal summary."""
+        ratio = self.measured_s / self.predicted_s if self.predicted_s > 0 else float("nan")
+        out = [f"inputs: {self.inputs}",
+               f"time: measured {self.measured_s * 1e3:.3f} ms (median of {len(self.times_s)}), "
+               f"predicted makespan {self.predicted_s * 1e3:.3f} ms (measured/predicted "
+               f"{ratio:.2f})",
+               f"peak memory per device ({self.peak_method} measurement, weights + live "
+               "activations):"]
+        for device, predicted in self.predicted_peak_bytes.items():
+            measured = self.peak_bytes.get(device, 0)
+            verdict = "within plan" if measured <= predicted else "ABOVE PLAN"
+            out.append(f"  {device}: measured {_mib(measured)}, predicted {_mib(predicted)} "
+                       f"({verdict})")
+        out += [f"note: {note}" for note in self.notes]
+        return out
+
+
+def run_plan(
+    directory: str | os.PathLike[str],
+    *,
+    inputs_file: str | os.PathLike[str] | None = None,
+    warmup: int = 1,
+    repeats: int = 5,
+) -> RunResult:
+    """Load ``directory``'s emitted model here, time it and measure its peak memory."""
+    if warmup < 0 or repeats < 1:
+        raise AutoplaceError(f"--warmup must be 0 or more and --repeats 1 or more, got "
+                             f"{warmup} and {repeats}")
+    root = Path(directory)
+    if not root.is_dir():
+        raise OutputError(f"{str(root)!r} is not a directory: pass the output directory of "
+                          "`autoplace plan` (holding plan.json and model/)")
+    plan = read_plan(plan_path(root))
+    model_dir = root / "model"
+    if not model_dir.is_dir():
+        raise EmitError(f"{str(root)!r} holds a plan but no emitted model ({model_dir} is "
+                        "missing): plan it again without --no-emit")
+    example = load_inputs(model_dir)
+    if inputs_file is not None:
+        args, kwargs = read_inputs_file(inputs_file, example=example)
+        inputs = str(inputs_file)
+    elif example is None:
+        raise EmitError(f"{model_dir} holds no example inputs (inputs.safetensors; older "
+                        "outputs, or inputs that safetensors cannot hold): pass --inputs "
+                        "FILE.safetensors")
+    else:
+        args, kwargs = example
+        inputs = f"the example inputs ({model_dir / 'inputs.safetensors'})"
+
+    name_of = {d.torch_device: d.name for d in plan.problem.cluster.devices}
+    here = local_device_map(sorted(name_of))
+    moved = sorted(k for k, v in here.items() if k != v)
+    notes = []
+    if moved:
+        notes.append(f"{', '.join(moved)} not present here: run on cpu, so the time does not "
+                     "show the planned devices' speed; the memory is still counted per planned "
+                     "device")
+    model = load_model(model_dir, device_map=here)
+    times_s, outputs = _time(model, args, kwargs, warmup=warmup, repeats=repeats)
+    measured = measure(model, args, kwargs)
+    return RunResult(
+        measured_s=statistics.median(times_s),
+        predicted_s=plan.makespan_s,
+        times_s=tuple(times_s),
+        peak_bytes={name_of.get(d, d): b for d, b in measured.peak_bytes.items()},
+        predicted_peak_bytes=_predicted(plan),
+        peak_method=measured.method,
+        device_map=here,
+        inputs=inputs,
+        notes=tuple(notes),
+        outputs=outputs,
+    )
+
+
+def _predicted(plan: Plan) -> dict[str, int]:
+    return {d.name: int(plan.schedule.peak_bytes[d.name]) for d in plan.problem.cluster.devices}
+
+
+def _time(
+    model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, warmup: int,
+    repeats: int,
+) -> tuple[list[float], Any]:
+    devices = {torch.device(d) for d in model.devices}
+    gpus = [d for d in devices if d.type == "cuda"]
+
+    def once() -> tuple[float, Any]:
+        for gpu in gpus:  # queued work must not be timed as this pass's
+            torch.cuda.synchronize(gpu)
+        began = time.perf_counter()
+        out = model(*args, **kwargs)
+        for gpu in gpus:
+            torch.cuda.synchronize(gpu)
+        return time.perf_counter() - began, out
+
+    with torch.no_grad():
+        try:
+            for _ in range(warmup):
+                once()
+            runs = [once() for _ in range(repeats)]
+        except (RuntimeError, TypeError, ValueError, IndexError) as error:
+            raise EmitError(f"the emitted model failed on these inputs: {type(error).__name__}: "
+                            f"{error}") from error
+    return [t for t, _ in runs], runs[-1][1]
+
+
+def read_inputs_file(
+    path: str | os.PathLike[str],
+    *,
+    example: tuple[tuple[Any, ...], dict[str, Any]] | None,
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Read ``--inputs``: a safetensors file with one tensor per input of the example, named
+    as ``input_names`` names them (``args.0``, ``kwargs.input_ids``), of the example's shapes
+    and dtypes. Without a saved example, a file of ``args.0``, ``args.1``, ... only."""
+    where = Path(path)
+    try:
+        tensors = safetensors.torch.load_file(str(where))
+    except FileNotFoundError as error:
+        raise AutoplaceError(f"inputs file {str(where)!r} does not exist") from error
+    except Exception as error:  # SafetensorError, OSError, ... all mean an unreadable file
+        raise AutoplaceError(f"cannot read the inputs file {str(where)!r} as safetensors: "
+                             f"{error}") from error
+    if example is None:
+        count = len(tensors)
+        expected = [f"args.{i}" for i in range(count)]
+        if sorted(tensors) != sorted(expected):
+            raise AutoplaceError(
+                f"inputs file {str(where)!r} has tensors {sorted(tensors)}; with no saved "
+                f"example to match, name positional inputs args.0 .. args.{count - 1}")
+        return tuple(tensors[name] for name in expected), {}
+    args, kwargs = example
+    names = input_names(args, kwargs)
+    leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+    wanted = {n: leaf for n, leaf in zip(names, leaves) if isinstance(leaf, torch.Tensor)}
+    missing = sorted(set(wanted) - set(tensors))
+    extra = sorted(set(tensors) - set(wanted))
+    if missing or extra:
+        raise AutoplaceError(
+            f"inputs file {str(where)!r} does not name the example's inputs: "
+            + "; ".join(part for part in (
+                f"missing {', '.join(missing)}" if missing else "",
+                f"unexpected {', '.join(extra)}" if extra else "") if part)
+            + f". Expected tensors: {', '.join(sorted(wanted))}")
+    for name, leaf in wanted.items():
+        given = tensors[name]
+        if tuple(given.shape) != tuple(leaf.shape) or given.dtype != leaf.dtype:
+            raise AutoplaceError(
+                f"inputs file {str(where)!r}: tensor {name!r} is {_describe(given)}, but the "
+                f"example the plan was made for has {_describe(leaf)}; the plan (costs, memory) "
+                "holds for those shapes only: plan again with inputs of this shape")
+    values = [tensors.get(n, leaf) for n, leaf in zip(names, leaves)]
+    new_args, new_kwargs = pytree.tree_unflatten(values, spec)
+    return tuple(new_args), dict(new_kwargs)
+
+
+def save_outputs(outputs: Any, path: str | os.PathLike[str]) -> list[str]:
+    """Write the output tensors to ``path`` (safetensors, named ``output``, ``output.0``,
+    ``output.logits``, ...) through a temporary file renamed into place; the names written."""
+    where = Path(path)
+    found, _ = pytree.tree_flatten_with_path(outputs)
+    tensors = {}
+    for key_path, leaf in found:
+        if isinstance(leaf, torch.Tensor):
+            parts = [str(getattr(k, "idx", getattr(k, "key", getattr(k, "name", k))))
+                     for k in key_path]
+            # clone: safetensors refuses tensors that share memory (an output and its view)
+            tensors[".".join(["output", *parts])] = leaf.detach().to("cpu").clone()
+    if not tensors:
+        raise AutoplaceError("the model returned no tensors: nothing to write to "
+                             f"{str(where)!r}")
+    if not where.parent.is_dir():
+        raise OutputError(f"cannot write {str(where)!r}: {str(where.parent)!r} is not a "
+                          "directory")
+    handle, tmp = tempfile.mkstemp(prefix=f".{where.name}.", dir=where.parent)
+    os.close(handle)
+    try:
+        safetensors.torch.save_file(tensors, tmp, metadata={"format": "pt"})
+        os.replace(tmp, where)
+    except OSError as error:
+        raise OutputError(f"cannot write {str(where)!r}: {error}") from error
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return list(tensors)
+
+
+def _describe(tensor: torch.Tensor) -> str:
+    return f"shape {list(tensor.shape)} {str(tensor.dtype).removeprefix('torch.')}"
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.2f} MiB"

@@ -1,0 +1,268 @@
+"""The emitted model measured: ``autoplace.emit.memory`` (peak bytes per planned device, worked
+out by hand on tiny models), the memory check in verification, and ``autoplace run OUT/`` with
+its bad inputs (exit code 2, one paragraph naming the file and the tensor, nothing written)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import safetensors.torch
+import torch
+
+import autoplace
+from autoplace.cli import main
+from autoplace.emit import emit_model, load_model, save_model
+from autoplace.emit.memory import measure, measure_peak_bytes
+from autoplace.emit.verification import check_peak
+from autoplace.errors import VerificationError
+from autoplace.formats.plan import read_plan
+from autoplace.load import load_model_file
+from autoplace.trace import trace_model
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+UNDERCOUNT = ("the plan's memory figure undercounts today (values crossing segments live to the "
+              "end of forward, coarse-group internals are not counted): issue 13, fixed on "
+              "another branch")
+
+
+class Chain(torch.nn.Module):
+    """x -> a = 2x -> b = a + 1 -> c = 3b, 256 float32 each: 1024 bytes per value."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = x * 2
+        b = a + 1
+        return b * 3
+
+
+def _chain(device_of: dict[str, str]):
+    x = torch.randn(256)
+    traced = trace_model(Chain(), (x,), {}, name="chain")
+    return emit_model(traced.module, device_of, device_map={"cuda:*": "cpu"}), x
+
+
+def test_a_chain_split_in_two_is_counted_by_hand():
+    # seg0 on cuda:0: the copy of x (1024, held by forward to its end), a (1024), b (1024;
+    # a is freed only after add ran): 3072. seg1 on cuda:1: the copy of b (1024) and c (1024).
+    emitted, x = _chain({"mul": "cuda:0", "add": "cuda:0", "mul_1": "cuda:1"})
+    assert measure_peak_bytes(emitted, (x,)) == {"cuda:0": 3072, "cuda:1": 2048}
+
+
+def test_a_cpu_segment_reading_a_cpu_input_makes_no_copy():
+    # On one CPU device, x is read where it is: a and b (2048) at the peak, then b and c.
+    emitted, x = _chain({"mul": "cpu", "add": "cpu", "mul_1": "cpu"})
+    assert measure_peak_bytes(emitted, (x,)) == {"cpu": 2048}
+
+
+def test_weights_count_on_their_planned_device():
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    x = torch.randn(4, 64)
+    traced = trace_model(model, (x,), {}, name="mlp")
+    ops = [op for n in traced.graph.nodes if not n.is_input for op in n.ops]
+    first = {op: "cuda:0" for op in ops}
+    first[ops[-1]] = "cuda:1"
+    emitted = emit_model(traced.module, first, device_map={"cuda:*": "cpu"})
+    found = measure(emitted, (x,))
+    # Linear(64, 32): (64*32 + 32) * 4 bytes; Linear(32, 8): (32*8 + 8) * 4 bytes.
+    assert found.weights_bytes == {"cuda:0": (64 * 32 + 32) * 4, "cuda:1": (32 * 8 + 8) * 4}
+    assert found.method == "storage"
+    assert found.peak_bytes["cuda:1"] > found.weights_bytes["cuda:1"]
+
+
+def test_the_same_model_measures_the_same_after_save_and_load(tmp_path):
+    emitted, x = _chain({"mul": "cuda:0", "add": "cuda:1", "mul_1": "cuda:1"})
+    save_model(emitted, tmp_path)
+    loaded = load_model(tmp_path, device_map={"cuda:*": "cpu"})
+    assert measure_peak_bytes(loaded, (x,)) == measure_peak_bytes(emitted, (x,))
+
+
+def test_check_peak_fails_above_the_plan_and_records_when_not_enforced():
+    with pytest.raises(VerificationError, match=r"d1 measured 2048 B > planned 1000 B"):
+        check_peak({"d0": 10, "d1": 2048}, {"d0": 10, "d1": 1000}, method="storage",
+                   enforce=True)
+    kept = check_peak({"d0": 10, "d1": 2048}, {"d0": 10, "d1": 1000}, method="storage",
+                      enforce=False)
+    assert kept.status == "exceeded"
+    assert kept.to_dict()["peak_bytes"]["d1"] == {"measured_bytes": 2048,
+                                                  "predicted_bytes": 1000}
+    assert check_peak({"d0": 10}, {"d0": 10}, method="storage", enforce=True).status == "within"
+
+
+def test_a_plan_records_measured_and_predicted_peak_per_device():
+    loaded = load_model_file(EXAMPLES / "lenet.py")
+    plan = autoplace.plan(loaded.model, loaded.args, devices="2xA100-40GB", time_limit_s=1,
+                          whatif=False, check_memory=False)
+    recorded = plan.verification.peak_bytes
+    assert set(recorded) == {d.name for d in plan.problem.cluster.devices}
+    for device, entry in recorded.items():
+        assert entry["predicted_bytes"] == plan.schedule.peak_bytes[device]
+    used = [d for d, e in recorded.items() if e["predicted_bytes"] > 0]
+    assert used and all(recorded[d]["measured_bytes"] > 0 for d in used)
+    assert plan.verification.memory_status in ("within", "exceeded")
+    assert plan.verification.peak_method == "storage"
+
+
+@pytest.mark.xfail(strict=False, reason=UNDERCOUNT)
+@pytest.mark.parametrize("example", ["mlp", "lenet", "inception"])
+def test_examples_verify_with_the_memory_check_on(example):
+    loaded = load_model_file(EXAMPLES / f"{example}.py")
+    plan = autoplace.plan(loaded.model, loaded.args, devices="2xA100-40GB", time_limit_s=2,
+                          whatif=False, check_memory=True)
+    assert plan.verification.memory_status == "within"
+
+
+# ---------------------------------------------------------------------------------------------
+# autoplace run
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("run") / "out"
+    assert main(["plan", str(EXAMPLES / "lenet.py"), "--devices", "2xA100-40GB", "--out",
+                 str(out), "--time-limit", "1", "--no-profile"]) == 0
+    return out
+
+
+def test_run_prints_measured_against_predicted(planned, capsys):
+    assert main(["run", str(planned), "--warmup", "0", "--repeats", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "predicted makespan" in out and "median of 2" in out
+    assert "cuda:0: measured" in out and "not present here: run on cpu" in out
+
+
+def test_run_json_has_the_four_keys_and_they_match_the_plan(planned, capsys):
+    assert main(["run", str(planned), "--json", "--repeats", "3"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    plan = read_plan(planned)
+    assert data["predicted_s"] == pytest.approx(plan.makespan_s)
+    assert data["measured_s"] > 0 and len(data["times_s"]) == 3
+    assert data["predicted_peak_bytes"] == dict(plan.schedule.peak_bytes)
+    assert set(data["peak_bytes"]) <= set(data["predicted_peak_bytes"])
+    # The same measurement as at plan time: same model, same inputs.
+    recorded = plan.verification.peak_bytes
+    assert {d: recorded[d]["measured_bytes"] for d in data["peak_bytes"]} == data["peak_bytes"]
+
+
+def test_run_saves_outputs_equal_to_the_original_model(planned, tmp_path, capsys):
+    target = tmp_path / "outputs.safetensors"
+    assert main(["run", str(planned), "--repeats", "1", "--save-outputs", str(target)]) == 0
+    loaded = load_model_file(EXAMPLES / "lenet.py")
+    with torch.no_grad():
+        expected = loaded.model.eval()(*loaded.args)
+    saved = safetensors.torch.load_file(str(target))
+    torch.testing.assert_close(saved["output"], expected)
+
+
+def test_run_on_other_inputs_of_the_same_shape(planned, tmp_path, capsys):
+    loaded = load_model_file(EXAMPLES / "lenet.py")
+    other = torch.randn_like(loaded.args[0])
+    inputs, target = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
+    safetensors.torch.save_file({"args.0": other}, str(inputs))
+    assert main(["run", str(planned), "--inputs", str(inputs), "--repeats", "1",
+                 "--save-outputs", str(target)]) == 0
+    with torch.no_grad():
+        expected = loaded.model.eval()(other)
+    torch.testing.assert_close(safetensors.torch.load_file(str(target))["output"], expected)
+
+
+def _fails(argv: list[str], capsys, *, match: str) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("autoplace: error: ") and "Traceback" not in err
+    assert match in err, err
+
+
+def test_run_on_a_folder_that_is_not_a_plan(tmp_path, capsys):
+    _fails(["run", str(tmp_path)], capsys, match=f"no plan file at '{tmp_path / 'plan.json'}'")
+    _fails(["run", str(tmp_path / "absent")], capsys, match="is not a directory")
+
+
+def _copy(planned: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(planned, tmp_path / "copy"))
+
+
+def test_run_with_weights_missing_or_corrupted(planned, tmp_path, capsys):
+    copy = _copy(planned, tmp_path)
+    weights = copy / "model" / "weights.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF  # one byte of the last tensor: only the hash can tell
+    weights.write_bytes(bytes(data))
+    _fails(["run", str(copy)], capsys, match="weights.safetensors is corrupted")
+    weights.unlink()
+    _fails(["run", str(copy)], capsys, match="missing weights.safetensors")
+    import shutil
+
+    shutil.rmtree(copy / "model")
+    _fails(["run", str(copy)], capsys, match="holds a plan but no emitted model")
+
+
+def test_run_with_inputs_of_another_shape_writes_nothing(planned, tmp_path, capsys):
+    inputs, target = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
+    safetensors.torch.save_file({"args.0": torch.randn(3, 1, 28, 28)}, str(inputs))
+    expected = load_model_file(EXAMPLES / "lenet.py").args[0]
+    _fails(["run", str(planned), "--inputs", str(inputs), "--save-outputs", str(target)],
+           capsys, match=f"inputs file '{inputs}': tensor 'args.0' is shape [3, 1, 28, 28] "
+           f"float32, but the example the plan was made for has shape {list(expected.shape)}")
+    assert not target.exists()
+    safetensors.torch.save_file({"x": torch.randn(3)}, str(inputs))
+    _fails(["run", str(planned), "--inputs", str(inputs)], capsys,
+           match="missing args.0; unexpected x")
+    inputs.write_text("not safetensors")
+    _fails(["run", str(planned), "--inputs", str(inputs)], capsys,
+           match="cannot read the inputs file")
+
+
+def test_run_rejects_zero_repeats(planned, capsys):
+    _fails(["run", str(planned), "--repeats", "0"], capsys, match="--repeats 1 or more")
+
+
+def test_a_model_with_torch_cond_is_measured_through_its_branch():
+    loaded = load_model_file(EXAMPLES / "corpus" / "cond_branch.py")
+    plan = autoplace.plan(loaded.model, loaded.kwargs or loaded.args, devices="2xA100-40GB",
+                          time_limit_s=1, whatif=False, check_memory=False)
+    found = measure(plan.emitted, loaded.args, loaded.kwargs)
+    assert sum(found.activation_peak_bytes.values()) > 0
+
+
+def test_plan_with_check_memory_fails_above_the_plan_and_writes_nothing(
+        tmp_path, capsys, monkeypatch):
+    # A measurement far above every device's figure (1 TiB of activations), whatever the plan
+    # says today: the check fails the plan, exit 2, nothing written.
+    import autoplace.emit as emit
+    from autoplace.emit.memory import PeakMeasurement
+
+    real = emit.measure
+
+    def inflated(model, args, kwargs):
+        found = real(model, args, kwargs)
+        return PeakMeasurement(weights_bytes=found.weights_bytes,
+                               activation_peak_bytes={d: 2**40 for d in found.weights_bytes},
+                               method=found.method)
+
+    monkeypatch.setattr(emit, "measure", inflated)
+    out = tmp_path / "out"
+    _fails(["plan", str(EXAMPLES / "mlp.py"), "--devices", "2xA100-40GB", "--out", str(out),
+            "--time-limit", "1", "--no-profile", "--check-memory"], capsys,
+           match="the emitted model needs more memory than the plan says")
+    assert not out.exists()
+    assert main(["plan", str(EXAMPLES / "mlp.py"), "--devices", "2xA100-40GB", "--out",
+                 str(out), "--time-limit", "1", "--no-profile", "--no-check-memory"]) == 0
+    verification = json.loads((out / "plan.json").read_text())["verification"]
+    assert verification["status"] == "passed"
+    assert verification["memory_status"] == "exceeded"
+    assert "memory exceeds the plan (not enforced)" in verification["detail"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_the_allocator_sees_at_least_the_tracked_storages():
+    x = torch.randn(256)
+    traced = trace_model(Chain(), (x,), {}, name="chain")
+    emitted = emit_model(traced.module, {"mul": "cuda:0", "add": "cuda:0", "mul_1": "cuda:0"})
+    storage = measure(emitted, (x,), method="storage")
+    allocator = measure(emitted, (x,), method="allocator")
+    assert measure(emitted, (x,)).method == "allocator"
+    # The allocator rounds each block up to 512 bytes; it never sees less than the storages.
+    assert allocator.peak_bytes["cuda:0"] >= storage.peak_bytes["cuda:0"] == 3072
