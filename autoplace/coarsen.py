@@ -19,8 +19,7 @@ groups carries each producer's output once.
 
 The pipeline plans on the **folded** graph (``fold``: lossless, so a makespan, a bound or a
 memory figure on it holds for the traced graph) and hands the solver ``coarsen``'s smaller
-graph only as an aid; ``group_runs`` merges runs by any key (the solver's windows: every node
-outside a window grouped with its neighbours on the same device).
+graph only as an aid.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ from dataclasses import dataclass, field
 from autoplace.cost import weakest_source
 from autoplace.ir import Costs, Edge, OpGraph, OpNode
 
-__all__ = ["DEFAULT_MAX_NODES", "Coarsened", "coarsen", "fold", "group_runs"]
+__all__ = ["DEFAULT_MAX_NODES", "Coarsened", "coarsen", "fold"]
 
 DEFAULT_MAX_NODES = 120
 
@@ -232,23 +231,3 @@ def fold(graph: OpGraph, costs: Costs) -> Coarsened:
     steps = ([f"folded zero-cost ops into their producers: {n0} -> {len(groups)} nodes"]
              if len(groups) < n0 else [])
     return _coarsened(graph, costs, groups, steps)
-
-
-def group_runs(
-    graph: OpGraph,
-    costs: Costs,
-    key: Callable[[str], str | None],
-    *,
-    max_group_bytes: int | None = None,
-) -> Coarsened:
-    """Merge runs of consecutive nodes (in ``graph``'s topological order, so no cycle can
-    form) whose ``key`` is the same and not ``None``; a ``None`` key keeps a node alone."""
-    if max_group_bytes is None:
-        max_group_bytes = max(graph.total_param_bytes, 1)
-
-    def params(members: list[str]) -> int:
-        return sum(graph.node(m).param_bytes for m in members)
-
-    groups = _merge_runs([[n.name] for n in graph.nodes], lambda g: key(g[0]),
-                         param_bytes=params, max_group_bytes=max_group_bytes)
-    return _coarsened(graph, costs, groups, [])

@@ -64,8 +64,8 @@ def test_parameter_budget_limits_groups():
     assert all(n.param_bytes <= 600 for n in coarse.graph.nodes)
 
 
-def test_fold_is_coarsen_without_a_budget_and_group_runs_keeps_unkeyed_nodes_alone():
-    from autoplace.coarsen import fold, group_runs
+def test_fold_is_coarsen_without_a_budget():
+    from autoplace.coarsen import fold
 
     traced = _traced_gpt2(n_layer=1)
     cluster = resolve_cluster(spec="2xA100-40GB")[0]
@@ -76,9 +76,3 @@ def test_fold_is_coarsen_without_a_budget_and_group_runs_keeps_unkeyed_nodes_alo
     assert len(folded.graph.nodes) < len(traced.graph.nodes)
     # Coarsening the folded graph folds nothing more: the solver's coarse graph groups F's nodes.
     assert len(fold(folded.graph, folded.costs).graph.nodes) == len(folded.graph.nodes)
-    # Runs: the first half keyed "a" (one group, consecutive), the rest unkeyed (alone).
-    names = [n.name for n in folded.graph.nodes]
-    half = set(names[: len(names) // 2])
-    runs = group_runs(folded.graph, folded.costs, lambda n: "a" if n in half else None)
-    assert len(runs.graph.nodes) == len(names) - len(half) + 1
-    assert sorted(m for ms in runs.members.values() for m in ms) == sorted(names)

@@ -402,7 +402,7 @@ def test_large_graphs_coarsen_solve_expand_and_improve(monkeypatch, objective):
                     speed={"d1": 2.0})
     r = solve(p, objective=objective, time_limit_s=5, workers=1)
     assert validate(p, r.schedule) == []
-    assert r.solver.name == "cpsat (coarsened) + windows + local moves"
+    assert r.solver.name == "cpsat (coarsened) + local moves"
     assert r.solver.scope["graph"] == "coarsened" and r.solver.scope["folded_nodes"] == n
     assert r.solver.scope["nodes"] <= 8
     # OPTIMAL only when proven for the full graph: the plan meets its bound.

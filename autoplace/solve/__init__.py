@@ -25,7 +25,8 @@ Read ``solve`` first: it runs the steps below in order, each of which may end th
    CP-SAT's bound (``_check_bound``) and the choice between CP-SAT and the best baseline
    (``_choose``);
 5. ``_solve_large``: graphs over ``max_nodes`` (at most ``EXACT_MAX_NODES``): coarsen,
-   CP-SAT, expand, CP-SAT windows, local moves (``large.py``), all scored on the full graph.
+   CP-SAT, expand; then CP-SAT on the full graph warm-started, where the exact model takes it,
+   else local moves (``large.py``); all scored on the full graph.
 
 Everything the result reports is of ``problem``, the full graph (the pipeline hands in the
 folded traced graph): the baselines, the bound (the analytic bounds, and CP-SAT's only when
@@ -49,9 +50,8 @@ from autoplace.simulate import simulate
 from autoplace.solve.baselines import best_baseline, is_contiguous, run_baselines, run_within
 from autoplace.solve.bounds import check_memory, lower_bound_s
 from autoplace.solve.cpsat import TIME_QUANTUM_S, CpSatResult, node_activation_bytes, solve_cpsat
-from autoplace.solve.large import EXACT_MAX_NODES, coarse_solve, improve, refine_windows
+from autoplace.solve.large import EXACT_MAX_NODES, coarse_solve, improve
 from autoplace.solve.options import (
-    COARSE_PARTS,
     DEFAULT_TIME_LIMIT_S,
     MEMORY_ROUNDS,
     MIN_CPSAT_S,
@@ -436,47 +436,26 @@ def _solve_large(state: _SolveState) -> SolveResult:
     return _refine_large(state, start, steps, cp)
 
 
-# Of the time between the coarse solve and the end of the local moves, the CP-SAT windows get
-# this share: on the examples they gain more per second than single moves, which then polish.
-WINDOWS_SHARE = 0.5
-
-
 def _refine_large(state: _SolveState, start: Schedule, steps: list[tuple[str, float]],
                   cp: CpSatResult | None) -> SolveResult:
-    """CP-SAT windows (``large.refine_windows``) then local moves (``large.improve``) on the
-    full graph from ``start``: until the budget's deadline, or, when deterministic, for fixed
-    CP-SAT shares and a number of simulations."""
+    """Local moves on the full graph from ``start`` (``large.improve``): until the budget's
+    deadline, or, when deterministic, for a number of simulations."""
     problem, objective, budget = state.problem, state.objective, state.budget
-    options = state.options
     try:
-        end = budget.moves_deadline()
-        now = budget.clock()
-        windows_end = now + (end - now) * WINDOWS_SHARE if end != float("inf") else end
-        chosen, kept = refine_windows(
-            problem, start, max_nodes=coarse_nodes(options), objective=objective,
-            contiguous=options.contiguous, deadline=windows_end, accept=state.acceptable,
-            deterministic_s=(budget.time_limit_s / COARSE_PARTS * WINDOWS_SHARE
-                             if budget.deterministic else None),
-            clock=budget.clock, known_bound_s=state.bound, seed=options.seed,
-            workers=options.cpsat_workers, deterministic=options.deterministic,
-            stop=lambda: budget.stop_requested("cpsat"))
-        steps.append((f"CP-SAT windows on the full graph ({kept} kept)",
-                      chosen.objective_s(objective)))
         chosen, moves = improve(
-            problem, chosen, objective=objective, deadline=end,
+            problem, start, objective=objective, deadline=budget.moves_deadline(),
             max_evaluations=budget.moves_evaluations(len(problem.graph.nodes)),
             accept=state.acceptable, clock=budget.clock)
     except KeyboardInterrupt:
         return _interrupted(state, start, "cpsat (coarsened)", steps=tuple(steps))
     steps.append((f"local moves on the full graph ({moves} kept)", chosen.objective_s(objective)))
     state.notes.append(f"{len(problem.graph.nodes)} nodes are more than CP-SAT solves whole "
-                       f"({coarse_nodes(options)}, --max-nodes): " + "; ".join(
+                       f"({coarse_nodes(state.options)}, --max-nodes): " + "; ".join(
                            f"{step}: {value:.6g} s" for step, value in steps))
     # The coarse model's status says nothing about the full graph: the plan is proven optimal
     # only when it meets the full graph's lower bound.
     proven = chosen.objective_s(objective) <= state.bound * (1 + 1e-9)
-    info = state.info("cpsat (coarsened) + windows + local moves",
-                      "OPTIMAL" if proven else "FEASIBLE",
+    info = state.info("cpsat (coarsened) + local moves", "OPTIMAL" if proven else "FEASIBLE",
                       cp.objective_s if cp is not None else None,
                       progress=cp.progress if cp is not None else (), steps=tuple(steps))
     return state.result(chosen, info)

@@ -8,10 +8,9 @@ and every number the solve keeps is the simulator's on the full graph. Multileve
 2. **solve** the coarse problem with CP-SAT, hinted with the best baseline projected onto it;
 3. **expand** the coarse placement back to the full graph (every member on its group's device)
    and simulate it there;
-4. **windows** (large-neighbourhood search, ``refine_windows``): a window of consecutive nodes
-   of the full graph is freed, everything outside it merged into runs of one device
-   (``coarsen.group_runs``), and CP-SAT, hinted with the current plan, re-places the window and
-   may move whole runs; kept when the simulator on the full graph says it is better;
+4. **refine** on the full graph: where the exact model takes it (``EXACT_MAX_NODES``), CP-SAT
+   on the whole graph warm-started with the best plan so far (the solve's ``_solve_exact``);
+   otherwise
 5. **local moves** (``improve``) on the full graph, scored by the one simulator: move a
    colocation group from a node that decides the objective (on the critical path, or on the
    busiest device) to another device, keep the move when the simulated objective drops.
@@ -26,22 +25,16 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from autoplace.coarsen import Coarsened, coarsen, group_runs
+from autoplace.coarsen import Coarsened, coarsen
 from autoplace.ir import Placement, Problem, Schedule
 from autoplace.simulate import simulate
 from autoplace.solve.cpsat import CpSatResult, node_activation_bytes, solve_cpsat
 from autoplace.solve.heuristics import group_devices
 
-__all__ = ["EXACT_MAX_NODES", "LargeResult", "coarse_solve", "improve", "refine_windows"]
+__all__ = ["EXACT_MAX_NODES", "LargeResult", "coarse_solve", "improve"]
 
 # Above these sizes the exact model is built on a coarsened graph instead.
 EXACT_MAX_NODES = {"latency": 250, "throughput": 2500}
-# A window frees this share of the coarse size in full-graph nodes; the runs outside it take
-# the rest. Windows overlap by half, so a good move across a window's edge is seen whole by the
-# next one.
-WINDOW_SHARE = 0.5
-# A window's CP-SAT call gets at least this long (shorter finds nothing worth the call).
-MIN_WINDOW_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -106,67 +99,6 @@ def coarse_solve(
                        steps=((f"CP-SAT on {size} coarse nodes, expanded",
                                schedule.objective_s(objective)),),
                        coarsening=coarse.steps)
-
-
-def _windows(problem: Problem, max_nodes: int) -> list[tuple[int, int]]:
-    """``(first, end)`` positions in the topological order, each window ``WINDOW_SHARE`` of
-    ``max_nodes`` long, overlapping by half."""
-    n = len(problem.graph.nodes)
-    width = max(2, int(max_nodes * WINDOW_SHARE))
-    stride = max(1, width // 2)
-    return [(i, min(n, i + width)) for i in range(0, max(1, n - width + stride), stride)]
-
-
-def refine_windows(
-    problem: Problem,
-    schedule: Schedule,
-    *,
-    max_nodes: int,
-    objective: str,
-    contiguous: bool,
-    deadline: float,
-    accept: Callable[[Schedule], bool] = lambda s: s.feasible,
-    deterministic_s: float | None = None,
-    clock: Callable[[], float] = time.perf_counter,
-    **cpsat_options,
-) -> tuple[Schedule, int]:
-    """Step 4: one pass of CP-SAT windows over the topological order, until ``deadline`` (a
-    ``clock`` value). Each window's CP-SAT gets the time left shared over the windows left, or,
-    when deterministic, an equal share of ``deterministic_s`` (CP-SAT's deterministic seconds).
-    Returns the best schedule and the number of windows that improved it; raises
-    ``KeyboardInterrupt`` when CP-SAT was stopped (Ctrl-C)."""
-    order = [n.name for n in problem.graph.nodes]
-    windows = _windows(problem, max_nodes)
-    best, kept = schedule, 0
-    for i, (first, end) in enumerate(windows):
-        limit_s = (deterministic_s / len(windows) if deterministic_s is not None
-                   else (deadline - clock()) / (len(windows) - i))
-        if limit_s < MIN_WINDOW_S:
-            break
-        free = set(order[first:end])
-        device_of = best.placement.device_of
-
-        def key(name: str, free: set[str] = free, device_of: Mapping = device_of) -> str | None:
-            return None if name in free or problem.graph.node(name).is_input else device_of[name]
-
-        coarse = group_runs(problem.graph, problem.costs, key,
-                            max_group_bytes=_max_group_bytes(problem))
-        if len(coarse.graph.nodes) > 2 * max_nodes:
-            continue  # the plan is too fragmented around this window for a small model
-        small = Problem(graph=coarse.graph, cluster=problem.cluster, costs=coarse.costs)
-        hint = _project(small, coarse, device_of)
-        result = solve_cpsat(small, time_limit_s=limit_s, objective=objective,
-                             contiguous=contiguous, hint=hint,
-                             activation_bytes=node_activation_bytes(small), **cpsat_options)
-        if result.interrupted:
-            raise KeyboardInterrupt
-        if result.placement is None:
-            continue
-        candidate = simulate(problem, _expand(coarse, result.placement))
-        if (candidate.objective_s(objective) < best.objective_s(objective) * (1 - 1e-12)
-                and accept(candidate)):
-            best, kept = candidate, kept + 1
-    return best, kept
 
 
 def _deciding_nodes(problem: Problem, schedule: Schedule, objective: str) -> list[str]:
