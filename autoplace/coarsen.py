@@ -1,7 +1,7 @@
 """Coarsen a traced graph to a size CP-SAT solves quickly, keeping what matters for placement.
 
 Three steps, each applied only while the graph is still larger than ``max_nodes`` (the first is
-always applied, since it loses nothing):
+always applied, since it loses nothing; ``fold`` applies it alone):
 
 1. **fold** nodes that cost nothing (views, metadata checks) and have a single producer into
    that producer. Contracting a node whose only input comes from ``u`` into ``u`` cannot create a
@@ -16,6 +16,10 @@ A group never grows past ``max_group_bytes`` of parameters, so coarsening cannot
 unplaceable. Each coarse node's ``ops`` lists the traced ops it stands for; expanding a plan back
 is reading those lists. Costs of a group are the sums of its members' costs, and an edge between
 groups carries each producer's output once.
+
+The pipeline plans on the **folded** graph (``fold``: lossless, so a makespan, a bound or a
+memory figure on it holds for the traced graph) and hands the solver ``coarsen``'s smaller
+graph only as an aid.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from dataclasses import dataclass, field
 from autoplace.cost import weakest_source
 from autoplace.ir import Costs, Edge, OpGraph, OpNode
 
-__all__ = ["Coarsened", "coarsen"]
+__all__ = ["DEFAULT_MAX_NODES", "Coarsened", "coarsen", "fold"]
 
 DEFAULT_MAX_NODES = 120
 
@@ -204,9 +208,26 @@ def coarsen(
                              max_group_bytes=max_group_bytes)
         steps.append(f"merged consecutive runs of {size}: {before} -> {len(groups)}")
 
+    return _coarsened(graph, costs, groups, steps)
+
+
+def _coarsened(graph: OpGraph, costs: Costs, groups: list[list[str]],
+               steps: list[str]) -> Coarsened:
+    n0 = len(graph.nodes)
     if len(groups) == n0:
         return Coarsened(graph=graph, costs=costs, steps=tuple(steps), traced_ops=n0,
                          members={n.name: (n.name,) for n in graph.nodes})
     coarse_graph, coarse_costs = _build(graph, costs, groups)
     return Coarsened(graph=coarse_graph, costs=coarse_costs, steps=tuple(steps), traced_ops=n0,
                      members={g[0]: tuple(g) for g in groups})
+
+
+def fold(graph: OpGraph, costs: Costs) -> Coarsened:
+    """Only the lossless step: zero-cost single-producer ops folded into their producer. Every
+    placement of the folded graph is one of the traced graph with the same simulated schedule,
+    so bounds and plans on it hold for the traced graph."""
+    groups = _fold_shape_only(graph, costs)
+    n0 = len(graph.nodes)
+    steps = ([f"folded zero-cost ops into their producers: {n0} -> {len(groups)} nodes"]
+             if len(groups) < n0 else [])
+    return _coarsened(graph, costs, groups, steps)

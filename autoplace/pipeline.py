@@ -1,7 +1,10 @@
-"""The pipeline, wired: trace -> cost -> coarsen -> solve (simulating every candidate) -> emit ->
-verify -> report. ``plan`` is the Python API behind ``autoplace plan`` and ``solve_graph`` the one
-behind ``autoplace solve``; each returns a ``Plan`` and writes nothing. ``save`` writes a plan's
-output directory (``plan.json``, the report, the emitted model), all at once.
+"""The pipeline, wired: trace -> cost -> fold -> solve (simulating every candidate) -> emit ->
+verify -> report. The plan's problem is the folded traced graph (only zero-cost ops folded, so
+lossless): its makespan, memory, bound, gap and baselines hold for the traced graph. The solver
+coarsens it to ``max_nodes`` for CP-SAT only as an aid. ``plan`` is the Python API behind
+``autoplace plan`` and ``solve_graph`` the one behind ``autoplace solve``; each returns a
+``Plan`` and writes nothing. ``save`` writes a plan's output directory (``plan.json``, the
+report, the emitted model), all at once.
 """
 
 from __future__ import annotations
@@ -19,11 +22,10 @@ import torch
 import autoplace.emit
 import autoplace.report as report
 from autoplace.cluster import resolve_cluster
-from autoplace.coarsen import DEFAULT_MAX_NODES, coarsen
+from autoplace.coarsen import DEFAULT_MAX_NODES, fold
 from autoplace.cost import analytic_cpu_note
 from autoplace.cost import costs as cost_nodes
 from autoplace.emit import emit_and_verify
-from autoplace.errors import AutoplaceError
 from autoplace.formats.output import atomic_output_dir
 from autoplace.formats.plan import BaselineResult, Plan, SolverRecord, Verification
 from autoplace.ir import Cluster, Problem
@@ -80,9 +82,8 @@ def plan(
     """
     check_min_gain(min_gain)
     options = SolveOptions(time_limit_s=time_limit_s, seed=seed, deterministic=deterministic,
-                           objective=objective, contiguous=contiguous, solver=solver)
-    if max_nodes < 2:
-        raise AutoplaceError(f"max_nodes must be at least 2, got {max_nodes}")
+                           objective=objective, contiguous=contiguous, solver=solver,
+                           max_nodes=max_nodes)
     cluster, found = resolve_cluster(spec=devices if isinstance(devices, str) else None,
                                      cluster=devices if isinstance(devices, Cluster) else None,
                                      cluster_file=cluster_file)
@@ -105,10 +106,8 @@ def plan(
                        measured=profiled.measured() if profiled else None,
                        fits=profiled.fits if profiled else None)
     notes += [n for n in [analytic_cpu_note(traced.graph, cluster, costs)] if n]
-    smallest = min(d.memory_bytes for d in cluster.devices)
-    coarse = coarsen(traced.graph, costs, max_nodes=max_nodes,
-                     max_group_bytes=max(smallest // 4, 1))
-    problem = Problem(graph=coarse.graph, cluster=cluster, costs=coarse.costs)
+    folded = fold(traced.graph, costs)
+    problem = Problem(graph=folded.graph, cluster=cluster, costs=folded.costs)
     extra, accelerate_notes = accelerate_baselines(model, traced.graph, problem)
     notes += accelerate_notes
     result, gain = _min_gain(solve(problem, options=options, extra_baselines=extra), min_gain)
@@ -117,9 +116,9 @@ def plan(
     scaling = whatif_table(problem, full=result, options=whatif_options(options)
                            ) if whatif and result.solver.status != "INTERRUPTED" else None
     planned = _plan_of(result, problem, name=name, tracer=traced.tracer,
-                       coarsening={"traced_ops": coarse.traced_ops,
-                                   "plan_nodes": len(coarse.graph.nodes),
-                                   "steps": list(coarse.steps)})
+                       coarsening={"traced_ops": folded.traced_ops,
+                                   "plan_nodes": len(folded.graph.nodes),
+                                   "steps": [*folded.steps, *result.coarsening]})
     if emit:
         emitted, verification, emit_notes = emit_and_verify(
             traced, model, args, kwargs, problem=planned.problem, schedule=planned.schedule,

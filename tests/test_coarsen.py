@@ -62,3 +62,17 @@ def test_parameter_budget_limits_groups():
     costs = analytic_costs(traced.graph, cluster)
     coarse = coarsen(traced.graph, costs, max_nodes=2, max_group_bytes=600)
     assert all(n.param_bytes <= 600 for n in coarse.graph.nodes)
+
+
+def test_fold_is_coarsen_without_a_budget():
+    from autoplace.coarsen import fold
+
+    traced = _traced_gpt2(n_layer=1)
+    cluster = resolve_cluster(spec="2xA100-40GB")[0]
+    costs = analytic_costs(traced.graph, cluster)
+    folded = fold(traced.graph, costs)
+    unlimited = coarsen(traced.graph, costs, max_nodes=10_000)
+    assert folded.members == unlimited.members and folded.steps == unlimited.steps
+    assert len(folded.graph.nodes) < len(traced.graph.nodes)
+    # Coarsening the folded graph folds nothing more: the solver's coarse graph groups F's nodes.
+    assert len(fold(folded.graph, folded.costs).graph.nodes) == len(folded.graph.nodes)

@@ -76,3 +76,35 @@ def test_broken_plan_file_is_a_clear_error(tmp_path):
         autoplace.Plan.load(tmp_path)
     with pytest.raises(autoplace.OutputError, match="no plan file"):
         autoplace.Plan.load(tmp_path / "elsewhere")
+
+
+def test_plan_is_on_the_folded_graph_whatever_max_nodes(tmp_path):
+    # The case: Inception-like branches at --max-nodes 2 once reported the coarse plan
+    # "optimal". Now the plan, its bound and every baseline are of the folded graph, and the
+    # plan is no worse than any baseline there.
+    class Branches(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(),
+                                         torch.nn.Linear(256, 256))
+            self.b = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(),
+                                         torch.nn.Linear(256, 256))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.a(x).view(-1) + self.b(x).view(-1)
+
+    torch.manual_seed(0)
+    plan = autoplace.plan(Branches(), (torch.randn(512, 256),), devices="2xA100-40GB",
+                          time_limit_s=3, max_nodes=2, whatif=False)
+    graph = plan.problem.graph
+    assert plan.coarsening["plan_nodes"] == len(graph.nodes)
+    assert plan.solver.scope["folded_nodes"] == len(graph.nodes)
+    assert all(n.name in plan.schedule.placement.device_of for n in graph.nodes)
+    for baseline in plan.baselines.values():
+        if baseline.feasible:
+            assert plan.makespan_s <= baseline.makespan_s + 1e-12
+    assert plan.verification.status == "passed"
+    autoplace.save(plan, tmp_path / "out")
+    data = json.loads((tmp_path / "out" / "plan.json").read_text())
+    assert data["solver"]["scope"] == dict(plan.solver.scope)
+    assert autoplace.Plan.load(tmp_path / "out").solver.scope == plan.solver.scope

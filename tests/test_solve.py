@@ -309,10 +309,12 @@ def test_options_are_checked_when_made():
         solve(zoo.chain(zoo.cluster(2)), time_limit_s=-1)
     with pytest.raises(TypeError):
         SolveOptions(10.0)  # keyword-only
+    with pytest.raises(AutoplaceError, match=r"max_nodes must be at least 2, got 1"):
+        SolveOptions(max_nodes=1)
     options = SolveOptions(time_limit_s=2, seed=3, objective="throughput")
     assert options.to_dict() == {"time_limit_s": 2, "seed": 3, "deterministic": False,
                                  "objective": "throughput", "contiguous": False,
-                                 "workers": None, "solver": "cpsat"}
+                                 "workers": None, "solver": "cpsat", "max_nodes": None}
     assert SolveOptions(workers=4).cpsat_workers == 4
     assert SolveOptions(workers=4, deterministic=True).cpsat_workers == 1
 
@@ -401,6 +403,10 @@ def test_large_graphs_coarsen_solve_expand_and_improve(monkeypatch, objective):
     r = solve(p, objective=objective, time_limit_s=5, workers=1)
     assert validate(p, r.schedule) == []
     assert r.solver.name == "cpsat (coarsened) + local moves"
+    assert r.solver.scope["graph"] == "coarsened" and r.solver.scope["folded_nodes"] == n
+    assert r.solver.scope["nodes"] <= 8
+    # OPTIMAL only when proven for the full graph: the plan meets its bound.
+    assert (r.solver.status == "OPTIMAL") == (r.objective_s <= r.lower_bound_s * (1 + 1e-9))
     steps = dict(r.solver.steps)
     assert any(step.startswith("CP-SAT on") for step in steps)
     assert r.objective_s == pytest.approx(list(steps.values())[-1])
@@ -408,6 +414,40 @@ def test_large_graphs_coarsen_solve_expand_and_improve(monkeypatch, objective):
         if baseline is not None and baseline.feasible:
             assert r.objective_s <= baseline.objective_s(objective) + 1e-9
     assert r.lower_bound_s <= r.objective_s
+
+
+def test_graphs_over_max_nodes_are_warm_started_coarse_then_solved_whole():
+    # 30 nodes with max_nodes 8: CP-SAT on <= 8 coarse nodes first, then on all 30 (the exact
+    # model takes them), so the status and the bound are the full graph's own.
+    n = 30
+    p = zoo.problem([(f"n{i}", 1 + (i * 7) % 5, 10) for i in range(n)],
+                    [(f"n{i}", f"n{j}", 10 * (1 + (i + j) % 3)) for i in range(n)
+                     for j in (i + 3, i + 5) if j < n], zoo.cluster(3, memory_bytes=10_000),
+                    speed={"d1": 2.0})
+    r = solve(p, time_limit_s=4, workers=1, max_nodes=8)
+    assert validate(p, r.schedule) == []
+    assert r.solver.scope == {"graph": "folded", "nodes": n, "folded_nodes": n}
+    steps = [step for step, _ in r.solver.steps]
+    assert steps[-1] == "CP-SAT on the full graph" and any("coarse nodes" in s for s in steps)
+    assert r.coarsening and r.objective_s == pytest.approx(r.solver.steps[-1][1])
+    for baseline in r.baselines.values():
+        if baseline is not None and baseline.feasible:
+            assert r.objective_s <= baseline.objective_s("latency") + 1e-9
+    assert r.lower_bound_s <= r.objective_s * (1 + 1e-9)
+
+
+def test_status_text_says_which_graph_cpsat_solved():
+    from autoplace.formats.plan import SolverRecord
+
+    coarse = {"graph": "coarsened", "nodes": 68, "folded_nodes": 134, "status": "OPTIMAL"}
+    assert SolverRecord("cpsat", "FEASIBLE", 1.0, scope=coarse).status_text == (
+        "FEASIBLE (optimal for the coarsened graph, 68 nodes)")
+    assert SolverRecord("cpsat", "OPTIMAL", 1.0, scope=coarse).status_text.startswith(
+        "OPTIMAL (meets the lower bound; CP-SAT solved the coarsened graph, 68 nodes")
+    whole = {"graph": "folded", "nodes": 134, "folded_nodes": 134}
+    assert SolverRecord("cpsat", "OPTIMAL", 1.0, scope=whole).status_text == "OPTIMAL"
+    record = SolverRecord("cpsat", "FEASIBLE", 1.0, scope=coarse)
+    assert SolverRecord.from_dict(record.to_dict()) == record
 
 
 def test_work_bound_counts_speeds_and_memory():

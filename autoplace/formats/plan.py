@@ -99,7 +99,12 @@ class BaselineResult:
 class SolverRecord:
     """What the solver reported: its name and status, the time it took and was given, its own
     objective before re-simulation, CP-SAT's progress as ``(t_s, objective_s, bound_s)`` and,
-    for coarsened graphs, each step as ``(step, objective_s)``. The gap is the plan's."""
+    for coarsened graphs, each step as ``(step, objective_s)``. The gap is the plan's.
+
+    ``status`` is of the plan's own graph (``OPTIMAL`` only when proven optimal for it);
+    ``scope`` says which graph CP-SAT solved (``{"graph": "folded" | "coarsened", "nodes",
+    "folded_nodes"}``, and on a coarsened graph CP-SAT's ``status`` there); ``status_text`` is
+    how every summary shows the two."""
 
     name: str
     status: str
@@ -108,13 +113,29 @@ class SolverRecord:
     time_limit_s: float | None = None
     progress: tuple[tuple[float, float | None, float], ...] = ()
     steps: tuple[tuple[str, float], ...] = ()
+    scope: Mapping[str, Any] | None = None
+
+    @property
+    def status_text(self) -> str:
+        """The status, qualified where CP-SAT solved a coarsened graph: "FEASIBLE (optimal for
+        the coarsened graph, 68 nodes)"."""
+        scope = self.scope or {}
+        if scope.get("graph") != "coarsened":
+            return self.status
+        coarse = f"the coarsened graph, {scope.get('nodes')} nodes"
+        if self.status == "OPTIMAL":
+            return f"OPTIMAL (meets the lower bound; CP-SAT solved {coarse})"
+        return f"{self.status} ({str(scope.get('status', '')).lower()} for {coarse})"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "status": self.status, "wall_s": self.wall_s,
+        data = {"name": self.name, "status": self.status, "wall_s": self.wall_s,
                 "objective_s": self.objective_s, "time_limit_s": self.time_limit_s,
                 "progress": [{"t_s": t, "objective_s": obj, "bound_s": bound}
                              for t, obj, bound in self.progress],
                 "steps": [{"step": step, "objective_s": value} for step, value in self.steps]}
+        if self.scope is not None:
+            data["scope"] = dict(self.scope)
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SolverRecord:
@@ -122,7 +143,8 @@ class SolverRecord:
                    objective_s=data.get("objective_s"), time_limit_s=data.get("time_limit_s"),
                    progress=tuple((p["t_s"], p["objective_s"], p["bound_s"])
                                   for p in data.get("progress") or ()),
-                   steps=tuple((s["step"], s["objective_s"]) for s in data.get("steps") or ()))
+                   steps=tuple((s["step"], s["objective_s"]) for s in data.get("steps") or ()),
+                   scope=dict(data["scope"]) if data.get("scope") is not None else None)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ def solver_text(ov: Overview) -> str:
     solver = ov.solver
     limit = solver.time_limit_s
     limit_text = f" (limit {format_seconds(limit)})" if limit else ""
-    return f"{solver.name}: {solver.status} in {format_seconds(solver.wall_s)}{limit_text}"
+    return f"{solver.name}: {solver.status_text} in {format_seconds(solver.wall_s)}{limit_text}"
 
 
 def critical_text(ov: Overview) -> str:

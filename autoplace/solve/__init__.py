@@ -24,7 +24,14 @@ Read ``solve`` first: it runs the steps below in order, each of which may end th
 4. ``_solve_exact``: the CP-SAT rounds with memory no-goods (``_cpsat_rounds``), a check of
    CP-SAT's bound (``_check_bound``) and the choice between CP-SAT and the best baseline
    (``_choose``);
-5. ``_solve_large``: graphs over ``EXACT_MAX_NODES``: coarsen, CP-SAT, expand, local moves.
+5. ``_solve_large``: graphs over ``max_nodes`` (at most ``EXACT_MAX_NODES``): coarsen,
+   CP-SAT, expand; then CP-SAT on the full graph warm-started, where the exact model takes it,
+   else local moves (``large.py``); all scored on the full graph.
+
+Everything the result reports is of ``problem``, the full graph (the pipeline hands in the
+folded traced graph): the baselines, the bound (the analytic bounds, and CP-SAT's only when
+CP-SAT solved this graph whole) and the status (``OPTIMAL`` only when optimal for this graph).
+``SolverInfo.scope`` says which graph CP-SAT solved and, on a coarsened one, its status there.
 
 The steps share one ``_SolveState``; ``_interrupted`` turns it into the result after Ctrl-C. The
 time each step gets comes from the solve's one ``Budget`` (``options.py``).
@@ -47,6 +54,7 @@ from autoplace.solve.large import EXACT_MAX_NODES, coarse_solve, improve
 from autoplace.solve.options import (
     DEFAULT_TIME_LIMIT_S,
     MEMORY_ROUNDS,
+    MIN_CPSAT_S,
     Budget,
     Clock,
     SolveOptions,
@@ -80,13 +88,19 @@ class SolverInfo:
     time_limit_s: float
     progress: tuple[tuple[float, float | None, float], ...] = ()
     steps: tuple[tuple[str, float], ...] = ()
+    # Which graph CP-SAT solved: {"graph": "folded" | "coarsened", "nodes", "folded_nodes"} and,
+    # when coarsened, "status": CP-SAT's status on the coarsened graph.
+    scope: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "status": self.status, "wall_s": self.wall_s,
+        data = {"name": self.name, "status": self.status, "wall_s": self.wall_s,
                 "objective_s": self.objective_s, "time_limit_s": self.time_limit_s,
                 "progress": [{"t_s": t, "objective_s": obj, "bound_s": bound}
                              for t, obj, bound in self.progress],
                 "steps": [{"step": step, "objective_s": value} for step, value in self.steps]}
+        if self.scope is not None:
+            data["scope"] = dict(self.scope)
+        return data
 
 
 @dataclass(frozen=True)
@@ -100,6 +114,7 @@ class SolveResult:
     objective: str = "latency"
     contiguous: bool = False
     not_run: Mapping[str, str] = field(default_factory=dict)  # baseline -> why it did not run
+    coarsening: tuple[str, ...] = ()  # the steps that made the coarsened graph, if any
 
     @property
     def objective_s(self) -> float:
@@ -126,6 +141,8 @@ class _SolveState:
     bound: float
     notes: list[str]
     not_run: Mapping[str, str] = field(default_factory=dict)
+    scope: dict[str, Any] = field(default_factory=dict)
+    coarsening: tuple[str, ...] = ()
 
     @property
     def objective(self) -> str:
@@ -144,10 +161,12 @@ class _SolveState:
                           progress=progress, steps=steps)
 
     def result(self, chosen: Schedule, info: SolverInfo) -> SolveResult:
-        return SolveResult(schedule=chosen, solver=info, lower_bound_s=self.bound,
+        return SolveResult(schedule=chosen, solver=replace(info, scope=dict(self.scope)),
+                           lower_bound_s=self.bound,
                            baselines=self.baselines, best_single_device=self.best_single,
                            notes=tuple(self.notes), objective=self.options.objective,
-                           contiguous=self.options.contiguous, not_run=self.not_run)
+                           contiguous=self.options.contiguous, not_run=self.not_run,
+                           coarsening=self.coarsening)
 
 
 def solve(
@@ -180,10 +199,15 @@ def solve(
     if state.best is not None and (state.best[1].objective_s(options.objective)
                                    <= state.bound * (1 + 1e-12)):
         return _baseline_at_bound(state)
-    activation = node_activation_bytes(problem)
-    if len(problem.graph.nodes) > EXACT_MAX_NODES[options.objective]:
-        return _solve_large(state, activation)
-    return _solve_exact(state, activation)
+    if len(problem.graph.nodes) > coarse_nodes(options):
+        return _solve_large(state)
+    return _solve_exact(state, node_activation_bytes(problem))
+
+
+def coarse_nodes(options: SolveOptions) -> int:
+    """The largest graph CP-SAT solves whole: ``max_nodes``, within the exact model's limit."""
+    limit = EXACT_MAX_NODES[options.objective]
+    return limit if options.max_nodes is None else min(options.max_nodes, limit)
 
 
 def _start(problem: Problem, options: SolveOptions, budget: Budget,
@@ -198,7 +222,9 @@ def _start(problem: Problem, options: SolveOptions, budget: Budget,
     state = _SolveState(problem=problem, options=options, budget=budget,
                         baselines=ran.schedules, best_single=ran.best_single,
                         best=best_baseline(ran.schedules, options.objective),
-                        analytic=analytic, bound=analytic, notes=notes, not_run=ran.not_run)
+                        analytic=analytic, bound=analytic, notes=notes, not_run=ran.not_run,
+                        scope={"graph": "folded", "nodes": len(problem.graph.nodes),
+                               "folded_nodes": len(problem.graph.nodes)})
     return state, ran.interrupted
 
 
@@ -241,18 +267,22 @@ class _Rounds:
     progress: list[tuple[float, float | None, float]] = field(default_factory=list)
 
 
-def _solve_exact(state: _SolveState, activation: Mapping[str, int]) -> SolveResult:
-    """Step 4: CP-SAT on the whole graph, then the better of its plan and the best baseline."""
+def _solve_exact(state: _SolveState, activation: Mapping[str, int],
+                 steps: tuple[tuple[str, float], ...] = ()) -> SolveResult:
+    """Step 4: CP-SAT on the whole graph, then the better of its plan and the best baseline
+    (or, after a coarse warm start, the best plan so far)."""
     rounds = _cpsat_rounds(state, activation)
     _check_bound(state, rounds)
     wall_s = state.budget.elapsed_s()
     chosen, name = _choose(state, rounds)
     if rounds.interrupted:
         return _interrupted(state, chosen, name, progress=tuple(rounds.progress),
-                            cp_objective=rounds.cp_objective)
+                            cp_objective=rounds.cp_objective, steps=steps)
+    if steps:
+        steps = (*steps, ("CP-SAT on the full graph", chosen.objective_s(state.objective)))
     info = SolverInfo(name=name, status=rounds.status, wall_s=wall_s,
                       objective_s=rounds.cp_objective, time_limit_s=state.options.time_limit_s,
-                      progress=tuple(rounds.progress))
+                      progress=tuple(rounds.progress), steps=steps)
     return state.result(chosen, info)
 
 
@@ -340,9 +370,10 @@ def _choose(state: _SolveState, rounds: _Rounds) -> tuple[Schedule, str]:
         return cpsat, "cpsat"
     if best is not None:
         if not rounds.interrupted:
-            state.notes.append(f"CP-SAT ({rounds.status}) did not improve on the {best[0]} "
-                               f"baseline within {time_limit_s:g} s; the plan is the {best[0]} "
-                               "placement")
+            what = best[0] if best[0] in state.baselines else f"{best[0]} plan"
+            state.notes.append(f"CP-SAT ({rounds.status}) did not improve on the {what} "
+                               f"{'baseline ' if best[0] in state.baselines else ''}within "
+                               f"{time_limit_s:g} s; the plan is the {best[0]} placement")
         return best[1], f"cpsat ({best[0]} kept)"
     if rounds.interrupted:
         raise KeyboardInterrupt
@@ -358,25 +389,39 @@ def _choose(state: _SolveState, rounds: _Rounds) -> tuple[Schedule, str]:
         "raise --time-limit, or add devices")
 
 
-def _solve_large(state: _SolveState, activation: Mapping[str, int]) -> SolveResult:
-    """Step 5: coarsen, CP-SAT, expand (``large.coarse_solve``), then ``_improve_large``;
-    every step scored by the simulator."""
+# When the full graph is small enough for the exact model, the coarse solve is only its warm
+# start: it gets this share of what remains (when deterministic, of the limit), the exact model
+# on the full graph the rest. Coarse models of the examples solve to optimality in well under it.
+WARM_START_SHARE = 0.25
+
+
+def _solve_large(state: _SolveState) -> SolveResult:
+    """Step 5: coarsen, CP-SAT, expand (``large.coarse_solve``); then, where the exact model
+    takes the full graph, CP-SAT on it warm-started with the best plan so far
+    (``_solve_exact``), else ``_refine_large``. Every step is scored by the simulator on the
+    full graph; CP-SAT's bound on a coarsened graph is no bound of the full one."""
     problem, options, budget, best = state.problem, state.options, state.budget, state.best
     steps: list[tuple[str, float]] = []
     if best is not None:
         steps.append((f"best baseline ({best[0]})", best[1].objective_s(state.objective)))
-    coarse_limit_s = budget.coarse_solve_s()
+    fine = len(problem.graph.nodes) <= EXACT_MAX_NODES[options.objective]
+    limit_s = budget.coarse_solve_s()
+    if fine:
+        limit_s = max(MIN_CPSAT_S, (budget.time_limit_s if budget.deterministic
+                                    else budget.remaining_s()) * WARM_START_SHARE)
     try:
-        large = coarse_solve(problem, objective=options.objective,
+        large = coarse_solve(problem, max_nodes=coarse_nodes(options),
+                             objective=options.objective,
                              contiguous=options.contiguous, hint=best[1] if best else None,
-                             time_limit_s=coarse_limit_s, known_bound_s=state.bound,
-                             activation_bytes=activation, seed=options.seed,
+                             time_limit_s=limit_s, known_bound_s=state.bound,
+                             seed=options.seed,
                              workers=options.cpsat_workers, deterministic=options.deterministic,
                              stop=lambda: budget.stop_requested("cpsat"))
     except KeyboardInterrupt:
         if best is None:
             raise
         return _interrupted(state, best[1], best[0], steps=tuple(steps))
+    state.coarsening = large.coarsening
     candidates = [s for s in (large.schedule, best[1] if best else None) if state.acceptable(s)]
     if not candidates:
         raise InfeasibleError(
@@ -386,14 +431,22 @@ def _solve_large(state: _SolveState, activation: Mapping[str, int]) -> SolveResu
     steps += large.steps
     start = min(candidates, key=lambda s: s.objective_s(state.objective))
     cp = large.cpsat
+    coarse_scope = {"graph": "coarsened", "nodes": large.coarse_nodes,
+                    "status": cp.status if cp is not None else "NOT_RUN"}
     if cp is not None and cp.interrupted:
+        state.scope.update(coarse_scope)
         return _interrupted(state, start, "cpsat (coarsened)", progress=cp.progress,
                             cp_objective=cp.objective_s, steps=tuple(steps))
-    return _improve_large(state, start, steps, cp)
+    if fine:
+        if best is None or start is not best[1]:
+            state.best = (f"CP-SAT on {large.coarse_nodes} coarse nodes", start)
+        return _solve_exact(state, node_activation_bytes(problem), steps=tuple(steps))
+    state.scope.update(coarse_scope)
+    return _refine_large(state, start, steps, cp)
 
 
-def _improve_large(state: _SolveState, start: Schedule, steps: list[tuple[str, float]],
-                   cp: CpSatResult | None) -> SolveResult:
+def _refine_large(state: _SolveState, start: Schedule, steps: list[tuple[str, float]],
+                  cp: CpSatResult | None) -> SolveResult:
     """Local moves on the full graph from ``start`` (``large.improve``): until the budget's
     deadline, or, when deterministic, for a number of simulations."""
     problem, objective, budget = state.problem, state.objective, state.budget
@@ -405,11 +458,11 @@ def _improve_large(state: _SolveState, start: Schedule, steps: list[tuple[str, f
     except KeyboardInterrupt:
         return _interrupted(state, start, "cpsat (coarsened)", steps=tuple(steps))
     steps.append((f"local moves on the full graph ({moves} kept)", chosen.objective_s(objective)))
-    state.notes.append(f"{len(problem.graph.nodes)} nodes are more than the exact model takes "
-                       f"({EXACT_MAX_NODES[objective]}): " + "; ".join(
+    state.notes.append(f"{len(problem.graph.nodes)} nodes are more than CP-SAT solves whole "
+                       f"({coarse_nodes(state.options)}, --max-nodes): " + "; ".join(
                            f"{step}: {value:.6g} s" for step, value in steps))
     # The coarse model's status says nothing about the full graph: the plan is proven optimal
-    # only when it meets the lower bound.
+    # only when it meets the full graph's lower bound.
     proven = chosen.objective_s(objective) <= state.bound * (1 + 1e-9)
     info = state.info("cpsat (coarsened) + local moves", "OPTIMAL" if proven else "FEASIBLE",
                       cp.objective_s if cp is not None else None,

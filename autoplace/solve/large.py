@@ -1,10 +1,17 @@
-"""Graphs too large for the exact model: coarsen, solve, expand, then improve with local moves.
+"""Graphs larger than CP-SAT solves whole: coarsen, solve, expand, then refine on the full graph.
+
+The full graph is the folded one (``coarsen.fold``); the coarse graph is only an aid to CP-SAT,
+and every number the solve keeps is the simulator's on the full graph. Multilevel, in order:
 
 1. **coarsen** the graph (``autoplace.coarsen``: consecutive runs of the topological order, by
-   module where there are modules) to what CP-SAT handles within the time limit;
+   module where there are modules) to ``max_nodes``;
 2. **solve** the coarse problem with CP-SAT, hinted with the best baseline projected onto it;
-3. **expand** the coarse placement back to the full graph (every member on its group's device);
-4. **improve** on the full graph with local moves scored by the one simulator: move a
+3. **expand** the coarse placement back to the full graph (every member on its group's device)
+   and simulate it there;
+4. **refine** on the full graph: where the exact model takes it (``EXACT_MAX_NODES``), CP-SAT
+   on the whole graph warm-started with the best plan so far (the solve's ``_solve_exact``);
+   otherwise
+5. **local moves** (``improve``) on the full graph, scored by the one simulator: move a
    colocation group from a node that decides the objective (on the critical path, or on the
    busiest device) to another device, keep the move when the simulated objective drops.
 
@@ -15,13 +22,13 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from autoplace.coarsen import coarsen
+from autoplace.coarsen import Coarsened, coarsen
 from autoplace.ir import Placement, Problem, Schedule
 from autoplace.simulate import simulate
-from autoplace.solve.cpsat import CpSatResult, solve_cpsat
+from autoplace.solve.cpsat import CpSatResult, node_activation_bytes, solve_cpsat
 from autoplace.solve.heuristics import group_devices
 
 __all__ = ["EXACT_MAX_NODES", "LargeResult", "coarse_solve", "improve"]
@@ -36,45 +43,62 @@ class LargeResult:
     cpsat: CpSatResult | None
     coarse_nodes: int
     steps: tuple[tuple[str, float], ...]
+    coarsening: tuple[str, ...] = ()
+
+
+def _max_group_bytes(problem: Problem) -> int:
+    """A group never holds more than a quarter of the smallest device's memory in parameters,
+    so coarsening cannot make a model unplaceable."""
+    return max(min(d.memory_bytes for d in problem.cluster.devices) // 4, 1)
+
+
+def _project(small: Problem, coarse: Coarsened, device_of: Mapping[str, str]) -> Schedule | None:
+    """A full-graph placement on the coarse graph: each coarse node where most of its members
+    are (its colocation group with it); ``None`` where that is not allowed."""
+    coarse_of = {
+        name: Counter(device_of[m] for m in members).most_common(1)[0][0]
+        for name, members in coarse.members.items()}
+    for group in small.graph.colocate:
+        for name in group:
+            coarse_of[name] = coarse_of[group[0]]
+    if not all(coarse_of[n] in small.allowed[n] for n in coarse_of):
+        return None
+    return simulate(small, Placement(device_of=coarse_of))
+
+
+def _expand(coarse: Coarsened, placement: Placement) -> Placement:
+    return Placement(device_of={m: placement.device_of[name]
+                                for name, members in coarse.members.items() for m in members})
 
 
 def coarse_solve(
     problem: Problem,
     *,
+    max_nodes: int,
     objective: str,
     contiguous: bool,
     hint: Schedule | None,
     time_limit_s: float,
     **cpsat_options,
 ) -> LargeResult:
-    """Steps 1-3: CP-SAT on a coarsened copy of ``problem``, expanded back and simulated."""
-    limit = EXACT_MAX_NODES[objective]
-    smallest = min(d.memory_bytes for d in problem.cluster.devices)
-    coarse = coarsen(problem.graph, problem.costs, max_nodes=limit,
-                     max_group_bytes=max(smallest // 4, 1))
+    """Steps 1-3: CP-SAT on a coarsened copy of ``problem``, expanded back and simulated on
+    ``problem``. The coarse model's memory working sets are the coarse nodes' own."""
+    coarse = coarsen(problem.graph, problem.costs, max_nodes=max_nodes,
+                     max_group_bytes=_max_group_bytes(problem))
     small = Problem(graph=coarse.graph, cluster=problem.cluster, costs=coarse.costs)
-    coarse_hint = None
-    if hint is not None:
-        # Each coarse node goes where most of its members are (its colocation group with it).
-        device_of = {
-            name: Counter(hint.placement.device_of[m] for m in members).most_common(1)[0][0]
-            for name, members in coarse.members.items()}
-        for group in small.graph.colocate:
-            for name in group:
-                device_of[name] = device_of[group[0]]
-        if all(device_of[n] in small.allowed[n] for n in device_of):
-            coarse_hint = simulate(small, Placement(device_of=device_of))
+    coarse_hint = _project(small, coarse, hint.placement.device_of) if hint else None
     result = solve_cpsat(small, time_limit_s=time_limit_s, objective=objective,
-                         contiguous=contiguous, hint=coarse_hint, **cpsat_options)
+                         contiguous=contiguous, hint=coarse_hint,
+                         activation_bytes=node_activation_bytes(small), **cpsat_options)
+    size = len(small.graph.nodes)
     if result.placement is None:
-        return LargeResult(schedule=None, cpsat=result, coarse_nodes=len(small.graph.nodes),
-                           steps=())
-    device_of = {m: result.placement.device_of[name]
-                 for name, members in coarse.members.items() for m in members}
-    schedule = simulate(problem, Placement(device_of=device_of))
-    return LargeResult(schedule=schedule, cpsat=result, coarse_nodes=len(small.graph.nodes),
-                       steps=((f"CP-SAT on {len(small.graph.nodes)} coarse nodes, expanded",
-                               schedule.objective_s(objective)),))
+        return LargeResult(schedule=None, cpsat=result, coarse_nodes=size, steps=(),
+                           coarsening=coarse.steps)
+    schedule = simulate(problem, _expand(coarse, result.placement))
+    return LargeResult(schedule=schedule, cpsat=result, coarse_nodes=size,
+                       steps=((f"CP-SAT on {size} coarse nodes, expanded",
+                               schedule.objective_s(objective)),),
+                       coarsening=coarse.steps)
 
 
 def _deciding_nodes(problem: Problem, schedule: Schedule, objective: str) -> list[str]:

@@ -78,7 +78,9 @@ class SolveOptions:
     pipeline stage. ``deterministic`` gives the same plan for the same input on every run: one
     CP-SAT worker and a budget in CP-SAT's deterministic seconds instead of wall seconds.
     ``workers``: CP-SAT's worker threads (``None``: up to 8, one per core). ``solver``: ``cpsat``
-    or the name of a baseline heuristic, whose plan is then returned as it is."""
+    or the name of a baseline heuristic, whose plan is then returned as it is. ``max_nodes``:
+    the largest graph CP-SAT solves whole; a larger one is coarsened to this size for CP-SAT and
+    refined on the full graph (``None``: the exact model's own limit, ``EXACT_MAX_NODES``)."""
 
     time_limit_s: float = DEFAULT_TIME_LIMIT_S
     seed: int = 0
@@ -87,10 +89,13 @@ class SolveOptions:
     contiguous: bool = False
     workers: int | None = None
     solver: str = "cpsat"
+    max_nodes: int | None = None
 
     def __post_init__(self) -> None:
         if self.time_limit_s <= 0:
             raise AutoplaceError(f"time limit must be positive, got {self.time_limit_s} s")
+        if self.max_nodes is not None and self.max_nodes < 2:
+            raise AutoplaceError(f"max_nodes must be at least 2, got {self.max_nodes}")
         get_solver(self.solver)
         if self.objective not in OBJECTIVES:
             raise AutoplaceError(f"unknown objective {self.objective!r}; valid objectives: "
