@@ -25,6 +25,7 @@ import torch
 import torch.fx
 
 from autoplace.emit.lower import fetch
+from autoplace.emit.runtime import RUNTIME_SOURCE
 from autoplace.errors import EmitError
 
 __all__ = [
@@ -315,7 +316,8 @@ def compile_forward(source: str) -> Any:
     # Registering the source lets tracebacks through the generated forward show its lines.
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     namespace: dict[str, Any] = {}
-    exec(compile(IMPORTS_SOURCE + HELPERS_SOURCE, "<autoplace helpers>", "exec"), namespace)
+    exec(compile(IMPORTS_SOURCE + HELPERS_SOURCE + RUNTIME_SOURCE, "<autoplace helpers>", "exec"),
+         namespace)
     exec(compile(source, filename, "exec"), namespace)
     return namespace["forward"]
 
