@@ -298,15 +298,16 @@ def model_source(
     top = "\n".join(
         [
             f"class {MODEL_CLASS_NAME}(torch.nn.Module):",
-            '    """Calls the segments in order; tensors cross devices only at the explicit',
-            '    ``.to(...)`` / ``_move`` lines in forward."""',
+            '    """Calls the segments in order, or runs them on one worker thread per device',
+            '    (``_run_program``); tensors cross devices only at ``.to(...)``, ``_move`` and',
+            '    ``_hand_over``."""',
             "",
             *init,
             "",
             forward_body,
         ]
     )
-    parts = [header, imports, HELPERS_SOURCE, *classes, top + "\n"]
+    parts = [header, imports, HELPERS_SOURCE, RUNTIME_SOURCE, *classes, top + "\n"]
     return "\n\n\n".join(part.rstrip("\n") for part in parts) + "\n"
 
 
