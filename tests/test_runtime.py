@@ -179,3 +179,18 @@ def test_replay_of_an_example_is_within_five_percent(example: str) -> None:
                     problem=planned.problem, schedule=planned.schedule)
     assert played.error(planned.makespan_s) <= 0.05
     assert planned.verification.status == "passed"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_workers_with_copy_streams_match_the_original(two_branch) -> None:
+    # Planned on cuda:0 and cuda:1; with one GPU here both run on cuda:0, still one worker
+    # thread per planned device and a copy stream for the handover.
+    model, x, gm, device_of = two_branch
+    gpus = {CPU0: "cuda:0", CPU1: "cuda:1"}
+    count = torch.cuda.device_count()
+    emitted = emit_model(gm, {op: gpus[d] for op, d in device_of.items()},
+                         device_map=None if count > 1 else {"cuda:1": "cuda:0"})
+    assert emitted.runtime == "threaded"
+    for _ in range(3):
+        out = emitted(x.to("cuda:0"))
+    torch.testing.assert_close(out.cpu(), model(x))

@@ -192,8 +192,19 @@ def _hand_over(call, step, device, copy_streams):
     if device.type == "cuda" and isinstance(value, torch.Tensor):
         stream = copy_streams.setdefault(device, torch.cuda.Stream(device))
         stream.wait_stream(torch.cuda.current_stream(device))  # after the producer
+        # A copy between devices also waits for the destination's current stream (torch's
+        # copy_between_devices); an idle receiving stream there keeps it from waiting for the
+        # destination's compute.
+        receive = None
+        if torch.device(target).type == "cuda" and torch.device(target) != device:
+            receive = copy_streams.setdefault(("in", torch.device(target)),
+                                              torch.cuda.Stream(torch.device(target)))
         with torch.cuda.stream(stream):
-            moved = value.to(target, non_blocking=True)
+            if receive is None:
+                moved = value.to(target, non_blocking=True)
+            else:
+                with torch.cuda.stream(receive):
+                    moved = value.to(target, non_blocking=True)
             done = torch.cuda.Event()
             done.record(stream)
         value.record_stream(stream)  # not reused before the copy has read it
@@ -214,7 +225,9 @@ def _wait(call, step, device):
         if call.error is not None:
             raise _Failed()
         event = call.cuda_events[number]
-        if event is not None:
+        if event is not None and device.type != "cuda":
+            event.synchronize()  # a copy from a GPU to this CPU worker must have landed
+        elif event is not None:
             stream = torch.cuda.current_stream(device)
             stream.wait_event(event)
             call.moved[number].record_stream(stream)  # in use here until this stream is past it
