@@ -6,7 +6,8 @@ For each example and device set: plan in-process (analytic costs, ``profile=Fals
 table does not depend on this machine's load; the replay uses whatever costs the plan has), take
 the emitted model's ``program`` (per worker: the segment runs, the handovers each waits for and
 those it issues), replay it with ``autoplace.emit.runtime.replay`` and compare its makespan with
-the simulator's. The issue's target: within 5% on every example.
+the simulator's. The issue's target: within 5% on every example. A second replay queues each
+GPU's copies on its one copy stream, which the simulator does not model.
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ def replay_row(example: str, devices: str, *, time_limit_s: float) -> dict:
     emitted = planned.emitted
     played = replay(emitted.program, [s.nodes for s in emitted.segment_info],
                     problem=planned.problem, schedule=planned.schedule)
+    queued = replay(emitted.program, [s.nodes for s in emitted.segment_info],
+                    problem=planned.problem, schedule=planned.schedule, copy_streams=True)
     return {
+        "queued_s": queued.makespan_s, "queued_error": queued.error(planned.makespan_s),
         "example": example, "devices": devices, "segments": len(emitted.segment_info),
         "handovers": len(emitted.program.handovers), "runtime": emitted.runtime,
         "simulated_s": planned.makespan_s, "replayed_s": played.makespan_s,
@@ -67,16 +71,22 @@ def main(argv: list[str] | None = None) -> int:
         f"{TOLERANCE:.0%} of the simulated makespan.",
         "",
         "| example | devices | runtime | segments | handovers | simulated (us) | replayed (us) "
-        "| difference | verified |",
-        "|---|---|---|---:|---:|---:|---:|---:|---|",
+        "| difference | copies queued per GPU (us) | difference | verified |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['example']} | {r['devices']} | {r['runtime']} | {r['segments']} | "
             f"{r['handovers']} | {r['simulated_s'] * 1e6:.1f} | {r['replayed_s'] * 1e6:.1f} | "
-            f"{r['error']:.2%} | {r['verified']} |")
+            f"{r['error']:.2%} | {r['queued_s'] * 1e6:.1f} | {r['queued_error']:.2%} | "
+            f"{r['verified']} |")
     lines += ["", f"Largest difference: {worst:.2%} "
-              f"({'within' if worst <= TOLERANCE else 'OVER'} the {TOLERANCE:.0%} target)."]
+              f"({'within' if worst <= TOLERANCE else 'OVER'} the {TOLERANCE:.0%} target).",
+              "",
+              "The last two columns replay the same program with each GPU's handovers queued on "
+              "its one copy stream, as the runtime issues them; the simulator (and the replay's "
+              "main column) lets copies overlap each other. Handovers between cpu-thread "
+              "workers pass a reference and queue nowhere."]
     code = write_markdown(args.out, lines)
     return code if worst <= TOLERANCE else 1
 

@@ -364,6 +364,7 @@ def replay(
     *,
     problem: Problem,
     schedule: Schedule,
+    copy_streams: bool = False,
 ) -> Replay:
     """Play ``program`` back under ``problem``'s op and link costs on the schedule's devices.
 
@@ -375,6 +376,10 @@ def replay(
     as the simulator sends a node's output when the node ends; it does not hold its worker (a
     reference on worker threads, a copy stream on GPUs). Workers run their steps in order, and
     the segments' order is topological, so the replay takes the segments in that order.
+
+    With ``copy_streams`` a GPU's handovers also queue on its one copy stream, as the runtime
+    issues them; the simulator lets copies overlap each other, so this measures what that
+    assumption is worth on a plan.
     """
     graph, costs = problem.graph, problem.costs
     device_of = schedule.placement.device_of
@@ -401,7 +406,8 @@ def replay(
     free = dict.fromkeys(device_of_segment.values(), 0.0)
     start: dict[int, float] = {}
     end: dict[int, float] = {}
-    issued = {}
+    issued: dict[int, list[Handover]] = {}
+    engine_free: dict[str, float] = {}
     for h in program.handovers:
         issued.setdefault(h.after, []).append(h)
     for index in sorted(runs):
@@ -412,8 +418,14 @@ def replay(
         start[index] = max(free[device], ready)
         end[index] = free[device] = start[index] + cost[index]
         for h in issued.get(index, ()):
-            arrival[h.id] = end[index] + _handover_s(
-                problem, device_of, node_of(h.value), device, by_torch[h.dst_device])
+            took = _handover_s(problem, device_of, node_of(h.value), device,
+                               by_torch[h.dst_device])
+            began = end[index]
+            if copy_streams and h.src_device.startswith("cuda"):
+                # One copy stream per GPU: its copies run one after another, in issue order.
+                began = max(began, engine_free.get(h.src_device, 0.0))
+                engine_free[h.src_device] = began + took
+            arrival[h.id] = began + took
     return Replay(makespan_s=max(end.values(), default=0.0), start_s=start, end_s=end)
 
 
