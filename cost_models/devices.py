@@ -410,7 +410,9 @@ _CATALOG_ENTRIES: tuple[DeviceType, ...] = (
         launch_overhead_s=CPU_LAUNCH_OVERHEAD_S,
         pcie_gen=4,
         source=(
-            "one core of the CPU entry (Intel Xeon Platinum 8380, 2.30 GHz, AVX-512); memory "
+            "one core of the CPU entry: Intel Xeon Platinum 8380 specifications (2.30 GHz, "
+            "AVX-512), https://www.intel.com/content/www/us/en/products/sku/212287/"
+            "intel-xeon-platinum-8380-processor-60m-cache-2-30-ghz/specifications.html; memory "
             "size is this machine's physical memory (os.sysconf); costs are profiled here"
         ),
     ),
