@@ -194,3 +194,19 @@ def test_cuda_workers_with_copy_streams_match_the_original(two_branch) -> None:
     for _ in range(3):
         out = emitted(x.to("cuda:0"))
     torch.testing.assert_close(out.cpu(), model(x))
+
+
+def test_a_value_is_dropped_after_its_last_reader(two_branch) -> None:
+    import weakref
+
+    model, x, gm, device_of = two_branch
+    emitted = emit_model(gm, device_of)
+    moved: list[weakref.ref] = []
+    alive_at_head: list[bool] = []
+    # seg0 (left, cpu:0) reads its own copy of x, which nothing after it reads
+    emitted.seg0.register_forward_pre_hook(lambda m, args: moved.append(weakref.ref(args[-1])))
+    emitted.seg2.register_forward_pre_hook(
+        lambda m, args: alive_at_head.append(moved[-1]() is not None))
+    with torch.no_grad():  # with autograd, the left branch's graph would keep its input
+        torch.testing.assert_close(emitted(x), model(x))
+    assert alive_at_head == [False]

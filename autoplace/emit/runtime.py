@@ -25,6 +25,7 @@ segments), ``threaded_forward_source`` (the generated forward that runs a progra
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -187,7 +188,7 @@ class _Call:
 
 def _hand_over(call, step, device, copy_streams):
     """Make ``step``'s value readable on its destination, then release its readers."""
-    _, number, name, target = step
+    _, number, name, target, key, _ = step
     value = call.values[name]
     if device.type == "cuda" and isinstance(value, torch.Tensor):
         stream = copy_streams.setdefault(device, torch.cuda.Stream(device))
@@ -214,7 +215,7 @@ def _hand_over(call, step, device, copy_streams):
         moved = value  # worker threads share memory: the tensor itself is handed over
     else:
         moved = _move(value, target)
-    call.values[(name, str(target))] = moved
+    call.values[key] = moved
     call.ready[number].set()
 
 
@@ -233,20 +234,28 @@ def _wait(call, step, device):
             call.moved[number].record_stream(stream)  # in use here until this stream is past it
 
 
-def _work(call, steps, functions, device, copy_streams, finished):
+def _work(call, steps, functions, device, copy_streams, finished, modes):
     try:
-        for step in steps:
-            if step[0] == "run":
-                _wait(call, step, device)
-                functions[step[1]]()
-            else:
-                _hand_over(call, step, device, copy_streams)
+        grad, inference = modes  # the caller's thread-local modes, which a worker lacks
+        with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+            _steps(call, steps, functions, device, copy_streams)
     except _Failed:
         pass
     except BaseException as error:
         call.fail(error)
     finally:
         finished.release()
+
+
+def _steps(call, steps, functions, device, copy_streams):
+    for step in steps:
+        if step[0] == "run":
+            _wait(call, step, device)
+            functions[step[1]]()
+        else:
+            _hand_over(call, step, device, copy_streams)
+        for key in step[-1]:  # values this step was the last to read
+            call.values.pop(key, None)
 
 
 def _run_program(model, program, functions, call):
@@ -256,12 +265,13 @@ def _run_program(model, program, functions, call):
     workers = model.__dict__.setdefault("_autoplace_workers", {})
     streams = model.__dict__.setdefault("_autoplace_copy_streams", {})
     finished = _threading.Semaphore(0)
+    modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
     for planned, device, steps in program:
         worker = workers.get(planned)
         if worker is None or worker.device != device:
             worker = workers[planned] = _Worker(device)
         worker.jobs.put(lambda steps=steps, dev=worker.device: _work(
-            call, steps, functions, dev, streams, finished))
+            call, steps, functions, dev, streams, finished, modes))
     for _ in program:
         finished.acquire()
     if call.error is not None:
@@ -290,17 +300,25 @@ def threaded_forward_source(
 ) -> str:
     """The top-level ``def forward(self, ...)`` that runs ``program`` on worker threads: one
     closure per segment (reads its inputs, calls the segment, stores its outputs), the program
-    as a literal, ``_run_program``, then the outputs bound to their names for ``result``."""
+    as a literal, ``_run_program``, then the outputs bound to their names for ``result``.
+
+    Values live in one dict per call: a segment's outputs under their names, a handed-over value
+    under ``(name, planned device)``, a moved one under its new name. Each step lists the keys
+    whose last reader it is, and the worker drops them after it, so a value is freed after its
+    last use (the simulator's rule), not when the forward returns.
+    """
     head = f"def forward(self, {signature}):" if signature else "def forward(self):"
     lines = [head, *(f"    {line}" for line in bindings),
              f"    _c = _Call({len(program.handovers)})"]
     runs = {s.segment: s for steps in program.workers.values() for s in steps
             if isinstance(s, Run)}
+    by_index = {call.index: call for call in calls}
+    reads: dict[int, list[object]] = {}
     for call in calls:
         caller = set(runs[call.index].inputs_from_caller)
         target = f"self.seg{call.index}.device"
         lines.append(f"    def _seg{call.index}():  # planned on {call.planned_device}")
-        local = set()
+        local, read = set(), []
         for new_name, value, is_tensor in call.moves:
             local.add(new_name)
             if value in caller:
@@ -308,9 +326,13 @@ def threaded_forward_source(
                         else f"_move({value}, {target})")
                 lines.append(f"        {new_name} = {move}")
             else:
-                lines.append(f"        {new_name} = _c.values[({value!r}, str({target}))]")
+                key = (value, call.planned_device)
+                read.append(key)
+                lines.append(f"        {new_name} = _c.values[{key!r}]")
             # A later segment on this device reads the moved value under the same name.
             lines.append(f"        _c.values[{new_name!r}] = {new_name}")
+        read += [a for a in call.args if a not in local]
+        reads[call.index] = read
         args = ", ".join(a if a in local else f"_c.values[{a!r}]" for a in call.args)
         invoke = f"self.seg{call.index}({args})"
         if call.outputs:
@@ -321,25 +343,64 @@ def threaded_forward_source(
             lines.append(f"        {invoke}")
     functions = ", ".join(f"{c.index}: _seg{c.index}" for c in calls)
     lines.append(f"    _functions = {{{functions}}}")
+    returned = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", result))
+    frees = _frees(program, by_index, reads, keep=returned)
     lines.append("    _program = (")
     for device, steps in program.workers.items():
         first = next(s.segment for s in steps if isinstance(s, Run))
         lines.append(f"        ({device!r}, self.seg{first}.device, (")
-        for step in steps:
+        for position, step in enumerate(steps):
+            drop = tuple(frees.get((device, position), ()))
             if isinstance(step, Run):
-                lines.append(f"            ('run', {step.segment}, {step.waits!r}),")
+                lines.append(f"            ('run', {step.segment}, {step.waits!r}, {drop!r}),")
             else:
                 reader = next(c.index for c in calls if c.planned_device == step.dst_device)
                 lines.append(f"            ('send', {step.id}, {step.value!r}, "
-                             f"self.seg{reader}.device),")
+                             f"self.seg{reader}.device, {(step.value, step.dst_device)!r}, "
+                             f"{drop!r}),")
         lines.append("        )),")
     lines.append("    )")
     lines.append("    _run_program(self, _program, _functions, _c)")
     for call in calls:
         for name in call.outputs:
-            lines.append(f"    {name} = _c.values[{name!r}]")
+            if name in returned:
+                lines.append(f"    {name} = _c.values[{name!r}]")
     lines.append(f"    return {result}")
     return "\n".join(lines) + "\n"
+
+
+def _frees(
+    program: Program,
+    calls: Mapping[int, SegmentCallLike],
+    reads: Mapping[int, Sequence[object]],
+    *,
+    keep: set[str],
+) -> dict[tuple[str, int], list[object]]:
+    """``(worker, step position) -> keys to drop after that step``: each key at its last
+    reader, or where it is written when nothing reads it; never a key the result returns.
+
+    Every key is read on one worker only (a segment's outputs on its own device's worker, by its
+    segments and handovers; a handed-over or moved value by the segments of the device it was
+    handed to), so "last" is well defined within that worker's order.
+    """
+    last: dict[object, tuple[str, int]] = {}
+    for device, steps in program.workers.items():
+        for position, step in enumerate(steps):
+            if isinstance(step, Run):
+                call = calls[step.segment]
+                written = [*call.outputs, *(new for new, _, _ in call.moves)]
+                for key in written:
+                    last.setdefault(key, (device, position))
+                for key in reads[step.segment]:
+                    last[key] = (device, position)
+            else:  # written here, read (and so dropped) by a segment on the destination
+                last.setdefault((step.value, step.dst_device), (device, position))
+                last[step.value] = (device, position)
+    frees: dict[tuple[str, int], list[object]] = {}
+    for key, where in last.items():
+        if not (isinstance(key, str) and key in keep):
+            frees.setdefault(where, []).append(key)
+    return frees
 
 
 @dataclass(frozen=True)
