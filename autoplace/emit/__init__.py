@@ -1,15 +1,17 @@
 """Emit stage: cut the traced model along the plan into device segments, run, save and verify it.
 
 Input is the traced fx module and a device per op (from the plan); output is a
-``PartitionedModel`` whose segments ``seg0``, ``seg1``, ... each run on one device, called in
-order by a generated forward that copies values between devices explicitly.
+``PartitionedModel`` whose segments ``seg0``, ``seg1``, ... each run on one device, called by a
+generated forward that copies values between devices explicitly: in order from the caller's
+thread, or, over several devices, by one worker thread per device (``runtime``).
 
 Read in this order:
 1. ``emit_and_verify`` (below): the stage as the pipeline runs it, from a solved plan.
 2. ``model.emit_model``: the whole cut, which calls, in order,
    ``lower.lower`` (the graph segments are cut from), ``segment`` (which ops form which
-   segment, in which order), ``fxgraph.build_segment`` (each segment as a ``GraphModule``) and
-   ``codegen`` (the source of the top-level forward and of ``model.py``).
+   segment, in which order), ``fxgraph.build_segment`` (each segment as a ``GraphModule``),
+   ``codegen`` (the source of the top-level forward and of ``model.py``) and ``runtime`` (the
+   threaded forward, its ``program`` as data, and ``replay`` against the simulator).
 3. ``device_map``: where planned devices run here (``local_device_map``, glob remaps).
 4. ``saving``: ``save_model`` and ``load_model`` (``model.py``, ``weights.safetensors``,
    ``meta.json``).

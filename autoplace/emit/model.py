@@ -3,7 +3,8 @@
 Input is a ``torch.fx.GraphModule`` (from ``torch.export`` or ``torch.fx.symbolic_trace``) and a
 device per compute node; output is a ``PartitionedModel`` whose children ``seg0``, ``seg1``, ...
 are device-contiguous ``GraphModule`` segments, called by a generated top-level forward that moves
-values between devices with explicit ``.to(device, non_blocking=False)`` copies.
+values between devices with explicit ``.to(device, non_blocking=False)`` copies; over several
+devices the model runs the threaded forward instead (``runtime.py``: a worker per device).
 
 Read ``emit_model`` first: ``lower`` -> ``run_order`` -> ``assign_devices`` -> ``partition`` ->
 ``build_segment`` per segment -> ``_top_forward`` (which values each segment call must copy to
