@@ -27,6 +27,7 @@ import torch
 
 from autoplace.emit.device_map import local_device_map
 from autoplace.emit.model import PartitionedModel, SegmentInfo, emit_model
+from autoplace.emit.runtime import replay
 from autoplace.emit.saving import load_model, save_model
 from autoplace.emit.verification import VerifyResult, verify
 from autoplace.ir import Problem, Schedule
@@ -43,6 +44,10 @@ __all__ = [
     "save_model",
     "verify",
 ]
+
+
+# The bound on how far the emitted program, replayed, may be from the simulator.
+REPLAY_TOLERANCE = 0.05
 
 
 def emit_and_verify(
@@ -78,6 +83,12 @@ def emit_and_verify(
                      "on cpu for verification; `autoplace.emit.load_model(dir)` puts it on the "
                      "planned devices")
     emitted = emit_model(traced.module, device_of, order=order, device_map=remap)
+    played = replay(emitted.program, [seg.nodes for seg in emitted.segment_info],
+                    problem=problem, schedule=schedule)
+    if played.error(schedule.makespan_s) > REPLAY_TOLERANCE:
+        notes.append(f"the emitted model's launch order, replayed under the plan's costs, takes "
+                     f"{played.makespan_s * 1e6:.1f} us against the simulator's "
+                     f"{schedule.makespan_s * 1e6:.1f} us: the makespan may not hold as emitted")
     if not check_outputs:
         return emitted, {"status": "skipped", "max_abs_diff": None,
                          "detail": "verification disabled (--no-verify)"}, notes
