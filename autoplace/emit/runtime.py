@@ -10,11 +10,15 @@ for another worker's work, only on the handovers its segments read.
 * On ``cpu-thread`` workers (torch devices ``cpu:0``, ``cpu:1``, ...) each thread runs torch on
   one intra-op thread (``torch.set_num_threads(1)``), and a handover passes the tensor by
   reference: the threads share memory, so no byte is copied.
-* On CUDA devices each worker launches its segments on its device's current stream; a handover
-  is issued on the producing device's copy stream after an event recorded behind the producer,
-  and the reader's stream waits on the copy's event (``torch.cuda.Stream``,
-  ``Event.record``/``Stream.wait_event``), so copies overlap compute as the simulator assumes.
-  This path is written to that design and reviewed; this machine has no GPU to test it.
+* On CUDA devices each worker launches its segments on its own stream (so two planned devices
+  that share one GPU still overlap), after the caller's stream; a handover is issued on the
+  producing device's copy stream behind the producer, received on an idle stream of the
+  destination, and the reader's stream waits on the copy's event (``torch.cuda.Stream``,
+  ``Event.record``/``Stream.wait_event``), so copies overlap compute as the simulator assumes;
+  the caller's stream waits for every worker's before the forward returns. This path is written
+  to that design and reviewed; this machine has no GPU to test it
+  (``test_cuda_workers_with_copy_streams_match_the_original`` runs where one is).
+* A worker runs under the caller's grad and inference modes (they are thread-local).
 
 Read in this order: ``Program`` (the launch order as data: per worker the segment runs, the
 handovers each run waits for, and the handovers it issues), ``build_program`` (from the emitted
@@ -153,6 +157,7 @@ class _Worker:
 
     def __init__(self, device):
         self.device = torch.device(device)
+        self.stream = None
         self.jobs = _queue.SimpleQueue()
         self.thread = _threading.Thread(target=self._loop, daemon=True,
                                         name=f"autoplace-{device}")
@@ -161,8 +166,10 @@ class _Worker:
     def _loop(self):
         if self.device.type == "cpu":
             torch.set_num_threads(1)
-        else:
+        elif self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+            # Its own stream, so two planned devices that share one GPU still overlap.
+            self.stream = torch.cuda.Stream(self.device)
         while True:
             self.jobs.get()()
 
@@ -191,15 +198,14 @@ def _hand_over(call, step, device, copy_streams):
     _, number, name, target, key, _ = step
     value = call.values[name]
     if device.type == "cuda" and isinstance(value, torch.Tensor):
-        stream = copy_streams.setdefault(device, torch.cuda.Stream(device))
+        stream = _stream(copy_streams, device, device)
         stream.wait_stream(torch.cuda.current_stream(device))  # after the producer
         # A copy between devices also waits for the destination's current stream (torch's
         # copy_between_devices); an idle receiving stream there keeps it from waiting for the
         # destination's compute.
         receive = None
         if torch.device(target).type == "cuda" and torch.device(target) != device:
-            receive = copy_streams.setdefault(("in", torch.device(target)),
-                                              torch.cuda.Stream(torch.device(target)))
+            receive = _stream(copy_streams, ("in", target), torch.device(target))
         with torch.cuda.stream(stream):
             if receive is None:
                 moved = value.to(target, non_blocking=True)
@@ -234,11 +240,24 @@ def _wait(call, step, device):
             call.moved[number].record_stream(stream)  # in use here until this stream is past it
 
 
-def _work(call, steps, functions, device, copy_streams, finished, modes):
+def _stream(streams, key, device):
+    """The CUDA stream kept under ``key``, made on ``device`` the first time."""
+    stream = streams.get(key)
+    if stream is None:
+        stream = streams[key] = torch.cuda.Stream(device)
+    return stream
+
+
+def _work(call, steps, functions, worker, copy_streams, finished, modes):
     try:
-        grad, inference = modes  # the caller's thread-local modes, which a worker lacks
+        grad, inference, caller_stream = modes  # the caller's thread-local state
         with torch.inference_mode(inference), torch.set_grad_enabled(grad):
-            _steps(call, steps, functions, device, copy_streams)
+            if worker.stream is None:
+                _steps(call, steps, functions, worker.device, copy_streams)
+                return
+            worker.stream.wait_stream(caller_stream)  # the inputs the caller queued
+            with torch.cuda.stream(worker.stream):
+                _steps(call, steps, functions, worker.device, copy_streams)
     except _Failed:
         pass
     except BaseException as error:
@@ -265,15 +284,21 @@ def _run_program(model, program, functions, call):
     workers = model.__dict__.setdefault("_autoplace_workers", {})
     streams = model.__dict__.setdefault("_autoplace_copy_streams", {})
     finished = _threading.Semaphore(0)
-    modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+    used = []
     for planned, device, steps in program:
         worker = workers.get(planned)
         if worker is None or worker.device != device:
             worker = workers[planned] = _Worker(device)
-        worker.jobs.put(lambda steps=steps, dev=worker.device: _work(
-            call, steps, functions, dev, streams, finished, modes))
+        used.append(worker)
+        caller = torch.cuda.current_stream(device) if device.type == "cuda" else None
+        modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), caller)
+        worker.jobs.put(lambda steps=steps, worker=worker, modes=modes: _work(
+            call, steps, functions, worker, streams, finished, modes))
     for _ in program:
         finished.acquire()
+    for worker in used:
+        if worker.stream is not None:  # the caller's stream goes on after the workers' work
+            torch.cuda.current_stream(worker.device).wait_stream(worker.stream)
     if call.error is not None:
         raise call.error
 '''
