@@ -158,6 +158,10 @@ def test_replay_matches_the_simulator_and_can_fail() -> None:
     ops = [["a"], ["b"], ["c"], ["d"]]
     played = replay(program, ops, problem=problem, schedule=schedule)
     assert played.makespan_s == pytest.approx(schedule.makespan_s)  # 3 + 4 + 1, b overlaps c
+    # measured durations instead of the plan's: a 1 s each, b 5 s now ends after c
+    timed = replay(program, ops, problem=problem, schedule=schedule, segment_s=[1, 5, 1, 1])
+    link = problem.cluster.transfer_s(CPU0, CPU1, 8)
+    assert timed.makespan_s == pytest.approx(1 + link + 5 + link + 1)
     # The same segments all on one worker (what a sequential host thread does) lose the overlap
     serial = Program(workers={CPU0: tuple(Run(segment=i, waits=()) for i in range(4))},
                      handovers=())

@@ -451,6 +451,7 @@ def replay(
     problem: Problem,
     schedule: Schedule,
     copy_streams: bool = False,
+    segment_s: Sequence[float] | None = None,
 ) -> Replay:
     """Play ``program`` back under ``problem``'s op and link costs on the schedule's devices.
 
@@ -465,7 +466,8 @@ def replay(
 
     With ``copy_streams`` a GPU's handovers also queue on its one copy stream, as the runtime
     issues them; the simulator lets copies overlap each other, so this measures what that
-    assumption is worth on a plan.
+    assumption is worth on a plan. ``segment_s`` replaces the segments' durations (measured
+    ones, say), keeping the plan's handover delays.
     """
     graph, costs = problem.graph, problem.costs
     device_of = schedule.placement.device_of
@@ -481,6 +483,8 @@ def replay(
         here = [segment_of_op[op] for op in node.ops if op in segment_of_op]
         for i in here:
             cost[i] += costs.of(node.name, device_of[node.name]) / len(here)
+    if segment_s is not None:  # measured durations instead of the plan's
+        cost = list(segment_s)
     device_of_segment: dict[int, str] = {}
     runs: dict[int, Run] = {}
     for worker, steps in program.workers.items():
