@@ -9,6 +9,7 @@ simulator.
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ from autoplace.emit.runtime import Handover, Program, Run, build_program, replay
 from autoplace.ir import Costs, Edge, OpGraph, OpNode, Placement, Problem
 from autoplace.pipeline import plan
 from autoplace.profile.links import measure_handover
-from autoplace.profile.timing import threads_for
+from autoplace.profile.timing import threads_for, timer_for
 from autoplace.simulate import simulate
 
 CPU0, CPU1 = "cpu:0", "cpu:1"
@@ -67,7 +68,8 @@ def test_two_cpu_threads_are_two_devices_with_a_thread_link() -> None:
     # cpu-thread workers are profiled on one torch thread, and cached apart from the host CPU
     inv = inventory()
     assert device_key(CPU0, inv) == device_key(CPU1, inv)
-    assert device_key(CPU0, inv).endswith(":1t")
+    assert device_key(CPU0, inv).endswith(":1t-cputime")
+    assert timer_for(CPU0).clock is time.thread_time and timer_for("cpu").clock is time.perf_counter
 
 
 def test_profiling_a_thread_worker_uses_one_torch_thread() -> None:

@@ -263,8 +263,8 @@ def device_key(torch_device: str, inv: Inventory) -> str:
         index = int(torch_device.split(":", 1)[1]) if ":" in torch_device else 0
         gpu = inv.gpu(index)
         return f"gpu:{gpu.name if gpu else 'unknown'}"
-    if ":" in torch_device:  # cpu:N, a cpu-thread worker: profiled on one thread
-        return f"cpu:{inv.host.cpu_model}:1t"
+    if ":" in torch_device:  # cpu:N, a cpu-thread worker: one thread, timed in CPU time
+        return f"cpu:{inv.host.cpu_model}:1t-cputime"
     return f"cpu:{inv.host.cpu_model}:{inv.host.torch_threads}t"
 
 

@@ -69,8 +69,12 @@ class CudaEventTimer:
 
 
 def timer_for(torch_device: str) -> Timer:
-    """The timer for a torch device: CUDA events on GPUs, the monotonic clock on the CPU."""
-    return CudaEventTimer(torch_device) if torch_device.startswith("cuda") else ClockTimer()
+    """The timer for a torch device: CUDA events on GPUs, the monotonic clock on the CPU, and
+    the calling thread's CPU time on a ``cpu-thread`` worker (``cpu:N``), which runs torch on one
+    thread: what the op costs the worker, not inflated by other processes sharing the cores."""
+    if torch_device.startswith("cuda"):
+        return CudaEventTimer(torch_device)
+    return ClockTimer(time.thread_time) if is_thread_worker(torch_device) else ClockTimer()
 
 
 def is_thread_worker(torch_device: str) -> bool:
