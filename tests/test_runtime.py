@@ -216,3 +216,50 @@ def test_a_value_is_dropped_after_its_last_reader(two_branch) -> None:
     with torch.no_grad():  # with autograd, the left branch's graph would keep its input
         torch.testing.assert_close(emitted(x), model(x))
     assert alive_at_head == [False]
+
+
+class Branches(torch.nn.Module):
+    # four branches of two layers each and a head: many ways to interleave three workers
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Linear(8, 8)
+        self.branches = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8))
+            for _ in range(4))
+        self.head = torch.nn.Linear(32, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.stem(x))
+        return self.head(torch.cat([b(h) + h for b in self.branches], dim=-1))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_placements_and_orders_run_threaded_and_match(seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    model, x = Branches().eval(), torch.randn(2, 8)
+    gm = torch.export.export(model, (x,), strict=False).module()
+    ops = [n for n in gm.graph.nodes if n.op == "call_function"]
+    device_of = {n.name: f"cpu:{rng.randrange(3)}" for n in ops}
+    # a random topological order: any ready op may go next
+    waiting = {n: sum(p in ops for p in n.all_input_nodes) for n in ops}
+    ready, order = [n for n, k in waiting.items() if k == 0], []
+    while ready:
+        n = ready.pop(rng.randrange(len(ready)))
+        order.append(n.name)
+        for user in n.users:
+            if user in waiting:
+                waiting[user] -= 1
+                if waiting[user] == 0:
+                    ready.append(user)
+    emitted = emit_model(gm, device_of, order=order, runtime="threaded")
+    with torch.no_grad():
+        torch.testing.assert_close(emitted(x), model(x))
+    # every handover is issued on its producer's worker right after the producer's run
+    for h in emitted.program.handovers:
+        steps = emitted.program.workers[h.src_device]
+        at = steps.index(h)
+        previous = [s for s in steps[:at] if isinstance(s, Run)]
+        assert previous[-1].segment == h.after
