@@ -263,3 +263,23 @@ def test_random_placements_and_orders_run_threaded_and_match(seed: int) -> None:
         at = steps.index(h)
         previous = [s for s in steps[:at] if isinstance(s, Run)]
         assert previous[-1].segment == h.after
+
+
+def test_cli_plans_inception_on_two_cpu_threads_and_runs_it_threaded(tmp_path) -> None:
+    import json
+    from pathlib import Path
+
+    from autoplace.cli import main
+
+    root = Path(__file__).parents[1]
+    out = tmp_path / "out"
+    code = main(["plan", str(root / "examples" / "inception.py"), "--devices", "2xcpu-thread",
+                 "--time-limit", "2", "--out", str(out)])
+    assert code == 0
+    planned = json.loads((out / "plan.json").read_text())
+    assert {d["type"] for d in planned["devices"]} == {"cpu-thread"}
+    assert planned["verification"]["status"] == "passed"
+    assert planned["profile"]["devices"][0]["device_key"].endswith(":1t-cputime")
+    used = [d for d, seq in planned["order"].items() if seq]
+    meta = json.loads((out / "model" / "meta.json").read_text())
+    assert meta["runtime"] == ("threaded" if len(used) > 1 else "sequential")
