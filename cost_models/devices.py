@@ -22,6 +22,7 @@ Conventions, so entries compare like for like:
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -159,6 +160,14 @@ class DeviceType:
 
 GPU_LAUNCH_OVERHEAD_S = 5e-6  # estimate: PyTorch eager dispatch + cudaLaunchKernel, a few us
 CPU_LAUNCH_OVERHEAD_S = 1e-6  # estimate: PyTorch eager dispatch of a CPU kernel
+
+
+def _host_memory_bytes() -> int:
+    """This machine's physical memory (``os.sysconf``), or 16 GiB where the OS does not say."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return 16 * GIB
 
 
 def _v100(memory_gib: int) -> DeviceType:
@@ -380,6 +389,31 @@ _CATALOG_ENTRIES: tuple[DeviceType, ...] = (
             "Intel Xeon Platinum 8380 specifications (40 cores, 2.30 GHz, 8x DDR4-3200, "
             "PCIe 4.0), https://www.intel.com/content/www/us/en/products/sku/212287/"
             "intel-xeon-platinum-8380-processor-60m-cache-2-30-ghz/specifications.html"
+        ),
+    ),
+    # One thread of the machine autoplace runs on, for plans whose workers are threads
+    # (``--devices 2xcpu-thread``): the emitted model runs each such device's segments in its own
+    # thread with ``torch.set_num_threads(1)``. Its op costs are profiled single-threaded
+    # (``--profile``, the default); the figures here are only the analytic fallback.
+    DeviceType(
+        name="cpu-thread",
+        aliases=("thread", "cpu-threads"),
+        kind="cpu",
+        # The threads share this machine's memory; each is given all of it, and the plan's
+        # per-device peaks say how it is split. A cluster file can set a smaller figure.
+        memory_bytes=_host_memory_bytes(),
+        # One core of the catalog CPU: 2.3 GHz x 32 FP32 FLOP/cycle (2 AVX-512 FMA x 16 lanes
+        # x 2); FP64 half. Memory: one core streams about a twentieth of a socket's 204.8 GB/s
+        # (an estimate; single-core STREAM figures on Xeon servers are 10-15 GB/s).
+        peak_flops_per_s={"float32": 2.3e9 * 32, "float64": 2.3e9 * 16},
+        memory_bandwidth_bytes_per_s=204.8e9 / 20,
+        launch_overhead_s=CPU_LAUNCH_OVERHEAD_S,
+        pcie_gen=4,
+        source=(
+            "one core of the CPU entry: Intel Xeon Platinum 8380 specifications (2.30 GHz, "
+            "AVX-512), https://www.intel.com/content/www/us/en/products/sku/212287/"
+            "intel-xeon-platinum-8380-processor-60m-cache-2-30-ghz/specifications.html; memory "
+            "size is this machine's physical memory (os.sysconf); costs are profiled here"
         ),
     ),
 )

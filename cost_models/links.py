@@ -63,6 +63,10 @@ NVLINK_LATENCY_S = 2e-6
 PCIE_LATENCY_S = 1e-5
 NETWORK_LATENCY_S = 1e-5
 MEMCPY_LATENCY_S = 1e-6
+# Estimate: a value handed from one worker thread to another (``threading.Event`` set and the
+# waiting thread woken, under the GIL) takes tens of microseconds; ``autoplace profile`` measures
+# it on this machine (``autoplace.profile.links.measure_handover``).
+THREAD_HANDOVER_LATENCY_S = 2e-5
 
 _PCIE_SOURCE = (
     "PCI-SIG PCI Express Base Specification (x16, 128b/130b encoding), "
@@ -139,6 +143,19 @@ _LINK_ENTRIES: tuple[LinkSpec, ...] = (
     ),
 )
 
+_LINK_ENTRIES += (
+    LinkSpec(
+        kind="thread",
+        # Two worker threads of one process share memory: the runtime hands a tensor over by
+        # reference, so no byte moves. Charging a one-core memory copy (the cpu-thread entry's
+        # 10.24 GB/s) keeps the figure an upper bound; profiling measures both terms here.
+        bandwidth_bytes_per_s=204.8e9 / 20,
+        latency_s=THREAD_HANDOVER_LATENCY_S,
+        source=("estimate: thread wake-up latency and one core's memory bandwidth (see the "
+                "cpu-thread device entry); measured by `autoplace profile`"),
+    ),
+)
+
 LINK_CATALOG: Mapping[str, LinkSpec] = MappingProxyType({e.kind: e for e in _LINK_ENTRIES})
 
 
@@ -168,6 +185,8 @@ def default_link(src: DeviceType, dst: DeviceType, *, same_host: bool) -> LinkSp
     """
     if not same_host:
         return LINK_CATALOG["network"]
+    if src.name == dst.name == "cpu-thread":
+        return LINK_CATALOG["thread"]
     if src.kind == "cpu" and dst.kind == "cpu":
         return LINK_CATALOG["memcpy"]
     if src.kind == "gpu" and dst.kind == "gpu":

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from autoplace.cluster.spec import Entry
+from autoplace.cluster.spec import THREAD_TYPE, Entry
 from autoplace.errors import DeviceSpecError
 from autoplace.ir import Cluster, Device, Link
 from cost_models import DeviceType, default_link
@@ -61,10 +61,14 @@ def _assign_torch_devices(entries: Sequence[Entry], *, where: str) -> list[str]:
     fixed ones claim theirs (a clash is an error, not a silent renumbering); the rest of a
     cluster file's ``[[devices]]`` take the lowest free numbers."""
     assigned: list[str | None] = [e.torch_device for e in entries]
-    spec_gpus = [i for i, e in enumerate(entries) if e.torch_device is None and not e.from_table]
+    threads = [i for i, e in enumerate(entries) if e.torch_device is None
+               and e.type.name == THREAD_TYPE]
+    for n, i in enumerate(threads):
+        assigned[i] = f"cpu:{n}"
+    spec_gpus = [i for i, e in enumerate(entries) if assigned[i] is None and not e.from_table]
     for n, i in enumerate(spec_gpus):
         assigned[i] = f"cuda:{n}"
-    owner = {assigned[i]: entries[i].origin for i in spec_gpus}
+    owner = {assigned[i]: entries[i].origin for i in [*threads, *spec_gpus]}
     for entry in entries:
         if entry.torch_device is not None:
             if entry.torch_device in owner:

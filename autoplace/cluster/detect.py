@@ -263,6 +263,8 @@ def device_key(torch_device: str, inv: Inventory) -> str:
         index = int(torch_device.split(":", 1)[1]) if ":" in torch_device else 0
         gpu = inv.gpu(index)
         return f"gpu:{gpu.name if gpu else 'unknown'}"
+    if ":" in torch_device:  # cpu:N, a cpu-thread worker: one thread, timed in CPU time
+        return f"cpu:{inv.host.cpu_model}:1t-cputime"
     return f"cpu:{inv.host.cpu_model}:{inv.host.torch_threads}t"
 
 
@@ -277,7 +279,7 @@ def present_devices(cluster: Cluster, inv: Inventory) -> tuple[list[Device], lis
         if several_hosts:
             absent.append(f"{d.name} is on host {d.host}: only this machine's devices are "
                           "profiled")
-        elif kind == "cpu" and d.torch_device == "cpu":
+        elif kind == "cpu" and d.torch_device.split(":", 1)[0] == "cpu":
             present.append(d)
         elif kind == "gpu" and d.torch_device.startswith("cuda"):
             index = int(d.torch_device.split(":", 1)[1]) if ":" in d.torch_device else 0

@@ -6,6 +6,8 @@ A device spec is a comma-separated list of entries:
   ``-``/``_`` do not matter). ``A100-40GB`` alone means one. GPUs are named ``cuda:0``,
   ``cuda:1``, ... in spec order; they need not exist on this machine (the plan is simulated).
 * ``cpu`` -- the host CPU, named ``cpu`` (at most one).
+* ``2xcpu-thread`` -- worker threads of this machine's CPU, named ``cpu:0``, ``cpu:1``, ...;
+  the emitted model runs each one's segments in its own thread (``emit/runtime.py``).
 * ``cuda:0`` -- a GPU on this machine, typed by ``detect.detect_gpus``. Such entries cannot be
   mixed with catalog GPU types, since both would claim the names ``cuda:N``.
 
@@ -34,6 +36,7 @@ __all__ = [
     "CHOOSE_HINT",
     "CUDA_NAME",
     "DEFAULT_SIMULATED_SPEC",
+    "THREAD_TYPE",
     "Entry",
     "detected_entry",
     "lookup_type",
@@ -47,6 +50,10 @@ CHOOSE_HINT = (
     "choose devices with --devices (e.g. '4xH100-80GB' or '2xT4-16GB,cpu') or --cluster FILE; "
     "`autoplace devices` lists the device types"
 )
+
+# Worker threads of this machine's CPU: named ``cpu:0``, ``cpu:1``, ... (torch accepts and ignores
+# the index), so each is its own device to the plan and to the emitted model's runtime.
+THREAD_TYPE = "cpu-thread"
 
 CUDA_NAME = re.compile(r"cuda:(\d+)", re.IGNORECASE)
 _COUNTED = re.compile(r"(\d+)\s*[xX*]\s*(.*)")
@@ -139,6 +146,9 @@ def _typed_entries(token: str, *, where: str) -> list[Entry]:
                 f"{where}: {token!r} asks for 0 devices: use 1 or more; {valid_types_hint()}"
             )
     device_type = lookup_type(type_name, token=token, where=where)
+    if device_type.name == THREAD_TYPE:  # torch devices cpu:0, cpu:1, ...: build numbers them
+        return [Entry(type=device_type, memory_bytes=device_type.memory_bytes, origin=token)
+                for _ in range(count)]
     cpu = device_type.kind == "cpu"
     if cpu and count > 1:
         raise DeviceSpecError(f"{where}: {token!r}: a host has one CPU device, 'cpu'")

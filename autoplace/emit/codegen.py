@@ -25,6 +25,7 @@ import torch
 import torch.fx
 
 from autoplace.emit.lower import fetch
+from autoplace.emit.runtime import RUNTIME_SOURCE
 from autoplace.errors import EmitError
 
 __all__ = [
@@ -297,15 +298,16 @@ def model_source(
     top = "\n".join(
         [
             f"class {MODEL_CLASS_NAME}(torch.nn.Module):",
-            '    """Calls the segments in order; tensors cross devices only at the explicit',
-            '    ``.to(...)`` / ``_move`` lines in forward."""',
+            '    """Calls the segments in order, or runs them on one worker thread per device',
+            '    (``_run_program``); tensors cross devices only at ``.to(...)``, ``_move`` and',
+            '    ``_hand_over``."""',
             "",
             *init,
             "",
             forward_body,
         ]
     )
-    parts = [header, imports, HELPERS_SOURCE, *classes, top + "\n"]
+    parts = [header, imports, HELPERS_SOURCE, RUNTIME_SOURCE, *classes, top + "\n"]
     return "\n\n\n".join(part.rstrip("\n") for part in parts) + "\n"
 
 
@@ -315,7 +317,8 @@ def compile_forward(source: str) -> Any:
     # Registering the source lets tracebacks through the generated forward show its lines.
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     namespace: dict[str, Any] = {}
-    exec(compile(IMPORTS_SOURCE + HELPERS_SOURCE, "<autoplace helpers>", "exec"), namespace)
+    exec(compile(IMPORTS_SOURCE + HELPERS_SOURCE + RUNTIME_SOURCE, "<autoplace helpers>", "exec"),
+         namespace)
     exec(compile(source, filename, "exec"), namespace)
     return namespace["forward"]
 

@@ -101,11 +101,21 @@ def measure(
     if method == "allocator":
         activations = _allocator_peaks(emitted, args, dict(kwargs or {}), planned, actual)
     elif method == "storage":
+        # Storage tracking sees the ops of this thread only (a dispatch mode is per thread), so
+        # a threaded emitted model is measured running its segments in order on this thread:
+        # same segments, same order per device (runtime.py's workers follow it too).
+        runtime = getattr(emitted, "runtime", "sequential")
         tracker = _Tracker(emitted, planned)
-        with tracker:
-            with torch.no_grad():
-                result = emitted(*args, **dict(kwargs or {}))
-            tracker.keep(result)
+        try:
+            if runtime != "sequential":
+                emitted.runtime = "sequential"
+            with tracker:
+                with torch.no_grad():
+                    result = emitted(*args, **dict(kwargs or {}))
+                tracker.keep(result)
+        finally:
+            if runtime != "sequential":
+                emitted.runtime = runtime
         activations = tracker.peaks()
     else:
         raise EmitError(f"unknown measuring method {method!r}; valid: auto, storage, allocator")

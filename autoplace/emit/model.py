@@ -3,7 +3,8 @@
 Input is a ``torch.fx.GraphModule`` (from ``torch.export`` or ``torch.fx.symbolic_trace``) and a
 device per compute node; output is a ``PartitionedModel`` whose children ``seg0``, ``seg1``, ...
 are device-contiguous ``GraphModule`` segments, called by a generated top-level forward that moves
-values between devices with explicit ``.to(device, non_blocking=False)`` copies.
+values between devices with explicit ``.to(device, non_blocking=False)`` copies; over several
+devices the model runs the threaded forward instead (``runtime.py``: a worker per device).
 
 Read ``emit_model`` first: ``lower`` -> ``run_order`` -> ``assign_devices`` -> ``partition`` ->
 ``build_segment`` per segment -> ``_top_forward`` (which values each segment call must copy to
@@ -42,6 +43,7 @@ from autoplace.emit.codegen import (
 from autoplace.emit.device_map import check_device, remap
 from autoplace.emit.fxgraph import build_segment
 from autoplace.emit.lower import Lowered, lower
+from autoplace.emit.runtime import Program, build_program, threaded_forward_source
 from autoplace.emit.segment import assign_devices, later_uses, owners, partition, run_order
 from autoplace.errors import EmitError
 
@@ -87,6 +89,9 @@ class PartitionedModel(torch.nn.Module):
         forward_source: str,
         in_spec: pytree.TreeSpec | None,
         out_spec: pytree.TreeSpec | None,
+        program: Program | None = None,
+        threaded_source: str = "",
+        runtime: str = "sequential",
     ) -> None:
         super().__init__()
         for index, segment in enumerate(segments):
@@ -99,8 +104,16 @@ class PartitionedModel(torch.nn.Module):
         self._in_spec = in_spec
         self._out_spec = out_spec
         self._forward = compile_forward(forward_source)
+        # The threaded runtime (emit/runtime.py): one worker per planned device running the
+        # ``program``; ``runtime`` picks which forward runs.
+        self.program = program
+        self.threaded_source = threaded_source
+        self._threaded = compile_forward(threaded_source) if threaded_source else None
+        self.runtime = runtime if self._threaded is not None else "sequential"
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.runtime == "threaded" and self._threaded is not None:
+            return self._threaded(self, *args, **kwargs)
         return self._forward(self, *args, **kwargs)
 
 
@@ -110,13 +123,19 @@ def emit_model(
     *,
     order: Sequence[str] | None = None,
     device_map: Mapping[str, str] | None = None,
+    runtime: str | None = None,
 ) -> PartitionedModel:
     """Split ``gm`` into device-contiguous segments following ``device_of`` and ``order``.
 
     ``order`` is a topological order of fx node names (default: graph order); a new segment
     starts wherever the device changes along it. ``device_map`` remaps planned devices by glob
     (``{"cuda:*": "cpu"}``) so a plan for absent devices can be built and run here.
+    ``runtime``: ``threaded`` (a worker thread per planned device, ``runtime.py``) or
+    ``sequential`` (the caller's thread calls the segments in order); by default threaded when
+    the segments are planned on more than one device.
     """
+    if runtime not in (None, "threaded", "sequential"):
+        raise EmitError(f"runtime {runtime!r} is not one of 'threaded', 'sequential'")
     _check_names(gm, device_of, order)
     lowered = lower(gm)
     schedule = run_order(lowered, order)
@@ -152,13 +171,18 @@ def emit_model(
                 outputs=tuple(n.name for n in outputs),
             )
         )
-    forward = _top_forward(lowered, info, segment_of, output_node)
+    forward, threaded, program = _top_forward(lowered, info, segment_of, output_node)
+    if runtime is None:
+        runtime = "threaded" if len(set(planned)) > 1 else "sequential"
     return PartitionedModel(
         segments,
         info=info,
         forward_source=forward,
         in_spec=lowered.in_spec,
         out_spec=lowered.out_spec,
+        program=program,
+        threaded_source=threaded,
+        runtime=runtime,
     )
 
 
@@ -185,7 +209,8 @@ def _top_forward(
     info: Sequence[SegmentInfo],
     segment_of: Mapping[torch.fx.Node, int],
     output: torch.fx.Node,
-) -> str:
+) -> tuple[str, str, Program]:
+    """The sequential forward's source, the threaded forward's source, and its program."""
     nodes = {n.name: n for n in lowered.graph.nodes}
     placeholders = [n for n in lowered.graph.nodes if n.op == "placeholder"]
     signature, bindings = signature_source(
@@ -225,9 +250,14 @@ def _top_forward(
     if lowered.out_spec is not None:
         flat = output.args[0] if isinstance(output.args[0], (tuple, list)) else (output.args[0],)
         result = f"_unflatten({literal_source(list(flat), name_of)}, self._out_spec)"
+    sources = {name: segment_of.get(nodes[name]) for seg in info for name in seg.inputs}
+    program = build_program([seg.planned_device for seg in info], [seg.inputs for seg in info],
+                            sources, origin=dict(lowered.origin))
+    threaded = threaded_forward_source(signature=signature, bindings=bindings, calls=calls,
+                                       program=program, result=result)
     return forward_source(
         signature=signature, bindings=bindings, calls=calls, result=result
-    )
+    ), threaded, program
 
 
 def _fresh(name: str, used: set[str]) -> str:

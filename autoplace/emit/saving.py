@@ -65,7 +65,8 @@ def save_model(model: PartitionedModel, directory: str | Path) -> None:
         classes=classes,
         extra_globals=extra,
         planned_devices=model.planned_devices,
-        forward=model.forward_source,
+        # The forward that runs when the model is called: the threaded runtime's, when chosen.
+        forward=model.threaded_source if model.runtime == "threaded" else model.forward_source,
     )
     compile(source, "model.py", "exec")  # a SyntaxError here is an autoplace bug, not the user's
 
@@ -81,6 +82,7 @@ def save_model(model: PartitionedModel, directory: str | Path) -> None:
         "format": _FORMAT,
         "class_name": MODEL_CLASS_NAME,
         "segments": [seg.to_dict() for seg in model.segment_info],
+        "runtime": model.runtime,
         "in_spec": in_spec,
         "out_spec": out_spec if structure == "pytree" else None,
         "output_structure": structure,

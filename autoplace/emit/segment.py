@@ -3,7 +3,8 @@
 Everything here is a decision about nodes of the ``Lowered`` graph; nothing builds code. Read in
 the order ``emit_model`` calls them: ``run_order`` (the schedule: the plan's ``order`` where it
 speaks, dependencies everywhere), ``assign_devices`` (a device for nodes the plan did not name),
-``partition`` (a new segment wherever the device changes along the schedule), ``owners`` (the
+``partition`` (a new segment wherever the device changes along the schedule, and around
+values that cross devices), ``owners`` (the
 segment that holds each parameter or buffer), ``later_uses`` (values that cross a segment
 boundary, so the segment must return them).
 """
@@ -156,12 +157,38 @@ def assign_devices(
 def partition(
     schedule: list[torch.fx.Node], devices: Mapping[torch.fx.Node, str]
 ) -> list[list[torch.fx.Node]]:
+    """Runs of the schedule on one device, cut where the device changes, before a node that
+    reads a value computed on another device, and after a node whose value another device reads.
+
+    The two extra cuts are what lets the threaded runtime (``runtime.py``) match the simulator:
+    a segment waits for all its inputs before it starts and hands its outputs over when it ends,
+    while the simulator starts each node when its own inputs arrive and sends each value when
+    its node ends. With the cuts, only a segment's first node waits for another device and only
+    its last node sends to one.
+    """
     groups: list[list[torch.fx.Node]] = []
     for n in schedule:
-        if not groups or devices[groups[-1][0]] != devices[n]:
+        if not groups or devices[groups[-1][-1]] != devices[n] or _crosses(groups[-1][-1], devices):
+            groups.append([])
+        elif _reads_remote(n, devices) and not all(_is_source(m, devices) for m in groups[-1]):
+            # Ops that read nothing (``arange``, ``ones``) may wait with their consumer.
             groups.append([])
         groups[-1].append(n)
     return groups
+
+
+def _reads_remote(node: torch.fx.Node, devices: Mapping[torch.fx.Node, str]) -> bool:
+    return any(p in devices and devices[p] != devices[node] for p in node.all_input_nodes)
+
+
+def _is_source(node: torch.fx.Node, devices: Mapping[torch.fx.Node, str]) -> bool:
+    """A compute node that reads no other compute node's value."""
+    return not any(p in devices for p in node.all_input_nodes)
+
+
+def _crosses(node: torch.fx.Node, devices: Mapping[torch.fx.Node, str]) -> bool:
+    """Whether a compute node on another device reads ``node``'s value."""
+    return any(u in devices and devices[u] != devices[node] for u in node.users)
 
 
 def owners(

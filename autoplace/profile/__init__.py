@@ -28,9 +28,9 @@ from autoplace.cluster import Inventory, device_key, inventory, present_devices
 from autoplace.ir import Cluster, Device, Link
 from autoplace.profile.cache import LinkRecord, ProfileCache, default_cache_path
 from autoplace.profile.calibrate import Comparison, compare, fits_for, refit
-from autoplace.profile.links import measure_link
+from autoplace.profile.links import measure_handover, measure_link
 from autoplace.profile.ops import DeviceProfile, Progress, profile_device
-from autoplace.profile.timing import Timer
+from autoplace.profile.timing import Timer, is_thread_worker, threads_for
 from autoplace.trace import TracedModel
 from cost_models.calibration import CalibrationFit
 
@@ -191,8 +191,10 @@ def profile_model(
                     bar.update(task, description=f"{op} on {name}", completed=done,
                                total=total)
 
-            dp = profile_device(traced, model, args, kwargs, device=device, device_key=key,
-                                cache=cache, timer=timer, progress=report, in_situ=in_situ)
+            with threads_for(device.torch_device):
+                dp = profile_device(traced, model, args, kwargs, device=device,
+                                    device_key=key, cache=cache, timer=timer, progress=report,
+                                    in_situ=in_situ)
             profiles.append(dp)
             measured_keys[key] = dp
             notes += list(dp.notes)
@@ -234,7 +236,13 @@ def _links(present: Sequence[Device], inv: Inventory, *, cache: ProfileCache,
             record = cache.get_link(src_key, dst_key)
             if record is None:
                 try:
-                    latency, bandwidth, points = measure_link(src.torch_device, dst.torch_device)
+                    with threads_for(src.torch_device):
+                        latency, bandwidth, points = measure_link(src.torch_device,
+                                                                  dst.torch_device)
+                    if is_thread_worker(src.torch_device) and is_thread_worker(dst.torch_device):
+                        # No bytes move between worker threads; the handover's wake-up is the
+                        # latency, the copy's bandwidth stays as an upper bound.
+                        latency = measure_handover()
                 except Exception as exc:
                     notes.append(f"the link {src.name} -> {dst.name} could not be measured "
                                  f"({type(exc).__name__}: {exc}); it keeps the catalog figures")

@@ -7,7 +7,8 @@ into a buffer allocated beforehand on the destination, for sizes from 4 KiB to 6
 stable median (``timing.measure``), and ``fit_alpha_beta`` fits the line by least squares on
 relative error, so the small copies (which set the latency) weigh as much as the large ones
 (which set the bandwidth). The copy is the one the emitted model makes (``Tensor.to`` from
-ordinary, pageable memory), not a pinned-memory best case.
+ordinary, pageable memory), not a pinned-memory best case. Between two ``cpu-thread`` workers
+no byte moves (the threads share memory): ``measure_handover`` times the wake-up instead.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 
 from autoplace.profile.timing import Timer, measure, timer_for
 
-__all__ = ["DEFAULT_SIZES", "fit_alpha_beta", "measure_link"]
+__all__ = ["DEFAULT_SIZES", "fit_alpha_beta", "measure_handover", "measure_link"]
 
 DEFAULT_SIZES = tuple(4096 * 4**k for k in range(8))  # 4 KiB .. 64 MiB
 
@@ -65,3 +66,32 @@ def measure_link(
         del source, target
     latency, bandwidth = fit_alpha_beta(points)
     return latency, bandwidth, tuple(points)
+
+
+def measure_handover(*, rounds: int = 200) -> float:
+    """Seconds from one thread setting a ``threading.Event`` to another thread running on: half
+    the median ping-pong round trip between two threads, which is how the emitted runtime hands a
+    value from one ``cpu-thread`` worker to another."""
+    import statistics
+    import threading
+    import time
+
+    ping, pong = threading.Event(), threading.Event()
+
+    def echo() -> None:
+        for _ in range(rounds):
+            ping.wait()
+            ping.clear()
+            pong.set()
+
+    partner = threading.Thread(target=echo, daemon=True)
+    partner.start()
+    trips = []
+    for _ in range(rounds):
+        began = time.perf_counter()
+        ping.set()
+        pong.wait()
+        pong.clear()
+        trips.append(time.perf_counter() - began)
+    partner.join()
+    return statistics.median(trips) / 2

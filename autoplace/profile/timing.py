@@ -11,14 +11,15 @@ out; it reports the median and the spread (interquartile range over median).
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["ClockTimer", "CudaEventTimer", "Measurement", "Timer", "is_stable", "measure",
-           "relative_spread", "timer_for"]
+__all__ = ["ClockTimer", "CudaEventTimer", "Measurement", "Timer", "is_stable",
+           "is_thread_worker", "measure", "relative_spread", "threads_for", "timer_for"]
 
 
 class Timer(Protocol):
@@ -68,8 +69,35 @@ class CudaEventTimer:
 
 
 def timer_for(torch_device: str) -> Timer:
-    """The timer for a torch device: CUDA events on GPUs, the monotonic clock on the CPU."""
-    return CudaEventTimer(torch_device) if torch_device.startswith("cuda") else ClockTimer()
+    """The timer for a torch device: CUDA events on GPUs, the monotonic clock on the CPU, and
+    the calling thread's CPU time on a ``cpu-thread`` worker (``cpu:N``), which runs torch on one
+    thread: what the op costs the worker, not inflated by other processes sharing the cores."""
+    if torch_device.startswith("cuda"):
+        return CudaEventTimer(torch_device)
+    return ClockTimer(time.thread_time) if is_thread_worker(torch_device) else ClockTimer()
+
+
+def is_thread_worker(torch_device: str) -> bool:
+    """Whether ``torch_device`` is a ``cpu-thread`` worker (``cpu:N``; the host CPU is ``cpu``)."""
+    kind, _, index = torch_device.partition(":")
+    return kind == "cpu" and bool(index)
+
+
+@contextlib.contextmanager
+def threads_for(torch_device: str) -> Iterator[None]:
+    """Time a ``cpu-thread`` worker as the emitted runtime runs it: torch on one intra-op thread
+    (restored afterwards); other devices as they are."""
+    if not is_thread_worker(torch_device):
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @dataclass(frozen=True)

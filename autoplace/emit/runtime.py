@@ -1,0 +1,543 @@
+"""Emit: the runtime that runs a plan's schedule, one worker thread per device, and its replay.
+
+The sequential forward (``codegen.forward_source``) calls the segments one after another from
+the caller's thread, so device B waits on the host while device A works. The threaded runtime
+here runs the schedule instead: each planned device gets a worker thread that runs its own
+segments in the plan's order, and every value another device reads is handed over right after
+the segment that computes it, through an event its readers wait for. No worker waits on the host
+for another worker's work, only on the handovers its segments read.
+
+* On ``cpu-thread`` workers (torch devices ``cpu:0``, ``cpu:1``, ...) each thread runs torch on
+  one intra-op thread (``torch.set_num_threads(1)``), and a handover passes the tensor by
+  reference: the threads share memory, so no byte is copied.
+* On CUDA devices each worker launches its segments on its own stream (so two planned devices
+  that share one GPU still overlap), after the caller's stream; a handover is issued on the
+  producing device's copy stream behind the producer, received on an idle stream of the
+  destination, and the reader's stream waits on the copy's event (``torch.cuda.Stream``,
+  ``Event.record``/``Stream.wait_event``), so copies overlap compute as the simulator assumes;
+  the caller's stream waits for every worker's before the forward returns. This path is written
+  to that design and reviewed; this machine has no GPU to test it
+  (``test_cuda_workers_with_copy_streams_match_the_original`` runs where one is).
+* A worker runs under the caller's grad and inference modes (they are thread-local).
+
+Read in this order: ``Program`` (the launch order as data: per worker the segment runs, the
+handovers each run waits for, and the handovers it issues), ``build_program`` (from the emitted
+segments), ``threaded_forward_source`` (the generated forward that runs a program, with
+``RUNTIME_SOURCE``, the engine, which imports only torch and the standard library) and
+``replay`` (the program played back under the plan's costs, which must match the simulator).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from autoplace.errors import EmitError
+from autoplace.ir import Problem, Schedule
+
+__all__ = [
+    "RUNTIME_SOURCE",
+    "Handover",
+    "Program",
+    "Replay",
+    "Run",
+    "SegmentCallLike",
+    "build_program",
+    "replay",
+    "threaded_forward_source",
+]
+
+
+@dataclass(frozen=True)
+class Handover:
+    """Value ``value`` (a segment output) handed from ``src_device`` to ``dst_device``, issued
+    right after segment ``after`` ends; ``id`` is the event its readers wait for."""
+
+    id: int
+    value: str
+    after: int
+    src_device: str
+    dst_device: str
+
+
+@dataclass(frozen=True)
+class Run:
+    """Segment ``segment`` run by its device's worker once ``waits`` (handover ids) are done;
+    ``inputs_from_caller`` are the model inputs it moves to its device itself."""
+
+    segment: int
+    waits: tuple[int, ...]
+    inputs_from_caller: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Program:
+    """What the threaded runtime does, as data: per worker (a planned torch device) the steps it
+    takes in order, each a ``Run`` or a ``Handover`` it issues."""
+
+    workers: Mapping[str, tuple[Run | Handover, ...]]
+    handovers: tuple[Handover, ...]
+    origin: Mapping[str, str] = field(default_factory=dict)  # value -> traced op it came from
+
+    def to_dict(self) -> dict[str, Any]:
+        def step(s: Run | Handover) -> dict[str, Any]:
+            if isinstance(s, Run):
+                return {"run": s.segment, "waits": list(s.waits),
+                        "inputs_from_caller": list(s.inputs_from_caller)}
+            return {"handover": s.id, "value": s.value, "to": s.dst_device}
+        return {device: [step(s) for s in steps] for device, steps in self.workers.items()}
+
+
+def build_program(
+    planned_devices: Sequence[str],
+    inputs: Sequence[Sequence[str]],
+    source_of: Mapping[str, int | None],
+    *,
+    origin: Mapping[str, str] | None = None,
+) -> Program:
+    """The program of segments ``0..n-1``: ``planned_devices[i]`` runs segment ``i``, which
+    reads ``inputs[i]``; ``source_of[value]`` is the segment that computes a value (``None``
+    for the caller's inputs).
+
+    Each worker's runs keep the segments' order, a topological order of the schedule, so no
+    worker waits for a handover that a later step of its own must issue: the program cannot
+    deadlock. A value goes to each other device once, however many segments there read it.
+    """
+    handovers: dict[tuple[str, str], Handover] = {}
+    issued: dict[int, list[Handover]] = {}
+    runs: list[Run] = []
+    for index, (device, names) in enumerate(zip(planned_devices, inputs, strict=True)):
+        waits: list[int] = []
+        caller: list[str] = []
+        for name in names:
+            source = source_of.get(name)
+            if source is None:
+                caller.append(name)
+                continue
+            if source >= index:
+                raise EmitError(f"segment {index} reads {name!r} from segment {source}, which "
+                                "runs later: the segment order is not topological")
+            if planned_devices[source] == device:
+                continue
+            key = (name, device)
+            if key not in handovers:
+                handovers[key] = Handover(id=len(handovers), value=name, after=source,
+                                          src_device=planned_devices[source], dst_device=device)
+                issued.setdefault(source, []).append(handovers[key])
+            waits.append(handovers[key].id)
+        runs.append(Run(segment=index, waits=tuple(dict.fromkeys(waits)),
+                        inputs_from_caller=tuple(caller)))
+    workers: dict[str, list[Run | Handover]] = {}
+    for run in runs:
+        steps = workers.setdefault(planned_devices[run.segment], [])
+        steps.append(run)
+        steps.extend(issued.get(run.segment, ()))
+    return Program(workers={d: tuple(s) for d, s in workers.items()},
+                   handovers=tuple(sorted(handovers.values(), key=lambda h: h.id)),
+                   origin=dict(origin or {}))
+
+
+# The engine, written into the generated source after codegen's helpers (it uses no name from
+# autoplace). Workers are daemon threads kept on the model between calls (starting a thread per
+# call would cost more than a small segment); a failure in one worker releases every waiter and
+# is raised in the caller.
+RUNTIME_SOURCE = '''\
+import queue as _queue
+import threading as _threading
+
+
+class _Failed(Exception):
+    """Another worker failed: this one stops at its next wait."""
+
+
+class _Worker:
+    """A daemon thread that runs the jobs put in its queue, on its device."""
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self.stream = None
+        self.jobs = _queue.SimpleQueue()
+        self.thread = _threading.Thread(target=self._loop, daemon=True,
+                                        name=f"autoplace-{device}")
+        self.thread.start()
+
+    def _loop(self):
+        if self.device.type == "cpu":
+            torch.set_num_threads(1)
+        elif self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+            # Its own stream, so two planned devices that share one GPU still overlap.
+            self.stream = torch.cuda.Stream(self.device)
+        while True:
+            self.jobs.get()()
+
+
+class _Call:
+    """One forward call: the values, the handover events, the first error."""
+
+    def __init__(self, handovers):
+        self.values = {}
+        self.ready = [_threading.Event() for _ in range(handovers)]
+        self.cuda_events = [None] * handovers
+        self.moved = [None] * handovers
+        self.error = None
+        self.lock = _threading.Lock()
+
+    def fail(self, error):
+        with self.lock:
+            if self.error is None:
+                self.error = error
+        for event in self.ready:
+            event.set()
+
+
+def _hand_over(call, step, device, copy_streams):
+    """Make ``step``'s value readable on its destination, then release its readers."""
+    _, number, name, target, key, _ = step
+    value = call.values[name]
+    if device.type == "cuda" and isinstance(value, torch.Tensor):
+        stream = _stream(copy_streams, device, device)
+        stream.wait_stream(torch.cuda.current_stream(device))  # after the producer
+        # A copy between devices also waits for the destination's current stream (torch's
+        # copy_between_devices); an idle receiving stream there keeps it from waiting for the
+        # destination's compute.
+        receive = None
+        if torch.device(target).type == "cuda" and torch.device(target) != device:
+            receive = _stream(copy_streams, ("in", target), torch.device(target))
+        with torch.cuda.stream(stream):
+            if receive is None:
+                moved = value.to(target, non_blocking=True)
+            else:
+                with torch.cuda.stream(receive):
+                    moved = value.to(target, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(stream)
+        value.record_stream(stream)  # not reused before the copy has read it
+        call.cuda_events[number] = done
+        call.moved[number] = moved
+    elif torch.device(target).type == "cpu" and device.type == "cpu":
+        moved = value  # worker threads share memory: the tensor itself is handed over
+    else:
+        moved = _move(value, target)
+    call.values[key] = moved
+    call.ready[number].set()
+
+
+def _wait(call, step, device):
+    """Block until the handovers ``step`` reads are done; on CUDA, order the stream after them."""
+    for number in step[2]:
+        call.ready[number].wait()
+        if call.error is not None:
+            raise _Failed()
+        event = call.cuda_events[number]
+        if event is not None and device.type != "cuda":
+            event.synchronize()  # a copy from a GPU to this CPU worker must have landed
+        elif event is not None:
+            stream = torch.cuda.current_stream(device)
+            stream.wait_event(event)
+            call.moved[number].record_stream(stream)  # in use here until this stream is past it
+
+
+def _stream(streams, key, device):
+    """The CUDA stream kept under ``key``, made on ``device`` the first time."""
+    stream = streams.get(key)
+    if stream is None:
+        stream = streams[key] = torch.cuda.Stream(device)
+    return stream
+
+
+def _work(call, steps, functions, worker, copy_streams, finished, modes):
+    try:
+        grad, inference, caller_stream = modes  # the caller's thread-local state
+        with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+            if worker.stream is None:
+                _steps(call, steps, functions, worker.device, copy_streams)
+                return
+            worker.stream.wait_stream(caller_stream)  # the inputs the caller queued
+            with torch.cuda.stream(worker.stream):
+                _steps(call, steps, functions, worker.device, copy_streams)
+    except _Failed:
+        pass
+    except BaseException as error:
+        call.fail(error)
+    finally:
+        finished.release()
+
+
+def _steps(call, steps, functions, device, copy_streams):
+    for step in steps:
+        if step[0] == "run":
+            _wait(call, step, device)
+            functions[step[1]]()
+        else:
+            _hand_over(call, step, device, copy_streams)
+        for key in step[-1]:  # values this step was the last to read
+            call.values.pop(key, None)
+
+
+def _run_program(model, program, functions, call):
+    """Run ``program`` (per worker: its planned device, the device it runs on, its steps) on the
+    model's workers, one per planned device; return when all are done, raising the first error
+    any raised."""
+    workers = model.__dict__.setdefault("_autoplace_workers", {})
+    streams = model.__dict__.setdefault("_autoplace_copy_streams", {})
+    finished = _threading.Semaphore(0)
+    used = []
+    for planned, device, steps in program:
+        worker = workers.get(planned)
+        if worker is None or worker.device != device:
+            worker = workers[planned] = _Worker(device)
+        used.append(worker)
+        caller = torch.cuda.current_stream(device) if device.type == "cuda" else None
+        modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), caller)
+        worker.jobs.put(lambda steps=steps, worker=worker, modes=modes: _work(
+            call, steps, functions, worker, streams, finished, modes))
+    for _ in program:
+        finished.acquire()
+    for worker in used:
+        if worker.stream is not None:  # the caller's stream goes on after the workers' work
+            torch.cuda.current_stream(worker.device).wait_stream(worker.stream)
+    if call.error is not None:
+        raise call.error
+'''
+
+
+class SegmentCallLike(Protocol):
+    """What ``threaded_forward_source`` reads of a ``codegen.SegmentCall`` (not imported:
+    codegen writes this module's engine into ``model.py``)."""
+
+    index: int
+    planned_device: str
+    moves: tuple[tuple[str, str, bool], ...]
+    args: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+def threaded_forward_source(
+    *,
+    signature: str,
+    bindings: Sequence[str],
+    calls: Sequence[SegmentCallLike],
+    program: Program,
+    result: str,
+) -> str:
+    """The top-level ``def forward(self, ...)`` that runs ``program`` on worker threads: one
+    closure per segment (reads its inputs, calls the segment, stores its outputs), the program
+    as a literal, ``_run_program``, then the outputs bound to their names for ``result``.
+
+    Values live in one dict per call: a segment's outputs under their names, a handed-over value
+    under ``(name, planned device)``, a moved one under its new name. Each step lists the keys
+    whose last reader it is, and the worker drops them after it, so a value is freed after its
+    last use (the simulator's rule), not when the forward returns.
+    """
+    head = f"def forward(self, {signature}):" if signature else "def forward(self):"
+    lines = [head, *(f"    {line}" for line in bindings),
+             f"    _c = _Call({len(program.handovers)})"]
+    runs = {s.segment: s for steps in program.workers.values() for s in steps
+            if isinstance(s, Run)}
+    by_index = {call.index: call for call in calls}
+    reads: dict[int, list[object]] = {}
+    for call in calls:
+        caller = set(runs[call.index].inputs_from_caller)
+        target = f"self.seg{call.index}.device"
+        lines.append(f"    def _seg{call.index}():  # planned on {call.planned_device}")
+        local, read = set(), []
+        for new_name, value, is_tensor in call.moves:
+            local.add(new_name)
+            if value in caller:
+                move = (f"{value}.to({target}, non_blocking=False)" if is_tensor
+                        else f"_move({value}, {target})")
+                lines.append(f"        {new_name} = {move}")
+            else:
+                key = (value, call.planned_device)
+                read.append(key)
+                lines.append(f"        {new_name} = _c.values[{key!r}]")
+            # A later segment on this device reads the moved value under the same name.
+            lines.append(f"        _c.values[{new_name!r}] = {new_name}")
+        read += [a for a in call.args if a not in local]
+        reads[call.index] = read
+        args = ", ".join(a if a in local else f"_c.values[{a!r}]" for a in call.args)
+        invoke = f"self.seg{call.index}({args})"
+        if call.outputs:
+            lines.append(f"        _out = {invoke}")
+            for i, name in enumerate(call.outputs):
+                lines.append(f"        _c.values[{name!r}] = _out[{i}]")
+        else:
+            lines.append(f"        {invoke}")
+    functions = ", ".join(f"{c.index}: _seg{c.index}" for c in calls)
+    lines.append(f"    _functions = {{{functions}}}")
+    returned = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", result))
+    frees = _frees(program, by_index, reads, keep=returned)
+    lines.append("    _program = (")
+    for device, steps in program.workers.items():
+        first = next(s.segment for s in steps if isinstance(s, Run))
+        lines.append(f"        ({device!r}, self.seg{first}.device, (")
+        for position, step in enumerate(steps):
+            drop = tuple(frees.get((device, position), ()))
+            if isinstance(step, Run):
+                lines.append(f"            ('run', {step.segment}, {step.waits!r}, {drop!r}),")
+            else:
+                reader = next(c.index for c in calls if c.planned_device == step.dst_device)
+                lines.append(f"            ('send', {step.id}, {step.value!r}, "
+                             f"self.seg{reader}.device, {(step.value, step.dst_device)!r}, "
+                             f"{drop!r}),")
+        lines.append("        )),")
+    lines.append("    )")
+    lines.append("    _run_program(self, _program, _functions, _c)")
+    for call in calls:
+        for name in call.outputs:
+            if name in returned:
+                lines.append(f"    {name} = _c.values[{name!r}]")
+    lines.append(f"    return {result}")
+    return "\n".join(lines) + "\n"
+
+
+def _frees(
+    program: Program,
+    calls: Mapping[int, SegmentCallLike],
+    reads: Mapping[int, Sequence[object]],
+    *,
+    keep: set[str],
+) -> dict[tuple[str, int], list[object]]:
+    """``(worker, step position) -> keys to drop after that step``: each key at its last
+    reader, or where it is written when nothing reads it; never a key the result returns.
+
+    Every key is read on one worker only (a segment's outputs on its own device's worker, by its
+    segments and handovers; a handed-over or moved value by the segments of the device it was
+    handed to), so "last" is well defined within that worker's order.
+    """
+    last: dict[object, tuple[str, int]] = {}
+    for device, steps in program.workers.items():
+        for position, step in enumerate(steps):
+            if isinstance(step, Run):
+                call = calls[step.segment]
+                written = [*call.outputs, *(new for new, _, _ in call.moves)]
+                for key in written:
+                    last.setdefault(key, (device, position))
+                for key in reads[step.segment]:
+                    last[key] = (device, position)
+            else:  # written here, read (and so dropped) by a segment on the destination
+                last.setdefault((step.value, step.dst_device), (device, position))
+                last[step.value] = (device, position)
+    frees: dict[tuple[str, int], list[object]] = {}
+    for key, where in last.items():
+        if not (isinstance(key, str) and key in keep):
+            frees.setdefault(where, []).append(key)
+    return frees
+
+
+@dataclass(frozen=True)
+class Replay:
+    """The program played back under the plan's costs: when each segment starts and ends, and
+    the makespan, to hold against the simulator's."""
+
+    makespan_s: float
+    start_s: Mapping[int, float]
+    end_s: Mapping[int, float]
+
+    def error(self, simulated_s: float) -> float:
+        """``|replayed - simulated| / simulated`` (0 when both are 0)."""
+        if simulated_s <= 0:
+            return 0.0 if self.makespan_s <= 0 else float("inf")
+        return abs(self.makespan_s - simulated_s) / simulated_s
+
+
+def replay(
+    program: Program,
+    segment_ops: Sequence[Sequence[str]],
+    *,
+    problem: Problem,
+    schedule: Schedule,
+    copy_streams: bool = False,
+    segment_s: Sequence[float] | None = None,
+) -> Replay:
+    """Play ``program`` back under ``problem``'s op and link costs on the schedule's devices.
+
+    ``segment_ops[i]`` are the fx op names of segment ``i`` (``SegmentInfo.nodes``). A segment
+    takes the time of the plan's nodes it runs (a node whose ops fall in several segments is
+    split among them by op count); it starts when its worker is free and the handovers it waits
+    for have arrived, and a model input it moves itself arrives when the simulator says the
+    input node's edge does. A handover arrives the link's delay after its producer segment ends,
+    as the simulator sends a node's output when the node ends; it does not hold its worker (a
+    reference on worker threads, a copy stream on GPUs). Workers run their steps in order, and
+    the segments' order is topological, so the replay takes the segments in that order.
+
+    With ``copy_streams`` a GPU's handovers also queue on its one copy stream, as the runtime
+    issues them; the simulator lets copies overlap each other, so this measures what that
+    assumption is worth on a plan. ``segment_s`` replaces the segments' durations (measured
+    ones, say), keeping the plan's handover delays.
+    """
+    graph, costs = problem.graph, problem.costs
+    device_of = schedule.placement.device_of
+    by_torch = {d.torch_device: d.name for d in problem.cluster.devices}
+    op_node = {op: node.name for node in graph.nodes for op in node.ops}
+
+    def node_of(value: str) -> str | None:
+        return op_node.get(program.origin.get(value, value))
+
+    segment_of_op = {op: i for i, ops in enumerate(segment_ops) for op in ops}
+    cost = [0.0] * len(segment_ops)
+    for node in graph.nodes:
+        here = [segment_of_op[op] for op in node.ops if op in segment_of_op]
+        for i in here:
+            cost[i] += costs.of(node.name, device_of[node.name]) / len(here)
+    if segment_s is not None:  # measured durations instead of the plan's
+        cost = list(segment_s)
+    device_of_segment: dict[int, str] = {}
+    runs: dict[int, Run] = {}
+    for worker, steps in program.workers.items():
+        for step in steps:
+            if isinstance(step, Run):
+                runs[step.segment] = step
+                device_of_segment[step.segment] = by_torch.get(worker, worker)
+    arrival: dict[int, float] = {}
+    free = dict.fromkeys(device_of_segment.values(), 0.0)
+    start: dict[int, float] = {}
+    end: dict[int, float] = {}
+    issued: dict[int, list[Handover]] = {}
+    engine_free: dict[str, float] = {}
+    for h in program.handovers:
+        issued.setdefault(h.after, []).append(h)
+    for index in sorted(runs):
+        run, device = runs[index], device_of_segment[index]
+        ready = max((arrival[w] for w in run.waits), default=0.0)
+        for name in run.inputs_from_caller:
+            ready = max(ready, _input_arrival_s(problem, device_of, node_of(name), device))
+        start[index] = max(free[device], ready)
+        end[index] = free[device] = start[index] + cost[index]
+        for h in issued.get(index, ()):
+            took = _handover_s(problem, device_of, node_of(h.value), device,
+                               by_torch[h.dst_device])
+            began = end[index]
+            if copy_streams and h.src_device.startswith("cuda"):
+                # One copy stream per GPU: its copies run one after another, in issue order.
+                began = max(began, engine_free.get(h.src_device, 0.0))
+                engine_free[h.src_device] = began + took
+            arrival[h.id] = began + took
+    return Replay(makespan_s=max(end.values(), default=0.0), start_s=start, end_s=end)
+
+
+def _input_arrival_s(problem: Problem, device_of: Mapping[str, str], node: str | None,
+                     device: str) -> float:
+    """When the simulator has model input ``node`` on ``device``: its edge's delay from the
+    device the plan put the input on (0 there, or for an input the graph does not hold)."""
+    if node is None:
+        return 0.0
+    return max((problem.delay_s(e, device_of[node], device)
+                for e in problem.graph.out_edges(node) if device_of[e.dst] == device),
+               default=0.0)
+
+
+def _handover_s(problem: Problem, device_of: Mapping[str, str], node: str | None, src: str,
+                dst: str) -> float:
+    """The simulator's delay for ``node``'s value from ``src`` to ``dst``: the largest over its
+    edges read on ``dst`` (``simulate.copies``); a value no edge carries (a parameter two
+    devices share) costs the link's latency."""
+    if node is not None:
+        delays = [problem.delay_s(e, src, dst) for e in problem.graph.out_edges(node)
+                  if device_of[e.dst] == dst]
+        if delays:
+            return max(delays)
+    return problem.cluster.transfer_s(src, dst, 0)
