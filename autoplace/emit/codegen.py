@@ -269,8 +269,15 @@ def model_source(
     extra_globals: Mapping[str, Any],
     planned_devices: Sequence[str],
     forward: str,
+    threaded: str | None = None,
+    runtime: str = "sequential",
 ) -> str:
-    """The complete ``model.py``: header, imports, helpers, segment classes, top-level class."""
+    """The complete ``model.py``: header, imports, helpers, segment classes, top-level class.
+
+    ``forward`` is the sequential forward's source and ``threaded`` the threaded runtime's, if
+    any: both are kept (``forward_sequential``, ``forward_threaded``) and ``runtime`` says which
+    one ``forward`` runs, so a loaded model can still run its segments in order on one thread
+    (memory measurement needs that: ``memory.py``)."""
     count = len(planned_devices)
     placement = ", ".join(f"seg{i} on {device}" for i, device in enumerate(planned_devices))
     header = (
@@ -287,6 +294,7 @@ def model_source(
     )
     init = [
         f"    planned_devices = {tuple(planned_devices)!r}",
+        f"    runtime = {runtime!r}  # or 'sequential': which forward runs when called",
         "",
         "    def __init__(self, devices=planned_devices, *, in_spec=None, out_spec=None):",
         "        super().__init__()",
@@ -294,7 +302,20 @@ def model_source(
         "        self._in_spec = in_spec",
         "        self._out_spec = out_spec",
     ]
-    forward_body = "\n".join(("    " + line) if line else "" for line in forward.splitlines())
+    forwards = [forward.replace("def forward(", "def forward_sequential(", 1)]
+    if threaded:
+        forwards.append(threaded.replace("def forward(", "def forward_threaded(", 1))
+    else:
+        runtime = "sequential"
+    dispatch = [
+        "def forward(self, *args, **kwargs):",
+        "    if self.runtime == 'threaded':",
+        "        return self.forward_threaded(*args, **kwargs)",
+        "    return self.forward_sequential(*args, **kwargs)",
+    ]
+    forward_body = "\n\n".join(
+        "\n".join(("    " + line) if line else "" for line in source.splitlines())
+        for source in (*forwards, "\n".join(dispatch)))
     top = "\n".join(
         [
             f"class {MODEL_CLASS_NAME}(torch.nn.Module):",

@@ -65,8 +65,9 @@ def save_model(model: PartitionedModel, directory: str | Path) -> None:
         classes=classes,
         extra_globals=extra,
         planned_devices=model.planned_devices,
-        # The forward that runs when the model is called: the threaded runtime's, when chosen.
-        forward=model.threaded_source if model.runtime == "threaded" else model.forward_source,
+        forward=model.forward_source,
+        threaded=model.threaded_source,
+        runtime=model.runtime,
     )
     compile(source, "model.py", "exec")  # a SyntaxError here is an autoplace bug, not the user's
 
