@@ -81,7 +81,7 @@ def plan(
 
     traced = trace_model(model, args, kwargs, name=name)
     notes += traced.notes
-    profiled = None
+    profiled, graph = None, traced.graph
     if profile:
         from autoplace.profile import open_cache, profile_model
 
@@ -90,11 +90,12 @@ def plan(
                                  progress=progress)
         notes += profiled.notes
         cluster = profiled.apply_links(cluster)
-    costs = cost_nodes(traced.graph, cluster,
+        graph = profiled.with_workspace(graph)
+    costs = cost_nodes(graph, cluster,
                        measured=profiled.measured() if profiled else None,
                        fits=profiled.fits if profiled else None)
     smallest = min(d.memory_bytes for d in cluster.devices)
-    coarse = coarsen(traced.graph, costs, max_nodes=max_nodes,
+    coarse = coarsen(graph, costs, max_nodes=max_nodes,
                      max_group_bytes=max(smallest // 4, 1))
     problem = Problem(graph=coarse.graph, cluster=cluster, costs=coarse.costs)
     result = solve(problem, options=options)
