@@ -61,10 +61,10 @@ class ProfileResult:
         return out
 
     def with_workspace(self, graph: OpGraph) -> OpGraph:
-        """``graph`` with each op's ``workspace_bytes`` set to the largest workspace measured
+        """``graph`` with each op's ``workspace_bytes`` raised to the largest workspace measured
         for it on any device (a GPU's allocator peak above inputs and outputs, see
         ``ops._memory``), which the simulator charges while the op runs. Ops measured on the CPU
-        only, or not at all, keep 0: the CPU allocator keeps no peak (``docs/profiling.md``)."""
+        only, or not at all, keep what the trace found (``docs/profiling.md``)."""
         most: dict[str, int] = {}
         for dp in self.devices:
             for node, op in dp.ops.items():
@@ -73,7 +73,8 @@ class ProfileResult:
         if not most:
             return graph
         return replace(graph, nodes=tuple(
-            replace(n, workspace_bytes=most[n.name]) if n.name in most else n
+            replace(n, workspace_bytes=max(n.workspace_bytes, most[n.name]))
+            if n.name in most else n
             for n in graph.nodes))
 
     def apply_links(self, cluster: Cluster) -> Cluster:
