@@ -15,7 +15,9 @@ always applied, since it loses nothing; ``fold`` applies it alone):
 A group never grows past ``max_group_bytes`` of parameters, so coarsening cannot make a model
 unplaceable. Each coarse node's ``ops`` lists the traced ops it stands for; expanding a plan back
 is reading those lists. Costs of a group are the sums of its members' costs, and an edge between
-groups carries each producer's output once.
+groups carries each producer's output once. A group's ``workspace_bytes`` is its internal peak
+(``_internal_peak``): what its members hold while it runs beyond the outputs it passes on, so the
+simulator's memory stays an upper bound of the ops run one by one.
 
 The pipeline plans on the **folded** graph (``fold``: lossless, so a makespan, a bound or a
 memory figure on it holds for the traced graph) and hands the solver ``coarsen``'s smaller
@@ -101,6 +103,36 @@ def _merge_runs(
     return merged
 
 
+def _internal_peak(graph: OpGraph, members: Sequence[str], crossing: set[str]) -> int:
+    """The most bytes a group holds at once beyond its ``crossing`` outputs (which the simulator
+    charges for the whole group anyway), running ``members`` in order as the emitted segment
+    does: member ``i`` holds its own workspace, and every earlier non-crossing member's output
+    that a member at ``i`` or later still reads (torch.fx frees a value after its last use);
+    its own output too, even if nothing reads it. A member that launches no kernel (a view)
+    allocates nothing: it keeps its producer's storage alive instead."""
+    position = {name: i for i, name in enumerate(members)}
+    owner: dict[str, str] = {}  # whose storage a member's output is
+    last: dict[str, int] = {}  # the storage's last reader in the group
+    for j, name in enumerate(members):
+        node = graph.node(name)
+        preds = [e.src for e in graph.in_edges(name) if e.src in position]
+        view = node.launches == 0 and not node.is_input and len(preds) == 1
+        owner[name] = owner[preds[0]] if view else name
+        readers = [position[e.dst] for e in graph.out_edges(name) if e.dst in position]
+        last[owner[name]] = max([last.get(owner[name], j), j, *readers])
+    # Difference array over positions: a storage is alive from its maker through its last reader.
+    delta = [0] * (len(members) + 1)
+    for j, name in enumerate(members):
+        if owner[name] == name and name not in crossing:
+            delta[j] += graph.node(name).output_bytes
+            delta[last[name] + 1] -= graph.node(name).output_bytes
+    peak, alive = 0, 0
+    for i, name in enumerate(members):
+        alive += delta[i]
+        peak = max(peak, alive + graph.node(name).workspace_bytes)
+    return peak
+
+
 def _build(graph: OpGraph, costs: Costs, groups: list[list[str]]) -> tuple[OpGraph, Costs]:
     group_of = {name: gi for gi, members in enumerate(groups) for name in members}
     names = [members[0] for members in groups]
@@ -135,6 +167,7 @@ def _build(graph: OpGraph, costs: Costs, groups: list[list[str]]) -> tuple[OpGra
             output_dtypes=tuple(d for p in crossing for d in p.output_dtypes),
             output_bytes=sum(p.output_bytes for p in crossing),
             param_bytes=sum(p.param_bytes for p in parts),
+            workspace_bytes=_internal_peak(graph, members, {p.name for p in crossing}),
             flops=sum(p.flops for p in parts),
             bytes_accessed=sum(p.bytes_accessed for p in parts),
             launches=sum(p.launches for p in parts),

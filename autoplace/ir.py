@@ -43,7 +43,10 @@ class OpNode:
 
     ``param_bytes`` are the parameters and buffers resident on the node's device (each tensor is
     attributed to exactly one node; nodes that share a tensor are colocated instead).
-    ``output_bytes`` is the size of everything the node produces. ``flops`` and
+    ``output_bytes`` is the size of everything the node produces. ``workspace_bytes`` is what
+    it needs while it runs beyond its inputs and outputs: an op's scratch memory as profiled on
+    a GPU (``torch.cuda.max_memory_allocated`` above inputs and outputs), or a coarse group's
+    internal peak (its members' intermediates, see ``autoplace.coarsen``). ``flops`` and
     ``bytes_accessed`` feed the analytic cost model; ``launches`` counts kernels.
     """
 
@@ -56,6 +59,7 @@ class OpNode:
     output_dtypes: tuple[str, ...] = ()
     output_bytes: int = 0
     param_bytes: int = 0
+    workspace_bytes: int = 0
     flops: float = 0.0
     bytes_accessed: int = 0
     launches: int = 0
@@ -64,7 +68,7 @@ class OpNode:
     def __post_init__(self) -> None:
         if not self.ops:
             object.__setattr__(self, "ops", (self.name,))
-        if self.output_bytes < 0 or self.param_bytes < 0:
+        if self.output_bytes < 0 or self.param_bytes < 0 or self.workspace_bytes < 0:
             raise GraphError(f"node {self.name!r} has negative bytes")
 
 
@@ -222,11 +226,19 @@ class Device:
     # Whether copies to and from this device count in its pipelined load. A host CPU whose
     # copies are driven by the accelerators' DMA engines pays none (Tarnawski et al. count it so).
     charges_transfers: bool = True
+    # Memory the runtime holds before any tensor (CUDA context, cuBLAS workspace): charged as
+    # resident. Defaults per device type in ``cost_models.devices``; a cluster file overrides.
+    reserved_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.memory_bytes <= 0:
             raise DeviceSpecError(
                 f"device {self.name!r} has memory_bytes={self.memory_bytes}: it must be positive"
+            )
+        if not 0 <= self.reserved_bytes < self.memory_bytes:
+            raise DeviceSpecError(
+                f"device {self.name!r} reserves {self.reserved_bytes} bytes of its "
+                f"{self.memory_bytes}: the reserve must be >= 0 and below the memory"
             )
         if not self.torch_device:
             object.__setattr__(self, "torch_device", self.name.rsplit("/", 1)[-1])

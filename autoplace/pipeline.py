@@ -93,7 +93,7 @@ def plan(
 
     traced = trace_model(model, args, kwargs, name=name)
     notes += traced.notes
-    profiled = None
+    profiled, graph = None, traced.graph
     if profile:
         from autoplace.profile import open_cache, profile_model
 
@@ -102,13 +102,14 @@ def plan(
                                  progress=progress)
         notes += profiled.notes
         cluster = profiled.apply_links(cluster)
-    costs = cost_nodes(traced.graph, cluster,
+        graph = profiled.with_workspace(graph)
+    costs = cost_nodes(graph, cluster,
                        measured=profiled.measured() if profiled else None,
                        fits=profiled.fits if profiled else None)
-    notes += [n for n in [analytic_cpu_note(traced.graph, cluster, costs)] if n]
-    folded = fold(traced.graph, costs)
+    notes += [n for n in [analytic_cpu_note(graph, cluster, costs)] if n]
+    folded = fold(graph, costs)
     problem = Problem(graph=folded.graph, cluster=cluster, costs=folded.costs)
-    extra, accelerate_notes = accelerate_baselines(model, traced.graph, problem)
+    extra, accelerate_notes = accelerate_baselines(model, graph, problem)
     notes += accelerate_notes
     result, gain = _min_gain(solve(problem, options=options, extra_baselines=extra), min_gain)
     notes += result.notes

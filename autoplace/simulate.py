@@ -11,10 +11,16 @@ Model (the same one ``plan.json`` documents, so anyone can re-check a plan):
 * with ``Placement.order`` each device runs its nodes in exactly that order; without it a device
   that falls idle starts its ready node of highest upward rank (list scheduling, as HEFT ranks).
 
-Memory on a device is its resident parameters plus live activations: a node's output is allocated
-when the node starts and freed when its last reader on that device has finished and its last
-outgoing transfer is done; a copy received from another device lives from the transfer's start
-until its last reader there finishes; the model's outputs live to the end.
+Memory on a device is its resident bytes (the runtime's reserve, ``Device.reserved_bytes``, plus
+parameters) plus live activations, as the emitted model holds them. The emitted model runs the
+nodes in order of start, one segment per run of nodes on one device; it frees each value right
+after the segment call that last reads it or the copy that last reads it, and a segment's inputs
+stay referenced until it returns. So a node's output is allocated when the node starts and freed
+once the segments of its readers on its device have ended, its last outgoing transfer is done,
+and the first segment reading it on each other device has started (the copy is made then); a
+copy received from another device lives from the transfer's start until the segment of its last
+reader there ends; a node's ``workspace_bytes`` are held while it runs; the model's inputs and
+outputs live to the end (the caller holds them).
 
 For pipelined execution (the ``throughput`` objective) each device's **load** per pass is its
 compute plus its communication, as PipeDream and Tarnawski et al. (NeurIPS 2020) define it: a
@@ -250,6 +256,30 @@ def _input_counts(graph: OpGraph) -> dict[str, int]:
     return {n.name: len({e.src for e in graph.in_edges(n.name)}) for n in graph.nodes}
 
 
+def _segment_spans(
+    graph: OpGraph, device_of: Mapping[str, str], start: Mapping[str, float],
+    end: Mapping[str, float],
+) -> tuple[dict[str, int], dict[str, float], dict[str, float]]:
+    """Each node's emitted segment: its index, when it starts and when it ends. The emitted
+    model runs the nodes
+    in order of start (``emit._op_order``'s key) and cuts a segment wherever the device changes;
+    a segment's inputs stay referenced until its call returns."""
+    ordered = sorted(graph.nodes, key=lambda n: (start[n.name], end[n.name], graph.index[n.name]))
+    runs: list[list[str]] = []
+    for node in ordered:
+        if not runs or device_of[runs[-1][0]] != device_of[node.name]:
+            runs.append([])
+        runs[-1].append(node.name)
+    seg: dict[str, int] = {}
+    seg_start: dict[str, float] = {}
+    seg_end: dict[str, float] = {}
+    for index, run in enumerate(runs):
+        first, last = min(start[n] for n in run), max(end[n] for n in run)
+        for name in run:
+            seg[name], seg_start[name], seg_end[name] = index, first, last
+    return seg, seg_start, seg_end
+
+
 def _memory(
     problem: Problem,
     device_of: dict[str, str],
@@ -258,22 +288,36 @@ def _memory(
     transfers: list[Transfer],
     makespan: float,
 ) -> tuple[dict[str, int], dict[str, int], dict[str, tuple[tuple[float, int], ...]]]:
+    """Resident bytes, peak bytes and the timeline per device, under the emitted model's rule:
+    a value lives until the segment of its last reader returns (see ``_segment_spans``)."""
     graph, cluster = problem.graph, problem.cluster
-    resident = dict.fromkeys(cluster.names, 0)
+    resident = {d.name: d.reserved_bytes for d in cluster.devices}
     for node in graph.nodes:
         resident[device_of[node.name]] += node.param_bytes
-    outputs = set(graph.outputs)
-    # For each (buffer, device): when its last reader there ends, and whether a reader ending
-    # then took no time (it still needs the buffer at that instant, see the ordering below).
+    seg, seg_start, seg_end = _segment_spans(graph, device_of, start, end)
+    # For each (buffer, device): when its last reader's segment there ends, and whether that
+    # segment took no time (it still needs the buffer at that instant, see the ordering below);
+    # and when the first segment reading it on another device starts: the emitted model copies
+    # it there then, so the original lives at least until that copy.
     last_read: dict[tuple[str, str], float] = {}
     instant_read: set[tuple[str, str]] = set()
+    copied_at: dict[str, float] = {}
     for e in graph.edges:
-        key, t = (e.src, device_of[e.dst]), end[e.dst]
+        # Read inside its own segment, a value goes when its reader is done (fx frees it); read
+        # by another segment, when that segment returns; and it leaves its own segment at the end.
+        inside = seg[e.src] == seg[e.dst]
+        key = (e.src, device_of[e.dst])
+        t = end[e.dst] if inside else max(seg_end[e.dst], seg_end[e.src])
+        began = start[e.dst] if inside else seg_start[e.dst]
         if t > last_read.get(key, -1.0):
             last_read[key] = t
             instant_read.discard(key)
-        if t == last_read[key] and start[e.dst] == t:
+        if t == last_read[key] and began == t:
             instant_read.add(key)
+        if device_of[e.dst] != device_of[e.src]:
+            copy_s = min(seg_start[r.dst] for r in graph.out_edges(e.src)
+                         if device_of[r.dst] == device_of[e.dst])
+            copied_at[e.src] = max(copied_at.get(e.src, 0.0), copy_s)
     sent_until: dict[str, float] = {}
     for t in transfers:
         sent_until[t.src] = max(sent_until.get(t.src, 0.0), t.end_s)
@@ -284,25 +328,28 @@ def _memory(
     # by a zero-time reader or because it was allocated then, is freed after them (phase 2).
     deltas: dict[str, list[tuple[float, int, int]]] = defaultdict(list)
 
-    def add(dev: str, nbytes: int, alloc_at: float, free_at: float, key: tuple[str, str]) -> None:
-        instant = free_at == alloc_at or (key in instant_read and free_at == last_read[key])
-        deltas[dev].append((alloc_at, 1, nbytes))
-        deltas[dev].append((free_at, 2 if instant else 0, -nbytes))
+    def add(dev: str, nbytes: int, alloc_at: float, free_at: float, instant: bool) -> None:
+        if nbytes:
+            deltas[dev].append((alloc_at, 1, nbytes))
+            deltas[dev].append((free_at, 2 if instant or free_at == alloc_at else 0, -nbytes))
 
+    # The caller holds the inputs and receives the outputs: both live to the end.
+    kept = set(graph.outputs) | {n.name for n in graph.nodes if n.is_input}
     for node in graph.nodes:
-        dev, nbytes = device_of[node.name], node.output_bytes
-        if nbytes == 0:
-            continue
-        free_at = max(end[node.name], last_read.get((node.name, dev), 0.0),
-                      sent_until.get(node.name, 0.0))
-        if node.name in outputs:
+        dev, key = device_of[node.name], (node.name, device_of[node.name])
+        free_at = max(end[node.name], last_read.get(key, 0.0), sent_until.get(node.name, 0.0),
+                      copied_at.get(node.name, 0.0))
+        if node.name in kept:
             free_at = makespan
-        add(dev, nbytes, start[node.name], free_at, (node.name, dev))
+        add(dev, node.output_bytes, start[node.name], free_at,
+            key in instant_read and free_at == last_read[key])
+        # Scratch memory (a profiled op's workspace, a group's internal peak) while it runs.
+        add(dev, node.workspace_bytes, start[node.name], end[node.name], False)
     for t in transfers:
-        if t.bytes == 0:
-            continue
         key = (t.src, t.dst_device)
-        add(t.dst_device, t.bytes, t.start_s, max(last_read.get(key, t.end_s), t.end_s), key)
+        free_at = max(last_read.get(key, t.end_s), t.end_s)
+        add(t.dst_device, t.bytes, t.start_s, free_at,
+            key in instant_read and free_at == last_read[key])
 
     peak: dict[str, int] = {}
     timeline: dict[str, tuple[tuple[float, int], ...]] = {}

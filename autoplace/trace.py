@@ -20,6 +20,7 @@ import math
 import operator
 import re
 import warnings
+import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,7 @@ from typing import Any
 import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from autoplace.errors import TraceError
@@ -141,8 +143,33 @@ def _fake_like(t: torch.Tensor, device: str) -> torch.Tensor:
     return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=device)
 
 
+class _Transient(TorchDispatchMode):
+    """The most bytes the tensors one op makes hold at once, its result's included: an op that
+    ATen decomposes (``max_pool2d`` into ``max_pool2d_with_indices``, whose int64 indices it
+    drops) holds more than its output while it runs. Works on fake tensors: no memory is used."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.made: list[tuple[weakref.ref[torch.Tensor], int, int]] = []
+        self.peak_bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        out = func(*args, **(kwargs or {}))
+        made = {key for _, key, _ in self.made}
+        # A view of the op's own input holds no new memory.
+        given = {t.untyped_storage()._cdata for t in _tensors((args, kwargs))} - made
+        for t in _tensors(out):
+            storage = t.untyped_storage()
+            if storage._cdata not in given:
+                self.made.append((weakref.ref(t), storage._cdata, storage.nbytes()))
+        alive = {key: nbytes for ref, key, nbytes in self.made if ref() is not None}
+        self.peak_bytes = max(self.peak_bytes, sum(alive.values()))
+        return out
+
+
 class _CountingInterpreter(torch.fx.Interpreter):
-    """Runs each node on fake tensors under FlopCounterMode, recording FLOPs and results."""
+    """Runs each node on fake tensors under FlopCounterMode, recording FLOPs and results, and
+    what each op holds beyond its output while it runs (``_Transient``)."""
 
     def __init__(self, module: torch.fx.GraphModule, fake_mode: FakeTensorMode, device: str):
         super().__init__(module, garbage_collect_values=False)
@@ -151,6 +178,7 @@ class _CountingInterpreter(torch.fx.Interpreter):
         self.flops: dict[str, int] = {}
         self.values: dict[str, Any] = {}
         self.failed: list[str] = []
+        self.transient_bytes: dict[str, int] = {}
 
     def get_attr(self, target, args, kwargs):  # noqa: ANN001 - fx signature
         value = super().get_attr(target, args, kwargs)
@@ -162,10 +190,12 @@ class _CountingInterpreter(torch.fx.Interpreter):
         if n.op in ("placeholder", "output", "get_attr"):
             result = super().run_node(n)
         else:
-            counter = FlopCounterMode(display=False)
-            with counter:
+            counter, transient = FlopCounterMode(display=False), _Transient()
+            with counter, transient:
                 result = super().run_node(n)
             self.flops[n.name] = int(counter.get_total_flops()) or self._window_reads(n, result)
+            output_bytes = sum(_nbytes(t) for t in _tensors(result))
+            self.transient_bytes[n.name] = max(0, transient.peak_bytes - output_bytes)
         self.values[n.name] = result
         return result
 
@@ -343,6 +373,7 @@ def _op_node(
         output_dtypes=tuple(str(t.dtype).removeprefix("torch.") for t in outs),
         output_bytes=out_bytes,
         param_bytes=param_bytes,
+        workspace_bytes=interp.transient_bytes.get(n.name, 0),
         flops=float(interp.flops.get(n.name, 0)),
         bytes_accessed=accessed,
         launches=launches,

@@ -18,6 +18,9 @@ Conventions, so entries compare like for like:
   after the CUDA context; the H200 is the exception noted at its entry.
 * ``launch_overhead_s`` is an *estimate* of PyTorch eager's per-kernel dispatch and launch cost
   (a few microseconds on GPUs), not a datasheet figure.
+* ``reserved_bytes`` is the memory the runtime holds before any tensor: on a GPU the CUDA context
+  with every module loaded plus one cuBLAS workspace (``GPU_RUNTIME_RESERVE_BYTES``, sources at
+  the constant), on a CPU nothing. A plan charges it as resident; a cluster file overrides it.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from types import MappingProxyType
 
 __all__ = [
     "DEVICE_CATALOG",
+    "GPU_RUNTIME_RESERVE_BYTES",
     "DeviceType",
     "UnknownDeviceTypeError",
     "UnknownNameError",
@@ -140,6 +144,11 @@ class DeviceType:
         # A read-only copy, so a catalog entry cannot be changed through the dict it was built from.
         object.__setattr__(self, "peak_flops_per_s", MappingProxyType(dict(self.peak_flops_per_s)))
 
+    @property
+    def reserved_bytes(self) -> int:
+        """The runtime's memory before any tensor (see the module docstring): by kind."""
+        return GPU_RUNTIME_RESERVE_BYTES if self.kind == "gpu" else 0
+
     def __hash__(self) -> int:
         # The generated hash would fail on the mapping field; names are unique in the catalog.
         return hash((self.name, self.memory_bytes))
@@ -160,6 +169,14 @@ class DeviceType:
 
 GPU_LAUNCH_OVERHEAD_S = 5e-6  # estimate: PyTorch eager dispatch + cudaLaunchKernel, a few us
 CPU_LAUNCH_OVERHEAD_S = 1e-6  # estimate: PyTorch eager dispatch of a CPU kernel
+
+# What a GPU loses to PyTorch's runtime before the first tensor: the CUDA context with all modules
+# loaded eagerly, 666,632,192 bytes as PyTorch's developers measured it (pytorch/pytorch PR
+# #86509; lazy loading, the default since CUDA 12.2, starts at 287,047,680 and grows toward it as
+# kernels load, so the eager figure bounds it), plus one cuBLAS workspace of 32 MiB (PyTorch's
+# default on sm90, 4096 KiB x 8, the largest of its defaults: aten/src/ATen/cuda/
+# CublasHandlePool.cpp). Not a datasheet figure: a cluster file's reserve_bytes replaces it.
+GPU_RUNTIME_RESERVE_BYTES = 666_632_192 + 32 * 2**20
 
 
 def _host_memory_bytes() -> int:

@@ -76,3 +76,28 @@ def test_fold_is_coarsen_without_a_budget():
     assert len(folded.graph.nodes) < len(traced.graph.nodes)
     # Coarsening the folded graph folds nothing more: the solver's coarse graph groups F's nodes.
     assert len(fold(folded.graph, folded.costs).graph.nodes) == len(folded.graph.nodes)
+
+
+def test_a_group_counts_its_internal_peak_as_workspace():
+    # x (input) -> a (100 B) -> b (200 B, 1000 B of scratch) -> v (a view of b) -> c (50 B, the
+    # output), and a -> c. Grouped as one node [a, b, v, c] behind x; c leaves the group, so the
+    # simulator charges its 50 B anyway. Inside: a lives until c reads it, b until c reads its
+    # view v; at b: a 100 + b 200 + scratch 1000 = 1300, at v and c: 100 + 200 (v adds nothing).
+    from autoplace.ir import Costs, Edge, OpGraph, OpNode
+
+    def op(name: str, nbytes: int, **kw: object) -> OpNode:
+        return OpNode(name=name, module="m", output_bytes=nbytes, launches=1, **kw)
+
+    graph = OpGraph(
+        nodes=(OpNode(name="x", is_input=True, output_bytes=40), op("a", 100),
+               op("b", 200, workspace_bytes=1000), OpNode(name="v", module="m", output_bytes=200),
+               op("c", 50)),
+        edges=(Edge("x", "a", 40), Edge("a", "b", 100), Edge("b", "v", 200),
+               Edge("v", "c", 200), Edge("a", "c", 100)),
+        outputs=("c",),
+    )
+    costs = Costs(compute_s={n.name: {"cpu": 1.0} for n in graph.nodes})
+    coarse = coarsen(graph, costs, max_nodes=2)
+    (group,) = [n for n in coarse.graph.nodes if not n.is_input]
+    assert group.ops == ("a", "b", "v", "c") and group.output_bytes == 50
+    assert group.workspace_bytes == 1300

@@ -30,6 +30,7 @@ from autoplace.errors import DeviceSpecError
 from autoplace.formats import cluster as cluster_format
 from autoplace.ir import Cluster
 from cost_models import catalog_names, get_link_kind
+from cost_models.devices import GPU_RUNTIME_RESERVE_BYTES
 
 GIB = 2**30
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -408,6 +409,10 @@ def test_the_documented_example_loads(tmp_path: Path) -> None:
         "node1/cuda:1",
     )
     assert cluster.device("node1/cuda:1").memory_bytes == 75_000_000_000
+    # reserve_bytes: node0's for its spec list, node1/cuda:1's own, node1/cuda:0 the GPU default
+    assert {d.name: d.reserved_bytes for d in cluster.devices} == {
+        "node0/cuda:0": 0, "node0/cuda:1": 0, "node0/cpu": 0,
+        "node1/cuda:0": GPU_RUNTIME_RESERVE_BYTES, "node1/cuda:1": 1_000_000_000}
     link = cluster.link("node1/cuda:0", "node0/cuda:0")
     assert (link.bandwidth_bytes_per_s, link.latency_s, link.kind) == (25e9, 5e-6, "network")
     assert cluster.link("node1/cuda:0", "node1/cuda:1").kind == "pcie4"  # A100-40GB <-> A100-80GB
@@ -537,3 +542,15 @@ def test_format_catalog_with_gpus() -> None:
     assert "no GPU found" not in text
     assert "cuda:0  NVIDIA A100-SXM4-40GB  40.0 GiB  -> A100-40GB" in text
     assert "NVIDIA L40S" in text and "not in the catalog" in text
+
+
+def test_a_capped_gpu_below_its_runtime_reserve_is_refused_unless_the_reserve_is_set(
+    tmp_path: Path,
+) -> None:
+    text = '[[devices]]\ntype = "A100-40GB"\nmemory_bytes = 300_000_000\n'
+    with pytest.raises(DeviceSpecError, match=r"devices\[0\].*reserves.*set reserve_bytes"):
+        load_cluster_file(write(tmp_path, text))
+    cluster = load_cluster_file(write(tmp_path, text + "reserve_bytes = 0\n"))
+    assert cluster.devices[0].reserved_bytes == 0
+    with pytest.raises(DeviceSpecError, match="reserve_bytes"):
+        load_cluster_file(write(tmp_path, text + "reserve_bytes = -1\n"))

@@ -14,6 +14,7 @@ import copy
 import json
 import logging
 import math
+import weakref
 from pathlib import Path
 
 import pytest
@@ -194,7 +195,8 @@ def test_mlp_splits_into_two_segments_holding_their_layers_params(mlp):
         )
         for name, tensor in own.items():
             torch.testing.assert_close(tensor, original[name], rtol=0, atol=0)
-            assert tensor.data_ptr() != original[name].data_ptr()  # a copy, not an alias
+            # planned on cuda:*, materialized on the cpu the weights are on: shared, not copied
+            assert tensor.data_ptr() == original[name].data_ptr()
     assert "relu, = self.seg0(x_cuda_0)" in emitted.forward_source
     assert "relu_cuda_1 = relu.to(self.seg1.device, non_blocking=False)" in emitted.forward_source
     torch.testing.assert_close(emitted(x), model(x))
@@ -230,6 +232,59 @@ def test_order_decides_the_segments_and_must_be_topological():
     torch.testing.assert_close(emitted(x), model(x))
     with pytest.raises(EmitError, match="topological"):
         emit_model(gm, device_of, order=list(reversed(compute_nodes(gm))), device_map=CPU)
+
+
+class Chain(torch.nn.Module):
+    # six linear layers alternating cuda:0 / cuda:1 -> 6 segments; each reads only the last one's
+    # output, so between calls exactly one activation (and the input) needs to be alive
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU()) for _ in range(6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class _Outputs(torch.utils._python_dispatch.TorchDispatchMode):
+    """Keeps a weak reference to every tensor an op makes, to count those still alive."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.made: list[weakref.ref[torch.Tensor]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.made.append(weakref.ref(t))
+        return out
+
+    def alive(self) -> int:
+        return len({r().untyped_storage().data_ptr() for r in self.made if r() is not None})
+
+
+def test_generated_forward_frees_each_value_after_its_last_use():
+    torch.manual_seed(0)
+    model, x = Chain().eval(), torch.randn(4, 32)
+    gm = export(model, x)
+    device_of = by_module(gm, {f"layers.{i}": (GPU0, GPU1)[i % 2] for i in range(6)},
+                          default=GPU0)
+    emitted = emit_model(gm, device_of, device_map=CPU)
+    assert [d for d, _ in emitted.segments] == [GPU0, GPU1] * 3
+    mode = _Outputs()
+    alive_at_call = []
+    for index in range(6):
+        getattr(emitted, f"seg{index}").register_forward_pre_hook(
+            lambda *_: alive_at_call.append(mode.alive()))
+    with mode, torch.no_grad():
+        out = emitted(x)
+    # before segment k > 0 only segment k-1's output is alive (on cpu its copy is itself); kept
+    # until forward returns, the count would grow 1, 2, ..., 5
+    assert alive_at_call == [0, 1, 1, 1, 1, 1]
+    torch.testing.assert_close(out, model(x))
 
 
 def test_nodes_missing_from_device_of_follow_their_producer_or_consumer(mlp):
@@ -498,6 +553,8 @@ def test_verify_passes_and_catches_a_perturbed_weight(mlp):
     result = verify(model, emitted, (x,), {})
     assert result.status == "passed" and result.max_abs_diff < 1e-5
     with torch.no_grad():
+        # the emitted model shares the original's storage, so perturb a copy of its own
+        emitted.seg1.fc3.bias = torch.nn.Parameter(emitted.seg1.fc3.bias.clone())
         emitted.seg1.fc3.bias[0] += 0.5
     with pytest.raises(VerificationError, match="Mismatched elements"):
         verify(model, emitted, (x,), {})

@@ -63,8 +63,9 @@ def test_memory_over_capacity_is_reported():
 def test_received_copy_occupies_destination_memory():
     p = zoo.chain(zoo.cluster(2, memory_bytes=10_000))
     s = simulate(p, Placement(device_of={"a": "d0", "b": "d1", "c": "d1"}))
-    # On d1: a's copy (100) and b's output (100) are live while b runs.
-    assert s.peak_bytes["d1"] == 200
+    # On d1 b and c form one emitted segment, which holds its input (a's copy, 100) until it
+    # returns: while c runs, a's copy, b's output (100, c reads it) and c's (10) are live.
+    assert s.peak_bytes["d1"] == 210
 
 
 def test_zero_duration_node_counts_its_output_and_inputs():
@@ -153,3 +154,56 @@ def test_validate_accepts_what_the_simulator_recorded_with_copies():
     p = zoo.chain(zoo.cluster(2, memory_bytes=10_000))
     s = simulate(p, Placement(device_of={"a": "d0", "b": "d1", "c": "d1"}))
     assert validate(p, s) == []
+
+
+def test_workspace_is_held_while_the_node_runs_and_the_reserve_is_resident():
+    # chain a -> b -> c on d0 (outputs 100, 100, 10); b needs 500 bytes of scratch while it runs;
+    # the device reserves 1,000 bytes for its runtime. While b runs: 1,000 + a 100 + b 100 + 500.
+    p = zoo.chain(zoo.cluster(1, memory_bytes=10_000))
+    nodes = tuple(dataclasses.replace(n, workspace_bytes=500) if n.name == "b" else n
+                  for n in p.graph.nodes)
+    devices = tuple(dataclasses.replace(d, reserved_bytes=1000) for d in p.cluster.devices)
+    p = dataclasses.replace(p, graph=dataclasses.replace(p.graph, nodes=nodes),
+                            cluster=dataclasses.replace(p.cluster, devices=devices))
+    s = simulate(p, Placement(device_of=dict.fromkeys("abc", "d0")))
+    assert s.resident_bytes["d0"] == 1000
+    assert s.peak_bytes["d0"] == 1700
+    assert s.memory_timeline["d0"][-1][1] == 1000
+
+
+def test_a_value_copied_late_stays_on_its_device_until_the_copy():
+    # d0 runs a (0-1 s, 100 bytes), b (1-2 s) and e (2-12 s, 1,000 bytes); d1 runs x (0-20 s) and
+    # then c, which reads a. By start the emitted model runs [a] [x] [b e] [c]: a is copied to d1
+    # only when c's segment starts at 20 s, so a's 100 bytes sit on d0 while e runs (1,100), even
+    # though the simulated copy finished at 2 s.
+    p = zoo.problem([("a", 1, 0), ("b", 1, 0), ("e", 10, 0), ("x", 20, 0), ("c", 1, 0)],
+                    [("a", "c", 100)], zoo.cluster(2, memory_bytes=10_000),
+                    outputs=("c",), output_bytes={"e": 1000})
+    order = {"d0": ("a", "b", "e"), "d1": ("x", "c")}
+    s = simulate(p, Placement(device_of={"a": "d0", "b": "d0", "e": "d0", "x": "d1", "c": "d1"},
+                              order=order))
+    assert s.start_s["c"] == pytest.approx(20.0)
+    assert s.peak_bytes["d0"] == 1100
+
+
+def test_profiled_gpu_workspace_is_charged_while_the_op_runs():
+    # A profile that measured b's workspace as 300 bytes on one GPU and 700 on another: the
+    # graph takes the larger, and while b runs d0 holds a 100 + b 100 + 700.
+    from autoplace.profile import ProfileResult
+    from autoplace.profile.ops import DeviceProfile, OpProfile
+
+    def measured(device: str, workspace: int | None) -> DeviceProfile:
+        op = OpProfile(node="b", signature="s", median_s=1.0, spread=0.0, samples=1,
+                       param_bytes=0, output_bytes=100, workspace_bytes=workspace,
+                       method="isolated")
+        return DeviceProfile(device=device, torch_device=device, device_key=device,
+                             device_type="T", ops={"b": op}, whole_forward=None)
+
+    p = zoo.chain(zoo.cluster(1, memory_bytes=10_000))
+    profiled = ProfileResult(devices=(measured("cuda:0", 300), measured("cuda:1", 700),
+                                      measured("cpu", None)))
+    graph = profiled.with_workspace(p.graph)
+    assert [n.workspace_bytes for n in graph.nodes] == [0, 700, 0]
+    s = simulate(dataclasses.replace(p, graph=graph),
+                 Placement(device_of=dict.fromkeys("abc", "d0")))
+    assert s.peak_bytes["d0"] == 900

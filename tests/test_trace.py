@@ -128,3 +128,17 @@ def test_ops_named_like_pools_that_are_not_windows_count_nothing_and_still_trace
     else:
         assert flops["max_pool2d_with_indices"] == 1 * 2 * 4 * 4 * 4
         assert flops["max_unpool2d"] == 0
+
+
+def test_an_op_that_holds_more_than_its_output_records_the_excess_as_workspace():
+    # max_pool2d runs as max_pool2d_with_indices and drops the int64 indices: on a 2x8x16x16
+    # float input with stride 1 and padding 1 the output is 16 KiB and the indices 32 KiB, held
+    # while the op runs. A view (flatten) and a plain relu hold nothing beyond their output.
+    class Pool(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.max_pool2d(x.relu(), 3, 1, 1).flatten(1)
+
+    traced = trace_model(Pool(), (torch.randn(2, 8, 16, 16),))
+    workspace = {n.name: n.workspace_bytes for n in traced.graph.nodes if not n.is_input}
+    assert workspace["max_pool2d"] == 2 * 8 * 16 * 16 * 8
+    assert workspace["relu"] == workspace["flatten"] == 0

@@ -31,12 +31,20 @@ def build_cluster(hosts: Sequence[tuple[str, Sequence[Entry]]], *, where: str) -
         torch_devices = _assign_torch_devices(entries, where=where)
         for torch_device, e in zip(torch_devices, entries, strict=True):
             name = f"{host}/{torch_device}" if several else torch_device
+            reserved = e.type.reserved_bytes if e.reserved_bytes is None else e.reserved_bytes
+            if reserved >= e.memory_bytes:
+                raise DeviceSpecError(
+                    f"{where}: {e.origin} ({e.type.name}) has memory_bytes={e.memory_bytes}, not "
+                    f"more than the {reserved} bytes its runtime reserves; give more memory, or "
+                    "set reserve_bytes (0 to plan for tensors alone)"
+                )
             device = Device(
                 name=name,
                 type=e.type.name,
                 memory_bytes=e.memory_bytes,
                 host=host,
                 torch_device=torch_device,
+                reserved_bytes=reserved,
             )
             placed.append((device, e.type))
     links = []

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from autoplace.cluster.build import LOCAL_HOST, build_cluster
@@ -40,6 +41,9 @@ def load_cluster_file(path: str | os.PathLike[str]) -> Cluster:
         hosts[name] = []
         for spec in table.get("devices", ()):
             hosts[name] += parse_tokens(spec, where=f"{at}.devices", detected=None, notes=[])
+        if "reserve_bytes" in table:
+            hosts[name] = [replace(e, reserved_bytes=int(table["reserve_bytes"]))
+                           for e in hosts[name]]
 
     if not hosts:
         hosts[LOCAL_HOST] = []  # [[devices]] alone describe one machine
@@ -93,6 +97,7 @@ def _device_entry(
         torch_device=torch_device,
         origin=f"devices[{index}]",
         from_table=True,
+        reserved_bytes=int(table["reserve_bytes"]) if "reserve_bytes" in table else None,
     )
     return host, entry
 

@@ -68,6 +68,7 @@ class Entry:
     torch_device: str | None = None
     origin: str = ""  # the spec token or table it came from, for error messages
     from_table: bool = False  # a cluster file's [[devices]] entry
+    reserved_bytes: int | None = None  # a cluster file's reserve_bytes; None: the type's default
 
 
 def valid_types_hint() -> str:

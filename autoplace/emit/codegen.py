@@ -116,7 +116,9 @@ class SegmentCall:
     """One segment call in the top-level forward.
 
     ``moves`` are ``(new_name, value_name, is_tensor)``: values that arrive from another device
-    (or from the caller) and are copied to this segment's device before the call.
+    (or from the caller) and are copied to this segment's device before the call. ``free_moved``
+    names the values whose last use was such a copy (deleted before the call, so the source's
+    memory goes before the segment allocates); ``free_after`` those whose last use is this call.
     """
 
     index: int
@@ -124,6 +126,8 @@ class SegmentCall:
     moves: tuple[tuple[str, str, bool], ...]
     args: tuple[str, ...]
     outputs: tuple[str, ...]
+    free_moved: tuple[str, ...] = ()
+    free_after: tuple[str, ...] = ()
 
 
 def signature_source(
@@ -170,7 +174,13 @@ def signature_source(
 def forward_source(
     *, signature: str, bindings: Sequence[str], calls: Sequence[SegmentCall], result: str
 ) -> str:
-    """The top-level ``def forward(self, ...)``: bind inputs, call segments in order, return."""
+    """The top-level ``def forward(self, ...)``: bind inputs, call segments in order, return.
+
+    Each value is deleted right after its last use (a copy or a segment call), so what is alive
+    between calls is what the simulator's memory rule keeps (``autoplace.simulate``): a value
+    lives until its last reader's segment returns. Inside a segment torch.fx's own codegen sets
+    each value to ``None`` after its last use; a segment's inputs stay referenced by the call
+    until it returns."""
     head = f"def forward(self, {signature}):" if signature else "def forward(self):"
     lines = [head, *(f"    {line}" for line in bindings)]
     for call in calls:
@@ -181,11 +191,15 @@ def forward_source(
                 lines.append(f"    {new_name} = {value}.to({target}, non_blocking=False)")
             else:
                 lines.append(f"    {new_name} = _move({value}, {target})")
+        if call.free_moved:
+            lines.append(f"    del {', '.join(call.free_moved)}")
         invoke = f"self.seg{call.index}({', '.join(call.args)})"
         if call.outputs:
             lines.append(f"    {', '.join(call.outputs)}, = {invoke}")
         else:
             lines.append(f"    {invoke}")
+        if call.free_after:
+            lines.append(f"    del {', '.join(call.free_after)}")
     lines.append(f"    return {result}")
     return "\n".join(lines) + "\n"
 

@@ -107,8 +107,10 @@ def _localize(gm: torch.fx.GraphModule, device: str) -> torch.fx.GraphModule:
 
 
 def _materialize(tensor: torch.Tensor, device: str) -> torch.Tensor:
-    # A copy even on the same device: the emitted model must not alias the original's weights.
-    data = tensor.detach().to(device, copy=True)
+    # No copy where the device does not change: the emitted model shares the original's
+    # storage there, so planning does not hold every weight twice (issue 13). ``.to`` copies
+    # only when the device differs.
+    data = tensor.detach().to(device)
     if isinstance(tensor, torch.nn.Parameter):
         return torch.nn.Parameter(data, requires_grad=tensor.requires_grad)
     return data

@@ -26,7 +26,7 @@ Rules worth knowing:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -245,6 +245,7 @@ def _top_forward(
                 outputs=seg.outputs,
             )
         )
+    calls = _with_frees(calls, keep={n.name for n in output.all_input_nodes})
     name_of = {n: n.name for n in lowered.graph.nodes}
     result = literal_source(output.args[0], name_of)
     if lowered.out_spec is not None:
@@ -258,6 +259,27 @@ def _top_forward(
     return forward_source(
         signature=signature, bindings=bindings, calls=calls, result=result
     ), threaded, program
+
+
+def _with_frees(calls: Sequence[SegmentCall], *, keep: set[str]) -> list[SegmentCall]:
+    """``calls`` with each value freed right after its last use: after the copy that last reads
+    it, or after the segment call that last reads (or made and nobody reads) it; values in
+    ``keep`` (the model's outputs) are never freed."""
+    last: dict[str, tuple[int, int]] = {}  # name -> (call, 0: read by a copy / 1: by the call)
+    for k, call in enumerate(calls):
+        for name in call.outputs:
+            last.setdefault(name, (k, 1))
+        for _, value, _ in call.moves:
+            last[value] = (k, 0)
+        for name in call.args:
+            last[name] = (k, 1)
+    frees: dict[tuple[int, int], list[str]] = {}
+    for name, at in last.items():
+        if name not in keep:
+            frees.setdefault(at, []).append(name)
+    return [replace(call, free_moved=tuple(frees.get((k, 0), ())),
+                    free_after=tuple(frees.get((k, 1), ())))
+            for k, call in enumerate(calls)]
 
 
 def _fresh(name: str, used: set[str]) -> str:

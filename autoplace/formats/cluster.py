@@ -8,6 +8,7 @@ that name devices). The format::
     [[hosts]]
     name = "node0"
     devices = ["2xA100-40GB", "cpu"]     # the spec syntax of --devices, catalog types only
+    reserve_bytes = 0                    # optional: what each device's runtime holds (below)
 
     [[hosts]]
     name = "node1"
@@ -18,6 +19,7 @@ that name devices). The format::
     type = "A100-80GB"
     torch_device = "cuda:1"              # optional: default is the host's next free cuda:N
     memory_bytes = 75_000_000_000        # optional: default is the catalog's
+    reserve_bytes = 1_000_000_000        # optional: default is the type's, see below
 
     [[links]]                            # optional: override the default link of a pair
     src = "node0/cuda:0"
@@ -31,6 +33,11 @@ With one host, devices are named as in a spec (``cuda:0``, ``cpu``); with severa
 ``host/cuda:0`` (``torch_device`` stays ``cuda:0``). Devices on different hosts default to a
 ``network`` link. Two GPUs of one NVLink-capable type on one host are assumed to share an NVLink
 board (as in HGX/DGX systems): override the links of PCIe-only machines.
+
+``reserve_bytes`` is memory the runtime holds before any tensor (the CUDA context, cuBLAS's
+workspace), charged as resident: by default ``cost_models.devices.GPU_RUNTIME_RESERVE_BYTES``
+(about 668 MiB) on a GPU, 0 on a CPU; a host's value applies to the devices of its spec list.
+To plan for tensors alone in a capped ``memory_bytes``, set it to 0.
 """
 
 from __future__ import annotations

@@ -267,7 +267,8 @@ class Plan:
             "contiguous": self.contiguous,
             "devices": [{"name": d.name, "type": d.type, "memory_bytes": d.memory_bytes,
                          "host": d.host, "torch_device": d.torch_device,
-                         "charges_transfers": d.charges_transfers}
+                         "charges_transfers": d.charges_transfers,
+                         "reserved_bytes": d.reserved_bytes}
                         for d in cluster.devices],
             "links": [{"src": lk.src, "dst": lk.dst,
                        "bandwidth_bytes_per_s": lk.bandwidth_bytes_per_s,
@@ -289,6 +290,7 @@ class Plan:
             "memory": {d.name: {"peak_bytes": s.peak_bytes[d.name],
                                 "capacity_bytes": d.memory_bytes,
                                 "resident_bytes": s.resident_bytes[d.name],
+                                "reserved_bytes": d.reserved_bytes,
                                 "timeline": [list(p) for p in s.memory_timeline[d.name]]}
                        for d in cluster.devices},
             "coarsening": dict(self.coarsening),
@@ -343,6 +345,7 @@ def _graph_dict(problem: Problem, s: Schedule) -> dict[str, Any]:
             "compute_s": {d: (t if math.isfinite(t) else None)
                           for d, t in costs.compute_s[n.name].items()},
             "memory_bytes": n.param_bytes, "output_bytes": n.output_bytes,
+            "workspace_bytes": n.workspace_bytes,
             "output_shapes": [list(x) for x in n.output_shapes],
             "output_dtypes": list(n.output_dtypes), "flops": n.flops,
             "bytes_accessed": n.bytes_accessed, "launches": n.launches, "dtype": n.dtype,
@@ -361,7 +364,8 @@ def _problem_from(data: Mapping[str, Any]) -> Problem:
     devices = tuple(Device(name=d["name"], type=d["type"], memory_bytes=d["memory_bytes"],
                            host=d.get("host", "localhost"),
                            torch_device=d.get("torch_device", ""),
-                           charges_transfers=d.get("charges_transfers", True))
+                           charges_transfers=d.get("charges_transfers", True),
+                           reserved_bytes=d.get("reserved_bytes", 0))
                     for d in data["devices"])
     links = tuple(Link(src=lk["src"], dst=lk["dst"],
                        bandwidth_bytes_per_s=lk["bandwidth_bytes_per_s"],
@@ -372,7 +376,8 @@ def _problem_from(data: Mapping[str, Any]) -> Problem:
         module=n.get("module", ""), is_input=n.get("is_input", False),
         output_shapes=tuple(tuple(x) for x in n.get("output_shapes", ())),
         output_dtypes=tuple(n.get("output_dtypes", ())), output_bytes=n["output_bytes"],
-        param_bytes=n["memory_bytes"], flops=n.get("flops", 0.0),
+        param_bytes=n["memory_bytes"], workspace_bytes=n.get("workspace_bytes", 0),
+        flops=n.get("flops", 0.0),
         bytes_accessed=n.get("bytes_accessed", 0), launches=n.get("launches", 0),
         dtype=n.get("dtype", "float32"),
     ) for n in data["nodes"])

@@ -19,13 +19,13 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from autoplace.cluster import Inventory, device_key, inventory, present_devices
-from autoplace.ir import Cluster, Device, Link
+from autoplace.ir import Cluster, Device, Link, OpGraph
 from autoplace.profile.cache import LinkRecord, ProfileCache, default_cache_path
 from autoplace.profile.calibrate import Comparison, compare, fits_for, refit
 from autoplace.profile.links import measure_handover, measure_link
@@ -59,6 +59,23 @@ class ProfileResult:
             for node, op in dp.ops.items():
                 out.setdefault(node, {})[dp.device] = op.median_s
         return out
+
+    def with_workspace(self, graph: OpGraph) -> OpGraph:
+        """``graph`` with each op's ``workspace_bytes`` raised to the largest workspace measured
+        for it on any device (a GPU's allocator peak above inputs and outputs, see
+        ``ops._memory``), which the simulator charges while the op runs. Ops measured on the CPU
+        only, or not at all, keep what the trace found (``docs/profiling.md``)."""
+        most: dict[str, int] = {}
+        for dp in self.devices:
+            for node, op in dp.ops.items():
+                if op.workspace_bytes:
+                    most[node] = max(most.get(node, 0), op.workspace_bytes)
+        if not most:
+            return graph
+        return replace(graph, nodes=tuple(
+            replace(n, workspace_bytes=max(n.workspace_bytes, most[n.name]))
+            if n.name in most else n
+            for n in graph.nodes))
 
     def apply_links(self, cluster: Cluster) -> Cluster:
         """``cluster`` with every link that was measured replaced by the measurement."""

@@ -171,8 +171,10 @@ def _memory_rows(plan: Plan) -> tuple[dict[str, Any], ...]:
     rows = []
     for d in plan.problem.cluster.devices:
         peak, cap = int(s.peak_bytes.get(d.name, 0)), d.memory_bytes
+        resident = int(s.resident_bytes.get(d.name, 0))
         rows.append({"device": d.name, "type": d.type, "peak_bytes": peak, "capacity_bytes": cap,
-                     "resident_bytes": int(s.resident_bytes.get(d.name, 0)),
+                     "resident_bytes": resident, "reserved_bytes": d.reserved_bytes,
+                     "parameter_bytes": max(resident - d.reserved_bytes, 0),
                      "fraction": peak / cap if cap else math.inf, "over": peak > cap})
     return tuple(rows)
 

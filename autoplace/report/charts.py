@@ -275,7 +275,8 @@ def peak_figure(ov: Overview, plan: Plan) -> Any:
     devices = [m["device"] for m in ov.memory]
     fig = go.Figure()
     parts = (
-        ("parameters", lambda m: m["resident_bytes"], 1.0),
+        ("runtime reserve", lambda m: m["reserved_bytes"], 1.0),
+        ("parameters", lambda m: m["parameter_bytes"], 0.8),
         ("activations at peak", lambda m: max(m["peak_bytes"] - m["resident_bytes"], 0), 0.45),
     )
     colors = device_colors(plan)

@@ -86,13 +86,13 @@ def summary_renderable(plan: Plan | Overview) -> Any:
             t.add_column(name, justify="right" if i else "left", no_wrap=True)
         return t
 
-    memory = table("memory", "device", "peak / capacity", "parameters")
+    memory = table("memory", "device", "peak / capacity", "parameters", "runtime reserve")
     for m in ov.memory:
         over = "  OVER CAPACITY" if m["over"] else ""
         memory.add_row(m["device"], Text(
             f"{format_bytes(m['peak_bytes'])} / {format_bytes(m['capacity_bytes'])} "
             f"({format_share(m['fraction'])}){over}", style="bold red" if m["over"] else ""),
-            format_bytes(m["resident_bytes"]))
+            format_bytes(m["parameter_bytes"]), format_bytes(m["reserved_bytes"]))
 
     baselines = table("baselines (same simulator)", "placement", ov.value_label,
                       "plan's speed-up", "fits memory")
