@@ -148,6 +148,10 @@ class _Transient(TorchDispatchMode):
     ATen decomposes (``max_pool2d`` into ``max_pool2d_with_indices``, whose int64 indices it
     drops) holds more than its output while it runs. Works on fake tensors: no memory is used."""
 
+    # A higher-order op (``torch.cond``) reaches ``__torch_dispatch__`` whole: its result is
+    # counted, and its branches' ops run with this mode off.
+    supports_higher_order_operators = True
+
     def __init__(self) -> None:
         super().__init__()
         self.made: list[tuple[weakref.ref[torch.Tensor], int, int]] = []

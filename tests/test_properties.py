@@ -373,9 +373,6 @@ def test_random_modules_planned_end_to_end_verify(model_x):
         torch.testing.assert_close(plan.emitted(x), model(x))
 
 
-@pytest.mark.xfail(strict=False, reason="the plan's memory figure undercounts today (values "
-                   "crossing segments live to the end of forward, coarse-group internals): "
-                   "issue 13, fixed on another branch")
 @settings(max_examples=10, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(random_models)
@@ -386,7 +383,11 @@ def test_random_modules_measured_peak_within_the_plan(model_x):
     measured = measure_peak_bytes(plan.emitted, (x,))
     name_of = {d.torch_device: d.name for d in plan.problem.cluster.devices}
     for device, nbytes in measured.items():
-        assert nbytes <= plan.schedule.peak_bytes[name_of[device]], (device, nbytes)
+        name = name_of[device]
+        # The plan's peak less the runtime's reserve (the CUDA context), which no measurement of
+        # tensors sees.
+        planned = plan.schedule.peak_bytes[name] - plan.problem.cluster.device(name).reserved_bytes
+        assert nbytes <= planned, (device, nbytes, planned)
     # The verification record holds the same measurement.
     assert {name_of[d]: b for d, b in measured.items()} == {
         d: e["measured_bytes"] for d, e in plan.verification.peak_bytes.items()
