@@ -255,7 +255,9 @@ def _fit_law(samples: Sequence[Sample]) -> Law:
         # Both factors at least 1: compute_factor >= max(1, 1 / ratio).
         overhead, factor, res = _bounded_affine(launches, core, w, max(1.0, 1.0 / ratio))
         if best is None or res < best[0] * (1 - 1e-9) - 1e-15:
-            best = (res, (overhead, factor, factor * ratio))
+            # factor >= 1 / ratio, so factor * ratio >= 1 but for rounding (0.9999999999999999
+            # was seen on an H200's pools, and the law's check refused it).
+            best = (res, (overhead, factor, max(1.0, factor * ratio)))
     assert best is not None
     return best[1]
 

@@ -175,3 +175,22 @@ def test_a_side_a_family_never_shows_takes_the_pooled_factor():
     assert overhead == pytest.approx(5e-6) and memory_factor == pytest.approx(3.0)
     assert compute_factor == fitted.pooled[1]
     assert fitted.laws["matmul"] == pytest.approx((5e-6, 2.0, fitted.laws["matmul"][2]))
+
+
+def test_a_memory_factor_of_one_is_not_rounded_below_one():
+    # Laws whose factors' ratio is a grid ratio r with 1 / r * r < 1 in floating point (seen on
+    # an H200's pools: memory factor 0.9999999999999999, which the law's own check refused):
+    # a compute factor 1 / r and a memory factor of exactly 1. The measurements sit a little
+    # below that law, so the fit presses the factors onto their bound.
+    rng = random.Random(0)
+    ratio = 0.05011872336272725
+    samples = []
+    for _ in range(24):
+        compute_s, memory_s = rng.uniform(1e-6, 1e-3), rng.uniform(1e-6, 1e-3)
+        measured = 2e-6 + 0.999 * max(compute_s / ratio, memory_s)
+        samples.append(Sample(family="pooling", compute_s=compute_s, memory_s=memory_s,
+                              launches=1, measured_s=measured))
+    fitted = fit("H200", samples)
+    overhead, compute_factor, memory_factor = fitted.laws["pooling"]
+    assert memory_factor >= 1.0 and memory_factor == pytest.approx(1.0)
+    assert compute_factor == pytest.approx(1 / ratio, rel=1e-3)

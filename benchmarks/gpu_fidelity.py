@@ -1,0 +1,170 @@
+"""The GPU fidelity check: plan Inception and GPT-2 for two GPUs of this GPU's type, run the
+emitted model on this one GPU with two streams (the threaded runtime: one worker and one stream
+per planned device), and set the measured time and peak memory beside the plan's.
+
+    python benchmarks/gpu_fidelity.py --out results/gpu-fidelity.md      # on a machine with a GPU
+    python benchmarks/gpu_fidelity.py --device cpu --out /tmp/dry.md     # dry run of every step
+
+Per example: a plan on the GPU alone (``cuda:0``, profiled) and a plan on two simulated GPUs of
+its type (``cuda:0`` profiled, ``cuda:1`` calibrated from it), both emitted; each emitted model
+is loaded with every planned device on the one GPU here and timed (CUDA synchronised, median of
+``--repeats`` after ``--warmup``); the eager model is timed the same way. Memory: the caching
+allocator's peak over one pass, less what was allocated before it (weights), against the plan's
+weights plus activations. Every figure is what this run measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import ROOT, machine_line, write_markdown  # noqa: E402
+
+import autoplace  # noqa: E402
+from autoplace.cluster import resolve_cluster  # noqa: E402
+from autoplace.emit import load_model  # noqa: E402
+from autoplace.load import load_model_file  # noqa: E402
+from autoplace.profile import open_cache  # noqa: E402
+
+EXAMPLES = ("inception", "gpt2")
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _time_s(fn, device: str, *, warmup: int, repeats: int) -> float:  # noqa: ANN001
+    with torch.no_grad():
+        for _ in range(warmup):
+            fn()
+        _sync(device)
+        times = []
+        for _ in range(repeats):
+            began = time.perf_counter()
+            fn()
+            _sync(device)
+            times.append(time.perf_counter() - began)
+    return statistics.median(times)
+
+
+def _peak_bytes(fn, device: str) -> int | None:  # noqa: ANN001
+    if not device.startswith("cuda"):
+        return None
+    _sync(device)
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    with torch.no_grad():
+        fn()
+    _sync(device)
+    return torch.cuda.max_memory_allocated() - before
+
+
+def _to(value, device: str):  # noqa: ANN001, ANN202
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return type(value)(_to(v, device) for v in value)
+    return value
+
+
+def run(example: str, devices: str, device: str, out: Path, *, warmup: int, repeats: int,
+        time_limit_s: float) -> dict:
+    loaded = load_model_file(ROOT / "examples" / f"{example}.py")
+    model = loaded.model.eval()
+    cluster, notes = resolve_cluster(spec=devices)
+    planned = autoplace.plan(model, loaded.kwargs or loaded.args, devices=cluster,
+                             time_limit_s=time_limit_s, profile=True, cache=open_cache(),
+                             whatif=False, name=example, min_gain=0.0)
+    target = out / f"{example}-{len(cluster.devices)}"
+    autoplace.save(planned, target)
+    mapping = {d.torch_device: device for d in cluster.devices}
+    emitted = load_model(target / "model", device_map=mapping)
+    args = _to(tuple(loaded.args), device)
+    kwargs = _to(dict(loaded.kwargs), device)
+    eager = model.to(device)
+
+    def call_emitted():  # noqa: ANN202
+        return emitted(*args, **kwargs)
+
+    def call_eager():  # noqa: ANN202
+        return eager(*args, **kwargs)
+
+    with torch.no_grad():
+        torch.testing.assert_close(call_emitted(), call_eager(), rtol=1e-3, atol=1e-3)
+    emitted_s = _time_s(call_emitted, device, warmup=warmup, repeats=repeats)
+    eager_s = _time_s(call_eager, device, warmup=warmup, repeats=repeats)
+    return {
+        "example": example, "devices": devices, "segments": len(emitted.segment_info)
+        if hasattr(emitted, "segment_info") else len(getattr(emitted, "planned_devices", ())),
+        "runtime": getattr(emitted, "runtime", "?"), "predicted_s": planned.makespan_s,
+        "measured_s": emitted_s, "eager_s": eager_s,
+        "predicted_peak_bytes": sum(planned.schedule.peak_bytes.values())
+        - sum(d.reserved_bytes for d in planned.problem.cluster.devices),
+        "measured_peak_bytes": _peak_bytes(call_emitted, device),
+        "status": planned.solver.status, "notes": [*notes, *planned.notes],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda:0", help="cuda:0, or cpu for a dry run")
+    parser.add_argument("--out", default=None, help="markdown output (default: print only)")
+    parser.add_argument("--plans", default="/tmp/gpu-fidelity-plans")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--time-limit", type=float, default=10.0)
+    opts = parser.parse_args()
+    if opts.device == "cpu":
+        one, two = "cpu", "2xcpu-thread"
+    else:
+        name = torch.cuda.get_device_name(0)
+        found, _ = resolve_cluster(spec="cuda:0")
+        kind = found.devices[0].type
+        one, two = "cuda:0", f"2x{kind}"
+        print(f"GPU: {name} (catalog type {kind})", flush=True)
+    rows = []
+    for example in EXAMPLES:
+        for devices in (one, two):
+            began = time.perf_counter()
+            try:
+                row = run(example, devices, opts.device, Path(opts.plans), warmup=opts.warmup,
+                          repeats=opts.repeats, time_limit_s=opts.time_limit)
+            except Exception as exc:  # noqa: BLE001 - a row says what failed, the rest still run
+                row = {"example": example, "devices": devices, "error": repr(exc)[:300]}
+            row["wall_s"] = time.perf_counter() - began
+            rows.append(row)
+            print(row, flush=True)
+    lines = ["# GPU fidelity: measured against predicted", "",
+             f"{machine_line()}; {torch.cuda.get_device_name(0) if opts.device != 'cpu' else 'cpu'}"
+             f", torch {torch.__version__}. Command: `python benchmarks/gpu_fidelity.py`. Two "
+             "planned devices run on the one device here, one worker and one stream each.", "",
+             "| example | planned on | runtime | predicted ms | measured ms | measured / predicted "
+             "| eager ms | predicted peak MiB | measured peak MiB | status |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['example']} | {r['devices']} | failed: {r['error']} |||||||| |")
+            continue
+        peak = r["measured_peak_bytes"]
+        lines.append(
+            f"| {r['example']} | {r['devices']} | {r['runtime']} | {r['predicted_s'] * 1e3:.3f} "
+            f"| {r['measured_s'] * 1e3:.3f} | {r['measured_s'] / r['predicted_s']:.2f} "
+            f"| {r['eager_s'] * 1e3:.3f} | {r['predicted_peak_bytes'] / 2**20:.1f} "
+            f"| {'-' if peak is None else f'{peak / 2**20:.1f}'} | {r['status']} |")
+    if opts.out:
+        return write_markdown(opts.out, lines)
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
