@@ -625,3 +625,24 @@ def test_local_device_map_keeps_present_devices_and_sends_absent_ones_to_the_cpu
 def test_the_generated_file_still_names_the_loader():
     # Notes and model.py tell users to call autoplace.emit.load_model: that name must resolve.
     assert autoplace.emit.load_model is load_model
+
+
+def test_verification_runs_without_tf32_and_restores_it():
+    from autoplace.emit import verification
+
+    seen = []
+
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            seen.append((torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32))
+            return x * 2
+
+    before = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        verification.verify(Probe(), Probe(), (torch.ones(2),), {})
+        assert seen == [(False, False), (False, False)]
+        assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == (
+            True, True)
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
