@@ -199,9 +199,27 @@ class _CountingInterpreter(torch.fx.Interpreter):
                 result = super().run_node(n)
             self.flops[n.name] = int(counter.get_total_flops()) or self._window_reads(n, result)
             output_bytes = sum(_nbytes(t) for t in _tensors(result))
-            self.transient_bytes[n.name] = max(0, transient.peak_bytes - output_bytes)
+            self.transient_bytes[n.name] = max(0, transient.peak_bytes - output_bytes,
+                                               self._branch_bytes(n))
         self.values[n.name] = result
         return result
+
+    def _branch_bytes(self, n: torch.fx.Node) -> int:
+        """A higher-order op's (``torch.cond``) bound on what its branch holds while it runs:
+        every value one branch computes, alive at once (the larger branch). ``_Transient`` sees
+        the op whole, not the ops inside it."""
+        if n.op != "call_function" or not isinstance(n.target, torch._ops.HigherOrderOperator):
+            return 0
+        largest = 0
+        for arg in n.args:
+            if isinstance(arg, torch.fx.Node) and arg.op == "get_attr":
+                branch = getattr(self.module, str(arg.target), None)
+                if isinstance(branch, torch.fx.GraphModule):
+                    largest = max(largest, sum(
+                        _nbytes(t) for node in branch.graph.nodes
+                        if node.op == "call_function"
+                        for t in _tensors(node.meta.get("val"))))
+        return largest
 
 
     def _window_reads(self, n: torch.fx.Node, result: Any) -> int:

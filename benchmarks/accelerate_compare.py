@@ -51,7 +51,8 @@ def _row(name: str, spec: str, share: float, time_limit_s: float) -> str:
     cluster, _ = resolve_cluster(spec=spec)
     cap = int(share * weights)
     cluster = dataclasses.replace(cluster, devices=tuple(
-        dataclasses.replace(d, memory_bytes=cap) for d in cluster.devices))
+        # The caps are for tensors: no runtime reserve (the CUDA context) on top.
+        dataclasses.replace(d, memory_bytes=cap, reserved_bytes=0) for d in cluster.devices))
     head = f"| {name} | {spec} | {share:.0%} ({_mb(cap)}) |"
     try:
         planned = plan(model, inputs, devices=cluster, time_limit_s=time_limit_s, emit=False,

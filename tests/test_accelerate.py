@@ -41,7 +41,8 @@ class Stack(nn.Module):
 def _capped(spec: str, memory_bytes: int):
     cluster, _ = resolve_cluster(spec=spec)
     return dataclasses.replace(cluster, devices=tuple(
-        dataclasses.replace(d, memory_bytes=memory_bytes) for d in cluster.devices))
+        dataclasses.replace(d, memory_bytes=memory_bytes, reserved_bytes=0)
+        for d in cluster.devices))
 
 
 def test_sequential_map_places_each_op_by_its_module_path():
