@@ -103,11 +103,14 @@ def analytic_cpu_note(graph: OpGraph, cluster: Cluster, costs: Costs) -> str | N
     """A warning when a CPU's op times are the analytic roofline: its peak figures assume every
     core busy at full vector width, while PyTorch's small CPU ops are dominated by dispatch and
     threading, so the roofline can be orders of magnitude too fast (issue 13 met LeNet at
-    50 us predicted against 5.4 ms measured). ``None`` when no CPU is costed analytically."""
+    50 us predicted against 5.4 ms measured). ``None`` when no CPU has most of its op times
+    analytic."""
     cpus = [d.name for d in cluster.devices if get_device_type(d.type).kind == "cpu"]
     ops = [n.name for n in graph.nodes if not n.is_input]
+    # Most ops, not any: a profiled CPU leaves a few ops unmeasured (views, ops that failed to
+    # time alone), and those few do not make the plan unreliable.
     analytic = [d for d in cpus
-                if any(costs.source_of(n, d) == "analytic" for n in ops)]
+                if 2 * sum(costs.source_of(n, d) == "analytic" for n in ops) > len(ops)]
     if not analytic:
         return None
     return (f"op times on {', '.join(analytic)} are analytic (the roofline, not calibrated for "

@@ -103,3 +103,18 @@ def test_analytic_cpu_costs_are_warned_about():
     assert note is not None and "cpu" in note and "analytic" in note and "profile" in note
     gpus, _ = resolve_cluster(spec="2xA100-40GB")
     assert analytic_cpu_note(traced.graph, gpus, costs(traced.graph, gpus)) is None
+
+
+def test_a_profiled_cpu_with_a_few_unmeasured_ops_is_not_warned_about():
+    model = Stack().eval()
+    traced = trace_model(model, (torch.randn(8, 400),), {})
+    cluster, _ = resolve_cluster(spec="cpu")
+    ops = [n.name for n in traced.graph.nodes if not n.is_input]
+    # Every op measured but one: the plan rests on measurements, no warning. One measured op
+    # among many analytic ones: the warning stands.
+    most = {op: {"cpu": 1e-4} for op in ops[1:]}
+    assert analytic_cpu_note(traced.graph, cluster,
+                             costs(traced.graph, cluster, measured=most)) is None
+    few = {ops[0]: {"cpu": 1e-4}}
+    assert analytic_cpu_note(traced.graph, cluster,
+                             costs(traced.graph, cluster, measured=few)) is not None
