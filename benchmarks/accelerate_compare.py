@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
              "map fits accelerate's weight-only accounting but not once activations count. "
              "\"offloads to disk\": accelerate's map puts modules on disk, not a placement on "
              "these devices. Where a plan exists, accelerate's maps are scored on the plan's "
-             "(coarsened) graph, each coarse node that straddles accelerate's split placed "
+             "graph (the folded graph: zero-cost ops folded into their producer), each folded "
+             "node that straddles accelerate's split placed "
              "where most of its ops are (the plan's notes count them); in \"no plan fits\" "
              "rows, on the traced graph.", "",
              "| model | devices | cap | plan makespan | plan peak MB | "
