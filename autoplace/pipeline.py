@@ -9,6 +9,7 @@ report, the emitted model), all at once.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import os
@@ -172,7 +173,8 @@ def _plan_of(result: SolveResult, problem: Problem, *, name: str, tracer: str,
         problem=problem,
         schedule=result.schedule,
         lower_bound_s=result.lower_bound_s,
-        solver=SolverRecord.from_dict(result.solver.to_dict()),
+        solver=SolverRecord(**{f.name: getattr(result.solver, f.name)
+                               for f in dataclasses.fields(result.solver)}),
         baselines={k: BaselineResult.of(v) for k, v in result.baselines.items()}
         | {k: BaselineResult.of(None, not_run=why) for k, why in result.not_run.items()},
         best_single_device=result.best_single_device,

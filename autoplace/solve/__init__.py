@@ -91,16 +91,7 @@ class SolverInfo:
     # Which graph CP-SAT solved: {"graph": "folded" | "coarsened", "nodes", "folded_nodes"} and,
     # when coarsened, "status": CP-SAT's status on the coarsened graph.
     scope: Mapping[str, Any] | None = None
-
-    def to_dict(self) -> dict:
-        data = {"name": self.name, "status": self.status, "wall_s": self.wall_s,
-                "objective_s": self.objective_s, "time_limit_s": self.time_limit_s,
-                "progress": [{"t_s": t, "objective_s": obj, "bound_s": bound}
-                             for t, obj, bound in self.progress],
-                "steps": [{"step": step, "objective_s": value} for step, value in self.steps]}
-        if self.scope is not None:
-            data["scope"] = dict(self.scope)
-        return data
+    # Its JSON form is the plan's ``SolverRecord`` (formats/plan.py), built field for field.
 
 
 @dataclass(frozen=True)
