@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import safetensors.torch
 import torch
+from zoo import TwoBranch, by_module
 
 import autoplace.emit
 from autoplace.emit import (
@@ -44,18 +45,6 @@ def compute_nodes(gm: torch.fx.GraphModule) -> list[str]:
     return [n.name for n in gm.graph.nodes if n.op in ("call_function", "call_method")]
 
 
-def by_module(gm: torch.fx.GraphModule, devices: dict[str, str], default: str) -> dict[str, str]:
-    """Device per exported op from the module that ran it (longest matching path prefix)."""
-    placement = {}
-    for node in gm.graph.nodes:
-        if node.op != "call_function":
-            continue
-        stack = list(node.meta.get("nn_module_stack", {}).values())
-        path = stack[-1][0] if stack else ""
-        matches = [p for p in devices if path == p or path.startswith(p + ".")]
-        placement[node.name] = devices[max(matches, key=len)] if matches else default
-    return placement
-
 
 def params_of(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.detach() for name, p in module.named_parameters()}
@@ -76,17 +65,6 @@ class MLP(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
 
-
-class TwoBranch(torch.nn.Module):
-    # left on A, right on B, head on A; run in graph order (left, right, head): A, B, A
-    def __init__(self) -> None:
-        super().__init__()
-        self.left = torch.nn.Linear(16, 16)
-        self.right = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU())
-        self.head = torch.nn.Linear(16, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.tanh(self.left(x)) + self.right(x))
 
 
 class Positional(torch.nn.Module):

@@ -13,6 +13,7 @@ import time
 
 import pytest
 import torch
+from zoo import TwoBranch, by_module
 
 from autoplace.cluster import resolve_cluster
 from autoplace.cluster.detect import device_key, inventory
@@ -27,37 +28,18 @@ from autoplace.simulate import simulate
 CPU0, CPU1 = "cpu:0", "cpu:1"
 
 
-class TwoBranch(torch.nn.Module):
-    # left on cpu:0, right on cpu:1, head on cpu:0. In graph order (left, right, head) that is
-    # segments 0 (cpu:0: left), 1 (cpu:1: right), 2 (cpu:0: head). Each worker takes the input
-    # x from the caller; right's output is handed from cpu:1 to cpu:0 once, for the head.
-    def __init__(self) -> None:
-        super().__init__()
-        self.left = torch.nn.Linear(16, 16)
-        self.right = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU())
-        self.head = torch.nn.Linear(16, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.tanh(self.left(x)) + self.right(x))
-
-
-def _by_module(gm: torch.fx.GraphModule, devices: dict[str, str]) -> dict[str, str]:
-    placement = {}
-    for node in gm.graph.nodes:
-        if node.op == "call_function":
-            stack = list(node.meta.get("nn_module_stack", {}).values())
-            path = stack[-1][0] if stack else ""
-            placement[node.name] = next((d for p, d in devices.items() if path.startswith(p)),
-                                        devices["head"])
-    return placement
 
 
 @pytest.fixture(scope="module")
 def two_branch() -> tuple[torch.nn.Module, torch.Tensor, torch.fx.GraphModule, dict[str, str]]:
+    # left on cpu:0, right on cpu:1, head on cpu:0: segments 0 (cpu:0: left), 1 (cpu:1: right),
+    # 2 (cpu:0: head). Each worker takes the input x from the caller; right's output is handed
+    # from cpu:1 to cpu:0 once, for the head.
     torch.manual_seed(0)
     model, x = TwoBranch().eval(), torch.randn(3, 16)
     gm = torch.export.export(model, (x,), strict=False).module()
-    return model, x, gm, _by_module(gm, {"left": CPU0, "right": CPU1, "head": CPU0})
+    return model, x, gm, by_module(gm, {"left": CPU0, "right": CPU1, "head": CPU0},
+                                    default=CPU0)
 
 
 def test_two_cpu_threads_are_two_devices_with_a_thread_link() -> None:

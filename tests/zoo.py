@@ -103,6 +103,33 @@ class TwoLayer(nn.Module):
         return self.fc2(torch.relu(self.fc1(x)))
 
 
+class TwoBranch(nn.Module):
+    # Two branches off the input and a head that joins them: placed left and head on one
+    # device and right on another, it runs in graph order (left, right, head) as three
+    # segments, A, B, A, with right's output handed back to A once.
+    def __init__(self) -> None:
+        super().__init__()
+        self.left = nn.Linear(16, 16)
+        self.right = nn.Sequential(nn.Linear(16, 16), nn.GELU())
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.left(x)) + self.right(x))
+
+
+def by_module(gm: torch.fx.GraphModule, devices: dict[str, str], default: str) -> dict[str, str]:
+    """Device per exported op from the module that ran it (longest matching path prefix)."""
+    placement = {}
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        stack = list(node.meta.get("nn_module_stack", {}).values())
+        path = stack[-1][0] if stack else ""
+        matches = [p for p in devices if path == p or path.startswith(p + ".")]
+        placement[node.name] = devices[max(matches, key=len)] if matches else default
+    return placement
+
+
 class TiedLM(nn.Module):
     # The embedding and the output projection share one 50x16 weight (3,200 bytes): they must be
     # colocated, and the weight counted once.
