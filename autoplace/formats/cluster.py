@@ -42,27 +42,22 @@ To plan for tensors alone in a capped ``memory_bytes``, set it to 0.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import tomllib
-from collections.abc import Iterable
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 from autoplace.errors import DeviceSpecError
+from autoplace.formats.schema import json_path, load_schema, schema_errors
 
 __all__ = ["cluster_schema", "read_cluster_file", "schema_problems"]
 
-_SCHEMA_PATH = Path(__file__).with_name("cluster.schema.json")
 _SHOWN_PROBLEMS = 3  # a file with more is usually wrong throughout; the first few say how
 
 
-@cache
 def cluster_schema() -> dict[str, Any]:
-    """The cluster file's JSON Schema (read once; it ships next to this module)."""
-    return json.loads(_SCHEMA_PATH.read_text(encoding="utf-8"))
+    """The cluster file's JSON Schema (it ships next to this module)."""
+    return load_schema("cluster.schema.json")
 
 
 def read_cluster_file(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -96,19 +91,15 @@ def read_cluster_file(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def schema_problems(data: Any) -> list[str]:
     """Each way ``data`` breaks the schema, as ``path: what was expected``, in file order."""
-    import jsonschema  # deferred: only cluster files need it
-
-    validator = jsonschema.Draft202012Validator(cluster_schema())
-    errors = sorted(validator.iter_errors(data), key=lambda e: [str(p) for p in e.absolute_path])
     problems = []
-    for error in errors:
+    for error in schema_errors(data, "cluster.schema.json"):
         message = error.message
         if error.validator in ("type", "pattern") and "description" in error.schema:
             # The schema's own words ("an array of tables, written [[hosts]]") beat a regex.
             message = f"{error.instance!r} is not {error.schema['description']}"
         elif error.validator == "additionalProperties":
             message += f"; allowed keys: {', '.join(error.schema['properties'])}"
-        path = _json_path(error.absolute_path)
+        path = json_path(error.absolute_path)
         problems.append(f"{path}: {message}" if path else message)
     return problems
 
@@ -123,9 +114,3 @@ def _non_finite(data: dict[str, Any]) -> list[str]:
         if isinstance(value, float) and not math.isfinite(value)
     ]
 
-
-def _json_path(path: Iterable[Any]) -> str:
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out

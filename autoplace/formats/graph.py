@@ -27,15 +27,15 @@ groups naming nodes that exist, a time for every device, no cycle), then the ``P
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from autoplace.errors import AutoplaceError, DeviceSpecError, GraphError
+from autoplace.formats.schema import json_path, schema_errors
 from autoplace.graphs import topological_order
 from autoplace.ir import Cluster, Costs, Device, Edge, Link, OpGraph, OpNode, Problem
 
@@ -63,26 +63,12 @@ def load_graph_file(path: str | os.PathLike[str], cluster: Cluster | None = None
                              default_name=Path(path).stem)
 
 
-@functools.cache
-def _validator() -> Any:
-    import jsonschema  # deferred: only reading a graph file needs it
-
-    schema = json.loads((_HERE / "graph.schema.json").read_text(encoding="utf-8"))
-    return jsonschema.Draft202012Validator(schema)
-
-
 def graph_problems(data: Any) -> list[str]:
     """What the schema finds wrong with ``data``, each as ``path: what was expected``
     (``nodes[0].compute_s.G: -1 is less than the minimum of 0``); empty when it holds."""
-    errors = sorted(_validator().iter_errors(data), key=lambda e: [str(p) for p in e.path])
-    return [f"{_json_path(e.absolute_path)}: {e.message}" for e in errors]
+    return [f"{json_path(e.absolute_path) or 'the top level'}: {e.message}"
+            for e in schema_errors(data, "graph.schema.json")]
 
-
-def _json_path(path: Iterable[Any]) -> str:
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else str(part)
-    return out or "the top level"
 
 
 def problem_from_dict(data: Any, *, cluster: Cluster | None = None, where: str = "graph",

@@ -8,44 +8,25 @@ reads files with them.
 
 from __future__ import annotations
 
-import functools
-import json
-from collections.abc import Iterable, Mapping
-from importlib import resources
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["count_problems", "load_schema", "plan_problems", "validate_plan_dict"]
+from autoplace.formats import schema
 
-_HERE = Path(__file__).resolve().parent
+__all__ = ["count_problems", "load_schema", "plan_problems", "validate_plan_dict"]
 
 
 def load_schema() -> dict[str, Any]:
     """The plan.json JSON Schema (draft 2020-12) shipped as package data."""
-    return json.loads(_schema_text())
-
-
-@functools.cache
-def _schema_text() -> str:
-    try:
-        # One joinpath per component: a namespace package's MultiplexedPath takes only one.
-        path: Any = resources.files("autoplace").joinpath("formats").joinpath("plan.schema.json")
-        return path.read_text(encoding="utf-8")
-    except (OSError, TypeError):
-        # Python 3.11's namespace-package reader rejects the placeholder path entry that an
-        # editable install adds (NotADirectoryError); the file sits in the package anyway.
-        return (_HERE / "plan.schema.json").read_text(encoding="utf-8")
+    return schema.load_schema("plan.schema.json")
 
 
 def plan_problems(plan: Mapping[str, Any]) -> list[str]:
     """Every problem with ``plan``, each naming its path; empty when the plan is valid. Schema
     problems come first; the cross-references are checked only once the schema holds, since
     they assume its shape."""
-    import jsonschema  # deferred: only reading a plan file needs it
-
-    validator = jsonschema.Draft202012Validator(load_schema())
-    errors = sorted(validator.iter_errors(plan), key=lambda e: [str(p) for p in e.absolute_path])
-    problems = [f"{_json_path(e.absolute_path)}: {e.message}" for e in errors]
+    problems = [f"{schema.json_path(e.absolute_path, root='plan')}: {e.message}"
+                for e in schema.schema_errors(plan, "plan.schema.json")]
     return problems or _reference_problems(plan)
 
 
@@ -71,12 +52,6 @@ def count_problems(problems: list[str]) -> str:
     """``"1 problem"``, ``"3 problems"``."""
     return f"{len(problems)} problem{'s' if len(problems) != 1 else ''}"
 
-
-def _json_path(path: Iterable[Any]) -> str:
-    out = "plan"
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else f".{part}"
-    return out
 
 
 class _References:
