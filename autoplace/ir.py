@@ -142,10 +142,7 @@ class OpGraph:
 
     def _why_backwards(self) -> str:
         """The cycle when the edges have one, else that the node list is unsorted."""
-        graph = nx.DiGraph()
-        graph.add_nodes_from(node.name for node in self.nodes)
-        graph.add_edges_from((edge.src, edge.dst) for edge in self.edges)
-        cycle = find_cycle(graph)
+        cycle = find_cycle(self.to_networkx())
         if cycle is None:
             return "the edges form no cycle: sort the node list"
         return f"the edges form a cycle: {cycle_text(cycle)}"

@@ -54,7 +54,6 @@ from autoplace.solve.large import EXACT_MAX_NODES, coarse_solve, improve
 from autoplace.solve.options import (
     DEFAULT_TIME_LIMIT_S,
     MEMORY_ROUNDS,
-    MIN_CPSAT_S,
     Budget,
     Clock,
     SolveOptions,
@@ -380,12 +379,6 @@ def _choose(state: _SolveState, rounds: _Rounds) -> tuple[Schedule, str]:
         "raise --time-limit, or add devices")
 
 
-# When the full graph is small enough for the exact model, the coarse solve is only its warm
-# start: it gets this share of what remains (when deterministic, of the limit), the exact model
-# on the full graph the rest. Coarse models of the examples solve to optimality in well under it.
-WARM_START_SHARE = 0.25
-
-
 def _solve_large(state: _SolveState) -> SolveResult:
     """Step 5: coarsen, CP-SAT, expand (``large.coarse_solve``); then, where the exact model
     takes the full graph, CP-SAT on it warm-started with the best plan so far
@@ -396,10 +389,7 @@ def _solve_large(state: _SolveState) -> SolveResult:
     if best is not None:
         steps.append((f"best baseline ({best[0]})", best[1].objective_s(state.objective)))
     fine = len(problem.graph.nodes) <= EXACT_MAX_NODES[options.objective]
-    limit_s = budget.coarse_solve_s()
-    if fine:
-        limit_s = max(MIN_CPSAT_S, (budget.time_limit_s if budget.deterministic
-                                    else budget.remaining_s()) * WARM_START_SHARE)
+    limit_s = budget.warm_start_s() if fine else budget.coarse_solve_s()
     try:
         large = coarse_solve(problem, max_nodes=coarse_nodes(options),
                              objective=options.objective,

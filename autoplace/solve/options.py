@@ -53,6 +53,10 @@ MIN_CPSAT_S = 0.05
 # the full graph the rest. When deterministic, it gets 1 / COARSE_PARTS of the limit instead.
 COARSE_SHARE = 0.6
 COARSE_PARTS = 2
+# When the full graph is small enough for the exact model, the coarse solve is only its warm
+# start: it gets this share of what remains (when deterministic, of the limit), the exact model
+# on the full graph the rest. Coarse models of the examples solve to optimality in well under it.
+WARM_START_SHARE = 0.25
 # The local moves end by this share of the limit, less a margin for what follows them (the
 # result, the notes), so the solve as a whole stays within the limit.
 MOVES_SHARE = 0.99
@@ -167,6 +171,11 @@ class Budget:
         if self.deterministic:
             return self.time_limit_s / COARSE_PARTS
         return max(MIN_CPSAT_S, self.remaining_s() * COARSE_SHARE)
+
+    def warm_start_s(self) -> float:
+        """CP-SAT's limit for the coarsened model when the full graph is solved after it."""
+        base_s = self.time_limit_s if self.deterministic else self.remaining_s()
+        return max(MIN_CPSAT_S, base_s * WARM_START_SHARE)
 
     def moves_deadline(self) -> float:
         return self.deadline_for(MOVES_SHARE, margin_s=MOVES_MARGIN_S)
