@@ -102,15 +102,16 @@ class Inventory:
 # --- Detection -----------------------------------------------------------------------------------
 
 
-def detect_gpus(*, free_memory: bool = False) -> list[DetectedGPU]:
+def detect_gpus() -> list[DetectedGPU]:
     """The GPUs on this machine, numbered as torch numbers them; [] without a driver or GPU.
 
     NVML is asked first because it creates no CUDA context; torch when NVML is missing, fails,
-    or might number the GPUs differently from CUDA (see the module docstring). ``free_memory``
-    asks torch for each GPU's free memory too, which creates a CUDA context on every GPU (some
-    hundreds of MiB each): only the profiler, about to use them, asks. NVML reports it anyway.
+    or might number the GPUs differently from CUDA (see the module docstring). Free memory is
+    not asked of torch here: that creates a CUDA context on every GPU (some hundreds of MiB
+    each), so only ``inventory``, for the profiler about to use them, asks. NVML reports it
+    anyway.
     """
-    return list(_detect(free_memory=free_memory)[0])
+    return list(_detect(free_memory=False)[0])
 
 
 def _detect(*, free_memory: bool) -> tuple[tuple[DetectedGPU, ...], str]:
@@ -208,7 +209,7 @@ def _bus_id(pynvml: Any, handle: Any) -> str:
     return ""
 
 
-def _detect_with_torch(*, free_memory: bool = False) -> tuple[DetectedGPU, ...]:
+def _detect_with_torch(*, free_memory: bool) -> tuple[DetectedGPU, ...]:
     try:
         import torch
 
