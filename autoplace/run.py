@@ -33,10 +33,10 @@ import torch
 from torch.utils import _pytree as pytree
 
 from autoplace.emit import load_model, local_device_map
-from autoplace.emit.memory import measure
+from autoplace.emit.memory import comparable_peak_bytes, measure
 from autoplace.emit.saving import input_names, load_inputs
 from autoplace.errors import AutoplaceError, EmitError, OutputError
-from autoplace.formats.plan import Plan, plan_path, read_plan
+from autoplace.formats.plan import plan_path, read_plan
 
 __all__ = ["RunResult", "read_inputs_file", "run_plan", "save_outputs"]
 
@@ -136,17 +136,13 @@ def run_plan(
         predicted_s=plan.makespan_s,
         times_s=tuple(times_s),
         peak_bytes={name_of.get(d, d): b for d, b in measured.peak_bytes.items()},
-        predicted_peak_bytes=_predicted(plan),
+        predicted_peak_bytes=comparable_peak_bytes(plan.problem, plan.schedule),
         peak_method=measured.method,
         device_map=here,
         inputs=inputs,
         notes=tuple(notes),
         outputs=outputs,
     )
-
-
-def _predicted(plan: Plan) -> dict[str, int]:
-    return {d.name: int(plan.schedule.peak_bytes[d.name]) for d in plan.problem.cluster.devices}
 
 
 def _time(

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from autoplace.emit.device_map import local_device_map
-from autoplace.emit.memory import measure, measure_peak_bytes
+from autoplace.emit.memory import comparable_peak_bytes, measure, measure_peak_bytes
 from autoplace.emit.model import PartitionedModel, SegmentInfo, emit_model
 from autoplace.emit.runtime import replay
 from autoplace.emit.saving import load_model, save_model
@@ -136,12 +136,8 @@ def _check_memory(
         name_of[device.torch_device] = device.name
     measured = measure(emitted, args, kwargs)
     by_name = {name_of[d]: b for d, b in measured.peak_bytes.items()}
-    # The runtime's reserve (the CUDA context, ``Device.reserved_bytes``) is in the plan's peak
-    # but in neither measurement (tensor storages, or the caching allocator's bytes): compare
-    # what both count, weights and live activations.
-    predicted = {d: schedule.peak_bytes[d] - problem.cluster.device(d).reserved_bytes
-                 for d in schedule.peak_bytes}
-    checked = check_peak(by_name, predicted, method=measured.method, enforce=enforce)
+    checked = check_peak(by_name, comparable_peak_bytes(problem, schedule),
+                         method=measured.method, enforce=enforce)
     return checked.to_dict() | {"peak_method": measured.method}, checked.detail
 
 

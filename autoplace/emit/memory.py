@@ -49,8 +49,10 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from autoplace.errors import EmitError
+from autoplace.ir import Problem, Schedule
 
-__all__ = ["PeakMeasurement", "measure", "measure_peak_bytes", "weight_bytes"]
+__all__ = ["PeakMeasurement", "comparable_peak_bytes", "measure", "measure_peak_bytes",
+           "weight_bytes"]
 
 Method = Literal["auto", "storage", "allocator"]
 
@@ -69,6 +71,14 @@ class PeakMeasurement:
         devices = sorted(set(self.weights_bytes) | set(self.activation_peak_bytes))
         return {d: self.weights_bytes.get(d, 0) + self.activation_peak_bytes.get(d, 0)
                 for d in devices}
+
+
+def comparable_peak_bytes(problem: Problem, schedule: Schedule) -> dict[str, int]:
+    """The plan's peak per device as a measurement here can see it: less the runtime's reserve
+    (the CUDA context, ``Device.reserved_bytes``), which neither tensor storages nor the caching
+    allocator count. What verification and ``autoplace run`` set a measurement against."""
+    return {d.name: int(schedule.peak_bytes[d.name]) - d.reserved_bytes
+            for d in problem.cluster.devices}
 
 
 def measure_peak_bytes(
