@@ -26,13 +26,13 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import logging
-from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
 
 from autoplace.ir import Cluster, OpGraph, Placement, Problem
+from autoplace.solve.heuristics import majority_devices
 
 __all__ = ["ACCELERATE_STRATEGIES", "AccelerateMap", "accelerate_available",
            "accelerate_baselines", "accelerate_maps", "on_graph"]
@@ -141,16 +141,10 @@ def on_graph(problem: Problem, device_of_op: Mapping[str, str]) -> tuple[Placeme
     """The placement of ``problem``'s (possibly coarsened) nodes that ``device_of_op`` implies,
     and what had to give: a node whose ops accelerate splits goes where most of its ops are.
     ``None`` when a node would land on a device where it cannot run."""
-    device_of: dict[str, str] = {}
-    split = 0
-    for node in problem.graph.nodes:
-        devices = [device_of_op[op] for op in node.ops]
-        if len(set(devices)) > 1:
-            split += 1
-        device_of[node.name] = Counter(devices).most_common(1)[0][0]
-    for group in problem.graph.colocate:  # accelerate keeps tied parameters together too
-        for member in group[1:]:
-            device_of[member] = device_of[group[0]]
+    # accelerate keeps tied parameters together too, as the colocation groups do.
+    device_of = majority_devices(problem, {n.name: n.ops for n in problem.graph.nodes},
+                                 device_of_op)
+    split = sum(len({device_of_op[op] for op in n.ops}) > 1 for n in problem.graph.nodes)
     banned = [n for n, d in device_of.items() if d not in problem.allowed[n]]
     if banned:
         return None, (f"places {banned[0]!r} on {device_of[banned[0]]}, where it cannot run; "

@@ -17,13 +17,15 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+from collections import Counter
+from collections.abc import Iterable, Mapping
 
 from autoplace.ir import Edge, Placement, Problem
 from autoplace.simulate import upward_rank
 
 __all__ = [
-    "NotRun", "activation_reserve", "group_devices", "heft", "mean_delay_s", "sequential_fill",
-    "single_device"]
+    "NotRun", "activation_reserve", "group_devices", "heft", "majority_devices", "mean_delay_s",
+    "sequential_fill", "single_device"]
 
 
 class NotRun(Exception):  # noqa: N818 - a verdict, not a fault: the baseline does not apply
@@ -53,6 +55,19 @@ def group_devices(problem: Problem) -> dict[str, tuple[str, ...]]:
     return {name: tuple(d for d in problem.cluster.names
                         if all(d in allowed[m] for m in group))
             for name, group in problem.graph.colocation_of.items()}
+
+
+def majority_devices(problem: Problem, members: Mapping[str, Iterable[str]],
+                     device_of: Mapping[str, str]) -> dict[str, str]:
+    """A finer placement (``device_of``, of the members) carried onto ``problem``'s nodes: each
+    node where most of its ``members`` are, then each colocation group where its first node
+    is. Whether every node may run there is the caller's to check."""
+    placed = {name: Counter(device_of[m] for m in group).most_common(1)[0][0]
+              for name, group in members.items()}
+    for group in problem.graph.colocate:
+        for name in group[1:]:
+            placed[name] = placed[group[0]]
+    return placed
 
 
 def mean_delay_s(problem: Problem, edge: Edge) -> float:

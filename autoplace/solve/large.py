@@ -21,7 +21,6 @@ Each step's objective on the full graph is recorded, so a plan says what every s
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -29,7 +28,7 @@ from autoplace.coarsen import Coarsened, coarsen
 from autoplace.ir import Placement, Problem, Schedule
 from autoplace.simulate import simulate
 from autoplace.solve.cpsat import CpSatResult, node_activation_bytes, solve_cpsat
-from autoplace.solve.heuristics import group_devices
+from autoplace.solve.heuristics import group_devices, majority_devices
 
 __all__ = ["EXACT_MAX_NODES", "LargeResult", "coarse_solve", "improve"]
 
@@ -55,12 +54,7 @@ def _max_group_bytes(problem: Problem) -> int:
 def _project(small: Problem, coarse: Coarsened, device_of: Mapping[str, str]) -> Schedule | None:
     """A full-graph placement on the coarse graph: each coarse node where most of its members
     are (its colocation group with it); ``None`` where that is not allowed."""
-    coarse_of = {
-        name: Counter(device_of[m] for m in members).most_common(1)[0][0]
-        for name, members in coarse.members.items()}
-    for group in small.graph.colocate:
-        for name in group:
-            coarse_of[name] = coarse_of[group[0]]
+    coarse_of = majority_devices(small, coarse.members, device_of)
     if not all(coarse_of[n] in small.allowed[n] for n in coarse_of):
         return None
     return simulate(small, Placement(device_of=coarse_of))
