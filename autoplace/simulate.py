@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 
@@ -301,7 +302,7 @@ def _memory(
     # it there then, so the original lives at least until that copy.
     last_read: dict[tuple[str, str], float] = {}
     instant_read: set[tuple[str, str]] = set()
-    copied_at: dict[str, float] = {}
+    first_copy: dict[tuple[str, str], float] = {}  # (value, other device): first reader there
     for e in graph.edges:
         # Read inside its own segment, a value goes when its reader is done (fx frees it); read
         # by another segment, when that segment returns; and it leaves its own segment at the end.
@@ -315,9 +316,12 @@ def _memory(
         if t == last_read[key] and began == t:
             instant_read.add(key)
         if device_of[e.dst] != device_of[e.src]:
-            copy_s = min(seg_start[r.dst] for r in graph.out_edges(e.src)
-                         if device_of[r.dst] == device_of[e.dst])
-            copied_at[e.src] = max(copied_at.get(e.src, 0.0), copy_s)
+            first_copy[key] = min(first_copy.get(key, math.inf), seg_start[e.dst])
+    # A value is copied to each other device when its first reader there starts: the original
+    # lives until the last of those copies.
+    copied_at: dict[str, float] = {}
+    for (src, _), copy_s in first_copy.items():
+        copied_at[src] = max(copied_at.get(src, 0.0), copy_s)
     sent_until: dict[str, float] = {}
     for t in transfers:
         sent_until[t.src] = max(sent_until.get(t.src, 0.0), t.end_s)
