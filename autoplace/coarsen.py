@@ -195,7 +195,9 @@ def _build(graph: OpGraph, costs: Costs, groups: list[list[str]]) -> tuple[OpGra
     outputs = tuple(dict.fromkeys(names[group_of[o]] for o in graph.outputs))
     coarse_graph = OpGraph(nodes=tuple(nodes), edges=edges, colocate=tuple(colocate),
                            outputs=outputs, name=graph.name)
-    return coarse_graph, Costs(compute_s=compute_s, source=source, device_source=device_source)
+    host = None if costs.host is None else costs.host.grouped(dict(zip(names, groups)))
+    return coarse_graph, Costs(compute_s=compute_s, source=source, device_source=device_source,
+                               host=host)
 
 
 def coarsen(

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from autoplace.ir import Cluster, Costs, OpGraph, OpNode
+from autoplace.ir import Cluster, Costs, HostCosts, OpGraph, OpNode
 from cost_models import get_device_type
 from cost_models.calibration import CalibrationFit, op_family
+from cost_models.devices import GPU_HANDOVER_S, GPU_SEGMENT_CALL_S
 from cost_models.roofline import op_time_s
 
-__all__ = ["SOURCES", "analytic_cpu_note", "analytic_costs", "costs", "node_family",
-           "op_short_name", "weakest_source"]
+__all__ = ["SOURCES", "analytic_cpu_note", "analytic_costs", "costs", "host_costs",
+           "node_family", "op_short_name", "weakest_source"]
 
 # From least to most measured. A group of nodes is as good as its weakest member.
 SOURCES = ("analytic", "calibrated", "measured")
@@ -96,7 +97,38 @@ def costs(
         source[node.name] = weakest_source(kinds.values())
         if len(set(kinds.values())) > 1 or source[node.name] != "analytic":
             device_source[node.name] = kinds
-    return Costs(compute_s=compute_s, source=source, device_source=device_source)
+    return Costs(compute_s=compute_s, source=source, device_source=device_source,
+                 host=host_costs(graph, cluster, compute_s, fits))
+
+
+def host_costs(
+    graph: OpGraph,
+    cluster: Cluster,
+    compute_s: Mapping[str, Mapping[str, float]],
+    fits: Mapping[str, CalibrationFit] | None = None,
+) -> HostCosts | None:
+    """What the launcher thread pays for each node on each GPU (``ir.HostCosts``): its launches
+    times the per-launch overhead (the calibrated law's for the node's family where a fit of the
+    device type exists, else the catalog's ``launch_overhead_s``), at most the node's own time
+    there; ``None`` without a GPU, or for a graph that counts no launches (a benchmark's)."""
+    fits = fits or {}
+    launched = {d.name: get_device_type(d.type) for d in cluster.devices
+                if get_device_type(d.type).launched}
+    if not launched or not any(n.launches for n in graph.nodes):
+        return None
+    launch_s: dict[str, dict[str, float]] = {}
+    for node in graph.nodes:
+        if node.is_input or not node.launches:
+            continue
+        per_device = {}
+        for name, device_type in launched.items():
+            fit = fits.get(device_type.name)
+            overhead = (fit.law_of(node_family(node))[0] if fit is not None
+                        else device_type.launch_overhead_s)
+            per_device[name] = min(compute_s[node.name][name], node.launches * overhead)
+        launch_s[node.name] = per_device
+    return HostCosts(launch_s=launch_s, call_s=dict.fromkeys(launched, GPU_SEGMENT_CALL_S),
+                     handover_s=dict.fromkeys(launched, GPU_HANDOVER_S))
 
 
 def analytic_cpu_note(graph: OpGraph, cluster: Cluster, costs: Costs) -> str | None:

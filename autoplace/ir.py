@@ -12,7 +12,7 @@ several stages share); colocation groups are merged with networkx's union-find.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -27,6 +27,7 @@ __all__ = [
     "Costs",
     "Device",
     "Edge",
+    "HostCosts",
     "Link",
     "OpGraph",
     "OpNode",
@@ -307,6 +308,50 @@ class Cluster:
 
 
 @dataclass(frozen=True)
+class HostCosts:
+    """What the host thread that launches a device's work pays, for devices whose work is
+    launched asynchronously (GPUs): the emitted runtime issues every GPU's segments from one
+    thread per host, so these times add up across devices where the devices' own times overlap.
+
+    ``launch_s[node][device]``: the node's kernel launches (dispatch and ``cudaLaunchKernel``),
+    at most its ``compute_s`` there; ``call_s[device]``: one segment call (the generated Python
+    around it); ``handover_s[device]``: issuing one copy of a value to another device (stream
+    wait, copy, event). A device absent from ``call_s`` has no launcher: its own thread does all
+    of its work, and ``compute_s`` is all there is (CPUs).
+    """
+
+    launch_s: Mapping[str, Mapping[str, float]]
+    call_s: Mapping[str, float]
+    handover_s: Mapping[str, float]
+
+    def launch_of(self, node: str, device: str) -> float:
+        return self.launch_s.get(node, {}).get(device, 0.0)
+
+    def grouped(self, members: Mapping[str, Sequence[str]]) -> HostCosts:
+        """The launches of groups of nodes (``members[group]``, as coarsening folds them)."""
+        launch_s: dict[str, dict[str, float]] = {}
+        for group, names in members.items():
+            per_device: dict[str, float] = {}
+            for name in names:
+                for device, secs in self.launch_s.get(name, {}).items():
+                    per_device[device] = per_device.get(device, 0.0) + secs
+            if per_device:
+                launch_s[group] = per_device
+        return HostCosts(launch_s=launch_s, call_s=self.call_s, handover_s=self.handover_s)
+
+    def restricted(self, devices: Iterable[str]) -> HostCosts | None:
+        """The same on ``devices`` only; ``None`` when none of them has a launcher."""
+        keep = set(devices) & set(self.call_s)
+        if not keep:
+            return None
+        return HostCosts(
+            launch_s={n: {d: t for d, t in per.items() if d in keep}
+                      for n, per in self.launch_s.items()},
+            call_s={d: t for d, t in self.call_s.items() if d in keep},
+            handover_s={d: t for d, t in self.handover_s.items() if d in keep})
+
+
+@dataclass(frozen=True)
 class Costs:
     """``compute_s[node][device]``: how long a node runs on a device; ``math.inf`` where it
     cannot run there (an unsupported op, or a node pinned elsewhere). ``source[node]`` says where
@@ -317,6 +362,7 @@ class Costs:
     compute_s: Mapping[str, Mapping[str, float]]
     source: Mapping[str, str] = field(default_factory=dict)
     device_source: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    host: HostCosts | None = None  # None: no device's work is launched by a shared host thread
 
     def of(self, node: str, device: str) -> float:
         return self.compute_s[node][device]
@@ -358,6 +404,15 @@ class Problem:
         return {n.name: tuple(d for d in self.cluster.names
                               if math.isfinite(self.costs.of(n.name, d)))
                 for n in self.graph.nodes}
+
+    @cached_property
+    def launchers(self) -> dict[str, str]:
+        """Device -> the host thread that launches its work (one per host), for the devices
+        ``costs.host`` gives a launcher; empty when it is ``None``."""
+        host = self.costs.host
+        if host is None:
+            return {}
+        return {d.name: d.host for d in self.cluster.devices if d.name in host.call_s}
 
     def delay_s(self, edge: Edge, src_device: str, dst_device: str) -> float:
         """How long ``edge``'s data takes from ``src_device`` to ``dst_device``."""
@@ -402,6 +457,9 @@ class Schedule:
     memory_timeline: Mapping[str, tuple[tuple[float, int], ...]]
     over_capacity: Mapping[str, int]
     load_s: Mapping[str, float] = field(default_factory=dict)
+    # The order the emitted program launches the nodes in (the simulator's host model): empty
+    # when no device has a launcher, and the order of start is the launch order.
+    launch_order: tuple[str, ...] = ()
 
     @property
     def feasible(self) -> bool:

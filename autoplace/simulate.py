@@ -41,7 +41,16 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 
 from autoplace.errors import GraphError
-from autoplace.ir import Edge, OpGraph, Placement, Problem, Schedule, Transfer
+from autoplace.ir import (
+    Edge,
+    HostCosts,
+    OpGraph,
+    OpNode,
+    Placement,
+    Problem,
+    Schedule,
+    Transfer,
+)
 
 __all__ = ["copies", "loads", "simulate", "upward_rank", "validate"]
 
@@ -135,8 +144,13 @@ def simulate(problem: Problem, placement: Placement) -> Schedule:
             f"the placement's device order deadlocks: {stuck} never start (an order that runs a "
             "node before one of its inputs on the same device)"
         )
+    launch_order: tuple[str, ...] = ()
+    if problem.launchers:
+        launch_order, start, end, transfers = _launched(
+            problem, device_of, _start_order(problem.graph, start, end), moved_from)
     makespan = max(end.values(), default=0.0)
-    resident, peak, timeline = _memory(problem, device_of, start, end, transfers, makespan)
+    resident, peak, timeline = _memory(problem, device_of, start, end, transfers, makespan,
+                                       launch_order)
     over = {d: peak[d] - cluster.device(d).memory_bytes for d in cluster.names
             if peak[d] > cluster.device(d).memory_bytes}
     return Schedule(
@@ -150,6 +164,7 @@ def simulate(problem: Problem, placement: Placement) -> Schedule:
         memory_timeline=timeline,
         over_capacity=over,
         load_s=loads(problem, device_of, moved),
+        launch_order=launch_order,
     )
 
 
@@ -250,6 +265,142 @@ def _run(
     return start, end, transfers
 
 
+def _start_order(graph: OpGraph, start: Mapping[str, float],
+                 end: Mapping[str, float]) -> tuple[str, ...]:
+    """The nodes in order of start: the order the emitted model runs (or launches) them in
+    (``emit._op_order``'s key), a topological order that keeps each device's order."""
+    return tuple(n.name for n in sorted(
+        graph.nodes, key=lambda n: (start[n.name], end[n.name], graph.index[n.name])))
+
+
+def _launched(
+    problem: Problem,
+    device_of: Mapping[str, str],
+    first_pass: tuple[str, ...],
+    moved_from: Mapping[str, list[tuple[str, int, float]]],
+) -> tuple[tuple[str, ...], dict[str, float], dict[str, float], list[Transfer]]:
+    """The schedule again with the host threads that launch the devices' work (``costs.host``):
+    the launch order, start, end and the copies made.
+
+    Each device keeps its order of ``first_pass`` (the first pass's order of start). The emitted
+    runtime launches the nodes in one order, cutting a segment wherever the device changes; a
+    launcher thread pays each segment's call and each node's launches in turn, so the order is
+    chosen here, and the emitted program keeps it (``Schedule.launch_order``): the launcher
+    stays on its device while that device has work queued, and moves to another device whose
+    next node's inputs are launched once that device's queue runs out a switch's worth earlier
+    (``_next_device``). A node starts once its launcher begins to launch it, its device is free
+    and its inputs are there (its time on the device, ``compute_s``, includes its launches: a
+    lone device is never slower for its launcher, and the launches of several devices add up on
+    the one thread). After a segment the launcher issues its values' copies to other devices (a
+    handover each), on the sending device's one copy stream: a copy starts once issued, its
+    producer has ended and the stream's previous copy is done. A launcher that needs a value
+    from a device without one (a CPU worker) waits for it on the host. Devices without a
+    launcher run as in ``_run``, their nodes taken as soon as their inputs are launched: their
+    thread does all their work.
+    """
+    graph, costs, host = problem.graph, problem.costs, problem.costs.host
+    assert host is not None
+    launchers = problem.launchers
+    clock = dict.fromkeys(launchers.values(), 0.0)  # each launcher thread's time
+    free = dict.fromkeys(problem.cluster.names, 0.0)
+    engine = dict.fromkeys(problem.cluster.names, 0.0)  # each device's copy stream
+    copied: dict[tuple[str, str], float] = {}  # (value, device) -> when its copy there began
+    start: dict[str, float] = {}
+    end: dict[str, float] = {}
+    transfers: list[Transfer] = []
+    segment: list[str] = []  # the open segment's nodes
+    order: list[str] = []
+    queues: dict[str, list[str]] = defaultdict(list)
+    for name in first_pass:
+        queues[device_of[name]].append(name)
+    pointer = dict.fromkeys(queues, 0)
+    waiting = {name: len({e.src for e in graph.in_edges(name)}) for name in first_pass}
+
+    def close() -> None:
+        for u in segment:
+            src = device_of[u]
+            for dst, nbytes, secs in moved_from[u]:
+                began = end[u]
+                if src in launchers:
+                    clock[launchers[src]] += host.handover_s[src]
+                    began = max(began, clock[launchers[src]], engine[src])
+                    engine[src] = began + secs
+                copied[(u, dst)] = began
+                transfers.append(Transfer(src=u, src_device=src, dst_device=dst, bytes=nbytes,
+                                          start_s=began, end_s=began + secs))
+        segment.clear()
+
+    def take(name: str) -> None:
+        node, dev = graph.node(name), device_of[name]
+        order.append(name)
+        pointer[dev] += 1
+        for succ in dict.fromkeys(e.dst for e in graph.out_edges(name)):
+            waiting[succ] -= 1
+        if node.is_input:  # the caller's: there at once; a segment that reads it moves it
+            start[name] = end[name] = 0.0
+            for dst, nbytes, secs in moved_from[name]:
+                copied[(name, dst)] = 0.0
+                transfers.append(Transfer(src=name, src_device=dev, dst_device=dst,
+                                          bytes=nbytes, start_s=0.0, end_s=secs))
+            return
+        if segment and device_of[segment[-1]] != dev:
+            close()
+        ready, blocking = _arrivals(problem, device_of, name, end, copied)
+        launcher = launchers.get(dev)
+        if launcher is None:
+            start[name] = max(free[dev], ready)
+        else:
+            if not segment:
+                clock[launcher] += host.call_s[dev]
+            clock[launcher] = max(clock[launcher], blocking)
+            start[name] = max(clock[launcher], free[dev], ready)
+            clock[launcher] += host.launch_of(name, dev)
+        end[name] = free[dev] = start[name] + costs.of(name, dev)
+        segment.append(name)
+
+    while len(order) < len(first_pass):
+        ready_devices = [d for d, q in queues.items()
+                         if pointer[d] < len(q) and waiting[q[pointer[d]]] == 0]
+        current = device_of[segment[-1]] if segment else None
+        dev = _next_device(ready_devices, current, free, launchers, host,
+                           [graph.node(queues[d][pointer[d]]) for d in ready_devices])
+        take(queues[dev][pointer[dev]])
+    close()
+    return tuple(order), start, end, transfers
+
+
+def _arrivals(problem: Problem, device_of: Mapping[str, str], name: str,
+              end: Mapping[str, float],
+              copied: Mapping[tuple[str, str], float]) -> tuple[float, float]:
+    """When ``name``'s last input is on its device, and when its last input from a device
+    without a launcher is (its launcher waits for that one on the host)."""
+    dev, launchers = device_of[name], problem.launchers
+    ready, blocking = 0.0, 0.0
+    for e in problem.graph.in_edges(name):
+        src = device_of[e.src]
+        arrive = end[e.src] if src == dev else (
+            copied[(e.src, dev)] + problem.delay_s(e, src, dev))
+        ready = max(ready, arrive)
+        if src != dev and src not in launchers:
+            blocking = max(blocking, arrive)
+    return ready, blocking
+
+
+def _next_device(ready: list[str], current: str | None, free: Mapping[str, float],
+                 launchers: Mapping[str, str], host: HostCosts, nodes: list[OpNode]) -> str:
+    """Which of the ``ready`` devices (each with the next node of its order, ``nodes``, whose
+    inputs are launched) the launch order takes next: an input, or a device without a launcher,
+    first (they cost no launcher time); else the open segment's device, unless another device
+    runs out of work more than two segment calls earlier; else the one that runs out first."""
+    for d, node in zip(ready, nodes):
+        if d not in launchers or node.is_input:
+            return d
+    soonest = min(ready, key=lambda d: (free[d], d != current))
+    if current in ready and free[soonest] + 2 * host.call_s[soonest] >= free[current]:
+        return current
+    return soonest
+
+
 def _input_counts(graph: OpGraph) -> dict[str, int]:
     """How many distinct nodes each node reads from: what it waits for before it is ready."""
     # Not the in-degree of ``graph.to_networkx()``: building that graph costs more than a
@@ -259,18 +410,18 @@ def _input_counts(graph: OpGraph) -> dict[str, int]:
 
 def _segment_spans(
     graph: OpGraph, device_of: Mapping[str, str], start: Mapping[str, float],
-    end: Mapping[str, float],
+    end: Mapping[str, float], launch_order: tuple[str, ...] = (),
 ) -> tuple[dict[str, int], dict[str, float], dict[str, float]]:
     """Each node's emitted segment: its index, when it starts and when it ends. The emitted
-    model runs the nodes
-    in order of start (``emit._op_order``'s key) and cuts a segment wherever the device changes;
-    a segment's inputs stay referenced until its call returns."""
-    ordered = sorted(graph.nodes, key=lambda n: (start[n.name], end[n.name], graph.index[n.name]))
+    model runs the nodes in ``launch_order``, or in order of start without one
+    (``emit._op_order``'s key), and cuts a segment wherever the device changes; a segment's
+    inputs stay referenced until its call returns."""
+    ordered = launch_order or _start_order(graph, start, end)
     runs: list[list[str]] = []
-    for node in ordered:
-        if not runs or device_of[runs[-1][0]] != device_of[node.name]:
+    for name in ordered:
+        if not runs or device_of[runs[-1][0]] != device_of[name]:
             runs.append([])
-        runs[-1].append(node.name)
+        runs[-1].append(name)
     seg: dict[str, int] = {}
     seg_start: dict[str, float] = {}
     seg_end: dict[str, float] = {}
@@ -288,6 +439,7 @@ def _memory(
     end: dict[str, float],
     transfers: list[Transfer],
     makespan: float,
+    launch_order: tuple[str, ...] = (),
 ) -> tuple[dict[str, int], dict[str, int], dict[str, tuple[tuple[float, int], ...]]]:
     """Resident bytes, peak bytes and the timeline per device, under the emitted model's rule:
     a value lives until the segment of its last reader returns (see ``_segment_spans``)."""
@@ -295,7 +447,7 @@ def _memory(
     resident = {d.name: d.reserved_bytes for d in cluster.devices}
     for node in graph.nodes:
         resident[device_of[node.name]] += node.param_bytes
-    seg, seg_start, seg_end = _segment_spans(graph, device_of, start, end)
+    seg, seg_start, seg_end = _segment_spans(graph, device_of, start, end, launch_order)
     # For each (buffer, device): when its last reader's segment there ends, and whether that
     # segment took no time (it still needs the buffer at that instant, see the ordering below);
     # and when the first segment reading it on another device starts: the emitted model copies
@@ -407,12 +559,26 @@ def _memory_violations(problem: Problem, schedule: Schedule) -> list[str]:
     ``peak_bytes``: a hand-edited plan that lowers its figures is caught."""
     device_of = dict(schedule.placement.device_of)
     end = dict(schedule.end_s)
-    transfers = [Transfer(src=src, src_device=device_of[src], dst_device=dst_dev, bytes=nbytes,
-                          start_s=end[src], end_s=end[src] + secs)
-                 for (src, dst_dev), (nbytes, secs) in copies(problem, device_of).items()]
-    _, peak, _ = _memory(problem, device_of, dict(schedule.start_s), end, transfers,
-                         max(end.values(), default=0.0))
     problems: list[str] = []
+    made = copies(problem, device_of)
+    if problem.launchers:
+        # A copy waits for its launcher and its copy stream (``_launched``): take the recorded
+        # copies, each checked to be one the placement makes, no earlier than its producer.
+        transfers = list(schedule.transfers)
+        for t in transfers:
+            nbytes, secs = made.get((t.src, t.dst_device), (None, 0.0))
+            if (nbytes != t.bytes or t.start_s < end[t.src] - 1e-9
+                    or abs(t.end_s - t.start_s - secs) > 1e-9 + 1e-9 * secs):
+                problems.append(f"the copy of {t.src} to {t.dst_device} is not one the "
+                                "placement makes, or it starts before its producer ends")
+        if len({(t.src, t.dst_device) for t in transfers}) != len(made):
+            problems.append("the schedule's copies are not the ones the placement makes")
+    else:
+        transfers = [Transfer(src=src, src_device=device_of[src], dst_device=dst_dev,
+                              bytes=nbytes, start_s=end[src], end_s=end[src] + secs)
+                     for (src, dst_dev), (nbytes, secs) in made.items()]
+    _, peak, _ = _memory(problem, device_of, dict(schedule.start_s), end, transfers,
+                         max(end.values(), default=0.0), schedule.launch_order)
     for device in problem.cluster.devices:
         dev, needed = device.name, peak[device.name]
         recorded = schedule.peak_bytes.get(dev)

@@ -1,21 +1,29 @@
-"""The GPU fidelity check: plan Inception and GPT-2 for two GPUs of this GPU's type, run the
-emitted model on this one GPU with two streams (the threaded runtime: one worker and one stream
-per planned device), and set the measured time and peak memory beside the plan's.
+"""The GPU fidelity check: measure the launcher's host costs on this machine, plan Inception and
+GPT-2 for this GPU alone and for two GPUs of its type, run each emitted model on this one GPU
+(two planned devices: two streams, launched from one thread), and set the measured time and
+peak memory beside the plan's.
 
     python benchmarks/gpu_fidelity.py --out results/gpu-fidelity.md      # on a machine with a GPU
     python benchmarks/gpu_fidelity.py --device cpu --out /tmp/dry.md     # dry run of every step
 
-Per example: a plan on the GPU alone (``cuda:0``, profiled) and a plan on two simulated GPUs of
-its type (``cuda:0`` profiled, ``cuda:1`` calibrated from it), both emitted; each emitted model
-is loaded with every planned device on the one GPU here and timed (CUDA synchronised, median of
-``--repeats`` after ``--warmup``); the eager model is timed the same way. Memory: the caching
-allocator's peak over one pass, less what was allocated before it (weights), against the plan's
-weights plus activations. Every figure is what this run measured.
+First the host costs of the emitted runtime's launcher (``ir.HostCosts``) are measured here:
+one kernel launch, one segment call beyond its ops, one handover (``emit/runtime.py``'s
+``_hand_over`` calls); the plans use the measured segment call and handover (the catalog's
+``GPU_SEGMENT_CALL_S`` and ``GPU_HANDOVER_S`` are estimates of them) and the profile's launch
+overhead. Per example: a plan on the GPU alone (``cuda:0``, profiled), a plan on two simulated
+GPUs of its type (``cuda:1`` calibrated from ``cuda:0``), which may keep one device when
+splitting does not pay, and the same two GPUs each capped to a share of the one-GPU plan's
+memory, which forces a split. Each emitted model is loaded with every planned device on the one
+GPU here and timed (CUDA synchronised, median of ``--repeats`` after ``--warmup``); the eager
+model is timed the same way. Memory: the caching allocator's peak over one pass, less what was
+allocated before it (weights), against the plan's weights plus activations. Every figure is
+what this run measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -27,12 +35,75 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import ROOT, machine_line, write_markdown  # noqa: E402
 
 import autoplace  # noqa: E402
+import autoplace.cost  # noqa: E402
 from autoplace.cluster import resolve_cluster  # noqa: E402
 from autoplace.emit import load_model  # noqa: E402
+from autoplace.errors import InfeasibleError  # noqa: E402
 from autoplace.load import load_model_file  # noqa: E402
 from autoplace.profile import open_cache  # noqa: E402
 
 EXAMPLES = ("inception", "gpt2")
+CAPS = (0.6, 0.7, 0.8, 0.9)  # shares of the one-GPU plan's memory tried, tightest first
+
+
+def host_costs(device: str, n: int = 3000) -> dict[str, float]:
+    """Seconds the launching thread spends per kernel launch, per segment call (beyond its
+    ops) and per handover, on ``device``, with nothing synchronised while it is timed."""
+    x = torch.zeros(16, device=device)
+    gm = torch.fx.symbolic_trace(_AddOne())
+    values: dict = {"x": x}
+
+    def launches() -> None:
+        x.add_(1)
+
+    def segment() -> None:
+        values["y"] = gm(values["x"])
+
+    def bare() -> None:
+        values["y"] = x + 1
+
+    cuda = device.startswith("cuda")
+    streams = {}
+    if cuda:
+        streams = {"copy": torch.cuda.Stream(device), "in": torch.cuda.Stream(device),
+                   "run": torch.cuda.Stream(device)}
+
+    def handover() -> None:  # the calls of runtime._hand_over and _wait, on one device
+        value = values["x"]
+        if not cuda:
+            values["h"] = value
+            return
+        stream = streams["copy"]
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream), torch.cuda.stream(streams["in"]):
+            moved = value.to(device, non_blocking=True)
+        with torch.cuda.stream(stream):
+            done = torch.cuda.Event()
+            done.record(stream)
+        value.record_stream(stream)
+        streams["run"].wait_event(done)
+        moved.record_stream(streams["run"])
+        values["h"] = moved
+
+    def per_call(fn) -> float:  # noqa: ANN001
+        for _ in range(200):
+            fn()
+        _sync(device)
+        began = time.perf_counter()
+        for _ in range(n):
+            fn()
+        took = (time.perf_counter() - began) / n
+        _sync(device)
+        return took
+
+    launch = per_call(launches)
+    return {"launch_s": launch, "segment_call_s": max(0.0, per_call(segment) - per_call(bare)),
+            "handover_s": per_call(handover)}
+
+
+class _AddOne(torch.nn.Module):
+    def forward(self, x):  # noqa: ANN001, ANN201
+        return x + 1
 
 
 def _sync(device: str) -> None:
@@ -76,15 +147,39 @@ def _to(value, device: str):  # noqa: ANN001, ANN202
     return value
 
 
+def _plan(example: str, model, loaded, cluster, time_limit_s: float):  # noqa: ANN001, ANN202
+    return autoplace.plan(model, loaded.kwargs or loaded.args, devices=cluster,
+                          time_limit_s=time_limit_s, profile=True, cache=open_cache(),
+                          whatif=False, name=example, min_gain=0.0)
+
+
+def _capped(example: str, model, loaded, cluster, one_peak: int,  # noqa: ANN001, ANN202
+            time_limit_s: float):
+    """The two-GPU plan with each GPU capped to the tightest share of ``CAPS`` of the one-GPU
+    plan's tensor bytes that still plans: a model that does not fit one GPU."""
+    for share in CAPS:
+        capped = dataclasses.replace(cluster, devices=tuple(
+            dataclasses.replace(d, memory_bytes=d.reserved_bytes + int(share * one_peak))
+            for d in cluster.devices))
+        try:
+            return _plan(example, model, loaded, capped, time_limit_s), share
+        except InfeasibleError:
+            continue
+    raise InfeasibleError(f"no two-GPU plan within {CAPS[-1]:.0%} of one GPU's memory")
+
+
 def run(example: str, devices: str, device: str, out: Path, *, warmup: int, repeats: int,
-        time_limit_s: float) -> dict:
+        time_limit_s: float, cap_of: int | None = None) -> dict:
     loaded = load_model_file(ROOT / "examples" / f"{example}.py")
     model = loaded.model.eval()
     cluster, notes = resolve_cluster(spec=devices)
-    planned = autoplace.plan(model, loaded.kwargs or loaded.args, devices=cluster,
-                             time_limit_s=time_limit_s, profile=True, cache=open_cache(),
-                             whatif=False, name=example, min_gain=0.0)
-    target = out / f"{example}-{len(cluster.devices)}"
+    share = None
+    if cap_of is None:
+        planned = _plan(example, model, loaded, cluster, time_limit_s)
+    else:
+        planned, share = _capped(example, model, loaded, cluster, cap_of, time_limit_s)
+    used = sorted(set(planned.schedule.placement.device_of.values()))
+    target = out / f"{example}-{len(cluster.devices)}{'' if share is None else '-capped'}"
     autoplace.save(planned, target)
     mapping = {d.torch_device: device for d in cluster.devices}
     emitted = load_model(target / "model", device_map=mapping)
@@ -103,7 +198,11 @@ def run(example: str, devices: str, device: str, out: Path, *, warmup: int, repe
     emitted_s = _time_s(call_emitted, device, warmup=warmup, repeats=repeats)
     eager_s = _time_s(call_eager, device, warmup=warmup, repeats=repeats)
     return {
-        "example": example, "devices": devices, "segments": len(emitted.segment_info)
+        "example": example, "devices": devices if share is None else
+        f"{devices}, each capped at {share:.0%}", "used": len(used),
+        "tensor_bytes": sum(planned.schedule.peak_bytes.values())
+        - sum(d.reserved_bytes for d in planned.problem.cluster.devices),
+        "segments": len(emitted.segment_info)
         if hasattr(emitted, "segment_info") else len(getattr(emitted, "planned_devices", ())),
         "runtime": getattr(emitted, "runtime", "?"), "predicted_s": planned.makespan_s,
         "measured_s": emitted_s, "eager_s": eager_s,
@@ -131,13 +230,21 @@ def main() -> int:
         kind = found.devices[0].type
         one, two = "cuda:0", f"2x{kind}"
         print(f"GPU: {name} (catalog type {kind})", flush=True)
+    measured = host_costs(opts.device)
+    print("host costs:", measured, flush=True)
+    # The plans below use this machine's segment call and handover, not the catalog's estimates.
+    autoplace.cost.GPU_SEGMENT_CALL_S = measured["segment_call_s"]
+    autoplace.cost.GPU_HANDOVER_S = measured["handover_s"]
     rows = []
     for example in EXAMPLES:
-        for devices in (one, two):
+        single_peak = None
+        for devices, capped in ((one, False), (two, False), (two, True)):
             began = time.perf_counter()
             try:
                 row = run(example, devices, opts.device, Path(opts.plans), warmup=opts.warmup,
-                          repeats=opts.repeats, time_limit_s=opts.time_limit)
+                          repeats=opts.repeats, time_limit_s=opts.time_limit,
+                          cap_of=single_peak if capped else None)
+                single_peak = single_peak or row["tensor_bytes"]
             except Exception as exc:  # noqa: BLE001 - a row says what failed, the rest still run
                 row = {"example": example, "devices": devices, "error": repr(exc)[:300]}
             row["wall_s"] = time.perf_counter() - began
@@ -146,17 +253,24 @@ def main() -> int:
     lines = ["# GPU fidelity: measured against predicted", "",
              f"{machine_line()}; {torch.cuda.get_device_name(0) if opts.device != 'cpu' else 'cpu'}"
              f", torch {torch.__version__}. Command: `python benchmarks/gpu_fidelity.py`. Two "
-             "planned devices run on the one device here, one worker and one stream each.", "",
-             "| example | planned on | runtime | predicted ms | measured ms | measured / predicted "
-             "| eager ms | predicted peak MiB | measured peak MiB | status |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "planned devices run on the one device here, a stream each, launched from one "
+             "thread.", "",
+             "Host costs measured here (the plans use the segment call and handover): "
+             + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v * 1e6:.1f} us"
+                         for k, v in measured.items()) + ".", "",
+             "| example | planned on | devices used | runtime | segments | predicted ms "
+             "| measured ms | measured / predicted | eager ms | predicted peak MiB "
+             "| measured peak MiB | status |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['example']} | {r['devices']} | failed: {r['error']} |||||||| |")
+            lines.append(f"| {r['example']} | {r['devices']} | failed: {r['error']} "
+                         "|||||||||| |")
             continue
         peak = r["measured_peak_bytes"]
         lines.append(
-            f"| {r['example']} | {r['devices']} | {r['runtime']} | {r['predicted_s'] * 1e3:.3f} "
+            f"| {r['example']} | {r['devices']} | {r['used']} | {r['runtime']} | {r['segments']} "
+            f"| {r['predicted_s'] * 1e3:.3f} "
             f"| {r['measured_s'] * 1e3:.3f} | {r['measured_s'] / r['predicted_s']:.2f} "
             f"| {r['eager_s'] * 1e3:.3f} | {r['predicted_peak_bytes'] / 2**20:.1f} "
             f"| {'-' if peak is None else f'{peak / 2**20:.1f}'} | {r['status']} |")

@@ -145,6 +145,12 @@ class DeviceType:
         object.__setattr__(self, "peak_flops_per_s", MappingProxyType(dict(self.peak_flops_per_s)))
 
     @property
+    def launched(self) -> bool:
+        """Whether a host thread launches this device's work asynchronously (a GPU), so that
+        the launches of several devices share that thread (``ir.HostCosts``)."""
+        return self.kind == "gpu"
+
+    @property
     def reserved_bytes(self) -> int:
         """The runtime's memory before any tensor (see the module docstring): by kind."""
         return GPU_RUNTIME_RESERVE_BYTES if self.kind == "gpu" else 0
@@ -168,6 +174,13 @@ class DeviceType:
 
 
 GPU_LAUNCH_OVERHEAD_S = 5e-6  # estimate: PyTorch eager dispatch + cudaLaunchKernel, a few us
+# What the emitted runtime's launcher thread pays besides the kernels, on a GPU (issue 13's
+# host model, ``ir.HostCosts``): one segment call (the generated closure and the GraphModule's
+# Python around its ops) and one handover (stream waits, the copy's launch, an event). Estimates
+# from the Python calls each makes (a segment call cost 4-8 us on this project's 2-core CPU
+# machine); ``benchmarks/gpu_fidelity.py`` measures both on the GPU host it runs on.
+GPU_SEGMENT_CALL_S = 10e-6
+GPU_HANDOVER_S = 20e-6
 CPU_LAUNCH_OVERHEAD_S = 1e-6  # estimate: PyTorch eager dispatch of a CPU kernel
 
 # What a GPU loses to PyTorch's runtime before the first tensor: the CUDA context with all modules

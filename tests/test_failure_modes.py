@@ -288,7 +288,8 @@ BRANCHY_MODEL = """
     from torch import nn
 
     class Branches(nn.Module):
-        # Four independent 256-wide branches: worth spreading over devices.
+        # Four independent 256-wide branches, each long enough that spreading them over devices
+        # pays for the launcher's segment calls and handovers.
         def __init__(self):
             super().__init__()
             self.branches = nn.ModuleList(
@@ -300,7 +301,7 @@ BRANCHY_MODEL = """
 
     def build():
         torch.manual_seed(0)
-        return Branches(), (torch.randn(512, 256),)
+        return Branches(), (torch.randn(4096, 256),)
 """
 
 

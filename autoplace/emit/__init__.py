@@ -142,12 +142,15 @@ def _check_memory(
 
 
 def _op_order(module: torch.fx.GraphModule, problem: Problem, schedule: Schedule) -> list[str]:
-    """Ops in order of their coarse node's simulated start: a topological order (a consumer
-    starts no earlier than its producer ends) that keeps each device's work contiguous."""
+    """Ops in the order the simulator launches their plan nodes (``Schedule.launch_order``), or
+    of their node's simulated start without one: a topological order (a consumer starts no
+    earlier than its producer ends) that keeps each device's work contiguous."""
     position = {n.name: i for i, n in enumerate(module.graph.nodes)}
+    launched = {name: i for i, name in enumerate(schedule.launch_order)}
     keyed = []
     for coarse_index, node in enumerate(problem.graph.nodes):
+        first = ((launched[node.name],) if launched else
+                 (schedule.start_s[node.name], schedule.end_s[node.name]))
         for op in node.ops:
-            keyed.append(((schedule.start_s[node.name], schedule.end_s[node.name], coarse_index,
-                           position.get(op, 0)), op))
+            keyed.append(((*first, coarse_index, position.get(op, 0)), op))
     return [op for _, op in sorted(keyed)]

@@ -153,23 +153,17 @@ class _Failed(Exception):
 
 
 class _Worker:
-    """A daemon thread that runs the jobs put in its queue, on its device."""
+    """A daemon thread that runs the jobs put in its queue, on its (CPU) device."""
 
     def __init__(self, device):
         self.device = torch.device(device)
-        self.stream = None
         self.jobs = _queue.SimpleQueue()
         self.thread = _threading.Thread(target=self._loop, daemon=True,
                                         name=f"autoplace-{device}")
         self.thread.start()
 
     def _loop(self):
-        if self.device.type == "cpu":
-            torch.set_num_threads(1)
-        elif self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
-            # Its own stream, so two planned devices that share one GPU still overlap.
-            self.stream = torch.cuda.Stream(self.device)
+        torch.set_num_threads(1)
         while True:
             self.jobs.get()()
 
@@ -250,14 +244,9 @@ def _stream(streams, key, device):
 
 def _work(call, steps, functions, worker, copy_streams, finished, modes):
     try:
-        grad, inference, caller_stream = modes  # the caller's thread-local state
+        grad, inference, _ = modes  # the caller's thread-local state
         with torch.inference_mode(inference), torch.set_grad_enabled(grad):
-            if worker.stream is None:
-                _steps(call, steps, functions, worker.device, copy_streams)
-                return
-            worker.stream.wait_stream(caller_stream)  # the inputs the caller queued
-            with torch.cuda.stream(worker.stream):
-                _steps(call, steps, functions, worker.device, copy_streams)
+            _steps(call, steps, functions, worker.device, copy_streams)
     except _Failed:
         pass
     except BaseException as error:
@@ -277,28 +266,59 @@ def _steps(call, steps, functions, device, copy_streams):
             call.values.pop(key, None)
 
 
+def _launch(call, entries, functions, streams):
+    """Issue the CUDA devices' steps (``entries``: planned device, device, steps) from this
+    thread, in segment order: every launch and copy is asynchronous, ordered by events, so no
+    device waits on the host for another device's work. Each planned device runs on a stream of
+    its own (two planned devices on one GPU still overlap), after the caller's stream."""
+    merged = []
+    for planned, device, steps in entries:
+        stream = _stream(streams, ("run", planned), device)
+        stream.wait_stream(torch.cuda.current_stream(device))  # the inputs the caller queued
+        segment = -1
+        for position, step in enumerate(steps):
+            if step[0] == "run":
+                segment = step[1]
+            merged.append((segment, position, device, stream, step))
+    merged.sort(key=lambda m: (m[0], m[1]))  # a handover right after its producer's segment
+    try:
+        for _, _, device, stream, step in merged:
+            with torch.cuda.stream(stream):
+                if step[0] == "run":
+                    _wait(call, step, device)
+                    functions[step[1]]()
+                else:
+                    _hand_over(call, step, device, streams)
+            for key in step[-1]:  # values this step was the last to read
+                call.values.pop(key, None)
+    except _Failed:
+        pass
+    except BaseException as error:
+        call.fail(error)
+    for planned, device, _ in entries:  # the caller's stream goes on after this work
+        torch.cuda.current_stream(device).wait_stream(streams[("run", planned)])
+
+
 def _run_program(model, program, functions, call):
-    """Run ``program`` (per worker: its planned device, the device it runs on, its steps) on the
-    model's workers, one per planned device; return when all are done, raising the first error
-    any raised."""
+    """Run ``program`` (per worker: its planned device, the device it runs on, its steps): the
+    CUDA devices' steps launched from the caller's thread (``_launch``), every other device's on
+    a worker thread of its own; return when all are done, raising the first error any raised."""
     workers = model.__dict__.setdefault("_autoplace_workers", {})
     streams = model.__dict__.setdefault("_autoplace_copy_streams", {})
     finished = _threading.Semaphore(0)
-    used = []
-    for planned, device, steps in program:
+    threaded = [entry for entry in program if entry[1].type != "cuda"]
+    for planned, device, steps in threaded:
         worker = workers.get(planned)
         if worker is None or worker.device != device:
             worker = workers[planned] = _Worker(device)
-        used.append(worker)
-        caller = torch.cuda.current_stream(device) if device.type == "cuda" else None
-        modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), caller)
+        modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled(), None)
         worker.jobs.put(lambda steps=steps, worker=worker, modes=modes: _work(
             call, steps, functions, worker, streams, finished, modes))
-    for _ in program:
+    launched = [entry for entry in program if entry[1].type == "cuda"]
+    if launched:
+        _launch(call, launched, functions, streams)
+    for _ in threaded:
         finished.acquire()
-    for worker in used:
-        if worker.stream is not None:  # the caller's stream goes on after the workers' work
-            torch.cuda.current_stream(worker.device).wait_stream(worker.stream)
     if call.error is not None:
         raise call.error
 '''
@@ -468,6 +488,12 @@ def replay(
     issues them; the simulator lets copies overlap each other, so this measures what that
     assumption is worth on a plan. ``segment_s`` replaces the segments' durations (measured
     ones, say), keeping the plan's handover delays.
+
+    Where the plan has launcher costs (``costs.host``: GPUs), the devices that have a launcher
+    share one host clock, as the runtime launches them from the caller's thread in segment
+    order: a segment costs the clock its call and its nodes' launches, and cannot end before
+    its last launch plus its last node's share; each handover it issues costs a handover and
+    queues on its device's copy stream.
     """
     graph, costs = problem.graph, problem.costs
     device_of = schedule.placement.device_of
@@ -479,10 +505,20 @@ def replay(
 
     segment_of_op = {op: i for i, ops in enumerate(segment_ops) for op in ops}
     cost = [0.0] * len(segment_ops)
-    for node in graph.nodes:
+    launch = [0.0] * len(segment_ops)
+    last = [0.0] * len(segment_ops)  # the share of the segment's last node there ...
+    last_launch = [0.0] * len(segment_ops)  # ... and of its launches
+    host = costs.host
+    for node in graph.nodes:  # in topological order, so the last one seen is the last run
         here = [segment_of_op[op] for op in node.ops if op in segment_of_op]
+        share = costs.of(node.name, device_of[node.name]) / max(len(here), 1)
+        launched = 0.0 if host is None else (
+            host.launch_of(node.name, device_of[node.name]) / max(len(here), 1))
         for i in here:
-            cost[i] += costs.of(node.name, device_of[node.name]) / len(here)
+            cost[i] += share
+            last[i] = share
+            launch[i] += launched
+            last_launch[i] = launched
     if segment_s is not None:  # measured durations instead of the plan's
         cost = list(segment_s)
     device_of_segment: dict[int, str] = {}
@@ -500,18 +536,35 @@ def replay(
     engine_free: dict[str, float] = {}
     for h in program.handovers:
         issued.setdefault(h.after, []).append(h)
+    launchers = problem.launchers
+    clock = 0.0  # the launching thread's time (one host: the emitted runtime's caller)
+    source_device = {h.id: device_of_segment[h.after] for h in program.handovers}
     for index in sorted(runs):
         run, device = runs[index], device_of_segment[index]
         ready = max((arrival[w] for w in run.waits), default=0.0)
         for name in run.inputs_from_caller:
             ready = max(ready, _input_arrival_s(problem, device_of, node_of(name), device))
         start[index] = max(free[device], ready)
-        end[index] = free[device] = start[index] + cost[index]
+        end[index] = start[index] + cost[index]
+        if device in launchers:
+            # It waits on the host for a value from a device without a launcher (a CPU's).
+            clock = max([clock, *(arrival[w] for w in run.waits
+                                  if source_device[w] not in launchers)])
+            clock += host.call_s[device]
+            start[index] = max(start[index], clock)
+            clock += launch[index]
+            # Its last node starts once its launch begins: the launches before it are paid.
+            end[index] = max(start[index] + cost[index], clock - last_launch[index] + last[index])
+        free[device] = end[index]
         for h in issued.get(index, ()):
             took = _handover_s(problem, device_of, node_of(h.value), device,
                                by_torch[h.dst_device])
             began = end[index]
-            if copy_streams and h.src_device.startswith("cuda"):
+            queued = (device in launchers) or (copy_streams and h.src_device.startswith("cuda"))
+            if device in launchers:
+                clock += host.handover_s[device]
+                began = max(began, clock)
+            if queued:
                 # One copy stream per GPU: its copies run one after another, in issue order.
                 began = max(began, engine_free.get(h.src_device, 0.0))
                 engine_free[h.src_device] = began + took

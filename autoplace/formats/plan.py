@@ -32,6 +32,7 @@ from autoplace.ir import (
     Costs,
     Device,
     Edge,
+    HostCosts,
     Link,
     OpGraph,
     OpNode,
@@ -278,6 +279,7 @@ class Plan:
             "transfers": [{"src": t.src, "src_device": t.src_device, "dst_device": t.dst_device,
                            "bytes": t.bytes, "start_s": t.start_s, "end_s": t.end_s}
                           for t in s.transfers],
+            **_host_dict(self.problem, s),
             "makespan_s": s.makespan_s,
             "max_load_s": s.max_load_s,
             "loads": dict(s.load_s),
@@ -351,13 +353,26 @@ def _graph_dict(problem: Problem, s: Schedule) -> dict[str, Any]:
             "bytes_accessed": n.bytes_accessed, "launches": n.launches, "dtype": n.dtype,
             "cost_source": costs.source_of(n.name, device_of[n.name]),
         } | ({"cost_sources": {d: costs.source_of(n.name, d) for d in cluster.names}}
-             if n.name in costs.device_source else {}) for n in graph.nodes],
+             if n.name in costs.device_source else {})
+          | ({"launch_s": dict(costs.host.launch_s[n.name])}
+             if costs.host is not None and n.name in costs.host.launch_s else {})
+          for n in graph.nodes],
         "edges": [{"src": e.src, "dst": e.dst, "bytes": e.bytes}
                   | ({} if e.transfer_s is None else {"transfer_s": e.transfer_s})
                   for e in graph.edges],
         "colocate": [list(g) for g in graph.colocate],
         "outputs": list(graph.outputs),
     }
+
+
+def _host_dict(problem: Problem, s: Schedule) -> dict[str, Any]:
+    """The ``host`` and ``launch_order`` entries: the launcher threads' costs (nodes carry their
+    own ``launch_s``) and the order the emitted program launches the nodes in; none without."""
+    host = problem.costs.host
+    if host is None:
+        return {}
+    return {"host": {"call_s": dict(host.call_s), "handover_s": dict(host.handover_s)},
+            "launch_order": list(s.launch_order)}
 
 
 def _problem_from(data: Mapping[str, Any]) -> Problem:
@@ -392,7 +407,12 @@ def _problem_from(data: Mapping[str, Any]) -> Problem:
                              for n in data["nodes"]},
                   source={n["name"]: n.get("cost_source", "analytic") for n in data["nodes"]},
                   device_source={n["name"]: dict(n["cost_sources"]) for n in data["nodes"]
-                                 if "cost_sources" in n})
+                                 if "cost_sources" in n},
+                  host=None if "host" not in data else HostCosts(
+                      launch_s={n["name"]: dict(n["launch_s"]) for n in data["nodes"]
+                                if "launch_s" in n},
+                      call_s=dict(data["host"]["call_s"]),
+                      handover_s=dict(data["host"]["handover_s"])))
     return Problem(graph=graph, cluster=Cluster(devices=devices, links=links), costs=costs)
 
 
@@ -416,6 +436,7 @@ def _schedule_from(data: Mapping[str, Any]) -> Schedule:
         over_capacity={d: m["peak_bytes"] - m["capacity_bytes"] for d, m in memory.items()
                        if m["peak_bytes"] > m["capacity_bytes"]},
         load_s=dict(data.get("loads", {})),
+        launch_order=tuple(data.get("launch_order", ())),
     )
 
 

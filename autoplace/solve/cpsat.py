@@ -411,6 +411,11 @@ def _add_schedule(model: cp_model.CpModel, problem: Problem, x: Vars, hint: Sche
     horizon = sum(max(duration[n, d] for d in allowed[n]) for n in nodes) + sum(
         max(delay[e.src, e.dst, a, b] for a in allowed[e.src] for b in allowed[e.dst])
         for e in graph.edges)
+    host = problem.costs.host
+    if host is not None and problem.launchers:
+        # Launchers may wait: their calls and handovers can outlast the delays.
+        horizon += len(devices) * _ticks(max(host.call_s.values()), quantum) + len(nodes) * len(
+            devices) * _ticks(max(host.handover_s.values()), quantum)
     hint_start: dict[str, int] = {}
     if hint is not None and hinted is not None:
         # Replay the hint in whole ticks (its order on each device, its devices), so that the
@@ -423,8 +428,10 @@ def _add_schedule(model: cp_model.CpModel, problem: Problem, x: Vars, hint: Sche
                         default=0)
             hint_start[n] = max(ready, free[d])
             free[d] = hint_start[n] + duration[n, d]
-        # The optimum is no later than the hint.
-        horizon = min(horizon, max(free.values()))
+        # The optimum is no later than the hint (replayed without launchers: with them, the
+        # hint may take longer, so the horizon stays).
+        if not problem.launchers:
+            horizon = min(horizon, max(free.values()))
 
     start = {n: model.new_int_var(0, horizon, f"start[{n}]") for n in nodes}
     end = {n: model.new_int_var(0, horizon, f"end[{n}]") for n in nodes}
@@ -459,7 +466,55 @@ def _add_schedule(model: cp_model.CpModel, problem: Problem, x: Vars, hint: Sche
     for n, t in hint_start.items():
         model.add_hint(start[n], t)
         model.add_hint(end[n], t + duration[n, hinted[n]])
+    _add_launchers(model, problem, x, makespan, start, horizon, quantum)
     return makespan, start
+
+
+def _add_launchers(model: cp_model.CpModel, problem: Problem, x: Vars,
+                   makespan: cp_model.IntVar, start: Mapping[str, cp_model.IntVar],
+                   horizon: int, quantum: float) -> None:
+    """The launcher threads (``simulate._launched``): each launches the nodes placed on its
+    devices one after another, and a node starts no earlier than its launch begins. The
+    launcher's total work bounds the makespan: every launch, one segment call per device at
+    least and, where it is the only launcher, one handover per copy, all issued before the last
+    node starts, which then runs at least its launches. Rounded down, so a bound stays one."""
+    host, launchers = problem.costs.host, problem.launchers
+    if host is None or not launchers:
+        return
+    graph, allowed = problem.graph, problem.allowed
+    for launcher in set(launchers.values()):
+        devices = [d for d, h in launchers.items() if h == launcher]
+        terms = [int(host.launch_of(n.name, d) / quantum) * x[n.name, d]
+                 for n in graph.nodes for d in devices if d in allowed[n.name]]
+        issuing = []
+        for n in graph.nodes:
+            for d in devices:
+                ticks = int(host.launch_of(n.name, d) / quantum)
+                if d not in allowed[n.name] or not ticks:
+                    continue
+                issued = model.new_int_var(0, horizon, f"issue[{n.name},{d}]")
+                model.add(issued <= start[n.name])
+                issuing.append(model.new_optional_fixed_size_interval_var(
+                    issued, ticks, x[n.name, d], f"launch[{n.name},{d}]"))
+        model.add_no_overlap(issuing)
+        calls = min(int(host.call_s[d] / quantum) for d in devices)
+        if len(set(launchers.values())) == 1 and len(problem.cluster.names) == len(launchers):
+            # Every device is this launcher's: each copy between two of them is a handover.
+            handover = min(int(host.handover_s[d] / quantum) for d in devices)
+            for n in graph.nodes:
+                readers = {e.dst for e in graph.out_edges(n.name)}
+                if not readers or not handover:
+                    continue
+                for d in problem.cluster.names:
+                    if d not in allowed[n.name] and not any(d in allowed[r] for r in readers):
+                        continue
+                    sent = model.new_bool_var(f"copy[{n.name},{d}]")
+                    own = x[n.name, d] if d in allowed[n.name] else 0
+                    for r in readers:
+                        if d in allowed[r]:
+                            model.add(sent >= x[r, d] - own)
+                    terms.append(handover * sent)
+        model.add(makespan >= calls + sum(terms))
 
 
 def _add_loads(model: cp_model.CpModel, problem: Problem, x: Vars,

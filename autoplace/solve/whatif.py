@@ -36,7 +36,8 @@ def restrict(problem: Problem, devices: tuple[str, ...]) -> Problem:
                   links=tuple(lk for lk in cluster.links if lk.src in keep and lk.dst in keep))
     costs = Costs(compute_s={node: {d: t for d, t in per_device.items() if d in keep}
                              for node, per_device in problem.costs.compute_s.items()},
-                  source=problem.costs.source)
+                  source=problem.costs.source,
+                  host=problem.costs.host and problem.costs.host.restricted(keep))
     return Problem(graph=problem.graph, cluster=sub, costs=costs)
 
 

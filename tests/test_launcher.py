@@ -1,0 +1,107 @@
+"""The launcher threads (``ir.HostCosts``): a GPU's work is launched from one host thread per
+host, so the launches of several GPUs add up there while their kernels overlap."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from autoplace.formats.plan import read_plan
+from autoplace.ir import HostCosts, Placement, Problem
+from autoplace.pipeline import plan, save
+from autoplace.simulate import simulate, validate
+from autoplace.solve.cpsat import solve_cpsat
+from tests.zoo import TwoBranch, chain, cluster, fork_join
+
+
+def _launched(problem: Problem, *, launch: float | None = None, call: float = 0.0,
+              handover: float = 0.0) -> Problem:
+    """``problem`` with every device launched from one thread: each node's launches take
+    ``launch`` seconds (default: all of its time, a launch-bound model)."""
+    names = problem.cluster.names
+    launch_s = {n.name: {d: problem.costs.of(n.name, d) if launch is None else launch
+                         for d in names} for n in problem.graph.nodes}
+    host = HostCosts(launch_s=launch_s, call_s=dict.fromkeys(names, call),
+                     handover_s=dict.fromkeys(names, handover))
+    return dataclasses.replace(problem, costs=dataclasses.replace(problem.costs, host=host))
+
+
+SPLIT = {"a": "d0", "b": "d0", "c": "d1", "d": "d1"}
+
+
+def test_launch_bound_work_gains_nothing_from_a_second_device() -> None:
+    # fork_join: 22 s on one device; split, 13 s when nothing is launched (see tests/zoo.py).
+    # With every second of it launched from the one host thread, the launches alone take 22 s,
+    # so no split can beat the single device.
+    free = fork_join(cluster(2))
+    bound = _launched(free)
+    assert simulate(free, Placement(device_of=SPLIT)).makespan_s == pytest.approx(13.0)
+    one = simulate(bound, Placement(device_of=dict.fromkeys(SPLIT, "d0")))
+    assert one.makespan_s == pytest.approx(22.0)  # a lone device never waits for its launcher
+    split = simulate(bound, Placement(device_of=SPLIT))
+    assert split.makespan_s >= 22.0 - 1e-9
+    assert validate(bound, split) == [] and validate(bound, one) == []
+
+
+def test_free_launches_leave_the_schedule_as_it_was() -> None:
+    free = fork_join(cluster(2))
+    split = simulate(_launched(free, launch=0.0), Placement(device_of=SPLIT))
+    assert split.makespan_s == pytest.approx(13.0)
+    assert dict(split.start_s) == dict(simulate(free, Placement(device_of=SPLIT)).start_s)
+
+
+def test_segment_calls_and_handovers_are_paid_on_the_host() -> None:
+    # a -> b -> c, 1 s each, edges 1 s. a, c on d0 and b on d1: three segments (3 calls of 2 s)
+    # and two handovers of 3 s. a: call 0..2, runs 2..3; its handover is issued 2..5 and the
+    # copy takes 5..6; b's call 5..7, b runs 7..8; handover 7..10, copy 10..11; c's call
+    # 10..12, c runs 12..13.
+    problem = _launched(chain(cluster(2)), launch=0.0, call=2.0, handover=3.0)
+    schedule = simulate(problem, Placement(device_of={"a": "d0", "b": "d1", "c": "d0"}))
+    assert [schedule.start_s[n] for n in "abc"] == pytest.approx([2.0, 7.0, 12.0])
+    assert schedule.makespan_s == pytest.approx(13.0)
+    assert [(t.start_s, t.end_s) for t in schedule.transfers] == pytest.approx(
+        [(5.0, 6.0), (10.0, 11.0)])
+    assert validate(problem, schedule) == []
+
+
+def test_the_launch_order_keeps_each_device_s_order_and_runs_a_device_s_work_together() -> None:
+    problem = _launched(fork_join(cluster(2)), launch=0.5, call=1.0)
+    schedule = simulate(problem, Placement(device_of=SPLIT))
+    order = schedule.launch_order
+    assert sorted(order) == sorted(SPLIT)
+    position = {n: i for i, n in enumerate(order)}
+    assert all(position[e.src] < position[e.dst] for e in problem.graph.edges)
+    for device in ("d0", "d1"):
+        mine = [n for n in order if SPLIT[n] == device]
+        assert mine == sorted(mine, key=lambda n: schedule.start_s[n])
+    # Two segments, one per device: the launcher does not switch back and forth.
+    switches = sum(SPLIT[a] != SPLIT[b] for a, b in zip(order, order[1:]))
+    assert switches == 1
+
+
+@pytest.mark.parametrize("launch", [0.0, 0.5, 2.0, None])
+def test_cpsat_bound_holds_under_the_launcher(launch: float | None) -> None:
+    problem = _launched(fork_join(cluster(2)), launch=launch, call=0.25, handover=0.5)
+    result = solve_cpsat(problem, time_limit_s=5, deterministic=True)
+    assert result.placement is not None
+    placements = [result.placement, Placement(device_of=SPLIT),
+                  Placement(device_of=dict.fromkeys(SPLIT, "d0"))]
+    for placement in placements:
+        assert result.bound_s <= simulate(problem, placement).makespan_s + 1e-9
+    if launch is None:  # launch-bound: the launches alone take 22 s
+        assert result.bound_s >= 22.0 - 1e-6
+
+
+def test_plan_json_keeps_the_launcher_and_re_simulates_the_same(tmp_path) -> None:
+    planned = plan(TwoBranch(), (torch.randn(8, 16),), devices="2xA100-40GB",
+                   time_limit_s=1, whatif=False, verify=False, min_gain=0.0)
+    assert planned.problem.costs.host is not None
+    save(planned, tmp_path)
+    again = read_plan(tmp_path)
+    assert again.problem.costs.host == planned.problem.costs.host
+    assert again.schedule.launch_order == planned.schedule.launch_order
+    resimulated = simulate(again.problem, again.schedule.placement)
+    assert resimulated.makespan_s == pytest.approx(planned.makespan_s)
+    assert validate(again.problem, again.schedule) == []
