@@ -11,6 +11,12 @@ Model (the same one ``plan.json`` documents, so anyone can re-check a plan):
 * with ``Placement.order`` each device runs its nodes in exactly that order; without it a device
   that falls idle starts its ready node of highest upward rank (list scheduling, as HEFT ranks).
 
+Where ``costs.host`` gives devices a launcher (GPUs: one host thread launches all their work),
+the schedule is timed again in ``_launched``: the launcher pays each node's launches, each
+segment call and each handover in one launch order, a node starts no earlier than its launch
+begins, and copies queue on their device's copy stream. ``Schedule.launch_order`` keeps that
+order, and the emitted model launches in it.
+
 Memory on a device is its resident bytes (the runtime's reserve, ``Device.reserved_bytes``, plus
 parameters) plus live activations, as the emitted model holds them. The emitted model runs the
 nodes in order of start, one segment per run of nodes on one device; it frees each value right
@@ -28,8 +34,8 @@ node whose output leaves its device pays the copy's time once on its own device 
 copy, when it goes to several) and once on each device that receives it; a device with
 ``charges_transfers=False`` (a host CPU, in their model) pays no communication.
 
-Read ``simulate`` first, then ``_run`` (the event loop) and ``_memory``; ``validate`` re-checks
-a schedule independently.
+Read ``simulate`` first, then ``_run`` (the event loop), ``_launched`` and ``_memory``;
+``validate`` re-checks a schedule independently.
 """
 
 from __future__ import annotations

@@ -170,9 +170,9 @@ def test_replay_of_an_example_is_within_five_percent(example: str) -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_cuda_workers_with_copy_streams_match_the_original(two_branch) -> None:
-    # Planned on cuda:0 and cuda:1; with one GPU here both run on cuda:0, still one worker
-    # thread per planned device and a copy stream for the handover.
+def test_cuda_devices_launched_from_one_thread_match_the_original(two_branch) -> None:
+    # Planned on cuda:0 and cuda:1; with one GPU here both run on cuda:0, still a stream per
+    # planned device, launched from the caller's thread, and a copy stream for the handover.
     model, x, gm, device_of = two_branch
     gpus = {CPU0: "cuda:0", CPU1: "cuda:1"}
     count = torch.cuda.device_count()

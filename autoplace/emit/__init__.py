@@ -3,7 +3,8 @@
 Input is the traced fx module and a device per op (from the plan); output is a
 ``PartitionedModel`` whose segments ``seg0``, ``seg1``, ... each run on one device, called by a
 generated forward that copies values between devices explicitly: in order from the caller's
-thread, or, over several devices, by one worker thread per device (``runtime``).
+thread, or, over several devices, by the runtime that runs the schedule (``runtime``: GPUs
+launched from the caller's thread, a worker thread per CPU device).
 
 Read in this order:
 1. ``emit_and_verify`` (below): the stage as the pipeline runs it, from a solved plan.

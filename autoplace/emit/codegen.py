@@ -333,9 +333,9 @@ def model_source(
     top = "\n".join(
         [
             f"class {MODEL_CLASS_NAME}(torch.nn.Module):",
-            '    """Calls the segments in order, or runs them on one worker thread per device',
-            '    (``_run_program``); tensors cross devices only at ``.to(...)``, ``_move`` and',
-            '    ``_hand_over``."""',
+            '    """Calls the segments in order, or runs the schedule (``_run_program``: GPUs',
+            '    launched from this thread, a worker thread per CPU device); tensors cross devices',
+            '    only at ``.to(...)``, ``_move`` and ``_hand_over``."""',
             "",
             *init,
             "",

@@ -4,7 +4,8 @@ Input is a ``torch.fx.GraphModule`` (from ``torch.export`` or ``torch.fx.symboli
 device per compute node; output is a ``PartitionedModel`` whose children ``seg0``, ``seg1``, ...
 are device-contiguous ``GraphModule`` segments, called by a generated top-level forward that moves
 values between devices with explicit ``.to(device, non_blocking=False)`` copies; over several
-devices the model runs the threaded forward instead (``runtime.py``: a worker per device).
+devices the model runs the threaded forward instead (``runtime.py``: GPUs launched from the
+caller's thread, a worker thread per CPU device).
 
 Read ``emit_model`` first: ``lower`` -> ``run_order`` -> ``assign_devices`` -> ``partition`` ->
 ``build_segment`` per segment -> ``_top_forward`` (which values each segment call must copy to
@@ -104,8 +105,9 @@ class PartitionedModel(torch.nn.Module):
         self._in_spec = in_spec
         self._out_spec = out_spec
         self._forward = compile_forward(forward_source)
-        # The threaded runtime (emit/runtime.py): one worker per planned device running the
-        # ``program``; ``runtime`` picks which forward runs.
+        # The threaded runtime (emit/runtime.py): GPUs launched from the caller's thread, a
+        # worker thread per CPU device, running the ``program``; ``runtime`` picks which forward
+        # runs.
         self.program = program
         self.threaded_source = threaded_source
         self._threaded = compile_forward(threaded_source) if threaded_source else None
@@ -130,7 +132,7 @@ def emit_model(
     ``order`` is a topological order of fx node names (default: graph order); a new segment
     starts wherever the device changes along it. ``device_map`` remaps planned devices by glob
     (``{"cuda:*": "cpu"}``) so a plan for absent devices can be built and run here.
-    ``runtime``: ``threaded`` (a worker thread per planned device, ``runtime.py``) or
+    ``runtime``: ``threaded`` (the schedule, ``runtime.py``) or
     ``sequential`` (the caller's thread calls the segments in order); by default threaded when
     the segments are planned on more than one device.
     """

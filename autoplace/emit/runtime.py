@@ -1,28 +1,33 @@
-"""Emit: the runtime that runs a plan's schedule, one worker thread per device, and its replay.
+"""Emit: the runtime that runs a plan's schedule over several devices, and its replay.
 
 The sequential forward (``codegen.forward_source``) calls the segments one after another from
-the caller's thread, so device B waits on the host while device A works. The threaded runtime
-here runs the schedule instead: each planned device gets a worker thread that runs its own
-segments in the plan's order, and every value another device reads is handed over right after
-the segment that computes it, through an event its readers wait for. No worker waits on the host
-for another worker's work, only on the handovers its segments read.
+the caller's thread, so device B waits on the host while device A works. The runtime here runs
+the schedule instead: every value another device reads is handed over right after the segment
+that computes it, and its readers wait for that handover only, never for the host.
 
-* On ``cpu-thread`` workers (torch devices ``cpu:0``, ``cpu:1``, ...) each thread runs torch on
-  one intra-op thread (``torch.set_num_threads(1)``), and a handover passes the tensor by
-  reference: the threads share memory, so no byte is copied.
-* On CUDA devices each worker launches its segments on its own stream (so two planned devices
-  that share one GPU still overlap), after the caller's stream; a handover is issued on the
-  producing device's copy stream behind the producer, received on an idle stream of the
-  destination, and the reader's stream waits on the copy's event (``torch.cuda.Stream``,
-  ``Event.record``/``Stream.wait_event``), so copies overlap compute as the simulator assumes;
-  the caller's stream waits for every worker's before the forward returns. This path is written
-  to that design and reviewed; this machine has no GPU to test it
-  (``test_cuda_workers_with_copy_streams_match_the_original`` runs where one is).
-* A worker runs under the caller's grad and inference modes (they are thread-local).
+* On CUDA devices nothing waits on the host at all: the caller's thread launches every GPU's
+  segments itself, in the plan's launch order (``Schedule.launch_order``), each planned device
+  on a stream of its own (so two planned devices that share one GPU still overlap), after the
+  caller's stream. A handover is issued on the producing device's copy stream behind the
+  producer, received on an idle stream of the destination, and the reader's stream waits on the
+  copy's event (``torch.cuda.Stream``, ``Event.record``/``Stream.wait_event``); the caller's
+  stream waits for every device's before the forward returns. One launching thread, not one
+  per GPU: a GPU run of the earlier thread-per-GPU design (``benchmarks/results/
+  gpu-fidelity.md``) was 3x slower than eager, its thread handovers costing more than they
+  overlapped. The simulator charges this thread's work (``ir.HostCosts``: launches, segment
+  calls, handovers) where it is paid, on the one thread. This path is written to that design
+  and reviewed; this machine has no GPU to test it
+  (``test_cuda_devices_launched_from_one_thread_match_the_original`` runs where one is).
+* Every other device (``cpu-thread`` workers, torch devices ``cpu:0``, ``cpu:1``, ...) gets a
+  worker thread that runs its own segments in the plan's order on one intra-op thread
+  (``torch.set_num_threads(1)``); a handover between them passes the tensor by reference (the
+  threads share memory, so no byte is copied), and a worker waits on an event for the
+  handovers its segments read. A worker runs under the caller's grad and inference modes (they
+  are thread-local).
 
-Read in this order: ``Program`` (the launch order as data: per worker the segment runs, the
-handovers each run waits for, and the handovers it issues), ``build_program`` (from the emitted
-segments), ``threaded_forward_source`` (the generated forward that runs a program, with
+Read in this order: ``Program`` (the launch order as data: per planned device the segment runs,
+the handovers each run waits for, and the handovers it issues), ``build_program`` (from the
+emitted segments), ``threaded_forward_source`` (the generated forward that runs a program, with
 ``RUNTIME_SOURCE``, the engine, which imports only torch and the standard library) and
 ``replay`` (the program played back under the plan's costs, which must match the simulator).
 """
