@@ -486,18 +486,20 @@ def _add_launchers(model: cp_model.CpModel, problem: Problem, x: Vars,
         devices = [d for d, h in launchers.items() if h == launcher]
         terms = [int(host.launch_of(n.name, d) / quantum) * x[n.name, d]
                  for n in graph.nodes for d in devices if d in allowed[n.name]]
+        # No launch before the first segment call.
+        calls = min(int(host.call_s[d] / quantum) for d in devices)
         issuing = []
         for n in graph.nodes:
             for d in devices:
                 ticks = int(host.launch_of(n.name, d) / quantum)
                 if d not in allowed[n.name] or not ticks:
                     continue
-                issued = model.new_int_var(0, horizon, f"issue[{n.name},{d}]")
+                issued = model.new_int_var(min(calls, horizon), horizon,
+                                           f"issue[{n.name},{d}]")
                 model.add(issued <= start[n.name])
                 issuing.append(model.new_optional_fixed_size_interval_var(
                     issued, ticks, x[n.name, d], f"launch[{n.name},{d}]"))
         model.add_no_overlap(issuing)
-        calls = min(int(host.call_s[d] / quantum) for d in devices)
         if len(set(launchers.values())) == 1 and len(problem.cluster.names) == len(launchers):
             # Every device is this launcher's: each copy between two of them is a handover.
             handover = min(int(host.handover_s[d] / quantum) for d in devices)
