@@ -12,15 +12,15 @@ Model (the same one ``plan.json`` documents, so anyone can re-check a plan):
   that falls idle starts its ready node of highest upward rank (list scheduling, as HEFT ranks).
 
 Memory on a device is its resident bytes (the runtime's reserve, ``Device.reserved_bytes``, plus
-parameters) plus live activations, as the emitted model holds them. The emitted model runs the
-nodes in order of start, one segment per run of nodes on one device; it frees each value right
-after the segment call that last reads it or the copy that last reads it, and a segment's inputs
-stay referenced until it returns. So a node's output is allocated when the node starts and freed
-once the segments of its readers on its device have ended, its last outgoing transfer is done,
-and the first segment reading it on each other device has started (the copy is made then); a
-copy received from another device lives from the transfer's start until the segment of its last
-reader there ends; a node's ``workspace_bytes`` are held while it runs; the model's inputs and
-outputs live to the end (the caller holds them).
+parameters) plus live activations, as the emitted model holds them. The emitted model runs the nodes
+in order of start, one segment per run of nodes on one device, cut also around values that cross
+devices (``_segment_spans``); it frees each value right after the segment call that last reads it or
+the copy that last reads it, and a segment's inputs stay referenced until it returns. So a node's
+output is allocated when the node starts and freed once the segments of its readers on its device
+have ended, its last outgoing transfer is done, and the first segment reading it on each other
+device has started (the copy is made then); a copy received from another device lives from the
+transfer's start until the segment of its last reader there ends; a node's ``workspace_bytes`` are
+held while it runs; the model's inputs and outputs live to the end (the caller holds them).
 
 For pipelined execution (the ``throughput`` objective) each device's **load** per pass is its
 compute plus its communication, as PipeDream and Tarnawski et al. (NeurIPS 2020) define it: a
@@ -262,15 +262,34 @@ def _segment_spans(
     end: Mapping[str, float],
 ) -> tuple[dict[str, int], dict[str, float], dict[str, float]]:
     """Each node's emitted segment: its index, when it starts and when it ends. The emitted
-    model runs the nodes
-    in order of start (``emit._op_order``'s key) and cuts a segment wherever the device changes;
-    a segment's inputs stay referenced until its call returns."""
+    model runs the nodes in order of start (``emit._op_order``'s key) and cuts segments as
+    ``emit.segment.partition`` does: where the device changes, after a node whose value another
+    device reads, and before a node that reads a value computed on another device (unless the
+    segment so far reads no computed value: an ``arange`` waits with its consumer). A segment's
+    inputs stay referenced until its call returns, so a cut keeps a value read across it alive
+    until the later segment ends, where one segment would free it after its reader."""
     ordered = sorted(graph.nodes, key=lambda n: (start[n.name], end[n.name], graph.index[n.name]))
+    # Model inputs are placeholders in the emitted graph, not ops: reading one cuts nothing.
+    sends: set[str] = set()
+    receives: set[str] = set()
+    reads_computed: set[str] = set()
+    for e in graph.edges:
+        if graph.node(e.src).is_input:
+            continue
+        reads_computed.add(e.dst)
+        if device_of[e.src] != device_of[e.dst]:
+            sends.add(e.src)
+            receives.add(e.dst)
     runs: list[list[str]] = []
+    run_reads = False  # whether a node of the last run reads a computed value
     for node in ordered:
-        if not runs or device_of[runs[-1][0]] != device_of[node.name]:
+        name = node.name
+        if (not runs or device_of[runs[-1][-1]] != device_of[name] or runs[-1][-1] in sends
+                or (name in receives and run_reads)):
             runs.append([])
-        runs[-1].append(node.name)
+            run_reads = False
+        runs[-1].append(name)
+        run_reads = run_reads or name in reads_computed
     seg: dict[str, int] = {}
     seg_start: dict[str, float] = {}
     seg_end: dict[str, float] = {}
