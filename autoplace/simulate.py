@@ -18,15 +18,15 @@ begins, and copies queue on their device's copy stream. ``Schedule.launch_order`
 order, and the emitted model launches in it.
 
 Memory on a device is its resident bytes (the runtime's reserve, ``Device.reserved_bytes``, plus
-parameters) plus live activations, as the emitted model holds them. The emitted model runs the
-nodes in order of start, one segment per run of nodes on one device; it frees each value right
-after the segment call that last reads it or the copy that last reads it, and a segment's inputs
-stay referenced until it returns. So a node's output is allocated when the node starts and freed
-once the segments of its readers on its device have ended, its last outgoing transfer is done,
-and the first segment reading it on each other device has started (the copy is made then); a
-copy received from another device lives from the transfer's start until the segment of its last
-reader there ends; a node's ``workspace_bytes`` are held while it runs; the model's inputs and
-outputs live to the end (the caller holds them).
+parameters) plus live activations, as the emitted model holds them. The emitted model runs the nodes
+in order of start, one segment per run of nodes on one device, cut also around values that cross
+devices (``_segment_spans``); it frees each value right after the segment call that last reads it or
+the copy that last reads it, and a segment's inputs stay referenced until it returns. So a node's
+output is allocated when the node starts and freed once the segments of its readers on its device
+have ended, its last outgoing transfer is done, and the first segment reading it on each other
+device has started (the copy is made then); a copy received from another device lives from the
+transfer's start until the segment of its last reader there ends; a node's ``workspace_bytes`` are
+held while it runs; the model's inputs and outputs live to the end (the caller holds them).
 
 For pipelined execution (the ``throughput`` objective) each device's **load** per pass is its
 compute plus its communication, as PipeDream and Tarnawski et al. (NeurIPS 2020) define it: a
@@ -315,6 +315,7 @@ def _launched(
     end: dict[str, float] = {}
     transfers: list[Transfer] = []
     segment: list[str] = []  # the open segment's nodes
+    cuts = _Cuts(graph, device_of)
     order: list[str] = []
     queues: dict[str, list[str]] = defaultdict(list)
     for name in first_pass:
@@ -349,7 +350,7 @@ def _launched(
                 transfers.append(Transfer(src=name, src_device=dev, dst_device=dst,
                                           bytes=nbytes, start_s=0.0, end_s=secs))
             return
-        if segment and device_of[segment[-1]] != dev:
+        if segment and cuts.before(name, segment):
             close()
         ready, blocking = _arrivals(problem, device_of, name, end, copied)
         launcher = launchers.get(dev)
@@ -414,18 +415,48 @@ def _input_counts(graph: OpGraph) -> dict[str, int]:
     return {n.name: len({e.src for e in graph.in_edges(n.name)}) for n in graph.nodes}
 
 
+class _Cuts:
+    """Where ``emit.segment.partition`` cuts the emitted segments: where the device changes,
+    after a node whose value another device reads, and before a node that reads a value computed
+    on another device (unless the segment so far reads no computed value: an ``arange`` waits
+    with its consumer). Model inputs are placeholders in the emitted graph, not ops: reading
+    one cuts nothing."""
+
+    def __init__(self, graph: OpGraph, device_of: Mapping[str, str]) -> None:
+        self.device_of = device_of
+        self.sends: set[str] = set()
+        self.receives: set[str] = set()
+        self.reads_computed: set[str] = set()
+        for e in graph.edges:
+            if graph.node(e.src).is_input:
+                continue
+            self.reads_computed.add(e.dst)
+            if device_of[e.src] != device_of[e.dst]:
+                self.sends.add(e.src)
+                self.receives.add(e.dst)
+
+    def before(self, name: str, segment: list[str]) -> bool:
+        """Whether a new segment starts at ``name`` after the (non-empty) ``segment``."""
+        last = segment[-1]
+        return (self.device_of[last] != self.device_of[name] or last in self.sends
+                or (name in self.receives and any(n in self.reads_computed for n in segment)))
+
+
 def _segment_spans(
     graph: OpGraph, device_of: Mapping[str, str], start: Mapping[str, float],
     end: Mapping[str, float], launch_order: tuple[str, ...] = (),
 ) -> tuple[dict[str, int], dict[str, float], dict[str, float]]:
     """Each node's emitted segment: its index, when it starts and when it ends. The emitted
     model runs the nodes in ``launch_order``, or in order of start without one
-    (``emit._op_order``'s key), and cuts a segment wherever the device changes; a segment's
-    inputs stay referenced until its call returns."""
+    (``emit._op_order``'s key), and cuts segments as ``emit.segment.partition`` does
+    (``_Cuts``). A segment's inputs stay referenced until its call returns, so a cut keeps a
+    value read across it alive until the later segment ends, where one segment would free it
+    after its reader."""
     ordered = launch_order or _start_order(graph, start, end)
+    cuts = _Cuts(graph, device_of)
     runs: list[list[str]] = []
     for name in ordered:
-        if not runs or device_of[runs[-1][0]] != device_of[name]:
+        if not runs or cuts.before(name, runs[-1]):
             runs.append([])
         runs[-1].append(name)
     seg: dict[str, int] = {}

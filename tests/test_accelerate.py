@@ -75,7 +75,10 @@ def test_plan_beats_accelerate_on_the_same_simulator():
     built = runpy.run_path(str(EXAMPLES / "gpt2.py"))["build"]()
     model, inputs = built
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    cluster = _capped("2xA100-40GB", int(0.8 * weights))  # balanced fits there
+    # Balanced fits there: its emitted model peaks at 0.814x the weights on cuda:1 (measured
+    # and predicted alike), so 0.8x, used before the simulator held values read across a
+    # cross-device segment cut, was too little.
+    cluster = _capped("2xA100-40GB", int(0.82 * weights))
     planned = plan(model, inputs, devices=cluster, time_limit_s=3, emit=False, whatif=False,
                    min_gain=0.0)
     names = {"accelerate-sequential", "accelerate-balanced"} & set(planned.baselines)

@@ -10,15 +10,18 @@ from pathlib import Path
 import pytest
 import safetensors.torch
 import torch
+import zoo
 
 import autoplace
 from autoplace.cli import main
-from autoplace.emit import emit_model, load_model, save_model
+from autoplace.emit import emit_and_verify, emit_model, load_model, save_model
 from autoplace.emit.memory import measure, measure_peak_bytes
 from autoplace.emit.verification import check_peak
 from autoplace.errors import VerificationError
 from autoplace.formats.plan import read_plan
+from autoplace.ir import Cluster, Costs, Device, Link, Placement, Problem
 from autoplace.load import load_model_file
+from autoplace.simulate import simulate
 from autoplace.trace import trace_model
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -99,6 +102,33 @@ def test_a_plan_records_measured_and_predicted_peak_per_device():
     assert used and all(recorded[d]["measured_bytes"] > 0 for d in used)
     assert plan.verification.memory_status in ("within", "exceeded")
     assert plan.verification.peak_method == "storage"
+
+
+def test_a_value_read_across_a_cut_made_for_a_remote_input_is_within_the_plan():
+    # zoo.CrossRead placed by hand: b on cuda:1, the rest on cuda:0, timed so that b ends
+    # before a (as tests/test_simulate.py's hand-worked graph): the emitted model cuts before
+    # a + b, which reads b from cuda:1, and so holds a (1,024 bytes) while the output (8,192)
+    # is made. The plan must count a there too, or the measurement exceeds it.
+    x = torch.randn(16)
+    traced = trace_model(zoo.CrossRead(), (x,), {}, name="cross")
+    seconds = {"add": 1.0, "mul": 1.0, "outer": 2.0, "add_1": 1.0, "repeat": 1.0}
+    devices = tuple(Device(name=f"cuda:{i}", type="T", memory_bytes=10**6) for i in range(2))
+    cluster = Cluster(devices=devices, links=tuple(
+        Link(src=a.name, dst=b.name, bandwidth_bytes_per_s=1e30, latency_s=0.0)
+        for a in devices for b in devices if a is not b))
+    costs = Costs(compute_s={n.name: dict.fromkeys(("cuda:0", "cuda:1"), seconds.get(n.name, 0.0))
+                             for n in traced.graph.nodes})
+    problem = Problem(graph=traced.graph, cluster=cluster, costs=costs)
+    device_of = {n.name: "cuda:1" if n.name == "mul" else "cuda:0" for n in traced.graph.nodes}
+    schedule = simulate(problem, Placement(device_of=device_of))
+    assert schedule.end_s["mul"] < schedule.end_s["outer"]
+    emitted, record, _ = emit_and_verify(traced, zoo.CrossRead(), (x,), {}, problem=problem,
+                                         schedule=schedule, device_of_op=device_of,
+                                         check_outputs=True, check_memory=True)
+    assert [seg.nodes for seg in emitted.segment_info if "add_1" in seg.nodes] == [
+        ("add_1", "repeat")]
+    measured = record["peak_bytes"]["cuda:0"]
+    assert measured["measured_bytes"] <= measured["predicted_bytes"]
 
 
 @pytest.mark.parametrize("example", ["mlp", "lenet", "inception"])

@@ -68,6 +68,23 @@ def test_received_copy_occupies_destination_memory():
     assert s.peak_bytes["d1"] == 210
 
 
+def test_a_value_read_across_an_emitted_cut_lives_until_the_later_segment_returns():
+    # h (1 s) -> a (2 s) -> c (1 s) -> d (1 s) on d0, h -> b (1 s) -> c with b on d1; copies
+    # take no time. h 0..1, b 1..2, a 1..3, c 3..4, d 4..5. The emitted model cuts d0's work
+    # into [h] (h is read on d1), [a] and [c, d] (c reads b from d1): a (100 bytes) is an input
+    # of [c, d] and is held until it returns, so while d runs d0 holds a, b's copy (100), c (100)
+    # and d's output (1000): 1300. One segment [a, c, d] would free a after c: 1210 (with h).
+    p = zoo.problem([("h", 1, 0), ("b", 1, 0), ("a", 2, 0), ("c", 1, 0), ("d", 1, 0)],
+                    [("h", "b", 10), ("h", "a", 10), ("a", "c", 100), ("b", "c", 100),
+                     ("c", "d", 100)],
+                    zoo.cluster(2, memory_bytes=10_000, bandwidth=1e30),
+                    outputs=("d",), output_bytes={"d": 1000})
+    s = simulate(p, Placement(device_of={"h": "d0", "b": "d1", "a": "d0", "c": "d0", "d": "d0"}))
+    assert [s.start_s[n] for n in "hbacd"] == pytest.approx([0, 1, 1, 3, 4])
+    assert s.peak_bytes["d0"] == 1300
+    assert validate(p, s) == []
+
+
 def test_zero_duration_node_counts_its_output_and_inputs():
     # a (1 s) -> b (0 s): b reads a's 100 bytes and writes 300 that nobody reads. At t = 1 both
     # buffers exist at once, however briefly: the peak is 400 plus the 20 resident bytes.

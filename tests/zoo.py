@@ -154,3 +154,15 @@ class DataDependent(nn.Module):
         if x.sum() > 0:
             return self.fc(x)
         return -x
+
+
+class CrossRead(nn.Module):
+    # h = x + 1 (64 bytes); b = 2h (64) on another device; a = outer(h, h) (1,024); c = a + b
+    # (1,024); out = c repeated 8 times (8,192). With a, c and out on one device and b on the
+    # other, c reads b from afar, so the emitted model cuts a segment before c: a is an input
+    # of the segment [c, out] and stays referenced until it returns, while out is allocated.
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x + 1
+        b = h * 2
+        a = torch.outer(h, h)
+        return (a + b).repeat(8, 1)
