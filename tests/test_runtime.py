@@ -18,7 +18,8 @@ from zoo import TwoBranch, by_module
 from autoplace.cluster import resolve_cluster
 from autoplace.cluster.detect import device_key, inventory
 from autoplace.emit import emit_model, load_model, save_model
-from autoplace.emit.runtime import Handover, Program, Run, build_program, replay
+from autoplace.emit.replay import replay
+from autoplace.emit.runtime import Handover, Program, Run, build_program
 from autoplace.ir import Costs, Edge, OpGraph, OpNode, Placement, Problem
 from autoplace.pipeline import plan
 from autoplace.profile.links import measure_handover

@@ -12,7 +12,8 @@ Read in this order:
    ``lower.lower`` (the graph segments are cut from), ``segment`` (which ops form which
    segment, in which order), ``fxgraph.build_segment`` (each segment as a ``GraphModule``),
    ``codegen`` (the source of the top-level forward and of ``model.py``) and ``runtime`` (the
-   threaded forward, its ``program`` as data, and ``replay`` against the simulator).
+   threaded forward and its ``program`` as data); ``replay`` plays the program against the
+   simulator.
 3. ``device_map``: where planned devices run here (``local_device_map``, glob remaps).
 4. ``saving``: ``save_model`` and ``load_model`` (``model.py``, ``weights.safetensors``,
    ``meta.json``).
@@ -31,7 +32,7 @@ import torch
 from autoplace.emit.device_map import local_device_map
 from autoplace.emit.memory import comparable_peak_bytes, measure, measure_peak_bytes
 from autoplace.emit.model import PartitionedModel, SegmentInfo, emit_model
-from autoplace.emit.runtime import replay
+from autoplace.emit.replay import replay
 from autoplace.emit.saving import load_model, save_model
 from autoplace.emit.verification import ENFORCE_PEAK_DEFAULT, VerifyResult, check_peak, verify
 from autoplace.ir import Problem, Schedule

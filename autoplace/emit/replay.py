@@ -1,0 +1,162 @@
+"""Emit: the runtime's program (``runtime.Program``) played back under the plan's costs, to hold
+against the simulator: the check that the emitted launch order realises the simulated schedule
+(``emit_and_verify`` notes a replay more than ``REPLAY_TOLERANCE`` off, and
+``benchmarks/replay.py`` tabulates every example)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from autoplace.emit.runtime import Handover, Program, Run
+from autoplace.ir import Problem, Schedule
+
+__all__ = ["Replay", "replay"]
+
+
+@dataclass(frozen=True)
+class Replay:
+    """The program played back under the plan's costs: when each segment starts and ends, and
+    the makespan, to hold against the simulator's."""
+
+    makespan_s: float
+    start_s: Mapping[int, float]
+    end_s: Mapping[int, float]
+
+    def error(self, simulated_s: float) -> float:
+        """``|replayed - simulated| / simulated`` (0 when both are 0)."""
+        if simulated_s <= 0:
+            return 0.0 if self.makespan_s <= 0 else float("inf")
+        return abs(self.makespan_s - simulated_s) / simulated_s
+
+
+def replay(
+    program: Program,
+    segment_ops: Sequence[Sequence[str]],
+    *,
+    problem: Problem,
+    schedule: Schedule,
+    copy_streams: bool = False,
+    segment_s: Sequence[float] | None = None,
+) -> Replay:
+    """Play ``program`` back under ``problem``'s op and link costs on the schedule's devices.
+
+    ``segment_ops[i]`` are the fx op names of segment ``i`` (``SegmentInfo.nodes``). A segment
+    takes the time of the plan's nodes it runs (a node whose ops fall in several segments is
+    split among them by op count); it starts when its worker is free and the handovers it waits
+    for have arrived, and a model input it moves itself arrives when the simulator says the
+    input node's edge does. A handover arrives the link's delay after its producer segment ends,
+    as the simulator sends a node's output when the node ends; it does not hold its worker (a
+    reference on worker threads, a copy stream on GPUs). Workers run their steps in order, and
+    the segments' order is topological, so the replay takes the segments in that order.
+
+    With ``copy_streams`` a GPU's handovers also queue on its one copy stream, as the runtime
+    issues them; the simulator lets copies overlap each other, so this measures what that
+    assumption is worth on a plan. ``segment_s`` replaces the segments' durations (measured
+    ones, say), keeping the plan's handover delays.
+
+    Where the plan has launcher costs (``costs.host``: GPUs), the devices that have a launcher
+    share one host clock, as the runtime launches them from the caller's thread in segment
+    order: a segment costs the clock its call and its nodes' launches, and cannot end before
+    its last launch plus its last node's share; each handover it issues costs a handover and
+    queues on its device's copy stream.
+    """
+    graph, costs = problem.graph, problem.costs
+    device_of = schedule.placement.device_of
+    by_torch = {d.torch_device: d.name for d in problem.cluster.devices}
+    op_node = {op: node.name for node in graph.nodes for op in node.ops}
+
+    def node_of(value: str) -> str | None:
+        return op_node.get(program.origin.get(value, value))
+
+    segment_of_op = {op: i for i, ops in enumerate(segment_ops) for op in ops}
+    cost = [0.0] * len(segment_ops)
+    launch = [0.0] * len(segment_ops)
+    last = [0.0] * len(segment_ops)  # the share of the segment's last node there ...
+    last_launch = [0.0] * len(segment_ops)  # ... and of its launches
+    host = costs.host
+    for node in graph.nodes:  # in topological order, so the last one seen is the last run
+        here = [segment_of_op[op] for op in node.ops if op in segment_of_op]
+        share = costs.of(node.name, device_of[node.name]) / max(len(here), 1)
+        launched = 0.0 if host is None else (
+            host.launch_of(node.name, device_of[node.name]) / max(len(here), 1))
+        for i in here:
+            cost[i] += share
+            last[i] = share
+            launch[i] += launched
+            last_launch[i] = launched
+    if segment_s is not None:  # measured durations instead of the plan's
+        cost = list(segment_s)
+    device_of_segment: dict[int, str] = {}
+    runs: dict[int, Run] = {}
+    for worker, steps in program.workers.items():
+        for step in steps:
+            if isinstance(step, Run):
+                runs[step.segment] = step
+                device_of_segment[step.segment] = by_torch.get(worker, worker)
+    arrival: dict[int, float] = {}
+    free = dict.fromkeys(device_of_segment.values(), 0.0)
+    start: dict[int, float] = {}
+    end: dict[int, float] = {}
+    issued: dict[int, list[Handover]] = {}
+    engine_free: dict[str, float] = {}
+    for h in program.handovers:
+        issued.setdefault(h.after, []).append(h)
+    launchers = problem.launchers
+    clock = 0.0  # the launching thread's time (one host: the emitted runtime's caller)
+    source_device = {h.id: device_of_segment[h.after] for h in program.handovers}
+    for index in sorted(runs):
+        run, device = runs[index], device_of_segment[index]
+        ready = max((arrival[w] for w in run.waits), default=0.0)
+        for name in run.inputs_from_caller:
+            ready = max(ready, _input_arrival_s(problem, device_of, node_of(name), device))
+        start[index] = max(free[device], ready)
+        end[index] = start[index] + cost[index]
+        if device in launchers:
+            # It waits on the host for a value from a device without a launcher (a CPU's).
+            clock = max([clock, *(arrival[w] for w in run.waits
+                                  if source_device[w] not in launchers)])
+            clock += host.call_s[device]
+            start[index] = max(start[index], clock)
+            clock += launch[index]
+            # Its last node starts once its launch begins: the launches before it are paid.
+            end[index] = max(start[index] + cost[index], clock - last_launch[index] + last[index])
+        free[device] = end[index]
+        for h in issued.get(index, ()):
+            took = _handover_s(problem, device_of, node_of(h.value), device,
+                               by_torch[h.dst_device])
+            began = end[index]
+            queued = (device in launchers) or (copy_streams and h.src_device.startswith("cuda"))
+            if device in launchers:
+                clock += host.handover_s[device]
+                began = max(began, clock)
+            if queued:
+                # One copy stream per GPU: its copies run one after another, in issue order.
+                began = max(began, engine_free.get(h.src_device, 0.0))
+                engine_free[h.src_device] = began + took
+            arrival[h.id] = began + took
+    return Replay(makespan_s=max(end.values(), default=0.0), start_s=start, end_s=end)
+
+
+def _input_arrival_s(problem: Problem, device_of: Mapping[str, str], node: str | None,
+                     device: str) -> float:
+    """When the simulator has model input ``node`` on ``device``: its edge's delay from the
+    device the plan put the input on (0 there, or for an input the graph does not hold)."""
+    if node is None:
+        return 0.0
+    return max((problem.delay_s(e, device_of[node], device)
+                for e in problem.graph.out_edges(node) if device_of[e.dst] == device),
+               default=0.0)
+
+
+def _handover_s(problem: Problem, device_of: Mapping[str, str], node: str | None, src: str,
+                dst: str) -> float:
+    """The simulator's delay for ``node``'s value from ``src`` to ``dst``: the largest over its
+    edges read on ``dst`` (``simulate.copies``); a value no edge carries (a parameter two
+    devices share) costs the link's latency."""
+    if node is not None:
+        delays = [problem.delay_s(e, src, dst) for e in problem.graph.out_edges(node)
+                  if device_of[e.dst] == dst]
+        if delays:
+            return max(delays)
+    return problem.cluster.transfer_s(src, dst, 0)
