@@ -118,10 +118,12 @@ def test_random_graphs_give_valid_plans_no_worse_than_any_baseline(p, objective,
     try:
         r = solve(p, objective=objective, contiguous=contiguous, time_limit_s=2, workers=1)
     except InfeasibleError:
-        # Then no heuristic may have found a plan within memory either.
+        # Then no heuristic may have found a plan within memory either (a contiguous one, when
+        # the stages must be contiguous).
         for heuristic in (heft, sequential_fill):
             placement = heuristic(p)
-            assert placement is None or not simulate(p, placement).feasible
+            assert (placement is None or not simulate(p, placement).feasible
+                    or (contiguous and not is_contiguous(p, placement.device_of)))
         return
     assert validate(p, r.schedule) == []
     if contiguous:

@@ -473,7 +473,7 @@ def _add_schedule(model: cp_model.CpModel, problem: Problem, x: Vars, hint: Sche
 def _add_launchers(model: cp_model.CpModel, problem: Problem, x: Vars,
                    makespan: cp_model.IntVar, start: Mapping[str, cp_model.IntVar],
                    horizon: int, quantum: float) -> None:
-    """The launcher threads (``simulate._launched``): each launches the nodes placed on its
+    """The launcher threads (``simulate.launch.launched``): each launches the nodes placed on its
     devices one after another, and a node starts no earlier than its launch begins. The
     launcher's total work bounds the makespan: every launch, one segment call per device at
     least and, where it is the only launcher, one handover per copy, all issued before the last
@@ -482,7 +482,7 @@ def _add_launchers(model: cp_model.CpModel, problem: Problem, x: Vars,
     if host is None or not launchers:
         return
     graph, allowed = problem.graph, problem.allowed
-    for launcher in set(launchers.values()):
+    for launcher in dict.fromkeys(launchers.values()):  # in order: the same model every run
         devices = [d for d, h in launchers.items() if h == launcher]
         terms = [int(host.launch_of(n.name, d) / quantum) * x[n.name, d]
                  for n in graph.nodes for d in devices if d in allowed[n.name]]
@@ -501,22 +501,36 @@ def _add_launchers(model: cp_model.CpModel, problem: Problem, x: Vars,
                     issued, ticks, x[n.name, d], f"launch[{n.name},{d}]"))
         model.add_no_overlap(issuing)
         if len(set(launchers.values())) == 1 and len(problem.cluster.names) == len(launchers):
-            # Every device is this launcher's: each copy between two of them is a handover.
-            handover = min(int(host.handover_s[d] / quantum) for d in devices)
-            for n in graph.nodes:
-                readers = {e.dst for e in graph.out_edges(n.name)}
-                if not readers or not handover:
-                    continue
-                for d in problem.cluster.names:
-                    if d not in allowed[n.name] and not any(d in allowed[r] for r in readers):
-                        continue
-                    sent = model.new_bool_var(f"copy[{n.name},{d}]")
-                    own = x[n.name, d] if d in allowed[n.name] else 0
-                    for r in readers:
-                        if d in allowed[r]:
-                            model.add(sent >= x[r, d] - own)
-                    terms.append(handover * sent)
+            terms += _handover_terms(model, problem, x, devices, calls, quantum)
         model.add(makespan >= calls + sum(terms))
+
+
+def _handover_terms(model: cp_model.CpModel, problem: Problem, x: Vars, devices: list[str],
+                    calls: int, quantum: float) -> list[cp_model.LinearExprT]:
+    """Where every device is one launcher's: each copy between two of them is a handover, and
+    each node whose value leaves its device ends a segment (``simulate.memory.Cuts``), so it
+    costs a segment call besides the last segment's (the last node launched sends nothing)."""
+    graph, allowed, host = problem.graph, problem.allowed, problem.costs.host
+    assert host is not None
+    handover = min(int(host.handover_s[d] / quantum) for d in devices)
+    terms: list[cp_model.LinearExprT] = []
+    for n in graph.nodes:
+        readers = list(dict.fromkeys(e.dst for e in graph.out_edges(n.name)))
+        if not readers or graph.node(n.name).is_input:
+            continue  # a model input is moved by its reader's segment, not handed over
+        sent_any = model.new_bool_var(f"sends[{n.name}]")
+        for d in problem.cluster.names:
+            if d not in allowed[n.name] and not any(d in allowed[r] for r in readers):
+                continue
+            sent = model.new_bool_var(f"copy[{n.name},{d}]")
+            own = x[n.name, d] if d in allowed[n.name] else 0
+            for r in readers:
+                if d in allowed[r]:
+                    model.add(sent >= x[r, d] - own)
+            model.add(sent_any >= sent)
+            terms.append(handover * sent)
+        terms.append(calls * sent_any)
+    return terms
 
 
 def _add_loads(model: cp_model.CpModel, problem: Problem, x: Vars,
