@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import zoo
 
 from autoplace.cli import main
 from autoplace.emit import load_model
@@ -55,31 +56,9 @@ def test_every_example_plans_emits_and_verifies(example, devices, tmp_path, caps
                                    original(*loaded.args, **loaded.kwargs))
 
 
-BRANCHES_MODEL = """
-    import torch
-    from torch import nn
-
-    class Branches(nn.Module):
-        # Two independent branches of large matmuls: long kernels, few launches, so a second
-        # GPU pays for the launcher's segment calls and handovers.
-        def __init__(self):
-            super().__init__()
-            self.branches = nn.ModuleList(
-                nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256))
-                for _ in range(2))
-
-        def forward(self, x):
-            return sum(b(x) for b in self.branches)
-
-    def build():
-        torch.manual_seed(0)
-        return Branches(), (torch.randn(4096, 256),)
-"""
-
-
 def test_branches_run_side_by_side_and_beat_one_device(tmp_path):
     out = tmp_path / "out"
-    model = _model_file(tmp_path, BRANCHES_MODEL)
+    model = _model_file(tmp_path, zoo.branches_source(2))
     assert main(["plan", model, "--devices", "2xA100-40GB", "--out", str(out),
                  "--time-limit", "5"]) == 0
     data = json.loads((out / "plan.json").read_text())

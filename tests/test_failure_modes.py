@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import zoo
 
 import autoplace.errors
 from autoplace.cli import main
@@ -283,31 +284,12 @@ def _plan_only(data: dict) -> dict:
     return data
 
 
-BRANCHY_MODEL = """
-    import torch
-    from torch import nn
-
-    class Branches(nn.Module):
-        # Four independent 256-wide branches, each long enough that spreading them over devices
-        # pays for the launcher's segment calls and handovers.
-        def __init__(self):
-            super().__init__()
-            self.branches = nn.ModuleList(
-                nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256))
-                for _ in range(4))
-
-        def forward(self, x):
-            return torch.stack([b(x) for b in self.branches]).sum(0)
-
-    def build():
-        torch.manual_seed(0)
-        return Branches(), (torch.randn(4096, 256),)
-"""
 
 
 @pytest.mark.parametrize("command", ["plan", "solve"])
 def test_deterministic_runs_write_the_same_plan(command, tmp_path):
-    source = (_write(tmp_path, "branches.py", BRANCHY_MODEL) if command == "plan" else DIAMOND)
+    source = (_write(tmp_path, "branches.py", zoo.branches_source(4)) if command == "plan"
+              else DIAMOND)
     plans = []
     for run in ("a", "b"):
         out = tmp_path / run
@@ -344,7 +326,7 @@ def test_ctrl_c_while_solving_writes_the_best_plan_so_far_marked_as_such(command
     if command == "plan":
         # Four branches on four devices: the first baselines cannot meet the lower bound, so
         # the plan cannot be proven optimal before the interruption.
-        argv[1] = _write(tmp_path, "branches.py", BRANCHY_MODEL)
+        argv[1] = _write(tmp_path, "branches.py", zoo.branches_source(4))
         argv += ["--devices", "4xA100-40GB"]
     assert main(argv) == 0
     data = json.loads((out / "plan.json").read_text())

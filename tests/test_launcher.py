@@ -7,13 +7,13 @@ import dataclasses
 
 import pytest
 import torch
+from zoo import TwoBranch, chain, cluster, fork_join
 
 from autoplace.formats.plan import read_plan
 from autoplace.ir import HostCosts, Placement, Problem
 from autoplace.pipeline import plan, save
 from autoplace.simulate import simulate, validate
 from autoplace.solve.cpsat import solve_cpsat
-from tests.zoo import TwoBranch, chain, cluster, fork_join
 
 
 def _launched(problem: Problem, *, launch: float | None = None, call: float = 0.0,

@@ -166,3 +166,27 @@ class CrossRead(nn.Module):
         b = h * 2
         a = torch.outer(h, h)
         return (a + b).repeat(8, 1)
+
+
+def branches_source(branches: int) -> str:
+    """A model file: ``branches`` independent 256-1024-256 MLP branches of one 4096-row input,
+    summed. Long matmul kernels and few launches, so spreading the branches over GPUs pays for
+    the launcher's segment calls and handovers."""
+    return f"""
+import torch
+from torch import nn
+
+class Branches(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.branches = nn.ModuleList(
+            nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256))
+            for _ in range({branches}))
+
+    def forward(self, x):
+        return torch.stack([b(x) for b in self.branches]).sum(0)
+
+def build():
+    torch.manual_seed(0)
+    return Branches(), (torch.randn(4096, 256),)
+"""

@@ -259,13 +259,19 @@ def _work(call, steps, functions, worker, copy_streams, finished, modes):
 
 def _steps(call, steps, functions, device, copy_streams):
     for step in steps:
-        if step[0] == "run":
-            _wait(call, step, device)
-            functions[step[1]]()
-        else:
-            _hand_over(call, step, device, copy_streams)
-        for key in step[-1]:  # values this step was the last to read
-            call.values.pop(key, None)
+        _step(call, step, functions, device, copy_streams)
+
+
+def _step(call, step, functions, device, copy_streams):
+    """Run a segment once its handovers are done, or hand a value over; then drop the values
+    this step was the last to read."""
+    if step[0] == "run":
+        _wait(call, step, device)
+        functions[step[1]]()
+    else:
+        _hand_over(call, step, device, copy_streams)
+    for key in step[-1]:
+        call.values.pop(key, None)
 
 
 def _launch(call, entries, functions, streams):
@@ -286,13 +292,7 @@ def _launch(call, entries, functions, streams):
     try:
         for _, _, device, stream, step in merged:
             with torch.cuda.stream(stream):
-                if step[0] == "run":
-                    _wait(call, step, device)
-                    functions[step[1]]()
-                else:
-                    _hand_over(call, step, device, streams)
-            for key in step[-1]:  # values this step was the last to read
-                call.values.pop(key, None)
+                _step(call, step, functions, device, streams)
     except _Failed:
         pass
     except BaseException as error:
