@@ -58,11 +58,13 @@ def costs(
     *,
     measured: Mapping[str, Mapping[str, float]] | None = None,
     fits: Mapping[str, CalibrationFit] | None = None,
+    launcher: tuple[float, float] | None = None,
 ) -> Costs:
     """Every node's time on every device, and where each figure came from.
 
     ``measured[node][device]`` (seconds, from a profile) wins; else ``fits[device type]`` gives
-    the calibrated roofline; else the analytic roofline.
+    the calibrated roofline; else the analytic roofline. ``launcher``: the GPUs' launcher
+    thread's segment call and handover, measured here (``host_costs``).
     """
     measured = measured or {}
     fits = fits or {}
@@ -98,7 +100,7 @@ def costs(
         if len(set(kinds.values())) > 1 or source[node.name] != "analytic":
             device_source[node.name] = kinds
     return Costs(compute_s=compute_s, source=source, device_source=device_source,
-                 host=host_costs(graph, cluster, compute_s, fits))
+                 host=host_costs(graph, cluster, compute_s, fits, launcher=launcher))
 
 
 def host_costs(
@@ -106,11 +108,15 @@ def host_costs(
     cluster: Cluster,
     compute_s: Mapping[str, Mapping[str, float]],
     fits: Mapping[str, CalibrationFit] | None = None,
+    *,
+    launcher: tuple[float, float] | None = None,
 ) -> HostCosts | None:
     """What the launcher thread pays for each node on each GPU (``ir.HostCosts``): its launches
     times the per-launch overhead (the calibrated law's for the node's family where a fit of the
     device type exists, else the catalog's ``launch_overhead_s``), at most the node's own time
-    there; ``None`` without a GPU, or for a graph that counts no launches (a benchmark's)."""
+    there; a segment call and a handover as ``launcher`` measured them here, else the catalog's
+    estimates (``GPU_SEGMENT_CALL_S``, ``GPU_HANDOVER_S``). ``None`` without a GPU, or for a
+    graph that counts no launches (a benchmark's)."""
     fits = fits or {}
     launched = {d.name: get_device_type(d.type) for d in cluster.devices
                 if get_device_type(d.type).launched}
@@ -127,8 +133,9 @@ def host_costs(
                         else device_type.launch_overhead_s)
             per_device[name] = min(compute_s[node.name][name], node.launches * overhead)
         launch_s[node.name] = per_device
-    return HostCosts(launch_s=launch_s, call_s=dict.fromkeys(launched, GPU_SEGMENT_CALL_S),
-                     handover_s=dict.fromkeys(launched, GPU_HANDOVER_S))
+    call_s, handover_s = launcher or (GPU_SEGMENT_CALL_S, GPU_HANDOVER_S)
+    return HostCosts(launch_s=launch_s, call_s=dict.fromkeys(launched, call_s),
+                     handover_s=dict.fromkeys(launched, handover_s))
 
 
 def analytic_cpu_note(graph: OpGraph, cluster: Cluster, costs: Costs) -> str | None:

@@ -106,7 +106,8 @@ def plan(
         graph = profiled.with_workspace(graph)
     costs = cost_nodes(graph, cluster,
                        measured=profiled.measured() if profiled else None,
-                       fits=profiled.fits if profiled else None)
+                       fits=profiled.fits if profiled else None,
+                       launcher=profiled.launcher if profiled else None)
     notes += [n for n in [analytic_cpu_note(graph, cluster, costs)] if n]
     folded = fold(graph, costs)
     problem = Problem(graph=folded.graph, cluster=cluster, costs=folded.costs)

@@ -1,22 +1,19 @@
-"""The GPU fidelity check: measure the launcher's host costs on this machine, plan Inception and
-GPT-2 for this GPU alone and for two GPUs of its type, run each emitted model on this one GPU
-(two planned devices: two streams, launched from one thread), and set the measured time and
-peak memory beside the plan's.
+"""The GPU fidelity check: plan Inception and GPT-2 for this GPU alone and for two GPUs of its
+type, run each emitted model on this one GPU (two planned devices: two streams, launched from one
+thread), and set the measured time and peak memory beside the plan's.
 
     python benchmarks/gpu_fidelity.py --out results/gpu-fidelity.md      # on a machine with a GPU
     python benchmarks/gpu_fidelity.py --device cpu --out /tmp/dry.md     # dry run of every step
 
-First the host costs of the emitted runtime's launcher (``ir.HostCosts``) are measured here:
-one kernel launch, one segment call beyond its ops, one handover (``emit/runtime.py``'s
-``_hand_over`` calls); the plans use the measured segment call and handover (the catalog's
-``GPU_SEGMENT_CALL_S`` and ``GPU_HANDOVER_S`` are estimates of them) and the profile's launch
-overhead. Per example: a plan on the GPU alone (``cuda:0``, profiled), a plan on two simulated
-GPUs of its type (``cuda:1`` calibrated from ``cuda:0``), which may keep one device when
-splitting does not pay, and the same two GPUs each capped to a share of the one-GPU plan's
-memory, which forces a split. Each emitted model is loaded with every planned device on the one
-GPU here and timed (CUDA synchronised, median of ``--repeats`` after ``--warmup``); the eager
-model is timed the same way. Memory: the caching allocator's peak over one pass, less what was
-allocated before it (weights), against the plan's weights plus activations. Every figure is
+The plans are profiled here, the launcher's segment call and handover included
+(``autoplace/profile/launcher.py``; the catalog's ``GPU_SEGMENT_CALL_S`` and ``GPU_HANDOVER_S``
+are estimates of them). Per example: a plan on the GPU alone (``cuda:0``, profiled), a plan on
+two simulated GPUs of its type (``cuda:1`` calibrated from ``cuda:0``), which may keep one
+device when splitting does not pay, and the same two GPUs each capped to a share of the one-GPU
+plan's memory, which forces a split. Each emitted model is loaded with every planned device on
+the one GPU here and timed (CUDA synchronised, median of ``--repeats`` after ``--warmup``); the
+eager model is timed the same way. Memory: the caching allocator's peak over one pass, less what
+was allocated before it (weights), against the plan's weights plus activations. Every figure is
 what this run measured.
 """
 
@@ -35,7 +32,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import ROOT, machine_line, write_markdown  # noqa: E402
 
 import autoplace  # noqa: E402
-import autoplace.cost  # noqa: E402
 from autoplace.cluster import resolve_cluster  # noqa: E402
 from autoplace.emit import load_model  # noqa: E402
 from autoplace.errors import InfeasibleError  # noqa: E402
@@ -44,66 +40,6 @@ from autoplace.profile import open_cache  # noqa: E402
 
 EXAMPLES = ("inception", "gpt2")
 CAPS = (0.6, 0.7, 0.8, 0.9)  # shares of the one-GPU plan's memory tried, tightest first
-
-
-def host_costs(device: str, n: int = 3000) -> dict[str, float]:
-    """Seconds the launching thread spends per kernel launch, per segment call (beyond its
-    ops) and per handover, on ``device``, with nothing synchronised while it is timed."""
-    x = torch.zeros(16, device=device)
-    gm = torch.fx.symbolic_trace(_AddOne())
-    values: dict = {"x": x}
-
-    def launches() -> None:
-        x.add_(1)
-
-    def segment() -> None:
-        values["y"] = gm(values["x"])
-
-    def bare() -> None:
-        values["y"] = x + 1
-
-    cuda = device.startswith("cuda")
-    streams = {}
-    if cuda:
-        streams = {"copy": torch.cuda.Stream(device), "in": torch.cuda.Stream(device),
-                   "run": torch.cuda.Stream(device)}
-
-    def handover() -> None:  # the calls of runtime._hand_over and _wait, on one device
-        value = values["x"]
-        if not cuda:
-            values["h"] = value
-            return
-        stream = streams["copy"]
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream), torch.cuda.stream(streams["in"]):
-            moved = value.to(device, non_blocking=True)
-        with torch.cuda.stream(stream):
-            done = torch.cuda.Event()
-            done.record(stream)
-        value.record_stream(stream)
-        streams["run"].wait_event(done)
-        moved.record_stream(streams["run"])
-        values["h"] = moved
-
-    def per_call(fn) -> float:  # noqa: ANN001
-        for _ in range(200):
-            fn()
-        _sync(device)
-        began = time.perf_counter()
-        for _ in range(n):
-            fn()
-        took = (time.perf_counter() - began) / n
-        _sync(device)
-        return took
-
-    launch = per_call(launches)
-    return {"launch_s": launch, "segment_call_s": max(0.0, per_call(segment) - per_call(bare)),
-            "handover_s": per_call(handover)}
-
-
-class _AddOne(torch.nn.Module):
-    def forward(self, x):  # noqa: ANN001, ANN201
-        return x + 1
 
 
 def _sync(device: str) -> None:
@@ -210,7 +146,17 @@ def run(example: str, devices: str, device: str, out: Path, *, warmup: int, repe
         - sum(d.reserved_bytes for d in planned.problem.cluster.devices),
         "measured_peak_bytes": _peak_bytes(call_emitted, device),
         "status": planned.solver.status, "notes": [*notes, *planned.notes],
+        "launcher": _launcher_line(planned),
     }
+
+
+def _launcher_line(planned) -> str:  # noqa: ANN001
+    host = planned.problem.costs.host
+    if host is None:
+        return ""
+    device = next(iter(host.call_s))
+    return (f"a segment call {host.call_s[device] * 1e6:.1f} us, a handover "
+            f"{host.handover_s[device] * 1e6:.1f} us")
 
 
 def main() -> int:
@@ -230,11 +176,6 @@ def main() -> int:
         kind = found.devices[0].type
         one, two = "cuda:0", f"2x{kind}"
         print(f"GPU: {name} (catalog type {kind})", flush=True)
-    measured = host_costs(opts.device)
-    print("host costs:", measured, flush=True)
-    # The plans below use this machine's segment call and handover, not the catalog's estimates.
-    autoplace.cost.GPU_SEGMENT_CALL_S = measured["segment_call_s"]
-    autoplace.cost.GPU_HANDOVER_S = measured["handover_s"]
     rows = []
     for example in EXAMPLES:
         single_peak = None
@@ -255,9 +196,10 @@ def main() -> int:
              f", torch {torch.__version__}. Command: `python benchmarks/gpu_fidelity.py`. Two "
              "planned devices run on the one device here, a stream each, launched from one "
              "thread.", "",
-             "Host costs measured here (the plans use the segment call and handover): "
-             + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v * 1e6:.1f} us"
-                         for k, v in measured.items()) + ".", "",
+             "The launcher's costs the plans used (profiled here, "
+             "`autoplace/profile/launcher.py`): "
+             + next((r["launcher"] for r in rows if r.get("launcher")), "none measured")
+             + ".", "",
              "| example | planned on | devices used | runtime | segments | predicted ms "
              "| measured ms | measured / predicted | eager ms | predicted peak MiB "
              "| measured peak MiB | status |",

@@ -118,3 +118,32 @@ def test_optimal_means_the_plan_meets_its_bound_under_the_launcher(call, handove
     assert result.lower_bound_s <= result.objective_s + 1e-9
     if result.solver.status == "OPTIMAL":
         assert result.objective_s <= result.lower_bound_s * (1 + 1e-3) + 1e-9
+
+
+def test_a_measured_launcher_replaces_the_catalog_estimates() -> None:
+    from autoplace.cluster import resolve_cluster
+    from autoplace.cost import costs
+    from autoplace.trace import trace_model
+    from cost_models.devices import GPU_HANDOVER_S, GPU_SEGMENT_CALL_S
+
+    traced = trace_model(TwoBranch(), (torch.randn(8, 16),))
+    cluster, _ = resolve_cluster(spec="A100-40GB,cpu")
+    estimated = costs(traced.graph, cluster).host
+    measured = costs(traced.graph, cluster, launcher=(3e-6, 7e-6)).host
+    assert estimated is not None and measured is not None
+    assert set(estimated.call_s) == {"cuda:0"}  # the CPU has no launcher: its thread does all
+    assert (estimated.call_s["cuda:0"], estimated.handover_s["cuda:0"]) == (
+        GPU_SEGMENT_CALL_S, GPU_HANDOVER_S)
+    assert (measured.call_s["cuda:0"], measured.handover_s["cuda:0"]) == (3e-6, 7e-6)
+    for node in traced.graph.nodes:  # launches never exceed the node's own time
+        if node.name in measured.launch_s:
+            assert 0 < measured.launch_s[node.name]["cuda:0"] <= costs(
+                traced.graph, cluster).of(node.name, "cuda:0")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_the_launcher_is_measured_on_a_gpu() -> None:
+    from autoplace.profile.launcher import measure_launcher
+
+    call_s, handover_s = measure_launcher("cuda:0", calls=100, rounds=3)
+    assert 0 <= call_s < 1e-3 and 0 < handover_s < 1e-3

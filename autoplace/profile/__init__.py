@@ -28,6 +28,7 @@ from autoplace.cluster import Inventory, device_key, inventory, present_devices
 from autoplace.ir import Cluster, Device, Link, OpGraph
 from autoplace.profile.cache import LinkRecord, ProfileCache, default_cache_path
 from autoplace.profile.calibrate import Comparison, compare, fits_for, refit
+from autoplace.profile.launcher import measure_launcher
 from autoplace.profile.links import measure_handover, measure_link
 from autoplace.profile.ops import DeviceProfile, Progress, profile_device
 from autoplace.profile.timing import Timer, is_thread_worker, threads_for
@@ -48,6 +49,9 @@ class ProfileResult:
     fits: Mapping[str, CalibrationFit] = field(default_factory=dict)
     comparisons: tuple[Comparison, ...] = ()
     inventory: Inventory | None = None
+    # (segment call, handover) seconds of the launcher thread, measured on a GPU here
+    # (``launcher.measure_launcher``); None without one.
+    launcher: tuple[float, float] | None = None
     cache: Mapping[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     wall_s: float = 0.0
@@ -223,6 +227,7 @@ def profile_model(
                     f"{dp.whole_forward.median_s * 1e3:.3g} ms "
                     f"({_signed(dp.sum_s / dp.whole_forward.median_s - 1)})")
     measured_links = _links(present, inv, cache=cache, notes=notes) if links else ()
+    launched = _launcher(present, notes)
     fits, fit_notes = fits_for(cluster, cache.get_fits())
     notes += fit_notes
     comparisons = []
@@ -235,9 +240,26 @@ def profile_model(
         if c is not None:
             comparisons.append(c)
     return ProfileResult(devices=tuple(profiles), links=measured_links, fits=fits,
-                         comparisons=tuple(comparisons), inventory=inv,
+                         comparisons=tuple(comparisons), inventory=inv, launcher=launched,
                          cache=cache.describe(), notes=tuple(dict.fromkeys(notes)),
                          wall_s=time.perf_counter() - began)
+
+
+def _launcher(present: Sequence[Device], notes: list[str]) -> tuple[float, float] | None:
+    """The launcher's segment call and handover, measured on the first GPU here; they are the
+    host's, so they serve every GPU the plan launches from it."""
+    gpu = next((d for d in present if d.torch_device.startswith("cuda")), None)
+    if gpu is None:
+        return None
+    try:
+        call_s, handover_s = measure_launcher(gpu.torch_device)
+    except Exception as exc:  # noqa: BLE001 - the catalog's estimates still apply
+        notes.append(f"the launcher's costs could not be measured on {gpu.name} "
+                     f"({type(exc).__name__}: {exc}); the catalog's estimates apply")
+        return None
+    notes.append(f"launcher measured on {gpu.name}: a segment call {call_s * 1e6:.1f} us, a "
+                 f"handover {handover_s * 1e6:.1f} us")
+    return call_s, handover_s
 
 
 def _links(present: Sequence[Device], inv: Inventory, *, cache: ProfileCache,
