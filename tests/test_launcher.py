@@ -147,3 +147,19 @@ def test_the_launcher_is_measured_on_a_gpu() -> None:
 
     call_s, handover_s = measure_launcher("cuda:0", calls=100, rounds=3)
     assert 0 <= call_s < 1e-3 and 0 < handover_s < 1e-3
+
+
+def test_local_moves_take_back_a_copy_the_launcher_pays_for() -> None:
+    # a -> b -> c split d0, d1, d0 takes 13 s under the launcher (see above); b is no node of
+    # the critical path's last arrivals alone, but it is an end of both copies, and moving it
+    # home saves two handovers and two segment calls: 2 + 3 * 1 = 5 s on one device.
+    import math
+
+    from autoplace.solve.large import improve
+
+    problem = _launched(chain(cluster(2)), launch=0.0, call=2.0, handover=3.0)
+    split = simulate(problem, Placement(device_of={"a": "d0", "b": "d1", "c": "d0"}))
+    best, moves = improve(problem, split, objective="latency", deadline=math.inf,
+                          max_evaluations=20)
+    assert moves >= 1 and best.makespan_s == pytest.approx(5.0)
+    assert set(best.placement.device_of.values()) == {"d0"}

@@ -346,14 +346,21 @@ def model_source(
     return "\n\n\n".join(part.rstrip("\n") for part in parts) + "\n"
 
 
+def runtime_namespace() -> dict[str, Any]:
+    """The preamble every generated forward runs in: its imports, helpers and the runtime's
+    engine (``_hand_over``, ``_wait``, ...), executed into a fresh namespace."""
+    namespace: dict[str, Any] = {}
+    exec(compile(IMPORTS_SOURCE + HELPERS_SOURCE + RUNTIME_SOURCE, "<autoplace helpers>", "exec"),
+         namespace)
+    return namespace
+
+
 def compile_forward(source: str) -> Any:
     """Execute the preamble and a top-level ``forward`` source; return the function."""
     filename = f"<autoplace top-level forward {abs(hash(source)):x}>"
     # Registering the source lets tracebacks through the generated forward show its lines.
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    namespace: dict[str, Any] = {}
-    exec(compile(IMPORTS_SOURCE + HELPERS_SOURCE + RUNTIME_SOURCE, "<autoplace helpers>", "exec"),
-         namespace)
+    namespace = runtime_namespace()
     exec(compile(source, filename, "exec"), namespace)
     return namespace["forward"]
 

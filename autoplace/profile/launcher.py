@@ -1,7 +1,8 @@
 """What the emitted runtime's launcher thread pays on a GPU here, measured (``ir.HostCosts``):
 one segment call beyond its ops, and one handover.
 
-The runtime's own engine (``emit.runtime.RUNTIME_SOURCE``) is run, not a copy of it: a segment
+The runtime's own engine (``emit.runtime.RUNTIME_SOURCE``, as ``emit.codegen.runtime_namespace``
+loads it for every generated forward) is run, not a copy of it: a segment
 call is a closure that reads its input from the call's values, calls a one-op ``GraphModule``
 and stores its output, timed against the bare op; a handover is the engine's ``_hand_over``
 followed by the reader's ``_wait``, between two streams of the one GPU. Nothing is synchronised
@@ -27,11 +28,10 @@ class _AddOne(torch.nn.Module):
 def measure_launcher(torch_device: str, *, calls: int = 500,
                      rounds: int = 5) -> tuple[float, float]:
     """``(segment call, handover)`` seconds of host time on CUDA device ``torch_device``."""
-    from autoplace.emit.runtime import RUNTIME_SOURCE
+    from autoplace.emit.codegen import runtime_namespace
 
     device = torch.device(torch_device)
-    engine: dict = {"torch": torch}
-    exec(compile(RUNTIME_SOURCE, "<autoplace runtime>", "exec"), engine)  # noqa: S102
+    engine = runtime_namespace()
     x = torch.zeros(16, device=device)
     gm = torch.fx.symbolic_trace(_AddOne())
     call = engine["_Call"](1)

@@ -125,6 +125,19 @@ def _deciding_nodes(problem: Problem, schedule: Schedule, objective: str) -> lis
     return path
 
 
+def _candidates(problem: Problem, schedule: Schedule, objective: str) -> list[str]:
+    """The nodes a local move tries: those that decide the objective and, where a launcher
+    pays a segment call and a handover at every copy (``ir.HostCosts``), both ends of each copy
+    between devices: moving one may save that copy."""
+    nodes = _deciding_nodes(problem, schedule, objective)
+    if problem.launchers:
+        device_of = schedule.placement.device_of
+        for e in problem.graph.edges:
+            if device_of[e.src] != device_of[e.dst]:
+                nodes += [e.src, e.dst]
+    return list(dict.fromkeys(nodes))
+
+
 def improve(
     problem: Problem,
     schedule: Schedule,
@@ -151,7 +164,7 @@ def improve(
     while improved and not out_of_time():
         improved = False
         tried: set[tuple[str, ...]] = set()
-        for name in _deciding_nodes(problem, best, objective):
+        for name in _candidates(problem, best, objective):
             group = graph.colocation_of[name]
             if group in tried:
                 continue
