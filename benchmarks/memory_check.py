@@ -30,8 +30,10 @@ from common import RESULTS, ROOT, machine_line, write_markdown  # noqa: E402
 from corpus import CORPUS, FAMILIES  # noqa: E402
 
 EXAMPLES = ("mlp", "lenet", "inception", "gpt2")
-DEVICES = ("2xA100-40GB", "2xA100-40GB,2xT4-16GB")
-CORPUS_DEVICES = "2xA100-40GB,2xT4-16GB"
+# 2xcpu-thread too: its workers have no launcher, so splits that the GPUs' launcher makes not
+# pay are still planned there, and the memory model is measured on split plans.
+DEVICES = ("2xA100-40GB", "2xA100-40GB,2xT4-16GB", "2xcpu-thread")
+CORPUS_DEVICES = ("2xA100-40GB,2xT4-16GB", "2xcpu-thread")
 TIME_LIMIT_S = 2.0
 TIMEOUT_S = 300.0
 RATIO_TARGET = 1.3
@@ -129,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     jobs = [(name, ROOT / "examples" / f"{name}.py", devices)
             for name in EXAMPLES for devices in DEVICES]
-    jobs += [(name, CORPUS / f"{name}.py", CORPUS_DEVICES) for name in FAMILIES]
+    jobs += [(name, CORPUS / f"{name}.py", devices)
+             for name in FAMILIES for devices in CORPUS_DEVICES]
     if args.only:
         jobs = [job for job in jobs if job[0] in args.only]
     rows = []
