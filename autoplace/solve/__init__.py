@@ -272,7 +272,12 @@ def _solve_exact(state: _SolveState, activation: Mapping[str, int],
         return _interrupted(state, chosen, name, progress=tuple(rounds.progress),
                             cp_objective=rounds.cp_objective, steps=steps)
     if state.budget.moves_share:
-        chosen, name = _launcher_moves(state, chosen, name)
+        starts = {name: chosen}
+        if rounds.schedule is not None and rounds.schedule.feasible:
+            starts.setdefault("cpsat", rounds.schedule)
+        if state.best is not None:
+            starts.setdefault(*state.best)
+        chosen, name = _launcher_moves(state, starts)
     if steps:
         steps = (*steps, ("CP-SAT on the full graph", chosen.objective_s(state.objective)))
     status = rounds.status
@@ -290,23 +295,31 @@ def _solve_exact(state: _SolveState, activation: Mapping[str, int],
     return state.result(chosen, info)
 
 
-def _launcher_moves(state: _SolveState, chosen: Schedule, name: str) -> tuple[Schedule, str]:
-    """Local moves scored by the simulator on the chosen plan, in the share of the limit kept
-    for them: CP-SAT bounds the launcher's calls and handovers but does not schedule them."""
+def _launcher_moves(state: _SolveState,
+                    starts: Mapping[str, Schedule]) -> tuple[Schedule, str]:
+    """Local moves scored by the simulator from each of ``starts`` (the chosen plan first, then
+    CP-SAT's and the best baseline's), in the share of the limit kept for them: CP-SAT bounds
+    the launcher's calls and handovers but does not schedule them, so a plan it ranks lower
+    may refine to a better one. Returns the best, and its name."""
     budget, objective = state.budget, state.objective
-    try:
-        moved, moves = improve(
-            state.problem, chosen, objective=objective, deadline=budget.moves_deadline(),
-            max_evaluations=budget.moves_evaluations(len(state.problem.graph.nodes)),
-            accept=state.acceptable, clock=budget.clock)
-    except KeyboardInterrupt:
-        return chosen, name
-    if not moves:
-        return chosen, name
-    state.notes.append(f"local moves on the launcher's copies took the {name} plan from "
-                       f"{chosen.objective_s(objective):.6g} s to "
-                       f"{moved.objective_s(objective):.6g} s ({moves} kept)")
-    return moved, f"{name} + local moves"
+    evaluations = budget.moves_evaluations(len(state.problem.graph.nodes))
+    name, chosen = next(iter(starts.items()))
+    best, best_name = chosen, name
+    for start_name, start in starts.items():
+        try:
+            moved, moves = improve(
+                state.problem, start, objective=objective, deadline=budget.moves_deadline(),
+                max_evaluations=None if evaluations is None else evaluations // len(starts),
+                accept=state.acceptable, clock=budget.clock)
+        except KeyboardInterrupt:
+            break
+        if moves and moved.objective_s(objective) < best.objective_s(objective) * (1 - 1e-12):
+            best, best_name = moved, f"{start_name} + local moves"
+    if best is not chosen:
+        state.notes.append(f"local moves on the launcher's copies took the plan from "
+                           f"{chosen.objective_s(objective):.6g} s ({name}) to "
+                           f"{best.objective_s(objective):.6g} s ({best_name})")
+    return best, best_name
 
 
 def _cpsat_rounds(state: _SolveState, activation: Mapping[str, int]) -> _Rounds:
