@@ -100,8 +100,8 @@ def table(rows: list[Row], *, time_limit_s: float) -> str:
         "Measured: the emitted model's weights + live activations per planned device over one "
         "forward pass (`autoplace/emit/memory.py`, tensor storages tracked per segment, every "
         "planned device run on this CPU). Predicted: the plan's peak for that device "
-        "(`simulate.py`: resident parameters + live activations). Target: measured <= "
-        f"predicted, predicted / measured <= {RATIO_TARGET}.",
+        "(`autoplace/simulate/memory.py`: resident parameters + live activations). Target: "
+        f"measured <= predicted, predicted / measured <= {RATIO_TARGET}.",
         "",
         f"**{within} of {len(measured)} devices measured at or below the plan; {tight} also "
         f"within {RATIO_TARGET}x.** "

@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         "The last row takes CPU time, which other processes on these cores do not inflate: the "
         "original's on one thread, and each segment's on its worker thread (median over the "
         "repeats), with the emitted program replayed on those durations "
-        "(`autoplace.emit.runtime.replay(..., segment_s=...)`): what two free cores would take. "
+        "(`autoplace.emit.replay.replay(..., segment_s=...)`): what two free cores would take. "
         f"The segments add up to {r['busy_s'] * 1e3:.2f} ms of CPU time.",
     ]
     code = write_markdown(args.out, lines)

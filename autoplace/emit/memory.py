@@ -1,7 +1,7 @@
 """Emit: measure an emitted model's peak memory per *planned* device while it runs.
 
-The plan's memory figure for a device (``simulate.py``) is its resident parameters plus its live
-activations at their peak. ``measure_peak_bytes`` measures the same two things on the emitted
+The plan's memory figure for a device (``autoplace.simulate``) is its resident parameters plus its
+live activations at their peak. ``measure_peak_bytes`` measures the same two things on the emitted
 model, on one forward pass without gradients, so that verification can fail a plan whose
 figure is below what its model needs:
 
