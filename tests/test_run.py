@@ -14,6 +14,8 @@ import zoo
 
 import autoplace
 from autoplace.cli import main
+from autoplace.cluster import resolve_cluster
+from autoplace.coarsen import fold
 from autoplace.emit import emit_and_verify, emit_model, load_model, save_model
 from autoplace.emit.memory import measure, measure_peak_bytes
 from autoplace.emit.verification import check_peak
@@ -128,6 +130,35 @@ def test_a_value_read_across_a_cut_made_for_a_remote_input_is_within_the_plan():
     assert [seg.nodes for seg in emitted.segment_info if "add_1" in seg.nodes] == [
         ("add_1", "repeat")]
     measured = record["peak_bytes"]["cuda:0"]
+    assert measured["measured_bytes"] <= measured["predicted_bytes"]
+
+
+def test_a_node_whose_outputs_are_copied_at_different_times_is_within_the_plan():
+    # zoo.SlicedRead on 2xcpu-thread, placed by hand: u and w on cpu:1, the rest (p with its
+    # halves a and b folded in, c, o, s) on cpu:0 in that order. p runs 0..1, c 1..2, u from
+    # just after 1 (the handover's latency), o 2..4, s 4..5, w 5..6. The emitted model hands a
+    # over when u starts and b when w starts; b, a view of p, keeps p's 256 bytes alive on
+    # cpu:0 while o (16,384) is made. The plan must hold p until w's segment has started (it
+    # freed it when u's did, and measured 256 bytes above the plan).
+    x = torch.randn(64)
+    traced = trace_model(zoo.SlicedRead(), (x,), {}, name="sliced")
+    cluster, _ = resolve_cluster(spec="2xcpu-thread")
+    seconds = {"mul": 1.0, "add": 1.0, "sin": 1.0, "outer": 2.0, "sum_1": 1.0, "mul_1": 1.0}
+    costs = Costs(compute_s={n.name: dict.fromkeys(cluster.names, seconds.get(n.name, 0.0))
+                             for n in traced.graph.nodes})
+    folded = fold(traced.graph, costs)
+    problem = Problem(graph=folded.graph, cluster=cluster, costs=folded.costs)
+    assert len(folded.graph.node("mul").output_shapes) == 2  # a and b
+    remote = ("add", "mul_1")
+    device_of = {n.name: "cpu:1" if n.name in remote else "cpu:0" for n in folded.graph.nodes}
+    order = {"cpu:0": ("x", "_guards_fn", "mul", "sin", "outer", "sum_1"), "cpu:1": remote}
+    schedule = simulate(problem, Placement(device_of=device_of, order=order))
+    assert schedule.start_s["add"] < schedule.start_s["outer"] < schedule.start_s["mul_1"]
+    device_of_op = {op: device_of[n.name] for n in folded.graph.nodes for op in n.ops}
+    _, record, _ = emit_and_verify(traced, zoo.SlicedRead(), (x,), {}, problem=problem,
+                                   schedule=schedule, device_of_op=device_of_op,
+                                   check_outputs=True, check_memory=True)
+    measured = record["peak_bytes"]["cpu:0"]
     assert measured["measured_bytes"] <= measured["predicted_bytes"]
 
 

@@ -190,3 +190,19 @@ def build():
     torch.manual_seed(0)
     return Branches(), (torch.randn(4096, 256),)
 """
+
+
+class SlicedRead(nn.Module):
+    # p = 2x (256 bytes for 64 floats); its halves a and b are views of p, so tracing folds
+    # them into p's node: one plan node with two outputs. With p, c = sin(x) (256), o =
+    # outer(c, x) (16,384) and s = o.sum() on one device and u = a + 1, w = b * s on the other,
+    # the emitted model copies a when u starts and b when w starts, after o is made: b keeps
+    # all of p's storage alive meanwhile. A plan that freed p once its first reader elsewhere
+    # started would miss it.
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        p = x * 2
+        a, b = p[:32], p[32:]
+        u = a + 1
+        o = torch.outer(x.sin(), x)
+        w = b * o.sum()
+        return u, o, w

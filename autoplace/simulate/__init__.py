@@ -25,9 +25,11 @@ frees each value right after the segment call that last reads it or the copy tha
 and a segment's inputs stay referenced until it returns. So a node's output is allocated when the
 node starts and freed once the segments of its readers on its device have ended, its last
 outgoing transfer is done, and the first segment reading it on each other device has started
-(the copy is made then); a copy received from another device lives from the transfer's start
-until the segment of its last reader there ends; a node's ``workspace_bytes`` are
-held while it runs; the model's inputs and outputs live to the end (the caller holds them).
+(the copy is made then; the last such segment for a node of several outputs, a folded group
+whose values are copied one by one and may be views of one storage); a copy received from
+another device lives from the transfer's start until the segment of its last reader there ends;
+a node's ``workspace_bytes`` are held while it runs; the model's inputs and outputs live to the
+end (the caller holds them).
 
 For pipelined execution (the ``throughput`` objective) each device's **load** per pass is its
 compute plus its communication, as PipeDream and Tarnawski et al. (NeurIPS 2020) define it: a

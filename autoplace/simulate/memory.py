@@ -4,7 +4,6 @@ of live bytes on each device (``memory``)."""
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Mapping
 
@@ -93,11 +92,11 @@ def memory(
     seg, seg_start, seg_end = segment_spans(graph, device_of, start, end, launch_order)
     # For each (buffer, device): when its last reader's segment there ends, and whether that
     # segment took no time (it still needs the buffer at that instant, see the ordering below);
-    # and when the first segment reading it on another device starts: the emitted model copies
-    # it there then, so the original lives at least until that copy.
+    # and when the segments reading it on another device start: the emitted model copies it
+    # there when the first of them starts, so the original lives at least until that copy.
     last_read: dict[tuple[str, str], float] = {}
     instant_read: set[tuple[str, str]] = set()
-    first_copy: dict[tuple[str, str], float] = {}  # (value, other device): first reader there
+    remote_reads: dict[tuple[str, str], list[float]] = defaultdict(list)  # (value, other device)
     for e in graph.edges:
         # Read inside its own segment, a value goes when its reader is done (fx frees it); read
         # by another segment, when that segment returns; and it leaves its own segment at the end.
@@ -111,11 +110,16 @@ def memory(
         if t == last_read[key] and began == t:
             instant_read.add(key)
         if device_of[e.dst] != device_of[e.src]:
-            first_copy[key] = min(first_copy.get(key, math.inf), seg_start[e.dst])
+            remote_reads[key].append(seg_start[e.dst])
     # A value is copied to each other device when its first reader there starts: the original
-    # lives until the last of those copies.
+    # lives until the last of those copies. A node with several outputs (a folded group whose
+    # members are read elsewhere: q, k and v sliced from one projection) is several values to
+    # the emitted model, each copied when its own first reader starts, and views among them
+    # keep the whole storage; an edge does not say which output it reads, so such a node lives
+    # until its last reader there has started.
     copied_at: dict[str, float] = {}
-    for (src, _), copy_s in first_copy.items():
+    for (src, _), starts in remote_reads.items():
+        copy_s = max(starts) if len(graph.node(src).output_shapes) > 1 else min(starts)
         copied_at[src] = max(copied_at.get(src, 0.0), copy_s)
     sent_until: dict[str, float] = {}
     for t in transfers:
