@@ -24,20 +24,22 @@ def launched(
     the launch order, start, end and the copies made.
 
     Each device keeps its order of ``first_pass`` (the first pass's order of start). The emitted
-    runtime launches the nodes in one order, cutting a segment wherever the device changes; a
-    launcher thread pays each segment's call and each node's launches in turn, so the order is
-    chosen here, and the emitted program keeps it (``Schedule.launch_order``): the launcher
-    stays on its device while that device has work queued, and moves to another device whose
-    next node's inputs are launched once that device's queue runs out a switch's worth earlier
-    (``_next_device``). A node starts once its launcher begins to launch it, its device is free
-    and its inputs are there (its time on the device, ``compute_s``, includes its launches: a
-    lone device is never slower for its launcher, and the launches of several devices add up on
-    the one thread). After a segment the launcher issues its values' copies to other devices (a
-    handover each), on the sending device's one copy stream: a copy starts once issued, its
-    producer has ended and the stream's previous copy is done. A launcher that needs a value
-    from a device without one (a CPU worker) waits for it on the host. Devices without a
-    launcher run as in ``_run``, their nodes taken as soon as their inputs are launched: their
-    thread does all their work.
+    runtime launches the nodes in one order, cut into segments as the emitter cuts them
+    (``Cuts``), and a launcher thread pays each segment's call and each node's launches in turn;
+    so the order is chosen here, and the emitted program keeps it (``Schedule.launch_order``).
+    The launcher stays on its device while that device has work queued; it moves to another
+    device whose next node's inputs are launched once that device's queue runs out two segment
+    calls earlier (``_next_device``).
+
+    A node starts once its launcher begins to launch it, its device is free and its inputs are
+    there. (Its time on the device, ``compute_s``, includes its launches: a lone device is never
+    slower for its launcher, and the launches of several devices add up on the one thread.)
+    After a segment the launcher issues its values' copies to other devices, a handover each,
+    on the sending device's one copy stream: a copy starts once issued, once its producer has
+    ended and once the stream's previous copy is done. A launcher that needs a value from a
+    device without one (a CPU worker) waits for it on the host. Devices without a launcher run
+    as in ``_run``, their nodes taken as soon as their inputs are launched: their own thread
+    does all their work.
     """
     graph, costs, host = problem.graph, problem.costs, problem.costs.host
     assert host is not None
