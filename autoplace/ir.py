@@ -397,6 +397,14 @@ class Problem:
             if not any(math.isfinite(per_device[d]) for d in self.cluster.names):
                 raise GraphError(f"node {node.name!r} can run on none of the devices "
                                  f"{list(self.cluster.names)}")
+        host = self.costs.host
+        for node, launches in (host.launch_s.items() if host is not None else ()):
+            for device, t in launches.items():
+                if not 0 <= t <= self.costs.compute_s[node][device] * (1 + 1e-9):
+                    raise GraphError(
+                        f"node {node!r} takes {t} s to launch on {device!r}, more than its "
+                        f"{self.costs.compute_s[node][device]} s there: launches are part of "
+                        "a node's time")
 
     @cached_property
     def allowed(self) -> dict[str, tuple[str, ...]]:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from ortools.sat.python import cp_model
 
 from autoplace.ir import Placement, Problem, Schedule
+from autoplace.solve.launcher import add_launchers
 from autoplace.solve.stages import stage_order
 
 __all__ = ["TIME_QUANTUM_S", "CpSatResult", "node_activation_bytes", "solve_cpsat"]
@@ -151,6 +152,12 @@ def _identical_classes(problem: Problem) -> list[list[str]]:
             return False
         if any(costs.of(n.name, a) != costs.of(n.name, b) for n in graph.nodes):
             return False
+        if problem.launchers.get(a) != problem.launchers.get(b) or (costs.host is not None and (
+                costs.host.call_s.get(a) != costs.host.call_s.get(b)
+                or costs.host.handover_s.get(a) != costs.host.handover_s.get(b)
+                or any(costs.host.launch_of(n.name, a) != costs.host.launch_of(n.name, b)
+                       for n in graph.nodes))):
+            return False  # one launched and one not, or launched at other costs
         la, lb = cluster.link(a, b), cluster.link(b, a)
         if (la.bandwidth_bytes_per_s, la.latency_s) != (lb.bandwidth_bytes_per_s, lb.latency_s):
             return False
@@ -466,71 +473,8 @@ def _add_schedule(model: cp_model.CpModel, problem: Problem, x: Vars, hint: Sche
     for n, t in hint_start.items():
         model.add_hint(start[n], t)
         model.add_hint(end[n], t + duration[n, hinted[n]])
-    _add_launchers(model, problem, x, makespan, start, horizon, quantum)
+    add_launchers(model, problem, x, makespan, start, horizon, quantum)
     return makespan, start
-
-
-def _add_launchers(model: cp_model.CpModel, problem: Problem, x: Vars,
-                   makespan: cp_model.IntVar, start: Mapping[str, cp_model.IntVar],
-                   horizon: int, quantum: float) -> None:
-    """The launcher threads (``simulate.launch.launched``): each launches the nodes placed on its
-    devices one after another, and a node starts no earlier than its launch begins. The
-    launcher's total work bounds the makespan: every launch, one segment call per device at
-    least and, where it is the only launcher, one handover per copy, all issued before the last
-    node starts, which then runs at least its launches. Rounded down, so a bound stays one."""
-    host, launchers = problem.costs.host, problem.launchers
-    if host is None or not launchers:
-        return
-    graph, allowed = problem.graph, problem.allowed
-    for launcher in dict.fromkeys(launchers.values()):  # in order: the same model every run
-        devices = [d for d, h in launchers.items() if h == launcher]
-        terms = [int(host.launch_of(n.name, d) / quantum) * x[n.name, d]
-                 for n in graph.nodes for d in devices if d in allowed[n.name]]
-        # No launch before the first segment call.
-        calls = min(int(host.call_s[d] / quantum) for d in devices)
-        issuing = []
-        for n in graph.nodes:
-            for d in devices:
-                ticks = int(host.launch_of(n.name, d) / quantum)
-                if d not in allowed[n.name] or not ticks:
-                    continue
-                issued = model.new_int_var(min(calls, horizon), horizon,
-                                           f"issue[{n.name},{d}]")
-                model.add(issued <= start[n.name])
-                issuing.append(model.new_optional_fixed_size_interval_var(
-                    issued, ticks, x[n.name, d], f"launch[{n.name},{d}]"))
-        model.add_no_overlap(issuing)
-        if len(set(launchers.values())) == 1 and len(problem.cluster.names) == len(launchers):
-            terms += _handover_terms(model, problem, x, devices, calls, quantum)
-        model.add(makespan >= calls + sum(terms))
-
-
-def _handover_terms(model: cp_model.CpModel, problem: Problem, x: Vars, devices: list[str],
-                    calls: int, quantum: float) -> list[cp_model.LinearExprT]:
-    """Where every device is one launcher's: each copy between two of them is a handover, and
-    each node whose value leaves its device ends a segment (``simulate.memory.Cuts``), so it
-    costs a segment call besides the last segment's (the last node launched sends nothing)."""
-    graph, allowed, host = problem.graph, problem.allowed, problem.costs.host
-    assert host is not None
-    handover = min(int(host.handover_s[d] / quantum) for d in devices)
-    terms: list[cp_model.LinearExprT] = []
-    for n in graph.nodes:
-        readers = list(dict.fromkeys(e.dst for e in graph.out_edges(n.name)))
-        if not readers or graph.node(n.name).is_input:
-            continue  # a model input is moved by its reader's segment, not handed over
-        sent_any = model.new_bool_var(f"sends[{n.name}]")
-        for d in problem.cluster.names:
-            if d not in allowed[n.name] and not any(d in allowed[r] for r in readers):
-                continue
-            sent = model.new_bool_var(f"copy[{n.name},{d}]")
-            own = x[n.name, d] if d in allowed[n.name] else 0
-            for r in readers:
-                if d in allowed[r]:
-                    model.add(sent >= x[r, d] - own)
-            model.add(sent_any >= sent)
-            terms.append(handover * sent)
-        terms.append(calls * sent_any)
-    return terms
 
 
 def _add_loads(model: cp_model.CpModel, problem: Problem, x: Vars,
