@@ -81,7 +81,7 @@ def test_the_launch_order_keeps_each_device_s_order_and_runs_a_device_s_work_tog
     assert switches == 1
 
 
-@pytest.mark.parametrize("launch", [0.0, 0.5, 2.0, None])
+@pytest.mark.parametrize("launch", [0.0, 0.5, 0.9, None])
 def test_cpsat_bound_holds_under_the_launcher(launch: float | None) -> None:
     problem = _launched(fork_join(cluster(2)), launch=launch, call=0.25, handover=0.5)
     result = solve_cpsat(problem, time_limit_s=5, deterministic=True)
@@ -163,3 +163,42 @@ def test_local_moves_take_back_a_copy_the_launcher_pays_for() -> None:
                           max_evaluations=20)
     assert moves >= 1 and best.makespan_s == pytest.approx(5.0)
     assert set(best.placement.device_of.values()) == {"d0"}
+
+
+def test_a_launcher_nothing_is_placed_on_costs_nothing_in_the_bound() -> None:
+    # a -> b -> c: 1 s each on d1 (no launcher, a CPU), 100 s each on d0 (launched; a segment
+    # call 5 s, a launch 1 s). All on d1 takes 3 s, and CP-SAT's bound may not exceed it: the
+    # launcher's call and launches count only for what is placed on its devices.
+    base = chain(cluster(2, types=["G", "C"]))
+    base = dataclasses.replace(base, costs=dataclasses.replace(base.costs, compute_s={
+        n: {"d0": 100 * t["d0"], "d1": t["d1"]} for n, t in base.costs.compute_s.items()}))
+    host = HostCosts(launch_s={n: {"d0": 1.0} for n in "abc"}, call_s={"d0": 5.0},
+                     handover_s={"d0": 0.0})
+    problem = dataclasses.replace(base, costs=dataclasses.replace(base.costs, host=host))
+    on_cpu = simulate(problem, Placement(device_of=dict.fromkeys("abc", "d1")))
+    assert on_cpu.makespan_s == pytest.approx(3.0) and validate(problem, on_cpu) == []
+    result = solve_cpsat(problem, time_limit_s=5, deterministic=True)
+    assert result.bound_s <= on_cpu.makespan_s + 1e-9
+    assert simulate(problem, result.placement).makespan_s == pytest.approx(3.0)
+
+
+def test_launches_longer_than_the_node_are_refused() -> None:
+    from autoplace.errors import GraphError
+
+    with pytest.raises(GraphError, match="more than its"):
+        _launched(fork_join(cluster(2)), launch=2.0)
+
+
+def test_validate_re_times_a_schedule_in_its_launch_order() -> None:
+    # The launcher-free schedule of the split chain (5 s) is not what the launcher gives (13 s):
+    # validate must say so, even with the right launch order written on it.
+    problem = _launched(chain(cluster(2)), launch=0.0, call=2.0, handover=3.0)
+    placement = Placement(device_of={"a": "d0", "b": "d1", "c": "d0"})
+    right = simulate(problem, placement)
+    free = simulate(chain(cluster(2)), placement)
+    forged = dataclasses.replace(free, launch_order=right.launch_order)
+    assert validate(problem, right) == []
+    problems = validate(problem, forged)
+    assert any("launched in its order" in p for p in problems)
+    backwards = dataclasses.replace(right, launch_order=tuple(reversed(right.launch_order)))
+    assert any("before one of its inputs" in p for p in validate(problem, backwards))

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 
@@ -308,7 +309,37 @@ def validate(problem: Problem, schedule: Schedule, *, tol_s: float = 1e-9) -> li
     for group in graph.colocate:
         if len({device_of[n] for n in group}) > 1:
             problems.append(f"colocation group {list(group)} is split across devices")
-    return problems + _memory_violations(problem, schedule)
+    return problems + _launcher_violations(problem, schedule, tol_s) + _memory_violations(
+        problem, schedule)
+
+
+def _launcher_violations(problem: Problem, schedule: Schedule, tol_s: float) -> list[str]:
+    """Where devices have a launcher: the schedule timed again in its recorded launch order
+    (``launch.launched``) must give its starts, ends and copies."""
+    if not problem.launchers:
+        return []
+    device_of = schedule.placement.device_of
+    if sorted(schedule.launch_order) != sorted(device_of):
+        return ["the launch order does not list every node once"]
+    moved_from: dict[str, list[tuple[str, int, float]]] = defaultdict(list)
+    for (src, dst_dev), (nbytes, secs) in copies(problem, device_of).items():
+        moved_from[src].append((dst_dev, nbytes, secs))
+    per_device = start_order(problem.graph, schedule.start_s, schedule.end_s)
+    try:
+        _, start, end, transfers = launched(problem, device_of, per_device, moved_from,
+                                            fixed=schedule.launch_order)
+    except GraphError as error:
+        return [str(error)]
+    problems = [f"{n} starts at {schedule.start_s[n]} s; launched in its order it starts at "
+                f"{start[n]} s" for n in device_of
+                if abs(schedule.start_s[n] - start[n]) > tol_s + 1e-9 * start[n]]
+    recorded = {(t.src, t.dst_device): t.start_s for t in schedule.transfers}
+    problems += [f"the copy of {t.src} to {t.dst_device} starts at "
+                 f"{recorded.get((t.src, t.dst_device))} s; launched in order, at {t.start_s} s"
+                 for t in transfers
+                 if abs(recorded.get((t.src, t.dst_device), math.inf) - t.start_s)
+                 > tol_s + 1e-9 * t.start_s]
+    return problems[:20]
 
 
 def _memory_violations(problem: Problem, schedule: Schedule) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 
+from autoplace.errors import GraphError
 from autoplace.ir import HostCosts, OpNode, Problem, Transfer
 from autoplace.simulate.memory import Cuts
 
@@ -19,9 +20,12 @@ def launched(
     device_of: Mapping[str, str],
     first_pass: tuple[str, ...],
     moved_from: Mapping[str, list[tuple[str, int, float]]],
+    fixed: tuple[str, ...] = (),
 ) -> tuple[tuple[str, ...], dict[str, float], dict[str, float], list[Transfer]]:
     """The schedule again with the host threads that launch the devices' work (``costs.host``):
-    the launch order, start, end and the copies made.
+    the launch order, start, end and the copies made. With ``fixed`` the launch order is that
+    one (``validate`` re-times a recorded schedule so); it must take each device's nodes in
+    ``first_pass``'s order, each after its inputs.
 
     Each device keeps its order of ``first_pass`` (the first pass's order of start). The emitted
     runtime launches the nodes in one order, cut into segments as the emitter cuts them
@@ -94,9 +98,10 @@ def launched(
         if launcher is None:
             start[name] = max(free[dev], ready)
         else:
+            # The runtime waits for a CPU worker's value before the segment call (``_wait``).
+            clock[launcher] = max(clock[launcher], blocking)
             if not segment:
                 clock[launcher] += host.call_s[dev]
-            clock[launcher] = max(clock[launcher], blocking)
             start[name] = max(clock[launcher], free[dev], ready)
             clock[launcher] += host.launch_of(name, dev)
         end[name] = free[dev] = start[name] + costs.of(name, dev)
@@ -105,12 +110,25 @@ def launched(
     while len(order) < len(first_pass):
         ready_devices = [d for d, q in queues.items()
                          if pointer[d] < len(q) and waiting[q[pointer[d]]] == 0]
-        current = device_of[segment[-1]] if segment else None
-        dev = _next_device(ready_devices, current, free, launchers, host,
-                           [graph.node(queues[d][pointer[d]]) for d in ready_devices])
+        if fixed:  # the order is given: its next node, which must be at its device's head
+            dev = _given_device(fixed[len(order)], device_of, ready_devices, queues, pointer)
+        else:
+            current = device_of[segment[-1]] if segment else None
+            dev = _next_device(ready_devices, current, free, launchers, host,
+                               [graph.node(queues[d][pointer[d]]) for d in ready_devices])
         take(queues[dev][pointer[dev]])
     close()
     return tuple(order), start, end, transfers
+
+
+def _given_device(name: str, device_of: Mapping[str, str], ready: list[str],
+                  queues: Mapping[str, list[str]], pointer: Mapping[str, int]) -> str:
+    """``name``'s device, checked to be ready with ``name`` next in its order."""
+    dev = device_of[name]
+    if dev not in ready or queues[dev][pointer[dev]] != name:
+        raise GraphError(f"the launch order takes {name!r} before one of its inputs or out of "
+                         "its device's order")
+    return dev
 
 
 def _arrivals(problem: Problem, device_of: Mapping[str, str], name: str,
