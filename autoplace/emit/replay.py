@@ -103,7 +103,7 @@ def replay(
     for h in program.handovers:
         issued.setdefault(h.after, []).append(h)
     launchers = problem.launchers
-    clock = 0.0  # the launching thread's time (one host: the emitted runtime's caller)
+    clock = dict.fromkeys(launchers.values(), 0.0)  # each host's launching thread's time
     source_device = {h.id: device_of_segment[h.after] for h in program.handovers}
     for index in sorted(runs):
         run, device = runs[index], device_of_segment[index]
@@ -113,14 +113,16 @@ def replay(
         start[index] = max(free[device], ready)
         end[index] = start[index] + cost[index]
         if device in launchers:
+            host_of = launchers[device]
             # It waits on the host for a value from a device without a launcher (a CPU's).
-            clock = max([clock, *(arrival[w] for w in run.waits
-                                  if source_device[w] not in launchers)])
-            clock += host.call_s[device]
-            start[index] = max(start[index], clock)
-            clock += launch[index]
+            clock[host_of] = max([clock[host_of], *(arrival[w] for w in run.waits
+                                                    if source_device[w] not in launchers)])
+            clock[host_of] += host.call_s[device]
+            start[index] = max(start[index], clock[host_of])
+            clock[host_of] += launch[index]
             # Its last node starts once its launch begins: the launches before it are paid.
-            end[index] = max(start[index] + cost[index], clock - last_launch[index] + last[index])
+            end[index] = max(start[index] + cost[index],
+                             clock[host_of] - last_launch[index] + last[index])
         free[device] = end[index]
         for h in issued.get(index, ()):
             took = _handover_s(problem, device_of, node_of(h.value), device,
@@ -128,8 +130,8 @@ def replay(
             began = end[index]
             queued = (device in launchers) or (copy_streams and h.src_device.startswith("cuda"))
             if device in launchers:
-                clock += host.handover_s[device]
-                began = max(began, clock)
+                clock[launchers[device]] += host.handover_s[device]
+                began = max(began, clock[launchers[device]])
             if queued:
                 # One copy stream per GPU: its copies run one after another, in issue order.
                 began = max(began, engine_free.get(h.src_device, 0.0))

@@ -216,9 +216,32 @@ def _hand_over(call, step, device, copy_streams):
     elif torch.device(target).type == "cpu" and device.type == "cpu":
         moved = value  # worker threads share memory: the tensor itself is handed over
     else:
+        # A value that is not one tensor, or one from a CPU worker to a GPU: copied on the
+        # current stream of the GPU it involves (the source's, else the destination's); the
+        # event tells its readers' streams when the copy is done.
         moved = _move(value, target)
+        gpu = device if device.type == "cuda" else torch.device(target)
+        if gpu.type == "cuda":
+            done = torch.cuda.Event()
+            done.record(torch.cuda.current_stream(gpu))
+            call.cuda_events[number] = done
+            call.moved[number] = moved
     call.values[key] = moved
     call.ready[number].set()
+
+
+def _record(value, stream):
+    """Mark every CUDA tensor in ``value`` as in use on ``stream`` (the caching allocator then
+    keeps it until the stream is past its use), through tuples, lists and dicts."""
+    if isinstance(value, torch.Tensor):
+        if value.is_cuda:
+            value.record_stream(stream)
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            _record(item, stream)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _record(item, stream)
 
 
 def _wait(call, step, device):
@@ -233,7 +256,7 @@ def _wait(call, step, device):
         elif event is not None:
             stream = torch.cuda.current_stream(device)
             stream.wait_event(event)
-            call.moved[number].record_stream(stream)  # in use here until this stream is past it
+            _record(call.moved[number], stream)  # in use here until this stream is past it
 
 
 def _stream(streams, key, device):

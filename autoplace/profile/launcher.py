@@ -2,11 +2,13 @@
 one segment call beyond its ops, and one handover.
 
 The runtime's own engine (``emit.runtime.RUNTIME_SOURCE``, as ``emit.codegen.runtime_namespace``
-loads it for every generated forward) is run, not a copy of it: a segment
-call is a closure that reads its input from the call's values, calls a one-op ``GraphModule``
-and stores its output, timed against the bare op; a handover is the engine's ``_hand_over``
-followed by the reader's ``_wait``, between two streams of the one GPU. Nothing is synchronised
-while the host is timed, as in the runtime; the medians of ``rounds`` batches are returned.
+loads it for every generated forward) is run, not a copy of it. A segment call is a run step as
+``_launch`` takes it (``_step`` on the segment's stream, the segment a one-op ``GraphModule``
+reading and storing its values), timed against the bare op. A handover is the engine's
+``_hand_over`` followed by the reader's ``_wait``, to a second GPU where there is one (else
+between two streams of the one GPU, as between two planned devices that share it). Nothing is
+synchronised while the host is timed, as in the runtime; the medians of ``rounds`` batches are
+returned.
 """
 
 from __future__ import annotations
@@ -31,27 +33,35 @@ def measure_launcher(torch_device: str, *, calls: int = 500,
     from autoplace.emit.codegen import runtime_namespace
 
     device = torch.device(torch_device)
+    # A handover copies to another GPU where there is one, as the runtime does between GPUs;
+    # on one GPU it stays there, as between two planned devices that share it.
+    others = [i for i in range(torch.cuda.device_count()) if i != device.index]
+    target = torch.device("cuda", others[0]) if others else device
     engine = runtime_namespace()
     x = torch.zeros(16, device=device)
     gm = torch.fx.symbolic_trace(_AddOne())
     call = engine["_Call"](1)
     call.values["x"] = x
     streams: dict = {}
-    reader = torch.cuda.Stream(device)
-    hand = ("send", 0, "x", device, ("x", "reader"), ())
+    run = torch.cuda.Stream(device)
+    reader = torch.cuda.Stream(target)
+    hand = ("send", 0, "x", target, ("x", "reader"), ())
     wait = ("run", 0, (0,), ())
+    functions = {0: lambda: call.values.__setitem__("y", gm(call.values["x"]))}
 
-    def segment() -> None:
-        call.values["y"] = gm(call.values["x"])
+    def segment() -> None:  # a run step as ``_launch`` takes it: on its stream, via ``_step``
+        with torch.cuda.stream(run):
+            engine["_step"](call, ("run", 0, (), ()), functions, device, streams)
 
     def bare() -> None:
         call.values["y"] = call.values["x"] + 1
 
     def handover() -> None:
         call.ready[0].clear()
-        engine["_hand_over"](call, hand, device, streams)
+        with torch.cuda.stream(run):
+            engine["_hand_over"](call, hand, device, streams)
         with torch.cuda.stream(reader):
-            engine["_wait"](call, wait, device)
+            engine["_wait"](call, wait, target)
 
     def per_call(fn: Callable[[], None]) -> float:
         times = []

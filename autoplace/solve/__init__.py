@@ -277,7 +277,11 @@ def _solve_exact(state: _SolveState, activation: Mapping[str, int],
             starts.setdefault("cpsat", rounds.schedule)
         if state.best is not None:
             starts.setdefault(*state.best)
-        chosen, name = _launcher_moves(state, starts)
+        chosen, name, stopped = _launcher_moves(state, starts)
+        if stopped:
+            return _interrupted(state, chosen, name, progress=tuple(rounds.progress),
+                                cp_objective=rounds.cp_objective, steps=steps)
+        _check_bound(state, rounds, chosen)
     if steps:
         steps = (*steps, ("CP-SAT on the full graph", chosen.objective_s(state.objective)))
     status = rounds.status
@@ -296,15 +300,16 @@ def _solve_exact(state: _SolveState, activation: Mapping[str, int],
 
 
 def _launcher_moves(state: _SolveState,
-                    starts: Mapping[str, Schedule]) -> tuple[Schedule, str]:
+                    starts: Mapping[str, Schedule]) -> tuple[Schedule, str, bool]:
     """Local moves scored by the simulator from each of ``starts`` (the chosen plan first, then
     CP-SAT's and the best baseline's), in the share of the limit kept for them: CP-SAT bounds
     the launcher's calls and handovers but does not schedule them, so a plan it ranks lower
-    may refine to a better one. Returns the best, and its name."""
+    may refine to a better one. Returns the best, its name, and whether Ctrl-C stopped the
+    moves."""
     budget, objective = state.budget, state.objective
     evaluations = budget.moves_evaluations(len(state.problem.graph.nodes))
     name, chosen = next(iter(starts.items()))
-    best, best_name = chosen, name
+    best, best_name, stopped = chosen, name, False
     for start_name, start in starts.items():
         try:
             moved, moves = improve(
@@ -312,6 +317,7 @@ def _launcher_moves(state: _SolveState,
                 max_evaluations=None if evaluations is None else evaluations // len(starts),
                 accept=state.acceptable, clock=budget.clock)
         except KeyboardInterrupt:
+            stopped = True
             break
         if moves and moved.objective_s(objective) < best.objective_s(objective) * (1 - 1e-12):
             best, best_name = moved, f"{start_name} + local moves"
@@ -319,7 +325,7 @@ def _launcher_moves(state: _SolveState,
         state.notes.append(f"local moves on the launcher's copies took the plan from "
                            f"{chosen.objective_s(objective):.6g} s ({name}) to "
                            f"{best.objective_s(objective):.6g} s ({best_name})")
-    return best, best_name
+    return best, best_name, stopped
 
 
 def _cpsat_rounds(state: _SolveState, activation: Mapping[str, int]) -> _Rounds:
@@ -384,10 +390,10 @@ def _cut_overflow(state: _SolveState, rounds: _Rounds, placement: Placement,
                        "activations were simulated; re-solved with those node sets cut off")
 
 
-def _check_bound(state: _SolveState, rounds: _Rounds) -> None:
+def _check_bound(state: _SolveState, rounds: _Rounds, *also: Schedule) -> None:
     """A bound above a schedule the simulator accepts is wrong; keep only the analytic one."""
     feasible = [s.objective_s(state.objective)
-                for s in (*state.baselines.values(), rounds.schedule)
+                for s in (*state.baselines.values(), rounds.schedule, *also)
                 if s is not None and s.feasible]
     if feasible and state.bound > min(feasible) * (1 + 1e-9) + 1e-12:
         state.notes.append(f"CP-SAT reported a lower bound ({state.bound:.6g} s) above a "
