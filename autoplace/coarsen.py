@@ -103,6 +103,33 @@ def _merge_runs(
     return merged
 
 
+def _storage_owners(graph: OpGraph, members: Sequence[str]) -> dict[str, str]:
+    """Whose storage each member's output is: its own, or, for a member that launches no
+    kernel and reads one member (a view), that member's owner. A graph that counts no launches
+    (a task graph given as JSON) has no views."""
+    position = {name: i for i, name in enumerate(members)}
+    counted = graph.counts_launches
+    owner: dict[str, str] = {}
+    for name in members:
+        node = graph.node(name)
+        preds = [e.src for e in graph.in_edges(name) if e.src in position]
+        view = counted and node.launches == 0 and not node.is_input and len(preds) == 1
+        owner[name] = owner[preds[0]] if view else name
+    return owner
+
+
+def _crossing_bytes(graph: OpGraph, members: Sequence[str],
+                    crossing: Sequence[OpNode]) -> tuple[int, set[str]]:
+    """What a group's outputs read outside it keep alive, and whose storages those are: each
+    distinct storage once, the whole of it for a view of a member (``x[:, -1]`` keeps all of
+    ``x``: a view holds its base); never less than the outputs' own sizes, which an expanded
+    view exceeds its base by (and which a copy of it moves)."""
+    owner = _storage_owners(graph, members)
+    storages = list(dict.fromkeys(owner[p.name] for p in crossing))
+    return max(sum(graph.node(s).output_bytes for s in storages),
+               sum(p.output_bytes for p in crossing)), set(storages)
+
+
 def _internal_peak(graph: OpGraph, members: Sequence[str], crossing: set[str]) -> int:
     """The most bytes a group holds at once beyond its ``crossing`` outputs (which the simulator
     charges for the whole group anyway), running ``members`` in order as the emitted segment
@@ -111,13 +138,9 @@ def _internal_peak(graph: OpGraph, members: Sequence[str], crossing: set[str]) -
     its own output too, even if nothing reads it. A member that launches no kernel (a view)
     allocates nothing: it keeps its producer's storage alive instead."""
     position = {name: i for i, name in enumerate(members)}
-    owner: dict[str, str] = {}  # whose storage a member's output is
+    owner = _storage_owners(graph, members)
     last: dict[str, int] = {}  # the storage's last reader in the group
     for j, name in enumerate(members):
-        node = graph.node(name)
-        preds = [e.src for e in graph.in_edges(name) if e.src in position]
-        view = node.launches == 0 and not node.is_input and len(preds) == 1
-        owner[name] = owner[preds[0]] if view else name
         readers = [position[e.dst] for e in graph.out_edges(name) if e.dst in position]
         last[owner[name]] = max([last.get(owner[name], j), j, *readers])
     # Difference array over positions: a storage is alive from its maker through its last reader.
@@ -157,6 +180,7 @@ def _build(graph: OpGraph, costs: Costs, groups: list[list[str]]) -> tuple[OpGra
     for members, name in zip(groups, names):
         parts = [graph.node(m) for m in members]
         crossing = [p for p in parts if p.name in used_outside] or parts[-1:]
+        kept_bytes, kept = _crossing_bytes(graph, members, crossing)
         nodes.append(OpNode(
             name=name,
             ops=tuple(op for p in parts for op in p.ops),
@@ -165,9 +189,9 @@ def _build(graph: OpGraph, costs: Costs, groups: list[list[str]]) -> tuple[OpGra
             is_input=all(p.is_input for p in parts),
             output_shapes=tuple(s for p in crossing for s in p.output_shapes),
             output_dtypes=tuple(d for p in crossing for d in p.output_dtypes),
-            output_bytes=sum(p.output_bytes for p in crossing),
+            output_bytes=kept_bytes,
             param_bytes=sum(p.param_bytes for p in parts),
-            workspace_bytes=_internal_peak(graph, members, {p.name for p in crossing}),
+            workspace_bytes=_internal_peak(graph, members, kept),
             flops=sum(p.flops for p in parts),
             bytes_accessed=sum(p.bytes_accessed for p in parts),
             launches=sum(p.launches for p in parts),

@@ -184,6 +184,12 @@ class OpGraph:
             succs[edge.src].append(edge)
         return succs
 
+    @cached_property
+    def counts_launches(self) -> bool:
+        """Whether the nodes say how many kernels they launch (a traced model's do; a task
+        graph given as JSON does not)."""
+        return any(n.launches for n in self.nodes)
+
     def node(self, name: str) -> OpNode:
         return self._by_name[name]
 

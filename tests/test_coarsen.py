@@ -101,3 +101,17 @@ def test_a_group_counts_its_internal_peak_as_workspace():
     (group,) = [n for n in coarse.graph.nodes if not n.is_input]
     assert group.ops == ("a", "b", "v", "c") and group.output_bytes == 50
     assert group.workspace_bytes == 1300
+
+
+def test_a_view_read_outside_its_node_keeps_the_whole_base_alive():
+    # zoo.LastRow: the folded node of a's linear and its [:, -1] view outputs the view, whose
+    # base (131,072 bytes) lives as long as the view. Before, the node counted 4,096 bytes, and
+    # the emitted model measured 4,096 bytes above the plan on its one device.
+    from autoplace.pipeline import plan
+
+    model, x = zoo.LastRow().eval(), torch.randn(4, 32, 64)
+    planned = plan(model, (x,), devices="cpu", time_limit_s=1, whatif=False, name="last_row")
+    node = next(n for n in planned.problem.graph.nodes if "select" in n.ops)
+    assert node.output_bytes == 4 * 32 * 256 * 4
+    peak = planned.verification.peak_bytes["cpu"]
+    assert peak["measured_bytes"] <= peak["predicted_bytes"]

@@ -206,3 +206,16 @@ class SlicedRead(nn.Module):
         o = torch.outer(x.sin(), x)
         w = b * o.sum()
         return u, o, w
+
+
+class LastRow(nn.Module):
+    # a(x) is 4 x 32 x 256 floats (131,072 bytes); b reads only its last row, h[:, -1] (4,096
+    # bytes), a view that tracing folds into a's node. The view keeps all of a's output alive
+    # until b is done: the node's output is the 131,072 bytes, not the 4,096 read outside it.
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(64, 256)
+        self.b = nn.Linear(256, 512)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x)[:, -1])
