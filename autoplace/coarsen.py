@@ -118,16 +118,15 @@ def _storage_owners(graph: OpGraph, members: Sequence[str]) -> dict[str, str]:
     return owner
 
 
-def _crossing_bytes(graph: OpGraph, members: Sequence[str],
-                    crossing: Sequence[OpNode]) -> tuple[int, set[str]]:
-    """What a group's outputs read outside it keep alive, and whose storages those are: each
-    distinct storage once, the whole of it for a view of a member (``x[:, -1]`` keeps all of
-    ``x``: a view holds its base); never less than the outputs' own sizes, which an expanded
-    view exceeds its base by (and which a copy of it moves)."""
+def _crossing_bytes(graph: OpGraph, members: Sequence[str], crossing: Sequence[OpNode]) -> int:
+    """What a group's outputs read outside it keep alive: each distinct storage once, the whole
+    of it for a view of a member (``x[:, -1]`` keeps all of ``x``: a view holds its base);
+    never less than the outputs' own sizes, which an expanded view exceeds its base by (and
+    which a copy of it moves)."""
     owner = _storage_owners(graph, members)
-    storages = list(dict.fromkeys(owner[p.name] for p in crossing))
+    storages = dict.fromkeys(owner[p.name] for p in crossing)
     return max(sum(graph.node(s).output_bytes for s in storages),
-               sum(p.output_bytes for p in crossing)), set(storages)
+               sum(p.output_bytes for p in crossing))
 
 
 def _internal_peak(graph: OpGraph, members: Sequence[str], crossing: set[str]) -> int:
@@ -180,7 +179,7 @@ def _build(graph: OpGraph, costs: Costs, groups: list[list[str]]) -> tuple[OpGra
     for members, name in zip(groups, names):
         parts = [graph.node(m) for m in members]
         crossing = [p for p in parts if p.name in used_outside] or parts[-1:]
-        kept_bytes, kept = _crossing_bytes(graph, members, crossing)
+        kept_bytes = _crossing_bytes(graph, members, crossing)
         nodes.append(OpNode(
             name=name,
             ops=tuple(op for p in parts for op in p.ops),
@@ -191,7 +190,9 @@ def _build(graph: OpGraph, costs: Costs, groups: list[list[str]]) -> tuple[OpGra
             output_dtypes=tuple(d for p in crossing for d in p.output_dtypes),
             output_bytes=kept_bytes,
             param_bytes=sum(p.param_bytes for p in parts),
-            workspace_bytes=_internal_peak(graph, members, kept),
+            # The internal peak still counts a crossing view's base: a view by this rule
+            # (no launch) may copy (``reshape`` of an expanded tensor), so both may be live.
+            workspace_bytes=_internal_peak(graph, members, {p.name for p in crossing}),
             flops=sum(p.flops for p in parts),
             bytes_accessed=sum(p.bytes_accessed for p in parts),
             launches=sum(p.launches for p in parts),
