@@ -118,8 +118,8 @@ def host_costs(
     estimates (``GPU_SEGMENT_CALL_S``, ``GPU_HANDOVER_S``). ``None`` without a GPU, or for a
     graph that counts no launches (a benchmark's)."""
     fits = fits or {}
-    launched = {d.name: get_device_type(d.type) for d in cluster.devices
-                if get_device_type(d.type).launched}
+    types = {d.name: get_device_type(d.type) for d in cluster.devices}
+    launched = {name: device_type for name, device_type in types.items() if device_type.launched}
     if not launched or not any(n.launches for n in graph.nodes):
         return None
     launch_s: dict[str, dict[str, float]] = {}

@@ -36,6 +36,7 @@ from autoplace.emit.replay import replay
 from autoplace.emit.saving import load_model, save_model
 from autoplace.emit.verification import ENFORCE_PEAK_DEFAULT, VerifyResult, check_peak, verify
 from autoplace.ir import Problem, Schedule
+from autoplace.simulate.memory import start_order
 from autoplace.trace import TracedModel
 
 __all__ = [
@@ -145,14 +146,12 @@ def _check_memory(
 
 def _op_order(module: torch.fx.GraphModule, problem: Problem, schedule: Schedule) -> list[str]:
     """Ops in the order the simulator launches their plan nodes (``Schedule.launch_order``), or
-    of their node's simulated start without one: a topological order (a consumer starts no
-    earlier than its producer ends) that keeps each device's work contiguous."""
+    in the simulator's order of start without one (``simulate.memory.start_order``, the order
+    its memory model cuts segments in): a topological order (a consumer starts no earlier than
+    its producer ends) that keeps each device's work contiguous."""
     position = {n.name: i for i, n in enumerate(module.graph.nodes)}
-    launched = {name: i for i, name in enumerate(schedule.launch_order)}
-    keyed = []
-    for coarse_index, node in enumerate(problem.graph.nodes):
-        first = ((launched[node.name],) if launched else
-                 (schedule.start_s[node.name], schedule.end_s[node.name]))
-        for op in node.ops:
-            keyed.append(((*first, coarse_index, position.get(op, 0)), op))
+    rank = {name: i for i, name in enumerate(schedule.launch_order or start_order(
+        problem.graph, schedule.start_s, schedule.end_s))}
+    keyed = [((rank[node.name], position.get(op, 0)), op)
+             for node in problem.graph.nodes for op in node.ops]
     return [op for _, op in sorted(keyed)]

@@ -143,9 +143,7 @@ def simulate(problem: Problem, placement: Placement) -> Schedule:
     cluster = problem.cluster
     device_of = _checked_devices(problem, placement)
     moved = copies(problem, device_of)
-    moved_from: dict[str, list[tuple[str, int, float]]] = defaultdict(list)
-    for (src, dst_dev), (nbytes, secs) in moved.items():
-        moved_from[src].append((dst_dev, nbytes, secs))
+    moved_from = _by_source(moved)
     start, end, transfers = _run(problem, device_of, placement.order, moved_from)
     if len(end) != len(problem.graph.nodes):
         stuck = [n.name for n in problem.graph.nodes if n.name not in end][:5]
@@ -175,6 +173,17 @@ def simulate(problem: Problem, placement: Placement) -> Schedule:
         load_s=loads(problem, device_of, moved),
         launch_order=launch_order,
     )
+
+
+def _by_source(
+    moved: Mapping[tuple[str, str], tuple[int, float]],
+) -> dict[str, list[tuple[str, int, float]]]:
+    """``copies``' result per producer: each other device its output goes to, with the bytes
+    and seconds (what ``_run`` and ``launch.launched`` take)."""
+    moved_from: dict[str, list[tuple[str, int, float]]] = defaultdict(list)
+    for (src, dst_dev), (nbytes, secs) in moved.items():
+        moved_from[src].append((dst_dev, nbytes, secs))
+    return moved_from
 
 
 def _checked_devices(problem: Problem, placement: Placement) -> dict[str, str]:
@@ -321,9 +330,7 @@ def _launcher_violations(problem: Problem, schedule: Schedule, tol_s: float) -> 
     device_of = schedule.placement.device_of
     if sorted(schedule.launch_order) != sorted(device_of):
         return ["the launch order does not list every node once"]
-    moved_from: dict[str, list[tuple[str, int, float]]] = defaultdict(list)
-    for (src, dst_dev), (nbytes, secs) in copies(problem, device_of).items():
-        moved_from[src].append((dst_dev, nbytes, secs))
+    moved_from = _by_source(copies(problem, device_of))
     per_device = start_order(problem.graph, schedule.start_s, schedule.end_s)
     try:
         _, start, end, transfers = launched(problem, device_of, per_device, moved_from,
