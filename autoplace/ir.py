@@ -428,6 +428,16 @@ class Problem:
             return {}
         return {d.name: d.host for d in self.cluster.devices if d.name in host.call_s}
 
+    @cached_property
+    def sole_launcher(self) -> str | None:
+        """The host thread that launches the work of every device, where there is one (all
+        devices GPUs of one host): then every node's launch is that thread's work, wherever
+        the node is placed."""
+        threads = set(self.launchers.values())
+        if len(threads) == 1 and len(self.launchers) == len(self.cluster.names):
+            return next(iter(threads))
+        return None
+
     def delay_s(self, edge: Edge, src_device: str, dst_device: str) -> float:
         """How long ``edge``'s data takes from ``src_device`` to ``dst_device``."""
         if src_device == dst_device:

@@ -94,6 +94,47 @@ def test_cpsat_bound_holds_under_the_launcher(launch: float | None) -> None:
         assert result.bound_s >= 22.0 - 1e-6
 
 
+def _side_launches() -> Problem:
+    # Four launch-bound nodes s0..s3 (1 s each, all of it launches) feed j beside the path
+    # p0 -> p1 -> j (1 s each, 0.1 s of launches). Critical path 3 s, work 7 s over two
+    # devices 3.5 s; but the one thread launches all of j's ancestors before j: a call (0.25)
+    # + 4 + 0.2 = 4.45 s, then j's 1 s: no placement ends before 5.45 s.
+    from zoo import problem
+
+    names = ["s0", "s1", "s2", "s3", "p0", "p1", "j"]
+    p = problem([(n, 1.0, 0) for n in names],
+                [*((f"s{i}", "j", 10) for i in range(4)), ("p0", "p1", 10), ("p1", "j", 10)],
+                cluster(2), outputs=("j",))
+    launch_s = {n: dict.fromkeys(p.cluster.names, 1.0 if n.startswith("s") else 0.1)
+                for n in names}
+    host = HostCosts(launch_s=launch_s, call_s=dict.fromkeys(p.cluster.names, 0.25),
+                     handover_s=dict.fromkeys(p.cluster.names, 0.5))
+    return dataclasses.replace(p, costs=dataclasses.replace(p.costs, host=host))
+
+
+def test_a_node_is_released_once_the_thread_has_launched_its_ancestors() -> None:
+    import itertools
+
+    from autoplace.solve.bounds import launch_release_s, lower_bound_s
+
+    p = _side_launches()
+    release = launch_release_s(p)
+    assert release["s0"] == pytest.approx(0.25) and release["p1"] == pytest.approx(0.35)
+    assert release["j"] == pytest.approx(4.45)
+    bound = lower_bound_s(p)
+    assert bound == pytest.approx(5.45, rel=1e-6)
+    names = [n.name for n in p.graph.nodes]
+    best = min(simulate(p, Placement(device_of=dict(zip(names, devices)))).makespan_s
+               for devices in itertools.product(p.cluster.names, repeat=len(names)))
+    assert bound <= best + 1e-9
+    # Two host threads (say, CPU workers with their own) release nothing: the ancestors'
+    # launches need not add up on one thread.
+    two = dataclasses.replace(p, cluster=dataclasses.replace(p.cluster, devices=tuple(
+        dataclasses.replace(d, host=f"h{i}") for i, d in enumerate(p.cluster.devices))))
+    assert two.sole_launcher is None and launch_release_s(two) == {}
+    assert lower_bound_s(two) == pytest.approx(3.5)
+
+
 def test_plan_json_keeps_the_launcher_and_re_simulates_the_same(tmp_path) -> None:
     planned = plan(TwoBranch(), (torch.randn(8, 16),), devices="2xA100-40GB",
                    time_limit_s=1, whatif=False, verify=False, min_gain=0.0)

@@ -33,9 +33,11 @@ from torch import nn
 import autoplace
 from autoplace.emit import emit_model, load_model, measure_peak_bytes, save_model
 from autoplace.errors import InfeasibleError
-from autoplace.ir import Costs, Placement
+from autoplace.ir import Costs, HostCosts, Placement
 from autoplace.simulate import simulate, validate
 from autoplace.solve import solve
+from autoplace.solve.bounds import lower_bound_s
+from autoplace.solve.cpsat import solve_cpsat
 from autoplace.trace import trace_model
 
 SOLVER_PROFILE = settings(max_examples=40, deadline=None, derandomize=True,
@@ -147,6 +149,40 @@ def test_mixed_devices_give_valid_plans_no_worse_than_any_baseline(p, objective)
         _assert_nothing_fits(p)
         return
     _check_plan(p, r, objective)
+
+
+@st.composite
+def launched_problems(draw):
+    """A random DAG of 2-8 nodes on 1-2 devices (``mixed_problems``) whose every device is
+    launched from one host thread: each node's launches are a random share of its time there,
+    and the segment calls and handovers random too."""
+    p = draw(mixed_problems().filter(lambda p: len(p.graph.nodes) <= 8
+                                     and len(p.cluster.devices) <= 2))
+    names = p.cluster.names
+    launch_s = {n.name: {d: draw(st.sampled_from([0.3, 1.0])) * p.costs.of(n.name, d)
+                         for d in p.allowed[n.name]} for n in p.graph.nodes}
+    host = HostCosts(launch_s=launch_s,
+                     call_s=dict.fromkeys(names, draw(st.sampled_from([0.0, 0.01, 0.5]))),
+                     handover_s=dict.fromkeys(names, draw(st.sampled_from([0.0, 0.02, 1.0]))))
+    return dataclasses.replace(p, costs=dataclasses.replace(p.costs, host=host))
+
+
+@settings(max_examples=30, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(launched_problems())
+def test_bounds_under_one_launcher_hold_for_every_placement(p):
+    # The analytic bound (with the launcher's release of each node) and CP-SAT's are below
+    # the simulated makespan of every placement that fits: a bound that is not one shows here.
+    assert p.sole_launcher is not None
+    analytic = lower_bound_s(p)
+    cp = solve_cpsat(p, time_limit_s=0.5, deterministic=True, workers=1)
+    fitting = [simulate(p, Placement(device_of=d)) for d in _placements_within_parameters(p)]
+    fitting = [s.makespan_s for s in fitting if s.feasible]
+    if not fitting:
+        return
+    assert analytic <= min(fitting) * (1 + 1e-9) + 1e-12
+    if cp.placement is not None:
+        assert cp.bound_s <= min(fitting) * (1 + 1e-9) + 1e-12
 
 
 def test_the_enumeration_sees_what_fits_and_what_does_not():

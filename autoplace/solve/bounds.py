@@ -6,6 +6,9 @@
   stronger fractional bound (an LP: nodes split among devices of different speeds, every
   device's share of the work at most the bound);
 * colocation: a group sharing a device runs one after another on one device;
+* the launcher (``launch_release_s``): where one host thread launches every device's work, a
+  node starts no earlier than that thread has made a segment call and launched all of the
+  node's ancestors, and the longest path from the node (its tail) runs after that;
 * for the throughput objective (largest per-device load), total work, the largest node and
   colocation (the critical path does not bound a pipeline's load).
 
@@ -14,12 +17,19 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from autoplace.errors import InfeasibleError
 from autoplace.graphs import longest_path_length
 from autoplace.ir import Problem
 from autoplace.solve.heuristics import group_devices
 
-__all__ = ["check_memory", "lower_bound_s"]
+__all__ = ["check_memory", "launch_release_s", "lower_bound_s"]
+
+# The launcher bound keeps each node's ancestors as a row of bits: n * n / 8 bytes (50 MB here).
+_MAX_RELEASE_NODES = 20_000
+# Rows unpacked at once to sum the ancestors' launches (rows * n bytes).
+_RELEASE_CHUNK = 256
 
 
 def _fmt(nbytes: int) -> str:
@@ -105,11 +115,55 @@ def _fractional_work(problem: Problem, max_terms: int = 400_000) -> float:
     return max(0.0, t.solution_value() * (1 - 1e-7))
 
 
+def launch_release_s(problem: Problem) -> dict[str, float]:
+    """Where one host thread launches every device's work (``Problem.sole_launcher``): the
+    earliest each node can start, whatever the placement. The thread launches the nodes one
+    after another in a topological order (``simulate.launch.launched``), after one segment
+    call, and a node starts no earlier than its launch begins; so a node starts after the
+    cheapest segment call and each ancestor's cheapest launch. (A model input launches
+    nothing.) Empty where there is no such thread, or the graph has more than
+    ``_MAX_RELEASE_NODES`` nodes."""
+    graph, host = problem.graph, problem.costs.host
+    n = len(graph.nodes)
+    if host is None or problem.sole_launcher is None or not n or n > _MAX_RELEASE_NODES:
+        return {}
+    launch = np.array([min(host.launch_of(node.name, d) for d in problem.allowed[node.name])
+                       for node in graph.nodes])
+    ancestors = np.zeros((n, (n + 7) // 8), dtype=np.uint8)  # row v: v's ancestors, packed
+    for v, node in enumerate(graph.nodes):
+        for u in dict.fromkeys(graph.index[e.src] for e in graph.in_edges(node.name)):
+            ancestors[v] |= ancestors[u]
+            ancestors[v, u // 8] |= 0x80 >> (u % 8)  # unpackbits reads a byte's high bit first
+    before = np.empty(n)
+    for first in range(0, n, _RELEASE_CHUNK):
+        rows = np.unpackbits(ancestors[first:first + _RELEASE_CHUNK], axis=1, count=n)
+        before[first:first + len(rows)] = rows @ launch
+    call = min(host.call_s.values())
+    return {node.name: 0.0 if node.is_input else call + float(before[v])
+            for v, node in enumerate(graph.nodes)}
+
+
+def _launcher_bound(problem: Problem, fastest: dict[str, float]) -> float:
+    """Each node's release (``launch_release_s``) plus its tail: the longest path from it at
+    the fastest times. 0 without a sole launcher."""
+    release = launch_release_s(problem)
+    if not release:
+        return 0.0
+    graph = problem.graph
+    tail: dict[str, float] = {}
+    for node in reversed(graph.nodes):
+        tail[node.name] = fastest[node.name] + max(
+            (tail[e.dst] for e in graph.out_edges(node.name)), default=0.0)
+    # The sums are in floating point: stay a little on the safe side of them.
+    return max(0.0, max(release[v] + tail[v] for v in tail) * (1 - 1e-9))
+
+
 def lower_bound_s(problem: Problem, objective: str = "latency") -> float:
     """The largest of the bounds that hold for ``objective``, in seconds.
 
-    Latency: critical path, total work, colocation. Throughput (the busiest device's load):
-    total work, the largest single node, colocation; communication only adds to a load.
+    Latency: critical path, total work, colocation, the launcher. Throughput (the busiest
+    device's load): total work, the largest single node, colocation; communication only adds
+    to a load.
     """
     graph, cluster, costs = problem.graph, problem.cluster, problem.costs
     holders = _holders(problem)
@@ -126,5 +180,5 @@ def lower_bound_s(problem: Problem, objective: str = "latency") -> float:
         return max(work, max(fastest.values(), default=0.0), colocated)
     # float: when every path weighs 0, networkx's length is the int 0 (plan.json writes 0.0).
     critical = float(longest_path_length(fastest, ((e.src, e.dst) for e in graph.edges)))
-    return max(critical, work, colocated)
+    return max(critical, work, colocated, _launcher_bound(problem, fastest))
 
