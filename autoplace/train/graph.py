@@ -1,0 +1,219 @@
+"""Train: the graph of one training step, built from the forward graph (``step_problem``).
+
+The forward problem is a traced model whose only output is its scalar loss, costed and folded
+(the pipeline's ``Problem``). For each forward node ``f`` the step graph has:
+
+* ``f`` itself. Autograd keeps what ``f`` saves for backward until ``f``'s backward runs: its
+  output and, for a folded node, its members' intermediates, whose peak the forward node already
+  counts as workspace (``coarsen``); the step graph adds that workspace to ``f``'s output, so
+  the simulator keeps it alive until the backward (an upper bound: every member's intermediate
+  saved at once).
+* ``f@backward``, where ``f``'s output needs a gradient: ``f`` holds parameters or reads a
+  value that needs one, and the loss depends on ``f``. It reads what ``f`` read and ``f``'s
+  output (all that autograd may save: a ReLU keeps only its output, a matmul only its inputs,
+  so this bounds memory from above), and the gradient of ``f``'s output from the backward of
+  each reader; it outputs the gradients of ``f``'s inputs that need one.
+  Its time is twice ``f``'s on every device, its kernel launches twice ``f``'s (at most its
+  time): the backward pass of a matmul or a convolution does twice the forward's FLOPs (the
+  gradient of the input and of the weight; Kaplan et al., "Scaling Laws for Neural Language
+  Models", 2020, section 2.1: about 6N FLOPs per token in total against 2N forward), and a
+  memory-bound op's backward reads the output's gradient and the saved tensors and writes the
+  inputs' gradients, about twice the forward's traffic. Its workspace is the forward's plus
+  the parameters' fresh gradients (autograd makes each before adding it into ``.grad``).
+* ``f@step``, where ``f`` holds parameters that get a gradient: the optimizer's update. It
+  holds the parameters' gradients (PyTorch keeps ``.grad`` from the backward to the next
+  ``zero_grad``, so counting them for the whole step bounds memory from above) and the
+  optimizer's state (``Optimizer.state_bytes_per_param``) resident, and runs after
+  ``f@backward``; its workspace is the update's temporaries. Its time is the roofline's for its
+  memory traffic (``Optimizer.traffic_bytes_per_param``) plus one launch: the update is
+  memory-bound.
+
+``f``, ``f@backward`` and ``f@step`` share a device (colocated, as in the training graphs of
+Tarnawski et al., NeurIPS 2020), and so the weight update is charged to the device that holds
+the weight. Parameters are taken as float32 (4 bytes each): the models here are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from autoplace.errors import GraphError
+from autoplace.ir import Costs, Edge, HostCosts, OpGraph, OpNode, Problem
+from cost_models.devices import get_device_type
+from cost_models.roofline import op_time_s
+
+__all__ = ["OPTIMIZERS", "Optimizer", "step_problem"]
+
+BACKWARD = "@backward"
+STEP = "@step"
+# Backward against forward, in time and in launches (see the module's docstring).
+BACKWARD_FACTOR = 2.0
+PARAM_BYTES = 4  # float32
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    """An optimizer's memory and traffic per float32 parameter. State: SGD none, momentum one
+    buffer (4 bytes), Adam and AdamW two moments (8 bytes) (Rajbhandari et al., "ZeRO: Memory
+    Optimizations Toward Training Trillion Parameter Models", SC 2020, section 3.1). Traffic of
+    one update, as ``torch.optim``'s foreach kernels move it: SGD reads the parameter and its
+    gradient and writes the parameter (12 bytes); momentum also reads and writes its buffer
+    (20); Adam reads the parameter, gradient and both moments and writes the parameter and the
+    moments (28). ``flops_per_param``: the update's arithmetic (Adam's two moment updates,
+    square root, division and step: about 12). ``workspace_bytes_per_param``: temporaries while
+    a tensor is updated: SGD and momentum update in place (none); ``torch.optim``'s
+    single-tensor Adam computes ``exp_avg_sq.sqrt() / bias_correction2_sqrt``, two
+    parameter-sized tensors at once (8; measured: a step of the 784-256-128-10 MLP peaks 2 x
+    the largest weight above its parameters, gradients and moments). The foreach
+    implementation, CUDA's default, makes them for all of a device's tensors at once: a step
+    that is to stay within this figure uses ``foreach=False``."""
+
+    name: str
+    state_bytes_per_param: int
+    traffic_bytes_per_param: int
+    flops_per_param: int
+    workspace_bytes_per_param: int
+
+
+OPTIMIZERS: Mapping[str, Optimizer] = {
+    o.name: o for o in (
+        Optimizer("sgd", 0, 12, 2, 0),
+        Optimizer("sgd-momentum", 4, 20, 4, 0),
+        Optimizer("adam", 8, 28, 12, 8),
+        Optimizer("adamw", 8, 28, 14, 8),
+    )
+}
+
+
+def step_problem(problem: Problem, optimizer: str = "adam") -> Problem:
+    """The problem of one training step of ``problem``'s forward graph, with ``optimizer``
+    (a key of ``OPTIMIZERS``). The forward graph's only output must be the scalar loss."""
+    opt = OPTIMIZERS.get(optimizer)
+    if opt is None:
+        raise GraphError(f"unknown optimizer {optimizer!r}; choose one of "
+                         f"{', '.join(OPTIMIZERS)}")
+    graph = problem.graph
+    loss = _loss_node(graph)
+    grads = _needs_gradient(graph, loss)
+    nodes, edges, colocate = _step_graph(graph, grads, opt)
+    step_graph = OpGraph(nodes=tuple(nodes), edges=tuple(edges), colocate=tuple(colocate),
+                         outputs=(loss,))
+    return replace(problem, graph=step_graph,
+                   costs=_step_costs(problem, step_graph, grads, opt))
+
+
+def _loss_node(graph: OpGraph) -> str:
+    if len(graph.outputs) != 1:
+        raise GraphError(
+            f"a training step needs the model's loss as its only output, but the traced graph "
+            f"returns {len(graph.outputs)} values ({', '.join(graph.outputs[:4])}): return "
+            "the loss, or define loss(outputs, *targets) in the model file")
+    loss = graph.node(graph.outputs[0])
+    if loss.output_shapes not in ((), ((),)):
+        raise GraphError(f"the loss {loss.name!r} has shape {list(loss.output_shapes[0])}, not "
+                         "a scalar: reduce it (mean or sum) before returning it")
+    return loss.name
+
+
+def _needs_gradient(graph: OpGraph, loss: str) -> set[str]:
+    """The nodes whose output needs a gradient: on a path from a parameter to the loss."""
+    requires: set[str] = set()
+    for n in graph.nodes:
+        if not n.is_input and (n.param_bytes or any(
+                e.src in requires for e in graph.in_edges(n.name))):
+            requires.add(n.name)
+    feeds_loss = {loss}
+    for n in reversed(graph.nodes):
+        if n.name in feeds_loss:
+            feeds_loss.update(e.src for e in graph.in_edges(n.name))
+    return requires & feeds_loss
+
+
+def _step_graph(graph: OpGraph, grads: set[str], opt: Optimizer
+                ) -> tuple[list[OpNode], list[Edge], list[tuple[str, ...]]]:
+    """The step graph's nodes (forward, backward in reverse order, steps), edges and
+    colocation groups (see the module's docstring)."""
+    nodes = [replace(n, output_bytes=n.output_bytes + n.workspace_bytes) if n.name in grads
+             else n for n in graph.nodes]
+    edges = list(graph.edges)
+    backward: list[OpNode] = []
+    steps: list[OpNode] = []
+    for n in reversed(graph.nodes):
+        if n.name not in grads:
+            continue
+        ins = [e for e in graph.in_edges(n.name) if e.src in grads]
+        name = n.name + BACKWARD
+        backward.append(OpNode(name=name, module=n.module, output_bytes=sum(e.bytes for e in ins),
+                               workspace_bytes=n.workspace_bytes + n.param_bytes,
+                               flops=BACKWARD_FACTOR * n.flops, dtype=n.dtype,
+                               bytes_accessed=int(BACKWARD_FACTOR * n.bytes_accessed),
+                               launches=int(BACKWARD_FACTOR * n.launches)))
+        saved = {e.src: e.bytes for e in graph.in_edges(n.name)}
+        if n.output_bytes + n.workspace_bytes:
+            saved[n.name] = n.output_bytes + n.workspace_bytes
+        edges += [Edge(src=src, dst=name, bytes=b) for src, b in saved.items()]
+        edges += [Edge(src=name, dst=e.src + BACKWARD, bytes=e.bytes) for e in ins]
+        if n.param_bytes:
+            params = n.param_bytes / PARAM_BYTES
+            steps.append(OpNode(
+                name=n.name + STEP, module=n.module, dtype="float32", launches=1,
+                param_bytes=n.param_bytes + int(params * opt.state_bytes_per_param),
+                workspace_bytes=int(params * opt.workspace_bytes_per_param),
+                flops=params * opt.flops_per_param,
+                bytes_accessed=int(params * opt.traffic_bytes_per_param)))
+            edges.append(Edge(src=name, dst=n.name + STEP, bytes=0))
+    colocate = []
+    grouped: set[str] = set()
+    for group in graph.colocate:
+        members = [*group, *(m + BACKWARD for m in group if m in grads),
+                   *(m + STEP for m in group if m in grads and graph.node(m).param_bytes)]
+        colocate.append(tuple(members))
+        grouped.update(group)
+    for n in graph.nodes:
+        if n.name in grads and n.name not in grouped:
+            colocate.append((n.name, n.name + BACKWARD,
+                             *((n.name + STEP,) if n.param_bytes else ())))
+    return [*nodes, *backward, *steps], edges, colocate
+
+
+def _step_costs(problem: Problem, graph: OpGraph, grads: set[str], opt: Optimizer) -> Costs:
+    """Forward times as given; backward twice the forward's; the optimizer's step by the
+    roofline of each device type (see the module's docstring)."""
+    costs, cluster = problem.costs, problem.cluster
+    compute = {name: dict(per) for name, per in costs.compute_s.items()}
+    source = dict(costs.source)
+    types = {d.name: get_device_type(d.type) for d in cluster.devices}
+    for name in grads:
+        compute[name + BACKWARD] = {d: BACKWARD_FACTOR * t
+                                    for d, t in costs.compute_s[name].items()}
+        source[name + BACKWARD] = costs.source.get(name, "analytic")
+        if graph.index.get(name + STEP) is None:
+            continue
+        node = graph.node(name + STEP)
+        compute[node.name] = {
+            d: op_time_s(flops=node.flops, bytes_accessed=node.bytes_accessed, dtype="float32",
+                         device=types[d], launches=1) if d in problem.allowed[name] else
+            float("inf") for d in cluster.names}
+        source[node.name] = "analytic"
+    return Costs(compute_s=compute, source=source, device_source=costs.device_source,
+                 host=_step_host(problem, grads, compute, types))
+
+
+def _step_host(problem: Problem, grads: set[str], compute: Mapping[str, Mapping[str, float]],
+               types: Mapping) -> HostCosts | None:
+    """The launcher's costs of the step: a backward node launches twice its forward's kernels,
+    a step node one (each at most the node's time)."""
+    host = problem.costs.host
+    if host is None:
+        return None
+    launch_s = {name: dict(per) for name, per in host.launch_s.items()}
+    for name in grads:
+        back = name + BACKWARD
+        launch_s[back] = {d: min(BACKWARD_FACTOR * t, compute[back][d])
+                          for d, t in host.launch_s.get(name, {}).items()}
+        if name + STEP in compute:
+            launch_s[name + STEP] = {d: min(types[d].launch_overhead_s, t)
+                                     for d, t in compute[name + STEP].items()
+                                     if d in host.call_s}
+    return replace(host, launch_s=launch_s)

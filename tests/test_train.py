@@ -1,0 +1,158 @@
+"""The training step as a graph (``autoplace.train``): backward and optimizer-step nodes beside
+each forward node, their costs and memory, checked against a real step of the model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from autoplace.cluster import resolve_cluster
+from autoplace.coarsen import fold
+from autoplace.cost import costs as cost_nodes
+from autoplace.errors import GraphError
+from autoplace.ir import Placement, Problem
+from autoplace.simulate import simulate, validate
+from autoplace.solve import solve
+from autoplace.trace import trace_model
+from autoplace.train import OPTIMIZERS, step_problem
+
+
+class MLP(nn.Module):
+    """The seed tutorial's MLP: 784-256-128-10."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(784, 256), nn.Linear(256, 128), nn.Linear(128, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+
+
+class WithLoss(nn.Module):
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.model(x), y)
+
+
+BATCH = 64
+
+
+def _forward_problem(model: nn.Module, devices: str, *, targets: bool = True) -> Problem:
+    torch.manual_seed(0)
+    args = (torch.randn(BATCH, 784), torch.randint(0, 10, (BATCH,)))[:2 if targets else 1]
+    traced = trace_model(model, args, {})
+    cluster, _ = resolve_cluster(spec=devices)
+    folded = fold(traced.graph, cost_nodes(traced.graph, cluster))
+    return Problem(graph=folded.graph, cluster=cluster, costs=folded.costs)
+
+
+PARAMS = (784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10) * 4
+
+
+@pytest.mark.parametrize("optimizer, state", [("sgd", 0), ("sgd-momentum", 4), ("adam", 8)])
+def test_each_layer_gets_a_colocated_backward_and_step(optimizer: str, state: int) -> None:
+    forward = _forward_problem(WithLoss(MLP()), "cpu")
+    step = step_problem(forward, optimizer)
+    graph = step.graph
+    holders = [n.name for n in forward.graph.nodes if n.param_bytes]
+    assert len(holders) == 3 and sum(n.param_bytes for n in forward.graph.nodes) == PARAMS
+    for name in holders:
+        assert graph.colocation_of[name] == (name, f"{name}@backward", f"{name}@step")
+        # The step holds the parameters' gradients (4 bytes each) and the optimizer's state.
+        params = forward.graph.node(name).param_bytes
+        assert graph.node(f"{name}@step").param_bytes == params + params // 4 * state
+    assert sum(n.param_bytes for n in graph.nodes) == PARAMS * (2 + state // 4)
+    for n in forward.graph.nodes:
+        if f"{n.name}@backward" in graph.index:
+            assert step.costs.of(f"{n.name}@backward", "cpu") == pytest.approx(
+                2 * forward.costs.of(n.name, "cpu"))
+    # Inputs and the loss's own constants need no gradient; the loss's backward starts the chain.
+    assert not any(n.is_input and f"{n.name}@backward" in graph.index for n in graph.nodes)
+    loss = forward.graph.outputs[0]
+    assert not graph.in_edges(f"{loss}@backward") or all(
+        e.src in forward.graph.index for e in graph.in_edges(f"{loss}@backward"))
+
+
+def test_one_device_runs_the_whole_step_one_node_after_another() -> None:
+    step = step_problem(_forward_problem(WithLoss(MLP()), "cpu"), "adam")
+    schedule = simulate(step, Placement(device_of=dict.fromkeys(
+        (n.name for n in step.graph.nodes), "cpu")))
+    total = sum(step.costs.of(n.name, "cpu") for n in step.graph.nodes)
+    assert schedule.makespan_s == pytest.approx(total)
+    ends = schedule.end_s
+    for n in step.graph.nodes:  # every backward after its forward, every step after both
+        if n.name.endswith("@backward"):
+            assert schedule.start_s[n.name] >= ends[n.name.removesuffix("@backward")] - 1e-12
+        if n.name.endswith("@step"):
+            base = n.name.removesuffix("@step")
+            assert schedule.start_s[n.name] >= ends[f"{base}@backward"] - 1e-12
+
+
+class _LiveBytes(TorchDispatchMode):
+    """The peak of live tensor storage while the mode is on, on top of ``base`` bytes: every
+    new storage an op allocates counts until it is freed (polled before each op)."""
+
+    def __init__(self, base: int, known: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.live: dict[StorageWeakRef, int] = {}
+        self.known = {StorageWeakRef(t.untyped_storage()) for t in known}
+        self.base = self.peak = base
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.live = {ref: n for ref, n in self.live.items() if not ref.expired()}
+        out = func(*args, **(kwargs or {}))
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                ref = StorageWeakRef(t.untyped_storage())
+                if ref not in self.known:  # an in-place op's output is no new storage
+                    self.live.setdefault(ref, t.untyped_storage().nbytes())
+        self.peak = max(self.peak, self.base + sum(self.live.values()))
+        return out
+
+
+def test_the_step_s_memory_bounds_a_real_adam_step_from_above() -> None:
+    # Parameters, gradients, Adam's two moments and the activations saved for backward: the
+    # simulated peak of the step graph on one device is at least what a real step holds at its
+    # peak (every storage an op allocates, tracked), and not far above it.
+    model = WithLoss(MLP())
+    step = step_problem(_forward_problem(model, "cpu"), "adam")
+    predicted = simulate(step, Placement(device_of=dict.fromkeys(
+        (n.name for n in step.graph.nodes), "cpu"))).peak_bytes["cpu"]
+    torch.manual_seed(0)
+    x, y = torch.randn(BATCH, 784), torch.randint(0, 10, (BATCH,))
+    optimizer = torch.optim.Adam(model.parameters(), foreach=False)  # see Optimizer
+    for _ in range(2):  # the second step starts with gradients and moments in memory
+        optimizer.zero_grad(set_to_none=False)
+        held = [*model.parameters(), *(p.grad for p in model.parameters() if p.grad is not None),
+                *(t for st in optimizer.state.values() for t in st.values()), x, y]
+        tracker = _LiveBytes(base=PARAMS * 4, known=held)  # parameters, gradients, two moments
+        with tracker:
+            model(x, y).backward()
+            optimizer.step()
+    assert tracker.peak <= predicted
+    assert predicted <= 1.3 * tracker.peak
+
+
+def test_a_split_step_keeps_each_layer_s_three_nodes_together() -> None:
+    step = step_problem(_forward_problem(WithLoss(MLP()), "2xcpu-thread"), "adamw")
+    result = solve(step, time_limit_s=2, workers=1, deterministic=True)
+    device_of = result.schedule.placement.device_of
+    for group in step.graph.colocate:
+        assert len({device_of[n] for n in group}) == 1
+    assert validate(step, result.schedule) == []
+
+
+def test_a_model_that_returns_no_scalar_loss_is_refused() -> None:
+    with pytest.raises(GraphError, match="not a scalar"):
+        step_problem(_forward_problem(MLP(), "cpu", targets=False))
+    with pytest.raises(GraphError, match="unknown optimizer 'lamb'"):
+        step_problem(_forward_problem(WithLoss(MLP()), "cpu"), "lamb")
+    assert set(OPTIMIZERS) == {"sgd", "sgd-momentum", "adam", "adamw"}
