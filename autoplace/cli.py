@@ -18,6 +18,7 @@ from autoplace.coarsen import DEFAULT_MAX_NODES
 from autoplace.errors import AutoplaceError
 from autoplace.solve import DEFAULT_TIME_LIMIT_S, OBJECTIVES, SOLVERS
 from autoplace.solve.baselines import DEFAULT_MIN_GAIN, check_min_gain
+from autoplace.train import MODES, OPTIMIZERS, check_training
 
 __all__ = ["main"]
 
@@ -73,6 +74,16 @@ def _parser() -> argparse.ArgumentParser:
                    "upper bound, autoplace.emit.ENFORCE_PEAK_DEFAULT)")
     p.add_argument("--emit", action=argparse.BooleanOptionalAction, default=True,
                    help="write the partitioned model to OUT/model (default: on)")
+    p.add_argument("--mode", choices=MODES, default="inference",
+                   help="inference: one forward pass (default); training: one training step "
+                   "of one batch, forward, backward and optimizer step, each layer's three on "
+                   "one device. The model file defines loss(outputs, *targets) and "
+                   "example_targets, or the model returns its scalar loss; the emitted model "
+                   "is trained beside the original for 3 steps and must match it (losses, "
+                   "gradients, parameters)")
+    p.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default="adam",
+                   help="with --mode training: the optimizer whose state and update are "
+                   "planned (default: adam)")
     p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
                    help="measure op times and links on the devices that are here, and use "
                    "calibrated costs for the others where the profile cache has a fit "
@@ -213,6 +224,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.devices and args.cluster:
         raise AutoplaceError("pass either --devices or --cluster, not both")
     check_min_gain(args.min_gain)
+    check_training(args.mode, args.optimizer)
     out = check_writable(args.out)
     loaded = load_model_file(args.model_file)
     result = plan(loaded.model, loaded.kwargs or loaded.args,
@@ -223,7 +235,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                   objective=args.objective, contiguous=args.contiguous,
                   deterministic=args.deterministic, profile=args.profile,
                   cache=_cache(args) if args.profile else None, progress=args.profile,
-                  min_gain=args.min_gain)
+                  min_gain=args.min_gain, mode=args.mode, optimizer=args.optimizer,
+                  loss=loaded.loss, example_targets=loaded.targets)
     save(result, out)
     print_summary(result)
     print(f"wrote {out}/plan.json, report.html, summary.md, summary.txt"

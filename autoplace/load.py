@@ -1,5 +1,6 @@
 """Load a user's model file: ``build()`` returning ``(model, example_inputs)``, or module-level
-``model`` and ``example_inputs``.
+``model`` and ``example_inputs``; for training plans also ``loss(outputs, *targets)`` and
+``example_targets``.
 
 This runs the user's file: it is their code, executed with their privileges, exactly as
 ``python model.py`` would (the README says so). Everything that can go wrong becomes a
@@ -29,12 +30,16 @@ _CONTRACT = (
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """A model and the example inputs to trace it with, split into positional and keyword."""
+    """A model and the example inputs to trace it with, split into positional and keyword;
+    for training plans, the file's ``loss(outputs, *targets)`` and ``example_targets`` (a
+    tensor or a tuple of them), if it defines them."""
 
     model: torch.nn.Module
     args: tuple[Any, ...]
     kwargs: dict[str, Any] = field(default_factory=dict)
     name: str = "model"
+    loss: Any = None
+    targets: tuple[Any, ...] = ()
 
 
 def normalize_inputs(example_inputs: Any, *, where: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -112,6 +117,7 @@ def load_model_file(path: str | Path) -> LoadedModel:
         else:
             raise ModelLoadError(f"{path.name} defines neither build() nor model/example_inputs: "
                                  f"{_CONTRACT}")
+        loss, targets = _training_parts(module, path)
     finally:
         sys.modules.pop(module_name, None)
 
@@ -120,4 +126,17 @@ def load_model_file(path: str | Path) -> LoadedModel:
             f"{path.name}: the model is a {type(model).__name__}, not a torch.nn.Module"
         )
     args, kwargs = normalize_inputs(example_inputs, where=path.name)
-    return LoadedModel(model=model, args=args, kwargs=kwargs, name=path.stem)
+    return LoadedModel(model=model, args=args, kwargs=kwargs, name=path.stem, loss=loss,
+                       targets=targets)
+
+
+def _training_parts(module: Any, path: Path) -> tuple[Any, tuple[Any, ...]]:
+    """The file's ``loss`` and ``example_targets``, for ``--mode training``, which checks them
+    (``train.loss_model``): an inference plan ignores them."""
+    targets = getattr(module, "example_targets", ())
+    if isinstance(targets, torch.Tensor):
+        targets = (targets,)
+    if not isinstance(targets, (tuple, list)):
+        raise ModelLoadError(f"{path.name}: example_targets is a {type(targets).__name__}; it "
+                             "must be a tensor or a tuple of tensors")
+    return getattr(module, "loss", None), tuple(targets)

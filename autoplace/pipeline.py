@@ -13,7 +13,7 @@ import dataclasses
 import datetime as _dt
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,16 +26,18 @@ from autoplace.cluster import resolve_cluster
 from autoplace.coarsen import DEFAULT_MAX_NODES, fold
 from autoplace.cost import analytic_cpu_note
 from autoplace.cost import costs as cost_nodes
-from autoplace.emit import emit_and_verify
+from autoplace.emit import emit_and_verify, train_emitted
 from autoplace.formats.output import atomic_output_dir
 from autoplace.formats.plan import BaselineResult, Plan, SolverRecord, Verification
-from autoplace.ir import Cluster, Problem
+from autoplace.ir import Cluster, Placement, Problem
 from autoplace.load import normalize_inputs
+from autoplace.simulate import simulate
 from autoplace.solve import DEFAULT_TIME_LIMIT_S, SolveOptions, SolveResult, solve
 from autoplace.solve.accelerate import accelerate_baselines
 from autoplace.solve.baselines import DEFAULT_MIN_GAIN, check_min_gain, prefer_single
 from autoplace.solve.whatif import whatif_options, whatif_table
 from autoplace.trace import trace_model
+from autoplace.train import TRAINING_NOTE, check_training, loss_model, step_problem
 
 __all__ = ["plan", "save", "solve_graph"]
 
@@ -62,6 +64,10 @@ def plan(
     cache: Any = None,
     progress: bool = False,
     min_gain: float = DEFAULT_MIN_GAIN,
+    mode: str = "inference",
+    optimizer: str = "adam",
+    loss: Callable[..., torch.Tensor] | None = None,
+    example_targets: Any = (),
 ) -> Plan:
     """Plan ``model`` on ``devices`` (a spec such as ``"2xA100-40GB"``, a ``Cluster``, or
     ``None`` for the GPUs found / the default simulated set).
@@ -80,8 +86,15 @@ def plan(
     table). accelerate's sequential and balanced device maps, where accelerate is installed, are
     among the baselines. A split that gains less than ``min_gain`` (a fraction) over the best
     single device is not made: the plan is that device, and says why (``Plan.min_gain``).
+
+    ``mode="training"`` plans one training step with ``optimizer`` (``autoplace.train``): the
+    model followed by ``loss(outputs, *example_targets)`` (or, without ``loss``, the model's
+    own scalar loss) is traced, and each forward node gets a colocated backward and optimizer
+    step. The emitted model computes the loss; verifying it also trains it beside the original
+    (``emit.training.verify_training``: losses, gradients and parameters after 3 steps).
     """
     check_min_gain(min_gain)
+    check_training(mode, optimizer)
     options = SolveOptions(time_limit_s=time_limit_s, seed=seed, deterministic=deterministic,
                            objective=objective, contiguous=contiguous, solver=solver,
                            max_nodes=max_nodes)
@@ -91,6 +104,13 @@ def plan(
     notes: list[str] = list(found)
     args, kwargs = normalize_inputs(example_inputs, where="example_inputs")
     model.eval()
+    targets: tuple[Any, ...] = ()
+    if mode == "training":
+        targets = normalize_inputs(example_targets, where="example_targets")[0] if (
+            example_targets is not None) else ()
+        model = loss_model(model, loss, args, kwargs, targets)
+        kwargs = {**kwargs, "targets": targets}
+        notes.append(TRAINING_NOTE)
 
     traced = trace_model(model, args, kwargs, name=name)
     notes += traced.notes
@@ -110,9 +130,15 @@ def plan(
                        launcher=profiled.launcher if profiled else None)
     notes += [n for n in [analytic_cpu_note(graph, cluster, costs)] if n]
     folded = fold(graph, costs)
-    problem = Problem(graph=folded.graph, cluster=cluster, costs=folded.costs)
-    extra, accelerate_notes = accelerate_baselines(model, graph, problem)
-    notes += accelerate_notes
+    forward = problem = Problem(graph=folded.graph, cluster=cluster, costs=folded.costs)
+    extra: dict = {}
+    if mode == "training":
+        problem = step_problem(forward, optimizer)
+        notes.append("accelerate's device maps are inference maps: not among a training "
+                     "plan's baselines")
+    else:
+        extra, accelerate_notes = accelerate_baselines(model, graph, problem)
+        notes += accelerate_notes
     result, gain = _min_gain(solve(problem, options=options, extra_baselines=extra), min_gain)
     notes += result.notes
     # After Ctrl-C the user wants the plan so far now, not more solving for the what-if table.
@@ -122,15 +148,44 @@ def plan(
                        coarsening={"traced_ops": folded.traced_ops,
                                    "plan_nodes": len(folded.graph.nodes),
                                    "steps": [*folded.steps, *result.coarsening]})
+    if mode == "training":
+        planned = replace(planned, training={"optimizer": optimizer, "layers_mode": "eval",
+                                             "check": {"status": "skipped"}})
     if emit:
-        emitted, verification, emit_notes = emit_and_verify(
-            traced, model, args, kwargs, problem=planned.problem, schedule=planned.schedule,
-            device_of_op=planned.device_of_op, check_outputs=verify, check_memory=check_memory)
+        planned, emit_notes = _emit(planned, traced, model, args, kwargs, forward=forward,
+                                    verify=verify, check_memory=check_memory)
         notes += emit_notes
-        planned = replace(planned, emitted=emitted,
-                          verification=Verification.from_dict(verification))
     return replace(planned, notes=tuple(notes), whatif=scaling, min_gain=gain,
                    profile=profiled.to_dict() if profiled else None)
+
+
+def _emit(planned: Plan, traced: Any, model: torch.nn.Module, args: tuple[Any, ...],
+          kwargs: dict[str, Any], *, forward: Problem, verify: bool,
+          check_memory: bool | None) -> tuple[Plan, list[str]]:
+    """The partitioned model of ``planned``, verified. A training plan emits its forward nodes
+    as placed (backward and optimizer steps follow them: autograd and ``torch.optim`` run where
+    the forward ran and the weights live); its outputs and forward memory are checked against
+    the forward alone, and then it is trained beside the original."""
+    problem, schedule, device_of_op = planned.problem, planned.schedule, planned.device_of_op
+    if planned.training is not None:
+        device_of = planned.schedule.placement.device_of
+        problem = forward
+        schedule = simulate(forward, Placement(device_of={n.name: device_of[n.name]
+                                                          for n in forward.graph.nodes}))
+        device_of_op = {op: device_of[n.name] for n in forward.graph.nodes for op in n.ops}
+    emitted, verification, notes = emit_and_verify(
+        traced, model, args, kwargs, problem=problem, schedule=schedule,
+        device_of_op=device_of_op, check_outputs=verify, check_memory=check_memory)
+    planned = replace(planned, emitted=emitted, verification=Verification.from_dict(verification))
+    if planned.training is None or emitted is None or not verify:
+        return planned, notes
+    inputs = {k: v for k, v in kwargs.items() if k != "targets"}
+    check = train_emitted(emitted, model, args, inputs, kwargs["targets"],
+                          optimizer=planned.training["optimizer"])
+    notes.append(f"training check passed: {check['steps']} {planned.training['optimizer']} "
+                 "steps of the emitted model give the original's losses "
+                 f"({', '.join(f'{v:.6g}' for v in check['losses'])}), gradients and parameters")
+    return replace(planned, training={**planned.training, "check": check}), notes
 
 
 def solve_graph(

@@ -110,8 +110,44 @@ HUGE_LAYER_MODEL = """
 """
 
 
+FROZEN_MODEL = """
+    import torch
+    def build():
+        model = torch.nn.Linear(4, 2)
+        model.requires_grad_(False)
+        return model, (torch.randn(3, 4),)
+    def loss(outputs, labels):
+        return torch.nn.functional.cross_entropy(outputs, labels)
+    example_targets = (torch.tensor([0, 1, 0]),)
+"""
+
+LOSS_WITHOUT_TARGETS = """
+    import torch
+    def build():
+        return torch.nn.Linear(4, 2), (torch.randn(3, 4),)
+    def loss(outputs, labels):
+        return torch.nn.functional.cross_entropy(outputs, labels)
+"""
+
+PER_SAMPLE_LOSS = """
+    import torch
+    def build():
+        return torch.nn.Linear(4, 2), (torch.randn(3, 4),)
+    def loss(outputs, labels):
+        return torch.nn.functional.cross_entropy(outputs, labels, reduction="none")
+    example_targets = (torch.tensor([0, 1, 0]),)
+"""
+
+
 @pytest.mark.parametrize("args, pattern", [
     (["plan", "{tmp}/missing.py"], "does not exist"),
+    (["plan", "{mlp}", "--mode", "training"],
+     r"needs a scalar loss, but the model returns a tensor of shape \[64, 10\].*loss\(outputs"),
+    (["plan", "{file:" + FROZEN_MODEL + "}", "--mode", "training"], "carries no gradient"),
+    (["plan", "{file:" + LOSS_WITHOUT_TARGETS + "}", "--mode", "training"],
+     "defines loss\\(\\) but no example_targets"),
+    (["plan", "{file:" + PER_SAMPLE_LOSS + "}", "--mode", "training"],
+     r"the loss has shape \[3\], not a scalar: reduce it"),
     (["plan", "{file:x = 1}"], "defines neither build"),
     (["plan", "{file:raise RuntimeError('kaput')}"], "RuntimeError.*kaput"),
     (["plan", "{mlp}", "--devices", "2xB200-1TB"], "B200-1TB.*A100-40GB"),

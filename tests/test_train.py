@@ -3,6 +3,8 @@ each forward node, their costs and memory, checked against a real step of the mo
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,12 +16,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from autoplace.cluster import resolve_cluster
 from autoplace.coarsen import fold
 from autoplace.cost import costs as cost_nodes
-from autoplace.errors import GraphError
+from autoplace.emit.training import verify_training
+from autoplace.errors import GraphError, VerificationError
 from autoplace.ir import Placement, Problem
 from autoplace.simulate import simulate, validate
 from autoplace.solve import solve
 from autoplace.trace import trace_model
-from autoplace.train import OPTIMIZERS, step_problem
+from autoplace.train import OPTIMIZERS, LossModel, step_problem
 
 
 class MLP(nn.Module):
@@ -156,3 +159,94 @@ def test_a_model_that_returns_no_scalar_loss_is_refused() -> None:
     with pytest.raises(GraphError, match="unknown optimizer 'lamb'"):
         step_problem(_forward_problem(WithLoss(MLP()), "cpu"), "lamb")
     assert set(OPTIMIZERS) == {"sgd", "sgd-momentum", "adam", "adamw"}
+
+
+# The emitted model of a training plan, trained beside the original.
+
+
+def _lenet() -> tuple[nn.Module, tuple, dict, tuple]:
+    from autoplace.load import load_model_file
+
+    loaded = load_model_file(Path(__file__).parent.parent / "examples" / "lenet.py")
+    targets = (torch.randint(0, 10, (loaded.args[0].shape[0],)),)
+    return LossModel(loaded.model, F.cross_entropy), loaded.args, {}, targets
+
+
+def _gpt2() -> tuple[nn.Module, tuple, dict, tuple]:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64, n_positions=16,
+                        use_cache=False, tie_word_embeddings=True, bos_token_id=0,
+                        eos_token_id=0, loss_type="ForCausalLM")
+    ids = torch.randint(0, 64, (2, 16))
+    # transformers computes the loss itself from labels: no loss function.
+    return LossModel(GPT2LMHeadModel(config).eval(), None), (), {"input_ids": ids,
+                                                                 "labels": ids}, ()
+
+
+def _mlp() -> tuple[nn.Module, tuple, dict, tuple]:
+    torch.manual_seed(0)
+    return (LossModel(MLP(), F.cross_entropy), (torch.randn(BATCH, 784),), {},
+            (torch.randint(0, 10, (BATCH,)),))
+
+
+def _split(model: nn.Module, args: tuple, kwargs: dict, targets: tuple):
+    """The loss model traced and emitted with its ops alternating between two CPU workers in
+    halves of the graph: every plan's split, forced."""
+    from autoplace.emit import emit_model
+
+    traced = trace_model(model, args, {**kwargs, "targets": targets})
+    ops = [n.name for n in traced.module.graph.nodes if n.op == "call_function"]
+    device_of = {op: "cpu:0" if i < len(ops) // 2 else "cpu:1" for i, op in enumerate(ops)}
+    return emit_model(traced.module, device_of)
+
+
+@pytest.mark.parametrize("build", [_mlp, _lenet, _gpt2], ids=["mlp", "lenet", "gpt2"])
+@pytest.mark.parametrize("optimizer", ["adam", "sgd-momentum"])
+def test_a_split_model_trains_as_the_original_does(build, optimizer: str) -> None:
+    model, args, kwargs, targets = build()
+    emitted = _split(model, args, kwargs, targets)
+    assert len(set(emitted.planned_devices)) == 2
+    record = verify_training(emitted, model, args, kwargs, targets, optimizer=optimizer)
+    assert record["status"] == "passed" and len(record["losses"]) == 3
+    assert record["losses"][-1] < record["losses"][0]  # it does train
+    # The original was trained on a copy: its weights are untouched.
+    assert not any(p.grad is not None for p in model.parameters())
+
+
+def test_the_training_check_fails_on_a_model_that_trains_differently() -> None:
+    model, args, kwargs, targets = _mlp()
+    emitted = _split(model, args, kwargs, targets)
+    with torch.no_grad():  # one weight off by a little: the first loss already differs
+        next(emitted.parameters())[0, 0] += 1.0
+    with pytest.raises(VerificationError, match="step 1"):
+        verify_training(emitted, model, args, kwargs, targets, optimizer="adam")
+
+
+def test_a_training_plan_end_to_end(tmp_path) -> None:
+    from autoplace.emit import load_model
+    from autoplace.formats.plan import read_plan
+    from autoplace.pipeline import plan, save
+
+    torch.manual_seed(0)
+    x, y = torch.randn(BATCH, 784), torch.randint(0, 10, (BATCH,))
+    mlp = MLP()
+    planned = plan(mlp, (x,), devices="2xcpu-thread", time_limit_s=2, whatif=False,
+                   min_gain=0.0, mode="training", optimizer="adamw", loss=F.cross_entropy,
+                   example_targets=(y,), profile=False)
+    assert planned.training["optimizer"] == "adamw"
+    check = planned.training["check"]
+    assert check["status"] == "passed" and check["losses"] == pytest.approx(
+        check["original_losses"])
+    assert sum(n.name.endswith("@backward") for n in planned.problem.graph.nodes) == 6
+    assert validate(planned.problem, planned.schedule) == []
+    save(planned, tmp_path)
+    again = read_plan(tmp_path)  # checked against the schema
+    assert again.training == planned.training
+    # The saved weights are the untrained ones: the check trained the emitted model, then
+    # put its weights back.
+    loaded = load_model(tmp_path / "model")
+    saved = {name.split(".", 1)[1]: p for name, p in loaded.named_parameters()}
+    for name, p in mlp.named_parameters():
+        torch.testing.assert_close(saved[f"model.{name}"], p.detach())

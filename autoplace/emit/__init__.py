@@ -20,6 +20,8 @@ Read in this order:
 5. ``verification.verify``: ``torch.testing.assert_close`` against the original model; then
    ``memory.measure`` (peak bytes per planned device while the emitted model runs) and
    ``verification.check_peak`` (no device above the plan's figure).
+6. ``train_emitted`` (below) and ``training.verify_training``: a training plan's emitted model
+   trained beside the original.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from autoplace.emit.memory import comparable_peak_bytes, measure, measure_peak_b
 from autoplace.emit.model import PartitionedModel, SegmentInfo, emit_model
 from autoplace.emit.replay import replay
 from autoplace.emit.saving import load_model, save_model
+from autoplace.emit.training import verify_training
 from autoplace.emit.verification import ENFORCE_PEAK_DEFAULT, VerifyResult, check_peak, verify
 from autoplace.ir import Problem, Schedule
 from autoplace.simulate.memory import start_order
@@ -50,6 +53,7 @@ __all__ = [
     "local_device_map",
     "measure_peak_bytes",
     "save_model",
+    "train_emitted",
     "verify",
 ]
 
@@ -155,3 +159,18 @@ def _op_order(module: torch.fx.GraphModule, problem: Problem, schedule: Schedule
     keyed = [((rank[node.name], position.get(op, 0)), op)
              for node in problem.graph.nodes for op in node.ops]
     return [op for _, op in sorted(keyed)]
+
+
+def train_emitted(emitted: PartitionedModel, model: torch.nn.Module, args: tuple[Any, ...],
+                  kwargs: dict[str, Any], targets: tuple[Any, ...], *,
+                  optimizer: str) -> dict[str, Any]:
+    """``training.verify_training`` of ``emitted`` against ``model`` (a ``train.LossModel``),
+    leaving ``emitted``'s weights as they were (what ``save_model`` writes is untrained)."""
+    saved = {k: v.detach().clone() for k, v in emitted.state_dict().items()}
+    try:
+        return verify_training(emitted, model, args, kwargs, targets, optimizer=optimizer)
+    finally:
+        with torch.no_grad():
+            emitted.load_state_dict(saved)
+        for p in emitted.parameters():
+            p.grad = None

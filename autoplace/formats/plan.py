@@ -206,6 +206,9 @@ class Plan:
     profile: Mapping[str, Any] | None = None
     # The --min-gain policy: its threshold, whether it chose the single device, and why.
     min_gain: Mapping[str, Any] | None = None
+    # A training plan's step (``autoplace.train``): its optimizer and the training check of the
+    # emitted model (``emit.training.verify_training``). None for an inference plan.
+    training: Mapping[str, Any] | None = None
     autoplace_version: str = __version__
     emitted: Any = field(default=None, compare=False, repr=False)
 
@@ -302,7 +305,8 @@ class Plan:
         } | ({} if self.verification is None else {"verification": self.verification.to_dict()}) \
           | ({} if self.whatif is None else {"whatif": [dict(row) for row in self.whatif]}) \
           | ({} if self.profile is None else {"profile": dict(self.profile)}) \
-          | ({} if self.min_gain is None else {"min_gain": dict(self.min_gain)})
+          | ({} if self.min_gain is None else {"min_gain": dict(self.min_gain)}) \
+          | ({} if self.training is None else {"training": dict(self.training)})
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
@@ -325,6 +329,7 @@ class Plan:
             notes=tuple(data.get("notes", ())), created=data.get("created", ""),
             whatif=tuple(data["whatif"]) if "whatif" in data else None,
             profile=data.get("profile"), min_gain=data.get("min_gain"),
+            training=data.get("training"),
             autoplace_version=data.get("autoplace_version", __version__),
         )
 

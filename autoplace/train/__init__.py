@@ -7,11 +7,31 @@ holds parameters, an optimizer-step node, all three colocated (as in the trainin
 Tarnawski et al., NeurIPS 2020); see ``graph.py`` for the rules and the sources of every
 formula. The optimizers and their state bytes are in ``OPTIMIZERS``.
 
-Not yet here (issue 14): micro-batches and their schedules (GPipe, 1F1B), data-parallel
-replicas, measured backward times, the planner's ``--mode training`` and the emitted training
-step.
+``autoplace.plan(mode="training")`` traces ``LossModel`` (the model and its loss, ``wrap.py``),
+plans the step, and trains the emitted model beside the original
+(``autoplace.emit.training``). Not yet here (issue 14): micro-batches and their schedules
+(GPipe, 1F1B), data-parallel replicas, backward times measured through autograd, the memory of
+a training step measured, and ``autoplace run --train``.
 """
 
+from autoplace.errors import AutoplaceError
 from autoplace.train.graph import OPTIMIZERS, Optimizer, step_problem
+from autoplace.train.wrap import LossModel, loss_model
 
-__all__ = ["OPTIMIZERS", "Optimizer", "step_problem"]
+__all__ = ["MODES", "OPTIMIZERS", "TRAINING_NOTE", "LossModel", "Optimizer", "check_training",
+           "loss_model", "step_problem"]
+
+MODES = ("inference", "training")
+TRAINING_NOTE = ("training plan: one step of one batch (no micro-batches or data-parallel "
+                 "replicas yet), planned and checked with the layers in eval() behaviour "
+                 "(dropout off, batch norm on running statistics), so that the emitted model's "
+                 "losses can be compared with the original's")
+
+
+def check_training(mode: str, optimizer: str) -> None:
+    """A clear error for a mode or optimizer autoplace does not know."""
+    if mode not in MODES:
+        raise AutoplaceError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if optimizer not in OPTIMIZERS:
+        raise AutoplaceError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got "
+                             f"{optimizer!r}")

@@ -1,0 +1,132 @@
+"""Emit: an emitted training plan checked by training it (``verify_training``).
+
+The emitted model of a training plan computes the loss (``train.LossModel`` traced and split as
+the plan places its forward nodes); autograd runs each segment's backward on the device that
+ran its forward, and each optimizer updates the parameters where they live, as the step graph
+(``train.graph``) charges them. ``verify_training`` takes a few optimizer steps on a copy of the
+original and on the emitted model, from the same weights, and compares the loss of every step,
+then the gradients and the updated parameters, with ``torch.testing.assert_close``. Under Adam
+the parameters are compared where the update is well conditioned (``_conditioned``); the
+record counts the others.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from autoplace.errors import VerificationError
+
+__all__ = ["TRAINING_STEPS", "make_optimizer", "verify_training"]
+
+TRAINING_STEPS = 3
+# Adam's eps is 1e-8: an element whose gradient's root mean square is below 100 x eps has an
+# ill-conditioned update (see ``_conditioned``).
+ADAM_CONDITIONED = 1e-6
+_SEGMENT = re.compile(r"^seg\d+\.")
+
+
+def make_optimizer(name: str, params: Any, lr: float | None = None) -> torch.optim.Optimizer:
+    """``name``'s ``torch.optim`` optimizer with torch's defaults (``lr`` if given), one tensor
+    at a time (``foreach=False``: the step graph's update temporaries are per tensor)."""
+    extra = {} if lr is None else {"lr": lr}
+    if name == "sgd":
+        return torch.optim.SGD(params, foreach=False, **extra)
+    if name == "sgd-momentum":
+        return torch.optim.SGD(params, momentum=0.9, foreach=False, **extra)
+    if name == "adam":
+        return torch.optim.Adam(params, foreach=False, **extra)
+    if name == "adamw":
+        return torch.optim.AdamW(params, foreach=False, **extra)
+    raise ValueError(f"unknown optimizer {name!r}")
+
+
+def _named(module: torch.nn.Module, prefix: bool) -> dict[str, torch.nn.Parameter]:
+    """Trainable parameters by name; an emitted model's lose their ``segN.`` prefix."""
+    return {(_SEGMENT.sub("", n) if prefix else n): p
+            for n, p in module.named_parameters(remove_duplicate=False) if p.requires_grad}
+
+
+def verify_training(emitted: torch.nn.Module, original: torch.nn.Module, args: tuple[Any, ...],
+                    kwargs: Mapping[str, Any], targets: tuple[Any, ...], *, optimizer: str,
+                    steps: int = TRAINING_STEPS, lr: float | None = None) -> dict[str, Any]:
+    """Train a copy of ``original`` (a ``train.LossModel``) and ``emitted`` for ``steps``
+    steps of ``optimizer`` on the example inputs and targets, and compare them. Returns the
+    record (``losses`` of both, the largest differences); raises ``VerificationError`` naming
+    the first step and tensor that differ. ``emitted`` is trained in place: emit it again
+    for an untrained copy."""
+    reference = copy.deepcopy(original)
+    ours, theirs = _named(emitted, prefix=True), _named(reference, prefix=False)
+    missing = sorted(set(ours) - set(theirs))
+    if missing or len({id(p) for p in ours.values()}) != len({id(p) for p in theirs.values()}):
+        raise VerificationError(
+            f"the emitted model's trainable parameters do not match the original's "
+            f"({missing[:3] or 'a different count'}): it cannot be trained as the original is")
+    opts = [make_optimizer(optimizer, dict.fromkeys(m.values()), lr) for m in (theirs, ours)]
+    losses: list[list[float]] = [[], []]
+    worst = {"grad": 0.0, "param": 0.0}
+    skipped = 0
+    masks: dict[str, torch.Tensor] = {}
+    for step in range(steps):
+        values = []
+        for model, opt, record in zip((reference, emitted), opts, losses):
+            opt.zero_grad()
+            loss = model(*args, targets=targets, **kwargs)
+            loss.backward()
+            values.append(loss.detach().to("cpu"))
+            record.append(float(values[-1]))
+        _close(values[1], values[0], f"the loss at step {step + 1}")
+        for name, p in ours.items():
+            worst["grad"] = max(worst["grad"], _close(
+                p.grad, theirs[name].grad, f"the gradient of {name} at step {step + 1}"))
+        for opt in opts:
+            opt.step()
+        for name, p in ours.items():
+            keep = _conditioned(opts[0], theirs[name])
+            if keep is not None:  # an element once ill-conditioned stays apart: it moved
+                keep = masks[name] = keep & masks.get(name, keep)
+                skipped += int((~keep).sum()) if step == steps - 1 else 0
+            worst["param"] = max(worst["param"], _close(
+                p.detach()[keep] if keep is not None else p.detach(),
+                theirs[name].detach()[keep] if keep is not None else theirs[name].detach(),
+                f"{name} after step {step + 1}"))
+    return {"status": "passed", "optimizer": optimizer, "steps": steps,
+            "losses": losses[1], "original_losses": losses[0],
+            "max_abs_diff_gradients": worst["grad"], "max_abs_diff_parameters": worst["param"],
+            "ill_conditioned_elements": skipped}
+
+
+def _conditioned(opt: torch.optim.Optimizer, param: torch.Tensor) -> torch.Tensor | None:
+    """Under Adam, the elements whose update is well conditioned: ``sqrt(v_hat)`` at least
+    ``ADAM_CONDITIONED``. Elsewhere the update divides a gradient of about ``eps`` by its own
+    root mean square, so float32 rounding in the gradient (1e-9 where it is 1e-9) moves the
+    parameter by a good part of the learning rate: those elements cannot be compared (from
+    then on), and the next steps' losses and gradients check them. None (compare every
+    element) for SGD."""
+    state = opt.state.get(param)
+    if not state or "exp_avg_sq" not in state:
+        return None
+    beta2 = opt.param_groups[0]["betas"][1]
+    v_hat = state["exp_avg_sq"] / (1 - beta2 ** float(state["step"]))
+    # Where no gradient ever came (v = 0) neither side moves: those are compared too.
+    return ((v_hat.sqrt() >= ADAM_CONDITIONED) | (v_hat == 0)).to(param.device)
+
+
+def _close(actual: torch.Tensor | None, expected: torch.Tensor | None, what: str) -> float:
+    """``assert_close`` on the CPU; the largest absolute difference. A gradient present on one
+    side only is a difference too."""
+    if actual is None or expected is None:
+        if actual is None and expected is None:
+            return 0.0
+        raise VerificationError(f"training check failed: {what} exists on one side only")
+    actual, expected = actual.detach().to("cpu"), expected.detach().to("cpu")
+    try:
+        torch.testing.assert_close(actual, expected)
+    except AssertionError as exc:
+        raise VerificationError(f"training check failed: {what} differs from the original's: "
+                                f"{str(exc).splitlines()[0]}") from None
+    return float((actual.double() - expected.double()).abs().max()) if actual.numel() else 0.0
