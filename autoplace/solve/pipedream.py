@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 # PipeDream's Cluster-A: 4 V100s per server, servers joined by 10 Gbps Ethernet (Narayanan et
-# al., SOSP 2019, section 5.1, Table 1). The network between servers is what stages and replicas
+# al., SOSP 2019, section 5.1). The network between servers is what stages and replicas
 # on different servers share, so a single-level cluster takes its bandwidth.
 PIPEDREAM_BANDWIDTH_BYTES_PER_S = 10e9 / 8
 
