@@ -5,9 +5,11 @@ tokens. At that size its activations (the logits most of all) outweigh its 55 MB
 
 ``build`` takes the layer count, width, heads, batch and sequence length as keyword arguments
 (benchmarks/accelerate_compare.py builds a deeper, weight-bound GPT-2 with them); with none it
-builds the model above."""
+builds the model above. With `--mode training` it is trained on next-token prediction (``loss``
+below)."""
 
 import torch
+import torch.nn.functional as F
 from transformers import GPT2Config, GPT2LMHeadModel
 
 
@@ -22,3 +24,14 @@ def build(*, n_layer: int = 6, n_embd: int = 384, n_head: int = 6, batch: int = 
     model = GPT2LMHeadModel(config)
     input_ids = torch.randint(0, config.vocab_size, (batch, seq))
     return model, {"input_ids": input_ids}
+
+
+def loss(outputs, labels: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy (what the model computes itself when given labels)."""
+    logits = outputs.logits[:, :-1]
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
+
+
+# The next tokens to predict for build()'s default batch (4 sequences of 128), random as the
+# inputs are.
+example_targets = (torch.randint(0, 8000, (4, 128), generator=torch.Generator().manual_seed(1)),)

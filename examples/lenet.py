@@ -1,7 +1,9 @@
 """A LeNet-style CNN: conv 1->20 (5x5), conv 20->50 (5x5), fc 800->500, fc 500->10, on 28x28
-images (28 -> conv 24 -> pool 12 -> conv 8 -> pool 4, so 50 * 4 * 4 = 800 features)."""
+images (28 -> conv 24 -> pool 12 -> conv 8 -> pool 4, so 50 * 4 * 4 = 800 features). With
+`--mode training` it is trained on the labels below with a cross-entropy loss."""
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -23,3 +25,10 @@ class LeNet(nn.Module):
 def build():
     torch.manual_seed(0)
     return LeNet(), (torch.randn(32, 1, 28, 28),)
+
+
+def loss(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(outputs, labels)
+
+
+example_targets = (torch.randint(0, 10, (32,), generator=torch.Generator().manual_seed(1)),)

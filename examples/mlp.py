@@ -1,7 +1,10 @@
 """The MLP 784 -> 256 -> 128 -> 10 that the TensorFlow model-parallel tutorial splits across two
-GPUs by hand. A chain: on identical devices one device is best (a split only adds a transfer)."""
+GPUs by hand (and trains with Adam: `autoplace plan examples/mlp.py --mode training`, with the
+loss and the labels below). A chain: on identical devices one device is best (a split only adds
+a transfer)."""
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -13,3 +16,10 @@ def build():
         nn.Linear(128, 10),
     )
     return model, (torch.randn(64, 784),)
+
+
+def loss(outputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(outputs, labels)
+
+
+example_targets = (torch.randint(0, 10, (64,), generator=torch.Generator().manual_seed(1)),)
