@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from autoplace.cost import weakest_source
+from autoplace.cost import op_short_name, weakest_source
 from autoplace.ir import Costs, Edge, OpGraph, OpNode
 
 __all__ = ["DEFAULT_MAX_NODES", "Coarsened", "coarsen", "fold"]
@@ -103,51 +103,81 @@ def _merge_runs(
     return merged
 
 
-def _storage_owners(graph: OpGraph, members: Sequence[str]) -> dict[str, str]:
-    """Whose storage each member's output is: its own, or, for a member that launches no
-    kernel and reads one member (a view), that member's owner. A graph that counts no launches
-    (a task graph given as JSON) has no views."""
+# Ops whose output is always a view of their input, never a copy (``trace.SHAPE_ONLY_OPS`` also
+# holds ops that launch nothing yet may copy: ``reshape`` or ``flatten`` of a tensor they cannot
+# view, ``contiguous``, ``lift_fresh_copy``; and ``getitem``, a copy when it indexes a tensor).
+VIEW_OPS = frozenset({
+    "view", "_unsafe_view", "view_as", "t", "transpose", "permute", "expand", "expand_as",
+    "slice", "select", "narrow", "unsqueeze", "squeeze", "alias", "detach", "as_strided",
+    "split", "split_with_sizes", "chunk", "unbind",
+})
+
+
+def _storages(graph: OpGraph, members: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """The storages each member's output may hold, named by the member that allocates them. A
+    member that launches a kernel allocates its own. One that launches none and reads one
+    member holds that member's storages: only those if it is a view (``VIEW_OPS``, or a
+    ``getitem`` taking one tensor of several), or else its own too, as it may copy (``reshape``
+    of an expanded tensor). A graph that counts no launches (a task graph given as JSON) has
+    no views."""
     position = {name: i for i, name in enumerate(members)}
     counted = graph.counts_launches
-    owner: dict[str, str] = {}
+    held: dict[str, tuple[str, ...]] = {}
     for name in members:
         node = graph.node(name)
-        preds = [e.src for e in graph.in_edges(name) if e.src in position]
-        view = counted and node.launches == 0 and not node.is_input and len(preds) == 1
-        owner[name] = owner[preds[0]] if view else name
-    return owner
+        preds = [e.src for e in graph.in_edges(name)]
+        inside = [p for p in preds if p in position]
+        free = counted and node.launches == 0 and not node.is_input
+        op = op_short_name(node.targets[0]) if len(node.targets) == 1 else ""
+        view = op in VIEW_OPS or (op == "getitem" and len(inside) == 1
+                                  and len(graph.node(inside[0]).output_shapes) > 1)
+        if free and len(preds) == 1 and inside:
+            held[name] = held[inside[0]] + (() if view else (name,))
+        else:
+            held[name] = (name,)
+    return held
 
 
-def _crossing_bytes(graph: OpGraph, members: Sequence[str], crossing: Sequence[OpNode]) -> int:
-    """What a group's outputs read outside it keep alive: each distinct storage once, the whole
-    of it for a view of a member (``x[:, -1]`` keeps all of ``x``: a view holds its base);
-    never less than the outputs' own sizes, which an expanded view exceeds its base by (and
-    which a copy of it moves)."""
-    owner = _storage_owners(graph, members)
-    storages = dict.fromkeys(owner[p.name] for p in crossing)
-    return max(sum(graph.node(s).output_bytes for s in storages),
-               sum(p.output_bytes for p in crossing))
+def _held_bytes(node: OpNode) -> int:
+    """The bytes of the storage a node allocates: its outputs less their views (a view of a
+    parameter allocates nothing, ``trace``)."""
+    return node.output_bytes - node.view_bytes
+
+
+def _crossing_bytes(graph: OpGraph, members: Sequence[str],
+                    crossing: Sequence[OpNode]) -> tuple[int, int]:
+    """What a group's outputs read outside it keep alive on its device, and its
+    ``output_bytes``. They keep each storage they may hold once (``_storages``), the whole of
+    it for a view (``x[:, -1]`` keeps all of ``x``). ``output_bytes`` is never less than the
+    outputs' own sizes, which an expanded view exceeds its base by, and which a copy of it to
+    another device moves."""
+    held = _storages(graph, members)
+    storages = dict.fromkeys(s for p in crossing for s in held[p.name])
+    kept = sum(_held_bytes(graph.node(s)) for s in storages)
+    return kept, max(kept, sum(p.output_bytes for p in crossing))
 
 
 def _internal_peak(graph: OpGraph, members: Sequence[str], crossing: set[str]) -> int:
-    """The most bytes a group holds at once beyond its ``crossing`` outputs (which the simulator
-    charges for the whole group anyway), running ``members`` in order as the emitted segment
-    does: member ``i`` holds its own workspace, and every earlier non-crossing member's output
-    that a member at ``i`` or later still reads (torch.fx frees a value after its last use);
-    its own output too, even if nothing reads it. A member that launches no kernel (a view)
-    allocates nothing: it keeps its producer's storage alive instead."""
+    """The most bytes a group holds at once beyond what its ``crossing`` outputs keep (which the
+    simulator charges for the whole group anyway, ``_crossing_bytes``), running ``members`` in
+    order as the emitted segment does: member ``i`` holds its own workspace, and every other
+    storage (``_storages``) made at or before ``i`` that a member at ``i`` or later still
+    reads, or that a value holding it does (torch.fx frees a value after its last use); a
+    member's own output too, even if nothing reads it."""
     position = {name: i for i, name in enumerate(members)}
-    owner = _storage_owners(graph, members)
-    last: dict[str, int] = {}  # the storage's last reader in the group
+    held = _storages(graph, members)
+    kept = {s for name in crossing for s in held[name]}
+    last: dict[str, int] = {}  # the last member reading a value that holds the storage
     for j, name in enumerate(members):
         readers = [position[e.dst] for e in graph.out_edges(name) if e.dst in position]
-        last[owner[name]] = max([last.get(owner[name], j), j, *readers])
+        for storage in held[name]:
+            last[storage] = max([last.get(storage, j), j, *readers])
     # Difference array over positions: a storage is alive from its maker through its last reader.
     delta = [0] * (len(members) + 1)
-    for j, name in enumerate(members):
-        if owner[name] == name and name not in crossing:
-            delta[j] += graph.node(name).output_bytes
-            delta[last[name] + 1] -= graph.node(name).output_bytes
+    for storage, end in last.items():
+        if storage not in kept:
+            delta[position[storage]] += _held_bytes(graph.node(storage))
+            delta[end + 1] -= _held_bytes(graph.node(storage))
     peak, alive = 0, 0
     for i, name in enumerate(members):
         alive += delta[i]
@@ -179,7 +209,7 @@ def _build(graph: OpGraph, costs: Costs, groups: list[list[str]]) -> tuple[OpGra
     for members, name in zip(groups, names):
         parts = [graph.node(m) for m in members]
         crossing = [p for p in parts if p.name in used_outside] or parts[-1:]
-        kept_bytes = _crossing_bytes(graph, members, crossing)
+        kept_bytes, output_bytes = _crossing_bytes(graph, members, crossing)
         nodes.append(OpNode(
             name=name,
             ops=tuple(op for p in parts for op in p.ops),
@@ -188,10 +218,9 @@ def _build(graph: OpGraph, costs: Costs, groups: list[list[str]]) -> tuple[OpGra
             is_input=all(p.is_input for p in parts),
             output_shapes=tuple(s for p in crossing for s in p.output_shapes),
             output_dtypes=tuple(d for p in crossing for d in p.output_dtypes),
-            output_bytes=kept_bytes,
+            output_bytes=output_bytes,
+            view_bytes=output_bytes - kept_bytes,
             param_bytes=sum(p.param_bytes for p in parts),
-            # The internal peak still counts a crossing view's base: a view by this rule
-            # (no launch) may copy (``reshape`` of an expanded tensor), so both may be live.
             workspace_bytes=_internal_peak(graph, members, {p.name for p in crossing}),
             flops=sum(p.flops for p in parts),
             bytes_accessed=sum(p.bytes_accessed for p in parts),

@@ -44,7 +44,11 @@ class OpNode:
 
     ``param_bytes`` are the parameters and buffers resident on the node's device (each tensor is
     attributed to exactly one node; nodes that share a tensor are colocated instead).
-    ``output_bytes`` is the size of everything the node produces. ``workspace_bytes`` is what
+    ``output_bytes`` is the size of everything the node produces; ``view_bytes`` of them are
+    views of storage held anyway (of parameters and buffers, which are resident; an expanded
+    view's size beyond its base, which ``output_bytes`` also counts), so the node's device holds
+    ``output_bytes - view_bytes`` for its outputs, while a copy to another device moves all of
+    ``output_bytes``. ``workspace_bytes`` is what
     it needs while it runs beyond its inputs and outputs: an op's scratch memory as profiled on
     a GPU (``torch.cuda.max_memory_allocated`` above inputs and outputs), or a coarse group's
     internal peak (its members' intermediates, see ``autoplace.coarsen``). ``flops`` and
@@ -59,6 +63,7 @@ class OpNode:
     output_shapes: tuple[tuple[int, ...], ...] = ()
     output_dtypes: tuple[str, ...] = ()
     output_bytes: int = 0
+    view_bytes: int = 0
     param_bytes: int = 0
     workspace_bytes: int = 0
     flops: float = 0.0
@@ -71,6 +76,9 @@ class OpNode:
             object.__setattr__(self, "ops", (self.name,))
         if self.output_bytes < 0 or self.param_bytes < 0 or self.workspace_bytes < 0:
             raise GraphError(f"node {self.name!r} has negative bytes")
+        if not 0 <= self.view_bytes <= self.output_bytes:
+            raise GraphError(f"node {self.name!r} has view_bytes {self.view_bytes} outside 0.."
+                             f"{self.output_bytes} (its output_bytes)")
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from autoplace.coarsen import VIEW_OPS
 from autoplace.errors import TraceError
 from autoplace.ir import Edge, OpGraph, OpNode
 from cost_models.calibration import POOLING_OPS
@@ -377,6 +378,11 @@ def _op_node(
     param_bytes: int,
 ) -> OpNode:
     out_bytes = sum(_nbytes(t) for t in outs)
+    # A view of parameters and buffers only (an expert weight transposed for a matmul) holds
+    # resident storage: it allocates nothing, though a copy of it to another device moves it all.
+    state_view = (n.op != "call_module" and _op_name(n.target) in VIEW_OPS
+                  and bool(n.all_input_nodes)
+                  and all(inp.op == "get_attr" for inp in n.all_input_nodes))
     in_tensors: list[torch.Tensor] = []
     for inp in n.all_input_nodes:
         if inp.name in kept:
@@ -394,6 +400,7 @@ def _op_node(
         output_shapes=tuple(tuple(t.shape) for t in outs),
         output_dtypes=tuple(str(t.dtype).removeprefix("torch.") for t in outs),
         output_bytes=out_bytes,
+        view_bytes=out_bytes if state_view else 0,
         param_bytes=param_bytes,
         workspace_bytes=interp.transient_bytes.get(n.name, 0),
         flops=float(interp.flops.get(n.name, 0)),

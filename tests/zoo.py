@@ -208,6 +208,18 @@ class SlicedRead(nn.Module):
         return u, o, w
 
 
+class ExpertMatmul(nn.Module):
+    # Mixture-of-experts style: each expert's weight (4 x 64 x 32 floats, 32,768 bytes) is
+    # transposed for a batched matmul. The transpose is a view of the parameter, which is
+    # resident: it allocates nothing, though tracing cannot fold it (it reads no computed value).
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 64, 32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.bmm(x, self.w.transpose(1, 2)).relu()
+
+
 class LastRow(nn.Module):
     # a(x) is 4 x 32 x 256 floats (131,072 bytes); b reads only its last row, h[:, -1] (4,096
     # bytes), a view that tracing folds into a's node. The view keeps all of a's output alive

@@ -352,7 +352,7 @@ def _graph_dict(problem: Problem, s: Schedule) -> dict[str, Any]:
             "compute_s": {d: (t if math.isfinite(t) else None)
                           for d, t in costs.compute_s[n.name].items()},
             "memory_bytes": n.param_bytes, "output_bytes": n.output_bytes,
-            "workspace_bytes": n.workspace_bytes,
+            "view_bytes": n.view_bytes, "workspace_bytes": n.workspace_bytes,
             "output_shapes": [list(x) for x in n.output_shapes],
             "output_dtypes": list(n.output_dtypes), "flops": n.flops,
             "bytes_accessed": n.bytes_accessed, "launches": n.launches, "dtype": n.dtype,
@@ -396,8 +396,8 @@ def _problem_from(data: Mapping[str, Any]) -> Problem:
         module=n.get("module", ""), is_input=n.get("is_input", False),
         output_shapes=tuple(tuple(x) for x in n.get("output_shapes", ())),
         output_dtypes=tuple(n.get("output_dtypes", ())), output_bytes=n["output_bytes"],
-        param_bytes=n["memory_bytes"], workspace_bytes=n.get("workspace_bytes", 0),
-        flops=n.get("flops", 0.0),
+        view_bytes=n.get("view_bytes", 0), param_bytes=n["memory_bytes"],
+        workspace_bytes=n.get("workspace_bytes", 0), flops=n.get("flops", 0.0),
         bytes_accessed=n.get("bytes_accessed", 0), launches=n.get("launches", 0),
         dtype=n.get("dtype", "float32"),
     ) for n in data["nodes"])

@@ -22,8 +22,9 @@ parameters) plus live activations, as the emitted model holds them (``memory.mem
 emitted model runs the nodes in launch order (in order of start without a launcher), one segment
 per run of nodes on one device, cut also around values that cross devices (``memory.Cuts``); it
 frees each value right after the segment call that last reads it or the copy that last reads it,
-and a segment's inputs stay referenced until it returns. So a node's output is allocated when the
-node starts and freed once the segments of its readers on its device have ended, its last
+and a segment's inputs stay referenced until it returns. So a node's output (less its
+``view_bytes``: views of parameters, or an expanded view's size beyond its base) is allocated
+when the node starts and freed once the segments of its readers on its device have ended, its last
 outgoing transfer is done, and the first segment reading it on each other device has started
 (the copy is made then; the last such segment for a node of several outputs, a folded group
 whose values are copied one by one and may be views of one storage); a copy received from

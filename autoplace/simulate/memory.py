@@ -144,7 +144,8 @@ def memory(
                       copied_at.get(node.name, 0.0))
         if node.name in kept:
             free_at = makespan
-        add(dev, node.output_bytes, start[node.name], free_at,
+        # Views of storage held anyway (parameters, an expanded view's base) allocate nothing.
+        add(dev, node.output_bytes - node.view_bytes, start[node.name], free_at,
             key in instant_read and free_at == last_read[key])
         # Scratch memory (a profiled op's workspace, a group's internal peak) while it runs.
         add(dev, node.workspace_bytes, start[node.name], end[node.name], False)
