@@ -143,6 +143,13 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
     u.add_argument("--inputs", metavar="FILE.safetensors",
                    help="inputs instead of the saved example: one tensor per example input, "
                    "named args.0, args.1, ..., kwargs.NAME, of the example's shapes and dtypes")
+    u.add_argument("--train", type=int, metavar="STEPS",
+                   help="for a --mode training plan: train the emitted model STEPS steps on "
+                   "its example inputs and targets with the plan's optimizer, and print the "
+                   "losses and the step time against the plan's")
+    u.add_argument("--lr", type=float, metavar="RATE",
+                   help="with --train: the learning rate (default: the optimizer's torch "
+                   "default)")
     u.add_argument("--warmup", type=int, default=1, metavar="N",
                    help="untimed passes first (default: 1)")
     u.add_argument("--repeats", type=int, default=5, metavar="N",
@@ -316,8 +323,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     import json
 
-    from autoplace.run import run_plan, save_outputs
+    from autoplace.run import run_plan, save_outputs, train_plan
 
+    if args.train is not None:
+        trained = train_plan(args.out, steps=args.train, lr=args.lr)
+        print(json.dumps(trained.to_dict()) if args.json else "\n".join(trained.lines()))
+        return 0
     result = run_plan(args.out, inputs_file=args.inputs, warmup=args.warmup,
                       repeats=args.repeats)
     written = save_outputs(result.outputs, args.save_outputs) if args.save_outputs else []

@@ -14,7 +14,10 @@ plan, weights missing or corrupted, an inputs file whose tensors differ from the
 name, shape or dtype each raise an ``AutoplaceError`` naming the file (and the tensor), and
 ``save_outputs`` writes its file all at once (a temporary file renamed into place).
 
-Read ``run_plan``, then ``read_inputs_file`` and ``save_outputs``.
+``train_plan`` (``--train STEPS``) trains a ``--mode training`` plan's emitted model instead,
+with the plan's optimizer, and reports the losses and the step time against the plan's.
+
+Read ``run_plan``, then ``read_inputs_file`` and ``save_outputs``, then ``train_plan``.
 """
 
 from __future__ import annotations
@@ -35,10 +38,12 @@ from torch.utils import _pytree as pytree
 from autoplace.emit import load_model, local_device_map
 from autoplace.emit.memory import comparable_peak_bytes, measure
 from autoplace.emit.saving import input_names, load_inputs
+from autoplace.emit.training import make_optimizer
 from autoplace.errors import AutoplaceError, EmitError, OutputError
 from autoplace.formats.plan import plan_path, read_plan
 
-__all__ = ["RunResult", "read_inputs_file", "run_plan", "save_outputs"]
+__all__ = ["RunResult", "TrainResult", "read_inputs_file", "run_plan", "save_outputs",
+           "train_plan"]
 
 
 @dataclass(frozen=True)
@@ -143,6 +148,83 @@ def run_plan(
         notes=tuple(notes),
         outputs=outputs,
     )
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """``autoplace run --train``: the loss after each step, and the step times (seconds)."""
+
+    losses: tuple[float, ...]
+    times_s: tuple[float, ...]
+    measured_s: float
+    predicted_s: float
+    optimizer: str
+    lr: float | None
+    device_map: Mapping[str, str]
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"losses": list(self.losses), "measured_s": self.measured_s,
+                "predicted_s": self.predicted_s, "times_s": list(self.times_s),
+                "optimizer": self.optimizer, "lr": self.lr, "device_map": dict(self.device_map),
+                "notes": list(self.notes)}
+
+    def lines(self) -> list[str]:
+        ratio = self.measured_s / self.predicted_s if self.predicted_s > 0 else float("nan")
+        return [f"trained {len(self.losses)} steps of {self.optimizer}"
+                + (f" (lr {self.lr:g})" if self.lr is not None else " (torch's defaults)"),
+                "losses: " + ", ".join(f"{v:.6g}" for v in self.losses),
+                f"step time: measured {self.measured_s * 1e3:.3f} ms (median of "
+                + (f"steps 2-{len(self.times_s)}" if len(self.times_s) > 1 else "1 step")
+                + f"), predicted {self.predicted_s * 1e3:.3f} ms "
+                f"(measured/predicted {ratio:.2f})",
+                *(f"note: {note}" for note in self.notes)]
+
+
+def train_plan(directory: str | os.PathLike[str], *, steps: int,
+               lr: float | None = None) -> TrainResult:
+    """Train ``directory``'s emitted model (a ``--mode training`` plan) for ``steps`` steps on
+    its example inputs and targets, with the plan's optimizer (torch's defaults, or ``lr``),
+    and time each step (the first, which allocates the optimizer's state, is not counted in
+    the median when there are more)."""
+    if steps < 1:
+        raise AutoplaceError(f"--train must be 1 or more steps, got {steps}")
+    root = Path(directory)
+    if not root.is_dir():
+        raise OutputError(f"{str(root)!r} is not a directory: pass the output directory of "
+                          "`autoplace plan --mode training`")
+    plan = read_plan(plan_path(root))
+    if plan.training is None:
+        raise AutoplaceError(f"{str(root)!r} holds an inference plan: --train needs one made "
+                             "with `autoplace plan --mode training`")
+    model_dir = root / "model"
+    example = load_inputs(model_dir) if model_dir.is_dir() else None
+    if example is None:
+        raise EmitError(f"{str(root)!r} holds no emitted model with its example inputs and "
+                        f"targets ({model_dir}): plan it again without --no-emit")
+    args, kwargs = example
+    here = local_device_map(sorted({d.torch_device for d in plan.problem.cluster.devices}))
+    model = load_model(model_dir, device_map=here)
+    optimizer = make_optimizer(plan.training["optimizer"], model.parameters(), lr)
+    devices = [torch.device(d) for d in set(model.devices) if d.startswith("cuda")]
+    losses, times = [], []
+    for _ in range(steps):
+        began = time.perf_counter()
+        optimizer.zero_grad()
+        loss = model(*args, **kwargs)
+        loss.backward()
+        optimizer.step()
+        for gpu in devices:
+            torch.cuda.synchronize(gpu)
+        times.append(time.perf_counter() - began)
+        losses.append(float(loss.detach().to("cpu")))
+    timed = times[1:] or times
+    moved = sorted(k for k, v in here.items() if k != v)
+    notes = [f"{', '.join(moved)} not present here: trained on cpu"] if moved else []
+    return TrainResult(losses=tuple(losses), times_s=tuple(times),
+                       measured_s=statistics.median(timed), predicted_s=plan.makespan_s,
+                       optimizer=plan.training["optimizer"], lr=lr, device_map=here,
+                       notes=tuple(notes))
 
 
 def _time(

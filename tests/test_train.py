@@ -19,6 +19,7 @@ from autoplace.cost import costs as cost_nodes
 from autoplace.emit.training import verify_training
 from autoplace.errors import GraphError, VerificationError
 from autoplace.ir import Placement, Problem
+from autoplace.run import train_plan
 from autoplace.simulate import simulate, validate
 from autoplace.solve import solve
 from autoplace.trace import trace_model
@@ -250,3 +251,23 @@ def test_a_training_plan_end_to_end(tmp_path) -> None:
     saved = {name.split(".", 1)[1]: p for name, p in loaded.named_parameters()}
     for name, p in mlp.named_parameters():
         torch.testing.assert_close(saved[f"model.{name}"], p.detach())
+    # autoplace run --train: the saved model trains as the check trained the original.
+    trained = train_plan(tmp_path, steps=3)
+    assert trained.optimizer == "adamw" and trained.predicted_s == planned.makespan_s
+    torch.testing.assert_close(torch.tensor(trained.losses),
+                               torch.tensor(check["original_losses"]))
+    assert len(trained.times_s) == 3 and trained.measured_s > 0
+
+
+def test_run_train_refuses_an_inference_plan_and_no_steps(tmp_path, capsys) -> None:
+    from autoplace.cli import main
+
+    out = tmp_path / "out"
+    model = Path(__file__).parent.parent / "examples" / "mlp.py"
+    assert main(["plan", str(model), "--devices", "cpu", "--out", str(out), "--no-profile",
+                 "--time-limit", "1"]) == 0
+    assert main(["run", str(out), "--train", "3"]) == 2
+    assert "holds an inference plan: --train needs one made with `autoplace plan --mode " \
+           "training`" in capsys.readouterr().err
+    assert main(["run", str(out), "--train", "0"]) == 2
+    assert "--train must be 1 or more steps, got 0" in capsys.readouterr().err
