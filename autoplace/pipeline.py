@@ -133,7 +133,8 @@ def plan(
     forward = problem = Problem(graph=folded.graph, cluster=cluster, costs=folded.costs)
     extra: dict = {}
     if mode == "training":
-        problem = step_problem(forward, optimizer)
+        factors = _backward_factors(profiled, model, args, kwargs, cluster, notes)
+        problem = step_problem(forward, optimizer, backward_factor=factors)
         notes.append("accelerate's device maps are inference maps: not among a training "
                      "plan's baselines")
     else:
@@ -157,6 +158,29 @@ def plan(
         notes += emit_notes
     return replace(planned, notes=tuple(notes), whatif=scaling, min_gain=gain,
                    profile=profiled.to_dict() if profiled else None)
+
+
+def _backward_factors(profiled: Any, model: torch.nn.Module, args: tuple[Any, ...],
+                      kwargs: dict[str, Any], cluster: Cluster,
+                      notes: list[str]) -> dict[str, float]:
+    """The backward's time over the forward's, measured through autograd on each profiled
+    device (one measurement per kind of device), for ``train.step_problem``."""
+    if profiled is None:
+        return {}
+    from autoplace.profile.backward import measure_backward_factor
+
+    factors: dict[str, float] = {}
+    by_key: dict[str, float] = {}
+    for dp in profiled.devices:
+        if dp.device_key not in by_key:
+            by_key[dp.device_key] = measure_backward_factor(
+                model, args, kwargs, cluster.device(dp.device).torch_device)
+        factors[dp.device] = by_key[dp.device_key]
+    if factors:
+        notes.append("backward measured through autograd: " + ", ".join(
+            f"{f:.2f}x the forward on {d}" for d, f in factors.items())
+            + " (the analytic model's 2x elsewhere)")
+    return factors
 
 
 def _emit(planned: Plan, traced: Any, model: torch.nn.Module, args: tuple[Any, ...],

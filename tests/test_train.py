@@ -271,3 +271,19 @@ def test_run_train_refuses_an_inference_plan_and_no_steps(tmp_path, capsys) -> N
            "training`" in capsys.readouterr().err
     assert main(["run", str(out), "--train", "0"]) == 2
     assert "--train must be 1 or more steps, got 0" in capsys.readouterr().err
+
+
+def test_a_measured_backward_factor_replaces_the_analytic_one() -> None:
+    from autoplace.profile.backward import measure_backward_factor
+
+    model, args, kwargs, targets = _mlp()
+    factor = measure_backward_factor(model, args, {**kwargs, "targets": targets}, "cpu:0")
+    assert 0.3 < factor < 6.0  # a backward pass, measured: neither free nor a runaway
+    forward = _forward_problem(WithLoss(MLP()), "2xcpu-thread")
+    step = step_problem(forward, "adam", backward_factor={"cpu:0": factor})
+    node = next(n.name for n in forward.graph.nodes if n.param_bytes)
+    assert step.costs.of(f"{node}@backward", "cpu:0") == pytest.approx(
+        factor * forward.costs.of(node, "cpu:0"))
+    assert step.costs.of(f"{node}@backward", "cpu:1") == pytest.approx(
+        2 * forward.costs.of(node, "cpu:1"))
+    assert step.costs.source_of(f"{node}@backward", "cpu:0") == "calibrated"

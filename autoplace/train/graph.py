@@ -86,9 +86,12 @@ OPTIMIZERS: Mapping[str, Optimizer] = {
 }
 
 
-def step_problem(problem: Problem, optimizer: str = "adam") -> Problem:
+def step_problem(problem: Problem, optimizer: str = "adam",
+                 backward_factor: Mapping[str, float] | None = None) -> Problem:
     """The problem of one training step of ``problem``'s forward graph, with ``optimizer``
-    (a key of ``OPTIMIZERS``). The forward graph's only output must be the scalar loss."""
+    (a key of ``OPTIMIZERS``). The forward graph's only output must be the scalar loss.
+    ``backward_factor[device]``: the backward's time over the forward's measured on that
+    device (``profile.backward``), instead of ``BACKWARD_FACTOR``."""
     opt = OPTIMIZERS.get(optimizer)
     if opt is None:
         raise GraphError(f"unknown optimizer {optimizer!r}; choose one of "
@@ -100,7 +103,7 @@ def step_problem(problem: Problem, optimizer: str = "adam") -> Problem:
     step_graph = OpGraph(nodes=tuple(nodes), edges=tuple(edges), colocate=tuple(colocate),
                          outputs=(loss,))
     return replace(problem, graph=step_graph,
-                   costs=_step_costs(problem, step_graph, grads, opt))
+                   costs=_step_costs(problem, step_graph, grads, opt, backward_factor or {}))
 
 
 def _loss_node(graph: OpGraph) -> str:
@@ -177,17 +180,24 @@ def _step_graph(graph: OpGraph, grads: set[str], opt: Optimizer
     return [*nodes, *backward, *steps], edges, colocate
 
 
-def _step_costs(problem: Problem, graph: OpGraph, grads: set[str], opt: Optimizer) -> Costs:
-    """Forward times as given; backward twice the forward's; the optimizer's step by the
-    roofline of each device type (see the module's docstring)."""
+def _step_costs(problem: Problem, graph: OpGraph, grads: set[str], opt: Optimizer,
+                factor: Mapping[str, float]) -> Costs:
+    """Forward times as given; backward twice the forward's, or the measured ``factor`` times
+    it (calibrated); the optimizer's step by the roofline of each device type (see the
+    module's docstring)."""
     costs, cluster = problem.costs, problem.cluster
     compute = {name: dict(per) for name, per in costs.compute_s.items()}
     source = dict(costs.source)
+    device_source = {name: dict(per) for name, per in costs.device_source.items()}
     types = {d.name: get_device_type(d.type) for d in cluster.devices}
     for name in grads:
-        compute[name + BACKWARD] = {d: BACKWARD_FACTOR * t
-                                    for d, t in costs.compute_s[name].items()}
-        source[name + BACKWARD] = costs.source.get(name, "analytic")
+        back = name + BACKWARD
+        compute[back] = {d: factor.get(d, BACKWARD_FACTOR) * t
+                         for d, t in costs.compute_s[name].items()}
+        source[back] = "calibrated" if factor else costs.source.get(name, "analytic")
+        if factor:
+            device_source[back] = {d: "calibrated" if d in factor else "analytic"
+                                   for d in cluster.names}
         if graph.index.get(name + STEP) is None:
             continue
         node = graph.node(name + STEP)
@@ -196,7 +206,7 @@ def _step_costs(problem: Problem, graph: OpGraph, grads: set[str], opt: Optimize
                          device=types[d], launches=1) if d in problem.allowed[name] else
             float("inf") for d in cluster.names}
         source[node.name] = "analytic"
-    return Costs(compute_s=compute, source=source, device_source=costs.device_source,
+    return Costs(compute_s=compute, source=source, device_source=device_source,
                  host=_step_host(problem, grads, compute, types))
 
 

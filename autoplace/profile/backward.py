@@ -1,0 +1,45 @@
+"""Profile: how much longer a model's backward pass takes than its forward pass, measured through
+autograd on a device that is here (``measure_backward_factor``).
+
+A training plan's backward nodes take ``factor`` times their forward node's time
+(``train.graph``). Without a measurement the factor is 2, the FLOP count's (Kaplan et al.,
+2020); with one it is this model's own on that device: the whole forward pass (with autograd
+recording, as in training) and the whole forward and backward pass are timed, and the factor is
+the backward's share over the forward's. One factor per device, applied to every node: the
+per-op split of the backward is not measured.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from autoplace.profile.timing import measure, threads_for, timer_for
+
+__all__ = ["measure_backward_factor"]
+
+
+def measure_backward_factor(model: torch.nn.Module, args: tuple[Any, ...],
+                            kwargs: dict[str, Any], torch_device: str) -> float:
+    """Backward time over forward time of ``model`` (a ``train.LossModel``: its output is the
+    loss) on ``torch_device`` (a ``cpu-thread`` worker ``cpu:N`` on one intra-op thread), on
+    a copy of the model and the inputs."""
+    device = torch.device("cpu" if torch_device.startswith("cpu") else torch_device)
+    local = copy.deepcopy(model).to(device)
+    moved = pytree.tree_map(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v,
+                            (args, kwargs))
+    timer = timer_for(torch_device)
+
+    def forward() -> None:
+        local(*moved[0], **moved[1])
+
+    def both() -> None:
+        local(*moved[0], **moved[1]).backward()
+
+    with threads_for(torch_device):
+        forward_s = measure(forward, timer=timer).median_s
+        both_s = measure(both, timer=timer).median_s
+    return max(both_s - forward_s, 0.0) / forward_s if forward_s > 0 else 2.0
