@@ -4,22 +4,28 @@ autograd on a device that is here (``measure_backward_factor``).
 A training plan's backward nodes take ``factor`` times their forward node's time
 (``train.graph``). Without a measurement the factor is 2, the FLOP count's (Kaplan et al.,
 2020); with one it is this model's own on that device: the whole forward pass (with autograd
-recording, as in training) and the whole forward and backward pass are timed, and the factor is
-the backward's share over the forward's. One factor per device, applied to every node: the
+recording, as in training) and the whole forward and backward pass are timed, one of each per
+round, and the factor is the median over the rounds of the backward's share over the forward's. One factor per device, applied to every node: the
 per-op split of the backward is not measured.
 """
 
 from __future__ import annotations
 
 import copy
+import statistics
+import time
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
-from autoplace.profile.timing import measure, threads_for, timer_for
+from autoplace.profile.timing import threads_for, timer_for
 
 __all__ = ["measure_backward_factor"]
+
+WARMUP = 3
+MIN_ROUNDS, MAX_ROUNDS = 7, 41
+BUDGET_S = 2.0
 
 
 def measure_backward_factor(model: torch.nn.Module, args: tuple[Any, ...],
@@ -39,7 +45,17 @@ def measure_backward_factor(model: torch.nn.Module, args: tuple[Any, ...],
     def both() -> None:
         local(*moved[0], **moved[1]).backward()
 
+    ratios: list[float] = []
     with threads_for(torch_device):
-        forward_s = measure(forward, timer=timer).median_s
-        both_s = measure(both, timer=timer).median_s
-    return max(both_s - forward_s, 0.0) / forward_s if forward_s > 0 else 2.0
+        for _ in range(WARMUP):
+            both()
+        began = time.perf_counter()
+        # Interleaved, one of each per round, so that both see the same state of the machine;
+        # the median of the rounds' ratios.
+        while len(ratios) < MAX_ROUNDS and (len(ratios) < MIN_ROUNDS
+                                             or time.perf_counter() - began < BUDGET_S):
+            forward_s = timer.per_call_s(forward, 1)
+            both_s = timer.per_call_s(both, 1)
+            if forward_s > 0:
+                ratios.append(max(both_s - forward_s, 0.0) / forward_s)
+    return statistics.median(ratios) if ratios else 2.0
