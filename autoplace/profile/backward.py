@@ -5,8 +5,9 @@ A training plan's backward nodes take ``factor`` times their forward node's time
 (``train.graph``). Without a measurement the factor is 2, the FLOP count's (Kaplan et al.,
 2020); with one it is this model's own on that device: the whole forward pass (with autograd
 recording, as in training) and the whole forward and backward pass are timed, one of each per
-round, and the factor is the median over the rounds of the backward's share over the forward's. One factor per device, applied to every node: the
-per-op split of the backward is not measured.
+round, and the factor is the median over the rounds of the backward's share over the
+forward's. One factor per device, applied to every node: the per-op split of the backward is
+not measured.
 """
 
 from __future__ import annotations
