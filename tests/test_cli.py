@@ -110,6 +110,12 @@ HUGE_LAYER_MODEL = """
 """
 
 
+NO_LOSS_MODEL = """
+    import torch
+    def build():
+        return torch.nn.Linear(4, 2), (torch.randn(3, 4),)
+"""
+
 FROZEN_MODEL = """
     import torch
     def build():
@@ -141,8 +147,8 @@ PER_SAMPLE_LOSS = """
 
 @pytest.mark.parametrize("args, pattern", [
     (["plan", "{tmp}/missing.py"], "does not exist"),
-    (["plan", "{mlp}", "--mode", "training"],
-     r"needs a scalar loss, but the model returns a tensor of shape \[64, 10\].*loss\(outputs"),
+    (["plan", "{file:" + NO_LOSS_MODEL + "}", "--mode", "training"],
+     r"needs a scalar loss, but the model returns a tensor of shape \[3, 2\].*loss\(outputs"),
     (["plan", "{file:" + FROZEN_MODEL + "}", "--mode", "training"], "carries no gradient"),
     (["plan", "{file:" + LOSS_WITHOUT_TARGETS + "}", "--mode", "training"],
      "defines loss\\(\\) but no example_targets"),
