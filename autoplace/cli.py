@@ -325,6 +325,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     from autoplace.run import run_plan, save_outputs, train_plan
 
+    if args.train is None and args.lr is not None:
+        raise AutoplaceError("--lr goes with --train STEPS (the learning rate of that training)")
+    if args.train is not None and (args.inputs or args.save_outputs):
+        raise AutoplaceError("--train trains on the plan's example inputs and targets: it takes "
+                             "neither --inputs nor --save-outputs")
     if args.train is not None:
         trained = train_plan(args.out, steps=args.train, lr=args.lr)
         print(json.dumps(trained.to_dict()) if args.json else "\n".join(trained.lines()))

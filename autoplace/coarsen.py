@@ -221,6 +221,7 @@ def _build(graph: OpGraph, costs: Costs, groups: list[list[str]]) -> tuple[OpGra
             output_bytes=output_bytes,
             view_bytes=output_bytes - kept_bytes,
             param_bytes=sum(p.param_bytes for p in parts),
+            trainable_bytes=sum(p.trainable_bytes for p in parts),
             workspace_bytes=_internal_peak(graph, members, {p.name for p in crossing}),
             flops=sum(p.flops for p in parts),
             bytes_accessed=sum(p.bytes_accessed for p in parts),

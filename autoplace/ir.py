@@ -43,7 +43,9 @@ class OpNode:
     """One schedulable unit: a traced op, or a group of them after coarsening.
 
     ``param_bytes`` are the parameters and buffers resident on the node's device (each tensor is
-    attributed to exactly one node; nodes that share a tensor are colocated instead).
+    attributed to exactly one node; nodes that share a tensor are colocated instead);
+    ``trainable_bytes`` of them are parameters a training step updates (``requires_grad``), not
+    buffers or frozen parameters (``autoplace.train``).
     ``output_bytes`` is the size of everything the node produces; ``view_bytes`` of them are
     views of storage held anyway (of parameters and buffers, which are resident; an expanded
     view's size beyond its base, which ``output_bytes`` also counts), so the node's device holds
@@ -65,6 +67,7 @@ class OpNode:
     output_bytes: int = 0
     view_bytes: int = 0
     param_bytes: int = 0
+    trainable_bytes: int = 0
     workspace_bytes: int = 0
     flops: float = 0.0
     bytes_accessed: int = 0
@@ -76,6 +79,9 @@ class OpNode:
             object.__setattr__(self, "ops", (self.name,))
         if self.output_bytes < 0 or self.param_bytes < 0 or self.workspace_bytes < 0:
             raise GraphError(f"node {self.name!r} has negative bytes")
+        if not 0 <= self.trainable_bytes <= self.param_bytes:
+            raise GraphError(f"node {self.name!r} has trainable_bytes {self.trainable_bytes} "
+                             f"outside 0..{self.param_bytes} (its param_bytes)")
         if not 0 <= self.view_bytes <= self.output_bytes:
             raise GraphError(f"node {self.name!r} has view_bytes {self.view_bytes} outside 0.."
                              f"{self.output_bytes} (its output_bytes)")

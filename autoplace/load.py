@@ -39,7 +39,7 @@ class LoadedModel:
     kwargs: dict[str, Any] = field(default_factory=dict)
     name: str = "model"
     loss: Any = None
-    targets: tuple[Any, ...] = ()
+    targets: Any = ()
 
 
 def normalize_inputs(example_inputs: Any, *, where: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -136,7 +136,5 @@ def _training_parts(module: Any, path: Path) -> tuple[Any, tuple[Any, ...]]:
     targets = getattr(module, "example_targets", ())
     if isinstance(targets, torch.Tensor):
         targets = (targets,)
-    if not isinstance(targets, (tuple, list)):
-        raise ModelLoadError(f"{path.name}: example_targets is a {type(targets).__name__}; it "
-                             "must be a tensor or a tuple of tensors")
-    return getattr(module, "loss", None), tuple(targets)
+    return getattr(module, "loss", None), tuple(targets) if isinstance(
+        targets, (tuple, list)) else targets

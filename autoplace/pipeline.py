@@ -37,7 +37,13 @@ from autoplace.solve.accelerate import accelerate_baselines
 from autoplace.solve.baselines import DEFAULT_MIN_GAIN, check_min_gain, prefer_single
 from autoplace.solve.whatif import whatif_options, whatif_table
 from autoplace.trace import trace_model
-from autoplace.train import TRAINING_NOTE, check_training, loss_model, step_problem
+from autoplace.train import (
+    TRAINING_NOTE,
+    check_training,
+    loss_model,
+    step_problem,
+    training_targets,
+)
 
 __all__ = ["plan", "save", "solve_graph"]
 
@@ -106,8 +112,7 @@ def plan(
     model.eval()
     targets: tuple[Any, ...] = ()
     if mode == "training":
-        targets = normalize_inputs(example_targets, where="example_targets")[0] if (
-            example_targets is not None) else ()
+        targets = training_targets(example_targets)
         model = loss_model(model, loss, args, kwargs, targets)
         kwargs = {**kwargs, "targets": targets}
         notes.append(TRAINING_NOTE)
@@ -135,6 +140,11 @@ def plan(
     if mode == "training":
         factors = _backward_factors(profiled, model, args, kwargs, cluster, notes)
         problem = step_problem(forward, optimizer, backward_factor=factors)
+        frozen = sum(n.param_bytes - n.trainable_bytes for n in forward.graph.nodes)
+        if frozen:
+            notes.append(f"{frozen} bytes of parameters and buffers are not trained (frozen "
+                         "parameters, or buffers): no gradient or optimizer state is planned "
+                         "for them")
         notes.append("accelerate's device maps are inference maps: not among a training "
                      "plan's baselines")
     else:

@@ -129,6 +129,9 @@ def run_plan(
     here = local_device_map(sorted(name_of))
     moved = sorted(k for k, v in here.items() if k != v)
     notes = []
+    if plan.training is not None:
+        notes.append("a training plan: this times the forward pass (the loss) alone against the "
+                     "whole training step's predicted time; `--train STEPS` times the step")
     if moved:
         notes.append(f"{', '.join(moved)} not present here: run on cpu, so the time does not "
                      "show the planned devices' speed; the memory is still counted per planned "

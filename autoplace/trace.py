@@ -22,7 +22,7 @@ import re
 import warnings
 import weakref
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -316,8 +316,10 @@ def _build_graph(
         if n.op == "placeholder":
             nodes.append(_input_node(n, outs))
         else:
-            param_bytes = _claim_state(n, _state_tensors(gm, n), tensor_owner, tensor_users)
-            nodes.append(_op_node(n, interp, outs, kept=kept, param_bytes=param_bytes))
+            param_bytes, trainable = _claim_state(n, _state_tensors(gm, n), tensor_owner,
+                                                  tensor_users)
+            nodes.append(replace(_op_node(n, interp, outs, kept=kept, param_bytes=param_bytes),
+                                 trainable_bytes=trainable))
             edges += _in_edges(n, interp, kept=kept, out_bytes=sum(_nbytes(t) for t in outs))
         kept.add(n.name)
 
@@ -351,15 +353,18 @@ def _claim_state(
     state: list[tuple[int, torch.Tensor]],
     tensor_owner: dict[int, str],
     tensor_users: dict[int, list[str]],
-) -> int:
-    """Record ``n`` as a user of each state tensor; the bytes of those it reads first."""
-    param_bytes = 0
+) -> tuple[int, int]:
+    """Record ``n`` as a user of each state tensor; the bytes of those it reads first, and of
+    those the parameters that need a gradient."""
+    param_bytes = trainable = 0
     for key, tensor in state:
         tensor_users.setdefault(key, []).append(n.name)
         if key not in tensor_owner:
             tensor_owner[key] = n.name
             param_bytes += _nbytes(tensor)
-    return param_bytes
+            if isinstance(tensor, torch.nn.Parameter) and tensor.requires_grad:
+                trainable += _nbytes(tensor)
+    return param_bytes, trainable
 
 
 def _input_node(n: torch.fx.Node, outs: list[torch.Tensor]) -> OpNode:

@@ -271,6 +271,60 @@ def test_run_train_refuses_an_inference_plan_and_no_steps(tmp_path, capsys) -> N
            "training`" in capsys.readouterr().err
     assert main(["run", str(out), "--train", "0"]) == 2
     assert "--train must be 1 or more steps, got 0" in capsys.readouterr().err
+    assert main(["run", str(out), "--lr", "0.1"]) == 2
+    assert "--lr goes with --train" in capsys.readouterr().err
+    assert main(["run", str(out), "--train", "2", "--save-outputs", str(tmp_path / "o.st")]) == 2
+    assert not (tmp_path / "o.st").exists()
+
+
+class WithUnusedHead(nn.Module):
+    """A model with a parameter its forward never reads (a head for another task)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.unused = MLP(), nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+class TiedTwice(nn.Module):
+    """One embedding read twice (as encoder-decoder models share one): the second read's
+    backward must be planned too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(50, 16)
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return self.emb(a).mean() + F.embedding(b, self.emb.weight).pow(2).mean()
+
+
+def test_an_unused_parameter_does_not_fail_the_training_check() -> None:
+    from autoplace.pipeline import plan
+
+    torch.manual_seed(0)
+    x, y = torch.randn(BATCH, 784), torch.randint(0, 10, (BATCH,))
+    planned = plan(WithUnusedHead(), (x,), devices="2xcpu-thread", time_limit_s=1,
+                   whatif=False, profile=False, min_gain=0.0, mode="training",
+                   loss=F.cross_entropy, example_targets=(y,))
+    assert planned.training["check"]["status"] == "passed"
+
+
+def test_a_tied_weight_s_second_reader_gets_a_backward() -> None:
+    from autoplace.pipeline import plan
+
+    torch.manual_seed(0)
+    a, b = torch.randint(0, 50, (4, 8)), torch.randint(0, 50, (4, 8))
+    planned = plan(TiedTwice(), (a, b), devices="cpu", time_limit_s=1, whatif=False,
+                   profile=False, mode="training")
+    graph = planned.problem.graph
+    embeddings = [n.name for n in graph.nodes if n.targets and "embedding" in n.targets[0]]
+    assert len(embeddings) == 2
+    (step,) = [n.name for n in graph.nodes if n.name.endswith("@step")]
+    for name in embeddings:  # both readers' gradients, before the one update
+        assert f"{name}@backward" in graph.index
+        assert any(e.src == f"{name}@backward" for e in graph.in_edges(step))
 
 
 def test_a_measured_backward_factor_replaces_the_analytic_one() -> None:
@@ -287,3 +341,26 @@ def test_a_measured_backward_factor_replaces_the_analytic_one() -> None:
     assert step.costs.of(f"{node}@backward", "cpu:1") == pytest.approx(
         2 * forward.costs.of(node, "cpu:1"))
     assert step.costs.source_of(f"{node}@backward", "cpu:0") == "calibrated"
+
+
+def test_frozen_parameters_and_buffers_get_no_gradient_or_optimizer_state() -> None:
+    from autoplace.pipeline import plan
+
+    torch.manual_seed(0)
+    mlp = MLP()
+    mlp.fc1.requires_grad_(False)  # fine-tuning the last two layers
+    mlp.register_buffer("scale", torch.ones(10))
+    x, y = torch.randn(BATCH, 784), torch.randint(0, 10, (BATCH,))
+    planned = plan(mlp, (x,), devices="cpu", time_limit_s=1, whatif=False, profile=False,
+                   mode="training", optimizer="adam", loss=F.cross_entropy,
+                   example_targets=(y,))
+    graph = planned.problem.graph
+    steps = [n for n in graph.nodes if n.name.endswith("@step")]
+    trained = (256 * 128 + 128 + 128 * 10 + 10) * 4
+    assert sum(n.param_bytes for n in steps) == 3 * trained  # gradients and two moments
+    # fc1 needs no gradient at all: nothing before it is trained, so it has no backward.
+    assert sum(n.name.endswith("@backward") for n in graph.nodes) < 6
+    frozen = (784 * 256 + 256) * 4
+    assert any(note.startswith(f"{frozen} bytes of parameters and buffers are not trained")
+               for note in planned.notes)
+    assert planned.training["check"]["status"] == "passed"

@@ -127,8 +127,9 @@ def launch_release_s(problem: Problem) -> dict[str, float]:
     n = len(graph.nodes)
     if host is None or problem.sole_launcher is None or not n or n > _MAX_RELEASE_NODES:
         return {}
-    launch = np.array([min(host.launch_of(node.name, d) for d in problem.allowed[node.name])
-                       for node in graph.nodes])
+    # A model input launches nothing (``launch.launched`` takes it at once).
+    launch = np.array([0.0 if node.is_input else min(
+        host.launch_of(node.name, d) for d in problem.allowed[node.name]) for node in graph.nodes])
     ancestors = np.zeros((n, (n + 7) // 8), dtype=np.uint8)  # row v: v's ancestors, packed
     for v, node in enumerate(graph.nodes):
         for u in dict.fromkeys(graph.index[e.src] for e in graph.in_edges(node.name)):

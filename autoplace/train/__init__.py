@@ -9,17 +9,17 @@ formula. The optimizers and their state bytes are in ``OPTIMIZERS``.
 
 ``autoplace.plan(mode="training")`` traces ``LossModel`` (the model and its loss, ``wrap.py``),
 plans the step, and trains the emitted model beside the original
-(``autoplace.emit.training``). Not yet here (issue 14): micro-batches and their schedules
-(GPipe, 1F1B), data-parallel replicas, backward times measured through autograd, the memory of
-a training step measured, and ``autoplace run --train``.
+(``autoplace.emit.training``); ``autoplace run --train`` trains it. Not yet here (issue 14):
+micro-batches and their schedules (GPipe, 1F1B), data-parallel replicas, mixed precision, and
+the memory of a training step measured on the emitted model.
 """
 
 from autoplace.errors import AutoplaceError
 from autoplace.train.graph import OPTIMIZERS, Optimizer, step_problem
-from autoplace.train.wrap import LossModel, loss_model
+from autoplace.train.wrap import LossModel, loss_model, training_targets
 
 __all__ = ["MODES", "OPTIMIZERS", "TRAINING_NOTE", "LossModel", "Optimizer", "check_training",
-           "loss_model", "step_problem"]
+           "loss_model", "step_problem", "training_targets"]
 
 MODES = ("inference", "training")
 TRAINING_NOTE = ("training plan: one step of one batch (no micro-batches or data-parallel "

@@ -8,19 +8,21 @@ The forward problem is a traced model whose only output is its scalar loss, cost
   counts as workspace (``coarsen``); the step graph adds that workspace to ``f``'s output, so
   the simulator keeps it alive until the backward (an upper bound: every member's intermediate
   saved at once).
-* ``f@backward``, where ``f``'s output needs a gradient: ``f`` holds parameters or reads a
-  value that needs one, and the loss depends on ``f``. It reads what ``f`` read and ``f``'s
+* ``f@backward``, where ``f``'s output needs a gradient: ``f`` holds trainable parameters
+  (``OpNode.trainable_bytes``: not buffers, not frozen parameters) or reads a value that needs
+  one, and the loss depends on ``f``. It reads what ``f`` read and ``f``'s
   output (all that autograd may save: a ReLU keeps only its output, a matmul only its inputs,
   so this bounds memory from above), and the gradient of ``f``'s output from the backward of
   each reader; it outputs the gradients of ``f``'s inputs that need one.
-  Its time is twice ``f``'s on every device, its kernel launches twice ``f``'s (at most its
-  time): the backward pass of a matmul or a convolution does twice the forward's FLOPs (the
-  gradient of the input and of the weight; Kaplan et al., "Scaling Laws for Neural Language
+  Its time is twice ``f``'s on every device (or a factor measured through autograd,
+  ``profile.backward``), its kernel launches twice ``f``'s (at most its time): the backward
+  pass of a matmul or a convolution does twice the forward's FLOPs (the gradient of the input
+  and of the weight; Kaplan et al., "Scaling Laws for Neural Language
   Models", 2020, section 2.1: about 6N FLOPs per token in total against 2N forward), and a
   memory-bound op's backward reads the output's gradient and the saved tensors and writes the
   inputs' gradients, about twice the forward's traffic. Its workspace is the forward's plus
   the parameters' fresh gradients (autograd makes each before adding it into ``.grad``).
-* ``f@step``, where ``f`` holds parameters that get a gradient: the optimizer's update. It
+* ``f@step``, where ``f`` holds trainable parameters: the optimizer's update of them. It
   holds the parameters' gradients (PyTorch keeps ``.grad`` from the backward to the next
   ``zero_grad``, so counting them for the whole step bounds memory from above) and the
   optimizer's state (``Optimizer.state_bytes_per_param``) resident, and runs after
@@ -120,10 +122,14 @@ def _loss_node(graph: OpGraph) -> str:
 
 
 def _needs_gradient(graph: OpGraph, loss: str) -> set[str]:
-    """The nodes whose output needs a gradient: on a path from a parameter to the loss."""
+    """The nodes whose output needs a gradient: on a path from a trainable parameter to the
+    loss. A tensor's bytes count on its first reader only; its other readers (a tied
+    embedding's second use) share a colocation group with it, and read it too."""
+    colocation = graph.colocation_of
+    trains = {m for n in graph.nodes if n.trainable_bytes for m in colocation[n.name]}
     requires: set[str] = set()
     for n in graph.nodes:
-        if not n.is_input and (n.param_bytes or any(
+        if not n.is_input and (n.name in trains or any(
                 e.src in requires for e in graph.in_edges(n.name))):
             requires.add(n.name)
     feeds_loss = {loss}
@@ -148,7 +154,7 @@ def _step_graph(graph: OpGraph, grads: set[str], opt: Optimizer
         ins = [e for e in graph.in_edges(n.name) if e.src in grads]
         name = n.name + BACKWARD
         backward.append(OpNode(name=name, module=n.module, output_bytes=sum(e.bytes for e in ins),
-                               workspace_bytes=n.workspace_bytes + n.param_bytes,
+                               workspace_bytes=n.workspace_bytes + n.trainable_bytes,
                                flops=BACKWARD_FACTOR * n.flops, dtype=n.dtype,
                                bytes_accessed=int(BACKWARD_FACTOR * n.bytes_accessed),
                                launches=int(BACKWARD_FACTOR * n.launches)))
@@ -157,26 +163,29 @@ def _step_graph(graph: OpGraph, grads: set[str], opt: Optimizer
             saved[n.name] = n.output_bytes + n.workspace_bytes
         edges += [Edge(src=src, dst=name, bytes=b) for src, b in saved.items()]
         edges += [Edge(src=name, dst=e.src + BACKWARD, bytes=e.bytes) for e in ins]
-        if n.param_bytes:
-            params = n.param_bytes / PARAM_BYTES
+        if n.trainable_bytes:
+            params = n.trainable_bytes / PARAM_BYTES
             steps.append(OpNode(
                 name=n.name + STEP, module=n.module, dtype="float32", launches=1,
-                param_bytes=n.param_bytes + int(params * opt.state_bytes_per_param),
+                param_bytes=n.trainable_bytes + int(params * opt.state_bytes_per_param),
                 workspace_bytes=int(params * opt.workspace_bytes_per_param),
                 flops=params * opt.flops_per_param,
                 bytes_accessed=int(params * opt.traffic_bytes_per_param)))
-            edges.append(Edge(src=name, dst=n.name + STEP, bytes=0))
+            # The update waits for every gradient of its tensors: its own backward's and
+            # those of the tensors' other readers (colocated with it, ``_needs_gradient``).
+            edges += [Edge(src=m + BACKWARD, dst=n.name + STEP, bytes=0)
+                      for m in graph.colocation_of[n.name] if m in grads]
     colocate = []
     grouped: set[str] = set()
     for group in graph.colocate:
         members = [*group, *(m + BACKWARD for m in group if m in grads),
-                   *(m + STEP for m in group if m in grads and graph.node(m).param_bytes)]
+                   *(m + STEP for m in group if m in grads and graph.node(m).trainable_bytes)]
         colocate.append(tuple(members))
         grouped.update(group)
     for n in graph.nodes:
         if n.name in grads and n.name not in grouped:
             colocate.append((n.name, n.name + BACKWARD,
-                             *((n.name + STEP,) if n.param_bytes else ())))
+                             *((n.name + STEP,) if n.trainable_bytes else ())))
     return [*nodes, *backward, *steps], edges, colocate
 
 

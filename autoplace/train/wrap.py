@@ -10,7 +10,7 @@ import torch
 
 from autoplace.errors import ModelLoadError
 
-__all__ = ["LossModel", "loss_model"]
+__all__ = ["LossModel", "loss_model", "training_targets"]
 
 NO_LOSS_HINT = ("define `loss(outputs, *targets)` and `example_targets` in the model file (or "
                 "pass `loss=` and `example_targets=` to `autoplace.plan`), or make the model "
@@ -33,6 +33,19 @@ class LossModel(torch.nn.Module):
         if self.loss is not None:
             return self.loss(out, *targets)
         return getattr(out, "loss", out) if not isinstance(out, torch.Tensor) else out
+
+
+def training_targets(targets: Any) -> tuple[Any, ...]:
+    """``example_targets`` as the tuple ``loss(outputs, *targets)`` takes: a tensor, a tuple or a
+    list of them, or nothing (``None``, ``()``)."""
+    if targets is None:
+        return ()
+    if isinstance(targets, torch.Tensor):
+        return (targets,)
+    if isinstance(targets, (tuple, list)):
+        return tuple(targets)
+    raise ModelLoadError(f"example_targets is a {type(targets).__name__}; it must be a tensor or "
+                         "a tuple of tensors, the targets loss(outputs, *targets) takes")
 
 
 def loss_model(model: torch.nn.Module, loss: Callable[..., torch.Tensor] | None,
