@@ -44,7 +44,7 @@ def measure(example: str, *, steps: int, time_limit_s: float, optimizer: str) ->
         planned = json.loads((out / "plan.json").read_text())
         trained = json.loads(_autoplace("run", str(out), "--train", str(steps),
                                         "--json").stdout)
-    devices = sorted({n["device"] for n in planned["nodes"]})
+    devices = sorted({n["device"] for n in planned["nodes"] if not n["is_input"]})
     notes = [n for n in planned["notes"] if n.startswith("backward measured")]
     return {"example": example, "devices": devices, "predicted_s": trained["predicted_s"],
             "measured_s": trained["measured_s"], "check": planned["training"]["check"],
