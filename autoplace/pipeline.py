@@ -157,7 +157,7 @@ def plan(
                            ) if whatif and result.solver.status != "INTERRUPTED" else None
     planned = _plan_of(result, problem, name=name, tracer=traced.tracer,
                        coarsening={"traced_ops": folded.traced_ops,
-                                   "plan_nodes": len(folded.graph.nodes),
+                                   "plan_nodes": len(problem.graph.nodes),
                                    "steps": [*folded.steps, *result.coarsening]})
     if mode == "training":
         planned = replace(planned, training={"optimizer": optimizer, "layers_mode": "eval",
