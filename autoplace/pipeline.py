@@ -27,6 +27,7 @@ from autoplace.coarsen import DEFAULT_MAX_NODES, fold
 from autoplace.cost import analytic_cpu_note
 from autoplace.cost import costs as cost_nodes
 from autoplace.emit import emit_and_verify, train_emitted
+from autoplace.errors import InfeasibleError
 from autoplace.formats.output import atomic_output_dir
 from autoplace.formats.plan import BaselineResult, Plan, SolverRecord, Verification
 from autoplace.ir import Cluster, Placement, Problem
@@ -42,6 +43,7 @@ from autoplace.train import (
     check_training,
     loss_model,
     step_problem,
+    training_memory,
     training_targets,
 )
 
@@ -150,7 +152,13 @@ def plan(
     else:
         extra, accelerate_notes = accelerate_baselines(model, graph, problem)
         notes += accelerate_notes
-    result, gain = _min_gain(solve(problem, options=options, extra_baselines=extra), min_gain)
+    try:
+        solved = solve(problem, options=options, extra_baselines=extra)
+    except InfeasibleError as exc:
+        if mode != "training":
+            raise
+        raise InfeasibleError(f"{exc} {training_memory(forward.graph, optimizer)}") from exc
+    result, gain = _min_gain(solved, min_gain)
     notes += result.notes
     # After Ctrl-C the user wants the plan so far now, not more solving for the what-if table.
     scaling = whatif_table(problem, full=result, options=whatif_options(options)

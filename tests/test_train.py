@@ -364,3 +364,27 @@ def test_frozen_parameters_and_buffers_get_no_gradient_or_optimizer_state() -> N
     assert any(note.startswith(f"{frozen} bytes of parameters and buffers are not trained")
                for note in planned.notes)
     assert planned.training["check"]["status"] == "passed"
+
+
+def test_optimizer_state_that_fits_nowhere_says_what_a_step_holds() -> None:
+    import dataclasses
+
+    from autoplace.errors import InfeasibleError
+    from autoplace.pipeline import plan
+
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 784), torch.randint(0, 10, (8,))
+    cluster, _ = resolve_cluster(spec="2xcpu-thread")
+    # 1.5 MB a device: the 0.94 MB of weights fit (inference plans), but not with Adam's 2.8 MB
+    # of gradients and moments on top.
+    small = dataclasses.replace(cluster, devices=tuple(
+        dataclasses.replace(d, memory_bytes=1_500_000, reserved_bytes=0)
+        for d in cluster.devices))
+    plan(MLP(), (x,), devices=small, time_limit_s=1, whatif=False, profile=False, emit=False)
+    with pytest.raises(InfeasibleError) as error:
+        plan(MLP(), (x,), devices=small, time_limit_s=1, whatif=False, profile=False,
+             emit=False, mode="training", optimizer="adam", loss=F.cross_entropy,
+             example_targets=(y,))
+    message = str(error.value)
+    assert f"{PARAMS} bytes of gradients and {2 * PARAMS} bytes of adam state" in message
+    assert "optimizer with less state (sgd, sgd-momentum)" in message

@@ -15,11 +15,11 @@ the memory of a training step measured on the emitted model.
 """
 
 from autoplace.errors import AutoplaceError
-from autoplace.train.graph import OPTIMIZERS, Optimizer, step_problem
+from autoplace.train.graph import OPTIMIZERS, Optimizer, step_problem, training_memory
 from autoplace.train.wrap import LossModel, loss_model, training_targets
 
 __all__ = ["MODES", "OPTIMIZERS", "TRAINING_NOTE", "LossModel", "Optimizer", "check_training",
-           "loss_model", "step_problem", "training_targets"]
+           "loss_model", "step_problem", "training_memory", "training_targets"]
 
 MODES = ("inference", "training")
 TRAINING_NOTE = ("training plan: one step of one batch (no micro-batches or data-parallel "

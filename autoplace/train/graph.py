@@ -45,7 +45,7 @@ from autoplace.ir import Costs, Edge, HostCosts, OpGraph, OpNode, Problem
 from cost_models.devices import get_device_type
 from cost_models.roofline import op_time_s
 
-__all__ = ["OPTIMIZERS", "Optimizer", "step_problem"]
+__all__ = ["OPTIMIZERS", "Optimizer", "step_problem", "training_memory"]
 
 BACKWARD = "@backward"
 STEP = "@step"
@@ -236,3 +236,19 @@ def _step_host(problem: Problem, grads: set[str], compute: Mapping[str, Mapping[
                                      for d, t in compute[name + STEP].items()
                                      if d in host.call_s}
     return replace(host, launch_s=launch_s)
+
+
+def training_memory(graph: OpGraph, optimizer: str) -> str:
+    """What a training step holds beyond inference, for an error that says no placement fits:
+    the bytes of gradients and optimizer state, and what would shrink them."""
+    opt = OPTIMIZERS[optimizer]
+    trained = sum(n.trainable_bytes for n in graph.nodes)
+    state = int(trained / PARAM_BYTES * opt.state_bytes_per_param)
+    lighter = [o.name for o in OPTIMIZERS.values()
+               if o.state_bytes_per_param < opt.state_bytes_per_param]
+    return (f"A training step holds, beside the {sum(n.param_bytes for n in graph.nodes)} bytes "
+            f"of parameters and buffers and the activations kept for backward, {trained} bytes "
+            f"of gradients and {state} bytes of {optimizer} state: add devices"
+            + (f", or use an optimizer with less state ({', '.join(lighter)})" if lighter else "")
+            + "; micro-batches and recomputation, which would shrink the activations, are not "
+            "built yet.")
