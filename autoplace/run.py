@@ -40,7 +40,7 @@ from autoplace.emit.memory import comparable_peak_bytes, measure
 from autoplace.emit.saving import input_names, load_inputs
 from autoplace.emit.training import make_optimizer
 from autoplace.errors import AutoplaceError, EmitError, OutputError
-from autoplace.formats.plan import plan_path, read_plan
+from autoplace.formats.plan import Plan, plan_path, read_plan
 
 __all__ = ["RunResult", "TrainResult", "read_inputs_file", "run_plan", "save_outputs",
            "train_plan"]
@@ -104,15 +104,7 @@ def run_plan(
     if warmup < 0 or repeats < 1:
         raise AutoplaceError(f"--warmup must be 0 or more and --repeats 1 or more, got "
                              f"{warmup} and {repeats}")
-    root = Path(directory)
-    if not root.is_dir():
-        raise OutputError(f"{str(root)!r} is not a directory: pass the output directory of "
-                          "`autoplace plan` (holding plan.json and model/)")
-    plan = read_plan(plan_path(root))
-    model_dir = root / "model"
-    if not model_dir.is_dir():
-        raise EmitError(f"{str(root)!r} holds a plan but no emitted model ({model_dir} is "
-                        "missing): plan it again without --no-emit")
+    plan, model_dir = _plan_and_model(directory)
     example = load_inputs(model_dir)
     if inputs_file is not None:
         args, kwargs = read_inputs_file(inputs_file, example=example)
@@ -192,19 +184,14 @@ def train_plan(directory: str | os.PathLike[str], *, steps: int,
     the median when there are more)."""
     if steps < 1:
         raise AutoplaceError(f"--train must be 1 or more steps, got {steps}")
-    root = Path(directory)
-    if not root.is_dir():
-        raise OutputError(f"{str(root)!r} is not a directory: pass the output directory of "
-                          "`autoplace plan --mode training`")
-    plan = read_plan(plan_path(root))
+    plan, model_dir = _plan_and_model(directory)
     if plan.training is None:
-        raise AutoplaceError(f"{str(root)!r} holds an inference plan: --train needs one made "
-                             "with `autoplace plan --mode training`")
-    model_dir = root / "model"
-    example = load_inputs(model_dir) if model_dir.is_dir() else None
+        raise AutoplaceError(f"{str(directory)!r} holds an inference plan: --train needs one "
+                             "made with `autoplace plan --mode training`")
+    example = load_inputs(model_dir)
     if example is None:
-        raise EmitError(f"{str(root)!r} holds no emitted model with its example inputs and "
-                        f"targets ({model_dir}): plan it again without --no-emit")
+        raise EmitError(f"{model_dir} holds no example inputs and targets "
+                        "(inputs.safetensors): plan it again")
     args, kwargs = example
     here = local_device_map(sorted({d.torch_device for d in plan.problem.cluster.devices}))
     model = load_model(model_dir, device_map=here)
@@ -228,6 +215,21 @@ def train_plan(directory: str | os.PathLike[str], *, steps: int,
                        measured_s=statistics.median(timed), predicted_s=plan.makespan_s,
                        optimizer=plan.training["optimizer"], lr=lr, device_map=here,
                        notes=tuple(notes))
+
+
+def _plan_and_model(directory: str | os.PathLike[str]) -> tuple[Plan, Path]:
+    """``directory``'s plan (checked against the schema) and its ``model/`` folder, or a clear
+    error naming what is missing."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise OutputError(f"{str(root)!r} is not a directory: pass the output directory of "
+                          "`autoplace plan` (holding plan.json and model/)")
+    plan = read_plan(plan_path(root))
+    model_dir = root / "model"
+    if not model_dir.is_dir():
+        raise EmitError(f"{str(root)!r} holds a plan but no emitted model ({model_dir} is "
+                        "missing): plan it again without --no-emit")
+    return plan, model_dir
 
 
 def _time(
