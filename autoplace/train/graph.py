@@ -37,13 +37,14 @@ the weight. Parameters are taken as float32 (4 bytes each): the models here are.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from autoplace.cost import costs as price
+from autoplace.cost import weakest_source
 from autoplace.errors import GraphError
 from autoplace.ir import Costs, Edge, HostCosts, OpGraph, OpNode, Problem
-from cost_models.devices import get_device_type
-from cost_models.roofline import op_time_s
 
 __all__ = ["OPTIMIZERS", "Optimizer", "step_problem", "training_memory"]
 
@@ -192,37 +193,36 @@ def _step_graph(graph: OpGraph, grads: set[str], opt: Optimizer
 def _step_costs(problem: Problem, graph: OpGraph, grads: set[str], opt: Optimizer,
                 factor: Mapping[str, float]) -> Costs:
     """Forward times as given; backward twice the forward's, or the measured ``factor`` times
-    it (calibrated); the optimizer's step by the roofline of each device type (see the
-    module's docstring)."""
+    it (calibrated); the optimizer's steps priced as ``cost.costs`` prices any node (the
+    roofline of their traffic, and their one launch on a GPU's launcher)."""
     costs, cluster = problem.costs, problem.cluster
     compute = {name: dict(per) for name, per in costs.compute_s.items()}
     source = dict(costs.source)
     device_source = {name: dict(per) for name, per in costs.device_source.items()}
-    types = {d.name: get_device_type(d.type) for d in cluster.devices}
     for name in grads:
         back = name + BACKWARD
         compute[back] = {d: factor.get(d, BACKWARD_FACTOR) * t
                          for d, t in costs.compute_s[name].items()}
-        source[back] = "calibrated" if factor else costs.source.get(name, "analytic")
+        source[back] = costs.source.get(name, "analytic")
         if factor:
             device_source[back] = {d: "calibrated" if d in factor else "analytic"
                                    for d in cluster.names}
-        if graph.index.get(name + STEP) is None:
-            continue
-        node = graph.node(name + STEP)
-        compute[node.name] = {
-            d: op_time_s(flops=node.flops, bytes_accessed=node.bytes_accessed, dtype="float32",
-                         device=types[d], launches=1) if d in problem.allowed[name] else
-            float("inf") for d in cluster.names}
-        source[node.name] = "analytic"
+            source[back] = weakest_source(device_source[back].values())
+    steps = OpGraph(nodes=tuple(n for n in graph.nodes if n.name.endswith(STEP)), edges=())
+    priced = price(steps, cluster)
+    for node in steps.nodes:
+        allowed = problem.allowed[node.name.removesuffix(STEP)]
+        compute[node.name] = {d: t if d in allowed else math.inf
+                              for d, t in priced.compute_s[node.name].items()}
+        source[node.name] = priced.source[node.name]
     return Costs(compute_s=compute, source=source, device_source=device_source,
-                 host=_step_host(problem, grads, compute, types))
+                 host=_step_host(problem, grads, compute, priced.host))
 
 
 def _step_host(problem: Problem, grads: set[str], compute: Mapping[str, Mapping[str, float]],
-               types: Mapping) -> HostCosts | None:
-    """The launcher's costs of the step: a backward node launches twice its forward's kernels,
-    a step node one (each at most the node's time)."""
+               steps: HostCosts | None) -> HostCosts | None:
+    """The launcher's costs of the step: a backward node launches twice its forward's kernels
+    (at most its time), a step node as ``cost.costs`` priced it (``steps``)."""
     host = problem.costs.host
     if host is None:
         return None
@@ -231,10 +231,8 @@ def _step_host(problem: Problem, grads: set[str], compute: Mapping[str, Mapping[
         back = name + BACKWARD
         launch_s[back] = {d: min(BACKWARD_FACTOR * t, compute[back][d])
                           for d, t in host.launch_s.get(name, {}).items()}
-        if name + STEP in compute:
-            launch_s[name + STEP] = {d: min(types[d].launch_overhead_s, t)
-                                     for d, t in compute[name + STEP].items()
-                                     if d in host.call_s}
+    if steps is not None:
+        launch_s.update(steps.launch_s)
     return replace(host, launch_s=launch_s)
 
 
