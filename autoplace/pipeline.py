@@ -112,7 +112,6 @@ def plan(
     notes: list[str] = list(found)
     args, kwargs = normalize_inputs(example_inputs, where="example_inputs")
     model.eval()
-    targets: tuple[Any, ...] = ()
     if mode == "training":
         targets = training_targets(example_targets)
         model = loss_model(model, loss, args, kwargs, targets)
