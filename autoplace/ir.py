@@ -397,11 +397,16 @@ class Costs:
 
 @dataclass(frozen=True)
 class Problem:
-    """What a solver and the simulator take: a graph, the devices, and the costs."""
+    """What a solver and the simulator take: a graph, the devices, and the costs.
+
+    ``pipeline_schedule``: for a training step of several micro-batches (``train``), the order
+    every device runs them in, ``gpipe`` or ``1f1b`` (``simulate.schedules``); ``None``: each
+    device list-schedules its ready nodes."""
 
     graph: OpGraph
     cluster: Cluster
     costs: Costs
+    pipeline_schedule: str | None = None
 
     def __post_init__(self) -> None:
         for node in self.graph.nodes:

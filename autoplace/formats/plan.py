@@ -352,7 +352,8 @@ def _graph_dict(problem: Problem, s: Schedule) -> dict[str, Any]:
             "compute_s": {d: (t if math.isfinite(t) else None)
                           for d, t in costs.compute_s[n.name].items()},
             "memory_bytes": n.param_bytes, "output_bytes": n.output_bytes,
-            "view_bytes": n.view_bytes, "workspace_bytes": n.workspace_bytes,
+            "view_bytes": n.view_bytes, "trainable_bytes": n.trainable_bytes,
+            "workspace_bytes": n.workspace_bytes,
             "output_shapes": [list(x) for x in n.output_shapes],
             "output_dtypes": list(n.output_dtypes), "flops": n.flops,
             "bytes_accessed": n.bytes_accessed, "launches": n.launches, "dtype": n.dtype,
@@ -367,7 +368,8 @@ def _graph_dict(problem: Problem, s: Schedule) -> dict[str, Any]:
                   for e in graph.edges],
         "colocate": [list(g) for g in graph.colocate],
         "outputs": list(graph.outputs),
-    }
+    } | ({} if problem.pipeline_schedule is None
+         else {"pipeline_schedule": problem.pipeline_schedule})
 
 
 def _host_dict(problem: Problem, s: Schedule) -> dict[str, Any]:
@@ -397,6 +399,7 @@ def _problem_from(data: Mapping[str, Any]) -> Problem:
         output_shapes=tuple(tuple(x) for x in n.get("output_shapes", ())),
         output_dtypes=tuple(n.get("output_dtypes", ())), output_bytes=n["output_bytes"],
         view_bytes=n.get("view_bytes", 0), param_bytes=n["memory_bytes"],
+        trainable_bytes=n.get("trainable_bytes", 0),
         workspace_bytes=n.get("workspace_bytes", 0), flops=n.get("flops", 0.0),
         bytes_accessed=n.get("bytes_accessed", 0), launches=n.get("launches", 0),
         dtype=n.get("dtype", "float32"),
@@ -418,7 +421,8 @@ def _problem_from(data: Mapping[str, Any]) -> Problem:
                                 if "launch_s" in n},
                       call_s=dict(data["host"]["call_s"]),
                       handover_s=dict(data["host"]["handover_s"])))
-    return Problem(graph=graph, cluster=Cluster(devices=devices, links=links), costs=costs)
+    return Problem(graph=graph, cluster=Cluster(devices=devices, links=links), costs=costs,
+                   pipeline_schedule=data.get("pipeline_schedule"))
 
 
 def _schedule_from(data: Mapping[str, Any]) -> Schedule:

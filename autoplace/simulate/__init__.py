@@ -61,6 +61,7 @@ from autoplace.ir import (
 )
 from autoplace.simulate.launch import launched
 from autoplace.simulate.memory import memory, start_order
+from autoplace.simulate.schedules import microbatch_order
 
 __all__ = ["copies", "loads", "simulate", "upward_rank", "validate"]
 
@@ -145,7 +146,10 @@ def simulate(problem: Problem, placement: Placement) -> Schedule:
     device_of = _checked_devices(problem, placement)
     moved = copies(problem, device_of)
     moved_from = _by_source(moved)
-    start, end, transfers = _run(problem, device_of, placement.order, moved_from)
+    order = placement.order
+    if order is None and problem.pipeline_schedule is not None:
+        order = _pipeline_order(problem, device_of, moved_from)
+    start, end, transfers = _run(problem, device_of, order, moved_from)
     if len(end) != len(problem.graph.nodes):
         stuck = [n.name for n in problem.graph.nodes if n.name not in end][:5]
         raise GraphError(
@@ -162,7 +166,7 @@ def simulate(problem: Problem, placement: Placement) -> Schedule:
     over = {d: peak[d] - cluster.device(d).memory_bytes for d in cluster.names
             if peak[d] > cluster.device(d).memory_bytes}
     return Schedule(
-        placement=Placement(device_of=device_of, order=placement.order),
+        placement=Placement(device_of=device_of, order=order),
         makespan_s=makespan,
         start_s=start,
         end_s=end,
@@ -174,6 +178,21 @@ def simulate(problem: Problem, placement: Placement) -> Schedule:
         load_s=loads(problem, device_of, moved),
         launch_order=launch_order,
     )
+
+
+def _pipeline_order(
+    problem: Problem, device_of: Mapping[str, str],
+    moved_from: Mapping[str, list[tuple[str, int, float]]],
+) -> Mapping[str, tuple[str, ...]] | None:
+    """The devices' orders under ``problem.pipeline_schedule`` (``schedules.microbatch_order``);
+    GPipe's where 1F1B's would deadlock (a placement whose devices form no stages, in a way the
+    rule does not see), which never deadlocks."""
+    order = microbatch_order(problem.graph, device_of, problem.pipeline_schedule)
+    if order is not None and problem.pipeline_schedule != "gpipe":
+        _, end, _ = _run(problem, dict(device_of), order, moved_from)
+        if len(end) != len(problem.graph.nodes):
+            order = microbatch_order(problem.graph, device_of, "gpipe")
+    return order
 
 
 def _by_source(

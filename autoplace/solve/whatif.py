@@ -38,7 +38,8 @@ def restrict(problem: Problem, devices: tuple[str, ...]) -> Problem:
                              for node, per_device in problem.costs.compute_s.items()},
                   source=problem.costs.source,
                   host=problem.costs.host and problem.costs.host.restricted(keep))
-    return Problem(graph=problem.graph, cluster=sub, costs=costs)
+    return Problem(graph=problem.graph, cluster=sub, costs=costs,
+                   pipeline_schedule=problem.pipeline_schedule)
 
 
 def whatif_options(options: SolveOptions) -> SolveOptions:

@@ -40,16 +40,16 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from autoplace.cost import costs as price
 from autoplace.cost import weakest_source
 from autoplace.errors import GraphError
 from autoplace.ir import Costs, Edge, HostCosts, OpGraph, OpNode, Problem
+from autoplace.simulate.schedules import BACKWARD, SCHEDULES, STEP, microbatch_name
 
 __all__ = ["OPTIMIZERS", "Optimizer", "step_problem", "training_memory"]
 
-BACKWARD = "@backward"
-STEP = "@step"
 # Backward against forward, in time and in launches (see the module's docstring).
 BACKWARD_FACTOR = 2.0
 PARAM_BYTES = 4  # float32
@@ -90,23 +90,72 @@ OPTIMIZERS: Mapping[str, Optimizer] = {
 
 
 def step_problem(problem: Problem, optimizer: str = "adam",
-                 backward_factor: Mapping[str, float] | None = None) -> Problem:
+                 backward_factor: Mapping[str, float] | None = None, *,
+                 microbatches: int = 1, schedule: str = "gpipe") -> Problem:
     """The problem of one training step of ``problem``'s forward graph, with ``optimizer``
     (a key of ``OPTIMIZERS``). The forward graph's only output must be the scalar loss.
     ``backward_factor[device]``: the backward's time over the forward's measured on that
-    device (``profile.backward``), instead of ``BACKWARD_FACTOR``."""
+    device (``profile.backward``), instead of ``BACKWARD_FACTOR``.
+
+    With ``microbatches`` M > 1, ``problem`` is the forward of one micro-batch, and the step
+    runs M of them (``_microbatches``) in ``schedule``'s order (``simulate.schedules``)."""
     opt = OPTIMIZERS.get(optimizer)
     if opt is None:
         raise GraphError(f"unknown optimizer {optimizer!r}; choose one of "
                          f"{', '.join(OPTIMIZERS)}")
+    if schedule not in SCHEDULES:
+        raise GraphError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
     graph = problem.graph
     loss = _loss_node(graph)
     grads = _needs_gradient(graph, loss)
     nodes, edges, colocate = _step_graph(graph, grads, opt)
     step_graph = OpGraph(nodes=tuple(nodes), edges=tuple(edges), colocate=tuple(colocate),
-                         outputs=(loss,))
-    return replace(problem, graph=step_graph,
+                         outputs=(loss,), name=graph.name)
+    step = replace(problem, graph=step_graph,
                    costs=_step_costs(problem, step_graph, grads, opt, backward_factor or {}))
+    if microbatches == 1:
+        return step
+    return _microbatches(step, microbatches, schedule)
+
+
+def _microbatches(step: Problem, count: int, schedule: str) -> Problem:
+    """The step of ``count`` micro-batches from the step of one: every forward and backward
+    node once per micro-batch ``k`` (``f#k``, ``f@backward#k``, micro-batch after micro-batch,
+    which keeps the nodes in a topological order), each update once, after the backward of
+    every micro-batch (gradients accumulate in ``.grad``: the update holds them already). A
+    node's parameters are counted on its copy of micro-batch 0 only: the copies share them.
+    All copies of a node share its colocation group, so a parameter stays on one device."""
+    graph, costs = step.graph, step.costs
+    steps = {n.name for n in graph.nodes if n.name.endswith(STEP)}
+    nodes = [replace(n, name=microbatch_name(n.name, k),
+                     **({} if k == 0 else {"param_bytes": 0, "trainable_bytes": 0}))
+             for k in range(count) for n in graph.nodes if n.name not in steps]
+    nodes += [n for n in graph.nodes if n.name in steps]
+    edges = [Edge(src=microbatch_name(e.src, k),
+                  dst=e.dst if e.dst in steps else microbatch_name(e.dst, k), bytes=e.bytes,
+                  transfer_s=e.transfer_s)
+             for k in range(count) for e in graph.edges]
+
+    def copies(name: str) -> list[str]:
+        return [name] if name in steps else [microbatch_name(name, k) for k in range(count)]
+
+    colocate = [tuple(m for name in group for m in copies(name)) for group in graph.colocate]
+    grouped = {name for group in graph.colocate for name in group}
+    colocate += [tuple(copies(n.name)) for n in graph.nodes
+                 if n.name not in grouped and n.name not in steps]
+
+    def per_copy(table: Mapping[str, Any]) -> dict[str, Any]:
+        return {m: value for name, value in table.items() for m in copies(name)}
+
+    host = costs.host
+    return replace(
+        step, pipeline_schedule=schedule,
+        graph=OpGraph(nodes=tuple(nodes), edges=tuple(edges), colocate=tuple(colocate),
+                      outputs=tuple(copies(graph.outputs[0])), name=graph.name),
+        costs=Costs(compute_s=per_copy(costs.compute_s), source=per_copy(costs.source),
+                    device_source=per_copy(costs.device_source),
+                    host=None if host is None else replace(
+                        host, launch_s=per_copy(host.launch_s))))
 
 
 def _loss_node(graph: OpGraph) -> str:
