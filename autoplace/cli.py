@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from autoplace.cluster import DEFAULT_SIMULATED_SPEC
 from autoplace.coarsen import DEFAULT_MAX_NODES
 from autoplace.errors import AutoplaceError
+from autoplace.simulate.schedules import SCHEDULES
 from autoplace.solve import DEFAULT_TIME_LIMIT_S, OBJECTIVES, SOLVERS
 from autoplace.solve.baselines import DEFAULT_MIN_GAIN, check_min_gain
 from autoplace.train import MODES, OPTIMIZERS, check_training
@@ -84,6 +85,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default="adam",
                    help="with --mode training: the optimizer whose state and update are "
                    "planned (default: adam)")
+    p.add_argument("--microbatches", type=int, default=1, metavar="M",
+                   help="with --mode training: cut the batch into M equal micro-batches (M "
+                   "must divide it) and pipeline them over the devices (default: 1); the "
+                   "batch's loss must be the mean or the sum of theirs, which is checked")
+    p.add_argument("--schedule", choices=("auto", *SCHEDULES), default="auto",
+                   help="with --microbatches: the order each device runs the micro-batches "
+                   "in: gpipe (every forward, then every backward), 1f1b (one forward, one "
+                   "backward, after a warm-up; fewer activations held), or auto (default: "
+                   "solve both with half the time each, keep the faster step)")
     p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
                    help="measure op times and links on the devices that are here, and use "
                    "calibrated costs for the others where the profile cache has a fit "
@@ -231,7 +241,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.devices and args.cluster:
         raise AutoplaceError("pass either --devices or --cluster, not both")
     check_min_gain(args.min_gain)
-    check_training(args.mode, args.optimizer)
+    check_training(args.mode, args.optimizer, args.microbatches, args.schedule)
     out = check_writable(args.out)
     loaded = load_model_file(args.model_file)
     result = plan(loaded.model, loaded.kwargs or loaded.args,
@@ -243,7 +253,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                   deterministic=args.deterministic, profile=args.profile,
                   cache=_cache(args) if args.profile else None, progress=args.profile,
                   min_gain=args.min_gain, mode=args.mode, optimizer=args.optimizer,
-                  loss=loaded.loss, example_targets=loaded.targets)
+                  loss=loaded.loss, example_targets=loaded.targets,
+                  microbatches=args.microbatches, schedule=args.schedule)
     save(result, out)
     print_summary(result)
     print(f"wrote {out}/plan.json, report.html, summary.md, summary.txt"

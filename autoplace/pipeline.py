@@ -27,12 +27,14 @@ from autoplace.coarsen import DEFAULT_MAX_NODES, fold
 from autoplace.cost import analytic_cpu_note
 from autoplace.cost import costs as cost_nodes
 from autoplace.emit import emit_and_verify, train_emitted
+from autoplace.emit.microbatch import action_order, loss_rule, split_batch, train_step
 from autoplace.errors import InfeasibleError
 from autoplace.formats.output import atomic_output_dir
 from autoplace.formats.plan import BaselineResult, Plan, SolverRecord, Verification
 from autoplace.ir import Cluster, Placement, Problem
 from autoplace.load import normalize_inputs
 from autoplace.simulate import simulate
+from autoplace.simulate.schedules import SCHEDULES, microbatch_name
 from autoplace.solve import DEFAULT_TIME_LIMIT_S, SolveOptions, SolveResult, solve
 from autoplace.solve.accelerate import accelerate_baselines
 from autoplace.solve.baselines import DEFAULT_MIN_GAIN, check_min_gain, prefer_single
@@ -76,6 +78,8 @@ def plan(
     optimizer: str = "adam",
     loss: Callable[..., torch.Tensor] | None = None,
     example_targets: Any = (),
+    microbatches: int = 1,
+    schedule: str = "auto",
 ) -> Plan:
     """Plan ``model`` on ``devices`` (a spec such as ``"2xA100-40GB"``, a ``Cluster``, or
     ``None`` for the GPUs found / the default simulated set).
@@ -100,9 +104,13 @@ def plan(
     own scalar loss) is traced, and each forward node gets a colocated backward and optimizer
     step. The emitted model computes the loss; verifying it also trains it beside the original
     (``emit.training.verify_training``: losses, gradients and parameters after 3 steps).
+    With ``microbatches`` M > 1 the batch is cut into M micro-batches
+    (``emit.microbatch.split_batch``), one micro-batch is traced, and the step runs M of them
+    in ``schedule``'s order: ``gpipe``, ``1f1b`` or ``auto`` (each solved with half the time,
+    the faster kept); the emitted model runs them so (``emit.microbatch.train_step``).
     """
     check_min_gain(min_gain)
-    check_training(mode, optimizer)
+    check_training(mode, optimizer, microbatches, schedule)
     options = SolveOptions(time_limit_s=time_limit_s, seed=seed, deterministic=deterministic,
                            objective=objective, contiguous=contiguous, solver=solver,
                            max_nodes=max_nodes)
@@ -117,6 +125,13 @@ def plan(
         model = loss_model(model, loss, args, kwargs, targets)
         kwargs = {**kwargs, "targets": targets}
         notes.append(TRAINING_NOTE)
+        batches = [(args, kwargs)]
+        if microbatches > 1:
+            batches = split_batch(args, kwargs, microbatches)
+            rule = loss_rule(model, args, kwargs, batches)
+            notes.append(f"{microbatches} micro-batches of {_batch_size(batches[0])}: the "
+                         f"batch's loss is the {rule} of theirs")
+        whole, (args, kwargs) = (args, kwargs), batches[0]
 
     traced = trace_model(model, args, kwargs, name=name)
     notes += traced.notes
@@ -137,10 +152,8 @@ def plan(
     notes += [n for n in [analytic_cpu_note(graph, cluster, costs)] if n]
     folded = fold(graph, costs)
     forward = problem = Problem(graph=folded.graph, cluster=cluster, costs=folded.costs)
-    extra: dict = {}
     if mode == "training":
         factors = _backward_factors(profiled, model, args, kwargs, cluster, notes)
-        problem = step_problem(forward, optimizer, backward_factor=factors)
         frozen = sum(n.param_bytes - n.trainable_bytes for n in forward.graph.nodes)
         if frozen:
             notes.append(f"{frozen} bytes of parameters and buffers are not trained (frozen "
@@ -148,15 +161,13 @@ def plan(
                          "for them")
         notes.append("accelerate's device maps are inference maps: not among a training "
                      "plan's baselines")
+        problem, solved = _solve_step(forward, options, optimizer=optimizer, factors=factors,
+                                      microbatches=microbatches, schedule=schedule,
+                                      notes=notes)
     else:
         extra, accelerate_notes = accelerate_baselines(model, graph, problem)
         notes += accelerate_notes
-    try:
         solved = solve(problem, options=options, extra_baselines=extra)
-    except InfeasibleError as exc:
-        if mode != "training":
-            raise
-        raise InfeasibleError(f"{exc} {training_memory(forward.graph, optimizer)}") from exc
     result, gain = _min_gain(solved, min_gain)
     notes += result.notes
     # After Ctrl-C the user wants the plan so far now, not more solving for the what-if table.
@@ -167,14 +178,56 @@ def plan(
                                    "plan_nodes": len(problem.graph.nodes),
                                    "steps": [*folded.steps, *result.coarsening]})
     if mode == "training":
-        planned = replace(planned, training={"optimizer": optimizer, "layers_mode": "eval",
-                                             "check": {"status": "skipped"}})
+        planned = replace(planned, training={
+            "optimizer": optimizer, "layers_mode": "eval", "microbatches": microbatches,
+            "schedule": problem.pipeline_schedule or "gpipe", "replicas": 1,
+            **({"microbatch_loss": rule} if microbatches > 1 else {}),
+            "check": {"status": "skipped"}})
     if emit:
         planned, emit_notes = _emit(planned, traced, model, args, kwargs, forward=forward,
-                                    verify=verify, check_memory=check_memory)
+                                    verify=verify, check_memory=check_memory,
+                                    batches=batches if mode == "training" else None,
+                                    whole=whole if mode == "training" else None)
         notes += emit_notes
     return replace(planned, notes=tuple(notes), whatif=scaling, min_gain=gain,
                    profile=profiled.to_dict() if profiled else None)
+
+
+def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
+                factors: Mapping[str, float], microbatches: int, schedule: str,
+                notes: list[str]) -> tuple[Problem, SolveResult]:
+    """The training step's problem and its solve: with micro-batches under each schedule
+    ``schedule`` names (``auto``: GPipe and 1F1B, each with half the time), the faster step
+    that fits kept. A step that fits nowhere says what it holds beyond inference."""
+    names = SCHEDULES if schedule == "auto" and microbatches > 1 else (
+        (schedule if schedule != "auto" else "gpipe"),)
+    share = replace(options, time_limit_s=options.time_limit_s / len(names))
+    found: dict[str, tuple[Problem, SolveResult]] = {}
+    failure: InfeasibleError | None = None
+    for name in names:
+        problem = step_problem(forward, optimizer, backward_factor=factors,
+                               microbatches=microbatches, schedule=name)
+        try:
+            found[name] = problem, solve(problem, options=share)
+        except InfeasibleError as exc:
+            failure = exc
+    if not found:
+        raise InfeasibleError(f"{failure} {training_memory(forward.graph, optimizer)}"
+                              ) from failure
+    best = min(found, key=lambda n: (not found[n][1].schedule.feasible,
+                                      found[n][1].schedule.makespan_s))
+    if len(names) > 1:
+        notes.append("schedule: " + ", ".join(
+            f"{n} {found[n][1].schedule.makespan_s * 1e3:.3f} ms"
+            + ("" if found[n][1].schedule.feasible else " (over memory)")
+            if n in found else f"{n} fits no device" for n in names)
+            + f" per step; {best} kept")
+    return found[best]
+
+
+def _batch_size(batch: tuple[tuple[Any, ...], dict[str, Any]]) -> int:
+    leaves = torch.utils._pytree.tree_leaves(batch)
+    return next(x.shape[0] for x in leaves if isinstance(x, torch.Tensor) and x.dim() > 0)
 
 
 def _backward_factors(profiled: Any, model: torch.nn.Module, args: tuple[Any, ...],
@@ -202,29 +255,46 @@ def _backward_factors(profiled: Any, model: torch.nn.Module, args: tuple[Any, ..
 
 def _emit(planned: Plan, traced: Any, model: torch.nn.Module, args: tuple[Any, ...],
           kwargs: dict[str, Any], *, forward: Problem, verify: bool,
-          check_memory: bool | None) -> tuple[Plan, list[str]]:
+          check_memory: bool | None, batches: list[Any] | None,
+          whole: tuple[tuple[Any, ...], dict[str, Any]] | None) -> tuple[Plan, list[str]]:
     """The partitioned model of ``planned``, verified. A training plan emits its forward nodes
-    as placed (backward and optimizer steps follow them: autograd and ``torch.optim`` run where
-    the forward ran and the weights live); its outputs and forward memory are checked against
-    the forward alone, and then it is trained beside the original."""
+    (of micro-batch 0) as placed (backward and optimizer steps follow them: autograd and
+    ``torch.optim`` run where the forward ran and the weights live); its outputs and forward
+    memory are checked against the forward of one micro-batch alone, and then it is trained
+    beside the original on the ``whole`` batch, cut into ``batches``."""
     problem, schedule, device_of_op = planned.problem, planned.schedule, planned.device_of_op
+    count = planned.training["microbatches"] if planned.training is not None else 1
     if planned.training is not None:
-        device_of = planned.schedule.placement.device_of
+        device_of = {n.name: planned.schedule.placement.device_of[
+            microbatch_name(n.name, 0) if count > 1 else n.name] for n in forward.graph.nodes}
         problem = forward
-        schedule = simulate(forward, Placement(device_of={n.name: device_of[n.name]
-                                                          for n in forward.graph.nodes}))
+        schedule = simulate(forward, Placement(device_of=device_of))
         device_of_op = {op: device_of[n.name] for n in forward.graph.nodes for op in n.ops}
     emitted, verification, notes = emit_and_verify(
         traced, model, args, kwargs, problem=problem, schedule=schedule,
         device_of_op=device_of_op, check_outputs=verify, check_memory=check_memory)
     planned = replace(planned, emitted=emitted, verification=Verification.from_dict(verification))
-    if planned.training is None or emitted is None or not verify:
+    if planned.training is None or emitted is None:
         return planned, notes
+    emitted.example_inputs = whole  # the whole batch: `autoplace run --train` cuts it again
+    if not verify:
+        return planned, notes
+    args, kwargs = whole
     inputs = {k: v for k, v in kwargs.items() if k != "targets"}
+    step = None
+    if count > 1:
+        order = action_order(emitted, planned.problem, planned.schedule, count)
+        rule = planned.training["microbatch_loss"]
+
+        def step() -> torch.Tensor:
+            return train_step(emitted, batches, order, rule)
+
     check = train_emitted(emitted, model, args, inputs, kwargs["targets"],
-                          optimizer=planned.training["optimizer"])
+                          optimizer=planned.training["optimizer"], emitted_step=step)
     notes.append(f"training check passed: {check['steps']} {planned.training['optimizer']} "
-                 "steps of the emitted model give the original's losses "
+                 + (f"steps of {count} micro-batches ({planned.training['schedule']}) "
+                    if count > 1 else "steps ")
+                 + "of the emitted model give the original's losses "
                  f"({', '.join(f'{v:.6g}' for v in check['losses'])}), gradients and parameters")
     return replace(planned, training={**planned.training, "check": check}), notes
 

@@ -37,6 +37,7 @@ from torch.utils import _pytree as pytree
 
 from autoplace.emit import load_model, local_device_map
 from autoplace.emit.memory import comparable_peak_bytes, measure
+from autoplace.emit.microbatch import action_order, split_batch, train_step
 from autoplace.emit.saving import input_names, load_inputs
 from autoplace.emit.training import make_optimizer
 from autoplace.errors import AutoplaceError, EmitError, OutputError
@@ -197,12 +198,19 @@ def train_plan(directory: str | os.PathLike[str], *, steps: int,
     model = load_model(model_dir, device_map=here)
     optimizer = make_optimizer(plan.training["optimizer"], model.parameters(), lr)
     devices = [torch.device(d) for d in set(model.devices) if d.startswith("cuda")]
+    count = plan.training.get("microbatches", 1)
+    if count > 1:
+        batches = split_batch(args, kwargs, count)
+        order = action_order(model, plan.problem, plan.schedule, count)
     losses, times = [], []
     for _ in range(steps):
         began = time.perf_counter()
         optimizer.zero_grad()
-        loss = model(*args, **kwargs)
-        loss.backward()
+        if count > 1:
+            loss = train_step(model, batches, order, plan.training["microbatch_loss"])
+        else:
+            loss = model(*args, **kwargs)
+            loss.backward()
         optimizer.step()
         for gpu in devices:
             torch.cuda.synchronize(gpu)

@@ -93,6 +93,8 @@ class PartitionedModel(torch.nn.Module):
         program: Program | None = None,
         threaded_source: str = "",
         runtime: str = "sequential",
+        input_names: Sequence[str] = (),
+        output_names: Sequence[str] = (),
     ) -> None:
         super().__init__()
         for index, segment in enumerate(segments):
@@ -112,6 +114,11 @@ class PartitionedModel(torch.nn.Module):
         self.threaded_source = threaded_source
         self._threaded = compile_forward(threaded_source) if threaded_source else None
         self.runtime = runtime if self._threaded is not None else "sequential"
+        # The graph's inputs, as ``in_spec`` flattens the call's arguments, and its flat
+        # outputs, by value name: what a caller that runs the segments itself
+        # (``microbatch.py``) binds ``SegmentInfo.inputs`` and ``outputs`` to.
+        self.input_names = tuple(input_names)
+        self.output_names = tuple(output_names)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self.runtime == "threaded" and self._threaded is not None:
@@ -185,6 +192,9 @@ def emit_model(
         program=program,
         threaded_source=threaded,
         runtime=runtime,
+        input_names=[n.name for n in lowered.graph.nodes if n.op == "placeholder"],
+        output_names=[n.name for n in pytree.tree_leaves(output_node.args[0])
+                      if isinstance(n, torch.fx.Node)],
     )
 
 

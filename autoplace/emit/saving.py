@@ -35,7 +35,7 @@ from autoplace.emit.codegen import (
     model_source,
 )
 from autoplace.emit.device_map import check_device, remap
-from autoplace.emit.model import PartitionedModel
+from autoplace.emit.model import PartitionedModel, SegmentInfo
 from autoplace.errors import EmitError, OutputError
 
 __all__ = ["input_names", "load_inputs", "load_model", "save_model"]
@@ -83,6 +83,8 @@ def save_model(model: PartitionedModel, directory: str | Path) -> None:
         "format": _FORMAT,
         "class_name": MODEL_CLASS_NAME,
         "segments": [seg.to_dict() for seg in model.segment_info],
+        "input_names": list(model.input_names),
+        "output_names": list(model.output_names),
         "runtime": model.runtime,
         "in_spec": in_spec,
         "out_spec": out_spec if structure == "pytree" else None,
@@ -263,6 +265,13 @@ def load_model(
     model.segments = [(d, list(seg["nodes"])) for d, seg in zip(planned, meta["segments"])]
     model.planned_devices = planned
     model.devices = actual
+    model.segment_info = tuple(
+        SegmentInfo(index=seg["index"], planned_device=seg["device"], device=device,
+                    nodes=tuple(seg["nodes"]), inputs=tuple(seg["inputs"]),
+                    outputs=tuple(seg["outputs"]))
+        for seg, device in zip(meta["segments"], actual))
+    model.input_names = tuple(meta.get("input_names", ()))
+    model.output_names = tuple(meta.get("output_names", ()))
     return model
 
 

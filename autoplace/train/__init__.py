@@ -15,6 +15,7 @@ the memory of a training step measured on the emitted model.
 """
 
 from autoplace.errors import AutoplaceError
+from autoplace.simulate.schedules import SCHEDULES
 from autoplace.train.graph import OPTIMIZERS, Optimizer, step_problem, training_memory
 from autoplace.train.wrap import LossModel, loss_model, training_targets
 
@@ -22,16 +23,25 @@ __all__ = ["MODES", "OPTIMIZERS", "TRAINING_NOTE", "LossModel", "Optimizer", "ch
            "loss_model", "step_problem", "training_memory", "training_targets"]
 
 MODES = ("inference", "training")
-TRAINING_NOTE = ("training plan: one step of one batch (no micro-batches or data-parallel "
-                 "replicas yet), planned and checked with the layers in eval() behaviour "
-                 "(dropout off, batch norm on running statistics), so that the emitted model's "
-                 "losses can be compared with the original's")
+TRAINING_NOTE = ("training plan: one step of one batch, planned and checked with the layers "
+                 "in eval() behaviour (dropout off, batch norm on running statistics), so "
+                 "that the emitted model's losses can be compared with the original's")
 
 
-def check_training(mode: str, optimizer: str) -> None:
-    """A clear error for a mode or optimizer autoplace does not know."""
+def check_training(mode: str, optimizer: str, microbatches: int = 1,
+                   schedule: str = "auto") -> None:
+    """A clear error for a mode, optimizer, micro-batch count or schedule autoplace does not
+    know, or micro-batches asked of an inference plan."""
     if mode not in MODES:
         raise AutoplaceError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
     if optimizer not in OPTIMIZERS:
         raise AutoplaceError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got "
                              f"{optimizer!r}")
+    if not isinstance(microbatches, int) or microbatches < 1:
+        raise AutoplaceError(f"--microbatches must be a whole number, 1 or more, got "
+                             f"{microbatches!r}")
+    if microbatches > 1 and mode != "training":
+        raise AutoplaceError("--microbatches is for training plans: add --mode training")
+    if schedule not in ("auto", *SCHEDULES):
+        raise AutoplaceError(f"--schedule must be one of auto, {', '.join(SCHEDULES)}, got "
+                             f"{schedule!r}")
