@@ -400,8 +400,9 @@ class Problem:
     """What a solver and the simulator take: a graph, the devices, and the costs.
 
     ``pipeline_schedule``: for a training step of several micro-batches (``train``), the order
-    every device runs them in, ``gpipe`` or ``1f1b`` (``simulate.schedules``); ``None``: each
-    device list-schedules its ready nodes."""
+    every device runs them in, ``gpipe`` or ``1f1b`` (``simulate.schedules``), whatever order
+    a placement carries; ``None``: the placement's order, or each device list-schedules its
+    ready nodes."""
 
     graph: OpGraph
     cluster: Cluster

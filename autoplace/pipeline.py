@@ -212,8 +212,9 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
         except InfeasibleError as exc:
             failure = exc
     if not found:
-        raise InfeasibleError(f"{failure} {training_memory(forward.graph, optimizer)}"
-                              ) from failure
+        capacity = sum(d.memory_bytes - d.reserved_bytes for d in forward.cluster.devices)
+        raise InfeasibleError(
+            f"{failure} {training_memory(forward.graph, optimizer, capacity)}") from failure
     best = min(found, key=lambda n: (not found[n][1].schedule.feasible,
                                       found[n][1].schedule.makespan_s))
     if len(names) > 1:

@@ -144,6 +144,16 @@ PER_SAMPLE_LOSS = """
     example_targets = (torch.tensor([0, 1, 0]),)
 """
 
+MAX_LOSS = """
+    import torch
+    def build():
+        torch.manual_seed(0)
+        return torch.nn.Linear(4, 2), (torch.randn(4, 4),)
+    def loss(outputs, labels):
+        return torch.nn.functional.cross_entropy(outputs, labels, reduction="none").max()
+    example_targets = (torch.tensor([0, 1, 0, 1]),)
+"""
+
 
 @pytest.mark.parametrize("args, pattern", [
     (["plan", "{tmp}/missing.py"], "does not exist"),
@@ -154,6 +164,13 @@ PER_SAMPLE_LOSS = """
      "defines loss\\(\\) but no example_targets"),
     (["plan", "{file:" + PER_SAMPLE_LOSS + "}", "--mode", "training"],
      r"the loss has shape \[3\], not a scalar: reduce it"),
+    (["plan", "{mlp}", "--mode", "training", "--microbatches", "3"],
+     "--microbatches 3 does not divide the batch of 64"),
+    (["plan", "{mlp}", "--mode", "training", "--microbatches", "0"],
+     "--microbatches must be a whole number, 1 or more"),
+    (["plan", "{mlp}", "--microbatches", "2"], "--microbatches is for training plans"),
+    (["plan", "{file:" + MAX_LOSS + "}", "--mode", "training", "--microbatches", "2"],
+     "the loss does not split over 2 micro-batches"),
     (["plan", "{file:x = 1}"], "defines neither build"),
     (["plan", "{file:raise RuntimeError('kaput')}"], "RuntimeError.*kaput"),
     (["plan", "{mlp}", "--devices", "2xB200-1TB"], "B200-1TB.*A100-40GB"),

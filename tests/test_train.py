@@ -388,3 +388,5 @@ def test_optimizer_state_that_fits_nowhere_says_what_a_step_holds() -> None:
     message = str(error.value)
     assert f"{PARAMS} bytes of gradients and {2 * PARAMS} bytes of adam state" in message
     assert "optimizer with less state (sgd, sgd-momentum)" in message
+    assert f"{4 * PARAMS - 3_000_000} bytes more than all the devices hold together" in message
+    assert "--microbatches" in message

@@ -9,7 +9,9 @@ Model (the same one ``plan.json`` documents, so anyone can re-check a plan):
   and compute). ``u``'s output is copied once to each other device that reads it, with the
   largest of those edges' bytes and times;
 * with ``Placement.order`` each device runs its nodes in exactly that order; without it a device
-  that falls idle starts its ready node of highest upward rank (list scheduling, as HEFT ranks).
+  that falls idle starts its ready node of highest upward rank (list scheduling, as HEFT ranks);
+  a training step of several micro-batches (``Problem.pipeline_schedule``) runs each device in
+  its schedule's order instead (``schedules.py``: GPipe, 1F1B).
 
 Where ``costs.host`` gives devices a launcher (GPUs: one host thread launches all their work),
 the schedule is timed again in ``launch.launched``: the launcher pays each node's launches, each
@@ -147,8 +149,8 @@ def simulate(problem: Problem, placement: Placement) -> Schedule:
     moved = copies(problem, device_of)
     moved_from = _by_source(moved)
     order = placement.order
-    if order is None and problem.pipeline_schedule is not None:
-        order = _pipeline_order(problem, device_of, moved_from)
+    if problem.pipeline_schedule is not None:  # the schedule's order, whoever placed it
+        order = _pipeline_order(problem, device_of, moved_from) or order
     start, end, transfers = _run(problem, device_of, order, moved_from)
     if len(end) != len(problem.graph.nodes):
         stuck = [n.name for n in problem.graph.nodes if n.name not in end][:5]

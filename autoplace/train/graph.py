@@ -287,17 +287,23 @@ def _step_host(problem: Problem, grads: set[str], compute: Mapping[str, Mapping[
     return replace(host, launch_s=launch_s)
 
 
-def training_memory(graph: OpGraph, optimizer: str) -> str:
+def training_memory(graph: OpGraph, optimizer: str, capacity: int | None = None) -> str:
     """What a training step holds beyond inference, for an error that says no placement fits:
-    the bytes of gradients and optimizer state, and what would shrink them."""
+    the bytes of gradients and optimizer state, how many bytes the devices' ``capacity``
+    (together) lacks for them, and what would shrink them."""
     opt = OPTIMIZERS[optimizer]
+    params = sum(n.param_bytes for n in graph.nodes)
     trained = sum(n.trainable_bytes for n in graph.nodes)
     state = int(trained / PARAM_BYTES * opt.state_bytes_per_param)
     lighter = [o.name for o in OPTIMIZERS.values()
                if o.state_bytes_per_param < opt.state_bytes_per_param]
-    return (f"A training step holds, beside the {sum(n.param_bytes for n in graph.nodes)} bytes "
-            f"of parameters and buffers and the activations kept for backward, {trained} bytes "
-            f"of gradients and {state} bytes of {optimizer} state: add devices"
-            + (f", or use an optimizer with less state ({', '.join(lighter)})" if lighter else "")
-            + "; micro-batches and recomputation, which would shrink the activations, are not "
-            "built yet.")
+    short = params + trained + state - (capacity or 0)
+    return (f"A training step holds, beside the {params} bytes of parameters and buffers and "
+            f"the activations kept for backward, {trained} bytes of gradients and {state} bytes "
+            f"of {optimizer} state"
+            + (f", {short} bytes more than all the devices hold together before any activation"
+               if capacity is not None and short > 0 else "")
+            + ": add devices"
+            + (f", use an optimizer with less state ({', '.join(lighter)})" if lighter else "")
+            + ", or cut the batch into micro-batches (--microbatches), which holds fewer "
+            "activations at once (recomputation is not built yet).")
