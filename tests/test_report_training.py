@@ -3,8 +3,9 @@ and the training section of the page and summaries, with the schedule drawn as b
 phase and micro-batch per device.
 
 The plans come from ``zoo.mlp_training_plan``: Adam on two A100s with 5.5 MB each beside the
-runtime's reserve, so the step is split, and SGD unconstrained. The micro-batch plan below is
-built by hand, as ``tests/test_report.py``'s is.
+runtime's reserve, so the step is split, and SGD unconstrained. The micro-batch plans are the
+MLP's step of several micro-batches split by hand, and one built by hand to the byte, as
+``tests/test_report.py``'s is.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from autoplace.formats.plan import Plan, read_plan
 from autoplace.pipeline import save
 from autoplace.report import format_bytes, render_html, render_markdown, summary_text
 from autoplace.report.analysis import schedule_blocks
-from autoplace.train.breakdown import BREAKDOWN_PARTS, memory_breakdown, phase_of
+from autoplace.simulate.schedules import phase_of
+from autoplace.train.breakdown import BREAKDOWN_PARTS, memory_breakdown
 
 MIB = 2**20
 PARAMS = 940_584  # zoo.MLP's parameters, all trained
@@ -37,27 +39,9 @@ def sgd() -> Plan:
     return zoo.mlp_training_plan("sgd")
 
 
-@pytest.mark.parametrize("name, parsed", [
-    ("f", ("f", "forward", 0)),
-    ("f@backward", ("f", "backward", 0)),
-    ("f@step", ("f", "step", None)),
-    ("f#3", ("f", "forward", 3)),
-    ("f@backward#3", ("f", "backward", 3)),
-    ("f#12@backward#3", ("f#12", "backward", 3)),
-    # A graph file may name a node anything: '#' and '@' inside a name are the name's own.
-    ("blocks.0#attn@proj", ("blocks.0#attn@proj", "forward", 0)),
-    ("x@backwards", ("x@backwards", "forward", 0)),
-    ("x#", ("x#", "forward", 0)),
-    ("x#1a", ("x#1a", "forward", 0)),
-    ("@step", ("@step", "forward", 0)),
-])
-def test_phase_of_reads_the_suffixes_from_the_right(name: str, parsed: tuple) -> None:
-    assert phase_of(name) == parsed
-
-
 def test_traced_node_names_hold_no_suffix_character(adam: Plan) -> None:
     # torch.export and torch.fx name nodes as Python identifiers, so a traced step graph's
-    # names parse without ambiguity.
+    # names parse without ambiguity (``tests/test_schedules.py`` tests the parser).
     forward = [phase_of(n.name)[0] for n in adam.problem.graph.nodes]
     assert all(name.isidentifier() for name in forward), forward
 
@@ -206,3 +190,64 @@ def test_micro_batches_draw_as_one_block_per_phase_and_micro_batch() -> None:
         "reserved_bytes": 0, "parameter_bytes": 4 * MIB, "gradient_bytes": 4 * MIB,
         "optimizer_state_bytes": 8 * MIB, "activation_bytes": 4 * MIB}
     assert parts["cuda:1"]["optimizer_state_bytes"] == 2 * MIB
+
+
+def _split_microbatch_plan(microbatches: int, schedule: str) -> Plan:
+    """``zoo.MLP``'s Adam step of ``microbatches`` micro-batches of 16 on two A100s, fc1's
+    layer (the first four forward nodes: the inputs, the guard and fc1) on cuda:0 and the rest
+    on cuda:1, simulated in ``schedule``'s order."""
+    import torch
+    import torch.nn.functional as F
+
+    from autoplace.cluster import resolve_cluster
+    from autoplace.coarsen import fold
+    from autoplace.cost import costs
+    from autoplace.formats.plan import SolverRecord
+    from autoplace.ir import Placement, Problem
+    from autoplace.simulate import simulate
+    from autoplace.trace import trace_model
+    from autoplace.train import LossModel, step_problem
+
+    torch.manual_seed(0)
+    traced = trace_model(LossModel(zoo.MLP(), F.cross_entropy), (torch.randn(16, 784),),
+                         {"targets": (torch.randint(0, 10, (16,)),)})
+    cluster, _ = resolve_cluster(spec="2xA100-40GB")
+    folded = fold(traced.graph, costs(traced.graph, cluster))
+    step = step_problem(Problem(graph=folded.graph, cluster=cluster, costs=folded.costs),
+                        "adam", microbatches=microbatches, schedule=schedule)
+    head = [phase_of(n.name)[0] for n in step.graph.nodes if n.name.endswith("#0")][:4]
+    device_of = {n.name: "cuda:0" if phase_of(n.name)[0] in head else "cuda:1"
+                 for n in step.graph.nodes}
+    return Plan(problem=step, schedule=simulate(step, Placement(device_of=device_of)),
+                lower_bound_s=0.0, solver=SolverRecord(name="test", status="FEASIBLE",
+                                                       wall_s=0.0),
+                baselines={}, best_single_device=None,
+                training={"optimizer": "adam", "microbatches": microbatches,
+                          "schedule": schedule, "check": {"status": "skipped"}})
+
+
+@pytest.mark.parametrize("microbatches, schedule", [(2, "gpipe"), (4, "1f1b")])
+def test_a_step_of_micro_batches_adds_up_and_draws_each_one(microbatches: int,
+                                                            schedule: str) -> None:
+    plan = _split_microbatch_plan(microbatches, schedule)
+    parts = memory_breakdown(plan.problem, plan.schedule)
+    for device, row in parts.items():
+        assert sum(row.values()) == plan.schedule.peak_bytes[device] and min(row.values()) >= 0
+        assert row["optimizer_state_bytes"] == 2 * row["gradient_bytes"] > 0
+    assert sum(row["gradient_bytes"] for row in parts.values()) == PARAMS
+    # Every device runs a forward and a backward block of every micro-batch, in the
+    # schedule's order (blocks split only by idle gaps), its updates last.
+    for device in plan.problem.cluster.names:
+        runs: list[tuple[str, int | None]] = []
+        for b in schedule_blocks(plan):
+            if b.device == device and (not runs or runs[-1] != (b.phase, b.microbatch)):
+                runs.append((b.phase, b.microbatch))
+        every = {(p, k) for p in ("forward", "backward") for k in range(microbatches)}
+        assert set(runs) == every | {("step", None)} and runs[-1] == ("step", None)
+        if schedule == "gpipe":
+            assert runs[:-1] == sorted(every, key=lambda r: (r[0] == "backward", r[1]))
+    html = render_html(plan)
+    bars = {t["name"]: t for t in _figure(html, "timeline")["data"] if t["type"] == "bar"}
+    labels = {label for t in bars.values() for label in t["text"]}
+    assert labels <= {f"{p}{k}" for p in "FB" for k in range(microbatches)} | {"step", ""}
+    assert f"<b>Micro-batches (M):</b> {microbatches}" in html

@@ -26,7 +26,8 @@ from typing import Any
 from autoplace.formats.plan import BaselineResult, Plan, SolverRecord, Verification
 from autoplace.ir import Device, OpNode, Transfer
 from autoplace.simulate import simulate
-from autoplace.train.breakdown import memory_breakdown, phase_of
+from autoplace.simulate.schedules import phase_of
+from autoplace.train.breakdown import memory_breakdown
 
 __all__ = [
     "Block",
@@ -333,9 +334,10 @@ def _previous_on_device(plan: Plan) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Block:
-    """Consecutive nodes of one phase and micro-batch on one device (``train.breakdown``'s
-    ``phase_of``), drawn as one bar: ``busy_s`` of its span ``start_s..end_s`` is compute, the
-    rest idle gaps too short to draw."""
+    """Consecutive nodes of one phase and micro-batch on one device, drawn as one bar
+    (``phase_of``: the micro-batch is ``None`` for an optimizer step, and in a step of one
+    micro-batch). ``busy_s`` of its span ``start_s..end_s`` is compute, the rest idle gaps too
+    short to draw."""
 
     device: str
     phase: str

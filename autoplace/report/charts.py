@@ -16,13 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autoplace.formats.plan import Plan
-from autoplace.report.analysis import (
-    Block,
-    Overview,
-    PathStep,
-    schedule_blocks,
-    training_facts,
-)
+from autoplace.report.analysis import Block, Overview, PathStep, schedule_blocks
 from autoplace.report.units import (
     bytes_unit,
     format_bytes,
@@ -175,18 +169,16 @@ def _add_nodes(fig: Any, plan: Plan, lane: Mapping[str, int], scale: float,
 def _add_blocks(fig: Any, plan: Plan, blocks: Sequence[Block], lane: Mapping[str, int],
                 scale: float, critical_nodes: set[str]) -> None:
     # A trace per phase (the legend names the colours), a bar per block, labelled with its
-    # micro-batch where there are several.
+    # micro-batch where the step has several.
     go = _go()
     t_max = _t_max(plan)
-    facts = training_facts(plan)
-    several = facts is not None and facts.microbatches > 1
     for phase, (dark, light) in PHASE_COLORS.items():
         mine = [b for b in blocks if b.phase == phase]
         if not mine:
             continue
         crit = [any(n in critical_nodes for n in b.nodes) for b in mine]
         shade = [light if (b.microbatch or 0) % 2 else dark for b in mine]
-        labels = [_block_label(b, several) for b in mine]
+        labels = [_block_label(b) for b in mine]
         fig.add_trace(go.Bar(
             name=_PHASE_NAMES[phase], orientation="h", y=[lane[b.device] for b in mine],
             width=0.62, base=[b.start_s * scale for b in mine],
@@ -200,7 +192,7 @@ def _add_blocks(fig: Any, plan: Plan, blocks: Sequence[Block], lane: Mapping[str
             textfont=dict(color=["#1f2328" if c == light else "#ffffff" for c in shade],
                           size=11),
             customdata=[[
-                _PHASE_NAMES[phase] + ("" if b.microbatch is None or not several
+                _PHASE_NAMES[phase] + ("" if b.microbatch is None
                                        else f", micro-batch {b.microbatch}"),
                 _e(_ops_text(b.nodes)), format_seconds(b.start_s), format_seconds(b.end_s),
                 format_seconds(b.busy_s), "<br><b>on the critical path</b>" if c else "",
@@ -213,9 +205,9 @@ def _add_blocks(fig: Any, plan: Plan, blocks: Sequence[Block], lane: Mapping[str
         ))
 
 
-def _block_label(block: Block, several: bool) -> str:
-    """``F3``, ``B3`` or ``step`` with several micro-batches; the phase with one."""
-    if not several or block.microbatch is None:
+def _block_label(block: Block) -> str:
+    """``F3`` and ``B3`` for micro-batch 3 of several; else the phase (``step``)."""
+    if block.microbatch is None:
         return _PHASE_NAMES[block.phase].split()[-1]
     return f"{block.phase[0].upper()}{block.microbatch}"
 
