@@ -1,6 +1,7 @@
 """Every example's report, opened in headless Chromium: no JavaScript errors, nothing fetched,
 the timeline, memory and comparison charts drawn by plotly, a screenshot taken, and the module
-tree's search and sort working. Skipped where Chromium, chromedriver or selenium is missing, and
+tree's search and sort working; a training plan's schedule drawn as forward and backward blocks
+on every device. Skipped where Chromium, chromedriver or selenium is missing, and
 failed there under CI=true (``conftest.require``): CI installs them (.ci/run).
 
 The plans are made once for the module with a short time limit and no emitting: the page, not
@@ -12,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import zoo
 from conftest import require
 from report_browser import HeadlessChromium, available
 
@@ -39,6 +41,12 @@ def reports(tmp_path_factory) -> dict[str, Path]:
                               name=loaded.name)
         out[name] = autoplace.save(plan, tmp_path_factory.mktemp(name) / "out") / "report.html"
     return out
+
+
+@pytest.fixture(scope="module")
+def training_report(tmp_path_factory) -> Path:
+    plan = zoo.mlp_training_plan("adam", device_bytes=5_500_000)  # split over both GPUs
+    return autoplace.save(plan, tmp_path_factory.mktemp("training") / "out") / "report.html"
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +93,24 @@ def test_module_tree_filters_and_sorts(reports, browser):
     browser.driver.find_element("css selector", "#modules th[data-sort=time]").click()
     times = browser.script(visible + ".map(r => +r.dataset.time)")
     assert times == sorted(times, reverse=True) and len(times) > total
+
+
+def test_a_training_report_draws_forward_and_backward_blocks_on_every_device(
+        training_report, browser) -> None:
+    load = browser.open(training_report)
+    assert load.ready and load.errors == []
+    assert browser.resources_fetched() == []
+    lanes = browser.script("""
+        var out = {};
+        document.getElementById('timeline').data.forEach(function (t) {
+          if (t.type === 'bar') out[t.name] = t.y; });
+        return out;""")
+    assert set(lanes) == {"forward", "backward", "optimizer step"}
+    for phase in ("forward", "backward"):
+        assert set(lanes[phase]) == {0, 1}, phase  # both devices, top lane 0
+    assert load.charts["timeline"]["bars"] == sum(len(y) for y in lanes.values())
+    assert browser.script(
+        "return document.querySelectorAll('#training-memory tbody tr').length") == 2
+    stacked = browser.script(
+        "return document.getElementById('memory-peak').data.map(function (t) { return t.name; })")
+    assert "gradients" in stacked and "optimizer state" in stacked

@@ -231,3 +231,40 @@ class LastRow(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.b(self.a(x)[:, -1])
+
+
+class MLP(nn.Module):
+    # The seed tutorial's 784-256-128-10 MLP. Parameters: fc1 784*256+256 = 200,960 floats
+    # (803,840 bytes), fc2 32,896 (131,584 bytes), fc3 1,290 (5,160 bytes): 940,584 bytes.
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(784, 256), nn.Linear(256, 128), nn.Linear(128, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+
+
+def mlp_training_plan(optimizer: str = "adam", *, device_bytes: int | None = None):
+    """One training step of ``MLP`` (batch 64, cross-entropy) planned on two A100s, with no
+    profiling, emitting or what-if. ``device_bytes``: each GPU's memory beside its runtime
+    reserve. With 5,500,000 under Adam the step must be split: fc1's layer alone holds 4 x
+    803,840 = 3.2 MB (parameters, gradients, two moments) and 1.6 MB of the update's
+    temporaries (8 bytes a parameter), and the whole step 4 x 940,584 = 3.8 MB and the same
+    1.6 MB, with the activations saved for the backward on top: about 5.9 MB."""
+    import dataclasses
+
+    import torch.nn.functional as F
+
+    from autoplace.cluster import resolve_cluster
+    from autoplace.pipeline import plan
+
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 784), torch.randint(0, 10, (64,))
+    devices, _ = resolve_cluster(spec="2xA100-40GB")
+    if device_bytes is not None:
+        devices = dataclasses.replace(devices, devices=tuple(
+            dataclasses.replace(d, memory_bytes=d.reserved_bytes + device_bytes)
+            for d in devices.devices))
+    return plan(MLP(), (x,), devices=devices, time_limit_s=2, deterministic=True,
+                whatif=False, profile=False, emit=False, mode="training", optimizer=optimizer,
+                loss=F.cross_entropy, example_targets=(y,))

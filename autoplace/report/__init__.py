@@ -6,7 +6,8 @@ without re-tracing or re-solving (``autoplace report OUT/plan.json`` reads it wi
 
 * ``units``: the human units every number is shown in.
 * ``analysis``: what the report says, as data (summary facts, critical path, memory over time,
-  module tree).
+  module tree; for a training plan, the step's facts, its memory by part from
+  ``autoplace.train.breakdown`` and its schedule as blocks of one phase and micro-batch).
 * ``charts``: the plotly figures (timeline, memory, comparison, solver progress).
 * ``text``: the ``rich`` terminal summary and ``summary.txt``.
 * ``page``: the Jinja2 templates in ``autoplace/templates`` filled in: ``report.html`` and

@@ -10,6 +10,8 @@ Read in this order:
 * ``critical_path``: the chain of nodes and transfers that sets the makespan, walked back from
   the last node to finish; computed once, by ``overview``.
 * ``memory_timelines``: bytes in use per device over time.
+* ``training_facts`` and ``schedule_blocks``: a training plan's step (optimizer, micro-batches,
+  schedule, replicas) and its schedule as blocks of one phase and micro-batch per device.
 * ``module_tree``: time and bytes per module, rolled up from the nodes, in execution order.
 """
 
@@ -24,17 +26,23 @@ from typing import Any
 from autoplace.formats.plan import BaselineResult, Plan, SolverRecord, Verification
 from autoplace.ir import Device, OpNode, Transfer
 from autoplace.simulate import simulate
+from autoplace.simulate.schedules import phase_of
+from autoplace.train.breakdown import memory_breakdown
 
 __all__ = [
+    "Block",
     "Comparison",
     "ModuleRow",
     "Overview",
     "PathStep",
+    "TrainingFacts",
     "WhatIfRow",
     "critical_path",
     "memory_timelines",
     "module_tree",
     "overview",
+    "schedule_blocks",
+    "training_facts",
 ]
 
 
@@ -85,6 +93,25 @@ class WhatIfRow:
 
 
 @dataclass(frozen=True)
+class TrainingFacts:
+    """A training plan's step, as ``plan.training`` records it: plans made before micro-batches
+    and replicas were built say neither, and mean one of each."""
+
+    optimizer: str
+    microbatches: int
+    schedule: str
+    replicas: int
+    check: str  # the training check of the emitted model: passed, or skipped
+
+    @property
+    def text(self) -> str:
+        """``"adam, 4 micro-batches (1f1b), 2 replicas"``."""
+        m, r = self.microbatches, self.replicas
+        return (f"{self.optimizer}, {m} micro-batch{'es' if m != 1 else ''} ({self.schedule}), "
+                f"{r} replica{'s' if r != 1 else ''}")
+
+
+@dataclass(frozen=True)
 class Overview:
     """Everything the summaries say, in the plan's units (seconds, bytes)."""
 
@@ -109,6 +136,7 @@ class Overview:
     critical_path: tuple[PathStep, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)
     profiled_devices: tuple[str, ...] = ()
+    training: TrainingFacts | None = None  # None for an inference plan
 
     @property
     def costs_text(self) -> str:
@@ -162,12 +190,15 @@ def overview(plan: Plan) -> Overview:
                                (plan.profile or {}).get("devices", ())),
         memory=_memory_rows(plan), verification=plan.verification,
         whatif=_whatif_rows(plan), critical_path=tuple(critical_path(plan)),
-        notes=plan.notes,
+        notes=plan.notes, training=training_facts(plan),
     )
 
 
 def _memory_rows(plan: Plan) -> tuple[dict[str, Any], ...]:
+    """Per device: peak, capacity and the parts of the peak (``train.breakdown``'s for a
+    training plan; an inference plan's resident bytes are its reserve and parameters)."""
     s = plan.schedule
+    parts = memory_breakdown(plan.problem, s) if plan.training is not None else {}
     rows = []
     for d in plan.problem.cluster.devices:
         peak, cap = int(s.peak_bytes.get(d.name, 0)), d.memory_bytes
@@ -175,8 +206,23 @@ def _memory_rows(plan: Plan) -> tuple[dict[str, Any], ...]:
         rows.append({"device": d.name, "type": d.type, "peak_bytes": peak, "capacity_bytes": cap,
                      "resident_bytes": resident, "reserved_bytes": d.reserved_bytes,
                      "parameter_bytes": max(resident - d.reserved_bytes, 0),
-                     "fraction": peak / cap if cap else math.inf, "over": peak > cap})
+                     "gradient_bytes": 0, "optimizer_state_bytes": 0,
+                     "activation_bytes": max(peak - resident, 0),
+                     "fraction": peak / cap if cap else math.inf, "over": peak > cap}
+                    | parts.get(d.name, {}))
     return tuple(rows)
+
+
+def training_facts(plan: Plan) -> TrainingFacts | None:
+    """The step of a training plan (``None`` for an inference plan)."""
+    training = plan.training
+    if training is None:
+        return None
+    return TrainingFacts(optimizer=training["optimizer"],
+                         microbatches=int(training.get("microbatches", 1)),
+                         schedule=training.get("schedule", "gpipe"),
+                         replicas=int(training.get("replicas", 1)),
+                         check=(training.get("check") or {}).get("status", "skipped"))
 
 
 def _whatif_rows(plan: Plan) -> tuple[WhatIfRow, ...] | None:
@@ -280,6 +326,60 @@ def _previous_on_device(plan: Plan) -> dict[str, str]:
         for before, after in zip(lane, lane[1:]):
             previous[after] = before
     return previous
+
+
+# ---------------------------------------------------------------------------------------------
+# A training step's schedule
+
+
+@dataclass(frozen=True)
+class Block:
+    """Consecutive nodes of one phase and micro-batch on one device, drawn as one bar
+    (``phase_of``: the micro-batch is ``None`` for an optimizer step, and in a step of one
+    micro-batch). ``busy_s`` of its span ``start_s..end_s`` is compute, the rest idle gaps too
+    short to draw."""
+
+    device: str
+    phase: str
+    microbatch: int | None
+    start_s: float
+    end_s: float
+    busy_s: float
+    nodes: tuple[str, ...]
+
+
+def schedule_blocks(plan: Plan, *, merge_gap_s: float = 0.0) -> list[Block]:
+    """A training plan's schedule as blocks: on each device, in order of start, a node joins
+    the block before it when it has the same phase and micro-batch and starts at most
+    ``merge_gap_s`` after that block ends. Nodes that take no time (inputs) draw nothing and
+    join no block. A thousand-node step becomes a few blocks per micro-batch and device."""
+    s = plan.schedule
+    graph = plan.problem.graph
+    lanes: dict[str, list[str]] = defaultdict(list)
+    for n in graph.nodes:
+        if s.end_s[n.name] > s.start_s[n.name]:
+            lanes[s.placement.device_of[n.name]].append(n.name)
+    blocks: list[Block] = []
+    for device in plan.problem.cluster.names:
+        names = sorted(lanes[device], key=lambda n: (s.start_s[n], s.end_s[n], graph.index[n]))
+        run: list[str] = []
+        for name in names:
+            if run and (phase_of(name)[1:] != phase_of(run[-1])[1:]
+                        or s.start_s[name] - s.end_s[run[-1]] > merge_gap_s):
+                blocks.append(_block(plan, device, run))
+                run = []
+            run.append(name)
+        if run:
+            blocks.append(_block(plan, device, run))
+    return blocks
+
+
+def _block(plan: Plan, device: str, names: Sequence[str]) -> Block:
+    s = plan.schedule
+    _, phase, microbatch = phase_of(names[0])
+    return Block(device=device, phase=phase, microbatch=microbatch,
+                 start_s=s.start_s[names[0]], end_s=max(s.end_s[n] for n in names),
+                 busy_s=sum(s.end_s[n] - s.start_s[n] for n in names), nodes=tuple(names))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """The report's charts as plotly figures, built from a ``Plan`` and ``analysis``.
 
 One function per chart, each returning a ``plotly.graph_objects.Figure`` that the page embeds as
-JSON and plotly.js draws: ``timeline_figure`` (Gantt per device, transfers, critical path),
-``memory_figure`` (bytes over time against capacity), ``peak_figure`` (peak as a share of
-capacity), ``comparison_figure`` (plan and baselines side by side) and ``progress_figure``
+JSON and plotly.js draws: ``timeline_figure`` (Gantt per device, transfers, critical path; a
+training plan's drawn as blocks of one phase and micro-batch), ``memory_figure`` (bytes over
+time against capacity), ``peak_figure`` (peak as a share of capacity, split into its parts),
+``comparison_figure`` (plan and baselines side by side) and ``progress_figure``
 (the solver's best solution and bound over time). Text from the plan is HTML-escaped before it
 reaches plotly, whose labels accept a little HTML.
 """
@@ -15,8 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autoplace.formats.plan import Plan
-from autoplace.ir import OpNode
-from autoplace.report.analysis import Overview, PathStep
+from autoplace.report.analysis import Block, Overview, PathStep, schedule_blocks
 from autoplace.report.units import (
     bytes_unit,
     format_bytes,
@@ -27,6 +27,7 @@ from autoplace.report.units import (
 
 __all__ = [
     "PALETTE",
+    "PHASE_COLORS",
     "comparison_figure",
     "device_colors",
     "memory_figure",
@@ -41,6 +42,13 @@ PALETTE = (
     "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac",
 )  # fmt: skip
 CRITICAL = "#c0392b"
+# A training step's phases (Tableau 20's pairs): even micro-batches dark, odd ones light, so two
+# micro-batches back to back read as two blocks.
+PHASE_COLORS = {"forward": ("#4e79a7", "#a0cbe8"), "backward": ("#f28e2b", "#ffbe7d"),
+                "step": ("#59a14f", "#8cd17d")}
+_PHASE_NAMES = {"forward": "forward", "backward": "backward", "step": "optimizer step"}
+# Idle time inside a block that the drawing hides: under 3 px of a ~1000 px axis.
+_MERGE_GAP = 0.003
 _PLAN_COLOR = "#4e79a7"
 _BASELINE_COLOR = "#9aa5b1"
 _FONT = dict(family="system-ui, -apple-system, Segoe UI, Roboto, sans-serif", size=12,
@@ -86,49 +94,23 @@ def _ops_text(ops: Sequence[str]) -> str:
 
 
 def timeline_figure(plan: Plan, path: Sequence[PathStep]) -> Any:
-    """One lane per device; a bar per node from start to end, hover for its details; an arrow
+    """One lane per device; a bar per node from start to end, hover for its details (for a
+    training plan, a block per run of one phase and micro-batch, coloured by phase); an arrow
     per transfer from the sending lane to the receiving one; the critical path outlined and
     traced in red."""
     go = _go()
     t_max = _t_max(plan)
     unit, scale = time_unit(t_max)
-    colors = device_colors(plan)
     lanes = list(plan.problem.cluster.names)
-    s = plan.schedule
-    device_of, start, end = s.placement.device_of, s.start_s, s.end_s
-    costs = plan.problem.costs
     lane = {name: i for i, name in enumerate(lanes)}
     critical_nodes = {s.name for s in path if s.kind == "node"}
     critical_transfers = {s.index for s in path if s.kind == "transfer"}
     fig = go.Figure()
-    for dev in lanes:
-        nodes = [n for n in plan.problem.graph.nodes if device_of[n.name] == dev]
-        crit = [n.name in critical_nodes for n in nodes]
-        fig.add_trace(go.Bar(
-            name=_e(dev), orientation="h", y=[lane[dev]] * len(nodes), width=0.62,
-            base=[start[n.name] * scale for n in nodes],
-            x=[(end[n.name] - start[n.name]) * scale for n in nodes],
-            # Off the critical path a bar is faded; on it, solid and edged in red.
-            marker=dict(color=colors[dev], opacity=[1.0 if c else 0.5 for c in crit],
-                        line=dict(color=[CRITICAL if c else "#ffffff" for c in crit],
-                                  width=[1.5 if c else 0.6 for c in crit])),
-            text=[_e(n.name) if _fits(n, end[n.name] - start[n.name], t_max) else ""
-                  for n in nodes],
-            textposition="inside", insidetextanchor="start", constraintext="none",
-            textfont=dict(color="#ffffff", size=11),
-            customdata=[[
-                _e(n.name), _e(n.module or "(none)"), _e(_ops_text(n.ops)),
-                format_seconds(end[n.name] - start[n.name]), format_seconds(start[n.name]),
-                format_seconds(end[n.name]), format_bytes(n.param_bytes),
-                format_bytes(n.output_bytes), _e(costs.source_of(n.name, dev)),
-                "<br><b>on the critical path</b>" if c else "",
-            ] for n, c in zip(nodes, crit)],
-            hovertemplate=(
-                "<b>%{customdata[0]}</b><br>module: %{customdata[1]}<br>ops: %{customdata[2]}"
-                "<br>time: %{customdata[3]} (%{customdata[4]} → %{customdata[5]})"
-                "<br>params: %{customdata[6]} · output: %{customdata[7]}"
-                "<br>cost: %{customdata[8]}%{customdata[9]}<extra>" + _e(dev) + "</extra>"),
-        ))
+    if plan.training is None:
+        _add_nodes(fig, plan, lane, scale, critical_nodes)
+    else:
+        _add_blocks(fig, plan, schedule_blocks(plan, merge_gap_s=_MERGE_GAP * t_max), lane,
+                    scale, critical_nodes)
     for critical in (False, True):
         _add_transfers(fig, plan, lane, scale, critical_transfers, critical=critical)
     _add_path(fig, path, lane, scale)
@@ -145,12 +127,97 @@ def timeline_figure(plan: Plan, path: Sequence[PathStep]) -> Any:
     return fig
 
 
-def _fits(node: OpNode, duration_s: float, t_max: float) -> bool:
+def _add_nodes(fig: Any, plan: Plan, lane: Mapping[str, int], scale: float,
+               critical_nodes: set[str]) -> None:
+    # A bar per node, in its device's colour.
+    go = _go()
+    t_max = _t_max(plan)
+    colors = device_colors(plan)
+    s = plan.schedule
+    device_of, start, end = s.placement.device_of, s.start_s, s.end_s
+    costs = plan.problem.costs
+    for dev in lane:
+        nodes = [n for n in plan.problem.graph.nodes if device_of[n.name] == dev]
+        crit = [n.name in critical_nodes for n in nodes]
+        fig.add_trace(go.Bar(
+            name=_e(dev), orientation="h", y=[lane[dev]] * len(nodes), width=0.62,
+            base=[start[n.name] * scale for n in nodes],
+            x=[(end[n.name] - start[n.name]) * scale for n in nodes],
+            # Off the critical path a bar is faded; on it, solid and edged in red.
+            marker=dict(color=colors[dev], opacity=[1.0 if c else 0.5 for c in crit],
+                        line=dict(color=[CRITICAL if c else "#ffffff" for c in crit],
+                                  width=[1.5 if c else 0.6 for c in crit])),
+            text=[_e(n.name) if _fits(n.name, end[n.name] - start[n.name], t_max) else ""
+                  for n in nodes],
+            textposition="inside", insidetextanchor="start", constraintext="none",
+            textfont=dict(color="#ffffff", size=11),
+            customdata=[[
+                _e(n.name), _e(n.module or "(none)"), _e(_ops_text(n.ops)),
+                format_seconds(end[n.name] - start[n.name]), format_seconds(start[n.name]),
+                format_seconds(end[n.name]), format_bytes(n.param_bytes),
+                format_bytes(n.output_bytes), _e(costs.source_of(n.name, dev)),
+                "<br><b>on the critical path</b>" if c else "",
+            ] for n, c in zip(nodes, crit)],
+            hovertemplate=(
+                "<b>%{customdata[0]}</b><br>module: %{customdata[1]}<br>ops: %{customdata[2]}"
+                "<br>time: %{customdata[3]} (%{customdata[4]} → %{customdata[5]})"
+                "<br>params: %{customdata[6]} · output: %{customdata[7]}"
+                "<br>cost: %{customdata[8]}%{customdata[9]}<extra>" + _e(dev) + "</extra>"),
+        ))
+
+
+def _add_blocks(fig: Any, plan: Plan, blocks: Sequence[Block], lane: Mapping[str, int],
+                scale: float, critical_nodes: set[str]) -> None:
+    # A trace per phase (the legend names the colours), a bar per block, labelled with its
+    # micro-batch where the step has several.
+    go = _go()
+    t_max = _t_max(plan)
+    for phase, (dark, light) in PHASE_COLORS.items():
+        mine = [b for b in blocks if b.phase == phase]
+        if not mine:
+            continue
+        crit = [any(n in critical_nodes for n in b.nodes) for b in mine]
+        shade = [light if (b.microbatch or 0) % 2 else dark for b in mine]
+        labels = [_block_label(b) for b in mine]
+        fig.add_trace(go.Bar(
+            name=_PHASE_NAMES[phase], orientation="h", y=[lane[b.device] for b in mine],
+            width=0.62, base=[b.start_s * scale for b in mine],
+            x=[(b.end_s - b.start_s) * scale for b in mine],
+            marker=dict(color=shade, opacity=[1.0 if c else 0.6 for c in crit],
+                        line=dict(color=[CRITICAL if c else "#ffffff" for c in crit],
+                                  width=[1.5 if c else 0.6 for c in crit])),
+            text=[label if _fits(label, b.end_s - b.start_s, t_max) else ""
+                  for label, b in zip(labels, mine)],
+            textposition="inside", insidetextanchor="start", constraintext="none",
+            textfont=dict(color=["#1f2328" if c == light else "#ffffff" for c in shade],
+                          size=11),
+            customdata=[[
+                _PHASE_NAMES[phase] + ("" if b.microbatch is None
+                                       else f", micro-batch {b.microbatch}"),
+                _e(_ops_text(b.nodes)), format_seconds(b.start_s), format_seconds(b.end_s),
+                format_seconds(b.busy_s), "<br><b>on the critical path</b>" if c else "",
+                _e(b.device),
+            ] for b, c in zip(mine, crit)],
+            hovertemplate=(
+                "<b>%{customdata[0]}</b><br>nodes: %{customdata[1]}"
+                "<br>%{customdata[2]} → %{customdata[3]}, busy %{customdata[4]}"
+                "%{customdata[5]}<extra>%{customdata[6]}</extra>"),
+        ))
+
+
+def _block_label(block: Block) -> str:
+    """``F3`` and ``B3`` for micro-batch 3 of several; else the phase (``step``)."""
+    if block.microbatch is None:
+        return _PHASE_NAMES[block.phase].split()[-1]
+    return f"{block.phase[0].upper()}{block.microbatch}"
+
+
+def _fits(label: str, duration_s: float, t_max: float) -> bool:
     # Label a bar only where its name fits (about 6.5 px a character on a ~1000 px axis):
     # plotly measures every label it is given, and fitting hundreds of them is most of the
     # time a page takes to draw.
     width_px = duration_s / t_max * 1000
-    return width_px >= 6.5 * len(node.name) + 10
+    return width_px >= 6.5 * len(label) + 10
 
 
 def _add_transfers(fig: Any, plan: Plan, lane: Mapping[str, int], scale: float,
@@ -269,23 +336,27 @@ def memory_figure(plan: Plan, timelines: Mapping[str, Sequence[tuple[float, int]
 
 
 def peak_figure(ov: Overview, plan: Plan) -> Any:
-    """Each device's peak as a share of its capacity: parameters, activations at the peak, and
-    what is left."""
+    """Each device's peak as a share of its capacity: parameters (and, in a training step,
+    gradients and optimizer state, hatched), activations at the peak, and what is left."""
     go = _go()
     devices = [m["device"] for m in ov.memory]
     fig = go.Figure()
     parts = (
-        ("runtime reserve", lambda m: m["reserved_bytes"], 1.0),
-        ("parameters", lambda m: m["parameter_bytes"], 0.8),
-        ("activations at peak", lambda m: max(m["peak_bytes"] - m["resident_bytes"], 0), 0.45),
+        ("runtime reserve", "reserved_bytes", 1.0, ""),
+        ("parameters", "parameter_bytes", 0.8, ""),
+        *((("gradients", "gradient_bytes", 0.7, "/"),
+           ("optimizer state", "optimizer_state_bytes", 0.6, "x")) if ov.training else ()),
+        ("activations at peak", "activation_bytes", 0.45, ""),
     )
     colors = device_colors(plan)
-    for label, size, opacity in parts:
-        values = [size(m) for m in ov.memory]
+    for label, key, opacity, hatch in parts:
+        values = [m[key] for m in ov.memory]
         fig.add_trace(go.Bar(
             name=label, orientation="h", y=[_e(d) for d in devices],
             x=[v / m["capacity_bytes"] * 100 for v, m in zip(values, ov.memory)],
-            marker=dict(color=[colors[d] for d in devices], opacity=opacity),
+            marker=dict(color=[colors[d] for d in devices], opacity=opacity,
+                        **({"pattern": dict(shape=hatch, fgcolor="#ffffff", solidity=0.3)}
+                           if hatch else {})),
             customdata=[format_bytes(v) for v in values],
             hovertemplate=label + ": %{customdata} (%{x:.2g}% of capacity)<extra></extra>"))
     fig.add_trace(go.Bar(

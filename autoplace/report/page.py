@@ -60,7 +60,7 @@ def _script_json(figure: Any) -> str:
 def _phrases(ov: analysis.Overview) -> dict[str, Any]:
     return {"speedup": text.speedup_text(ov), "gap": text.gap_text(ov),
             "solver": text.solver_text(ov), "critical": text.critical_text(ov),
-            "verification": text.verification_text(ov)}
+            "verification": text.verification_text(ov), "training": text.training_text(ov)}
 
 
 def render_html(plan: Plan, ov: analysis.Overview | None = None) -> str:
@@ -75,7 +75,8 @@ def render_html(plan: Plan, ov: analysis.Overview | None = None) -> str:
     }
     return _environment().get_template("report.html.j2").render(
         plan=plan, ov=ov, say=_phrases(ov), colors=charts.device_colors(plan),
-        critical_color=charts.CRITICAL, modules=analysis.module_tree(plan, ov.critical_path),
+        critical_color=charts.CRITICAL, phase_colors=charts.PHASE_COLORS,
+        modules=analysis.module_tree(plan, ov.critical_path),
         figures={k: _script_json(f) for k, f in figures.items() if f is not None},
         plotly_js=plotly_js(), schema_version=SCHEMA_VERSION)
 

@@ -53,6 +53,14 @@ def verification_text(ov: Overview) -> str | None:
     return verification.status + (f", max |diff| {diff:.3g}" if diff is not None else "")
 
 
+def training_text(ov: Overview) -> str | None:
+    """``"adam, 1 micro-batch (gpipe), 1 replica; training check passed"``, for a training
+    plan."""
+    if ov.training is None:
+        return None
+    return f"{ov.training.text}; training check {ov.training.check}"
+
+
 def summary_renderable(plan: Plan | Overview) -> Any:
     """The summary as a group of ``rich`` tables (of ``plan``, or of its overview when the
     caller has it already)."""
@@ -66,6 +74,8 @@ def summary_renderable(plan: Plan | Overview) -> Any:
     facts.add_column(style="dim", no_wrap=True)
     facts.add_column()
     facts.add_row("devices", f"{', '.join(d.name for d in ov.devices)} ({ov.devices_text})")
+    if ov.training is not None:
+        facts.add_row("training step", training_text(ov))
     facts.add_row("makespan", Text(format_seconds(ov.makespan_s), style="bold"))
     if ov.value_label != "makespan":
         facts.add_row(ov.value_label, Text(format_seconds(ov.value_s), style="bold"))
@@ -103,7 +113,16 @@ def summary_renderable(plan: Plan | Overview) -> Any:
                           format_ratio(c.speedup), c.fits_text)
     parts: list[Any] = [
         Text(f"autoplace plan for {ov.model} (objective: {ov.objective})", style="bold"),
-        facts, Text(""), memory, baselines]
+        facts, Text(""), memory]
+    if ov.training is not None:
+        step = table(f"training step: {training_text(ov)}", "device", "parameters",
+                     "gradients", "optimizer state", "activations", "runtime reserve", "peak")
+        for m in ov.memory:
+            step.add_row(m["device"], *(format_bytes(m[key]) for key in (
+                "parameter_bytes", "gradient_bytes", "optimizer_state_bytes",
+                "activation_bytes", "reserved_bytes", "peak_bytes")))
+        parts.append(step)
+    parts.append(baselines)
     if ov.whatif is not None:
         whatif = table("what-if: the first k devices", "devices", ov.value_label, "speed-up",
                        "status")
