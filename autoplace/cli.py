@@ -156,7 +156,9 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
     u.add_argument("--train", type=int, metavar="STEPS",
                    help="for a --mode training plan: train the emitted model STEPS steps on "
                    "its example inputs and targets with the plan's optimizer, and print the "
-                   "losses and the step time against the plan's")
+                   "losses and the step time against the plan's; a plan of R data-parallel "
+                   "replicas trains them as R processes (OUT/train.py under torchrun), each on "
+                   "1/R of the batch")
     u.add_argument("--lr", type=float, metavar="RATE",
                    help="with --train: the learning rate (default: the optimizer's torch "
                    "default)")
@@ -166,7 +168,8 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
                    help="timed passes; the median is reported (default: 5)")
     u.add_argument("--json", action="store_true",
                    help="print one JSON object: measured_s, predicted_s, peak_bytes (device -> "
-                   "measured), predicted_peak_bytes, and the details")
+                   "measured), predicted_peak_bytes, and the details (with --train: losses, "
+                   "measured_s, predicted_s, times_s, and the details)")
     u.add_argument("--save-outputs", metavar="FILE.safetensors",
                    help="write the model's output tensors (output, output.0, output.NAME, ...)")
 

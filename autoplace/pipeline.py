@@ -27,6 +27,7 @@ from autoplace.coarsen import DEFAULT_MAX_NODES, fold
 from autoplace.cost import analytic_cpu_note
 from autoplace.cost import costs as cost_nodes
 from autoplace.emit import emit_and_verify, train_emitted
+from autoplace.emit.ddp import replicas_of, write_train_script
 from autoplace.emit.microbatch import action_order, loss_rule, split_batch, train_step
 from autoplace.errors import InfeasibleError
 from autoplace.formats.output import atomic_output_dir
@@ -357,7 +358,8 @@ def _plan_of(result: SolveResult, problem: Problem, *, name: str, tracer: str,
 
 def save(plan: Plan, directory: str | os.PathLike[str]) -> Path:
     """Write ``plan.json``, the report (``report.html``, ``summary.md``, ``summary.txt``) and,
-    when the plan carries an emitted model, ``model/`` into ``directory``, atomically: into a
+    when the plan carries an emitted model, ``model/`` (and ``train.py``, the torchrun entry
+    point of a training plan's data-parallel replicas) into ``directory``, atomically: into a
     temporary directory beside it, renamed into place (an older one is replaced); on any
     failure nothing is left behind. Returns the directory."""
     data = plan.to_dict()
@@ -367,5 +369,8 @@ def save(plan: Plan, directory: str | os.PathLike[str]) -> Path:
         report.write_report(tmp, plan)
         if plan.emitted is not None:
             autoplace.emit.save_model(plan.emitted, tmp / "model")
+            if replicas_of(plan.training) > 1:  # their torchrun entry point
+                write_train_script(tmp, optimizer=plan.training["optimizer"],
+                                   replicas=replicas_of(plan.training))
 
     return atomic_output_dir(directory, write)

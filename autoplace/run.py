@@ -15,13 +15,16 @@ name, shape or dtype each raise an ``AutoplaceError`` naming the file (and the t
 ``save_outputs`` writes its file all at once (a temporary file renamed into place).
 
 ``train_plan`` (``--train STEPS``) trains a ``--mode training`` plan's emitted model instead,
-with the plan's optimizer, and reports the losses and the step time against the plan's.
+with the plan's optimizer, and reports the losses and the step time against the plan's; a plan
+of R > 1 data-parallel replicas trains as R processes (``OUT/train.py`` under torchrun,
+``autoplace.emit.replicas``), each on 1/R of the batch.
 
 Read ``run_plan``, then ``read_inputs_file`` and ``save_outputs``, then ``train_plan``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import tempfile
@@ -36,15 +39,22 @@ import torch
 from torch.utils import _pytree as pytree
 
 from autoplace.emit import load_model, local_device_map
+from autoplace.emit.ddp import batch_size, replicas_of
 from autoplace.emit.memory import comparable_peak_bytes, measure
 from autoplace.emit.microbatch import action_order, split_batch, train_step
+from autoplace.emit.replicas import launch_replicas
 from autoplace.emit.saving import input_names, load_inputs
 from autoplace.emit.training import make_optimizer
 from autoplace.errors import AutoplaceError, EmitError, OutputError
 from autoplace.formats.plan import Plan, plan_path, read_plan
 
-__all__ = ["RunResult", "TrainResult", "read_inputs_file", "run_plan", "save_outputs",
-           "train_plan"]
+__all__ = ["TRAIN_TIMEOUT_S", "RunResult", "TrainResult", "read_inputs_file", "run_plan",
+           "save_outputs", "train_plan"]
+
+# ``--train`` of a plan with replicas runs them as processes: a bound on the whole run, for a
+# process that neither ends nor fails (each collective already fails after ddp.INIT_TIMEOUT_S).
+# --train checks a plan's step, it is not a training run: an hour is far past any such check.
+TRAIN_TIMEOUT_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -177,12 +187,14 @@ class TrainResult:
                 *(f"note: {note}" for note in self.notes)]
 
 
-def train_plan(directory: str | os.PathLike[str], *, steps: int,
-               lr: float | None = None) -> TrainResult:
+def train_plan(directory: str | os.PathLike[str], *, steps: int, lr: float | None = None,
+               timeout_s: float = TRAIN_TIMEOUT_S) -> TrainResult:
     """Train ``directory``'s emitted model (a ``--mode training`` plan) for ``steps`` steps on
     its example inputs and targets, with the plan's optimizer (torch's defaults, or ``lr``),
     and time each step (the first, which allocates the optimizer's state, is not counted in
-    the median when there are more)."""
+    the median when there are more). A plan of R > 1 data-parallel replicas trains them as R
+    processes (``OUT/train.py`` under torchrun, stopped after ``timeout_s``), each on its
+    shard of the batch."""
     if steps < 1:
         raise AutoplaceError(f"--train must be 1 or more steps, got {steps}")
     plan, model_dir = _plan_and_model(directory)
@@ -193,6 +205,9 @@ def train_plan(directory: str | os.PathLike[str], *, steps: int,
     if example is None:
         raise EmitError(f"{model_dir} holds no example inputs and targets "
                         "(inputs.safetensors): plan it again")
+    if replicas_of(plan.training) > 1:
+        return _train_replicas(plan, model_dir, example, steps=steps, lr=lr,
+                               timeout_s=timeout_s)
     args, kwargs = example
     here = local_device_map(sorted({d.torch_device for d in plan.problem.cluster.devices}))
     model = load_model(model_dir, device_map=here)
@@ -221,6 +236,36 @@ def train_plan(directory: str | os.PathLike[str], *, steps: int,
     notes = [f"{', '.join(moved)} not present here: trained on cpu"] if moved else []
     return TrainResult(losses=tuple(losses), times_s=tuple(times),
                        measured_s=statistics.median(timed), predicted_s=plan.makespan_s,
+                       optimizer=plan.training["optimizer"], lr=lr, device_map=here,
+                       notes=tuple(notes))
+
+
+def _train_replicas(plan: Plan, model_dir: Path,
+                    example: tuple[tuple[Any, ...], dict[str, Any]], *, steps: int,
+                    lr: float | None, timeout_s: float) -> TrainResult:
+    """``train_plan`` of a plan with data-parallel replicas: its ``train.py`` under torchrun,
+    which reports (``--json``) the losses and rank 0's step times."""
+    replicas = replicas_of(plan.training)
+    script = model_dir.parent / "train.py"
+    if not script.is_file():
+        raise EmitError(f"{model_dir.parent} plans {replicas} data-parallel replicas but holds "
+                        "no train.py, their entry point: plan it again")
+    batch = batch_size(example, replicas=replicas)  # a clear error before any process starts
+    with tempfile.TemporaryDirectory(prefix="autoplace-train-") as tmp:
+        report_file = Path(tmp) / "train.json"
+        launch_replicas(script, replicas=replicas, timeout_s=timeout_s,
+                        argv=["--steps", str(steps), "--json", str(report_file),
+                              *(["--lr", repr(lr)] if lr is not None else [])])
+        report = json.loads(report_file.read_text())
+    here = report["device_maps"][0]
+    moved = sorted({k for m in report["device_maps"] for k, v in m.items() if k != v})
+    notes = [f"{replicas} processes ran (torchrun, {report['backend']}), one per data-parallel "
+             f"replica, each on {batch // replicas} of the batch of {batch}: the losses are "
+             "their mean, the step times rank 0's; device_map is rank 0's"]
+    if moved:
+        notes.append(f"{', '.join(moved)} not present here for every replica: trained on cpu")
+    return TrainResult(losses=tuple(report["losses"]), times_s=tuple(report["times_s"]),
+                       measured_s=report["measured_s"], predicted_s=plan.makespan_s,
                        optimizer=plan.training["optimizer"], lr=lr, device_map=here,
                        notes=tuple(notes))
 

@@ -22,6 +22,9 @@ Read in this order:
    ``verification.check_peak`` (no device above the plan's figure).
 6. ``train_emitted`` (below) and ``training.verify_training``: a training plan's emitted model
    trained beside the original.
+7. ``ddp`` (what each process of a plan's data-parallel replicas runs: ``train.py``) and
+   ``replicas`` (``launch_replicas``, and ``verify_replicas``: the replicas trained beside the
+   original on the whole batch).
 """
 
 from __future__ import annotations
@@ -31,10 +34,12 @@ from typing import Any
 
 import torch
 
+from autoplace.emit.ddp import write_train_script
 from autoplace.emit.device_map import local_device_map
 from autoplace.emit.memory import comparable_peak_bytes, measure, measure_peak_bytes
 from autoplace.emit.model import PartitionedModel, SegmentInfo, emit_model
 from autoplace.emit.replay import replay
+from autoplace.emit.replicas import verify_replicas
 from autoplace.emit.saving import load_model, save_model
 from autoplace.emit.training import verify_training
 from autoplace.emit.verification import ENFORCE_PEAK_DEFAULT, VerifyResult, check_peak, verify
@@ -55,6 +60,8 @@ __all__ = [
     "save_model",
     "train_emitted",
     "verify",
+    "verify_replicas",
+    "write_train_script",
 ]
 
 

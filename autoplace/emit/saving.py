@@ -38,7 +38,7 @@ from autoplace.emit.device_map import check_device, remap
 from autoplace.emit.model import PartitionedModel, SegmentInfo
 from autoplace.errors import EmitError, OutputError
 
-__all__ = ["input_names", "load_inputs", "load_model", "save_model"]
+__all__ = ["input_names", "load_inputs", "load_model", "planned_devices", "save_model"]
 
 _SPEC_MODULE_PREFIXES = ("transformers.", "torch.")
 _FORMAT = "autoplace.emit/1"
@@ -273,6 +273,12 @@ def load_model(
     model.input_names = tuple(meta.get("input_names", ()))
     model.output_names = tuple(meta.get("output_names", ()))
     return model
+
+
+def planned_devices(directory: str | Path) -> list[str]:
+    """The planned device of each segment of the model ``save_model`` wrote, in segment order,
+    read from ``meta.json`` without building the model."""
+    return [str(seg["device"]) for seg in _read_meta(Path(directory))["segments"]]
 
 
 def _read_meta(path: Path) -> dict[str, Any]:

@@ -1,0 +1,278 @@
+"""Emit: a training plan's data-parallel replicas, as each of their processes runs them.
+
+A training plan with ``training.replicas`` R > 1 places one replica (its graph and emitted
+model are one replica's, on 1/R of the batch); R copies of it train under torch's
+``DistributedDataParallel``, one process each, and DDP averages their gradients during the
+backward. ``pipeline.save`` writes ``OUT/train.py`` (``write_train_script``), which runs under
+``torchrun --nproc-per-node R OUT/train.py --steps N``: each process (rank r of R) calls
+``replica_main``, which
+
+1. takes its shard of the example batch saved in ``OUT/model/inputs.safetensors`` (the whole
+   batch, all R shards; ``shard``, by the rule in ``batch_size``),
+2. loads ``OUT/model`` on its own devices (``replica_device_map``),
+3. wraps it in ``DistributedDataParallel`` and runs ``--steps`` steps of the plan's optimizer;
+   rank 0 reports each step's loss (the mean over the replicas, which is the whole batch's loss
+   for a loss that averages over the batch) and the step times.
+
+``replicas.py`` starts the R processes (``launch_replicas``) and checks them against the
+original model (``verify_replicas``). Read ``batch_size``, ``shard``, ``replica_device_map``,
+then ``replica_main`` and ``_train``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils import _pytree as pytree
+
+from autoplace.emit.device_map import local_device_map
+from autoplace.emit.saving import input_names, load_inputs, load_model, planned_devices
+from autoplace.emit.training import _named, make_optimizer
+from autoplace.errors import AutoplaceError, EmitError
+
+__all__ = ["INIT_TIMEOUT_S", "batch_size", "replica_backend", "replica_device_map",
+           "replica_main", "replicas_of", "shard", "write_train_script"]
+
+# The rendezvous and every collective after it: a rank that died or never came makes the others
+# fail within this, rather than wait for ever.
+INIT_TIMEOUT_S = 60.0
+
+Inputs = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+def replicas_of(training: Mapping[str, Any] | None) -> int:
+    """A plan's ``training.replicas``: 1 when absent (and for an inference plan)."""
+    return int((training or {}).get("replicas", 1))
+
+
+def batch_size(inputs: Inputs, *, replicas: int) -> int:
+    """B, the batch the replicas share: dimension 0 of the first tensor input with a dimension
+    (args before kwargs, in their pytree order; ``kwargs["targets"]`` after the inputs), which
+    must divide into ``replicas`` equal shards. ``shard`` splits every tensor whose dimension 0
+    is B (inputs and targets), and passes the others whole (scalars, a mask without a batch
+    dimension): a tensor that is not batched yet has B rows is split too, and a batch laid
+    along another dimension (a sequence-first model) is not found; the replicas' check
+    (``verify_replicas``) then fails."""
+    names = input_names(*inputs)
+    leaves = pytree.tree_leaves(inputs)
+    found = [(n, t) for n, t in zip(names, leaves) if isinstance(t, torch.Tensor) and t.dim()]
+    if not found:
+        raise AutoplaceError("the example inputs hold no tensor with a batch dimension: there is "
+                             f"no batch to share among {replicas} data-parallel replicas")
+    name, first = found[0]
+    size = int(first.shape[0])
+    if size == 0 or size % replicas:
+        raise AutoplaceError(
+            f"the batch of {size} (dimension 0 of {name}, the first tensor input) does not "
+            f"divide into {replicas} equal shards, one per data-parallel replica: use a batch "
+            f"that is a multiple of {replicas}, or plan fewer replicas")
+    return size
+
+
+def shard(inputs: Inputs, *, rank: int, replicas: int) -> Inputs:
+    """Rank ``rank``'s share of ``inputs``: rows ``rank * B/R`` to ``(rank + 1) * B/R`` of
+    every tensor whose dimension 0 is the batch (``batch_size``); everything else whole."""
+    size = batch_size(inputs, replicas=replicas)
+    rows = size // replicas
+
+    def take(leaf: Any) -> Any:
+        if isinstance(leaf, torch.Tensor) and leaf.dim() and leaf.shape[0] == size:
+            return leaf.narrow(0, rank * rows, rows).contiguous()
+        return leaf
+
+    args, kwargs = pytree.tree_map(take, inputs)
+    return tuple(args), dict(kwargs)
+
+
+def replica_device_map(planned: Sequence[str], *, rank: int) -> dict[str, str]:
+    """Where rank ``rank`` runs each planned device: ``cuda:i`` as ``cuda:(i + rank * G)``, G
+    one more than the highest CUDA index the replica plans (rank 0 on the plan's GPUs, rank 1
+    on the next G, ...); the CPU is shared. A GPU absent here runs on the CPU, as
+    ``local_device_map`` has it for one process."""
+    indices = [torch.device(d).index or 0 for d in planned if torch.device(d).type == "cuda"]
+    stride = max(indices) + 1 if indices else 0
+
+    def own(device: str) -> str:
+        parsed = torch.device(device)
+        if parsed.type != "cuda":
+            return device
+        return f"cuda:{(parsed.index or 0) + rank * stride}"
+
+    mine = {d: own(d) for d in planned}
+    here = local_device_map(sorted(set(mine.values())))
+    return {d: here[mine[d]] for d in planned}
+
+
+def replica_backend(planned: Sequence[str], *, replicas: int) -> str:
+    """``nccl`` when every device of every rank is a GPU here, else ``gloo`` (which takes CPU
+    tensors, and CUDA ones too): all ranks must agree, so each derives every rank's map."""
+    every = [d for rank in range(replicas)
+             for d in replica_device_map(planned, rank=rank).values()]
+    return "nccl" if all(torch.device(d).type == "cuda" for d in every) else "gloo"
+
+
+_SCRIPT = '''"""Train the model in model/ as {replicas} data-parallel replicas, one process each.
+
+    torchrun --nproc-per-node {replicas} train.py --steps N [--lr RATE] [--json FILE]
+
+Written by autoplace with the plan (docs/training.md, "Data-parallel replicas"). Each process
+takes its 1/{replicas} of the example batch in model/inputs.safetensors (every tensor whose
+dimension 0 is the batch), loads model/ on its own devices (absent GPUs run on the CPU) under
+DistributedDataParallel, and trains {optimizer} (torch's defaults, or --lr); rank 0 prints
+the loss of each step (the mean over the replicas) and the median step time.
+"""
+
+import sys
+from pathlib import Path
+
+from autoplace.emit.ddp import replica_main
+
+if __name__ == "__main__":
+    sys.exit(replica_main(Path(__file__).resolve().parent / "model", sys.argv[1:],
+                          optimizer={optimizer!r}, replicas={replicas}))
+'''
+
+
+def write_train_script(directory: str | os.PathLike[str], *, optimizer: str,
+                       replicas: int) -> Path:
+    """Write ``directory/train.py``, the torchrun entry point of the replicas of the model in
+    ``directory/model``; returns its path."""
+    if replicas < 2:
+        raise ValueError(f"train.py is for 2 or more replicas, got {replicas}")
+    path = Path(directory) / "train.py"
+    path.write_text(_SCRIPT.format(optimizer=optimizer, replicas=replicas))
+    return path
+
+
+def replica_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, optimizer: str,
+                 replicas: int) -> int:
+    """One process of ``torchrun --nproc-per-node replicas train.py``: the exit code. An
+    ``AutoplaceError`` is printed as one line, ``autoplace: error: KIND: message`` (the line
+    ``launch_replicas`` looks for), and exits with 2."""
+    parser = argparse.ArgumentParser(
+        prog="train.py", description=f"Train {model_dir} as {replicas} data-parallel replicas "
+        f"with {optimizer}; run under torchrun --nproc-per-node {replicas}.")
+    parser.add_argument("--steps", type=int, required=True, metavar="N")
+    parser.add_argument("--lr", type=float, metavar="RATE",
+                        help="the learning rate (default: the optimizer's torch default)")
+    parser.add_argument("--json", metavar="FILE",
+                        help="rank 0 writes the losses and step times to FILE as JSON")
+    parser.add_argument("--record", metavar="FILE",
+                        help="for verify_replicas: rank 0 saves (torch.save) each step's loss, "
+                        "averaged gradients, updated parameters and optimizer state to FILE")
+    options = parser.parse_args(list(argv))
+    rank = int(os.environ.get("RANK", "-1"))
+    try:
+        if rank < 0 or int(os.environ.get("WORLD_SIZE", "0")) != replicas:
+            raise AutoplaceError(
+                f"this plan trains {replicas} replicas: run `torchrun --nproc-per-node "
+                f"{replicas} train.py`, not {os.environ.get('WORLD_SIZE', 'without torchrun')} "
+                "process(es)")
+        if options.steps < 1:
+            raise AutoplaceError(f"--steps must be 1 or more, got {options.steps}")
+        report, record = _train(Path(model_dir), optimizer=optimizer, replicas=replicas,
+                                rank=rank, steps=options.steps, lr=options.lr,
+                                recording=options.record is not None)
+    except AutoplaceError as error:
+        print(f"autoplace: error: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+        return 2
+    if rank == 0:
+        if options.json:
+            Path(options.json).write_text(json.dumps(report) + "\n")
+        if options.record:
+            torch.save(record, options.record)
+        print(f"trained {replicas} replicas ({report['backend']}), each on {report['shard']} "
+              f"of the batch of {report['batch']}, {len(report['losses'])} steps of "
+              f"{optimizer}\nlosses (mean over the replicas): "
+              + ", ".join(f"{v:.6g}" for v in report["losses"])
+              + f"\nstep time: {report['measured_s'] * 1e3:.3f} ms (median)", flush=True)
+    return 0
+
+
+def _train(model_dir: Path, *, optimizer: str, replicas: int, rank: int, steps: int,
+           lr: float | None, recording: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """This rank's part: shard, load, wrap, train. Returns rank 0's report and record."""
+    example = load_inputs(model_dir)
+    if example is None:
+        raise EmitError(f"{model_dir} holds no example inputs and targets (inputs.safetensors): "
+                        "plan it again")
+    size = batch_size(example, replicas=replicas)
+    args, kwargs = shard(example, rank=rank, replicas=replicas)
+    planned = planned_devices(model_dir)
+    here = replica_device_map(planned, rank=rank)
+    kinds = sorted({torch.device(d).type for d in here.values()})
+    if len(kinds) > 1:
+        raise EmitError(f"replica {rank} runs on {' and '.join(kinds)} devices "
+                        f"({', '.join(sorted(set(here.values())))}): DistributedDataParallel "
+                        "takes a module on one type of device; plan one replica on GPUs only")
+    backend = replica_backend(planned, replicas=replicas)
+    if backend == "nccl":
+        torch.cuda.set_device(torch.device(next(iter(here.values()))))
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S))
+    try:
+        model = load_model(model_dir, device_map=here)
+        replica = DistributedDataParallel(model, device_ids=None)
+        opt = make_optimizer(optimizer, model.parameters(), lr)
+        losses, times, record = _steps(replica, model, opt, args, kwargs, steps=steps,
+                                       recording=recording)
+    finally:
+        dist.destroy_process_group()
+    timed = times[1:] or times
+    report = {"losses": losses, "times_s": times, "measured_s": statistics.median(timed),
+              "replicas": replicas, "backend": backend, "batch": size,
+              "shard": size // replicas, "optimizer": optimizer, "lr": lr,
+              "device_maps": [replica_device_map(planned, rank=r) for r in range(replicas)]}
+    return report, record | {"optimizer": optimizer, "replicas": replicas}
+
+
+def _steps(replica: torch.nn.Module, model: torch.nn.Module, opt: torch.optim.Optimizer,
+           args: tuple[Any, ...], kwargs: dict[str, Any], *, steps: int,
+           recording: bool) -> tuple[list[float], list[float], dict[str, Any]]:
+    """``steps`` optimizer steps; the losses (all-reduced mean), the step times and, when
+    ``recording``, what ``verify_replicas`` compares: the parameters' names (each with its
+    index in the optimizer), and per step the loss, the averaged gradients, the updated
+    parameters and the optimizer's state, all on the CPU."""
+    gpus = [torch.device(d) for d in set(model.devices) if d.startswith("cuda")]
+    params = opt.param_groups[0]["params"]
+    index = {id(p): i for i, p in enumerate(params)}
+    losses, times, steps_record = [], [], []
+    for _ in range(steps):
+        began = time.perf_counter()
+        opt.zero_grad()
+        loss = replica(*args, **kwargs)
+        loss.backward()  # DDP's hooks average the gradients across the replicas here
+        opt.step()
+        for gpu in gpus:
+            torch.cuda.synchronize(gpu)
+        times.append(time.perf_counter() - began)
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)
+        mean /= dist.get_world_size()
+        losses.append(float(mean.to("cpu")))
+        if recording:  # the step's gradients are still there: the next zero_grad clears them
+            steps_record.append({
+                "loss": mean.to("cpu"),
+                "grads": [None if p.grad is None else _cpu(p.grad) for p in params],
+                "params": [_cpu(p) for p in params],
+                "state": pytree.tree_map(_cpu, opt.state_dict())})
+    names = {name: index[id(p)] for name, p in _named(model, prefix=True).items()}
+    return losses, times, {"names": names, "steps": steps_record}
+
+
+def _cpu(value: Any) -> Any:
+    """A tensor copied to the CPU, detached (the next step changes the original in place)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    return value

@@ -1,0 +1,264 @@
+"""Emit: start a training plan's data-parallel replicas, and check them against the original.
+
+``launch_replicas`` runs ``OUT/train.py`` (``ddp.write_train_script``) as R processes under
+``python -m torch.distributed.run`` on 127.0.0.1 and a free port, within a time limit. On a
+timeout, an interrupt or an error here it stops torchrun and every worker it started (the
+workers lead process groups of their own: stopping torchrun's group alone would leave them
+running); when a worker fails, torchrun stops the others, and the error raised here is the
+worker's own (the ``autoplace: error:`` line ``ddp.replica_main`` prints) or, for a crash, the
+last lines of the processes' output.
+
+``verify_replicas`` trains the replicas for a few steps with ``train.py --record`` and, in this
+process, a copy of the original model on the whole batch, and compares each step as
+``training.verify_training`` compares a one-process emitted model, with its helpers: the loss
+(the replicas' mean), the gradients (DDP's averages), the updated parameters (under Adam, where
+the update is well conditioned).
+
+Read ``launch_replicas`` and ``_stop``, then ``verify_replicas`` and ``_compare``.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from autoplace import errors
+from autoplace.emit.ddp import batch_size, write_train_script
+from autoplace.emit.model import PartitionedModel
+from autoplace.emit.saving import load_inputs, save_model
+from autoplace.emit.training import (
+    TRAINING_STEPS,
+    _all_trained,
+    _close,
+    _conditioned,
+    _named,
+    make_optimizer,
+)
+from autoplace.errors import AutoplaceError, EmitError, VerificationError
+
+__all__ = ["VERIFY_TIMEOUT_S", "launch_replicas", "verify_replicas"]
+
+# verify_replicas: three steps of a model the one-process check has just trained in seconds;
+# nearly all of this is left for R processes to start, import torch and meet.
+VERIFY_TIMEOUT_S = 300.0
+# The lines of the processes' output a crash's error quotes (a traceback's end and torchrun's
+# summary of the failed ranks).
+_TAIL_LINES = 25
+# The directory that holds this autoplace package: the workers import the same one.
+_ROOT = Path(__file__).resolve().parents[2]
+
+
+def launch_replicas(script: str | os.PathLike[str], *, replicas: int, argv: Sequence[str],
+                    timeout_s: float) -> str:
+    """Run ``torchrun --nproc-per-node replicas script *argv`` on this machine and wait at most
+    ``timeout_s``; the processes' output (stdout and stderr). Raises ``AutoplaceError`` (the
+    workers' own kind where they printed one) when they fail or run past the limit; either
+    way, no process is left behind."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(replicas),
+               "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), str(script),
+               *argv]
+    path = os.environ.get("PYTHONPATH")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(_ROOT), *([path] if path else [])])}
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
+                                   stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            code = process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise AutoplaceError(
+                f"the {replicas} replica processes of {script} ran past {timeout_s:g} s: "
+                "stopped them (torchrun and its workers)") from None
+        finally:
+            _stop(process)
+        log.seek(0)
+        output = log.read().decode(errors="replace")
+    if code != 0:
+        raise _failure(output, code=code, replicas=replicas, script=script)
+    return output
+
+
+def _free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the kernel's pick), for torchrun's rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """Kill torchrun and every process under it, if it still runs. torchrun is stopped first
+    (SIGSTOP: it starts no worker while its tree is read), then each descendant's group (a
+    worker leads its own) and torchrun's are killed. Descendants are found through /proc; on a
+    system without it, workers outlive torchrun until their rendezvous store goes."""
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGSTOP)
+    except ProcessLookupError:
+        pass
+    for pid in _descendants(process.pid):
+        for kill, target in ((os.killpg, pid), (os.kill, pid)):
+            try:
+                kill(target, signal.SIGKILL)
+                break
+            except (ProcessLookupError, PermissionError):
+                continue
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, from the parent ids in /proc/*/stat (empty without /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # The command name, in parentheses, may hold spaces: the fields follow its ")".
+            parent = int(stat.read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # it ended while we read
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    found, pending = [], [pid]
+    while pending:
+        for child in children.get(pending.pop(), []):
+            found.append(child)
+            pending.append(child)
+    return found
+
+
+def _failure(output: str, *, code: int, replicas: int,
+             script: str | os.PathLike[str]) -> AutoplaceError:
+    """The error of a failed run: the first ``autoplace: error: KIND: message`` a worker
+    printed, as that kind; else the end of the output."""
+    said = re.search(r"^autoplace: error: (\w+): (.*)$", output, re.MULTILINE)
+    kind = getattr(errors, said[1], None) if said else None
+    if said and isinstance(kind, type) and issubclass(kind, AutoplaceError):
+        return kind(said[2])
+    tail = "\n".join(output.strip().splitlines()[-_TAIL_LINES:])
+    return EmitError(f"the {replicas} replica processes of {script} failed (torchrun exited "
+                     f"with {code}); the end of their output:\n{tail}")
+
+
+def verify_replicas(emitted_or_dir: PartitionedModel | str | os.PathLike[str],
+                    original: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any],
+                    targets: tuple[Any, ...], *, optimizer: str, replicas: int,
+                    steps: int = TRAINING_STEPS, lr: float | None = None,
+                    timeout_s: float = VERIFY_TIMEOUT_S) -> dict[str, Any]:
+    """Train ``replicas`` data-parallel replicas of the emitted model (gloo, or nccl on GPUs,
+    on 127.0.0.1) for ``steps`` steps of ``optimizer``, each on its shard of the batch
+    ``args``/``kwargs``/``targets``, and a copy of ``original`` (a ``train.LossModel``) on the
+    whole batch here; compare every step. Returns the record (as ``verify_training``'s, with
+    ``replicas``); raises ``VerificationError`` naming the first step and tensor that differ.
+
+    ``emitted_or_dir``: a ``PartitionedModel`` (saved with the batch, and its ``train.py``
+    written, in a temporary directory), or an output directory holding ``train.py`` and
+    ``model/`` whose saved example is this batch (its own ``train.py`` runs)."""
+    batch = (tuple(args), {**kwargs, "targets": tuple(targets)})
+    batch_size(batch, replicas=replicas)  # a batch that does not divide fails before any start
+    with tempfile.TemporaryDirectory(prefix="autoplace-replicas-") as tmp:
+        if isinstance(emitted_or_dir, PartitionedModel):
+            root = Path(tmp)
+            _save(emitted_or_dir, root / "model", batch)
+            write_train_script(root, optimizer=optimizer, replicas=replicas)
+        else:
+            root = Path(emitted_or_dir)
+            _check_saved_batch(root, batch)
+        record_file = Path(tmp) / "record.pt"
+        launch_replicas(root / "train.py", replicas=replicas, timeout_s=timeout_s,
+                        argv=["--steps", str(steps), "--record", str(record_file),
+                              *(["--lr", repr(lr)] if lr is not None else [])])
+        record = torch.load(record_file, weights_only=True)
+    if (record["optimizer"], record["replicas"]) != (optimizer, replicas):
+        raise VerificationError(
+            f"{root / 'train.py'} trains {record['replicas']} replicas with "
+            f"{record['optimizer']}, not the {replicas} with {optimizer} asked for")
+    return _compare(record, original, args, kwargs, targets, optimizer=optimizer, lr=lr)
+
+
+def _save(emitted: PartitionedModel, directory: Path,
+          batch: tuple[tuple[Any, ...], dict[str, Any]]) -> None:
+    """``save_model`` with ``batch`` as the example inputs (the whole batch, which each replica
+    shards), leaving the model's own example as it was."""
+    before = emitted.__dict__.get("example_inputs")
+    emitted.example_inputs = batch
+    try:
+        save_model(emitted, directory)
+    finally:
+        emitted.example_inputs = before
+
+
+def _check_saved_batch(root: Path, batch: tuple[tuple[Any, ...], dict[str, Any]]) -> None:
+    """The batch saved in ``root/model`` is ``batch``, and ``root`` has its ``train.py``."""
+    if not (root / "train.py").is_file():
+        raise EmitError(f"{root} holds no train.py, the replicas' entry point: save the plan "
+                        "again with training.replicas above 1")
+    saved = load_inputs(root / "model")
+    ours, spec = pytree.tree_flatten(batch)
+    theirs, saved_spec = pytree.tree_flatten(saved) if saved is not None else ([], None)
+    same = saved_spec == spec and all(
+        torch.equal(a, b) if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+        else a == b for a, b in zip(ours, theirs))
+    if not same:
+        raise VerificationError(f"the batch given differs from the example saved in "
+                                f"{root / 'model'}, which the replicas train on")
+
+
+def _compare(record: Mapping[str, Any], original: torch.nn.Module, args: tuple[Any, ...],
+             kwargs: Mapping[str, Any], targets: tuple[Any, ...], *, optimizer: str,
+             lr: float | None) -> dict[str, Any]:
+    """Replay the recorded steps beside ``original`` trained on the whole batch."""
+    reference = copy.deepcopy(original)
+    theirs = _named(reference, prefix=False)
+    names: Mapping[str, int] = record["names"]
+    replicas = record["replicas"]
+    unknown = sorted(set(names) - set(theirs))
+    if unknown:
+        raise VerificationError(
+            f"the emitted model has trainable parameters the original does not ({unknown[:3]}):"
+            " it cannot be trained as the original is")
+    opt = make_optimizer(optimizer, dict.fromkeys(theirs.values()), lr)
+    original_losses: list[float] = []
+    worst = {"grad": 0.0, "param": 0.0}
+    masks: dict[str, torch.Tensor] = {}
+    for step, mine in enumerate(record["steps"], start=1):
+        opt.zero_grad()
+        loss = reference(*args, targets=targets, **kwargs)
+        loss.backward()
+        original_losses.append(float(loss.detach()))
+        _close(mine["loss"], loss, f"the loss at step {step} (the mean of the {replicas} "
+               "replicas' against the whole batch's)")
+        _all_trained(names, theirs, step - 1)
+        for name, i in names.items():
+            worst["grad"] = max(worst["grad"], _close(
+                mine["grads"][i], theirs[name].grad,
+                f"the gradient of {name} averaged over the replicas at step {step}"))
+        opt.step()
+        # The replicas' optimizer, rebuilt on their updated parameters, for _conditioned.
+        twin = make_optimizer(optimizer, mine["params"], lr)
+        twin.load_state_dict(mine["state"])
+        for name, i in names.items():
+            keep = _conditioned(opt, theirs[name], twin, mine["params"][i])
+            if keep is not None:  # an element once ill-conditioned stays apart: it moved
+                keep = masks[name] = keep & masks.get(name, keep)
+            ours, ref = mine["params"][i], theirs[name].detach().to("cpu")
+            worst["param"] = max(worst["param"], _close(
+                ours[keep] if keep is not None else ours, ref[keep] if keep is not None else ref,
+                f"{name} after step {step}"))
+    return {"status": "passed", "optimizer": optimizer, "steps": len(record["steps"]),
+            "replicas": replicas, "losses": [float(s["loss"]) for s in record["steps"]],
+            "original_losses": original_losses,
+            "max_abs_diff_gradients": worst["grad"], "max_abs_diff_parameters": worst["param"],
+            "ill_conditioned_elements": sum(int((~keep).sum()) for keep in masks.values())}
