@@ -28,7 +28,13 @@ from autoplace.cost import analytic_cpu_note
 from autoplace.cost import costs as cost_nodes
 from autoplace.emit import emit_and_verify, train_emitted
 from autoplace.emit.ddp import replicas_of, write_train_script
-from autoplace.emit.microbatch import action_order, loss_rule, split_batch, train_step
+from autoplace.emit.microbatch import (
+    action_order,
+    batch_size,
+    loss_rule,
+    split_batch,
+    train_step,
+)
 from autoplace.errors import InfeasibleError
 from autoplace.formats.output import atomic_output_dir
 from autoplace.formats.plan import BaselineResult, Plan, SolverRecord, Verification
@@ -130,7 +136,7 @@ def plan(
         if microbatches > 1:
             batches = split_batch(args, kwargs, microbatches)
             rule = loss_rule(model, args, kwargs, batches)
-            notes.append(f"{microbatches} micro-batches of {_batch_size(batches[0])}: the "
+            notes.append(f"{microbatches} micro-batches of {batch_size(batches[0], parts=1)}: the "
                          f"batch's loss is the {rule} of theirs")
         whole, (args, kwargs) = (args, kwargs), batches[0]
 
@@ -225,11 +231,6 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
             if n in found else f"{n} fits no device" for n in names)
             + f" per step; {best} kept")
     return found[best]
-
-
-def _batch_size(batch: tuple[tuple[Any, ...], dict[str, Any]]) -> int:
-    leaves = torch.utils._pytree.tree_leaves(batch)
-    return next(x.shape[0] for x in leaves if isinstance(x, torch.Tensor) and x.dim() > 0)
 
 
 def _backward_factors(profiled: Any, model: torch.nn.Module, args: tuple[Any, ...],

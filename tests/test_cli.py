@@ -165,7 +165,8 @@ MAX_LOSS = """
     (["plan", "{file:" + PER_SAMPLE_LOSS + "}", "--mode", "training"],
      r"the loss has shape \[3\], not a scalar: reduce it"),
     (["plan", "{mlp}", "--mode", "training", "--microbatches", "3"],
-     "--microbatches 3 does not divide the batch of 64"),
+     r"the batch of 64 \(dimension 0 of args\.0, the first tensor input\) does not divide "
+     "into 3 micro-batches"),
     (["plan", "{mlp}", "--mode", "training", "--microbatches", "0"],
      "--microbatches must be a whole number, 1 or more"),
     (["plan", "{mlp}", "--microbatches", "2"], "--microbatches is for training plans"),

@@ -90,7 +90,7 @@ def test_every_tensor_with_the_batch_s_rows_is_split_and_the_rest_passed_whole()
 def test_a_batch_that_does_not_divide_is_refused_with_its_numbers() -> None:
     inputs = ((torch.tensor(1.0), torch.randn(63, 8)), {})
     with pytest.raises(AutoplaceError, match=r"the batch of 63 \(dimension 0 of args\.1, the "
-                       r"first tensor input\) does not divide into 2 equal shards"):
+                       r"first tensor input\) does not divide into 2 data-parallel replicas"):
         shard(inputs, rank=0, replicas=2)
     with pytest.raises(AutoplaceError, match="no tensor with a batch dimension"):
         batch_size(((torch.tensor(1.0),), {}), replicas=2)
@@ -181,10 +181,10 @@ def test_a_batch_that_does_not_divide_into_the_replicas_is_a_clear_error(out, ml
     (directory / "plan.json").write_text(json.dumps(data))
     script = write_train_script(directory, optimizer="adam", replicas=3)
     message = r"the batch of 64 \(dimension 0 of args\.0, the first tensor input\) does not " \
-              r"divide into 3 equal shards"
+              r"divide into 3 data-parallel replicas"
     # Through the CLI: exit code 2 before any process starts.
     assert main(["run", str(directory), "--train", "3"]) == 2
-    assert "does not divide into 3 equal shards" in capsys.readouterr().err
+    assert "does not divide into 3 data-parallel replicas" in capsys.readouterr().err
     _, original, args, targets = mlp
     with pytest.raises(AutoplaceError, match=message):
         verify_replicas(directory, original, args, {}, targets, optimizer="adam", replicas=3)

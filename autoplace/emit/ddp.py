@@ -38,7 +38,9 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils import _pytree as pytree
 
 from autoplace.emit.device_map import local_device_map
-from autoplace.emit.saving import input_names, load_inputs, load_model, planned_devices
+from autoplace.emit.microbatch import batch_size as cut_size
+from autoplace.emit.microbatch import split_batch
+from autoplace.emit.saving import load_inputs, load_model, planned_devices
 from autoplace.emit.training import _named, make_optimizer
 from autoplace.errors import AutoplaceError, EmitError
 
@@ -57,42 +59,21 @@ def replicas_of(training: Mapping[str, Any] | None) -> int:
     return int((training or {}).get("replicas", 1))
 
 
+REPLICA_SHARDS = "data-parallel replicas"
+
+
 def batch_size(inputs: Inputs, *, replicas: int) -> int:
-    """B, the batch the replicas share: dimension 0 of the first tensor input with a dimension
-    (args before kwargs, in their pytree order; ``kwargs["targets"]`` after the inputs), which
-    must divide into ``replicas`` equal shards. ``shard`` splits every tensor whose dimension 0
-    is B (inputs and targets), and passes the others whole (scalars, a mask without a batch
-    dimension): a tensor that is not batched yet has B rows is split too, and a batch laid
-    along another dimension (a sequence-first model) is not found; the replicas' check
-    (``verify_replicas``) then fails."""
-    names = input_names(*inputs)
-    leaves = pytree.tree_leaves(inputs)
-    found = [(n, t) for n, t in zip(names, leaves) if isinstance(t, torch.Tensor) and t.dim()]
-    if not found:
-        raise AutoplaceError("the example inputs hold no tensor with a batch dimension: there is "
-                             f"no batch to share among {replicas} data-parallel replicas")
-    name, first = found[0]
-    size = int(first.shape[0])
-    if size == 0 or size % replicas:
-        raise AutoplaceError(
-            f"the batch of {size} (dimension 0 of {name}, the first tensor input) does not "
-            f"divide into {replicas} equal shards, one per data-parallel replica: use a batch "
-            f"that is a multiple of {replicas}, or plan fewer replicas")
-    return size
+    """B, the batch the replicas share (``microbatch.batch_size``'s rule, the one micro-batches
+    follow), which must divide into ``replicas`` equal shards."""
+    return cut_size(inputs, parts=replicas, what=REPLICA_SHARDS)
 
 
 def shard(inputs: Inputs, *, rank: int, replicas: int) -> Inputs:
     """Rank ``rank``'s share of ``inputs``: rows ``rank * B/R`` to ``(rank + 1) * B/R`` of
     every tensor whose dimension 0 is the batch (``batch_size``); everything else whole."""
-    size = batch_size(inputs, replicas=replicas)
-    rows = size // replicas
-
-    def take(leaf: Any) -> Any:
-        if isinstance(leaf, torch.Tensor) and leaf.dim() and leaf.shape[0] == size:
-            return leaf.narrow(0, rank * rows, rows).contiguous()
-        return leaf
-
-    args, kwargs = pytree.tree_map(take, inputs)
+    args, kwargs = split_batch(*inputs, replicas, what=REPLICA_SHARDS)[rank]
+    args, kwargs = pytree.tree_map(
+        lambda x: x.contiguous() if isinstance(x, torch.Tensor) else x, (args, kwargs))
     return tuple(args), dict(kwargs)
 
 

@@ -14,9 +14,10 @@ in ``.grad``, and the caller steps the optimizer once.
 The loss of the batch is the mean (or the sum) of the micro-batches' losses (``loss_rule``
 checks which on the example); each micro-batch's backward starts from ``1/M`` (or 1).
 
-``split_batch`` cuts the example inputs and targets into micro-batches: the batch size is the
-first dimension of the first tensor among the inputs, and every tensor whose first dimension
-has that size is cut along it; the others are passed whole to every micro-batch.
+``split_batch`` cuts the example inputs and targets into micro-batches (and, for data-parallel
+replicas, ``ddp.py``, into shards): the batch size is the first dimension of the first tensor
+among the inputs (``batch_size``), and every tensor whose first dimension has that size is cut
+along it; the others are passed whole to every part.
 """
 
 from __future__ import annotations
@@ -30,38 +31,57 @@ import torch
 from torch.fx import _pytree as fx_pytree
 from torch.utils import _pytree as pytree
 
+from autoplace.emit.saving import input_names
 from autoplace.errors import AutoplaceError, EmitError
 from autoplace.ir import Problem, Schedule
 from autoplace.simulate.schedules import microbatch_name, phase_of
 
-__all__ = ["Action", "action_order", "loss_rule", "split_batch", "train_step"]
+__all__ = ["Action", "action_order", "batch_size", "loss_rule", "split_batch", "train_step"]
 
 Batch = tuple[tuple[Any, ...], dict[str, Any]]
 
 
-def split_batch(args: tuple[Any, ...], kwargs: dict[str, Any], count: int) -> list[Batch]:
-    """``(args, kwargs)`` cut into ``count`` micro-batches (see the module's docstring). Raises
-    ``AutoplaceError`` when the batch does not divide by ``count``."""
-    if count < 1:
-        raise AutoplaceError(f"--microbatches must be 1 or more, got {count}")
-    leaves, spec = pytree.tree_flatten((args, kwargs))
-    first = next((x for x in leaves if isinstance(x, torch.Tensor) and x.dim() > 0), None)
-    if first is None:
-        raise AutoplaceError("micro-batches need a tensor input with a batch dimension; the "
-                             "example inputs have none")
-    batch = first.shape[0]
-    if batch % count:
-        raise AutoplaceError(f"--microbatches {count} does not divide the batch of {batch} "
-                             f"(the first dimension of the first input): choose a divisor of "
-                             f"{batch}")
-    size = batch // count
+def batch_size(inputs: Batch, *, parts: int, what: str = "micro-batches") -> int:
+    """B, the batch: dimension 0 of the first tensor input with a dimension (args before
+    kwargs, in their pytree order; ``kwargs["targets"]`` after the inputs), which must divide
+    into ``parts`` equal ``what``. ``split_batch`` cuts every tensor whose dimension 0 is B
+    (inputs and targets) and passes the others whole (scalars, a mask without a batch
+    dimension): a tensor that is not batched yet has B rows is cut too, and a batch laid along
+    another dimension (a sequence-first model) is not found; the training check then fails."""
+    names = input_names(*inputs)
+    leaves = pytree.tree_leaves(inputs)
+    found = [(n, t) for n, t in zip(names, leaves) if isinstance(t, torch.Tensor) and t.dim()]
+    if not found:
+        raise AutoplaceError(f"the example inputs hold no tensor with a batch dimension: there "
+                             f"is no batch to cut into {parts} {what}")
+    name, first = found[0]
+    size = int(first.shape[0])
+    if parts < 1 or size == 0 or size % parts:
+        raise AutoplaceError(
+            f"the batch of {size} (dimension 0 of {name}, the first tensor input) does not "
+            f"divide into {parts} {what}: use a batch that is a multiple of {parts}, or "
+            f"fewer {what}")
+    return size
 
-    def part(x: Any, k: int) -> Any:
-        if isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == batch:
-            return x[k * size:(k + 1) * size]
-        return x
 
-    return [pytree.tree_unflatten([part(x, k) for x in leaves], spec) for k in range(count)]
+def split_batch(args: tuple[Any, ...], kwargs: dict[str, Any], count: int, *,
+                what: str = "micro-batches") -> list[Batch]:
+    """``(args, kwargs)`` cut into ``count`` equal parts along the batch (``batch_size``'s
+    rule): rows ``k * B/count`` to ``(k + 1) * B/count`` of every batched tensor, the other
+    values whole. Raises ``AutoplaceError`` when the batch does not divide by ``count``."""
+    size = batch_size((args, kwargs), parts=count, what=what)
+    rows = size // count
+
+    def part(k: int) -> Batch:
+        def take(x: Any) -> Any:
+            if isinstance(x, torch.Tensor) and x.dim() and x.shape[0] == size:
+                return x.narrow(0, k * rows, rows)
+            return x
+
+        a, kw = pytree.tree_map(take, (args, kwargs))
+        return tuple(a), dict(kw)
+
+    return [part(k) for k in range(count)]
 
 
 def loss_rule(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
