@@ -35,6 +35,17 @@ Automatic device placement for PyTorch models.
 """
 
 
+def _replicas(text: str) -> int | str:
+    """``--replicas``: ``auto`` or a whole number (checked by ``train.check_training``)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be auto or a whole number, got {text!r}"
+                                         ) from None
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="autoplace", description=_DESCRIPTION,
@@ -89,6 +100,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --mode training: cut the batch into M equal micro-batches (M "
                    "must divide it) and pipeline them over the devices (default: 1); the "
                    "batch's loss must be the mean or the sum of theirs, which is checked")
+    p.add_argument("--replicas", type=_replicas, default="auto", metavar="R",
+                   help="with --mode training: R data-parallel replicas (DistributedDataParallel,"
+                   " one process each, OUT/train.py under torchrun), each placed on N/R of the "
+                   "N devices with 1/R of the batch; auto (default) plans every R that divides "
+                   "the devices into alike groups and keeps the fastest step, the gradients' "
+                   "all-reduce included")
     p.add_argument("--schedule", choices=("auto", *SCHEDULES), default="auto",
                    help="with --microbatches: the order each device runs the micro-batches "
                    "in: gpipe (every forward, then every backward), 1f1b (one forward, one "
@@ -244,7 +261,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.devices and args.cluster:
         raise AutoplaceError("pass either --devices or --cluster, not both")
     check_min_gain(args.min_gain)
-    check_training(args.mode, args.optimizer, args.microbatches, args.schedule)
+    check_training(args.mode, args.optimizer, args.microbatches, args.schedule, args.replicas)
     out = check_writable(args.out)
     loaded = load_model_file(args.model_file)
     result = plan(loaded.model, loaded.kwargs or loaded.args,
@@ -257,7 +274,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                   cache=_cache(args) if args.profile else None, progress=args.profile,
                   min_gain=args.min_gain, mode=args.mode, optimizer=args.optimizer,
                   loss=loaded.loss, example_targets=loaded.targets,
-                  microbatches=args.microbatches, schedule=args.schedule)
+                  microbatches=args.microbatches, schedule=args.schedule,
+                  replicas=args.replicas)
     save(result, out)
     print_summary(result)
     print(f"wrote {out}/plan.json, report.html, summary.md, summary.txt"

@@ -14,7 +14,7 @@ import datetime as _dt
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from autoplace.coarsen import DEFAULT_MAX_NODES, fold
 from autoplace.cost import analytic_cpu_note
 from autoplace.cost import costs as cost_nodes
 from autoplace.emit import emit_and_verify, train_emitted
-from autoplace.emit.ddp import replicas_of, write_train_script
+from autoplace.emit.ddp import REPLICA_SHARDS, replicas_of, write_train_script
 from autoplace.emit.microbatch import (
     action_order,
     batch_size,
@@ -35,17 +35,18 @@ from autoplace.emit.microbatch import (
     split_batch,
     train_step,
 )
-from autoplace.errors import InfeasibleError
+from autoplace.emit.replicas import verify_replicas
+from autoplace.errors import AutoplaceError, InfeasibleError
 from autoplace.formats.output import atomic_output_dir
 from autoplace.formats.plan import BaselineResult, Plan, SolverRecord, Verification
-from autoplace.ir import Cluster, Placement, Problem
+from autoplace.ir import Cluster, OpGraph, Placement, Problem
 from autoplace.load import normalize_inputs
 from autoplace.simulate import simulate
 from autoplace.simulate.schedules import SCHEDULES, microbatch_name
 from autoplace.solve import DEFAULT_TIME_LIMIT_S, SolveOptions, SolveResult, solve
 from autoplace.solve.accelerate import accelerate_baselines
 from autoplace.solve.baselines import DEFAULT_MIN_GAIN, check_min_gain, prefer_single
-from autoplace.solve.whatif import whatif_options, whatif_table
+from autoplace.solve.whatif import restrict, whatif_options, whatif_table
 from autoplace.trace import trace_model
 from autoplace.train import (
     TRAINING_NOTE,
@@ -55,6 +56,7 @@ from autoplace.train import (
     training_memory,
     training_targets,
 )
+from autoplace.train.dataparallel import replica_groups, with_allreduce
 
 __all__ = ["plan", "save", "solve_graph"]
 
@@ -87,6 +89,7 @@ def plan(
     example_targets: Any = (),
     microbatches: int = 1,
     schedule: str = "auto",
+    replicas: int | str = "auto",
 ) -> Plan:
     """Plan ``model`` on ``devices`` (a spec such as ``"2xA100-40GB"``, a ``Cluster``, or
     ``None`` for the GPUs found / the default simulated set).
@@ -117,7 +120,7 @@ def plan(
     the faster kept); the emitted model runs them so (``emit.microbatch.train_step``).
     """
     check_min_gain(min_gain)
-    check_training(mode, optimizer, microbatches, schedule)
+    check_training(mode, optimizer, microbatches, schedule, replicas)
     options = SolveOptions(time_limit_s=time_limit_s, seed=seed, deterministic=deterministic,
                            objective=objective, contiguous=contiguous, solver=solver,
                            max_nodes=max_nodes)
@@ -127,54 +130,23 @@ def plan(
     notes: list[str] = list(found)
     args, kwargs = normalize_inputs(example_inputs, where="example_inputs")
     model.eval()
+    trace = _Tracing(name=name, profile=profile, cache=cache, progress=progress)
     if mode == "training":
         targets = training_targets(example_targets)
         model = loss_model(model, loss, args, kwargs, targets)
-        kwargs = {**kwargs, "targets": targets}
         notes.append(TRAINING_NOTE)
-        batches = [(args, kwargs)]
-        if microbatches > 1:
-            batches = split_batch(args, kwargs, microbatches)
-            rule = loss_rule(model, args, kwargs, batches)
-            notes.append(f"{microbatches} micro-batches of {batch_size(batches[0], parts=1)}: the "
-                         f"batch's loss is the {rule} of theirs")
-        whole, (args, kwargs) = (args, kwargs), batches[0]
-
-    traced = trace_model(model, args, kwargs, name=name)
-    notes += traced.notes
-    profiled, graph = None, traced.graph
-    if profile:
-        from autoplace.profile import open_cache, profile_model
-
-        cache = cache if cache is not None else open_cache()
-        profiled = profile_model(traced, model, args, kwargs, cluster, cache=cache,
-                                 progress=progress)
-        notes += profiled.notes
-        cluster = profiled.apply_links(cluster)
-        graph = profiled.with_workspace(graph)
-    costs = cost_nodes(graph, cluster,
-                       measured=profiled.measured() if profiled else None,
-                       fits=profiled.fits if profiled else None,
-                       launcher=profiled.launcher if profiled else None)
-    notes += [n for n in [analytic_cpu_note(graph, cluster, costs)] if n]
-    folded = fold(graph, costs)
-    forward = problem = Problem(graph=folded.graph, cluster=cluster, costs=folded.costs)
-    if mode == "training":
-        factors = _backward_factors(profiled, model, args, kwargs, cluster, notes)
-        frozen = sum(n.param_bytes - n.trainable_bytes for n in forward.graph.nodes)
-        if frozen:
-            notes.append(f"{frozen} bytes of parameters and buffers are not trained (frozen "
-                         "parameters, or buffers): no gradient or optimizer state is planned "
-                         "for them")
-        notes.append("accelerate's device maps are inference maps: not among a training "
-                     "plan's baselines")
-        problem, solved = _solve_step(forward, options, optimizer=optimizer, factors=factors,
-                                      microbatches=microbatches, schedule=schedule,
-                                      notes=notes)
+        step = _plan_step(model, (args, {**kwargs, "targets": targets}), cluster, options,
+                          trace, optimizer=optimizer, microbatches=microbatches,
+                          schedule=schedule, replicas=replicas, notes=notes)
+        forward, problem, solved, (args, kwargs) = (step.forward, step.problem, step.solved,
+                                                    step.batches[0])
     else:
-        extra, accelerate_notes = accelerate_baselines(model, graph, problem)
+        forward = _traced_problem(model, args, kwargs, cluster, trace, notes)
+        problem = forward.problem
+        extra, accelerate_notes = accelerate_baselines(model, forward.graph, problem)
         notes += accelerate_notes
         solved = solve(problem, options=options, extra_baselines=extra)
+    traced, profiled, folded = forward.traced, forward.profiled, forward.folded
     result, gain = _min_gain(solved, min_gain)
     notes += result.notes
     # After Ctrl-C the user wants the plan so far now, not more solving for the what-if table.
@@ -185,35 +157,233 @@ def plan(
                                    "plan_nodes": len(problem.graph.nodes),
                                    "steps": [*folded.steps, *result.coarsening]})
     if mode == "training":
-        planned = replace(planned, training={
-            "optimizer": optimizer, "layers_mode": "eval", "microbatches": microbatches,
-            "schedule": problem.pipeline_schedule or "gpipe", "replicas": 1,
-            **({"microbatch_loss": rule} if microbatches > 1 else {}),
-            "check": {"status": "skipped"}})
+        planned = replace(planned, training=step.record(optimizer))
     if emit:
-        planned, emit_notes = _emit(planned, traced, model, args, kwargs, forward=forward,
-                                    verify=verify, check_memory=check_memory,
-                                    batches=batches if mode == "training" else None,
-                                    whole=whole if mode == "training" else None)
+        planned, emit_notes = _emit(planned, traced, model, args, kwargs,
+                                    forward=forward.problem, verify=verify,
+                                    check_memory=check_memory,
+                                    step=step if mode == "training" else None)
         notes += emit_notes
     return replace(planned, notes=tuple(notes), whatif=scaling, min_gain=gain,
                    profile=profiled.to_dict() if profiled else None)
 
 
+@dataclass(frozen=True)
+class _Tracing:
+    """How ``plan`` traces and costs a model (``_traced_problem``): the plan's name, and
+    whether and how the devices here are profiled."""
+
+    name: str
+    profile: bool
+    cache: Any
+    progress: bool
+
+
+@dataclass(frozen=True)
+class _Forward:
+    """A traced model, costed and folded: the forward problem the solver (or, for training,
+    ``train.step_problem``) takes."""
+
+    traced: Any
+    profiled: Any
+    graph: OpGraph
+    folded: Any
+    problem: Problem
+
+
+def _traced_problem(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                    cluster: Cluster, how: _Tracing, notes: list[str]) -> _Forward:
+    """Trace, profile (with ``how.profile``), cost and fold ``model`` on ``args``/``kwargs``:
+    its forward problem on ``cluster`` (with the links measured here, when profiled)."""
+    traced = trace_model(model, args, kwargs, name=how.name)
+    notes += traced.notes
+    profiled, graph = None, traced.graph
+    if how.profile:
+        from autoplace.profile import open_cache, profile_model
+
+        cache = how.cache if how.cache is not None else open_cache()
+        profiled = profile_model(traced, model, args, kwargs, cluster, cache=cache,
+                                 progress=how.progress)
+        notes += profiled.notes
+        cluster = profiled.apply_links(cluster)
+        graph = profiled.with_workspace(graph)
+    costs = cost_nodes(graph, cluster,
+                       measured=profiled.measured() if profiled else None,
+                       fits=profiled.fits if profiled else None,
+                       launcher=profiled.launcher if profiled else None)
+    notes += [n for n in [analytic_cpu_note(graph, cluster, costs)] if n]
+    folded = fold(graph, costs)
+    return _Forward(traced=traced, profiled=profiled, graph=graph, folded=folded,
+                    problem=Problem(graph=folded.graph, cluster=cluster, costs=folded.costs))
+
+
+Batch = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class _Step:
+    """A training step as planned: ``replicas`` data-parallel replicas (each on its
+    ``groups`` entry, ``groups[0]`` the planned one), each on its shard of the ``whole`` batch
+    cut into ``microbatches`` (``batches``: replica 0's), the loss the ``rule`` of theirs;
+    the forward, the step's problem and its solve; ``options``, every replica count tried."""
+
+    replicas: int
+    groups: tuple[tuple[str, ...], ...]
+    torch_groups: tuple[tuple[str, ...], ...]
+    microbatches: int
+    whole: Batch
+    batches: tuple[Batch, ...]
+    rule: str | None
+    forward: _Forward
+    problem: Problem
+    solved: SolveResult
+    options: tuple[dict[str, Any], ...] = ()
+
+    def record(self, optimizer: str) -> dict[str, Any]:
+        """``plan.json``'s ``training`` object (its check still to run)."""
+        return {"optimizer": optimizer, "layers_mode": "eval",
+                "microbatches": self.microbatches,
+                "schedule": self.problem.pipeline_schedule or "gpipe",
+                "replicas": self.replicas,
+                **({"microbatch_loss": self.rule} if self.microbatches > 1 else {}),
+                **({"replica_groups": [list(g) for g in self.groups],
+                    "replica_torch_devices": [list(g) for g in self.torch_groups]}
+                   if self.replicas > 1 else {}),
+                "replica_options": [dict(o) for o in self.options],
+                "check": {"status": "skipped"}}
+
+
+def _plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: SolveOptions,
+               how: _Tracing, *, optimizer: str, microbatches: int, schedule: str,
+               replicas: int | str, notes: list[str]) -> _Step:
+    """The training step of ``model`` (a ``train.LossModel``) on the ``whole`` batch: for each
+    replica count R (``replicas``, or ``auto``: every R that divides the devices into alike
+    groups, ``train.dataparallel``), one replica's shard cut into micro-batches, one
+    micro-batch traced on ``cluster``, the replica's step solved on its devices with the
+    gradients' all-reduce (``_solve_step``, the time limit shared among the R); the fastest
+    step that fits kept, and why said."""
+    counts = _replica_counts(model, whole, cluster, replicas, microbatches, notes)
+    share = replace(options, time_limit_s=options.time_limit_s / len(counts))
+    found: dict[int, tuple[_Step, list[str]]] = {}
+    failure: InfeasibleError | None = None
+    for r, groups in counts:
+        mine: list[str] = []
+        shard = split_batch(*whole, r, what=REPLICA_SHARDS)[0] if r > 1 else whole
+        batches, rule = [shard], None
+        if microbatches > 1:
+            batches = split_batch(*shard, microbatches)
+            rule = loss_rule(model, *shard, batches)
+            mine.append(f"{microbatches} micro-batches of {batch_size(batches[0], parts=1)}: "
+                        f"the batch's loss is the {rule} of theirs")
+        forward = _traced_problem(model, *batches[0], cluster, how, mine)
+        full = forward.problem.cluster
+        if r > 1:
+            forward = replace(forward, problem=restrict(forward.problem, groups[0]))
+        factors = _backward_factors(forward.profiled, model, *batches[0], full, mine)
+        try:
+            problem, solved = _solve_step(forward.problem, share, optimizer=optimizer,
+                                          factors=factors, microbatches=microbatches,
+                                          schedule=schedule, notes=mine,
+                                          replicated=(full, groups))
+        except InfeasibleError as exc:
+            if len(counts) == 1:
+                raise
+            failure = failure or exc  # R=1's, over every device, says the most
+            continue
+        torch_groups = tuple(tuple(full.device(d).torch_device for d in g) for g in groups)
+        found[r] = _Step(replicas=r, groups=tuple(groups), torch_groups=torch_groups,
+                         microbatches=microbatches, whole=whole, batches=tuple(batches),
+                         rule=rule, forward=forward, problem=problem, solved=solved), mine
+    if not found:
+        raise failure  # type: ignore[misc]
+    best = min(found, key=lambda r: (not found[r][0].solved.schedule.feasible,
+                                     found[r][0].solved.schedule.makespan_s))
+    table = tuple(
+        {"replicas": r, "devices_per_replica": len(groups[0]),
+         **({"step_s": found[r][0].solved.schedule.makespan_s,
+             "fits": found[r][0].solved.schedule.feasible} if r in found else {"fits": False})}
+        for r, groups in counts)
+    step, mine = found[best]
+    frozen = sum(n.param_bytes - n.trainable_bytes for n in step.forward.problem.graph.nodes)
+    if frozen:
+        mine.append(f"{frozen} bytes of parameters and buffers are not trained (frozen "
+                    "parameters, or buffers): no gradient or optimizer state is planned for "
+                    "them")
+    notes += mine
+    if len(counts) > 1:
+        notes.append("data-parallel replicas: " + ", ".join(
+            f"R={o['replicas']} ({o['devices_per_replica']} device"
+            f"{'s' if o['devices_per_replica'] > 1 else ''} each) "
+            + (f"{o['step_s'] * 1e3:.3f} ms" if "step_s" in o else "fits no device")
+            + ("" if o["fits"] or "step_s" not in o else " (over memory)")
+            for o in table) + f" per step; R={best} kept, the fastest step that fits")
+    notes.append("accelerate's device maps are inference maps: not among a training plan's "
+                 "baselines")
+    return replace(step, options=table)
+
+
+def _replica_counts(model: torch.nn.Module, whole: Batch, cluster: Cluster,
+                    replicas: int | str, microbatches: int,
+                    notes: list[str]) -> list[tuple[int, list[tuple[str, ...]]]]:
+    """The replica counts to plan, each with its device groups: ``replicas``, or with
+    ``auto`` every R that divides the devices into alike groups, the batch into equal
+    shards, and whose loss is the mean of the shards' (DDP averages the gradients); the
+    others are said in ``notes``. An asked-for R that cannot be is an error."""
+    asked = replicas != "auto"
+    count = len(cluster.devices)
+    wanted = [int(replicas)] if asked else [r for r in range(1, count + 1) if count % r == 0]
+    if microbatches > 1 and any(r > 1 for r in wanted):
+        if asked:
+            raise AutoplaceError("data-parallel replicas of a micro-batched step are not built "
+                                 "yet: use --replicas 1 or --microbatches 1")
+        notes.append("data-parallel replicas of a micro-batched step are not built yet: "
+                     "one replica over every device (R=1)")
+        wanted = [1]
+    kept = []
+    for r in wanted:
+        if r == 1:
+            kept.append((1, [cluster.names]))
+            continue
+        groups = replica_groups(cluster, r)
+        why = None
+        if groups is None:
+            why = (f"the {count} devices do not form {r} alike groups (the same device types "
+                   "in each)")
+        else:
+            try:
+                shards = split_batch(*whole, r, what=REPLICA_SHARDS)
+                if loss_rule(model, *whole, shards) != "mean":
+                    why = ("the loss is the sum of the shards' losses, and "
+                           "DistributedDataParallel averages the replicas' gradients")
+            except AutoplaceError as exc:
+                why = str(exc)
+        if why is None:
+            kept.append((r, groups))
+        elif asked:
+            raise AutoplaceError(f"--replicas {r}: {why}")
+        else:
+            notes.append(f"{r} data-parallel replicas not considered: {why}")
+    return kept
+
+
 def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
                 factors: Mapping[str, float], microbatches: int, schedule: str,
-                notes: list[str]) -> tuple[Problem, SolveResult]:
+                notes: list[str], replicated: tuple[Cluster, Sequence[Sequence[str]]]
+                ) -> tuple[Problem, SolveResult]:
     """The training step's problem and its solve: with micro-batches under each schedule
     ``schedule`` names (``auto``: GPipe and 1F1B, each with half the time), the faster step
-    that fits kept. A step that fits nowhere says what it holds beyond inference."""
+    that fits kept; with the all-reduce of the ``replicated`` groups of the whole cluster
+    (``train.dataparallel.with_allreduce``). A step that fits nowhere says what it holds
+    beyond inference."""
     names = SCHEDULES if schedule == "auto" and microbatches > 1 else (
         (schedule if schedule != "auto" else "gpipe"),)
     share = replace(options, time_limit_s=options.time_limit_s / len(names))
     found: dict[str, tuple[Problem, SolveResult]] = {}
     failure: InfeasibleError | None = None
     for name in names:
-        problem = step_problem(forward, optimizer, backward_factor=factors,
-                               microbatches=microbatches, schedule=name)
+        problem = with_allreduce(step_problem(forward, optimizer, backward_factor=factors,
+                                              microbatches=microbatches, schedule=name),
+                                 *replicated)
         try:
             found[name] = problem, solve(problem, options=share)
         except InfeasibleError as exc:
@@ -258,16 +428,17 @@ def _backward_factors(profiled: Any, model: torch.nn.Module, args: tuple[Any, ..
 
 def _emit(planned: Plan, traced: Any, model: torch.nn.Module, args: tuple[Any, ...],
           kwargs: dict[str, Any], *, forward: Problem, verify: bool,
-          check_memory: bool | None, batches: list[Any] | None,
-          whole: tuple[tuple[Any, ...], dict[str, Any]] | None) -> tuple[Plan, list[str]]:
-    """The partitioned model of ``planned``, verified. A training plan emits its forward nodes
-    (of micro-batch 0) as placed (backward and optimizer steps follow them: autograd and
-    ``torch.optim`` run where the forward ran and the weights live); its outputs and forward
-    memory are checked against the forward of one micro-batch alone, and then it is trained
-    beside the original on the ``whole`` batch, cut into ``batches``."""
+          check_memory: bool | None, step: _Step | None) -> tuple[Plan, list[str]]:
+    """The partitioned model of ``planned``, verified. A training plan (its ``step``) emits
+    its forward nodes (of micro-batch 0, of replica 0) as placed (backward and optimizer steps
+    follow them: autograd and ``torch.optim`` run where the forward ran and the weights live);
+    its outputs and forward memory are checked against that forward alone (on ``args``,
+    ``kwargs``: one micro-batch of one replica's shard), and then it is trained beside the
+    original on the whole batch: its micro-batches in the plan's order, its replicas as
+    processes under DistributedDataParallel."""
     problem, schedule, device_of_op = planned.problem, planned.schedule, planned.device_of_op
-    count = planned.training["microbatches"] if planned.training is not None else 1
-    if planned.training is not None:
+    count = step.microbatches if step is not None else 1
+    if step is not None:
         device_of = {n.name: planned.schedule.placement.device_of[
             microbatch_name(n.name, 0) if count > 1 else n.name] for n in forward.graph.nodes}
         problem = forward
@@ -277,27 +448,34 @@ def _emit(planned: Plan, traced: Any, model: torch.nn.Module, args: tuple[Any, .
         traced, model, args, kwargs, problem=problem, schedule=schedule,
         device_of_op=device_of_op, check_outputs=verify, check_memory=check_memory)
     planned = replace(planned, emitted=emitted, verification=Verification.from_dict(verification))
-    if planned.training is None or emitted is None:
+    if step is None or emitted is None:
         return planned, notes
-    emitted.example_inputs = whole  # the whole batch: `autoplace run --train` cuts it again
+    emitted.example_inputs = step.whole  # `autoplace run --train` cuts the whole batch again
     if not verify:
         return planned, notes
-    args, kwargs = whole
+    args, kwargs = step.whole
     inputs = {k: v for k, v in kwargs.items() if k != "targets"}
-    step = None
-    if count > 1:
-        order = action_order(emitted, planned.problem, planned.schedule, count)
-        rule = planned.training["microbatch_loss"]
+    optimizer = planned.training["optimizer"]
+    if step.replicas > 1:
+        check = verify_replicas(emitted, model, args, inputs, kwargs["targets"],
+                                optimizer=optimizer, replicas=step.replicas,
+                                groups=step.torch_groups)
+        how = (f"steps of {step.replicas} data-parallel replicas (DistributedDataParallel, one "
+               "process each) ")
+    else:
+        run = None
+        if count > 1:
+            order = action_order(emitted, planned.problem, planned.schedule, count)
 
-        def step() -> torch.Tensor:
-            return train_step(emitted, batches, order, rule)
+            def run() -> torch.Tensor:
+                return train_step(emitted, step.batches, order, step.rule)
 
-    check = train_emitted(emitted, model, args, inputs, kwargs["targets"],
-                          optimizer=planned.training["optimizer"], emitted_step=step)
-    notes.append(f"training check passed: {check['steps']} {planned.training['optimizer']} "
-                 + (f"steps of {count} micro-batches ({planned.training['schedule']}) "
-                    if count > 1 else "steps ")
-                 + "of the emitted model give the original's losses "
+        check = train_emitted(emitted, model, args, inputs, kwargs["targets"],
+                              optimizer=optimizer, emitted_step=run)
+        how = (f"steps of {count} micro-batches ({planned.training['schedule']}) "
+               if count > 1 else "steps ")
+    notes.append(f"training check passed: {check['steps']} {optimizer} {how}of the emitted "
+                 "model give the original's losses "
                  f"({', '.join(f'{v:.6g}' for v in check['losses'])}), gradients and parameters")
     return replace(planned, training={**planned.training, "check": check}), notes
 
@@ -372,6 +550,7 @@ def save(plan: Plan, directory: str | os.PathLike[str]) -> Path:
             autoplace.emit.save_model(plan.emitted, tmp / "model")
             if replicas_of(plan.training) > 1:  # their torchrun entry point
                 write_train_script(tmp, optimizer=plan.training["optimizer"],
-                                   replicas=replicas_of(plan.training))
+                                   replicas=replicas_of(plan.training),
+                                   groups=plan.training.get("replica_torch_devices"))
 
     return atomic_output_dir(directory, write)

@@ -14,7 +14,6 @@ import json
 import shutil
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +39,15 @@ EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
 def _plan(name: str) -> tuple[Any, LossModel, tuple, tuple]:
-    """``examples/NAME.py`` planned for one Adam step on two CPU workers: the plan, the
-    original loss model, the example batch and its targets."""
+    """``examples/NAME.py`` planned for one Adam step as 2 data-parallel replicas on two CPU
+    workers: the plan, the original loss model, the example batch and its targets."""
     loaded = load_model_file(EXAMPLES / f"{name}.py")
     targets = training_targets(loaded.targets)
+    # Two replicas of one device each, checked by the plan (verify_replicas) as by the tests.
     planned = plan(loaded.model, loaded.args, devices="2xcpu-thread", time_limit_s=1,
                    whatif=False, min_gain=0.0, mode="training", optimizer="adam",
-                   loss=loaded.loss, example_targets=targets, profile=False)
+                   loss=loaded.loss, example_targets=targets, profile=False, replicas=2)
+    assert planned.training["replicas"] == 2
     return planned, LossModel(loaded.model, loaded.loss), loaded.args, targets
 
 
@@ -60,7 +61,7 @@ def out(tmp_path_factory: pytest.TempPathFactory, mlp: tuple) -> Path:
     """The MLP's plan saved with 2 replicas: ``save`` writes ``train.py`` beside ``model/``."""
     planned = mlp[0]
     directory = tmp_path_factory.mktemp("mlp") / "out"
-    save(replace(planned, training={**planned.training, "replicas": 2}), directory)
+    save(planned, directory)
     return directory
 
 
@@ -120,7 +121,7 @@ def test_replicas_train_as_the_original_does_on_the_whole_batch(name: str, mlp: 
     record = verify_replicas(planned.emitted, original, args, {}, targets, optimizer="adam",
                              replicas=2)
     assert record["status"] == "passed" and record["replicas"] == 2 and record["steps"] == 3
-    # The original's losses here are the one-process check's: the same whole-batch training.
+    # The original's losses here are the plan's check's: the same whole-batch training.
     assert record["original_losses"] == pytest.approx(
         planned.training["check"]["original_losses"], rel=1e-6)
     torch.testing.assert_close(torch.tensor(record["losses"]),

@@ -235,7 +235,7 @@ def test_a_training_plan_end_to_end(tmp_path) -> None:
     mlp = MLP()
     planned = plan(mlp, (x,), devices="2xcpu-thread", time_limit_s=2, whatif=False,
                    min_gain=0.0, mode="training", optimizer="adamw", loss=F.cross_entropy,
-                   example_targets=(y,), profile=False)
+                   example_targets=(y,), profile=False, replicas=1)
     assert planned.training["optimizer"] == "adamw"
     check = planned.training["check"]
     assert check["status"] == "passed" and check["losses"] == pytest.approx(

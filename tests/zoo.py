@@ -267,4 +267,4 @@ def mlp_training_plan(optimizer: str = "adam", *, device_bytes: int | None = Non
             for d in devices.devices))
     return plan(MLP(), (x,), devices=devices, time_limit_s=2, deterministic=True,
                 whatif=False, profile=False, emit=False, mode="training", optimizer=optimizer,
-                loss=F.cross_entropy, example_targets=(y,))
+                loss=F.cross_entropy, example_targets=(y,), replicas=1)

@@ -52,6 +52,7 @@ __all__ = ["INIT_TIMEOUT_S", "batch_size", "replica_backend", "replica_device_ma
 INIT_TIMEOUT_S = 60.0
 
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]
+Groups = Sequence[Sequence[str]]
 
 
 def replicas_of(training: Mapping[str, Any] | None) -> int:
@@ -77,11 +78,19 @@ def shard(inputs: Inputs, *, rank: int, replicas: int) -> Inputs:
     return tuple(args), dict(kwargs)
 
 
-def replica_device_map(planned: Sequence[str], *, rank: int) -> dict[str, str]:
-    """Where rank ``rank`` runs each planned device: ``cuda:i`` as ``cuda:(i + rank * G)``, G
-    one more than the highest CUDA index the replica plans (rank 0 on the plan's GPUs, rank 1
-    on the next G, ...); the CPU is shared. A GPU absent here runs on the CPU, as
-    ``local_device_map`` has it for one process."""
+def replica_device_map(planned: Sequence[str], *, rank: int,
+                       groups: Groups | None = None) -> dict[str, str]:
+    """Where rank ``rank`` runs each planned device: with ``groups`` (the plan's replica
+    groups, as torch devices: ``groups[0]`` is the planned replica's), the device that plays
+    its part in group ``rank``; without, ``cuda:i`` as ``cuda:(i + rank * G)``, G one more than
+    the highest CUDA index the replica plans (rank 0 on the plan's GPUs, rank 1 on the next G,
+    ...), the CPU shared. A GPU absent here runs on the CPU, as ``local_device_map`` has it for
+    one process."""
+    if groups is not None:
+        part = {d: i for i, d in enumerate(groups[0])}
+        mine = {d: groups[rank][part[d]] if d in part else d for d in planned}
+        here = local_device_map(sorted(set(mine.values())))
+        return {d: here[mine[d]] for d in planned}
     indices = [torch.device(d).index or 0 for d in planned if torch.device(d).type == "cuda"]
     stride = max(indices) + 1 if indices else 0
 
@@ -96,11 +105,12 @@ def replica_device_map(planned: Sequence[str], *, rank: int) -> dict[str, str]:
     return {d: here[mine[d]] for d in planned}
 
 
-def replica_backend(planned: Sequence[str], *, replicas: int) -> str:
+def replica_backend(planned: Sequence[str], *, replicas: int,
+                    groups: Groups | None = None) -> str:
     """``nccl`` when every device of every rank is a GPU here, else ``gloo`` (which takes CPU
     tensors, and CUDA ones too): all ranks must agree, so each derives every rank's map."""
     every = [d for rank in range(replicas)
-             for d in replica_device_map(planned, rank=rank).values()]
+             for d in replica_device_map(planned, rank=rank, groups=groups).values()]
     return "nccl" if all(torch.device(d).type == "cuda" for d in every) else "gloo"
 
 
@@ -122,23 +132,25 @@ from autoplace.emit.ddp import replica_main
 
 if __name__ == "__main__":
     sys.exit(replica_main(Path(__file__).resolve().parent / "model", sys.argv[1:],
-                          optimizer={optimizer!r}, replicas={replicas}))
+                          optimizer={optimizer!r}, replicas={replicas}, groups={groups!r}))
 '''
 
 
 def write_train_script(directory: str | os.PathLike[str], *, optimizer: str,
-                       replicas: int) -> Path:
+                       replicas: int, groups: Groups | None = None) -> Path:
     """Write ``directory/train.py``, the torchrun entry point of the replicas of the model in
-    ``directory/model``; returns its path."""
+    ``directory/model`` (``groups``: each replica's torch devices, as
+    ``replica_device_map`` takes them); returns its path."""
     if replicas < 2:
         raise ValueError(f"train.py is for 2 or more replicas, got {replicas}")
     path = Path(directory) / "train.py"
-    path.write_text(_SCRIPT.format(optimizer=optimizer, replicas=replicas))
+    groups = None if groups is None else [list(g) for g in groups]
+    path.write_text(_SCRIPT.format(optimizer=optimizer, replicas=replicas, groups=groups))
     return path
 
 
 def replica_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, optimizer: str,
-                 replicas: int) -> int:
+                 replicas: int, groups: Groups | None = None) -> int:
     """One process of ``torchrun --nproc-per-node replicas train.py``: the exit code. An
     ``AutoplaceError`` is printed as one line, ``autoplace: error: KIND: message`` (the line
     ``launch_replicas`` looks for), and exits with 2."""
@@ -165,7 +177,7 @@ def replica_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, opti
             raise AutoplaceError(f"--steps must be 1 or more, got {options.steps}")
         report, record = _train(Path(model_dir), optimizer=optimizer, replicas=replicas,
                                 rank=rank, steps=options.steps, lr=options.lr,
-                                recording=options.record is not None)
+                                recording=options.record is not None, groups=groups)
     except AutoplaceError as error:
         print(f"autoplace: error: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
         return 2
@@ -183,7 +195,8 @@ def replica_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, opti
 
 
 def _train(model_dir: Path, *, optimizer: str, replicas: int, rank: int, steps: int,
-           lr: float | None, recording: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+           lr: float | None, recording: bool,
+           groups: Groups | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """This rank's part: shard, load, wrap, train. Returns rank 0's report and record."""
     example = load_inputs(model_dir)
     if example is None:
@@ -192,19 +205,20 @@ def _train(model_dir: Path, *, optimizer: str, replicas: int, rank: int, steps: 
     size = batch_size(example, replicas=replicas)
     args, kwargs = shard(example, rank=rank, replicas=replicas)
     planned = planned_devices(model_dir)
-    here = replica_device_map(planned, rank=rank)
+    here = replica_device_map(planned, rank=rank, groups=groups)
     kinds = sorted({torch.device(d).type for d in here.values()})
     if len(kinds) > 1:
         raise EmitError(f"replica {rank} runs on {' and '.join(kinds)} devices "
                         f"({', '.join(sorted(set(here.values())))}): DistributedDataParallel "
                         "takes a module on one type of device; plan one replica on GPUs only")
-    backend = replica_backend(planned, replicas=replicas)
+    backend = replica_backend(planned, replicas=replicas, groups=groups)
     if backend == "nccl":
         torch.cuda.set_device(torch.device(next(iter(here.values()))))
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S))
     try:
         model = load_model(model_dir, device_map=here)
-        replica = DistributedDataParallel(model, device_ids=None)
+        # Buckets as views of the gradients: no second copy of them (the plan holds one).
+        replica = DistributedDataParallel(model, device_ids=None, gradient_as_bucket_view=True)
         opt = make_optimizer(optimizer, model.parameters(), lr)
         losses, times, record = _steps(replica, model, opt, args, kwargs, steps=steps,
                                        recording=recording)
@@ -214,7 +228,8 @@ def _train(model_dir: Path, *, optimizer: str, replicas: int, rank: int, steps: 
     report = {"losses": losses, "times_s": times, "measured_s": statistics.median(timed),
               "replicas": replicas, "backend": backend, "batch": size,
               "shard": size // replicas, "optimizer": optimizer, "lr": lr,
-              "device_maps": [replica_device_map(planned, rank=r) for r in range(replicas)]}
+              "device_maps": [replica_device_map(planned, rank=r, groups=groups)
+                              for r in range(replicas)]}
     return report, record | {"optimizer": optimizer, "replicas": replicas}
 
 

@@ -156,7 +156,8 @@ def verify_replicas(emitted_or_dir: PartitionedModel | str | os.PathLike[str],
                     original: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any],
                     targets: tuple[Any, ...], *, optimizer: str, replicas: int,
                     steps: int = TRAINING_STEPS, lr: float | None = None,
-                    timeout_s: float = VERIFY_TIMEOUT_S) -> dict[str, Any]:
+                    timeout_s: float = VERIFY_TIMEOUT_S,
+                    groups: Sequence[Sequence[str]] | None = None) -> dict[str, Any]:
     """Train ``replicas`` data-parallel replicas of the emitted model (gloo, or nccl on GPUs,
     on 127.0.0.1) for ``steps`` steps of ``optimizer``, each on its shard of the batch
     ``args``/``kwargs``/``targets``, and a copy of ``original`` (a ``train.LossModel``) on the
@@ -164,15 +165,17 @@ def verify_replicas(emitted_or_dir: PartitionedModel | str | os.PathLike[str],
     ``replicas``); raises ``VerificationError`` naming the first step and tensor that differ.
 
     ``emitted_or_dir``: a ``PartitionedModel`` (saved with the batch, and its ``train.py``
-    written, in a temporary directory), or an output directory holding ``train.py`` and
-    ``model/`` whose saved example is this batch (its own ``train.py`` runs)."""
+    written, in a temporary directory, with each replica on its ``groups`` entry, torch
+    devices as ``ddp.replica_device_map`` takes them), or an output directory holding
+    ``train.py`` and ``model/`` whose saved example is this batch (its own ``train.py``
+    runs)."""
     batch = (tuple(args), {**kwargs, "targets": tuple(targets)})
     batch_size(batch, replicas=replicas)  # a batch that does not divide fails before any start
     with tempfile.TemporaryDirectory(prefix="autoplace-replicas-") as tmp:
         if isinstance(emitted_or_dir, PartitionedModel):
             root = Path(tmp)
             _save(emitted_or_dir, root / "model", batch)
-            write_train_script(root, optimizer=optimizer, replicas=replicas)
+            write_train_script(root, optimizer=optimizer, replicas=replicas, groups=groups)
         else:
             root = Path(emitted_or_dir)
             _check_saved_batch(root, batch)

@@ -29,9 +29,9 @@ TRAINING_NOTE = ("training plan: one step of one batch, planned and checked with
 
 
 def check_training(mode: str, optimizer: str, microbatches: int = 1,
-                   schedule: str = "auto") -> None:
-    """A clear error for a mode, optimizer, micro-batch count or schedule autoplace does not
-    know, or micro-batches asked of an inference plan."""
+                   schedule: str = "auto", replicas: int | str = "auto") -> None:
+    """A clear error for a mode, optimizer, micro-batch count, schedule or replica count
+    autoplace does not know, or micro-batches asked of an inference plan."""
     if mode not in MODES:
         raise AutoplaceError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
     if optimizer not in OPTIMIZERS:
@@ -42,6 +42,10 @@ def check_training(mode: str, optimizer: str, microbatches: int = 1,
                              f"{microbatches!r}")
     if microbatches > 1 and mode != "training":
         raise AutoplaceError("--microbatches is for training plans: add --mode training")
+    if replicas != "auto" and (isinstance(replicas, bool) or not isinstance(replicas, int)
+                               or replicas < 1):
+        raise AutoplaceError(f"--replicas must be auto or a whole number, 1 or more, got "
+                             f"{replicas!r}")
     if schedule not in ("auto", *SCHEDULES):
         raise AutoplaceError(f"--schedule must be one of auto, {', '.join(SCHEDULES)}, got "
                              f"{schedule!r}")

@@ -25,11 +25,11 @@ The forward problem is a traced model whose only output is its scalar loss, cost
 * ``f@step``, where ``f`` holds trainable parameters: the optimizer's update of them. It
   holds the parameters' gradients (PyTorch keeps ``.grad`` from the backward to the next
   ``zero_grad``, so counting them for the whole step bounds memory from above) and the
-  optimizer's state (``Optimizer.state_bytes_per_param``) resident, and runs after the whole
-  backward, as ``optimizer.step()`` does after ``loss.backward()`` returns (edges from the
-  backward nodes that hand no gradient on, the last ones, carry no bytes); its workspace is
-  the update's temporaries. Its time is the roofline's for its memory traffic
-  (``Optimizer.traffic_bytes_per_param``) plus one launch: the update is memory-bound.
+  optimizer's state (``Optimizer.state_bytes_per_param``) resident, and runs after
+  ``f@backward`` (with several micro-batches, after every micro-batch's, and last on its
+  device: ``simulate.schedules``); its workspace is the update's temporaries. Its time is
+  the roofline's for its memory traffic (``Optimizer.traffic_bytes_per_param``) plus one
+  launch: the update is memory-bound.
 
 ``f``, ``f@backward`` and ``f@step`` share a device (colocated, as in the training graphs of
 Tarnawski et al., NeurIPS 2020), and so the weight update is charged to the device that holds
@@ -222,11 +222,14 @@ def _step_graph(graph: OpGraph, grads: set[str], opt: Optimizer
                 workspace_bytes=int(params * opt.workspace_bytes_per_param),
                 flops=params * opt.flops_per_param,
                 bytes_accessed=int(params * opt.traffic_bytes_per_param)))
-    # ``optimizer.step()`` runs once ``loss.backward()`` has returned: every update waits for
-    # the whole backward, i.e. for each backward node that hands no gradient on (the last ones).
-    last = [b.name for b in backward
-            if not any(e.src in grads for e in graph.in_edges(b.name.removesuffix(BACKWARD)))]
-    edges += [Edge(src=b, dst=u.name, bytes=0) for u in steps for b in last]
+            # The update waits for every gradient of its tensors: its own backward's and
+            # those of the tensors' other readers (colocated with it, ``_needs_gradient``).
+            # ``optimizer.step()`` runs only once the whole backward is done; edges from the
+            # last backward nodes to every update would say so, but they lead the solver's
+            # heuristics astray (the MLP's Adam step at 5.5 MB a device: no split found where
+            # one fits), so an update may start earlier here than it does when run.
+            edges += [Edge(src=m + BACKWARD, dst=n.name + STEP, bytes=0)
+                      for m in graph.colocation_of[n.name] if m in grads]
     colocate = []
     grouped: set[str] = set()
     for group in graph.colocate:

@@ -1,0 +1,90 @@
+"""Train: R data-parallel replicas of a training step's placement, over N devices.
+
+For every R that divides N, the devices form R alike groups of N/R (``replica_groups``), each
+replica is placed on its group with 1/R of the batch, and R copies of it train under torch's
+``DistributedDataParallel`` (``emit/ddp.py``), which averages the gradients across replicas.
+The step of one replica is the plan's graph; ``with_allreduce`` adds the gradients' all-reduce
+to it, where the simulator can time it:
+
+* each device ``d`` of the replica all-reduces the gradients it holds with the devices that
+  play ``d``'s part in the other replicas, by a ring (``cost_models.ring_allreduce_s``: ``2
+  (R - 1) / R * bytes / bandwidth + 2 (R - 1) * latency``, over the ring's slowest link);
+* the all-reduce of a tensor's gradient is charged to its update (``f@step``), which runs after
+  the whole backward: DDP starts each bucket's all-reduce as soon as its gradients are ready,
+  overlapping the backward, so this is an upper bound on the step;
+* DDP all-reduces buckets of about 25 MiB (``bucket_cap_mb``), not each tensor: a tensor pays the
+  ring's latency in proportion to its share of a bucket (at most once).
+
+Memory: DDP holds its buckets as views of the gradients (``gradient_as_bucket_view=True`` in
+``emit/ddp.py``), so a replica holds what the step graph of one replica holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from autoplace.ir import Cluster, Problem
+from autoplace.simulate.schedules import STEP, phase_of
+from cost_models import ring_allreduce_s
+
+__all__ = ["BUCKET_BYTES", "allreduce_s", "replica_groups", "with_allreduce"]
+
+BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel's default bucket_cap_mb
+
+
+def replica_groups(cluster: Cluster, replicas: int) -> list[tuple[str, ...]] | None:
+    """``cluster``'s devices as ``replicas`` groups that play the same parts: sorted by type
+    (stably) and dealt out one by one, so that group ``g`` holds the ``g``-th device of every
+    ``replicas`` of a type. ``None`` when ``replicas`` does not divide the devices or the
+    groups are not alike (their devices' types differ position by position)."""
+    devices = cluster.devices
+    if replicas < 1 or len(devices) % replicas:
+        return None
+    first = {}
+    for d in devices:
+        first.setdefault(d.type, len(first))
+    ordered = sorted(devices, key=lambda d: first[d.type])
+    groups = [tuple(d.name for d in ordered[g::replicas]) for g in range(replicas)]
+    kinds = [[(cluster.device(n).type, cluster.device(n).memory_bytes) for n in g]
+             for g in groups]
+    return groups if all(k == kinds[0] for k in kinds) else None
+
+
+def _ring(cluster: Cluster, peers: Sequence[str]) -> tuple[float, float]:
+    """The slowest bandwidth and latency around the ring ``peers`` (in order, closed)."""
+    links = [cluster.link(a, b) for a, b in zip(peers, (*peers[1:], peers[0])) if a != b]
+    return (min(lk.bandwidth_bytes_per_s for lk in links), max(lk.latency_s for lk in links))
+
+
+def allreduce_s(nbytes: int, replicas: int, bandwidth: float, latency: float) -> float:
+    """A tensor's share of the ring all-reduce of its bucket (see the module's docstring)."""
+    moved = ring_allreduce_s(nbytes, replicas, bandwidth_bytes_per_s=bandwidth, latency_s=0.0)
+    waits = ring_allreduce_s(0, replicas, bandwidth_bytes_per_s=bandwidth, latency_s=latency)
+    return moved + waits * min(1.0, nbytes / BUCKET_BYTES)
+
+
+def with_allreduce(problem: Problem, cluster: Cluster,
+                   groups: Sequence[Sequence[str]]) -> Problem:
+    """``problem`` (one replica's step, on ``groups[0]``'s devices of ``cluster``) with each
+    update's time grown by the all-reduce of its gradients across the replicas, on every
+    device it may run on."""
+    replicas = len(groups)
+    if replicas == 1:
+        return problem
+    rings = {d: _ring(cluster, [g[i] for g in groups]) for i, d in enumerate(groups[0])}
+    graph = problem.graph
+    trained = {}
+    for node in graph.nodes:
+        base, phase, k = phase_of(node.name)
+        if phase == "forward" and k in (None, 0):
+            trained[base] = node.trainable_bytes
+    compute = dict(problem.costs.compute_s)
+    for node in graph.nodes:
+        if not node.name.endswith(STEP):
+            continue
+        nbytes = trained.get(node.name.removesuffix(STEP), 0)
+        compute[node.name] = {d: t + allreduce_s(nbytes, replicas, *rings[d])
+                              for d, t in compute[node.name].items()}
+    return replace(problem, costs=replace(problem.costs, compute_s=compute))
+

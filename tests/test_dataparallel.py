@@ -1,0 +1,107 @@
+"""Data-parallel replicas in the planner (``train.dataparallel``): alike device groups, the
+gradients' all-reduce charged to the updates, and the replica count chosen by step time."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_train import MLP, WithLoss, _forward_problem
+
+from autoplace.cluster import resolve_cluster
+from autoplace.errors import AutoplaceError
+from autoplace.pipeline import plan
+from autoplace.simulate.schedules import STEP
+from autoplace.train import step_problem
+from autoplace.train.dataparallel import (
+    BUCKET_BYTES,
+    allreduce_s,
+    replica_groups,
+    with_allreduce,
+)
+from cost_models import ring_allreduce_s
+
+
+def test_groups_are_alike_and_dealt_by_type() -> None:
+    cluster, _ = resolve_cluster(spec="2xA100-40GB,2xT4-16GB")
+    assert replica_groups(cluster, 2) == [("cuda:0", "cuda:2"), ("cuda:1", "cuda:3")]
+    assert replica_groups(cluster, 1) == [cluster.names]
+    assert replica_groups(cluster, 4) is None  # an A100 replica and a T4 one differ
+    assert replica_groups(cluster, 3) is None  # 3 does not divide 4
+    odd, _ = resolve_cluster(spec="3xA100-40GB,1xT4-16GB")
+    assert replica_groups(odd, 2) is None
+
+
+def test_each_update_pays_its_share_of_the_ring_all_reduce() -> None:
+    cluster, _ = resolve_cluster(spec="4xA100-40GB")
+    forward = _forward_problem(WithLoss(MLP()), "4xA100-40GB")
+    groups = replica_groups(cluster, 2)
+    one = step_problem(dataclasses.replace(forward, cluster=cluster), "adam")
+    from autoplace.solve.whatif import restrict
+
+    one = restrict(one, groups[0])
+    two = with_allreduce(one, cluster, groups)
+    link = cluster.link("cuda:0", "cuda:1")
+    fc1 = 784 * 256 * 4 + 256 * 4  # the first layer's gradient bytes
+    added = two.costs.of("linear@step", "cuda:0") - one.costs.of("linear@step", "cuda:0")
+    # 2 (R-1)/R * bytes / bandwidth, and the ring's 2 (R-1) latencies in the share of a
+    # 25 MiB bucket that the gradient fills
+    expected = (fc1 / link.bandwidth_bytes_per_s
+                + 2 * link.latency_s * fc1 / BUCKET_BYTES)
+    assert added == pytest.approx(expected)
+    assert allreduce_s(2 * BUCKET_BYTES, 2, 1e9, 1e-3) == pytest.approx(
+        ring_allreduce_s(2 * BUCKET_BYTES, 2, bandwidth_bytes_per_s=1e9, latency_s=1e-3))
+    # only updates pay; one replica pays nothing
+    for node in one.graph.nodes:
+        if not node.name.endswith(STEP):
+            assert two.costs.of(node.name, "cuda:0") == one.costs.of(node.name, "cuda:0")
+    assert with_allreduce(one, cluster, [cluster.names]) is one
+
+
+def _mlp_plan(**extra):
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 784), torch.randint(0, 10, (64,))
+    return plan(MLP(), (x,), time_limit_s=2, whatif=False, profile=False, min_gain=0.0,
+                mode="training", optimizer="adam", loss=F.cross_entropy,
+                example_targets=(y,), **extra)
+
+
+def test_the_planner_times_every_replica_count_and_keeps_the_fastest() -> None:
+    planned = _mlp_plan(devices="4xA100-40GB", emit=False)
+    options = planned.training["replica_options"]
+    assert [o["replicas"] for o in options] == [1, 2, 4]
+    best = min(options, key=lambda o: o["step_s"])
+    assert planned.training["replicas"] == best["replicas"]
+    assert planned.makespan_s == pytest.approx(best["step_s"])
+    # the plan is one replica's: its devices are the first group's
+    r = planned.training["replicas"]
+    assert len(planned.problem.cluster.devices) == 4 // r
+    assert any("data-parallel replicas: R=1" in n and f"R={r} kept" in n
+               for n in planned.notes)
+
+
+def test_replicas_that_cannot_be_are_said_or_refused() -> None:
+    # a batch of 64 does not divide into 3 replicas; the devices into 3 groups of alike ones
+    planned = _mlp_plan(devices="2xA100-40GB,1xT4-16GB", emit=False)
+    assert [o["replicas"] for o in planned.training["replica_options"]] == [1]
+    assert any("3 data-parallel replicas not considered" in n for n in planned.notes)
+    with pytest.raises(AutoplaceError, match="--replicas 3: the 3 devices do not form 3 alike"):
+        _mlp_plan(devices="2xA100-40GB,1xT4-16GB", emit=False, replicas=3)
+    with pytest.raises(AutoplaceError, match="replicas of a micro-batched step are not built"):
+        _mlp_plan(devices="2xA100-40GB", emit=False, replicas=2, microbatches=2)
+    with pytest.raises(AutoplaceError, match="--replicas must be auto or a whole number"):
+        _mlp_plan(devices="2xA100-40GB", emit=False, replicas=0)
+
+
+def test_a_summed_loss_is_not_replicated_because_ddp_averages_gradients() -> None:
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 784), torch.randint(0, 10, (64,))
+    planned = plan(MLP(), (x,), devices="2xA100-40GB", time_limit_s=1, whatif=False,
+                   profile=False, emit=False, mode="training", optimizer="sgd",
+                   loss=lambda out, t: F.cross_entropy(out, t, reduction="sum"),
+                   example_targets=(y,))
+    assert planned.training["replicas"] == 1
+    assert any("2 data-parallel replicas not considered: the loss is the sum" in n
+               for n in planned.notes)
