@@ -464,11 +464,11 @@ def _emit(planned: Plan, traced: Any, model: torch.nn.Module, args: tuple[Any, .
                "process each) ")
     else:
         run = None
-        if count > 1:
+        if count > 1 or len(set(emitted.planned_devices)) > 1:  # segment by segment
             order = action_order(emitted, planned.problem, planned.schedule, count)
 
             def run() -> torch.Tensor:
-                return train_step(emitted, step.batches, order, step.rule)
+                return train_step(emitted, step.batches, order, step.rule or "mean")
 
         check = train_emitted(emitted, model, args, inputs, kwargs["targets"],
                               optimizer=optimizer, emitted_step=run)

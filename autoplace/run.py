@@ -214,15 +214,19 @@ def train_plan(directory: str | os.PathLike[str], *, steps: int, lr: float | Non
     optimizer = make_optimizer(plan.training["optimizer"], model.parameters(), lr)
     devices = [torch.device(d) for d in set(model.devices) if d.startswith("cuda")]
     count = plan.training.get("microbatches", 1)
-    if count > 1:
+    # Segment by segment (each CPU worker's backward on its own thread), with micro-batches
+    # or over several devices; one segment trains as one module.
+    split = count > 1 or len(set(model.planned_devices)) > 1
+    if split:
         batches = split_batch(args, kwargs, count)
         order = action_order(model, plan.problem, plan.schedule, count)
     losses, times = [], []
     for _ in range(steps):
         began = time.perf_counter()
         optimizer.zero_grad()
-        if count > 1:
-            loss = train_step(model, batches, order, plan.training["microbatch_loss"])
+        if split:
+            loss = train_step(model, batches, order,
+                              plan.training.get("microbatch_loss", "mean"))
         else:
             loss = model(*args, **kwargs)
             loss.backward()

@@ -23,7 +23,9 @@ along it; the others are passed whole to every part.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+import math
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +36,7 @@ from torch.utils import _pytree as pytree
 from autoplace.emit.saving import input_names
 from autoplace.errors import AutoplaceError, EmitError
 from autoplace.ir import Problem, Schedule
-from autoplace.simulate.schedules import microbatch_name, phase_of
+from autoplace.simulate.schedules import phase_of
 
 __all__ = ["Action", "action_order", "batch_size", "loss_rule", "split_batch", "train_step"]
 
@@ -112,25 +114,47 @@ class Action:
 
 def action_order(model: torch.nn.Module, problem: Problem, schedule: Schedule,
                  count: int) -> tuple[Action, ...]:
-    """Every action of a step of ``count`` micro-batches, each after those it needs (a forward
-    after its inputs' forwards, a backward after its forward and its readers' backwards), and
-    otherwise in the order the plan's ``schedule`` of ``problem`` (the step graph) starts
-    them."""
+    """Every action of a step of ``count`` micro-batches, each after those it needs
+    (``_needs``), and otherwise in the order the plan's ``schedule`` of ``problem`` (the step
+    graph; with one micro-batch, its nodes carry no ``#k``) starts them."""
     segments = model.segment_info
     segment_of = {op: s.index for s in segments for op in s.nodes}
     ops = {phase_of(n.name)[0]: n.ops for n in problem.graph.nodes
-           if phase_of(n.name)[1:] == ("forward", 0)}
+           if phase_of(n.name)[1] == "forward" and phase_of(n.name)[2] in (0, None)}
     start: dict[Action, float] = {}
     for node in problem.graph.nodes:
         base, phase, k = phase_of(node.name)
-        if phase == "step" or k is None:
+        if phase == "step":
             continue
         for op in ops.get(base, ()):
             if op in segment_of:
-                action = Action(segment_of[op], k, phase)
-                start[action] = min(start.get(action, float("inf")),
-                                    schedule.start_s[microbatch_name(base, k)
-                                                     if phase == "forward" else node.name])
+                action = Action(segment_of[op], k or 0, phase)
+                start[action] = min(start.get(action, math.inf), schedule.start_s[node.name])
+    needs = _needs(segments, count)
+    waiting = {a: len(n) for a, n in needs.items()}
+    unblocks: dict[Action, list[Action]] = {a: [] for a in needs}
+    for a, n in needs.items():
+        for b in n:
+            unblocks[b].append(a)
+    ready = [(start.get(a, math.inf), a) for a, w in waiting.items() if w == 0]
+    heapq.heapify(ready)
+    order: list[Action] = []
+    while ready:
+        _, action = heapq.heappop(ready)
+        order.append(action)
+        for a in unblocks[action]:
+            waiting[a] -= 1
+            if waiting[a] == 0:
+                heapq.heappush(ready, (start.get(a, math.inf), a))
+    if len(order) != len(needs):
+        raise EmitError("the emitted model's segments read each other in a cycle: no order "
+                        "runs their micro-batches")
+    return tuple(order)
+
+
+def _needs(segments: Sequence[Any], count: int) -> dict[Action, set[Action]]:
+    """What each action waits for: a forward, its inputs' forwards; a backward, its own
+    forward and its readers' backwards (the gradients of its outputs)."""
     producer = {name: s.index for s in segments for name in s.outputs}
     needs: dict[Action, set[Action]] = {}
     for s in segments:
@@ -141,74 +165,134 @@ def action_order(model: torch.nn.Module, problem: Problem, schedule: Schedule,
             needs[Action(s.index, k, "forward")] = {Action(p, k, "forward") for p in sources}
             needs[Action(s.index, k, "backward")] = {Action(s.index, k, "forward"), *(
                 Action(r, k, "backward") for r in readers)}
-    waiting = {a: len(n) for a, n in needs.items()}
-    unblocks: dict[Action, list[Action]] = {a: [] for a in needs}
-    for a, n in needs.items():
-        for b in n:
-            unblocks[b].append(a)
-    ready = [(start.get(a, float("inf")), a) for a, w in waiting.items() if w == 0]
-    heapq.heapify(ready)
-    order: list[Action] = []
-    while ready:
-        _, action = heapq.heappop(ready)
-        order.append(action)
-        for a in unblocks[action]:
-            waiting[a] -= 1
-            if waiting[a] == 0:
-                heapq.heappush(ready, (start.get(a, float("inf")), a))
-    if len(order) != len(needs):
-        raise EmitError("the emitted model's segments read each other in a cycle: no order "
-                        "runs their micro-batches")
-    return tuple(order)
+    return needs
 
 
 def train_step(model: torch.nn.Module, batches: Sequence[Batch], order: Sequence[Action],
-               rule: str) -> torch.Tensor:
+               rule: str, *, threads: bool | None = None) -> torch.Tensor:
     """Run the forward and backward of every micro-batch in ``batches`` through ``model``'s
     segments in ``order`` (``action_order``), accumulating the parameters' gradients; returns
-    the batch's loss (detached), the ``rule`` (``mean`` or ``sum``) of the micro-batches'."""
-    info, spec = model.segment_info, model._in_spec
-    if spec is None or not model.input_names:
+    the batch's loss (detached), the ``rule`` (``mean`` or ``sum``) of the micro-batches'.
+
+    With ``threads`` (by default, where every segment is on a CPU device and there are
+    several), each planned device runs its own actions in that order on a worker thread of
+    one intra-op thread, as the threaded forward does (``runtime.py``), waiting for the
+    actions each one needs: autograd runs a CPU backward on the thread that calls it, so the
+    devices' backwards overlap as their forwards do. Otherwise the caller's thread runs every
+    action (GPU work is queued asynchronously, so GPUs still overlap)."""
+    info = model.segment_info
+    if model._in_spec is None or not model.input_names:
         raise EmitError("micro-batches need an emitted model traced by torch.export (its input "
                         "structure); this one has none: plan it again")
-    scale = 1.0 / len(batches) if rule == "mean" else 1.0
-    values = [dict(zip(model.input_names, fx_pytree.tree_flatten_spec((list(a), k), spec)))
-              for a, k in batches]
-    grads: list[dict[str, torch.Tensor]] = [{} for _ in batches]
-    fed: dict[tuple[int, int], list[tuple[str, torch.Tensor]]] = {}
-    made: dict[tuple[int, int], Sequence[Any]] = {}
-    losses = []
-    for action in order:
-        s, k = action.segment, action.microbatch
-        segment, seg = getattr(model, f"seg{s}"), info[s]
+    step = _Actions(model, batches, 1.0 / len(batches) if rule == "mean" else 1.0)
+    if threads is None:
+        threads = (len({s.planned_device for s in info}) > 1
+                   and all(torch.device(s.device).type == "cpu" for s in info))
+    if threads:
+        _threaded(order, step.run, {s.index: s.planned_device for s in info},
+                  _needs(info, len(batches)))
+    else:
+        for action in order:
+            step.run(action)
+    return step.loss()
+
+
+class _Actions:
+    """The state of one step while its actions run: each micro-batch's values by name, the
+    gradients its backwards hand on, and each forward's detached inputs and outputs."""
+
+    def __init__(self, model: torch.nn.Module, batches: Sequence[Batch], scale: float) -> None:
+        self.model, self.scale = model, scale
+        self.values = [dict(zip(model.input_names,
+                                fx_pytree.tree_flatten_spec((list(a), k), model._in_spec)))
+                       for a, k in batches]
+        self.grads: list[dict[str, torch.Tensor]] = [{} for _ in batches]
+        self.fed: dict[tuple[int, int], list[tuple[str, torch.Tensor]]] = {}
+        self.made: dict[tuple[int, int], Sequence[Any]] = {}
+        self.losses: list[torch.Tensor] = []
+        self.adding = threading.Lock()  # two readers' backwards may add into one gradient
+
+    def run(self, action: Action) -> None:
         if action.phase == "forward":
-            inputs, leaves = [], []
-            for name in seg.inputs:
-                value = values[k][name]
-                if isinstance(value, torch.Tensor):
-                    value = value.to(segment.device)
-                    if value.requires_grad:
-                        value = value.detach().requires_grad_(True)
-                        leaves.append((name, value))
-                inputs.append(value)
-            outputs = segment(*inputs)
-            fed[(s, k)], made[(s, k)] = leaves, outputs
-            values[k].update(zip(seg.outputs, outputs))
-            for name, out in zip(seg.outputs, outputs):
-                if name in model.output_names:
-                    losses.append(out.detach())
-                    grads[k][name] = torch.full_like(out, scale)
-            continue
-        pairs = [(out, grads[k].pop(name)) for name, out in zip(seg.outputs, made.pop((s, k)))
-                 if name in grads[k] and isinstance(out, torch.Tensor) and out.requires_grad]
+            self.forward(action.segment, action.microbatch)
+        else:
+            self.backward(action.segment, action.microbatch)
+
+    def forward(self, s: int, k: int) -> None:
+        segment, seg = getattr(self.model, f"seg{s}"), self.model.segment_info[s]
+        inputs, leaves = [], []
+        for name in seg.inputs:
+            value = self.values[k][name]
+            if isinstance(value, torch.Tensor):
+                value = value.to(segment.device)
+                if value.requires_grad:
+                    value = value.detach().requires_grad_(True)
+                    leaves.append((name, value))
+            inputs.append(value)
+        outputs = segment(*inputs)
+        self.fed[(s, k)], self.made[(s, k)] = leaves, outputs
+        self.values[k].update(zip(seg.outputs, outputs))
+        for name, out in zip(seg.outputs, outputs):
+            if name in self.model.output_names:
+                self.losses.append(out.detach())
+                self.grads[k][name] = torch.full_like(out, self.scale)
+
+    def backward(self, s: int, k: int) -> None:
+        seg, grads = self.model.segment_info[s], self.grads[k]
+        with self.adding:
+            pairs = [(out, grads.pop(name))
+                     for name, out in zip(seg.outputs, self.made.pop((s, k)))
+                     if name in grads and isinstance(out, torch.Tensor) and out.requires_grad]
         if pairs:
-            torch.autograd.backward([o for o, _ in pairs],
-                                    [g.to(o.device) for o, g in pairs])
-        for name, leaf in fed.pop((s, k)):
+            torch.autograd.backward([o for o, _ in pairs], [g.to(o.device) for o, g in pairs])
+        for name, leaf in self.fed.pop((s, k)):
             if leaf.grad is not None:
-                held = grads[k].get(name)
-                grads[k][name] = leaf.grad if held is None else held + leaf.grad.to(held.device)
+                with self.adding:
+                    held = grads.get(name)
+                    grads[name] = leaf.grad if held is None else held + leaf.grad.to(held.device)
         for name in seg.outputs:
-            values[k].pop(name, None)
-    total = sum(loss.to("cpu").double() for loss in losses)
-    return (total * scale).float() if rule == "mean" else total.float()
+            self.values[k].pop(name, None)
+
+    def loss(self) -> torch.Tensor:
+        total = sum(loss.to("cpu").double() for loss in self.losses)
+        return (total * self.scale).float()
+
+
+def _threaded(order: Sequence[Action], run: Callable[[Action], None],
+              device_of: Mapping[int, str], needs: Mapping[Action, set[Action]]) -> None:
+    """``run`` every action of ``order``, each planned device's in that order on a worker
+    thread of its own, each once the actions it ``needs`` are done; the first error is raised
+    here, after every worker has stopped."""
+    done = {a: threading.Event() for a in order}
+    failed: list[BaseException] = []
+
+    def work(actions: list[Action]) -> None:
+        try:
+            for action in actions:
+                for before in needs[action]:
+                    done[before].wait()
+                if failed:
+                    return
+                run(action)
+                done[action].set()
+        except BaseException as exc:  # handed to the caller, which raises it
+            failed.append(exc)
+            for event in done.values():
+                event.set()
+
+    per_device: dict[str, list[Action]] = {}
+    for action in order:
+        per_device.setdefault(device_of[action.segment], []).append(action)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        workers = [threading.Thread(target=work, args=(a,), daemon=True)
+                   for a in per_device.values()]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    finally:
+        torch.set_num_threads(threads)
+    if failed:
+        raise failed[0]
