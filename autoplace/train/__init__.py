@@ -9,9 +9,11 @@ formula. The optimizers and their state bytes are in ``OPTIMIZERS``.
 
 ``autoplace.plan(mode="training")`` traces ``LossModel`` (the model and its loss, ``wrap.py``),
 plans the step, and trains the emitted model beside the original
-(``autoplace.emit.training``); ``autoplace run --train`` trains it. Not yet here (issue 14):
-micro-batches and their schedules (GPipe, 1F1B), data-parallel replicas, mixed precision, and
-the memory of a training step measured on the emitted model.
+(``autoplace.emit.training``); ``autoplace run --train`` trains it. With micro-batches the step
+graph holds one copy of the forward and backward per micro-batch, run in GPipe's or 1F1B's
+order (``simulate.schedules``); ``dataparallel.py`` weighs data-parallel replicas and charges
+their gradients' all-reduce. Not yet here: mixed precision, recomputation, replicas of a
+micro-batched step, and the memory of a training step measured on the emitted model.
 """
 
 from autoplace.errors import AutoplaceError
