@@ -12,6 +12,7 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
+from zoo import MLP  # the seed tutorial's MLP: 784-256-128-10
 
 from autoplace.cluster import resolve_cluster
 from autoplace.coarsen import fold
@@ -24,17 +25,6 @@ from autoplace.simulate import simulate, validate
 from autoplace.solve import solve
 from autoplace.trace import trace_model
 from autoplace.train import OPTIMIZERS, LossModel, step_problem
-
-
-class MLP(nn.Module):
-    """The seed tutorial's MLP: 784-256-128-10."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1, self.fc2, self.fc3 = nn.Linear(784, 256), nn.Linear(256, 128), nn.Linear(128, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
 
 
 class WithLoss(nn.Module):
