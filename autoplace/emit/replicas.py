@@ -44,6 +44,7 @@ from autoplace.emit.training import (
     _close,
     _conditioned,
     _named,
+    _resync,
     make_optimizer,
 )
 from autoplace.errors import AutoplaceError, EmitError, VerificationError
@@ -254,12 +255,14 @@ def _compare(record: Mapping[str, Any], original: torch.nn.Module, args: tuple[A
         twin.load_state_dict(mine["state"])
         for name, i in names.items():
             keep = _conditioned(opt, theirs[name], twin, mine["params"][i])
-            if keep is not None:  # an element once ill-conditioned stays apart: it moved
-                keep = masks[name] = keep & masks.get(name, keep)
             ours, ref = mine["params"][i], theirs[name].detach().to("cpu")
             worst["param"] = max(worst["param"], _close(
                 ours[keep] if keep is not None else ours, ref[keep] if keep is not None else ref,
                 f"{name} after step {step}"))
+            if keep is not None and not bool(keep.all()):
+                # The replicas ran on: the original takes their values there instead.
+                masks[name] = keep & masks.get(name, keep)
+                _resync(opt, theirs[name], twin, mine["params"][i], ~keep)
     return {"status": "passed", "optimizer": optimizer, "steps": len(record["steps"]),
             "replicas": replicas, "losses": [float(s["loss"]) for s in record["steps"]],
             "original_losses": original_losses,
