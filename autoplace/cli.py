@@ -36,14 +36,9 @@ Automatic device placement for PyTorch models.
 
 
 def _replicas(text: str) -> int | str:
-    """``--replicas``: ``auto`` or a whole number (checked by ``train.check_training``)."""
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be auto or a whole number, got {text!r}"
-                                         ) from None
+    """``--replicas``: a whole number, or the text as given (``auto``; anything else is
+    refused by ``train.check_training``, with the plan's other errors)."""
+    return int(text) if text.isdigit() else text
 
 
 def _parser() -> argparse.ArgumentParser:

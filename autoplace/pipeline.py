@@ -39,10 +39,10 @@ from autoplace.emit.replicas import verify_replicas
 from autoplace.errors import AutoplaceError, InfeasibleError
 from autoplace.formats.output import atomic_output_dir
 from autoplace.formats.plan import BaselineResult, Plan, SolverRecord, Verification
-from autoplace.ir import Cluster, OpGraph, Placement, Problem
+from autoplace.ir import Cluster, OpGraph, Placement, Problem, Schedule
 from autoplace.load import normalize_inputs
 from autoplace.simulate import simulate
-from autoplace.simulate.schedules import SCHEDULES, microbatch_name
+from autoplace.simulate.schedules import SCHEDULES, microbatch_name, schedule_run
 from autoplace.solve import DEFAULT_TIME_LIMIT_S, SolveOptions, SolveResult, solve
 from autoplace.solve.accelerate import accelerate_baselines
 from autoplace.solve.baselines import DEFAULT_MIN_GAIN, check_min_gain, prefer_single
@@ -157,7 +157,12 @@ def plan(
                                    "plan_nodes": len(problem.graph.nodes),
                                    "steps": [*folded.steps, *result.coarsening]})
     if mode == "training":
-        planned = replace(planned, training=step.record(optimizer))
+        planned = replace(planned, training=step.record(optimizer, result.schedule))
+        if step.problem.pipeline_schedule != planned.training["schedule"] and (
+                step.microbatches > 1):
+            notes.append("1F1B's order needs the devices to form stages, and these feed each "
+                         "other both ways (a tied weight read at both ends, say): the step "
+                         "runs GPipe's order")
     if emit:
         planned, emit_notes = _emit(planned, traced, model, args, kwargs,
                                     forward=forward.problem, verify=verify,
@@ -239,11 +244,14 @@ class _Step:
     solved: SolveResult
     options: tuple[dict[str, Any], ...] = ()
 
-    def record(self, optimizer: str) -> dict[str, Any]:
-        """``plan.json``'s ``training`` object (its check still to run)."""
+    def record(self, optimizer: str, schedule: Schedule) -> dict[str, Any]:
+        """``plan.json``'s ``training`` object (its check still to run) for the plan's
+        ``schedule``: the order it runs, which is GPipe's where 1F1B was asked of devices that
+        feed each other both ways (``simulate.schedules.schedule_run``)."""
         return {"optimizer": optimizer, "layers_mode": "eval",
                 "microbatches": self.microbatches,
-                "schedule": self.problem.pipeline_schedule or "gpipe",
+                "schedule": schedule_run(self.problem.graph, schedule.placement.device_of,
+                                         self.problem.pipeline_schedule or "gpipe"),
                 "replicas": self.replicas,
                 **({"microbatch_loss": self.rule} if self.microbatches > 1 else {}),
                 **({"replica_groups": [list(g) for g in self.groups],
@@ -346,9 +354,11 @@ def _replica_counts(model: torch.nn.Module, whole: Batch, cluster: Cluster,
             continue
         groups = replica_groups(cluster, r)
         why = None
-        if groups is None:
+        if count % r:
+            why = f"{r} does not divide the {count} devices into equal groups"
+        elif groups is None:
             why = (f"the {count} devices do not form {r} alike groups (the same device types "
-                   "in each)")
+                   "and the same links inside each)")
         else:
             try:
                 shards = split_batch(*whole, r, what=REPLICA_SHARDS)
@@ -391,7 +401,8 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
     if not found:
         capacity = sum(d.memory_bytes - d.reserved_bytes for d in forward.cluster.devices)
         raise InfeasibleError(
-            f"{failure} {training_memory(forward.graph, optimizer, capacity)}") from failure
+            f"{failure} {training_memory(forward.graph, optimizer, capacity, microbatches)}"
+        ) from failure
     best = min(found, key=lambda n: (not found[n][1].schedule.feasible,
                                       found[n][1].schedule.makespan_s))
     if len(names) > 1:

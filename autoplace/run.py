@@ -127,6 +127,12 @@ def run_plan(
     else:
         args, kwargs = example
         inputs = f"the example inputs ({model_dir / 'inputs.safetensors'})"
+        replicas = replicas_of(plan.training)
+        count = (plan.training or {}).get("microbatches", 1)
+        if replicas * count > 1:  # the whole batch is saved; the model takes one part of it
+            args, kwargs = split_batch(*split_batch(args, kwargs, replicas)[0], count)[0]
+            inputs += (f", the first of {replicas} replicas' shards" if replicas > 1 else "") \
+                + (f", its first of {count} micro-batches" if count > 1 else "")
 
     name_of = {d.torch_device: d.name for d in plan.problem.cluster.devices}
     here = local_device_map(sorted(name_of))

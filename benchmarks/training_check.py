@@ -42,7 +42,8 @@ def check(example: str, microbatches: int, schedule: str, replicas: int, *,
                    time_limit_s=time_limit_s, whatif=False, profile=False, min_gain=0.0,
                    mode="training", optimizer="adam", loss=loaded.loss,
                    example_targets=loaded.targets, microbatches=microbatches,
-                   schedule=schedule, replicas=replicas, name=example)
+                   schedule=schedule if microbatches > 1 else "auto", replicas=replicas,
+                   name=example)
     training, emitted = planned.training, planned.emitted
     record = training["check"]
     return {"example": example, "microbatches": microbatches, "schedule": schedule,

@@ -12,6 +12,7 @@ from test_train import MLP, WithLoss, _forward_problem
 
 from autoplace.cluster import resolve_cluster
 from autoplace.errors import AutoplaceError
+from autoplace.ir import Cluster, Device, Link
 from autoplace.pipeline import plan
 from autoplace.simulate.schedules import STEP
 from autoplace.train import step_problem
@@ -105,3 +106,21 @@ def test_a_summed_loss_is_not_replicated_because_ddp_averages_gradients() -> Non
     assert planned.training["replicas"] == 1
     assert any("2 data-parallel replicas not considered: the loss is the sum" in n
                for n in planned.notes)
+
+
+def _hosts(*hosts: int) -> Cluster:
+    """A100s on hosts (``hosts[i]`` devices on host i): NVLink inside a host, 10 Gb/s between."""
+    devices = [Device(name=f"h{h}/cuda:{i}", type="A100-40GB", memory_bytes=40 * 2**30,
+                      host=f"h{h}") for h, count in enumerate(hosts) for i in range(count)]
+    links = [Link(src=a.name, dst=b.name, latency_s=2e-6 if a.host == b.host else 1e-5,
+                  bandwidth_bytes_per_s=3e11 if a.host == b.host else 1.25e9)
+             for a in devices for b in devices if a is not b]
+    return Cluster(devices=tuple(devices), links=tuple(links))
+
+
+def test_a_replica_keeps_to_its_host_and_groups_with_other_links_are_not_alike() -> None:
+    assert replica_groups(_hosts(2, 2), 2) == [("h0/cuda:0", "h0/cuda:1"),
+                                               ("h1/cuda:0", "h1/cuda:1")]
+    # 3 + 1: any two groups of two differ in their inside links (NVLink against the network)
+    assert replica_groups(_hosts(3, 1), 2) is None
+    assert replica_groups(_hosts(3, 1), 4) is not None  # one device each: nothing inside

@@ -9,7 +9,7 @@ from test_train import MLP, WithLoss, _forward_problem
 from autoplace.formats.plan import Plan
 from autoplace.ir import Placement
 from autoplace.simulate import simulate, validate
-from autoplace.simulate.schedules import microbatch_order, phase_of
+from autoplace.simulate.schedules import microbatch_order, phase_of, schedule_run
 from autoplace.train import step_problem
 
 
@@ -98,7 +98,7 @@ def test_a_step_of_m_micro_batches_copies_forward_and_backward_but_not_the_updat
     four = step_problem(forward, "adam", microbatches=4, schedule="1f1b")
     steps = [n for n in one.graph.nodes if phase_of(n.name)[1] == "step"]
     assert len(four.graph.nodes) == 4 * (len(one.graph.nodes) - len(steps)) + len(steps)
-    assert len(four.graph.outputs) == 4
+    assert four.graph.outputs == ()  # the caller keeps the losses' scalars only
     # parameters are counted once, on micro-batch 0's copy
     for field in ("param_bytes", "trainable_bytes"):
         assert sum(getattr(n, field) for n in four.graph.nodes) == sum(
@@ -130,3 +130,31 @@ def _record():
     from autoplace.formats.plan import SolverRecord
 
     return SolverRecord(name="test", status="FEASIBLE", wall_s=0.0)
+
+
+def test_inputs_on_the_last_stage_do_not_turn_1f1b_into_gpipe() -> None:
+    # The targets go to the loss's device; an input reads nothing, so waits for no device:
+    # its value makes no stage, and 1F1B keeps its warm-up.
+    forward = _forward_problem(WithLoss(MLP()), "2xcpu-thread")
+    problem = step_problem(forward, "adam", microbatches=4, schedule="1f1b")
+    device_of = _split(problem, 4)
+    a, b = problem.cluster.names[:2]
+    device_of.update({n.name: b for n in problem.graph.nodes if phase_of(n.name)[0] == "y"})
+    order = microbatch_order(problem.graph, device_of, "1f1b")
+    assert _blocks(order[b])[:3] == [("f", 0), ("b", 0), ("f", 1)]
+    assert schedule_run(problem.graph, device_of, "1f1b") == "1f1b"
+    validate(problem, simulate(problem, Placement(device_of=device_of)))
+
+
+def test_a_step_keeps_no_loss_to_its_end() -> None:
+    # What the loss saves for its backward (its log-softmax) is freed by that backward: at the
+    # end a device holds its resident bytes and the inputs, which the caller holds.
+    forward = _forward_problem(WithLoss(MLP()), "cpu")
+    for count, schedule in ((1, "gpipe"), (4, "1f1b")):
+        problem = step_problem(forward, "sgd", microbatches=count, schedule=schedule)
+        s = simulate(problem, Placement(device_of=dict.fromkeys(
+            (n.name for n in problem.graph.nodes), "cpu")))
+        inputs = sum(n.output_bytes for n in problem.graph.nodes if n.is_input)
+        settled = dict(s.memory_timeline["cpu"])  # each time's last level
+        last = max(t for t in settled if t < s.makespan_s)  # as the last update starts
+        assert settled[last] == s.resident_bytes["cpu"] + inputs  # SGD: no workspace

@@ -71,6 +71,8 @@ def split_batch(args: tuple[Any, ...], kwargs: dict[str, Any], count: int, *,
     """``(args, kwargs)`` cut into ``count`` equal parts along the batch (``batch_size``'s
     rule): rows ``k * B/count`` to ``(k + 1) * B/count`` of every batched tensor, the other
     values whole. Raises ``AutoplaceError`` when the batch does not divide by ``count``."""
+    if count == 1:
+        return [(tuple(args), dict(kwargs))]
     size = batch_size((args, kwargs), parts=count, what=what)
     rows = size // count
 
@@ -184,13 +186,22 @@ def train_step(model: torch.nn.Module, batches: Sequence[Batch], order: Sequence
     if model._in_spec is None or not model.input_names:
         raise EmitError("micro-batches need an emitted model traced by torch.export (its input "
                         "structure); this one has none: plan it again")
+    needs = _needs(info, len(batches))
+    seen: set[Action] = set()
+    for action in order:
+        if not needs[action] <= seen:
+            raise EmitError(f"the order runs {action} before {sorted(needs[action] - seen)[0]}, "
+                            "which it needs: use action_order's")
+        seen.add(action)
+    if seen != set(needs):
+        raise EmitError(f"the order leaves out {len(set(needs) - seen)} of the step's actions, "
+                        f"e.g. {sorted(set(needs) - seen)[0]}: use action_order's")
     step = _Actions(model, batches, 1.0 / len(batches) if rule == "mean" else 1.0)
     if threads is None:
         threads = (len({s.planned_device for s in info}) > 1
                    and all(torch.device(s.device).type == "cpu" for s in info))
     if threads:
-        _threaded(order, step.run, {s.index: s.planned_device for s in info},
-                  _needs(info, len(batches)))
+        _threaded(order, step.run, {s.index: s.planned_device for s in info}, needs)
     else:
         for action in order:
             step.run(action)

@@ -150,8 +150,13 @@ def simulate(problem: Problem, placement: Placement) -> Schedule:
     moved_from = _by_source(moved)
     order = placement.order
     if problem.pipeline_schedule is not None:  # the schedule's order, whoever placed it
-        order = _pipeline_order(problem, device_of, moved_from) or order
+        order = microbatch_order(problem.graph, device_of, problem.pipeline_schedule) or order
     start, end, transfers = _run(problem, device_of, order, moved_from)
+    if len(end) != len(problem.graph.nodes) and problem.pipeline_schedule == "1f1b":
+        # 1F1B's warm-ups follow the devices' stages, which should not deadlock; GPipe's
+        # order, a subsequence of one topological order on every device, cannot.
+        order = microbatch_order(problem.graph, device_of, "gpipe") or order
+        start, end, transfers = _run(problem, device_of, order, moved_from)
     if len(end) != len(problem.graph.nodes):
         stuck = [n.name for n in problem.graph.nodes if n.name not in end][:5]
         raise GraphError(
@@ -180,21 +185,6 @@ def simulate(problem: Problem, placement: Placement) -> Schedule:
         load_s=loads(problem, device_of, moved),
         launch_order=launch_order,
     )
-
-
-def _pipeline_order(
-    problem: Problem, device_of: Mapping[str, str],
-    moved_from: Mapping[str, list[tuple[str, int, float]]],
-) -> Mapping[str, tuple[str, ...]] | None:
-    """The devices' orders under ``problem.pipeline_schedule`` (``schedules.microbatch_order``);
-    GPipe's where 1F1B's would deadlock (a placement whose devices form no stages, in a way the
-    rule does not see), which never deadlocks."""
-    order = microbatch_order(problem.graph, device_of, problem.pipeline_schedule)
-    if order is not None and problem.pipeline_schedule != "gpipe":
-        _, end, _ = _run(problem, dict(device_of), order, moved_from)
-        if len(end) != len(problem.graph.nodes):
-            order = microbatch_order(problem.graph, device_of, "gpipe")
-    return order
 
 
 def _by_source(

@@ -28,7 +28,8 @@ import networkx as nx
 
 from autoplace.ir import OpGraph
 
-__all__ = ["BACKWARD", "SCHEDULES", "STEP", "microbatch_order", "microbatch_name", "phase_of"]
+__all__ = ["BACKWARD", "SCHEDULES", "STEP", "microbatch_name", "microbatch_order", "phase_of",
+           "schedule_run"]
 
 BACKWARD = "@backward"
 STEP = "@step"
@@ -87,6 +88,17 @@ def microbatch_order(graph: OpGraph, device_of: Mapping[str, str],
     return order
 
 
+def schedule_run(graph: OpGraph, device_of: Mapping[str, str], schedule: str) -> str:
+    """The schedule ``microbatch_order`` runs for ``schedule``: ``gpipe`` where 1F1B was asked
+    of devices that feed each other both ways (no stages), else ``schedule``."""
+    if schedule != "1f1b":
+        return schedule
+    counts = {phase_of(n.name)[2] for n in graph.nodes} - {None}
+    count = max(counts, default=0) + 1
+    warmup = _warmups(graph, device_of, count)
+    return "gpipe" if count > 1 and all(w >= count for w in warmup.values()) else schedule
+
+
 def _blocks(count: int, warmup: int) -> list[tuple[str, int]]:
     """The blocks of one device in order: ``warmup`` forwards, then one backward and one
     forward by turns, then the backwards left (GPipe: ``warmup == count``)."""
@@ -103,9 +115,13 @@ def _warmups(graph: OpGraph, device_of: Mapping[str, str], count: int) -> dict[s
     that graph has a cycle."""
     flows = nx.DiGraph()
     flows.add_nodes_from(set(device_of.values()))
+    # A node that reads nothing (an input, or a check of the inputs) waits for no device:
+    # the values it sends make no stage.
+    waits = {e.dst for e in graph.edges}
     for e in graph.edges:
         src, dst = device_of[e.src], device_of[e.dst]
-        if src != dst and phase_of(e.src)[1] == phase_of(e.dst)[1] == "forward":
+        if (src != dst and e.src in waits
+                and phase_of(e.src)[1] == phase_of(e.dst)[1] == "forward"):
             flows.add_edge(src, dst)
     if not nx.is_directed_acyclic_graph(flows):
         return dict.fromkeys(flows.nodes, count)

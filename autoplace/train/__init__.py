@@ -48,6 +48,11 @@ def check_training(mode: str, optimizer: str, microbatches: int = 1,
                                or replicas < 1):
         raise AutoplaceError(f"--replicas must be auto or a whole number, 1 or more, got "
                              f"{replicas!r}")
+    if mode != "training" and replicas != "auto":
+        raise AutoplaceError("--replicas is for training plans: add --mode training")
+    if schedule != "auto" and microbatches == 1:
+        raise AutoplaceError(f"--schedule {schedule} orders micro-batches: add --microbatches "
+                             "M (M > 1), or leave --schedule out")
     if schedule not in ("auto", *SCHEDULES):
         raise AutoplaceError(f"--schedule must be one of auto, {', '.join(SCHEDULES)}, got "
                              f"{schedule!r}")

@@ -6,12 +6,17 @@ replica is placed on its group with 1/R of the batch, and R copies of it train u
 The step of one replica is the plan's graph; ``with_allreduce`` adds the gradients' all-reduce
 to it, where the simulator can time it:
 
+* the groups are alike: the same device types, memories and links inside each
+  (``replica_groups``), so that every replica's step takes what the planned one's does;
 * each device ``d`` of the replica all-reduces the gradients it holds with the devices that
   play ``d``'s part in the other replicas, by a ring (``cost_models.ring_allreduce_s``: ``2
   (R - 1) / R * bytes / bandwidth + 2 (R - 1) * latency``, over the ring's slowest link);
 * the all-reduce of a tensor's gradient is charged to its update (``f@step``), which runs after
-  the whole backward: DDP starts each bucket's all-reduce as soon as its gradients are ready,
-  overlapping the backward, so this is an upper bound on the step;
+  that gradient is in and keeps its device busy meanwhile: DDP starts each bucket's all-reduce
+  as soon as its gradients are ready and overlaps it with the backward, so on one device this
+  bounds the step from above. A replica over several devices all-reduces through one process
+  group, bucket after bucket, where this charge lets each device's run beside the others': no
+  bound there;
 * DDP all-reduces buckets of about 25 MiB (``bucket_cap_mb``), not each tensor: a tensor pays the
   ring's latency in proportion to its share of a bucket (at most once).
 
@@ -34,21 +39,36 @@ BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel's default bucket_cap_mb
 
 
 def replica_groups(cluster: Cluster, replicas: int) -> list[tuple[str, ...]] | None:
-    """``cluster``'s devices as ``replicas`` groups that play the same parts: sorted by type
-    (stably) and dealt out one by one, so that group ``g`` holds the ``g``-th device of every
-    ``replicas`` of a type. ``None`` when ``replicas`` does not divide the devices or the
-    groups are not alike (their devices' types differ position by position)."""
+    """``cluster``'s devices as ``replicas`` groups that play the same parts: alike position by
+    position in type, memory and the links between them (``_alike``). First in the cluster's
+    order, ``replicas`` runs of consecutive devices (a host's devices stay together, so each
+    replica's own transfers keep to its host's links and only the all-reduce crosses
+    hosts); failing that, sorted by type (stably) and dealt out one by one, so that group
+    ``g`` holds the ``g``-th device of every ``replicas`` of a type. ``None`` when
+    ``replicas`` does not divide the devices or neither way gives alike groups."""
     devices = cluster.devices
     if replicas < 1 or len(devices) % replicas:
         return None
-    first = {}
+    size = len(devices) // replicas
+    runs = [tuple(d.name for d in devices[g * size:(g + 1) * size]) for g in range(replicas)]
+    first: dict[str, int] = {}
     for d in devices:
         first.setdefault(d.type, len(first))
     ordered = sorted(devices, key=lambda d: first[d.type])
-    groups = [tuple(d.name for d in ordered[g::replicas]) for g in range(replicas)]
-    kinds = [[(cluster.device(n).type, cluster.device(n).memory_bytes) for n in g]
-             for g in groups]
-    return groups if all(k == kinds[0] for k in kinds) else None
+    dealt = [tuple(d.name for d in ordered[g::replicas]) for g in range(replicas)]
+    return next((groups for groups in (runs, dealt) if _alike(cluster, groups)), None)
+
+
+def _alike(cluster: Cluster, groups: Sequence[Sequence[str]]) -> bool:
+    """Whether every group has the first's device types and memories and, between its
+    devices, the first's links, position by position."""
+    def shape(group: Sequence[str]) -> tuple:
+        devices = [(cluster.device(n).type, cluster.device(n).memory_bytes) for n in group]
+        links = [(cluster.link(a, b).bandwidth_bytes_per_s, cluster.link(a, b).latency_s)
+                 for a in group for b in group if a != b]
+        return devices, links
+
+    return all(shape(g) == shape(groups[0]) for g in groups)
 
 
 def _ring(cluster: Cluster, peers: Sequence[str]) -> tuple[float, float]:

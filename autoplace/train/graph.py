@@ -110,8 +110,11 @@ def step_problem(problem: Problem, optimizer: str = "adam",
     loss = _loss_node(graph)
     grads = _needs_gradient(graph, loss)
     nodes, edges, colocate = _step_graph(graph, grads, opt)
+    # No outputs: the simulator keeps a graph's outputs to the end, but a step's caller keeps
+    # only the loss's detached scalar; what the loss node saves for its backward (its
+    # workspace, added to its output) is freed once that backward has run.
     step_graph = OpGraph(nodes=tuple(nodes), edges=tuple(edges), colocate=tuple(colocate),
-                         outputs=(loss,), name=graph.name)
+                         name=graph.name)
     step = replace(problem, graph=step_graph,
                    costs=_step_costs(problem, step_graph, grads, opt, backward_factor or {}))
     if microbatches == 1:
@@ -152,7 +155,7 @@ def _microbatches(step: Problem, count: int, schedule: str) -> Problem:
     return replace(
         step, pipeline_schedule=schedule,
         graph=OpGraph(nodes=tuple(nodes), edges=tuple(edges), colocate=tuple(colocate),
-                      outputs=tuple(copies(graph.outputs[0])), name=graph.name),
+                      name=graph.name),
         costs=Costs(compute_s=per_copy(costs.compute_s), source=per_copy(costs.source),
                     device_source=per_copy(costs.device_source),
                     host=None if host is None else replace(
@@ -290,7 +293,8 @@ def _step_host(problem: Problem, grads: set[str], compute: Mapping[str, Mapping[
     return replace(host, launch_s=launch_s)
 
 
-def training_memory(graph: OpGraph, optimizer: str, capacity: int | None = None) -> str:
+def training_memory(graph: OpGraph, optimizer: str, capacity: int | None = None,
+                    microbatches: int = 1) -> str:
     """What a training step holds beyond inference, for an error that says no placement fits:
     the bytes of gradients and optimizer state, how many bytes the devices' ``capacity``
     (together) lacks for them, and what would shrink them."""
@@ -308,5 +312,6 @@ def training_memory(graph: OpGraph, optimizer: str, capacity: int | None = None)
                if capacity is not None and short > 0 else "")
             + ": add devices"
             + (f", use an optimizer with less state ({', '.join(lighter)})" if lighter else "")
-            + ", or cut the batch into micro-batches (--microbatches), which holds fewer "
-            "activations at once (recomputation is not built yet).")
+            + (", or cut the batch into more micro-batches" if microbatches > 1 else
+               ", or cut the batch into micro-batches (--microbatches)")
+            + ", which hold fewer activations at once (recomputation is not built yet).")
