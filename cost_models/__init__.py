@@ -26,7 +26,12 @@ from cost_models.links import (
     get_link_kind,
     link_kind_names,
 )
-from cost_models.roofline import arithmetic_intensity, op_time_s, transfer_time_s
+from cost_models.roofline import (
+    arithmetic_intensity,
+    op_time_s,
+    ring_allreduce_s,
+    transfer_time_s,
+)
 
 __all__ = [
     "DEVICE_CATALOG",
@@ -46,5 +51,6 @@ __all__ = [
     "link_kind_names",
     "match_gpu_name",
     "op_time_s",
+    "ring_allreduce_s",
     "transfer_time_s",
 ]

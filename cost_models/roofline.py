@@ -7,17 +7,22 @@ https://doi.org/10.1145/1498765.1498785). A transfer takes a fixed latency plus 
 bandwidth (the alpha-beta, or Hockney, model: R. Hockney, "The communication challenge for MPP",
 Parallel Computing 20(3), 1994).
 
-Both are peak-rate estimates: real kernels reach a fraction of peak, which a later calibration
+A ring all-reduce of ``R`` replicas' gradients is ``2 (R - 1)`` such transfers of ``1/R`` of the
+bytes each, one after another (Patarasuk and Yuan, JPDC 69(2), 2009).
+
+All are peak-rate estimates: real kernels reach a fraction of peak, which a later calibration
 stage can measure and fold in.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from cost_models.devices import DeviceType
 
-__all__ = ["arithmetic_intensity", "op_time_s", "roofline_terms", "transfer_time_s"]
+__all__ = ["arithmetic_intensity", "op_time_s", "ring_allreduce_s", "roofline_terms",
+           "transfer_time_s"]
 
 
 def _check_non_negative(**values: float) -> None:
@@ -73,3 +78,25 @@ def transfer_time_s(nbytes: float, *, bandwidth_bytes_per_s: float, latency_s: f
     if not bandwidth_bytes_per_s > 0:
         raise ValueError(f"bandwidth_bytes_per_s must be > 0, got {bandwidth_bytes_per_s!r}")
     return latency_s + nbytes / bandwidth_bytes_per_s
+
+
+def ring_allreduce_s(nbytes: Any, replicas: Any, *, bandwidth_bytes_per_s: float,
+                     latency_s: float) -> Any:
+    """Seconds for ``replicas`` devices to all-reduce ``nbytes`` (each holds all of them) by a
+    ring: ``2 (R - 1) / R * nbytes / bandwidth + 2 (R - 1) * latency``, 0 for one replica.
+
+    The ring's reduce-scatter and all-gather each take ``R - 1`` steps in which every device
+    sends ``nbytes / R`` to its neighbour at once (P. Patarasuk, X. Yuan, "Bandwidth optimal
+    all-reduce algorithms for clusters of workstations", JPDC 69(2), 2009): bandwidth-optimal,
+    and every step pays the link's latency. ``nbytes`` and ``replicas`` may be numpy arrays (the
+    formula is applied element by element); the checks are of plain numbers only.
+    """
+    if isinstance(nbytes, int | float) and isinstance(replicas, int | float):
+        _check_non_negative(nbytes=nbytes)
+        if not replicas >= 1:
+            raise ValueError(f"replicas must be >= 1, got {replicas!r}")
+    _check_non_negative(latency_s=latency_s)
+    if not bandwidth_bytes_per_s > 0:
+        raise ValueError(f"bandwidth_bytes_per_s must be > 0, got {bandwidth_bytes_per_s!r}")
+    steps = 2 * (replicas - 1)
+    return steps / replicas * nbytes / bandwidth_bytes_per_s + steps * latency_s

@@ -10,6 +10,7 @@ import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import cost_models
@@ -25,6 +26,7 @@ from cost_models import (
     get_link_kind,
     match_gpu_name,
     op_time_s,
+    ring_allreduce_s,
     transfer_time_s,
 )
 
@@ -65,6 +67,7 @@ def test_public_surface_is_pinned() -> None:
             "link_kind_names",
             "match_gpu_name",
             "op_time_s",
+            "ring_allreduce_s",
             "transfer_time_s",
         ]
     )
@@ -365,6 +368,24 @@ def test_transfer_time() -> None:
         transfer_time_s(1, bandwidth_bytes_per_s=0, latency_s=0)
     with pytest.raises(ValueError):
         transfer_time_s(-1, bandwidth_bytes_per_s=1, latency_s=0)
+
+
+def test_ring_allreduce() -> None:
+    # 100 MB on 4 replicas over 10 Gbps (1.25 GB/s) with 10 us per step: 2 * 3 steps, each
+    # moving a quarter: 6/4 * 1e8 / 1.25e9 = 120 ms of bandwidth, 6 * 10 us = 60 us of latency.
+    net = {"bandwidth_bytes_per_s": 1.25e9, "latency_s": 1e-5}
+    assert ring_allreduce_s(1e8, 4, **net) == pytest.approx(0.12006)
+    assert ring_allreduce_s(1e8, 1, **net) == 0.0  # one replica has nothing to reduce
+    # Per device it approaches twice the bytes as the ring grows: 2 * 999/1000 * 80 ms.
+    assert ring_allreduce_s(1e8, 1000, bandwidth_bytes_per_s=1.25e9, latency_s=0.0) \
+        == pytest.approx(0.15984)
+    # Element by element on numpy arrays (the PipeDream DP evaluates every stage at once).
+    assert ring_allreduce_s(np.array([1e8, 2e8]), np.array([[1], [4]]), **net) \
+        == pytest.approx(np.array([[0.0, 0.0], [0.12006, 0.24006]]))
+    with pytest.raises(ValueError, match="replicas"):
+        ring_allreduce_s(1e8, 0, **net)
+    with pytest.raises(ValueError, match="bandwidth"):
+        ring_allreduce_s(1e8, 2, bandwidth_bytes_per_s=0.0, latency_s=0.0)
 
 
 def test_arithmetic_intensity_matches_the_ridge() -> None:

@@ -24,11 +24,11 @@ from autoplace.formats.pipedream import parse_profile, read_profile
 from autoplace.solve.pipedream import (
     Chain,
     TrainingCluster,
-    allreduce_s,
     data_parallel,
     evaluate,
     one_device,
     pipedream,
+    stage_s,
     training_chain,
 )
 
@@ -53,11 +53,13 @@ def _spans(plan) -> list[tuple[int, int, int]]:
 # --- the cost terms ---------------------------------------------------------------------------
 
 
-def test_ring_allreduce_matches_the_formula():
+def test_a_stage_syncs_its_weights_by_a_ring_allreduce():
     cluster = TrainingCluster(devices=4, bandwidth_bytes_per_s=10.0, latency_s=0.5)
-    # 2 (R-1)/R * bytes / bandwidth + 2 (R-1) * latency = 2*3/4*100/10 + 2*3*0.5 = 15 + 3
-    assert allreduce_s(100, 4, cluster) == pytest.approx(18.0)
-    assert allreduce_s(100, 1, cluster) == 0.0
+    # W = 2 (R-1)/R * bytes / bandwidth + 2 (R-1) * latency = 2*3/4*100/10 + 2*3*0.5 = 15 + 3;
+    # T = max(compute, W) / R: the all-reduce when it is longer, else the compute.
+    assert stage_s(2.0, 100, 4, cluster) == pytest.approx(18.0 / 4)
+    assert stage_s(40.0, 100, 4, cluster) == pytest.approx(40.0 / 4)
+    assert stage_s(2.0, 100, 1, cluster) == 2.0  # one replica syncs nothing
 
 
 def test_a_cluster_is_checked():

@@ -13,13 +13,14 @@ Read in this order:
 1. ``training_chain``: a PipeDream profile (``autoplace.formats.pipedream``) as PipeDream's own
    optimizer sees it (msr-fiddle/pipedream, ``optimizer/optimizer_graph_hierarchical.py``): the
    ``Input`` sources dropped (their forward time is data loading, not the model's work, and the
-   input always enters at the first stage), unused ``__getitem__`` sinks dropped, the layers in
-   a topological order. The released optimizer splits between antichains of the graph, which for
-   a chain are its layers; here every split is a prefix of one topological order (the trace
-   order), with the bytes of every activation crossing the cut charged at the boundary.
+   input always enters at the first stage), unused ``__getitem__`` sinks dropped
+   (``training_layers``), the layers in a topological order. The released optimizer splits
+   between antichains of the graph, which for a chain are its layers; here every split is a
+   prefix of one topological order (the trace order), with the bytes of every activation
+   crossing the cut charged at the boundary.
 2. ``TrainingCluster``: N identical devices behind one network (bandwidth, latency).
-3. The paper's cost terms: ``allreduce_s`` (weight synchronisation, W), ``stage_s`` (T),
-   ``boundary_s`` (2 C).
+3. The paper's cost terms: ``stage_s`` (T, with weight synchronisation W a ring all-reduce,
+   ``cost_models.ring_allreduce_s``), ``boundary_s`` (2 C).
 4. ``evaluate``: stages (layer ranges and replicas) to a ``PipelinePlan``, the one place a time
    per sample is computed; ``pipedream`` (the dynamic program), ``data_parallel`` and
    ``one_device`` all return what it computes.
@@ -36,9 +37,9 @@ from typing import Any
 import numpy as np
 
 from autoplace.errors import DeviceSpecError, GraphError
-from autoplace.formats.pipedream import Profile
+from autoplace.formats.pipedream import Layer, Profile
 from cost_models.links import NETWORK_LATENCY_S
-from cost_models.roofline import transfer_time_s
+from cost_models.roofline import ring_allreduce_s, transfer_time_s
 
 __all__ = [
     "PIPEDREAM_BANDWIDTH_BYTES_PER_S",
@@ -46,7 +47,6 @@ __all__ = [
     "PipelinePlan",
     "Stage",
     "TrainingCluster",
-    "allreduce_s",
     "boundary_s",
     "data_parallel",
     "evaluate",
@@ -54,6 +54,7 @@ __all__ = [
     "pipedream",
     "stage_s",
     "training_chain",
+    "training_layers",
 ]
 
 # PipeDream's Cluster-A: 4 V100s per server, servers joined by 10 Gbps Ethernet (Narayanan et
@@ -100,10 +101,10 @@ class Chain:
         return np.concatenate(([0.0], np.cumsum(self.parameter_bytes, dtype=float)))
 
 
-def training_chain(profile: Profile) -> Chain:
-    """``profile`` as PipeDream's optimizer partitions it: ``Input`` sources and unused
-    ``__getitem__`` sinks dropped (``optimizer_graph_hierarchical.py`` zeroes and removes both
-    before partitioning), the rest in the profile's topological order."""
+def training_layers(profile: Profile) -> tuple[tuple[Layer, ...], tuple[Layer, ...]]:
+    """The layers PipeDream's optimizer partitions and those it drops, each in the profile's
+    order: ``Input`` sources and unused ``__getitem__`` sinks are dropped
+    (``optimizer_graph_hierarchical.py`` zeroes and removes both before partitioning)."""
     consumers: dict[str, list[str]] = {layer.name: [] for layer in profile.layers}
     producers: dict[str, list[str]] = {layer.name: [] for layer in profile.layers}
     for src, dst in profile.edges:
@@ -112,7 +113,17 @@ def training_chain(profile: Profile) -> Chain:
     dropped = {layer.name for layer in profile.layers
                if (layer.description.startswith("Input") and not producers[layer.name])
                or (layer.description.startswith("__getitem__") and not consumers[layer.name])}
-    kept = [layer for layer in profile.layers if layer.name not in dropped]
+    return (tuple(layer for layer in profile.layers if layer.name not in dropped),
+            tuple(layer for layer in profile.layers if layer.name in dropped))
+
+
+def training_chain(profile: Profile) -> Chain:
+    """``profile`` as PipeDream's optimizer partitions it: the ``training_layers`` in the
+    profile's topological order."""
+    kept, dropped = training_layers(profile)
+    consumers: dict[str, list[str]] = {layer.name: [] for layer in profile.layers}
+    for src, dst in profile.edges:
+        consumers[src].append(dst)
     position = {layer.name: k for k, layer in enumerate(kept)}
     # An activation crosses every cut from its layer to its last reader: a difference array.
     crossing = np.zeros(len(kept) + 1)
@@ -125,8 +136,8 @@ def training_chain(profile: Profile) -> Chain:
                  compute_s=tuple(layer.forward_s + layer.backward_s for layer in kept),
                  parameter_bytes=tuple(layer.parameter_bytes for layer in kept),
                  boundary_bytes=tuple(int(round(b)) for b in boundary),
-                 input_s=sum(layer.forward_s + layer.backward_s for layer in profile.layers
-                             if layer.name in dropped and layer.description.startswith("Input")))
+                 input_s=sum(layer.forward_s + layer.backward_s for layer in dropped
+                             if layer.description.startswith("Input")))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,24 +169,19 @@ class TrainingCluster:
 # --- the paper's cost terms (section 3.1); each works on numbers and on numpy arrays ----------
 
 
-def allreduce_s(parameter_bytes: Any, replicas: Any, cluster: TrainingCluster) -> Any:
-    """W: the time ``replicas`` devices take to synchronise ``parameter_bytes`` of weights, by a
-    ring all-reduce: ``2 (R - 1) / R * bytes / bandwidth + 2 (R - 1) * latency`` (Patarasuk and
-    Yuan, "Bandwidth optimal all-reduce algorithms for clusters of workstations", JPDC 69(2),
-    2009; 0 for one replica). PipeDream's optimizer charges ``4 (m - 1) / m * bytes /
-    bandwidth`` instead, a parameter server's push and pull each over the one link."""
-    rounds = 2 * (np.asarray(replicas) - 1)
-    return rounds / replicas * parameter_bytes / cluster.bandwidth_bytes_per_s \
-        + rounds * cluster.latency_s
-
-
 def stage_s(compute_s: Any, parameter_bytes: Any, replicas: Any,
             cluster: TrainingCluster) -> Any:
     """T: a stage's time per sample when ``replicas`` devices each run every ``replicas``-th
     sample: ``T(i -> j, m) = 1/m * max(sum of T_l, sum of W_l^m)``, forward plus backward
     compute against weight synchronisation, which overlaps it (Narayanan et al., SOSP 2019,
-    section 3.1; the released optimizer adds the two instead of taking the larger)."""
-    return np.maximum(compute_s, allreduce_s(parameter_bytes, replicas, cluster)) / replicas
+    section 3.1; the released optimizer adds the two instead of taking the larger). W is a
+    ring all-reduce (``cost_models.ring_allreduce_s``); PipeDream's optimizer charges
+    ``4 (m - 1) / m * bytes / bandwidth`` instead, a parameter server's push and pull each over
+    the one link."""
+    sync = ring_allreduce_s(parameter_bytes, np.asarray(replicas),
+                            bandwidth_bytes_per_s=cluster.bandwidth_bytes_per_s,
+                            latency_s=cluster.latency_s)
+    return np.maximum(compute_s, sync) / replicas
 
 
 def boundary_s(nbytes: float, cluster: TrainingCluster) -> float:
