@@ -2,10 +2,10 @@
 
 A replicated plan puts every node of a training step in a *group*, and gives each group ``r``
 identical devices that each run every ``r``-th sample: pipeline parallelism between groups,
-data parallelism inside one (PipeDream's hybrid, Narayanan et al., SOSP 2019). The step is any
-step graph on identical devices whose colocated units hold a layer each (``profile_step_problem``
-for PipeDream's profiles; ``train.graph.step_problem``'s graphs have the same names). Read in
-this order:
+data parallelism inside one (PipeDream's hybrid, Narayanan et al., SOSP 2019). The step is a
+step graph on identical devices whose colocated units hold a layer each, its backward and
+optimizer-step nodes named as ``train.graph`` names them; so far it has run on
+``profile_step_problem``'s graphs of PipeDream's profiles only. Read in this order:
 
 1. ``time_per_sample``: **the rule**, PipeDream's cost model (section 3.1) for any placement, not
    only a chain of stages. A group's time per sample is ``max(compute, ring all-reduce of its
@@ -28,8 +28,9 @@ this order:
    for every uniform shape (N/R groups of R devices, R dividing N), CP-SAT solves the shape,
    ``_polish`` improves its plan under the rule (a layer moved to another group, the best
    replicas for the groups, two groups merged), and the polished shape is solved again with
-   the polished plan as a hint, while that improves. The plan is the best of all, on the
-   fewest devices that keep its time.
+   the polished plan as a hint, while that improves; and the polish also starts from every
+   layer in one group of the shape (no solve). The plan is the best of all, on the fewest
+   devices that keep its time.
 
 The rule, like PipeDream's model and Tarnawski et al.'s max-load, counts steady-state throughput
 only. A group that is not a range of layers (autoplace places the layer graph, not a chain) may
@@ -46,7 +47,7 @@ from dataclasses import dataclass, replace
 
 from autoplace.ir import Costs, Placement, Problem
 from autoplace.solve import SolveOptions, solve
-from autoplace.solve.pipedream import TrainingCluster, stage_s
+from autoplace.solve.pipedream import TrainingCluster
 from autoplace.train.graph import BACKWARD, STEP
 from autoplace.train.profiled import training_devices
 from cost_models.roofline import ring_allreduce_s, transfer_time_s
@@ -55,7 +56,7 @@ __all__ = ["MAX_ROUNDS", "MOVES_PER_UNIT", "Attempt", "ReplicaPlanning", "Replic
            "allocate_replicas", "plan_replicas", "replica_problem", "time_per_sample"]
 
 # Solves per uniform start: the rounds stop as soon as the polished plan stops improving, which
-# on PipeDream's profiles takes two rounds or three (benchmarks/results/pipedream.md).
+# on PipeDream's profiles takes two at most (benchmarks/results/pipedream.md).
 MAX_ROUNDS = 3
 # Moves per polish, per unit of the graph: a bound on the work for a large graph. On the
 # profiles the polish ends at a local optimum long before (``Attempt.moves``). Unless the
@@ -104,8 +105,7 @@ def time_per_sample(problem: Problem, device_of: Mapping[str, str], replicas: Ma
         raise ValueError(f"groups {missing} hold nodes but have no replicas")
     state = _State(rule, assign, [replicas[g] for g in groups])
     # Summed afresh in seconds: the state's integer nanoseconds are for the search.
-    group_s, link_s = state.terms([math.fsum(t for t, g in zip(rule.compute_s, assign) if g == h)
-                                   for h in range(len(groups))])
+    group_s, link_s = state.terms(_group_sums(rule, assign, len(groups))[0])
     return ReplicatedPlan(
         device_of=dict(device_of), replicas={g: replicas[g] for g in groups},
         group_s={groups[g]: t for g, t in group_s.items()},
@@ -113,10 +113,27 @@ def time_per_sample(problem: Problem, device_of: Mapping[str, str], replicas: Ma
         time_per_sample_s=max([*group_s.values(), *link_s.values()]))
 
 
+def _group_sums(rule: _Rule, assign: Sequence[int], groups: int
+                ) -> tuple[list[float], list[int]]:
+    """Each group's compute, in seconds, and weights: the one summation (unit by unit, in unit
+    order), so that a plan's time and its re-allocation compare equal numbers."""
+    compute: list[list[float]] = [[] for _ in range(groups)]
+    weights = [0] * groups
+    for u, g in enumerate(assign):
+        compute[g].append(rule.compute_s[u])
+        weights[g] += rule.weight_bytes[u]
+    return [math.fsum(c) for c in compute], weights
+
+
 def _stage_s(compute_s: float, weight_bytes: float, replicas: int,
              cluster: TrainingCluster) -> float:
-    """A group's time per sample, the paper's T (``solve.pipedream.stage_s``)."""
-    return float(stage_s(compute_s, weight_bytes, replicas, cluster))
+    """A group's time per sample, the paper's T: ``solve.pipedream.stage_s`` written again for
+    plain numbers, because the search asks it for every group of every candidate move and the
+    numpy call costs several times the arithmetic (the test of the rule against ``evaluate``
+    compares the two, group by group)."""
+    sync = ring_allreduce_s(weight_bytes, replicas, latency_s=cluster.latency_s,
+                            bandwidth_bytes_per_s=cluster.bandwidth_bytes_per_s)
+    return max(compute_s, sync) / replicas
 
 
 def allocate_replicas(compute_s: Sequence[float], weight_bytes: Sequence[float], devices: int,
@@ -316,23 +333,34 @@ def _polish(rule: _Rule, assign: Sequence[int], replicas: Sequence[int], devices
     best single move of a unit to another group that has devices, else the best replicas for
     the groups as they are (``allocate_replicas``; a group left empty gives its devices back),
     else the best merge of two groups (their units in one group, replicas allocated anew);
-    until none improves, ``MOVES_PER_UNIT`` moves per unit, or the ``deadline`` (a
-    ``time.perf_counter`` value). Returns the state and the moves made."""
+    until none improves, ``MOVES_PER_UNIT`` steps per unit, or the ``deadline`` (a
+    ``time.perf_counter`` value). Returns the state and the steps taken.
+
+    Moves come first: they refine the groups the solver made, and a merge taken while those
+    are still rough locks in a worse shape (taking the best of the three kinds at every step
+    instead left GNMT-large on 16 devices at 55.2 ms rather than 42.0)."""
     state = _State(rule, assign, replicas)
     value = state.vector()
-    moves = 0
-    while moves < MOVES_PER_UNIT * len(rule.units) and (deadline is None
+    steps = 0
+    while steps < MOVES_PER_UNIT * len(rule.units) and (deadline is None
                                                         or time.perf_counter() < deadline):
-        step = (_best_move(state, value) or _reallocated(rule, state.assign, value, devices)
-                or _best_merge(rule, state, value, devices))
-        if step is None:
-            break
-        state, value = step
-        moves += 1
-    return state, moves
+        move = _best_move(state, value)
+        if move is not None:
+            state.move(move[1], move[2])
+            value = move[0]
+        else:
+            step = (_reallocated(rule, state.assign, value, devices)
+                    or _best_merge(rule, state, value, devices))
+            if step is None:
+                break
+            state, value = step
+        steps += 1
+    return state, steps
 
 
-def _best_move(state: _State, value: list[float]) -> tuple[_State, list[float]] | None:
+def _best_move(state: _State, value: list[float]) -> tuple[list[float], int, int] | None:
+    """The best single move of a unit to another group with devices that improves on
+    ``value``: its vector, the unit and the group (``state`` is left as it was)."""
     best: tuple[list[float], int, int] | None = None
     targets = [g for g, r in enumerate(state.replicas) if r]
     for u, home in enumerate(list(state.assign)):
@@ -344,20 +372,16 @@ def _best_move(state: _State, value: list[float]) -> tuple[_State, list[float]] 
             state.move(u, home)
             if moved < (value if best is None else best[0]):
                 best = (moved, u, g)
-    if best is None:
-        return None
-    state.move(best[1], best[2])
-    return state, best[0]
+    return best
 
 
 def _reallocated(rule: _Rule, assign: Sequence[int], value: list[float],
                  devices: int) -> tuple[_State, list[float]] | None:
     """``assign`` with the best replicas for its groups, if that improves on ``value``."""
     groups = sorted(set(assign))
-    compute = [math.fsum(rule.compute_s[u] for u, g in enumerate(assign) if g == h)
-               for h in groups]
-    weights = [sum(rule.weight_bytes[u] for u, g in enumerate(assign) if g == h) for h in groups]
-    counts = allocate_replicas(compute, weights, devices, rule.cluster)
+    compute, weights = _group_sums(rule, assign, max(assign) + 1)
+    counts = allocate_replicas([compute[g] for g in groups], [weights[g] for g in groups],
+                               devices, rule.cluster)
     if counts is None:
         return None
     replicas = [0] * (max(assign) + 1)
@@ -386,13 +410,16 @@ def _best_merge(rule: _Rule, state: _State, value: list[float],
 
 @dataclass(frozen=True)
 class Attempt:
-    """One solve of a shape and what the polish made of it: the uniform start (``start``
-    replicas per group), the round, the shape solved (replicas per group), the solver's name
-    for its plan, its status and time, the rule's time per sample of its plan and of the
-    polished plan, and the polish's moves."""
+    """One start of the polish: the uniform shape it came from (``start`` replicas per group)
+    and the round; ``seed``, where its placement came from (``solver``: a solve of ``shape``,
+    replicas per group; ``one group``: every layer in the first group of the uniform shape, no
+    solve); the solver's name for its plan, status and time (for ``one group``, empty and the
+    polish's time); the rule's time per sample of the seed and of the polished plan; the
+    polish's steps."""
 
     start: int
     round: int
+    seed: str
     shape: tuple[int, ...]
     solver: str
     status: str
@@ -404,11 +431,13 @@ class Attempt:
 
 @dataclass(frozen=True)
 class ReplicaPlanning:
-    """The best plan found, data parallelism (one group on every device, or as many as help),
-    the work bound (one device's time over the devices: no plan is faster), every solve, and
-    the planner's wall time."""
+    """The best plan found and the attempt it came from (``found_by``, an index into
+    ``attempts``; ``None``: data parallelism), data parallelism (one group on every device, or
+    as many as help), the work bound (one device's time over the devices: no plan is faster),
+    every attempt, and the planner's wall time."""
 
     plan: ReplicatedPlan
+    found_by: int | None
     data_parallel: ReplicatedPlan
     work_bound_s: float
     devices: int
@@ -422,15 +451,29 @@ class ReplicaPlanning:
     def uniform_s(self) -> dict[int, float]:
         """Replicas R -> the rule's time of the solver's own plan for N/R groups of R (the first
         round of that start, not polished); R = N is data parallelism."""
-        found = {a.start: a.solved_s for a in self.attempts if a.round == 0}
+        found = {a.start: a.solved_s for a in self.attempts
+                 if a.seed == "solver" and a.round == 0}
         return {**found, self.devices: self.data_parallel.time_per_sample_s}
+
+
+@dataclass
+class _Best:
+    """The best plan so far and the index of the attempt that found it."""
+
+    plan: ReplicatedPlan
+    attempt: int | None = None
+
+    def offer(self, plan: ReplicatedPlan, attempt: int) -> None:
+        if _better(plan, self.plan):
+            self.plan, self.attempt = plan, attempt
 
 
 def plan_replicas(problem: Problem, cluster: TrainingCluster, *,
                   options: SolveOptions | None = None, rounds: int = MAX_ROUNDS) -> ReplicaPlanning:
     """The replicated plan of ``problem``'s step on ``cluster`` with the smallest time per
     sample under the rule (the module docstring, item 4). ``options`` configure every solve
-    (``time_limit_s`` is per solve; the objective is always ``throughput``)."""
+    (``time_limit_s`` is per solve, and per polish unless ``deterministic``; the objective is
+    always ``throughput``)."""
     began = time.perf_counter()
     options = replace(options or SolveOptions(), objective="throughput")
     rule = _Rule(problem, cluster)
@@ -441,23 +484,45 @@ def plan_replicas(problem: Problem, cluster: TrainingCluster, *,
     assert counts is not None
     data_parallel = _plan(problem, rule, _State(rule, whole, counts), names=("g0",))
     bound = math.fsum(rule.compute_s) / devices
-    best, attempts = data_parallel, []
+    best, attempts = _Best(data_parallel), []
     starts = [r for r in range(1, devices) if devices % r == 0]
     for start in starts if data_parallel.time_per_sample_s > bound * (1 + 1e-9) else ():
-        best = _rounds(problem, rule, start, options, rounds, best, attempts)
-        if best.time_per_sample_s <= bound * (1 + 1e-9):
+        _one_group(problem, rule, start, options, best, attempts)
+        _rounds(problem, rule, start, options, rounds, best, attempts)
+        if best.plan.time_per_sample_s <= bound * (1 + 1e-9):
             break
-    return ReplicaPlanning(plan=_fewest_devices(problem, rule, best), data_parallel=data_parallel,
-                           work_bound_s=bound,
-                           devices=devices, attempts=tuple(attempts),
-                           wall_s=time.perf_counter() - began)
+    return ReplicaPlanning(plan=_fewest_devices(problem, rule, best.plan), found_by=best.attempt,
+                           data_parallel=data_parallel, work_bound_s=bound, devices=devices,
+                           attempts=tuple(attempts), wall_s=time.perf_counter() - began)
+
+
+def _deadline(options: SolveOptions) -> float | None:
+    """When a polish stops: after the solve's time limit, unless the solve is deterministic."""
+    return None if options.deterministic else time.perf_counter() + options.time_limit_s
+
+
+def _one_group(problem: Problem, rule: _Rule, start: int, options: SolveOptions, best: _Best,
+               attempts: list[Attempt]) -> None:
+    """Polish every layer in one group of N/start groups of ``start`` replicas: the search
+    alone, from data parallelism, with no solve (where the solver's placements lead the search
+    to a worse local optimum, this one may not: GNMT-large on 4 devices)."""
+    shape = (start,) * (rule.cluster.devices // start)
+    names = tuple(f"g{g}" for g in range(len(shape)))
+    began = time.perf_counter()
+    whole = [0] * len(rule.units)
+    polished, moves = _polish(rule, whole, shape, rule.cluster.devices, _deadline(options))
+    plan = _plan(problem, rule, polished, names=names)
+    attempts.append(Attempt(start=start, round=0, seed="one group", shape=shape, solver="",
+                            status="", wall_s=time.perf_counter() - began,
+                            solved_s=_State(rule, whole, shape).vector()[0],
+                            polished_s=plan.time_per_sample_s, moves=moves))
+    best.offer(plan, len(attempts) - 1)
 
 
 def _rounds(problem: Problem, rule: _Rule, start: int, options: SolveOptions, rounds: int,
-            best: ReplicatedPlan, attempts: list[Attempt]) -> ReplicatedPlan:
+            best: _Best, attempts: list[Attempt]) -> None:
     """Solve N/start groups of ``start`` replicas, polish, and solve the polished shape again
-    with the polished plan as the hint, while the polished plan improves; the best plan so far
-    and ``best``."""
+    with the polished plan as the hint, while the polished plan improves."""
     devices = rule.cluster.devices
     shape = (start,) * (devices // start)
     hint: Placement | None = None
@@ -470,16 +535,13 @@ def _rounds(problem: Problem, rule: _Rule, start: int, options: SolveOptions, ro
         wall = time.perf_counter() - began
         index = {d: g for g, d in enumerate(shaped.cluster.names)}
         assign = [index[result.schedule.placement.device_of[unit[0]]] for unit in rule.units]
-        solved = _State(rule, assign, shape)
-        deadline = None if options.deterministic else time.perf_counter() + options.time_limit_s
-        polished, moves = _polish(rule, assign, shape, devices, deadline)
+        polished, moves = _polish(rule, assign, shape, devices, _deadline(options))
         plan = _plan(problem, rule, polished, names=shaped.cluster.names)
-        attempts.append(Attempt(start=start, round=number, shape=shape,
+        attempts.append(Attempt(start=start, round=number, seed="solver", shape=shape,
                                 solver=result.solver.name, status=result.solver.status,
-                                wall_s=wall, solved_s=solved.vector()[0],
+                                wall_s=wall, solved_s=_State(rule, assign, shape).vector()[0],
                                 polished_s=plan.time_per_sample_s, moves=moves))
-        if _better(plan, best):
-            best = plan
+        best.offer(plan, len(attempts) - 1)
         used = [g for g, r in enumerate(polished.replicas) if r and polished.members[g]]
         if plan.time_per_sample_s >= previous or tuple(polished.replicas[g] for g in used) == shape:
             break
@@ -488,7 +550,6 @@ def _rounds(problem: Problem, rule: _Rule, start: int, options: SolveOptions, ro
         renamed = {g: f"g{i}" for i, g in enumerate(used)}
         hint = Placement(device_of={n: renamed[polished.assign[u]]
                                     for u, unit in enumerate(rule.units) for n in unit})
-    return best
 
 
 def _fewest_devices(problem: Problem, rule: _Rule, plan: ReplicatedPlan) -> ReplicatedPlan:
@@ -496,10 +557,9 @@ def _fewest_devices(problem: Problem, rule: _Rule, plan: ReplicatedPlan) -> Repl
     every term, so it spends spare devices on groups that are not the slowest, and a plan whose
     slowest term is a link needs fewer replicas than the fastest groups would."""
     groups = sorted(plan.replicas)
-    compute = [math.fsum(rule.node_s[n] for n, g in plan.device_of.items() if g == h)
-               for h in groups]
-    weights = [sum(problem.graph.node(n).trainable_bytes for n, g in plan.device_of.items()
-                   if g == h) for h in groups]
+    index = {g: i for i, g in enumerate(groups)}
+    compute, weights = _group_sums(rule, [index[plan.device_of[unit[0]]] for unit in rule.units],
+                                   len(groups))
     counts = allocate_replicas(compute, weights, sum(plan.replicas.values()), rule.cluster,
                                within_s=plan.time_per_sample_s)
     assert counts is not None  # the plan's own replicas keep it
