@@ -1,0 +1,87 @@
+"""Train: the training step of a profiled model (PipeDream's per-layer profiles) as a ``Problem``.
+
+A PipeDream profile (``autoplace.formats.pipedream``) gives each layer's forward and backward
+time for one minibatch, its weights and its output's bytes. ``profile_step_problem`` turns the
+layers PipeDream's optimizer partitions (``solve.pipedream.training_layers``: the input and
+unused outputs dropped) into the graph of one training step, named and grouped as
+``train.graph.step_problem`` names and groups the step of a traced model:
+
+* a layer ``f`` is the node ``f``: its forward time, its weights (``param_bytes`` and, all of
+  them trained, ``trainable_bytes``), its output (``output_bytes``, the profile's activation);
+* and the node ``f@backward``: its backward time; it outputs the gradients of its inputs;
+* ``f`` and ``f@backward`` are colocated (the layer's weights live on one device);
+* an edge ``f -> g`` carries ``f``'s activation forward, ``g@backward -> f@backward`` its
+  gradient back (as many bytes), and ``f -> f@backward`` what autograd saves (colocated, so
+  free). The inputs autograd saves ride on ``f``'s own copies and add no transfer, so they get
+  no edge of their own.
+
+``step_problem`` itself does not apply: it prices a backward as a factor of its forward and adds
+optimizer-step nodes priced by the roofline of catalog devices, where a profile measured every
+backward, and PipeDream's cost model (the baseline these problems are compared with) has no
+optimizer step.
+
+The devices are a ``TrainingCluster``'s: identical devices ``d0``, ``d1``, ... with no memory
+limit (PipeDream's optimizer does not check memory by default, and the profiles say nothing of
+activations kept for backward), every pair joined by the cluster's network.
+"""
+
+from __future__ import annotations
+
+from autoplace.formats.pipedream import Profile
+from autoplace.ir import Cluster, Costs, Device, Edge, Link, OpGraph, OpNode, Problem
+from autoplace.solve.pipedream import TrainingCluster, training_layers
+from autoplace.train.graph import BACKWARD
+
+__all__ = ["PROFILED_DEVICE_TYPE", "UNLIMITED_BYTES", "profile_step_problem", "training_devices"]
+
+PROFILED_DEVICE_TYPE = "profiled"  # the device the profile was taken on, whatever it was
+# "No memory limit" still needs a positive integer capacity; 1 PiB keeps sums of capacities
+# and bytes far inside int64, which CP-SAT needs (as benchmarks/benchdata.py's).
+UNLIMITED_BYTES = 1 << 50
+
+
+def profile_step_problem(profile: Profile, cluster: TrainingCluster) -> Problem:
+    """One training step of ``profile`` on ``cluster``'s devices (see the module docstring)."""
+    layers, _ = training_layers(profile)
+    kept = {layer.name for layer in layers}
+    flows = [(src, dst) for src, dst in profile.edges if src in kept and dst in kept]
+    activation = {layer.name: layer.activation_bytes for layer in layers}
+    gradients = dict.fromkeys(kept, 0)
+    for src, dst in flows:
+        gradients[dst] += activation[src]
+    forward = [OpNode(name=layer.name, module=layer.description,
+                      output_bytes=layer.activation_bytes, param_bytes=layer.parameter_bytes,
+                      trainable_bytes=layer.parameter_bytes) for layer in layers]
+    backward = [OpNode(name=layer.name + BACKWARD, module=layer.description,
+                       output_bytes=gradients[layer.name]) for layer in reversed(layers)]
+    edges = [Edge(src=src, dst=dst, bytes=activation[src]) for src, dst in flows]
+    edges += [Edge(src=layer.name, dst=layer.name + BACKWARD, bytes=layer.activation_bytes)
+              for layer in layers]
+    edges += [Edge(src=dst + BACKWARD, dst=src + BACKWARD, bytes=activation[src])
+              for src, dst in flows]
+    readers = {src for src, _ in flows}
+    graph = OpGraph(nodes=(*forward, *backward), edges=tuple(edges),
+                    colocate=tuple((layer.name, layer.name + BACKWARD) for layer in layers),
+                    outputs=tuple(layer.name for layer in layers if layer.name not in readers),
+                    name=profile.name)
+    devices = training_devices(cluster)
+    times = {**{layer.name: layer.forward_s for layer in layers},
+             **{layer.name + BACKWARD: layer.backward_s for layer in layers}}
+    costs = Costs(compute_s={node: dict.fromkeys(devices.names, t) for node, t in times.items()},
+                  source=dict.fromkeys(times, "profiled"))
+    return Problem(graph=graph, cluster=devices, costs=costs)
+
+
+def training_devices(cluster: TrainingCluster, *, prefix: str = "d",
+                     types: tuple[str, ...] | None = None) -> Cluster:
+    """``cluster.devices`` devices ``d0``, ``d1``, ... (of ``types``, one each, when given),
+    without a memory limit, every ordered pair joined by the cluster's network."""
+    count = cluster.devices if types is None else len(types)
+    devices = tuple(Device(name=f"{prefix}{i}",
+                           type=PROFILED_DEVICE_TYPE if types is None else types[i],
+                           memory_bytes=UNLIMITED_BYTES, torch_device="cpu")
+                    for i in range(count))
+    links = tuple(Link(src=a.name, dst=b.name, bandwidth_bytes_per_s=cluster.bandwidth_bytes_per_s,
+                       latency_s=cluster.latency_s, kind="network")
+                  for a in devices for b in devices if a is not b)
+    return Cluster(devices=devices, links=links)
