@@ -78,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         "are the roofline's and the launcher's, not measured. R = data-parallel replicas "
         "(each on 4/R GPUs, gradients all-reduced over NVLink, charged to the updates after "
         "the backward: an upper bound, DDP overlaps them), M = micro-batches (only with R = 1: "
-        "replicas of a micro-batched step are not built).", "",
+        "replicas of a micro-batched step are not built). *step* is the plan's, after "
+        "`--min-gain` (a split that gains less than 5% over the best single device is not "
+        "made), so it can be above the replica option's own time.", "",
         "| asked | R kept | M | schedule kept | step (ms) | every option tried (ms per step) | "
         "devices used | peak per device (MB) | plan (s) |",
         "|---|---|---|---|---|---|---|---|---|",

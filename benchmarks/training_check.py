@@ -47,6 +47,7 @@ def check(example: str, microbatches: int, schedule: str, replicas: int, *,
     training, emitted = planned.training, planned.emitted
     record = training["check"]
     return {"example": example, "microbatches": microbatches, "schedule": schedule,
+            "ran": training["schedule"],
             "replicas": replicas, "segments": len(emitted.segment_info),
             "devices": sorted(set(emitted.planned_devices)), "status": record["status"],
             "losses": record["losses"], "original": record["original_losses"],
@@ -56,6 +57,14 @@ def check(example: str, microbatches: int, schedule: str, replicas: int, *,
             "param_diff": record["max_abs_diff_parameters"],
             "apart": record.get("ill_conditioned_elements", 0),
             "step_ms": planned.makespan_s * 1e3, "wall_s": time.perf_counter() - began}
+
+
+def _schedule(row: dict) -> str:
+    if row["microbatches"] == 1:
+        return "-"
+    if row["ran"] != row["schedule"]:
+        return f"{row['schedule']} asked, {row['ran']} ran (devices feed each other both ways)"
+    return row["schedule"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         lines.append(
             f"| {r['example']} | {r['microbatches']} | "
-            f"{r['schedule'] if r['microbatches'] > 1 else '-'} | {r['replicas']} | "
+            f"{_schedule(r)} | {r['replicas']} | "
             f"{r['segments']} ({', '.join(r['devices'])}) | "
             f"{', '.join(f'{v:.5f}' for v in r['losses'])} | {r['loss_diff']:.1e} | "
             f"{r['grad_diff']:.1e} | {r['param_diff']:.1e} | {r['apart']} | "
