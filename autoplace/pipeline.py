@@ -475,7 +475,7 @@ def _emit(planned: Plan, traced: Any, model: torch.nn.Module, args: tuple[Any, .
                "process each) ")
     else:
         run = None
-        if count > 1 or len(set(emitted.planned_devices)) > 1:  # segment by segment
+        if count > 1:  # micro-batches: segment by segment, in the plan's order
             order = action_order(emitted, planned.problem, planned.schedule, count)
 
             def run() -> torch.Tensor:

@@ -37,12 +37,13 @@ def _autoplace(*argv: str) -> subprocess.CompletedProcess:
                           text=True, check=True, cwd=ROOT)
 
 
-def measure(example: str, *, steps: int, time_limit_s: float, optimizer: str) -> dict:
+def measure(example: str, *, steps: int, time_limit_s: float, optimizer: str,
+            replicas: str = "auto") -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out"
         _autoplace("plan", str(ROOT / "examples" / f"{example}.py"), "--devices",
                    "2xcpu-thread", "--mode", "training", "--optimizer", optimizer,
-                   "--time-limit", str(time_limit_s), "--out", str(out))
+                   "--time-limit", str(time_limit_s), "--replicas", replicas, "--out", str(out))
         planned = json.loads((out / "plan.json").read_text())
         trained = json.loads(_autoplace("run", str(out), "--train", str(steps),
                                         "--json").stdout)
@@ -61,15 +62,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-limit", type=float, default=5.0)
     parser.add_argument("--optimizer", default="adam")
     parser.add_argument("--only", nargs="*", default=list(EXAMPLES))
+    parser.add_argument("--replicas", default="auto",
+                        help="autoplace plan's --replicas (default: auto, the planner's choice)")
     parser.add_argument("--out", default=str(RESULTS / "training-cpu.md"))
     args = parser.parse_args(argv)
     rows = [measure(e, steps=args.steps, time_limit_s=args.time_limit,
-                    optimizer=args.optimizer) for e in args.only]
+                    optimizer=args.optimizer, replicas=args.replicas) for e in args.only]
     lines = [
         "# A training step on two CPU workers: measured against the plan", "",
         f"{machine_line()}. Command: `python benchmarks/training_cpu.py --steps {args.steps} "
-        f"--optimizer {args.optimizer}`: `autoplace plan EXAMPLE --mode training --devices "
-        "2xcpu-thread` (profiled), then `autoplace run OUT --train STEPS --json` in a fresh "
+        f"--optimizer {args.optimizer} --replicas {args.replicas}`: `autoplace plan EXAMPLE "
+        f"--mode training --devices 2xcpu-thread --replicas {args.replicas}` (profiled), "
+        "then `autoplace run OUT --train STEPS --json` in a fresh "
         "process; the median step (steps 2 on) against the plan's step time. Target (issue "
         f"14): within {TOLERANCE:.0%}.", "",
         "| example | devices used (one replica) | replicas R | micro-batches M | predicted step "
