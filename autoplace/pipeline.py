@@ -118,6 +118,10 @@ def plan(
     (``emit.microbatch.split_batch``), one micro-batch is traced, and the step runs M of them
     in ``schedule``'s order: ``gpipe``, ``1f1b`` or ``auto`` (each solved with half the time,
     the faster kept); the emitted model runs them so (``emit.microbatch.train_step``).
+    ``replicas`` (``auto``, or a whole number R): data-parallel replicas of the step, each
+    placed on its group of the devices with its shard of the batch and the gradients'
+    all-reduce (``train.dataparallel``); ``auto`` plans every R the devices, the batch and
+    the loss allow and keeps the fastest step. The plan is one replica's.
     """
     check_min_gain(min_gain)
     check_training(mode, optimizer, microbatches, schedule, replicas)

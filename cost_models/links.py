@@ -156,6 +156,19 @@ _LINK_ENTRIES += (
     ),
 )
 
+_LINK_ENTRIES += (
+    LinkSpec(
+        kind="gloo-loopback",
+        # Two processes of one host all-reducing through gloo over 127.0.0.1, as data-parallel
+        # replicas on CPU workers do (each process one intra-op thread, as torchrun starts them):
+        # 55 MB took 42.7 ms (1.35 GB/s by the ring formula), 1 MB 0.87 ms.
+        bandwidth_bytes_per_s=1.35e9,
+        latency_s=5e-5,
+        source=("measured: `python benchmarks/gloo_allreduce.py` on a 2-core x86_64 host, "
+                "torch 2.13 (benchmarks/results/training-cpu.md)"),
+    ),
+)
+
 LINK_CATALOG: Mapping[str, LinkSpec] = MappingProxyType({e.kind: e for e in _LINK_ENTRIES})
 
 

@@ -22,7 +22,7 @@ from autoplace.train.dataparallel import (
     replica_groups,
     with_allreduce,
 )
-from cost_models import ring_allreduce_s
+from cost_models import LINK_CATALOG, ring_allreduce_s
 
 
 def test_groups_are_alike_and_dealt_by_type() -> None:
@@ -124,3 +124,19 @@ def test_a_replica_keeps_to_its_host_and_groups_with_other_links_are_not_alike()
     # 3 + 1: any two groups of two differ in their inside links (NVLink against the network)
     assert replica_groups(_hosts(3, 1), 2) is None
     assert replica_groups(_hosts(3, 1), 4) is not None  # one device each: nothing inside
+
+
+def test_cpu_workers_replicas_all_reduce_through_gloo_not_their_thread_link() -> None:
+    # The replicas are processes: two worker threads' hand-over by reference is not theirs.
+    cluster, _ = resolve_cluster(spec="2xcpu-thread")
+    forward = _forward_problem(WithLoss(MLP()), "2xcpu-thread")
+    from autoplace.solve.whatif import restrict
+
+    one = restrict(step_problem(forward, "sgd"), ("cpu:0",))
+    two = with_allreduce(one, cluster, replica_groups(cluster, 2))
+    loopback = LINK_CATALOG["gloo-loopback"]
+    fc1 = 784 * 256 * 4 + 256 * 4
+    added = two.costs.of("linear@step", "cpu:0") - one.costs.of("linear@step", "cpu:0")
+    assert added == pytest.approx(allreduce_s(fc1, 2, loopback.bandwidth_bytes_per_s,
+                                              loopback.latency_s))
+    assert cluster.link("cpu:0", "cpu:1").bandwidth_bytes_per_s > 5 * loopback.bandwidth_bytes_per_s

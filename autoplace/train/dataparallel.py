@@ -10,7 +10,8 @@ to it, where the simulator can time it:
   (``replica_groups``), so that every replica's step takes what the planned one's does;
 * each device ``d`` of the replica all-reduces the gradients it holds with the devices that
   play ``d``'s part in the other replicas, by a ring (``cost_models.ring_allreduce_s``: ``2
-  (R - 1) / R * bytes / bandwidth + 2 (R - 1) * latency``, over the ring's slowest link);
+  (R - 1) / R * bytes / bandwidth + 2 (R - 1) * latency``, over the ring's slowest link; CPU
+  worker threads' replicas are processes, which all-reduce through gloo over 127.0.0.1);
 * the all-reduce of a tensor's gradient is charged to its update (``f@step``), which runs after
   that gradient is in and keeps its device busy meanwhile: DDP starts each bucket's all-reduce
   as soon as its gradients are ready and overlaps it with the backward, so on one device this
@@ -31,7 +32,7 @@ from dataclasses import replace
 
 from autoplace.ir import Cluster, Problem
 from autoplace.simulate.schedules import STEP, phase_of
-from cost_models import ring_allreduce_s
+from cost_models import LINK_CATALOG, ring_allreduce_s
 
 __all__ = ["BUCKET_BYTES", "allreduce_s", "replica_groups", "with_allreduce"]
 
@@ -72,9 +73,16 @@ def _alike(cluster: Cluster, groups: Sequence[Sequence[str]]) -> bool:
 
 
 def _ring(cluster: Cluster, peers: Sequence[str]) -> tuple[float, float]:
-    """The slowest bandwidth and latency around the ring ``peers`` (in order, closed)."""
-    links = [cluster.link(a, b) for a, b in zip(peers, (*peers[1:], peers[0])) if a != b]
-    return (min(lk.bandwidth_bytes_per_s for lk in links), max(lk.latency_s for lk in links))
+    """The slowest bandwidth and latency around the ring ``peers`` (in order, closed). Two
+    worker threads' link (``thread``: a tensor handed over by reference in one process) is not
+    the replicas': they are processes, whose gloo all-reduce goes over 127.0.0.1
+    (``gloo-loopback``, measured)."""
+    loopback = LINK_CATALOG["gloo-loopback"]
+    links = [(loopback.bandwidth_bytes_per_s, loopback.latency_s) if lk.kind == "thread"
+             else (lk.bandwidth_bytes_per_s, lk.latency_s)
+             for lk in (cluster.link(a, b) for a, b in zip(peers, (*peers[1:], peers[0]))
+                        if a != b)]
+    return min(b for b, _ in links), max(t for _, t in links)
 
 
 def allreduce_s(nbytes: int, replicas: int, bandwidth: float, latency: float) -> float:
