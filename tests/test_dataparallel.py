@@ -140,3 +140,9 @@ def test_cpu_workers_replicas_all_reduce_through_gloo_not_their_thread_link() ->
     assert added == pytest.approx(allreduce_s(fc1, 2, loopback.bandwidth_bytes_per_s,
                                               loopback.latency_s))
     assert cluster.link("cpu:0", "cpu:1").bandwidth_bytes_per_s > 5 * loopback.bandwidth_bytes_per_s
+    # measured links (profiling) are no different: the replicas are still processes
+    measured = dataclasses.replace(cluster, links=tuple(
+        dataclasses.replace(lk, kind="measured", bandwidth_bytes_per_s=4e10)
+        for lk in cluster.links))
+    again = with_allreduce(one, measured, replica_groups(measured, 2))
+    assert again.costs.of("linear@step", "cpu:0") == two.costs.of("linear@step", "cpu:0")

@@ -50,6 +50,8 @@ __all__ = ["INIT_TIMEOUT_S", "batch_size", "replica_backend", "replica_device_ma
 # The rendezvous and every collective after it: a rank that died or never came makes the others
 # fail within this, rather than wait for ever.
 INIT_TIMEOUT_S = 60.0
+# What the batch is cut into, as errors say it (``microbatch.batch_size``).
+REPLICA_SHARDS = "data-parallel replicas"
 
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]
 Groups = Sequence[Sequence[str]]
@@ -58,9 +60,6 @@ Groups = Sequence[Sequence[str]]
 def replicas_of(training: Mapping[str, Any] | None) -> int:
     """A plan's ``training.replicas``: 1 when absent (and for an inference plan)."""
     return int((training or {}).get("replicas", 1))
-
-
-REPLICA_SHARDS = "data-parallel replicas"
 
 
 def batch_size(inputs: Inputs, *, replicas: int) -> int:

@@ -73,15 +73,24 @@ def _alike(cluster: Cluster, groups: Sequence[Sequence[str]]) -> bool:
 
 
 def _ring(cluster: Cluster, peers: Sequence[str]) -> tuple[float, float]:
-    """The slowest bandwidth and latency around the ring ``peers`` (in order, closed). Two
-    worker threads' link (``thread``: a tensor handed over by reference in one process) is not
-    the replicas': they are processes, whose gloo all-reduce goes over 127.0.0.1
-    (``gloo-loopback``, measured)."""
+    """The slowest bandwidth and latency around the ring ``peers`` (in order, closed). Between
+    two CPU devices of one host the cluster's link is one process's (worker threads hand a
+    tensor over by reference), not the replicas': they are processes, whose gloo all-reduce
+    goes over 127.0.0.1 (``gloo-loopback``, measured)."""
     loopback = LINK_CATALOG["gloo-loopback"]
-    links = [(loopback.bandwidth_bytes_per_s, loopback.latency_s) if lk.kind == "thread"
-             else (lk.bandwidth_bytes_per_s, lk.latency_s)
-             for lk in (cluster.link(a, b) for a, b in zip(peers, (*peers[1:], peers[0]))
-                        if a != b)]
+
+    def cpu(name: str) -> bool:
+        return cluster.device(name).torch_device.split(":")[0] == "cpu"
+
+    links = []
+    for a, b in zip(peers, (*peers[1:], peers[0])):
+        if a == b:
+            continue
+        if cpu(a) and cpu(b) and cluster.device(a).host == cluster.device(b).host:
+            links.append((loopback.bandwidth_bytes_per_s, loopback.latency_s))
+        else:
+            link = cluster.link(a, b)
+            links.append((link.bandwidth_bytes_per_s, link.latency_s))
     return min(b for b, _ in links), max(t for _, t in links)
 
 
