@@ -322,6 +322,14 @@ def _plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: 
                     "parameters, or buffers): no gradient or optimizer state is planned for "
                     "them")
     notes += mine
+    single = found[1][0].solved.baselines.get("single-device") if 1 in found else None
+    if best > 1 and single is not None and single.feasible:
+        notes.append(f"{best} data-parallel replicas: the plan's graph is one replica's, on "
+                     f"1/{best} of the batch with its all-reduce, and its makespan is the "
+                     "step's (the replicas run at once); its speed-up is over one device on "
+                     f"1/{best} of the batch. One device on the whole batch takes "
+                     f"{single.makespan_s * 1e3:.3f} ms, "
+                     f"{single.makespan_s / step.solved.schedule.makespan_s:.2f}x the step")
     if len(counts) > 1:
         notes.append("data-parallel replicas: " + ", ".join(
             f"R={o['replicas']} ({o['devices_per_replica']} device"

@@ -81,6 +81,12 @@ def test_the_planner_times_every_replica_count_and_keeps_the_fastest() -> None:
     assert len(planned.problem.cluster.devices) == 4 // r
     assert any("data-parallel replicas: R=1" in n and f"R={r} kept" in n
                for n in planned.notes)
+    if r > 1:  # the report and the notes say the plan is one replica's
+        from autoplace.report.analysis import overview
+
+        assert f"per replica; {r} data-parallel replicas, 4 devices in all" in \
+            overview(planned).devices_text
+        assert any("One device on the whole batch takes" in n for n in planned.notes)
 
 
 def test_replicas_that_cannot_be_are_said_or_refused() -> None:

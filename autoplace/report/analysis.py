@@ -152,8 +152,14 @@ class Overview:
 
     @property
     def devices_text(self) -> str:
-        """``"2x A100-40GB + 2x T4-16GB"``."""
-        return " + ".join(f"{count}x {kind}" for kind, count in self.device_counts)
+        """``"2x A100-40GB + 2x T4-16GB"``; a training plan of R > 1 data-parallel replicas
+        says that these are one replica's, and how many devices the R take."""
+        text = " + ".join(f"{count}x {kind}" for kind, count in self.device_counts)
+        replicas = self.training.replicas if self.training is not None else 1
+        if replicas > 1:
+            text += (f" per replica; {replicas} data-parallel replicas, "
+                     f"{replicas * len(self.devices)} devices in all")
+        return text
 
     @property
     def critical_compute_s(self) -> float:
