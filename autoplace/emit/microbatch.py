@@ -138,7 +138,9 @@ def action_order(model: torch.nn.Module, problem: Problem, schedule: Schedule,
     for a, n in needs.items():
         for b in n:
             unblocks[b].append(a)
-    ready = [(start.get(a, math.inf), a) for a, w in waiting.items() if w == 0]
+    # An action no plan node stands for (a segment of ops the plan folded away, or a backward
+    # with nothing to do) runs as soon as it may: last, it would hold back its producers'.
+    ready = [(start.get(a, 0.0), a) for a, w in waiting.items() if w == 0]
     heapq.heapify(ready)
     order: list[Action] = []
     while ready:
@@ -147,7 +149,7 @@ def action_order(model: torch.nn.Module, problem: Problem, schedule: Schedule,
         for a in unblocks[action]:
             waiting[a] -= 1
             if waiting[a] == 0:
-                heapq.heappush(ready, (start.get(a, math.inf), a))
+                heapq.heappush(ready, (start.get(a, 0.0), a))
     if len(order) != len(needs):
         raise EmitError("the emitted model's segments read each other in a cycle: no order "
                         "runs their micro-batches")
