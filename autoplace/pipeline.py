@@ -28,13 +28,7 @@ from autoplace.cost import analytic_cpu_note
 from autoplace.cost import costs as cost_nodes
 from autoplace.emit import emit_and_verify, train_emitted
 from autoplace.emit.ddp import REPLICA_SHARDS, replicas_of, write_train_script
-from autoplace.emit.microbatch import (
-    action_order,
-    batch_size,
-    loss_rule,
-    split_batch,
-    train_step,
-)
+from autoplace.emit.microbatch import batch_size, loss_rule, split_batch, stepper
 from autoplace.emit.replicas import verify_replicas
 from autoplace.errors import AutoplaceError, InfeasibleError
 from autoplace.formats.output import atomic_output_dir
@@ -236,10 +230,8 @@ class _Step:
     cut into ``microbatches`` (``batches``: replica 0's), the loss the ``rule`` of theirs;
     the forward, the step's problem and its solve; ``options``, every replica count tried."""
 
-    replicas: int
     groups: tuple[tuple[str, ...], ...]
     torch_groups: tuple[tuple[str, ...], ...]
-    microbatches: int
     whole: Batch
     batches: tuple[Batch, ...]
     rule: str | None
@@ -247,6 +239,14 @@ class _Step:
     problem: Problem
     solved: SolveResult
     options: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def replicas(self) -> int:
+        return len(self.groups)
+
+    @property
+    def microbatches(self) -> int:
+        return len(self.batches)
 
     def record(self, optimizer: str, schedule: Schedule) -> dict[str, Any]:
         """``plan.json``'s ``training`` object (its check still to run) for the plan's
@@ -280,10 +280,9 @@ def _plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: 
     failure: InfeasibleError | None = None
     for r, groups in counts:
         mine: list[str] = []
-        shard = split_batch(*whole, r, what=REPLICA_SHARDS)[0] if r > 1 else whole
-        batches, rule = [shard], None
+        shard = split_batch(*whole, r, what=REPLICA_SHARDS)[0]
+        batches, rule = split_batch(*shard, microbatches), None
         if microbatches > 1:
-            batches = split_batch(*shard, microbatches)
             rule = loss_rule(model, *shard, batches)
             mine.append(f"{microbatches} micro-batches of {batch_size(batches[0], parts=1)}: "
                         f"the batch's loss is the {rule} of theirs")
@@ -303,9 +302,9 @@ def _plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: 
             failure = failure or exc  # R=1's, over every device, says the most
             continue
         torch_groups = tuple(tuple(full.device(d).torch_device for d in g) for g in groups)
-        found[r] = _Step(replicas=r, groups=tuple(groups), torch_groups=torch_groups,
-                         microbatches=microbatches, whole=whole, batches=tuple(batches),
-                         rule=rule, forward=forward, problem=problem, solved=solved), mine
+        found[r] = _Step(groups=tuple(groups), torch_groups=torch_groups, whole=whole,
+                         batches=tuple(batches), rule=rule, forward=forward, problem=problem,
+                         solved=solved), mine
     if not found:
         raise failure  # type: ignore[misc]
     best = min(found, key=lambda r: (not found[r][0].solved.schedule.feasible,
@@ -486,13 +485,9 @@ def _emit(planned: Plan, traced: Any, model: torch.nn.Module, args: tuple[Any, .
         how = (f"steps of {step.replicas} data-parallel replicas (DistributedDataParallel, one "
                "process each) ")
     else:
-        run = None
-        if count > 1:  # micro-batches: segment by segment, in the plan's order
-            order = action_order(emitted, planned.problem, planned.schedule, count)
-
-            def run() -> torch.Tensor:
-                return train_step(emitted, step.batches, order, step.rule or "mean")
-
+        # micro-batches: segment by segment, in the plan's order
+        run = stepper(emitted, planned.problem, planned.schedule, step.batches,
+                      step.rule) if count > 1 else None
         check = train_emitted(emitted, model, args, inputs, kwargs["targets"],
                               optimizer=optimizer, emitted_step=run)
         how = (f"steps of {count} micro-batches ({planned.training['schedule']}) "

@@ -41,7 +41,7 @@ from torch.utils import _pytree as pytree
 from autoplace.emit import load_model, local_device_map
 from autoplace.emit.ddp import batch_size, replicas_of
 from autoplace.emit.memory import comparable_peak_bytes, measure
-from autoplace.emit.microbatch import action_order, split_batch, train_step
+from autoplace.emit.microbatch import split_batch, stepper
 from autoplace.emit.replicas import launch_replicas
 from autoplace.emit.saving import input_names, load_inputs
 from autoplace.emit.training import make_optimizer
@@ -222,19 +222,16 @@ def train_plan(directory: str | os.PathLike[str], *, steps: int, lr: float | Non
     count = plan.training.get("microbatches", 1)
     # Micro-batches run segment by segment in the plan's order (each CPU worker's actions on
     # its own thread); one batch runs the model's forward and autograd's backward, which
-    # measured faster on this machine's CPU workers (GPT-2 on 2xcpu-thread: 332 ms a step,
+    # measured faster on this machine's CPU workers (GPT-2 on 2xcpu-thread: 317 ms a step,
     # against 512 segment by segment: autograd's one engine thread uses every intra-op thread).
-    split = count > 1
-    if split:
-        batches = split_batch(args, kwargs, count)
-        order = action_order(model, plan.problem, plan.schedule, count)
+    run = stepper(model, plan.problem, plan.schedule, split_batch(args, kwargs, count),
+                  plan.training["microbatch_loss"]) if count > 1 else None
     losses, times = [], []
     for _ in range(steps):
         began = time.perf_counter()
         optimizer.zero_grad()
-        if split:
-            loss = train_step(model, batches, order,
-                              plan.training.get("microbatch_loss", "mean"))
+        if run is not None:
+            loss = run()
         else:
             loss = model(*args, **kwargs)
             loss.backward()

@@ -38,7 +38,8 @@ from autoplace.errors import AutoplaceError, EmitError
 from autoplace.ir import Problem, Schedule
 from autoplace.simulate.schedules import phase_of
 
-__all__ = ["Action", "action_order", "batch_size", "loss_rule", "split_batch", "train_step"]
+__all__ = ["Action", "action_order", "batch_size", "loss_rule", "split_batch", "stepper",
+           "train_step"]
 
 Batch = tuple[tuple[Any, ...], dict[str, Any]]
 
@@ -170,6 +171,18 @@ def _needs(segments: Sequence[Any], count: int) -> dict[Action, set[Action]]:
             needs[Action(s.index, k, "backward")] = {Action(s.index, k, "forward"), *(
                 Action(r, k, "backward") for r in readers)}
     return needs
+
+
+def stepper(model: torch.nn.Module, problem: Problem, schedule: Schedule,
+            batches: Sequence[Batch], rule: str) -> Callable[[], torch.Tensor]:
+    """One step of ``batches`` through ``model`` in the order of the plan's ``schedule`` of
+    ``problem`` (``action_order``, found once), as a function to call each step."""
+    order = action_order(model, problem, schedule, len(batches))
+
+    def step() -> torch.Tensor:
+        return train_step(model, batches, order, rule)
+
+    return step
 
 
 def train_step(model: torch.nn.Module, batches: Sequence[Batch], order: Sequence[Action],

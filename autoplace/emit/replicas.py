@@ -41,10 +41,11 @@ from autoplace.emit.saving import load_inputs, save_model
 from autoplace.emit.training import (
     TRAINING_STEPS,
     _all_trained,
+    _apart,
     _close,
-    _conditioned,
+    _compare_update,
+    _known,
     _named,
-    _resync,
     make_optimizer,
 )
 from autoplace.errors import AutoplaceError, EmitError, VerificationError
@@ -228,11 +229,7 @@ def _compare(record: Mapping[str, Any], original: torch.nn.Module, args: tuple[A
     theirs = _named(reference, prefix=False)
     names: Mapping[str, int] = record["names"]
     replicas = record["replicas"]
-    unknown = sorted(set(names) - set(theirs))
-    if unknown:
-        raise VerificationError(
-            f"the emitted model has trainable parameters the original does not ({unknown[:3]}):"
-            " it cannot be trained as the original is")
+    _known(names, theirs)
     opt = make_optimizer(optimizer, dict.fromkeys(theirs.values()), lr)
     original_losses: list[float] = []
     worst = {"grad": 0.0, "param": 0.0}
@@ -254,17 +251,12 @@ def _compare(record: Mapping[str, Any], original: torch.nn.Module, args: tuple[A
         twin = make_optimizer(optimizer, mine["params"], lr)
         twin.load_state_dict(mine["state"])
         for name, i in names.items():
-            keep = _conditioned(opt, theirs[name], twin, mine["params"][i])
-            ours, ref = mine["params"][i], theirs[name].detach().to("cpu")
-            worst["param"] = max(worst["param"], _close(
-                ours[keep] if keep is not None else ours, ref[keep] if keep is not None else ref,
-                f"{name} after step {step}"))
-            if keep is not None and not bool(keep.all()):
-                # The replicas ran on: the original takes their values there instead.
-                masks[name] = keep & masks.get(name, keep)
-                _resync(opt, theirs[name], twin, mine["params"][i], ~keep)
+            # The replicas ran on: where set apart, the original takes their values.
+            worst["param"] = max(worst["param"], _compare_update(
+                (opt, theirs[name]), (twin, mine["params"][i]), f"{name} after step {step}",
+                masks, name, follow="original"))
     return {"status": "passed", "optimizer": optimizer, "steps": len(record["steps"]),
             "replicas": replicas, "losses": [float(s["loss"]) for s in record["steps"]],
             "original_losses": original_losses,
             "max_abs_diff_gradients": worst["grad"], "max_abs_diff_parameters": worst["param"],
-            "ill_conditioned_elements": sum(int((~keep).sum()) for keep in masks.values())}
+            "ill_conditioned_elements": _apart(masks)}

@@ -67,11 +67,7 @@ def verify_training(emitted: torch.nn.Module, original: torch.nn.Module, args: t
     whole batch and its loss backpropagated."""
     reference = copy.deepcopy(original)
     ours, theirs = _named(emitted, prefix=True), _named(reference, prefix=False)
-    unknown = sorted(set(ours) - set(theirs))
-    if unknown:
-        raise VerificationError(
-            f"the emitted model has trainable parameters the original does not ({unknown[:3]}):"
-            " it cannot be trained as the original is")
+    _known(ours, theirs)
     opts = [make_optimizer(optimizer, dict.fromkeys(m.values()), lr) for m in (theirs, ours)]
     losses: list[list[float]] = [[], []]
     worst = {"grad": 0.0, "param": 0.0}
@@ -96,18 +92,51 @@ def verify_training(emitted: torch.nn.Module, original: torch.nn.Module, args: t
         for opt in opts:
             opt.step()
         for name, p in ours.items():
-            keep = _conditioned(opts[0], theirs[name], opts[1], p)
-            mine, ref = p.detach().to("cpu"), theirs[name].detach().to("cpu")
-            worst["param"] = max(worst["param"], _close(
-                mine[keep] if keep is not None else mine, ref[keep] if keep is not None else ref,
-                f"{name} after step {step + 1}"))
-            if keep is not None and not bool(keep.all()):
-                masks[name] = keep & masks.get(name, keep)
-                _resync(opts[1], p, opts[0], theirs[name], ~keep)
+            worst["param"] = max(worst["param"], _compare_update(
+                (opts[0], theirs[name]), (opts[1], p), f"{name} after step {step + 1}",
+                masks, name, follow="emitted"))
     return {"status": "passed", "optimizer": optimizer, "steps": steps,
             "losses": losses[1], "original_losses": losses[0],
             "max_abs_diff_gradients": worst["grad"], "max_abs_diff_parameters": worst["param"],
-            "ill_conditioned_elements": sum(int((~keep).sum()) for keep in masks.values())}
+            "ill_conditioned_elements": _apart(masks)}
+
+
+def _known(ours: Mapping[str, Any], theirs: Mapping[str, torch.Tensor]) -> None:
+    """Every trainable parameter of the emitted model (by name) is one of the original's."""
+    unknown = sorted(set(ours) - set(theirs))
+    if unknown:
+        raise VerificationError(
+            f"the emitted model has trainable parameters the original does not ({unknown[:3]}):"
+            " it cannot be trained as the original is")
+
+
+Updated = tuple[torch.optim.Optimizer, torch.Tensor]
+
+
+def _compare_update(original: Updated, emitted: Updated, what: str,
+                    masks: dict[str, torch.Tensor], name: str, *, follow: str) -> float:
+    """``assert_close`` of one parameter after an update, the original's and the emitted
+    model's (each with its optimizer), where the update is well conditioned
+    (``_conditioned``); the largest difference. The elements set apart join ``masks[name]``
+    and the side ``follow`` names (``emitted``, or ``original`` where the emitted model trains
+    in other processes) takes the other's values there (``_resync``)."""
+    (opt, param), (other, twin) = original, emitted
+    keep = _conditioned(opt, param, other, twin)
+    mine, ref = twin.detach().to("cpu"), param.detach().to("cpu")
+    worst = _close(mine[keep] if keep is not None else mine,
+                   ref[keep] if keep is not None else ref, what)
+    if keep is not None and not bool(keep.all()):
+        masks[name] = keep & masks.get(name, keep)
+        if follow == "emitted":
+            _resync(other, twin, opt, param, ~keep)
+        else:
+            _resync(opt, param, other, twin, ~keep)
+    return worst
+
+
+def _apart(masks: Mapping[str, torch.Tensor]) -> int:
+    """How many elements ``_compare_update`` set apart, over every parameter."""
+    return sum(int((~keep).sum()) for keep in masks.values())
 
 
 def _all_trained(ours: Mapping[str, torch.Tensor], theirs: Mapping[str, torch.Tensor],
