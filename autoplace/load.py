@@ -32,7 +32,8 @@ _CONTRACT = (
 class LoadedModel:
     """A model and the example inputs to trace it with, split into positional and keyword;
     for training plans, the file's ``loss(outputs, *targets)`` and ``example_targets`` (a
-    tensor or a tuple of them), if it defines them."""
+    tensor or a tuple of them) as it defines them, if it does (``train.training_targets``
+    makes the targets a tuple, or says what is wrong with them)."""
 
     model: torch.nn.Module
     args: tuple[Any, ...]
@@ -117,7 +118,9 @@ def load_model_file(path: str | Path) -> LoadedModel:
         else:
             raise ModelLoadError(f"{path.name} defines neither build() nor model/example_inputs: "
                                  f"{_CONTRACT}")
-        loss, targets = _training_parts(module, path)
+        # For --mode training, which checks them (train.loss_model, train.training_targets);
+        # an inference plan ignores them.
+        loss, targets = getattr(module, "loss", None), getattr(module, "example_targets", ())
     finally:
         sys.modules.pop(module_name, None)
 
@@ -129,12 +132,3 @@ def load_model_file(path: str | Path) -> LoadedModel:
     return LoadedModel(model=model, args=args, kwargs=kwargs, name=path.stem, loss=loss,
                        targets=targets)
 
-
-def _training_parts(module: Any, path: Path) -> tuple[Any, tuple[Any, ...]]:
-    """The file's ``loss`` and ``example_targets``, for ``--mode training``, which checks them
-    (``train.loss_model``): an inference plan ignores them."""
-    targets = getattr(module, "example_targets", ())
-    if isinstance(targets, torch.Tensor):
-        targets = (targets,)
-    return getattr(module, "loss", None), tuple(targets) if isinstance(
-        targets, (tuple, list)) else targets
