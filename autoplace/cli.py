@@ -20,6 +20,7 @@ from autoplace.simulate.schedules import SCHEDULES
 from autoplace.solve import DEFAULT_TIME_LIMIT_S, OBJECTIVES, SOLVERS
 from autoplace.solve.baselines import DEFAULT_MIN_GAIN, check_min_gain
 from autoplace.train import MODES, OPTIMIZERS, check_training
+from autoplace.train.recompute import RECOMPUTE_CHOICES
 
 __all__ = ["main"]
 
@@ -106,6 +107,11 @@ def _parser() -> argparse.ArgumentParser:
                    "in: gpipe (every forward, then every backward), 1f1b (one forward, one "
                    "backward, after a warm-up; fewer activations held), or auto (default: "
                    "solve both with half the time each, keep the faster step)")
+    p.add_argument("--recompute", choices=RECOMPUTE_CHOICES, default="auto",
+                   help="with --microbatches: recompute each micro-batch's forward in its "
+                   "backward on a device, keeping only the inputs it received, at the cost of "
+                   "one more forward: auto (default) where a placement overflows a device "
+                   "without it, all on every device, off never")
     p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
                    help="measure op times and links on the devices that are here, and use "
                    "calibrated costs for the others where the profile cache has a fit "
@@ -256,7 +262,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.devices and args.cluster:
         raise AutoplaceError("pass either --devices or --cluster, not both")
     check_min_gain(args.min_gain)
-    check_training(args.mode, args.optimizer, args.microbatches, args.schedule, args.replicas)
+    check_training(args.mode, args.optimizer, args.microbatches, args.schedule, args.replicas,
+                   args.recompute)
     out = check_writable(args.out)
     loaded = load_model_file(args.model_file)
     result = plan(loaded.model, loaded.kwargs or loaded.args,
@@ -270,7 +277,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                   min_gain=args.min_gain, mode=args.mode, optimizer=args.optimizer,
                   loss=loaded.loss, example_targets=loaded.targets,
                   microbatches=args.microbatches, schedule=args.schedule,
-                  replicas=args.replicas)
+                  replicas=args.replicas, recompute=args.recompute)
     save(result, out)
     print_summary(result)
     print(f"wrote {out}/plan.json, report.html, summary.md, summary.txt"

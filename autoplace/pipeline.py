@@ -40,6 +40,7 @@ from autoplace.simulate.schedules import SCHEDULES, microbatch_name, schedule_ru
 from autoplace.solve import DEFAULT_TIME_LIMIT_S, SolveOptions, SolveResult, solve
 from autoplace.solve.accelerate import accelerate_baselines
 from autoplace.solve.baselines import DEFAULT_MIN_GAIN, check_min_gain, prefer_single
+from autoplace.solve.bounds import lower_bound_s
 from autoplace.solve.whatif import restrict, whatif_options, whatif_table
 from autoplace.trace import trace_model
 from autoplace.train import (
@@ -51,8 +52,15 @@ from autoplace.train import (
     training_targets,
 )
 from autoplace.train.dataparallel import replica_groups, with_allreduce
+from autoplace.train.recompute import (
+    Recomputed,
+    recompute_all,
+    with_recompute_where_needed,
+)
 
 __all__ = ["plan", "save", "solve_graph"]
+
+PLAN = "plan"  # the solver's placement among the candidates of ``_solve_recomputing``
 
 
 def plan(
@@ -84,6 +92,7 @@ def plan(
     microbatches: int = 1,
     schedule: str = "auto",
     replicas: int | str = "auto",
+    recompute: str = "auto",
 ) -> Plan:
     """Plan ``model`` on ``devices`` (a spec such as ``"2xA100-40GB"``, a ``Cluster``, or
     ``None`` for the GPUs found / the default simulated set).
@@ -115,10 +124,13 @@ def plan(
     ``replicas`` (``auto``, or a whole number R): data-parallel replicas of the step, each
     placed on its group of the devices with its shard of the batch and the gradients'
     all-reduce (``train.dataparallel``); ``auto`` plans every R the devices, the batch and
-    the loss allow and keeps the fastest step. The plan is one replica's.
+    the loss allow and keeps the fastest step. The plan is one replica's. ``recompute``
+    (with micro-batches): ``auto`` recomputes each micro-batch's activations in its backward
+    on the devices a placement overflows without it (``train.recompute``), ``all`` on every
+    device, ``off`` never.
     """
     check_min_gain(min_gain)
-    check_training(mode, optimizer, microbatches, schedule, replicas)
+    check_training(mode, optimizer, microbatches, schedule, replicas, recompute)
     options = SolveOptions(time_limit_s=time_limit_s, seed=seed, deterministic=deterministic,
                            objective=objective, contiguous=contiguous, solver=solver,
                            max_nodes=max_nodes)
@@ -135,7 +147,8 @@ def plan(
         notes.append(TRAINING_NOTE)
         step = _plan_step(model, (args, {**kwargs, "targets": targets}), cluster, options,
                           trace, optimizer=optimizer, microbatches=microbatches,
-                          schedule=schedule, replicas=replicas, notes=notes)
+                          schedule=schedule, replicas=replicas, recompute=recompute,
+                          notes=notes)
         forward, problem, solved, (args, kwargs) = (step.forward, step.problem, step.solved,
                                                     step.batches[0])
     else:
@@ -148,8 +161,12 @@ def plan(
     result, gain = _min_gain(solved, min_gain)
     notes += result.notes
     # After Ctrl-C the user wants the plan so far now, not more solving for the what-if table.
+    recomputing = mode == "training" and bool(step.recompute)
     scaling = whatif_table(problem, full=result, options=whatif_options(options)
-                           ) if whatif and result.solver.status != "INTERRUPTED" else None
+                           ) if whatif and result.solver.status != "INTERRUPTED" and (
+                               not recomputing) else None
+    if whatif and recomputing:
+        notes.append("no what-if table: the recomputing step's graph is its placement's")
     planned = _plan_of(result, problem, name=name, tracer=traced.tracer,
                        coarsening={"traced_ops": folded.traced_ops,
                                    "plan_nodes": len(problem.graph.nodes),
@@ -228,7 +245,8 @@ class _Step:
     """A training step as planned: ``replicas`` data-parallel replicas (each on its
     ``groups`` entry, ``groups[0]`` the planned one), each on its shard of the ``whole`` batch
     cut into ``microbatches`` (``batches``: replica 0's), the loss the ``rule`` of theirs;
-    the forward, the step's problem and its solve; ``options``, every replica count tried."""
+    the forward, the step's problem and its solve; the devices that ``recompute``
+    (``train.recompute``); ``options``, every replica count tried."""
 
     groups: tuple[tuple[str, ...], ...]
     torch_groups: tuple[tuple[str, ...], ...]
@@ -238,6 +256,7 @@ class _Step:
     forward: _Forward
     problem: Problem
     solved: SolveResult
+    recompute: tuple[str, ...] = ()
     options: tuple[dict[str, Any], ...] = ()
 
     @property
@@ -257,6 +276,7 @@ class _Step:
                 "schedule": schedule_run(self.problem.graph, schedule.placement.device_of,
                                          self.problem.pipeline_schedule or "gpipe"),
                 "replicas": self.replicas,
+                "recompute": list(self.recompute),
                 **({"microbatch_loss": self.rule} if self.microbatches > 1 else {}),
                 **({"replica_groups": [list(g) for g in self.groups],
                     "replica_torch_devices": [list(g) for g in self.torch_groups]}
@@ -267,7 +287,7 @@ class _Step:
 
 def _plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: SolveOptions,
                how: _Tracing, *, optimizer: str, microbatches: int, schedule: str,
-               replicas: int | str, notes: list[str]) -> _Step:
+               replicas: int | str, recompute: str, notes: list[str]) -> _Step:
     """The training step of ``model`` (a ``train.LossModel``) on the ``whole`` batch: for each
     replica count R (``replicas``, or ``auto``: every R that divides the devices into alike
     groups, ``train.dataparallel``), one replica's shard cut into micro-batches, one
@@ -292,10 +312,10 @@ def _plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: 
             forward = replace(forward, problem=restrict(forward.problem, groups[0]))
         factors = _backward_factors(forward.profiled, model, *batches[0], full, mine)
         try:
-            problem, solved = _solve_step(forward.problem, share, optimizer=optimizer,
-                                          factors=factors, microbatches=microbatches,
-                                          schedule=schedule, notes=mine,
-                                          replicated=(full, groups))
+            problem, solved, again = _solve_step(
+                forward.problem, share, optimizer=optimizer, factors=factors,
+                microbatches=microbatches, schedule=schedule, recompute=recompute, notes=mine,
+                replicated=(full, groups))
         except InfeasibleError as exc:
             if len(counts) == 1:
                 raise
@@ -304,7 +324,7 @@ def _plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: 
         torch_groups = tuple(tuple(full.device(d).torch_device for d in g) for g in groups)
         found[r] = _Step(groups=tuple(groups), torch_groups=torch_groups, whole=whole,
                          batches=tuple(batches), rule=rule, forward=forward, problem=problem,
-                         solved=solved), mine
+                         solved=solved, recompute=again), mine
     if not found:
         raise failure  # type: ignore[misc]
     best = min(found, key=lambda r: (not found[r][0].solved.schedule.feasible,
@@ -389,33 +409,47 @@ def _replica_counts(model: torch.nn.Module, whole: Batch, cluster: Cluster,
 
 def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
                 factors: Mapping[str, float], microbatches: int, schedule: str,
-                notes: list[str], replicated: tuple[Cluster, Sequence[Sequence[str]]]
-                ) -> tuple[Problem, SolveResult]:
-    """The training step's problem and its solve: with micro-batches under each schedule
-    ``schedule`` names (``auto``: GPipe and 1F1B, each with half the time), the faster step
-    that fits kept; with the all-reduce of the ``replicated`` groups of the whole cluster
-    (``train.dataparallel.with_allreduce``). A step that fits nowhere says what it holds
-    beyond inference."""
+                recompute: str, notes: list[str],
+                replicated: tuple[Cluster, Sequence[Sequence[str]]]
+                ) -> tuple[Problem, SolveResult, tuple[str, ...]]:
+    """The training step's problem, its solve and the devices that recompute: with
+    micro-batches under each schedule ``schedule`` names (``auto``: GPipe and 1F1B, each with
+    half the time), the faster step that fits kept; with the all-reduce of the ``replicated``
+    groups of the whole cluster (``train.dataparallel.with_allreduce``); with recomputation
+    where ``recompute`` asks for it (``_solve_recomputing``). A step that fits nowhere says
+    what it holds beyond inference."""
     names = SCHEDULES if schedule == "auto" and microbatches > 1 else (
         (schedule if schedule != "auto" else "gpipe"),)
     share = replace(options, time_limit_s=options.time_limit_s / len(names))
-    found: dict[str, tuple[Problem, SolveResult]] = {}
+    found: dict[str, tuple[Problem, SolveResult, tuple[str, ...]]] = {}
     failure: InfeasibleError | None = None
     for name in names:
         problem = with_allreduce(step_problem(forward, optimizer, backward_factor=factors,
                                               microbatches=microbatches, schedule=name),
                                  *replicated)
+        solved = None
         try:
-            found[name] = problem, solve(problem, options=share)
+            solved = solve(problem, options=share)
+            found[name] = problem, solved, ()
         except InfeasibleError as exc:
             failure = exc
+        if microbatches > 1 and (recompute == "all" or recompute == "auto" and (
+                solved is None or not solved.schedule.feasible)):
+            again = _solve_recomputing(problem, solved, share, every=recompute == "all",
+                                       notes=notes)
+            if again is not None:
+                found[name] = again
     if not found:
         capacity = sum(d.memory_bytes - d.reserved_bytes for d in forward.cluster.devices)
         raise InfeasibleError(
-            f"{failure} {training_memory(forward.graph, optimizer, capacity, microbatches)}"
+            f"{failure} "
+            f"{training_memory(forward.graph, optimizer, capacity, microbatches, recompute)}"
         ) from failure
     best = min(found, key=lambda n: (not found[n][1].schedule.feasible,
                                       found[n][1].schedule.makespan_s))
+    if found[best][2]:
+        notes.append(f"recomputation on {', '.join(found[best][2])}: each micro-batch's "
+                     "forward there keeps only its inputs and runs again before its backward")
     if len(names) > 1:
         notes.append("schedule: " + ", ".join(
             f"{n} {found[n][1].schedule.makespan_s * 1e3:.3f} ms"
@@ -423,6 +457,47 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
             if n in found else f"{n} fits no device" for n in names)
             + f" per step; {best} kept")
     return found[best]
+
+
+def _solve_recomputing(problem: Problem, plain: SolveResult | None, options: SolveOptions, *,
+                       every: bool, notes: list[str]
+                       ) -> tuple[Problem, SolveResult, tuple[str, ...]] | None:
+    """The step ``problem`` placed with recomputation (``train.recompute``) on the devices
+    that overflow without it (``every``: on every device it uses): the solver's placement and
+    every baseline's, of ``plain`` (the solve without recomputation, ``None`` where nothing
+    was found) and of a solve of ``recompute_all(problem)``, each simulated so; the fastest
+    that fits is the plan, and each baseline its best. The graph depends on the placement (an
+    input from the same device is recomputed, one from another kept), so CP-SAT's bound is of
+    another graph: the bound is the analytic one of ``problem`` (recomputing only adds work).
+    ``None`` where nothing fits."""
+    try:
+        relaxed: SolveResult | None = solve(recompute_all(problem), options=options)
+    except InfeasibleError:
+        relaxed = None
+    scored: dict[str, Recomputed] = {}
+
+    def key(r: Recomputed) -> tuple[bool, float]:
+        return not r.schedule.feasible, r.schedule.objective_s(options.objective)
+
+    for result in (r for r in (plain, relaxed) if r is not None):
+        for name, schedule in ((PLAN, result.schedule), *result.baselines.items()):
+            if schedule is not None:
+                candidate = with_recompute_where_needed(problem, schedule.placement,
+                                                        every=every)
+                if name not in scored or key(candidate) < key(scored[name]):
+                    scored[name] = candidate
+    if not scored or not (best := min(scored.values(), key=key)).schedule.feasible:
+        return None
+    base = relaxed if relaxed is not None else plain
+    assert base is not None
+    notes.append("with recomputation the plan is the best of the solver's placements and the "
+                 "baselines', each simulated with recomputation on the devices it overflows; "
+                 "the lower bound is the analytic one (CP-SAT's is of another graph)")
+    return best.problem, replace(
+        base, schedule=best.schedule, lower_bound_s=lower_bound_s(problem, options.objective),
+        baselines={n: r.schedule for n, r in scored.items() if n != PLAN},
+        solver=replace(base.solver, status="FEASIBLE", objective_s=best.schedule.objective_s(
+            options.objective)), notes=()), best.devices
 
 
 def _backward_factors(profiled: Any, model: torch.nn.Module, args: tuple[Any, ...],
@@ -487,7 +562,7 @@ def _emit(planned: Plan, traced: Any, model: torch.nn.Module, args: tuple[Any, .
     else:
         # micro-batches: segment by segment, in the plan's order
         run = stepper(emitted, planned.problem, planned.schedule, step.batches,
-                      step.rule) if count > 1 else None
+                      step.rule, recompute=step.recompute) if count > 1 else None
         check = train_emitted(emitted, model, args, inputs, kwargs["targets"],
                               optimizer=optimizer, emitted_step=run)
         how = (f"steps of {count} micro-batches ({planned.training['schedule']}) "

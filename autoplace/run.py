@@ -225,7 +225,8 @@ def train_plan(directory: str | os.PathLike[str], *, steps: int, lr: float | Non
     # measured faster on this machine's CPU workers (GPT-2 on 2xcpu-thread: 317 ms a step,
     # against 512 segment by segment: autograd's one engine thread uses every intra-op thread).
     run = stepper(model, plan.problem, plan.schedule, split_batch(args, kwargs, count),
-                  plan.training["microbatch_loss"]) if count > 1 else None
+                  plan.training["microbatch_loss"],
+                  recompute=plan.training.get("recompute", ())) if count > 1 else None
     losses, times = [], []
     for _ in range(steps):
         began = time.perf_counter()

@@ -25,7 +25,7 @@ from __future__ import annotations
 import heapq
 import math
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,22 +174,29 @@ def _needs(segments: Sequence[Any], count: int) -> dict[Action, set[Action]]:
 
 
 def stepper(model: torch.nn.Module, problem: Problem, schedule: Schedule,
-            batches: Sequence[Batch], rule: str) -> Callable[[], torch.Tensor]:
+            batches: Sequence[Batch], rule: str,
+            recompute: Collection[str] = ()) -> Callable[[], torch.Tensor]:
     """One step of ``batches`` through ``model`` in the order of the plan's ``schedule`` of
-    ``problem`` (``action_order``, found once), as a function to call each step."""
+    ``problem`` (``action_order``, found once), as a function to call each step; the
+    segments on the planned devices ``recompute`` recompute (``train_step``)."""
     order = action_order(model, problem, schedule, len(batches))
 
     def step() -> torch.Tensor:
-        return train_step(model, batches, order, rule)
+        return train_step(model, batches, order, rule, recompute=recompute)
 
     return step
 
 
 def train_step(model: torch.nn.Module, batches: Sequence[Batch], order: Sequence[Action],
-               rule: str, *, threads: bool | None = None) -> torch.Tensor:
+               rule: str, *, threads: bool | None = None,
+               recompute: Collection[str] = ()) -> torch.Tensor:
     """Run the forward and backward of every micro-batch in ``batches`` through ``model``'s
     segments in ``order`` (``action_order``), accumulating the parameters' gradients; returns
     the batch's loss (detached), the ``rule`` (``mean`` or ``sum``) of the micro-batches'.
+
+    A segment on one of the planned devices ``recompute`` (``train.recompute``) runs its
+    forward without autograd, keeping only its inputs, and runs it again with autograd at the
+    start of its backward.
 
     With ``threads`` (by default, where every segment is on a CPU device and there are
     several), each planned device runs its own actions in that order on a worker thread of
@@ -211,7 +218,8 @@ def train_step(model: torch.nn.Module, batches: Sequence[Batch], order: Sequence
     if seen != set(needs):
         raise EmitError(f"the order leaves out {len(set(needs) - seen)} of the step's actions, "
                         f"e.g. {sorted(set(needs) - seen)[0]}: use action_order's")
-    step = _Actions(model, batches, 1.0 / len(batches) if rule == "mean" else 1.0)
+    step = _Actions(model, batches, 1.0 / len(batches) if rule == "mean" else 1.0,
+                    {s.index for s in info if s.planned_device in recompute})
     if threads is None:
         threads = (len({s.planned_device for s in info}) > 1
                    and all(torch.device(s.device).type == "cpu" for s in info))
@@ -225,10 +233,17 @@ def train_step(model: torch.nn.Module, batches: Sequence[Batch], order: Sequence
 
 class _Actions:
     """The state of one step while its actions run: each micro-batch's values by name, the
-    gradients its backwards hand on, and each forward's detached inputs and outputs."""
+    gradients its backwards hand on, and each forward's detached inputs and outputs (its
+    inputs alone, in a segment that recomputes: one of ``again``)."""
 
-    def __init__(self, model: torch.nn.Module, batches: Sequence[Batch], scale: float) -> None:
-        self.model, self.scale = model, scale
+    def __init__(self, model: torch.nn.Module, batches: Sequence[Batch], scale: float,
+                 again: Collection[int] = ()) -> None:
+        self.model, self.scale, self.again = model, scale, set(again)
+        # Values a recomputing segment made without autograd that may need a gradient (floating
+        # outputs of a segment with trainable parameters or inputs that need one): their readers
+        # take them as leaves that need one, as they would have.
+        self.differentiable: set[str] = set()
+        self.kept: dict[tuple[int, int], list[Any]] = {}
         self.values = [dict(zip(model.input_names,
                                 fx_pytree.tree_flatten_spec((list(a), k), model._in_spec)))
                        for a, k in batches]
@@ -251,12 +266,22 @@ class _Actions:
             value = self.values[k][name]
             if isinstance(value, torch.Tensor):
                 value = value.to(segment.device)
-                if value.requires_grad:
+                if value.requires_grad or name in self.differentiable:
                     value = value.detach().requires_grad_(True)
                     leaves.append((name, value))
             inputs.append(value)
-        outputs = segment(*inputs)
-        self.fed[(s, k)], self.made[(s, k)] = leaves, outputs
+        if s in self.again:
+            with torch.no_grad():
+                outputs = segment(*inputs)
+            self.kept[(s, k)] = inputs
+            if leaves or any(p.requires_grad for p in segment.parameters()):
+                self.differentiable.update(
+                    name for name, out in zip(seg.outputs, outputs)
+                    if isinstance(out, torch.Tensor) and out.is_floating_point())
+        else:
+            outputs = segment(*inputs)
+            self.made[(s, k)] = outputs
+        self.fed[(s, k)] = leaves
         self.values[k].update(zip(seg.outputs, outputs))
         for name, out in zip(seg.outputs, outputs):
             if name in self.model.output_names:
@@ -265,9 +290,13 @@ class _Actions:
 
     def backward(self, s: int, k: int) -> None:
         seg, grads = self.model.segment_info[s], self.grads[k]
+        if s in self.again:  # the forward again, with autograd
+            made = getattr(self.model, f"seg{s}")(*self.kept.pop((s, k)))
+        else:
+            made = self.made.pop((s, k))
         with self.adding:
             pairs = [(out, grads.pop(name))
-                     for name, out in zip(seg.outputs, self.made.pop((s, k)))
+                     for name, out in zip(seg.outputs, made)
                      if name in grads and isinstance(out, torch.Tensor) and out.requires_grad]
         if pairs:
             torch.autograd.backward([o for o, _ in pairs], [g.to(o.device) for o, g in pairs])

@@ -28,10 +28,11 @@ import networkx as nx
 
 from autoplace.ir import OpGraph
 
-__all__ = ["BACKWARD", "SCHEDULES", "STEP", "microbatch_name", "microbatch_order", "phase_of",
-           "schedule_run"]
+__all__ = ["BACKWARD", "RECOMPUTE", "SCHEDULES", "STEP", "microbatch_name", "microbatch_order",
+           "phase_of", "schedule_run"]
 
 BACKWARD = "@backward"
+RECOMPUTE = "@recompute"
 STEP = "@step"
 SCHEDULES = ("gpipe", "1f1b")
 _MICROBATCH = "#"
@@ -44,17 +45,19 @@ def microbatch_name(name: str, k: int) -> str:
 
 def phase_of(name: str) -> tuple[str, str, int | None]:
     """``(forward node, phase, micro-batch)`` of a training step's node: phase ``forward``,
-    ``backward`` or ``step``; the micro-batch ``None`` for a step and for a graph of one
-    micro-batch. Only the suffixes the step graph adds are read, so a traced name that holds
-    ``@`` or ``#`` elsewhere parses as itself."""
+    ``backward`` (a backward node, or a forward node run again before it,
+    ``f@recompute#k``: ``train.recompute``) or ``step``; the micro-batch ``None`` for a step
+    and for a graph of one micro-batch. Only the suffixes the step graph adds are read, so a
+    traced name that holds ``@`` or ``#`` elsewhere parses as itself."""
     base, k = name, None
     head, sep, tail = name.rpartition(_MICROBATCH)
     if sep and tail.isdigit():
         base, k = head, int(tail)
     if base.endswith(STEP):
         return base.removesuffix(STEP), "step", k
-    if base.endswith(BACKWARD):
-        return base.removesuffix(BACKWARD), "backward", k
+    for suffix in (BACKWARD, RECOMPUTE):
+        if base.endswith(suffix):
+            return base.removesuffix(suffix), "backward", k
     return base, "forward", k
 
 

@@ -19,6 +19,7 @@ micro-batched step, and the memory of a training step measured on the emitted mo
 from autoplace.errors import AutoplaceError
 from autoplace.simulate.schedules import SCHEDULES
 from autoplace.train.graph import OPTIMIZERS, Optimizer, step_problem, training_memory
+from autoplace.train.recompute import RECOMPUTE_CHOICES
 from autoplace.train.wrap import LossModel, loss_model, training_targets
 
 __all__ = ["MODES", "OPTIMIZERS", "TRAINING_NOTE", "LossModel", "Optimizer", "check_training",
@@ -31,9 +32,10 @@ TRAINING_NOTE = ("training plan: one step of one batch, planned and checked with
 
 
 def check_training(mode: str, optimizer: str, microbatches: int = 1,
-                   schedule: str = "auto", replicas: int | str = "auto") -> None:
-    """A clear error for a mode, optimizer, micro-batch count, schedule or replica count
-    autoplace does not know, or micro-batches asked of an inference plan."""
+                   schedule: str = "auto", replicas: int | str = "auto",
+                   recompute: str = "auto") -> None:
+    """A clear error for a mode, optimizer, micro-batch count, schedule, replica count or
+    recomputation autoplace does not know, or micro-batches asked of an inference plan."""
     if mode not in MODES:
         raise AutoplaceError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
     if optimizer not in OPTIMIZERS:
@@ -53,6 +55,13 @@ def check_training(mode: str, optimizer: str, microbatches: int = 1,
     if schedule != "auto" and microbatches == 1:
         raise AutoplaceError(f"--schedule {schedule} orders micro-batches: add --microbatches "
                              "M (M > 1), or leave --schedule out")
+    if recompute not in RECOMPUTE_CHOICES:
+        raise AutoplaceError(f"--recompute must be one of {', '.join(RECOMPUTE_CHOICES)}, got "
+                             f"{recompute!r}")
+    if recompute == "all" and microbatches == 1:
+        raise AutoplaceError("--recompute all recomputes each micro-batch's forward in its "
+                             "backward, which saves memory only with several in flight: add "
+                             "--microbatches M (M > 1)")
     if schedule not in ("auto", *SCHEDULES):
         raise AutoplaceError(f"--schedule must be one of auto, {', '.join(SCHEDULES)}, got "
                              f"{schedule!r}")

@@ -294,10 +294,10 @@ def _step_host(problem: Problem, grads: set[str], compute: Mapping[str, Mapping[
 
 
 def training_memory(graph: OpGraph, optimizer: str, capacity: int | None = None,
-                    microbatches: int = 1) -> str:
+                    microbatches: int = 1, recompute: str = "off") -> str:
     """What a training step holds beyond inference, for an error that says no placement fits:
     the bytes of gradients and optimizer state, how many bytes the devices' ``capacity``
-    (together) lacks for them, and what would shrink them."""
+    (together) lacks for them, and what would shrink them (``recompute``: what was asked)."""
     opt = OPTIMIZERS[optimizer]
     params = sum(n.param_bytes for n in graph.nodes)
     trained = sum(n.trainable_bytes for n in graph.nodes)
@@ -314,4 +314,6 @@ def training_memory(graph: OpGraph, optimizer: str, capacity: int | None = None,
             + (f", use an optimizer with less state ({', '.join(lighter)})" if lighter else "")
             + (", or cut the batch into more micro-batches" if microbatches > 1 else
                ", or cut the batch into micro-batches (--microbatches)")
-            + ", which hold fewer activations at once (recomputation is not built yet).")
+            + ", which hold fewer activations at once"
+            + (" (recomputation was tried too)." if microbatches > 1 and recompute != "off" else
+               ", and recompute them (--recompute all, with micro-batches)."))

@@ -1,0 +1,167 @@
+"""Train: recomputation per stage, the step graph of a placement whose devices recompute their
+activations in the backward instead of keeping them (``with_recompute``).
+
+A device that recomputes (GPipe's re-materialisation, Huang et al., NeurIPS 2019, section 2.3;
+``torch.utils.checkpoint`` on a stage) keeps, of each micro-batch's forward, only the values
+its stage received (its inputs) and frees everything else as inference does; when that
+micro-batch's backward comes, it runs the stage's forward again with autograd on and then the
+backward. Per micro-batch in flight it holds the stage's inputs instead of everything the
+backward needs, and for the one micro-batch in its backward, the stage's activations: GPipe's
+activation memory falls from ``M x (the stage's activations)`` to ``M x (its inputs) + one
+micro-batch's activations``, at the cost of one more forward of the stage per micro-batch
+(about a third more compute: the backward costs two forwards).
+
+In the step graph of M micro-batches (``train.graph``), for each forward node ``f#k`` on a
+recomputing device whose output needs a gradient:
+
+* ``f#k`` keeps its output only until its forward readers are done (the step graph had added
+  the node's workspace, its members' intermediates, to its output, for the backward: that is
+  taken off again);
+* ``f@recompute#k``, on the same device, runs ``f`` again: its output and workspace are what
+  the backward reads, its time is ``f``'s forward time. It reads the recomputed value of an
+  input made on its own device (``g@recompute#k``), and the kept value of an input made on
+  another device (``g#k``, the copy the stage received: the simulator copies a value once to
+  each device, and holds the copy until its last reader there has run);
+* the backward nodes read ``f@recompute#k`` where they read ``f#k``, on ``f``'s device.
+
+``simulate.schedules`` runs ``@recompute`` nodes in their micro-batch's backward block, before
+its backward nodes. Which nodes recompute depends on the placement (an input from the same
+device is recomputed, one from another is kept), so the graph is built for a placement.
+``recompute_all`` is the same graph with every device recomputing and every input recomputed
+wherever it was made, which needs no placement: the problem the solver takes when the step
+fits only with recomputation (its memory is close to the real one, its time pessimistic: a
+stage's recomputation waits for the recomputation of the stages before it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, replace
+
+from autoplace.ir import Costs, OpGraph, Placement, Problem, Schedule
+from autoplace.simulate import simulate
+from autoplace.simulate.schedules import BACKWARD, RECOMPUTE, microbatch_name, phase_of
+
+__all__ = ["RECOMPUTE", "RECOMPUTE_CHOICES", "Recomputed", "recompute_all", "recomputed_nodes",
+           "with_recompute", "with_recompute_where_needed"]
+
+
+def recomputed_nodes(problem: Problem) -> list[str]:
+    """The forward nodes of ``problem`` (a step of several micro-batches) that a recomputing
+    device would run again: those whose backward reads their output."""
+    names = {n.name for n in problem.graph.nodes}
+    found = []
+    for node in problem.graph.nodes:
+        base, phase, k = phase_of(node.name)
+        if phase == "forward" and k is not None and microbatch_name(base + BACKWARD,
+                                                                    k) in names:
+            found.append(node.name)
+    return found
+
+
+def with_recompute(problem: Problem, placement: Placement,
+                   devices: Collection[str]) -> tuple[Problem, Placement]:
+    """``problem`` (a training step of several micro-batches) with the nodes ``placement``
+    puts on ``devices`` recomputing (the module's docstring), and the placement extended to
+    the new nodes (each on its forward's device). ``devices`` empty: both unchanged."""
+    device_of = placement.device_of
+    again = {n for n in recomputed_nodes(problem) if device_of[n] in devices}
+    if not again:
+        return problem, placement
+
+    def source(src: str, dst: str) -> str:
+        return _recompute_name(src) if device_of[src] == device_of[dst] else src
+
+    return _rebuild(problem, again, source), Placement(device_of={
+        **device_of, **{_recompute_name(n): device_of[n] for n in again}})
+
+
+def recompute_all(problem: Problem) -> Problem:
+    """``problem`` with every node of ``recomputed_nodes`` recomputing, and every recomputed
+    node reading its inputs' recomputed values, wherever they are (the module's docstring):
+    a graph the solver can place."""
+    again = set(recomputed_nodes(problem))
+    return _rebuild(problem, again, lambda src, _: _recompute_name(src))
+
+
+def _recompute_name(name: str) -> str:
+    base, _, k = phase_of(name)
+    return microbatch_name(base + RECOMPUTE, k)
+
+
+def _rebuild(problem: Problem, again: set[str], source: Callable[[str, str], str]) -> Problem:
+    """The step graph with the nodes ``again`` recomputing; ``source(src, dst)`` names the
+    value node ``dst`` (a backward node, or the forward node whose recomputation it is) reads
+    for the output of ``src``, one of ``again``: its recomputed value or the kept one."""
+    graph, costs = problem.graph, problem.costs
+    by_name = {n.name: n for n in graph.nodes}
+    nodes, inserted = [], set()
+    for node in graph.nodes:
+        _, phase, k = phase_of(node.name)
+        if phase == "backward" and k not in inserted:
+            inserted.add(k)
+            nodes += [replace(by_name[n], name=_recompute_name(n), param_bytes=0,
+                              trainable_bytes=0)
+                      for n in (m.name for m in graph.nodes) if n in again
+                      and phase_of(n)[2] == k]
+        if node.name in again:
+            node = replace(node, output_bytes=node.output_bytes - node.workspace_bytes)
+        nodes.append(node)
+    edges = []
+    for e in graph.edges:
+        if phase_of(e.dst)[1] == "backward" and e.src in again:
+            e = replace(e, src=source(e.src, e.dst))
+        elif e.dst in again:
+            edges.append(replace(e, src=source(e.src, e.dst) if e.src in again else e.src,
+                                 dst=_recompute_name(e.dst)))
+        edges.append(e)
+    colocate = [(*group, *(_recompute_name(m) for m in group if m in again))
+                for group in graph.colocate]
+
+    def copied(table: Mapping[str, object]) -> dict[str, object]:
+        return {**table, **{_recompute_name(n): table[n] for n in again if n in table}}
+
+    host = costs.host
+    order = {n.name: i for i, n in enumerate(nodes)}
+    edges.sort(key=lambda e: (order[e.src], order[e.dst]))
+    return replace(problem, graph=OpGraph(nodes=tuple(nodes), edges=tuple(edges),
+                                          colocate=tuple(colocate), name=graph.name),
+                   costs=Costs(compute_s=copied(costs.compute_s), source=copied(costs.source),
+                               device_source=copied(costs.device_source),
+                               host=None if host is None else replace(
+                                   host, launch_s=copied(host.launch_s))))
+
+
+RECOMPUTE_CHOICES = ("auto", "off", "all")
+
+
+@dataclass(frozen=True)
+class Recomputed:
+    """A placement of a step, with recomputation on ``devices`` (sorted; empty: none):
+    ``problem`` its step graph (``with_recompute``), ``schedule`` its simulation."""
+
+    problem: Problem
+    schedule: Schedule
+    devices: tuple[str, ...]
+
+
+def with_recompute_where_needed(problem: Problem, placement: Placement, *,
+                                every: bool = False) -> Recomputed:
+    """``placement`` of ``problem`` (a step of several micro-batches) with recomputation on
+    the devices its simulation overflows (``every``: on all its devices), or on all of them
+    where that is not enough."""
+    device_of = {n.name: placement.device_of[n.name] for n in problem.graph.nodes}
+    placement = Placement(device_of=device_of)
+    used = sorted(set(device_of.values()))
+    plain = simulate(problem, placement)
+    tries = [used] if every else [sorted(plain.over_capacity), used]
+    if not every and not plain.over_capacity:
+        return Recomputed(problem, plain, ())
+    found = None
+    for devices in tries:
+        graph, extended = with_recompute(problem, placement, devices)
+        found = Recomputed(graph, simulate(graph, extended), tuple(devices))
+        if found.schedule.feasible:
+            break
+    assert found is not None
+    return found

@@ -1,0 +1,187 @@
+"""Recomputation per stage (``train.recompute``): the step graph of a placement whose devices
+run each micro-batch's forward again in its backward instead of keeping its activations."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_microbatch import _small_threads
+from test_schedules import _split
+from test_train import MLP, WithLoss, _forward_problem
+from torch import nn
+
+from autoplace.emit.microbatch import action_order, split_batch, train_step
+from autoplace.errors import AutoplaceError, InfeasibleError
+from autoplace.ir import Placement
+from autoplace.pipeline import plan, save
+from autoplace.run import train_plan
+from autoplace.simulate import simulate, validate
+from autoplace.simulate.schedules import phase_of
+from autoplace.train import check_training, step_problem
+from autoplace.train.recompute import recompute_all, recomputed_nodes, with_recompute
+
+
+@pytest.fixture(scope="module")
+def gpipe():
+    forward = _forward_problem(WithLoss(MLP()), "2xcpu-thread")
+    return step_problem(forward, "adam", microbatches=4, schedule="gpipe")
+
+
+def _placed(problem):
+    return Placement(device_of=_split(problem, 4))
+
+
+def _held_after_forwards(schedule, device: str) -> int:
+    """The bytes ``device`` holds when its last forward node ends."""
+    done = max(schedule.end_s[n] for n, d in schedule.placement.device_of.items()
+               if d == device and phase_of(n)[1] == "forward")
+    return max(b for t, b in schedule.memory_timeline[device] if t <= done)
+
+
+def test_no_recomputing_device_leaves_the_step_as_it_was(gpipe) -> None:
+    placement = _placed(gpipe)
+    assert with_recompute(gpipe, placement, ()) == (gpipe, placement)
+
+
+def test_a_recomputing_device_holds_less_and_takes_one_more_forward(gpipe) -> None:
+    placement = _placed(gpipe)
+    a, b = gpipe.cluster.names[:2]
+    plain = simulate(gpipe, placement)
+    problem, extended = with_recompute(gpipe, placement, [a])
+    s = simulate(problem, extended)
+    assert validate(problem, s) == []
+    again = [n for n in recomputed_nodes(gpipe) if placement.device_of[n] == a]
+    assert again and all(placement.device_of[n] == a for n in again)
+    for name in again:
+        base, _, k = phase_of(name)
+        twin = f"{base}@recompute#{k}"
+        assert extended.device_of[twin] == a
+        assert problem.costs.compute_s[twin] == gpipe.costs.compute_s[name]
+    # GPipe holds every micro-batch's activations on a once its forwards are done:
+    # recomputing keeps only their inputs (the MLP's peak is Adam's step, not these)
+    held = [_held_after_forwards(x, a) for x in (plain, s)]
+    assert held[1] < held[0]
+    assert s.peak_bytes[a] <= plain.peak_bytes[a]
+    assert s.peak_bytes[b] == plain.peak_bytes[b]
+    busy = {d: sum(s.end_s[n] - s.start_s[n] for n, dev in extended.device_of.items()
+                   if dev == d) for d in (a, b)}
+    plain_busy = sum(plain.end_s[n] - plain.start_s[n]
+                     for n, dev in placement.device_of.items() if dev == a)
+    extra = sum(gpipe.costs.compute_s[n][a] for n in again)
+    assert busy[a] == pytest.approx(plain_busy + extra)
+    assert s.makespan_s >= plain.makespan_s
+
+
+def test_recomputation_reads_its_own_device_s_recomputed_values_and_keeps_received_ones(
+        gpipe) -> None:
+    placement = _placed(gpipe)
+    a, b = gpipe.cluster.names[:2]
+    problem, extended = with_recompute(gpipe, placement, [a, b])
+    device_of = extended.device_of
+    for e in problem.graph.edges:
+        _, phase, _ = phase_of(e.dst)
+        if "@recompute" in e.dst and e.src in device_of:
+            if device_of[e.src] == device_of[e.dst]:
+                # a value made on the same device is recomputed, unless it needs no gradient
+                assert "@recompute" in e.src or e.src not in recomputed_nodes(gpipe)
+            else:
+                assert phase_of(e.src)[1] == "forward"  # the copy received in the forward
+    # every backward reads recomputed values from its own device
+    again = set(recomputed_nodes(gpipe))
+    for e in problem.graph.edges:
+        if phase_of(e.dst)[1] == "backward" and "@recompute" not in e.dst:
+            assert not (e.src in again and device_of[e.src] == device_of[e.dst])
+
+
+def test_recompute_all_needs_no_placement_and_every_placement_of_it_simulates(gpipe) -> None:
+    problem = recompute_all(gpipe)
+    names = {n.name for n in problem.graph.nodes}
+    assert all(f"{phase_of(n)[0]}@recompute#{phase_of(n)[2]}" in names
+               for n in recomputed_nodes(gpipe))
+    device_of = _split(problem, 4)
+    s = simulate(problem, Placement(device_of=device_of))
+    assert validate(problem, s) == []
+
+
+class Deep(nn.Module):
+    """Activations outweigh the weights: 1024 samples through 4 layers of 128."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(128, 128),
+                                                                     nn.Tanh())],
+                                    nn.Linear(128, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+def _deep_plan(recompute: str, memory_bytes: int | None = 3_000_000, **extra):
+    torch.manual_seed(0)
+    x, y = torch.randn(1024, 128), torch.randint(0, 10, (1024,))
+    devices = _small_threads(memory_bytes) if memory_bytes else "2xcpu-thread"
+    return plan(Deep(), (x,), devices=devices, time_limit_s=3, whatif=False, min_gain=0.0,
+                mode="training", optimizer="adam", loss=lambda out, t: F.cross_entropy(out, t),
+                example_targets=(y,), profile=False, microbatches=4, schedule="gpipe",
+                recompute=recompute, **extra)
+
+
+def test_a_step_that_fits_only_with_recomputation_is_planned_so_and_trains_as_the_original(
+        tmp_path) -> None:
+    # 3 MB a device: every placement overflows with GPipe's four micro-batches held
+    with pytest.raises(InfeasibleError, match="--recompute all"):
+        _deep_plan("off", verify=False)
+    planned = _deep_plan("auto")
+    assert planned.training["recompute"]  # some device recomputes
+    assert planned.schedule.feasible and validate(planned.problem, planned.schedule) == []
+    assert any("@recompute" in n.name for n in planned.problem.graph.nodes)
+    assert planned.training["check"]["status"] == "passed"
+    # never worse than a baseline, each simulated with recomputation where it overflows
+    for name, base in planned.baselines.items():
+        if base.feasible:
+            assert planned.makespan_s <= base.makespan_s * (1 + 1e-9), name
+    # the lower bound is the analytic one of the graph without recomputation: below the plan
+    assert planned.lower_bound_s <= planned.makespan_s
+    save(planned, tmp_path)
+    assert json.loads((tmp_path / "plan.json").read_text())["training"]["recompute"] == list(
+        planned.training["recompute"])
+    trained = train_plan(tmp_path, steps=2)
+    torch.testing.assert_close(torch.tensor(trained.losses),
+                               torch.tensor(planned.training["check"]["original_losses"][:2]))
+
+
+def test_recompute_auto_keeps_the_plain_step_where_it_fits_and_all_costs_time() -> None:
+    plain = _deep_plan("auto", None, verify=False)
+    assert plain.training["recompute"] == []
+    assert not any("@recompute" in n.name for n in plain.problem.graph.nodes)
+    every = _deep_plan("all", None, verify=False)
+    assert sorted(every.training["recompute"]) == sorted(set(
+        every.schedule.placement.device_of.values()))
+    assert every.makespan_s > plain.makespan_s
+
+
+def test_recompute_needs_micro_batches_and_a_known_choice() -> None:
+    with pytest.raises(AutoplaceError, match="--microbatches"):
+        check_training("training", "adam", 1, "auto", "auto", "all")
+    with pytest.raises(AutoplaceError, match="auto, off, all"):
+        check_training("training", "adam", 2, "auto", "auto", "sometimes")
+
+
+def test_a_recomputing_segment_gives_the_gradients_a_keeping_one_does() -> None:
+    planned = _deep_plan("off", None, verify=False)
+    model, problem, schedule = planned.emitted, planned.problem, planned.schedule
+    torch.manual_seed(0)
+    x, y = torch.randn(1024, 128), torch.randint(0, 10, (1024,))
+    batches = split_batch((x,), {"targets": (y,)}, 4)
+    order = action_order(model, problem, schedule, 4)
+    grads = []
+    for again in ((), tuple(set(schedule.placement.device_of.values()))):
+        model.zero_grad()
+        loss = train_step(model, batches, order, "mean", recompute=again)
+        grads.append((loss, [p.grad.clone() for p in model.parameters()]))
+    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=0, atol=0)
+    for a, b in zip(grads[0][1], grads[1][1]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
