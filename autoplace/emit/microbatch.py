@@ -25,6 +25,7 @@ from __future__ import annotations
 import heapq
 import math
 import threading
+from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -248,6 +249,11 @@ class _Actions:
                                 fx_pytree.tree_flatten_spec((list(a), k), model._in_spec)))
                        for a, k in batches]
         self.grads: list[dict[str, torch.Tensor]] = [{} for _ in batches]
+        # A value is dropped once its last reader's forward has taken it (as the plan frees
+        # it), not kept until its producer's backward: a backward reads its outputs from
+        # ``made`` (or makes them again), never from ``values``.
+        readers = Counter(name for seg in model.segment_info for name in set(seg.inputs))
+        self.unread = [dict(readers) for _ in batches]
         self.fed: dict[tuple[int, int], list[tuple[str, torch.Tensor]]] = {}
         self.made: dict[tuple[int, int], Sequence[Any]] = {}
         self.losses: list[torch.Tensor] = []
@@ -282,6 +288,11 @@ class _Actions:
             outputs = segment(*inputs)
             self.made[(s, k)] = outputs
         self.fed[(s, k)] = leaves
+        with self.adding:
+            for name in set(seg.inputs):
+                self.unread[k][name] -= 1
+                if not self.unread[k][name]:
+                    self.values[k].pop(name, None)
         self.values[k].update(zip(seg.outputs, outputs))
         for name, out in zip(seg.outputs, outputs):
             if name in self.model.output_names:
