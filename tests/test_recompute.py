@@ -148,6 +148,8 @@ def test_a_step_that_fits_only_with_recomputation_is_planned_so_and_trains_as_th
     save(planned, tmp_path)
     assert json.loads((tmp_path / "plan.json").read_text())["training"]["recompute"] == list(
         planned.training["recompute"])
+    assert "recomputing on " + planned.training["recompute"][0] in (
+        tmp_path / "summary.txt").read_text()
     trained = train_plan(tmp_path, steps=2)
     torch.testing.assert_close(torch.tensor(trained.losses),
                                torch.tensor(planned.training["check"]["original_losses"][:2]))

@@ -102,13 +102,15 @@ class TrainingFacts:
     schedule: str
     replicas: int
     check: str  # the training check of the emitted model: passed, or skipped
+    recompute: tuple[str, ...] = ()  # the devices that recompute their activations
 
     @property
     def text(self) -> str:
-        """``"adam, 4 micro-batches (1f1b), 2 replicas"``."""
+        """``"adam, 4 micro-batches (1f1b), 2 replicas"`` (and ``, recomputing on cpu:0``)."""
         m, r = self.microbatches, self.replicas
         return (f"{self.optimizer}, {m} micro-batch{'es' if m != 1 else ''} ({self.schedule}), "
-                f"{r} replica{'s' if r != 1 else ''}")
+                f"{r} replica{'s' if r != 1 else ''}"
+                + (f", recomputing on {', '.join(self.recompute)}" if self.recompute else ""))
 
 
 @dataclass(frozen=True)
@@ -228,7 +230,8 @@ def training_facts(plan: Plan) -> TrainingFacts | None:
                          microbatches=int(training.get("microbatches", 1)),
                          schedule=training.get("schedule", "gpipe"),
                          replicas=int(training.get("replicas", 1)),
-                         check=(training.get("check") or {}).get("status", "skipped"))
+                         check=(training.get("check") or {}).get("status", "skipped"),
+                         recompute=tuple(training.get("recompute", ())))
 
 
 def _whatif_rows(plan: Plan) -> tuple[WhatIfRow, ...] | None:
