@@ -428,17 +428,21 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
                                               microbatches=microbatches, schedule=name),
                                  *replicated)
         solved = None
-        try:
-            solved = solve(problem, options=share)
-            found[name] = problem, solved, ()
-        except InfeasibleError as exc:
-            failure = exc
+        if recompute != "all" or microbatches == 1:
+            try:
+                solved = solve(problem, options=share)
+                found[name] = problem, solved, ()
+            except InfeasibleError as exc:
+                failure = exc
         if microbatches > 1 and (recompute == "all" or recompute == "auto" and (
                 solved is None or not solved.schedule.feasible)):
             again = _solve_recomputing(problem, solved, share, every=recompute == "all",
                                        notes=notes)
             if again is not None:
                 found[name] = again
+            elif recompute == "all":
+                failure = InfeasibleError("no placement within memory was found with "
+                                          "recomputation on every device")
     if not found:
         capacity = sum(d.memory_bytes - d.reserved_bytes for d in forward.cluster.devices)
         raise InfeasibleError(
