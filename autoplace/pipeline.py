@@ -26,9 +26,16 @@ from autoplace.cluster import resolve_cluster
 from autoplace.coarsen import DEFAULT_MAX_NODES, fold
 from autoplace.cost import analytic_cpu_note
 from autoplace.cost import costs as cost_nodes
-from autoplace.emit import emit_and_verify, train_emitted
+from autoplace.emit import check_step_memory, emit_and_verify, train_emitted
 from autoplace.emit.ddp import REPLICA_SHARDS, replicas_of, write_train_script
-from autoplace.emit.microbatch import batch_size, loss_rule, split_batch, stepper
+from autoplace.emit.microbatch import (
+    action_order,
+    batch_size,
+    loss_rule,
+    split_batch,
+    stepper,
+    train_step,
+)
 from autoplace.emit.replicas import verify_replicas
 from autoplace.errors import AutoplaceError, InfeasibleError
 from autoplace.formats.output import atomic_output_dir
@@ -574,7 +581,33 @@ def _emit(planned: Plan, traced: Any, model: torch.nn.Module, args: tuple[Any, .
     notes.append(f"training check passed: {check['steps']} {optimizer} {how}of the emitted "
                  "model give the original's losses "
                  f"({', '.join(f'{v:.6g}' for v in check['losses'])}), gradients and parameters")
-    return replace(planned, training={**planned.training, "check": check}), notes
+    memory, detail = _step_memory(emitted, planned, step, check_memory)
+    notes.append(f"training step memory: {detail}")
+    return replace(planned, training={**planned.training, "check": check | memory}), notes
+
+
+def _step_memory(emitted: Any, planned: Plan, step: _Step,
+                 check_memory: bool | None) -> tuple[dict[str, Any], str]:
+    """The emitted step's first-step peak per device, measured in this process on replica 0's
+    batch (``emit.check_step_memory``) against the plan's: its micro-batches in the plan's
+    order on this thread, or (one micro-batch) the loss's ``backward()``."""
+    if step.microbatches > 1:
+        order = action_order(emitted, planned.problem, planned.schedule, step.microbatches)
+
+        def run() -> Any:
+            return train_step(emitted, step.batches, order, step.rule or "mean",
+                              threads=False, recompute=step.recompute)
+    else:
+        (args, kwargs), = step.batches
+
+        def run() -> Any:
+            loss = emitted(*args, **kwargs)
+            loss.backward()
+            return loss.detach()
+
+    return check_step_memory(emitted, run, optimizer=planned.training["optimizer"],
+                             problem=planned.problem, schedule=planned.schedule,
+                             check_memory=check_memory)
 
 
 def solve_graph(

@@ -380,3 +380,33 @@ def test_optimizer_state_that_fits_nowhere_says_what_a_step_holds() -> None:
     assert "optimizer with less state (sgd, sgd-momentum)" in message
     assert f"{4 * PARAMS - 3_000_000} bytes more than all the devices hold together" in message
     assert "--microbatches" in message
+
+
+def test_the_first_step_s_memory_is_measured_per_device_and_checked_against_the_plan() -> None:
+    from autoplace.emit import check_step_memory
+    from autoplace.emit.memory import measure_step, weight_bytes
+
+    model, args, kwargs, targets = _mlp()
+    emitted = _split(model, args, kwargs, targets)
+
+    def run():
+        loss = emitted(*args, targets=targets, **kwargs)
+        loss.backward()
+        return loss.detach()
+
+    measured = measure_step(emitted, run, optimizer="adam")
+    weights = weight_bytes(emitted)
+    # each device holds its weights, their gradients and Adam's two moments at least: the
+    # backward's and the update's allocations are charged where the weights are
+    for device, held in weights.items():
+        assert measured.peak_bytes[device] >= 4 * held
+    # the check fails a plan that says less, and leaves the weights as they were
+    before = [p.detach().clone() for p in emitted.parameters()]
+    problem = _forward_problem(WithLoss(MLP()), "2xcpu-thread")
+    schedule = simulate(problem, Placement(device_of=dict.fromkeys(
+        (n.name for n in problem.graph.nodes), "cpu:0")))
+    with pytest.raises(VerificationError, match="more memory than the plan"):
+        check_step_memory(emitted, run, optimizer="adam", problem=problem, schedule=schedule)
+    for p, q in zip(emitted.parameters(), before):
+        torch.testing.assert_close(p.detach(), q, rtol=0, atol=0)
+        assert p.grad is None

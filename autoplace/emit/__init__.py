@@ -36,7 +36,13 @@ import torch
 
 from autoplace.emit.ddp import write_train_script
 from autoplace.emit.device_map import local_device_map
-from autoplace.emit.memory import comparable_peak_bytes, measure, measure_peak_bytes
+from autoplace.emit.memory import (
+    PeakMeasurement,
+    comparable_peak_bytes,
+    measure,
+    measure_peak_bytes,
+    measure_step,
+)
 from autoplace.emit.model import PartitionedModel, SegmentInfo, emit_model
 from autoplace.emit.replay import replay
 from autoplace.emit.replicas import verify_replicas
@@ -52,6 +58,7 @@ __all__ = [
     "PartitionedModel",
     "SegmentInfo",
     "VerifyResult",
+    "check_step_memory",
     "emit_and_verify",
     "emit_model",
     "load_model",
@@ -124,8 +131,8 @@ def emit_and_verify(
     if moved:
         detail += " (planned devices remapped to cpu)"
     record = {"status": outcome.status, "max_abs_diff": outcome.max_abs_diff}
-    memory, memory_detail = _check_memory(emitted, args, kwargs, problem=problem,
-                                          schedule=schedule,
+    memory, memory_detail = _check_memory(emitted, lambda: measure(emitted, args, kwargs),
+                                          problem=problem, schedule=schedule,
                                           enforce=ENFORCE_PEAK_DEFAULT if check_memory is None
                                           else check_memory)
     return emitted, record | memory | {"detail": f"{detail}; {memory_detail}"}, notes
@@ -133,14 +140,14 @@ def emit_and_verify(
 
 def _check_memory(
     emitted: PartitionedModel,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
+    measuring: Callable[[], PeakMeasurement],
     *,
     problem: Problem,
     schedule: Schedule,
     enforce: bool,
 ) -> tuple[dict[str, Any], str]:
-    """Measure the emitted model's peak per planned device and check it against the plan's."""
+    """Measure the emitted model's peak per planned device (``measuring()``) and check it
+    against the plan's."""
     name_of: dict[str, str] = {}
     for device in problem.cluster.devices:
         if device.torch_device in name_of:
@@ -148,7 +155,7 @@ def _check_memory(
                 f"memory not measured: {name_of[device.torch_device]} and {device.name} are "
                 f"both {device.torch_device}, so their segments cannot be told apart")
         name_of[device.torch_device] = device.name
-    measured = measure(emitted, args, kwargs)
+    measured = measuring()
     by_name = {name_of[d]: b for d, b in measured.peak_bytes.items()}
     checked = check_peak(by_name, comparable_peak_bytes(problem, schedule),
                          method=measured.method, enforce=enforce)
@@ -166,6 +173,26 @@ def _op_order(module: torch.fx.GraphModule, problem: Problem, schedule: Schedule
     keyed = [((rank[node.name], position.get(op, 0)), op)
              for node in problem.graph.nodes for op in node.ops]
     return [op for _, op in sorted(keyed)]
+
+
+def check_step_memory(emitted: PartitionedModel, run: Callable[[], Any], *, optimizer: str,
+                      problem: Problem, schedule: Schedule,
+                      check_memory: bool | None = None) -> tuple[dict[str, Any], str]:
+    """The first training step's peak per planned device (``memory.measure_step``: ``run()``,
+    the step's forward and backward on this thread, then ``optimizer``'s update) against the
+    step plan's (``problem``, ``schedule``), failing above it with ``check_memory`` (``None``:
+    ``ENFORCE_PEAK_DEFAULT``). ``emitted``'s weights are left as they were."""
+    saved = {k: v.detach().clone() for k, v in emitted.state_dict().items()}
+    try:
+        return _check_memory(emitted, lambda: measure_step(emitted, run, optimizer=optimizer),
+                             problem=problem, schedule=schedule,
+                             enforce=ENFORCE_PEAK_DEFAULT if check_memory is None
+                             else check_memory)
+    finally:
+        with torch.no_grad():
+            emitted.load_state_dict(saved)
+        for p in emitted.parameters():
+            p.grad = None
 
 
 def train_emitted(emitted: PartitionedModel, model: torch.nn.Module, args: tuple[Any, ...],

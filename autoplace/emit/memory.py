@@ -36,8 +36,9 @@ Read ``measure_peak_bytes``, then ``_Tracker`` (the two modes and the hooks) and
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -52,7 +53,7 @@ from autoplace.errors import EmitError
 from autoplace.ir import Problem, Schedule
 
 __all__ = ["PeakMeasurement", "comparable_peak_bytes", "measure", "measure_peak_bytes",
-           "weight_bytes"]
+           "measure_step", "weight_bytes"]
 
 Method = Literal["auto", "storage", "allocator"]
 
@@ -185,13 +186,58 @@ def _allocator_peaks(
     return peaks
 
 
+_CHARGED = "autoplace.charged_to"  # an autograd node's metadata: the device it charges
+
+
+def measure_step(emitted: torch.nn.Module, run: Callable[[], Any], *,
+                 optimizer: str) -> PeakMeasurement:
+    """Peak bytes (weights + everything else alive) per planned device over the first training
+    step of ``emitted`` (a training plan's, its gradients not yet made): ``run()`` (its forward
+    and backward, on this thread: ``microbatch.train_step(threads=False)``, or the loss's
+    ``backward()``), then ``optimizer``'s update of each planned device's parameters (its
+    state made then, as on a first step). Besides what ``measure`` counts, the backward's
+    allocations (gradients, ``.grad``, what autograd frees as it goes) are charged to the
+    planned device of the segment whose forward made the autograd node that allocates them,
+    and the update's (state, temporaries) to its parameters' device."""
+    from autoplace.emit.training import make_optimizer
+
+    planned, _ = _devices(emitted)
+    for p in emitted.parameters():
+        p.grad = None
+    runtime = getattr(emitted, "runtime", "sequential")
+    tracker = _Tracker(emitted, planned, backward=True)
+    try:
+        if runtime != "sequential":
+            emitted.runtime = "sequential"
+        with tracker:
+            tracker.keep(run())
+            seen: set[int] = set()
+            for index, device in enumerate(planned):
+                params = [p for p in getattr(emitted, f"seg{index}").parameters()
+                          if p.grad is not None and id(p) not in seen]
+                seen.update(id(p) for p in params)
+                if params:
+                    with tracker.on(device):
+                        make_optimizer(optimizer, params).step()
+    finally:
+        if runtime != "sequential":
+            emitted.runtime = runtime
+    # What the caller's side makes (the batch's loss, moved to the CPU) is on no planned device.
+    peaks = {d: b for d, b in tracker.peaks().items() if d in planned}
+    return PeakMeasurement(weights_bytes=weight_bytes(emitted), activation_peak_bytes=peaks,
+                           method="storage")
+
+
 class _Tracker:
     """The event log of one measured pass: allocations and frees of tensor storages, each
-    storage charged to a planned device (possibly decided later, for copies)."""
+    storage charged to a planned device (possibly decided later, for copies). With
+    ``backward``, each segment's autograd nodes charge what they allocate to its device."""
 
-    def __init__(self, emitted: torch.nn.Module, planned: list[str]) -> None:
+    def __init__(self, emitted: torch.nn.Module, planned: list[str], *,
+                 backward: bool = False) -> None:
         self._emitted = emitted
         self._planned = planned
+        self._backward = backward
         self._thread = threading.get_ident()
         self._running: list[str] = []  # planned device of the segment running, innermost last
         self._live: dict[StorageWeakRef, int] = {}  # storage -> its id in the log
@@ -211,7 +257,8 @@ class _Tracker:
                 self._known.setdefault(StorageWeakRef(tensor.untyped_storage()), device)
             self._hooks.append(segment.register_forward_pre_hook(
                 lambda _m, a, d=device: self._enter(d, a)))
-            self._hooks.append(segment.register_forward_hook(lambda *_: self._leave()))
+            self._hooks.append(segment.register_forward_hook(
+                lambda _m, _a, out, d=device: self._leave(out, d)))
         _register_higher_order()
         for mode in self._modes:
             mode.__enter__()
@@ -249,8 +296,36 @@ class _Tracker:
                     self._device[ident] = "" if same else device
         self._running.append(device)
 
-    def _leave(self) -> None:
+    def _leave(self, outputs: Any = None, device: str | None = None) -> None:
         self._running.pop()
+        if self._backward and device is not None:
+            self._charge_backward(outputs, device)
+
+    @contextlib.contextmanager
+    def on(self, device: str) -> Iterator[None]:
+        """Charge what is allocated inside to ``device``."""
+        self._running.append(device)
+        try:
+            yield
+        finally:
+            self._running.pop()
+
+    def _charge_backward(self, outputs: Any, device: str) -> None:
+        """Hook the autograd nodes a segment's forward made (those no earlier segment's
+        reach: its own), so that what each allocates in the backward is charged to
+        ``device``."""
+        stack = [x.grad_fn for x in pytree.tree_leaves(outputs)
+                 if isinstance(x, torch.Tensor) and x.grad_fn is not None]
+        while stack:
+            node = stack.pop()
+            # Marked in the node's own metadata: a set of nodes here would keep them, and an
+            # AccumulateGrad keeps its tensor and that tensor's gradient.
+            if node is None or _CHARGED in node.metadata:
+                continue
+            node.metadata[_CHARGED] = device
+            node.register_prehook(lambda *_, d=device: self._running.append(d))
+            node.register_hook(lambda *_: self._running.pop() and None)
+            stack += [n for n, _ in node.next_functions]
 
     def _poll(self) -> None:
         for key in [k for k in self._live if k.expired()]:

@@ -13,8 +13,8 @@ plans the step, and trains the emitted model beside the original
 graph holds one copy of the forward and backward per micro-batch, run in GPipe's or 1F1B's
 order (``simulate.schedules``); ``dataparallel.py`` weighs data-parallel replicas and charges
 their gradients' all-reduce; ``recompute.py`` builds the step of a placement whose devices
-recompute their activations in the backward. Not yet here: mixed precision, replicas of a
-micro-batched step, and the memory of a training step measured on the emitted model.
+recompute their activations in the backward. Not yet here: mixed precision, and replicas of
+a micro-batched step.
 """
 
 from autoplace.errors import AutoplaceError
