@@ -11,9 +11,9 @@ formula. The optimizers and their state bytes are in ``OPTIMIZERS``.
 plans the step, and trains the emitted model beside the original
 (``autoplace.emit.training``); ``autoplace run --train`` trains it. With micro-batches the step
 graph holds one copy of the forward and backward per micro-batch, run in GPipe's or 1F1B's
-order (``simulate.schedules``); ``dataparallel.py`` weighs data-parallel replicas and charges
-their gradients' all-reduce. Not yet here: mixed precision, recomputation, replicas of a
-micro-batched step, and the memory of a training step measured on the emitted model.
+order (``simulate.schedules``); ``dataparallel.py`` weighs data-parallel replicas (of a
+micro-batched step too) and charges their gradients' all-reduce. Not yet here: mixed
+precision, recomputation, and the memory of a training step measured on the emitted model.
 """
 
 from autoplace.errors import AutoplaceError
