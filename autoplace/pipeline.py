@@ -464,7 +464,8 @@ def _emit(planned: Plan, traced: Any, model: torch.nn.Module, args: tuple[Any, .
     its outputs and forward memory are checked against that forward alone (on ``args``,
     ``kwargs``: one micro-batch of one replica's shard), and then it is trained beside the
     original on the whole batch: its micro-batches in the plan's order, its replicas as
-    processes under DistributedDataParallel."""
+    processes (under DistributedDataParallel, or each running its micro-batches and then
+    averaging the gradients, ``emit.ddp``)."""
     problem, schedule, device_of_op = planned.problem, planned.schedule, planned.device_of_op
     count = step.microbatches if step is not None else 1
     if step is not None:
