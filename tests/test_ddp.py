@@ -23,6 +23,7 @@ import torch
 
 from autoplace.cli import main
 from autoplace.emit.ddp import (
+    _buckets,
     batch_size,
     replica_backend,
     replica_device_map,
@@ -35,6 +36,7 @@ from autoplace.errors import AutoplaceError, EmitError, VerificationError
 from autoplace.load import load_model_file
 from autoplace.pipeline import plan, save
 from autoplace.train import LossModel, training_targets
+from autoplace.train.dataparallel import BUCKET_BYTES
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
@@ -110,6 +112,20 @@ def test_each_rank_runs_on_the_next_gpus_and_absent_ones_on_the_cpu(monkeypatch)
     assert replica_backend(planned, replicas=2) == "nccl"
     assert replica_backend(["cuda:0", "cpu:0"], replicas=2) == "gloo"
     assert replica_device_map(["cpu:0", "cpu:1"], rank=1) == {"cpu:0": "cpu:0", "cpu:1": "cpu:1"}
+
+
+def test_micro_batched_gradients_go_in_ddp_sized_buckets_per_device_and_dtype() -> None:
+    # 3 float32 gradients of 10 MiB on one device, a small one on another, one float64
+    big = [torch.empty(10 * 2**20 // 4) for _ in range(3)]
+    other = torch.zeros(4, device="meta")
+    double = torch.zeros(4, dtype=torch.float64)
+    buckets = _buckets([*big[:2], other, double, big[2]])
+    # last first, as the backward makes them; a third 10 MiB would pass 25 MiB
+    assert [[id(g) for g in b] for b in buckets] == [
+        [id(big[2]), id(big[1])], [id(big[0])], [id(double)], [id(other)]]
+    # a tensor larger than a bucket is a bucket of its own
+    large = torch.empty(BUCKET_BYTES // 4 + 1)
+    assert [len(b) for b in _buckets([torch.zeros(4), large])] == [1, 1]
 
 
 # The replicas trained, against the original on the whole batch.

@@ -68,6 +68,7 @@ REPLICA_SHARDS = "data-parallel replicas"
 
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]
 Groups = Sequence[Sequence[str]]
+Step = Callable[[], torch.Tensor]  # a step's forward and backward, gradients averaged: the loss
 
 
 def replicas_of(training: Mapping[str, Any] | None) -> int:
@@ -83,11 +84,12 @@ def microbatching(training: Mapping[str, Any] | None, model: torch.nn.Module,
     ``model``'s actions as the plan's ``schedule`` of ``problem`` starts them
     (``microbatch.action_order``), each ``[segment, micro-batch, phase]``. ``None`` for one
     micro-batch: DDP runs that step."""
-    count = int((training or {}).get("microbatches", 1))
+    training = training or {}
+    count = int(training.get("microbatches", 1))
     if count == 1:
         return None
     order = action_order(model, problem, schedule, count)
-    return {"count": count, "loss": training["microbatch_loss"],  # type: ignore[index]
+    return {"count": count, "loss": training["microbatch_loss"],
             "order": [[a.segment, a.microbatch, a.phase] for a in order]}
 
 
@@ -283,8 +285,6 @@ def _train(model_dir: Path, *, optimizer: str, replicas: int, rank: int, steps: 
                               for r in range(replicas)]}
     return report, record | {"optimizer": optimizer, "replicas": replicas}
 
-
-Step = Callable[[], torch.Tensor]
 
 
 def _ddp_step(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Step:
