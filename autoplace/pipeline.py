@@ -377,9 +377,8 @@ def _replica_counts(model: torch.nn.Module, whole: Batch, cluster: Cluster,
         if why is None:
             kept.append((r, groups))
         elif asked:
-            raise AutoplaceError(f"--replicas {r}"
-                                 f"{f' --microbatches {microbatches}' if microbatches > 1 else ''}"
-                                 f": {why}")
+            cut = f" --microbatches {microbatches}" if microbatches > 1 else ""
+            raise AutoplaceError(f"--replicas {r}{cut}: {why}")
         else:
             notes.append(f"{r} data-parallel replicas not considered: {why}")
     return kept
