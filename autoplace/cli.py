@@ -98,7 +98,9 @@ def _parser() -> argparse.ArgumentParser:
                    "batch's loss must be the mean or the sum of theirs, which is checked")
     p.add_argument("--replicas", type=_replicas, default="auto", metavar="R",
                    help="with --mode training: R data-parallel replicas (DistributedDataParallel,"
-                   " one process each, OUT/train.py under torchrun), each placed on N/R of the "
+                   " or with --microbatches each replica's micro-batches in the plan's order and "
+                   "then the gradients' all-reduce; one process each, OUT/train.py under "
+                   "torchrun), each placed on N/R of the "
                    "N devices with 1/R of the batch; auto (default) plans every R that divides "
                    "the devices into alike groups and keeps the fastest step, the gradients' "
                    "all-reduce included")

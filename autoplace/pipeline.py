@@ -27,7 +27,7 @@ from autoplace.coarsen import DEFAULT_MAX_NODES, fold
 from autoplace.cost import analytic_cpu_note
 from autoplace.cost import costs as cost_nodes
 from autoplace.emit import check_step_memory, emit_and_verify, train_emitted
-from autoplace.emit.ddp import REPLICA_SHARDS, replicas_of, write_train_script
+from autoplace.emit.ddp import REPLICA_SHARDS, microbatching, replicas_of, write_train_script
 from autoplace.emit.microbatch import (
     action_order,
     batch_size,
@@ -373,18 +373,12 @@ def _replica_counts(model: torch.nn.Module, whole: Batch, cluster: Cluster,
                     notes: list[str]) -> list[tuple[int, list[tuple[str, ...]]]]:
     """The replica counts to plan, each with its device groups: ``replicas``, or with
     ``auto`` every R that divides the devices into alike groups, the batch into equal
-    shards, and whose loss is the mean of the shards' (DDP averages the gradients); the
-    others are said in ``notes``. An asked-for R that cannot be is an error."""
+    shards (each of which divides into ``microbatches``), and whose loss is the mean of the
+    shards' (the replicas' gradients are averaged); the others are said in ``notes``. An
+    asked-for R that cannot be is an error."""
     asked = replicas != "auto"
     count = len(cluster.devices)
     wanted = [int(replicas)] if asked else [r for r in range(1, count + 1) if count % r == 0]
-    if microbatches > 1 and any(r > 1 for r in wanted):
-        if asked:
-            raise AutoplaceError("data-parallel replicas of a micro-batched step are not built "
-                                 "yet: use --replicas 1 or --microbatches 1")
-        notes.append("data-parallel replicas of a micro-batched step are not built yet: "
-                     "one replica over every device (R=1)")
-        wanted = [1]
     kept = []
     for r in wanted:
         if r == 1:
@@ -402,16 +396,28 @@ def _replica_counts(model: torch.nn.Module, whole: Batch, cluster: Cluster,
                 shards = split_batch(*whole, r, what=REPLICA_SHARDS)
                 if loss_rule(model, *whole, shards) != "mean":
                     why = ("the loss is the sum of the shards' losses, and "
-                           "DistributedDataParallel averages the replicas' gradients")
+                           "the replicas' gradients are averaged")
+                else:
+                    why = _shard_cut(shards[0], microbatches)
             except AutoplaceError as exc:
                 why = str(exc)
         if why is None:
             kept.append((r, groups))
         elif asked:
-            raise AutoplaceError(f"--replicas {r}: {why}")
+            cut = f" --microbatches {microbatches}" if microbatches > 1 else ""
+            raise AutoplaceError(f"--replicas {r}{cut}: {why}")
         else:
             notes.append(f"{r} data-parallel replicas not considered: {why}")
     return kept
+
+
+def _shard_cut(shard: Batch, microbatches: int) -> str | None:
+    """Why a replica's ``shard`` does not divide into ``microbatches``, or ``None``."""
+    try:
+        split_batch(*shard, microbatches)
+    except AutoplaceError as exc:
+        return f"each replica's shard: {exc}"
+    return None
 
 
 def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
@@ -543,7 +549,8 @@ def _emit(planned: Plan, traced: Any, model: torch.nn.Module, args: tuple[Any, .
     its outputs and forward memory are checked against that forward alone (on ``args``,
     ``kwargs``: one micro-batch of one replica's shard), and then it is trained beside the
     original on the whole batch: its micro-batches in the plan's order, its replicas as
-    processes under DistributedDataParallel."""
+    processes (under DistributedDataParallel, or each running its micro-batches and then
+    averaging the gradients, ``emit.ddp``)."""
     problem, schedule, device_of_op = planned.problem, planned.schedule, planned.device_of_op
     count = step.microbatches if step is not None else 1
     if step is not None:
@@ -567,9 +574,12 @@ def _emit(planned: Plan, traced: Any, model: torch.nn.Module, args: tuple[Any, .
     if step.replicas > 1:
         check = verify_replicas(emitted, model, args, inputs, kwargs["targets"],
                                 optimizer=optimizer, replicas=step.replicas,
-                                groups=step.torch_groups)
-        how = (f"steps of {step.replicas} data-parallel replicas (DistributedDataParallel, one "
-               "process each) ")
+                                groups=step.torch_groups,
+                                microbatches=microbatching(planned.training, emitted,
+                                                           planned.problem, planned.schedule))
+        how = (f"steps of {step.replicas} data-parallel replicas (one process each, "
+               + (f"{count} micro-batches ({planned.training['schedule']}) each, the gradients "
+                  "all-reduced after them) " if count > 1 else "DistributedDataParallel) "))
     else:
         # micro-batches: segment by segment, in the plan's order
         run = stepper(emitted, planned.problem, planned.schedule, step.batches,
@@ -681,6 +691,8 @@ def save(plan: Plan, directory: str | os.PathLike[str]) -> Path:
             if replicas_of(plan.training) > 1:  # their torchrun entry point
                 write_train_script(tmp, optimizer=plan.training["optimizer"],
                                    replicas=replicas_of(plan.training),
-                                   groups=plan.training.get("replica_torch_devices"))
+                                   groups=plan.training.get("replica_torch_devices"),
+                                   microbatches=microbatching(plan.training, plan.emitted,
+                                                              plan.problem, plan.schedule))
 
     return atomic_output_dir(directory, write)

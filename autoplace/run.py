@@ -17,7 +17,7 @@ name, shape or dtype each raise an ``AutoplaceError`` naming the file (and the t
 ``train_plan`` (``--train STEPS``) trains a ``--mode training`` plan's emitted model instead,
 with the plan's optimizer, and reports the losses and the step time against the plan's; a plan
 of R > 1 data-parallel replicas trains as R processes (``OUT/train.py`` under torchrun,
-``autoplace.emit.replicas``), each on 1/R of the batch.
+``autoplace.emit.replicas``), each on 1/R of the batch (in the plan's micro-batches, if any).
 
 Read ``run_plan``, then ``read_inputs_file`` and ``save_outputs``, then ``train_plan``.
 """
@@ -269,9 +269,12 @@ def _train_replicas(plan: Plan, model_dir: Path,
         report = json.loads(report_file.read_text())
     here = report["device_maps"][0]
     moved = sorted({k for m in report["device_maps"] for k, v in m.items() if k != v})
+    count = report.get("microbatches", 1)
     notes = [f"{replicas} processes ran (torchrun, {report['backend']}), one per data-parallel "
-             f"replica, each on {batch // replicas} of the batch of {batch}: the losses are "
-             "their mean, the step times rank 0's; device_map is rank 0's"]
+             f"replica, each on {batch // replicas} of the batch of {batch}"
+             + (f" in {count} micro-batches (the plan's {plan.training['schedule']} order), "
+                "the gradients all-reduced after them" if count > 1 else "")
+             + ": the losses are their mean, the step times rank 0's; device_map is rank 0's"]
     if moved:
         notes.append(f"{', '.join(moved)} not present here for every replica: trained on cpu")
     return TrainResult(losses=tuple(report["losses"]), times_s=tuple(report["times_s"]),

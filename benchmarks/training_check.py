@@ -5,7 +5,9 @@
 For MLP, LeNet and GPT-2 (``examples/``), each planned for one Adam step on ``2xcpu-thread``
 (analytic costs, ``--min-gain 0`` so that the step is split over both workers wherever a split
 is no slower), under GPipe and 1F1B with M = 1, 2 and 4 micro-batches, and as 2 data-parallel
-replicas (DistributedDataParallel, 2 gloo processes on 127.0.0.1): the plan's own training check
+replicas (2 gloo processes on 127.0.0.1; DistributedDataParallel with M = 1, and with M = 2 under
+GPipe and 1F1B each replica's micro-batches in the plan's order, then the gradients
+all-reduced): the plan's own training check
 (``autoplace.emit.training.verify_training``, ``emit.replicas.verify_replicas``), which trains
 the emitted model 3 steps beside the original on the whole batch on one device and compares the
 loss of every step, the gradients and the updated parameters with
@@ -28,7 +30,7 @@ from benchmarks.common import RESULTS, machine_line, write_markdown  # noqa: E40
 EXAMPLES = ("mlp", "lenet", "gpt2")
 # (microbatches, schedule, replicas); with one micro-batch GPipe and 1F1B are one order.
 CASES = ((1, "gpipe", 1), (2, "gpipe", 1), (2, "1f1b", 1), (4, "gpipe", 1), (4, "1f1b", 1),
-         (1, "gpipe", 2))
+         (1, "gpipe", 2), (2, "gpipe", 2), (2, "1f1b", 2))
 
 
 def check(example: str, microbatches: int, schedule: str, replicas: int, *,
@@ -90,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         "update divides a gradient of about eps by itself on both sides are set apart and "
         "re-synced, counted in *apart*). With M > 1 the emitted model runs each segment's "
         "forward and backward per micro-batch in the plan's order; with R = 2 the replicas "
-        "train as 2 gloo processes under DistributedDataParallel. A failing check raises, so "
+        "train as 2 gloo processes, under DistributedDataParallel with M = 1, and with M = 2 "
+        "each on its shard's micro-batches in the plan's order, the gradients all-reduced "
+        "(bucketed) and divided by R after them. A failing check raises, so "
         "every row below passed. With one micro-batch GPipe and 1F1B are the same order.", "",
         "| example | M | schedule | R | segments (devices) | losses, steps 1-3 | largest "
         "loss difference | gradient | parameter | apart | predicted step (ms) | plan + check "

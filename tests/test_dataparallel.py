@@ -35,11 +35,14 @@ def test_groups_are_alike_and_dealt_by_type() -> None:
     assert replica_groups(odd, 2) is None
 
 
-def test_each_update_pays_its_share_of_the_ring_all_reduce() -> None:
+@pytest.mark.parametrize("microbatches", [1, 2])
+def test_each_update_pays_its_share_of_the_ring_all_reduce(microbatches: int) -> None:
+    # With micro-batches, once a step: the update follows every micro-batch's backward.
     cluster, _ = resolve_cluster(spec="4xA100-40GB")
     forward = _forward_problem(WithLoss(MLP()), "4xA100-40GB")
     groups = replica_groups(cluster, 2)
-    one = step_problem(dataclasses.replace(forward, cluster=cluster), "adam")
+    one = step_problem(dataclasses.replace(forward, cluster=cluster), "adam",
+                       microbatches=microbatches, schedule="gpipe")
     from autoplace.solve.whatif import restrict
 
     one = restrict(one, groups[0])
@@ -96,10 +99,29 @@ def test_replicas_that_cannot_be_are_said_or_refused() -> None:
     assert any("3 data-parallel replicas not considered" in n for n in planned.notes)
     with pytest.raises(AutoplaceError, match="--replicas 3: the 3 devices do not form 3 alike"):
         _mlp_plan(devices="2xA100-40GB,1xT4-16GB", emit=False, replicas=3)
-    with pytest.raises(AutoplaceError, match="replicas of a micro-batched step are not built"):
-        _mlp_plan(devices="2xA100-40GB", emit=False, replicas=2, microbatches=2)
+    # each replica's shard of 32 does not divide into 3 micro-batches
+    with pytest.raises(AutoplaceError, match=r"--replicas 2 --microbatches 3: each replica's "
+                       r"shard: the batch of 32 .* does not divide into 3 micro-batches"):
+        _mlp_plan(devices="2xA100-40GB", emit=False, replicas=2, microbatches=3)
     with pytest.raises(AutoplaceError, match="--replicas must be auto or a whole number"):
         _mlp_plan(devices="2xA100-40GB", emit=False, replicas=0)
+
+
+def test_auto_keeps_the_replica_counts_whose_shards_divide_into_the_micro_batches() -> None:
+    # a batch of 12 in 4 micro-batches: R=1 (3 each); R=2's shards of 6 and R=4's of 3 do not
+    torch.manual_seed(0)
+    x, y = torch.randn(12, 784), torch.randint(0, 10, (12,))
+    planned = plan(MLP(), (x,), devices="4xA100-40GB", time_limit_s=1, whatif=False,
+                   profile=False, emit=False, mode="training", optimizer="adam",
+                   loss=F.cross_entropy, example_targets=(y,), microbatches=4)
+    assert [o["replicas"] for o in planned.training["replica_options"]] == [1]
+    for r, rows in ((2, 6), (4, 3)):
+        assert any(n.startswith(f"{r} data-parallel replicas not considered: each replica's "
+                                f"shard: the batch of {rows} ") for n in planned.notes)
+    # a batch of 64 in 2 micro-batches: every R, the micro-batched replicas among them
+    planned = _mlp_plan(devices="4xA100-40GB", emit=False, microbatches=2, schedule="gpipe")
+    assert [o["replicas"] for o in planned.training["replica_options"]] == [1, 2, 4]
+    assert planned.training["microbatches"] == 2
 
 
 def test_a_summed_loss_is_not_replicated_because_ddp_averages_gradients() -> None:

@@ -1,5 +1,6 @@
 """Data-parallel replicas of a training plan (``autoplace.emit.ddp``, ``autoplace.emit.replicas``):
-R processes under torchrun on 127.0.0.1 (gloo), each on its shard of the batch, checked against
+R processes under torchrun on 127.0.0.1 (gloo), each on its shard of the batch (under DDP, or in
+micro-batches with the gradients averaged after them), checked against
 the original model trained on the whole batch in one process.
 
 The plans are the examples' (``examples/mlp.py``, ``examples/lenet.py``) planned for one
@@ -22,6 +23,7 @@ import torch
 
 from autoplace.cli import main
 from autoplace.emit.ddp import (
+    _buckets,
     batch_size,
     replica_backend,
     replica_device_map,
@@ -34,6 +36,7 @@ from autoplace.errors import AutoplaceError, EmitError, VerificationError
 from autoplace.load import load_model_file
 from autoplace.pipeline import plan, save
 from autoplace.train import LossModel, training_targets
+from autoplace.train.dataparallel import BUCKET_BYTES
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
@@ -109,6 +112,20 @@ def test_each_rank_runs_on_the_next_gpus_and_absent_ones_on_the_cpu(monkeypatch)
     assert replica_backend(planned, replicas=2) == "nccl"
     assert replica_backend(["cuda:0", "cpu:0"], replicas=2) == "gloo"
     assert replica_device_map(["cpu:0", "cpu:1"], rank=1) == {"cpu:0": "cpu:0", "cpu:1": "cpu:1"}
+
+
+def test_micro_batched_gradients_go_in_ddp_sized_buckets_per_device_and_dtype() -> None:
+    # 3 float32 gradients of 10 MiB on one device, a small one on another, one float64
+    big = [torch.empty(10 * 2**20 // 4) for _ in range(3)]
+    other = torch.zeros(4, device="meta")
+    double = torch.zeros(4, dtype=torch.float64)
+    buckets = _buckets([*big[:2], other, double, big[2]])
+    # last first, as the backward makes them; a third 10 MiB would pass 25 MiB
+    assert [[id(g) for g in b] for b in buckets] == [
+        [id(big[2]), id(big[1])], [id(big[0])], [id(double)], [id(other)]]
+    # a tensor larger than a bucket is a bucket of its own
+    large = torch.empty(BUCKET_BYTES // 4 + 1)
+    assert [len(b) for b in _buckets([torch.zeros(4), large])] == [1, 1]
 
 
 # The replicas trained, against the original on the whole batch.
@@ -252,3 +269,95 @@ def test_no_process_is_left_behind(tmp_path, script: str, error: type, match: st
         watcher.join()
     assert max(seen) >= alive  # torchrun and its workers did run (rank 1 may end at once)
     assert _running(str(path)) == []
+
+
+# Replicas of a micro-batched step: no DDP; each runs its micro-batches in the plan's order and
+# then averages the gradients (ddp.average_gradients). Each plan's own check starts a torchrun.
+
+
+def _micro_plan(schedule: str) -> Any:
+    """The MLP planned as 2 replicas on two CPU workers, each on 32 rows in 2 micro-batches
+    of 16 run in ``schedule``'s order; the plan's check has trained them (verify_replicas)."""
+    loaded = load_model_file(EXAMPLES / "mlp.py")
+    return plan(loaded.model, loaded.args, devices="2xcpu-thread", time_limit_s=1,
+                whatif=False, min_gain=0.0, mode="training", optimizer="adam",
+                loss=loaded.loss, example_targets=training_targets(loaded.targets),
+                profile=False, replicas=2, microbatches=2, schedule=schedule)
+
+
+@pytest.fixture(scope="module")
+def micro_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The gpipe plan of ``_micro_plan``, saved."""
+    directory = tmp_path_factory.mktemp("micro") / "out"
+    save(_micro_plan("gpipe"), directory)
+    return directory
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_micro_batched_replicas_pass_the_plan_s_check(schedule: str, micro_out: Path,
+                                                      mlp: tuple) -> None:
+    if schedule == "gpipe":  # the saved plan's record
+        training = json.loads((micro_out / "plan.json").read_text())["training"]
+        script = (micro_out / "train.py").read_text()
+        assert "MICROBATCHES = {'count': 2," in script and "'loss': 'mean'" in script
+    else:
+        training = _micro_plan(schedule).training
+    assert (training["replicas"], training["microbatches"], training["schedule"],
+            training["microbatch_loss"]) == (2, 2, schedule, "mean")
+    check = training["check"]
+    assert check["status"] == "passed" and check["replicas"] == 2 and check["steps"] == 3
+    # the whole batch's losses: those of the one-process DDP plan's check (M=1)
+    torch.testing.assert_close(torch.tensor(check["losses"]),
+                               torch.tensor(mlp[0].training["check"]["original_losses"]))
+
+
+def test_run_train_runs_the_micro_batched_replicas(micro_out: Path, mlp: tuple,
+                                                   capsys) -> None:
+    assert main(["run", str(micro_out), "--train", "2", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    torch.testing.assert_close(torch.tensor(result["losses"]),
+                               torch.tensor(mlp[0].training["check"]["original_losses"][:2]))
+    assert len(result["times_s"]) == 2 and result["measured_s"] > 0 and result["predicted_s"] > 0
+    assert any("in 2 micro-batches (the plan's gpipe order)" in n for n in result["notes"])
+
+
+# train.py with each replica's gradients summed over the replicas, not averaged.
+_SUMMED = '''
+import autoplace.emit.ddp as ddp
+
+average = ddp.average_gradients
+
+
+def summed(params):
+    average(params)
+    for p in params:
+        if p.grad is not None:
+            p.grad.mul_(2)  # R = 2: the sum
+
+
+ddp.average_gradients = summed
+'''
+
+
+def test_the_check_fails_when_the_replicas_gradients_are_summed(micro_out: Path, mlp: tuple,
+                                                                tmp_path: Path) -> None:
+    directory = _copy(micro_out, tmp_path)
+    script = directory / "train.py"
+    line = "from autoplace.emit.ddp import replica_main\n"
+    script.write_text(script.read_text().replace(line, line + _SUMMED))
+    _, original, args, targets = mlp
+    with pytest.raises(VerificationError, match=r"the gradient of \S+ averaged over the "
+                       r"replicas at step 1 differs"):
+        verify_replicas(directory, original, args, {}, targets, optimizer="adam", replicas=2)
+
+
+def test_replicas_whose_shards_do_not_divide_into_the_micro_batches_are_refused(
+        tmp_path: Path, capsys) -> None:
+    # the batch of 64 in 2 shards of 32, which do not divide into 3 micro-batches
+    assert main(["plan", str(EXAMPLES / "mlp.py"), "--mode", "training", "--devices",
+                 "2xcpu-thread", "--replicas", "2", "--microbatches", "3", "--no-profile",
+                 "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "--replicas 2 --microbatches 3: each replica's shard: the batch of 32 " in err
+    assert "does not divide into 3 micro-batches" in err
+    assert not (tmp_path / "out").exists()

@@ -14,9 +14,17 @@ backward. ``pipeline.save`` writes ``OUT/train.py`` (``write_train_script``), wh
    rank 0 reports each step's loss (the mean over the replicas, which is the whole batch's loss
    for a loss that averages over the batch) and the step times.
 
+With M > 1 micro-batches (``microbatching``: M, the shard's loss rule and the plan's action
+order, written into ``train.py``), step 3 runs no DDP: the plan's micro-batch step
+(``microbatch.train_step``) runs the segments directly, forwards of several micro-batches before
+their backwards, which DDP's hooks (armed by a forward through its wrapper) cannot follow.
+Once the step's backward is done, ``average_gradients`` all-reduces the gradients, bucket by
+bucket, and divides them by R: what ``train.dataparallel.with_allreduce`` charges (the
+all-reduce after the gradients are in, before the update). docs/training.md says more.
+
 ``replicas.py`` starts the R processes (``launch_replicas``) and checks them against the
 original model (``verify_replicas``). Read ``batch_size``, ``shard``, ``replica_device_map``,
-then ``replica_main`` and ``_train``.
+then ``replica_main``, ``_train`` and ``average_gradients``.
 """
 
 from __future__ import annotations
@@ -25,27 +33,32 @@ import argparse
 import datetime
 import json
 import os
+import pprint
 import statistics
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils import _pytree as pytree
 
 from autoplace.emit.device_map import local_device_map
+from autoplace.emit.microbatch import Action, action_order, split_batch, train_step
 from autoplace.emit.microbatch import batch_size as cut_size
-from autoplace.emit.microbatch import split_batch
 from autoplace.emit.saving import load_inputs, load_model, planned_devices
 from autoplace.emit.training import _named, make_optimizer
 from autoplace.errors import AutoplaceError, EmitError
+from autoplace.ir import Problem, Schedule
+from autoplace.train.dataparallel import BUCKET_BYTES
 
-__all__ = ["INIT_TIMEOUT_S", "batch_size", "replica_backend", "replica_device_map",
-           "replica_main", "replicas_of", "shard", "write_train_script"]
+__all__ = ["INIT_TIMEOUT_S", "average_gradients", "batch_size", "microbatching",
+           "replica_backend", "replica_device_map", "replica_main", "replicas_of", "shard",
+           "write_train_script"]
 
 # The rendezvous and every collective after it: a rank that died or never came makes the others
 # fail within this, rather than wait for ever.
@@ -55,11 +68,31 @@ REPLICA_SHARDS = "data-parallel replicas"
 
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]
 Groups = Sequence[Sequence[str]]
+Step = Callable[[], torch.Tensor]  # a step's forward and backward, gradients averaged: the loss
 
 
 def replicas_of(training: Mapping[str, Any] | None) -> int:
     """A plan's ``training.replicas``: 1 when absent (and for an inference plan)."""
     return int((training or {}).get("replicas", 1))
+
+
+def microbatching(training: Mapping[str, Any] | None, model: torch.nn.Module,
+                  problem: Problem, schedule: Schedule) -> dict[str, Any] | None:
+    """What each replica of a plan with ``training.microbatches`` M > 1 needs to run its step
+    in the plan's order, as ``train.py`` holds it: ``count`` (M), ``loss`` (how the shard's
+    loss combines its micro-batches', ``microbatch_loss``) and ``order``, the emitted
+    ``model``'s actions as the plan's ``schedule`` of ``problem`` starts them
+    (``microbatch.action_order``), each ``[segment, micro-batch, phase]``, and ``recompute``,
+    the planned devices whose segments recompute (``training.recompute``). ``None`` for one
+    micro-batch: DDP runs that step."""
+    training = training or {}
+    count = int(training.get("microbatches", 1))
+    if count == 1:
+        return None
+    order = action_order(model, problem, schedule, count)
+    return {"count": count, "loss": training["microbatch_loss"],
+            "order": [[a.segment, a.microbatch, a.phase] for a in order],
+            "recompute": list(training.get("recompute", ()))}
 
 
 def batch_size(inputs: Inputs, *, replicas: int) -> int:
@@ -120,8 +153,9 @@ _SCRIPT = '''"""Train the model in model/ as {replicas} data-parallel replicas, 
 Written by autoplace with the plan (docs/training.md, "Data-parallel replicas"). Each process
 takes its 1/{replicas} of the example batch in model/inputs.safetensors (every tensor whose
 dimension 0 is the batch), loads model/ on its own devices (absent GPUs run on the CPU) under
-DistributedDataParallel, and trains {optimizer} (torch's defaults, or --lr); rank 0 prints
-the loss of each step (the mean over the replicas) and the median step time.
+DistributedDataParallel (with MICROBATCHES, runs its micro-batches in the plan's order and
+then averages the gradients), and trains {optimizer} (torch's defaults, or --lr); rank 0
+prints the loss of each step (the mean over the replicas) and the median step time.
 """
 
 import sys
@@ -129,27 +163,38 @@ from pathlib import Path
 
 from autoplace.emit.ddp import replica_main
 
+# M > 1 micro-batches a replica: M, the shard's loss rule and the plan's order of the segments'
+# forwards and backwards, each [segment, micro-batch, phase]. None: one batch, under DDP.
+MICROBATCHES = {microbatches}
+
 if __name__ == "__main__":
     sys.exit(replica_main(Path(__file__).resolve().parent / "model", sys.argv[1:],
-                          optimizer={optimizer!r}, replicas={replicas}, groups={groups!r}))
+                          optimizer={optimizer!r}, replicas={replicas}, groups={groups!r},
+                          microbatches=MICROBATCHES))
 '''
 
 
 def write_train_script(directory: str | os.PathLike[str], *, optimizer: str,
-                       replicas: int, groups: Groups | None = None) -> Path:
+                       replicas: int, groups: Groups | None = None,
+                       microbatches: Mapping[str, Any] | None = None) -> Path:
     """Write ``directory/train.py``, the torchrun entry point of the replicas of the model in
     ``directory/model`` (``groups``: each replica's torch devices, as
-    ``replica_device_map`` takes them); returns its path."""
+    ``replica_device_map`` takes them; ``microbatches``: ``microbatching``'s); returns its
+    path."""
     if replicas < 2:
         raise ValueError(f"train.py is for 2 or more replicas, got {replicas}")
     path = Path(directory) / "train.py"
     groups = None if groups is None else [list(g) for g in groups]
-    path.write_text(_SCRIPT.format(optimizer=optimizer, replicas=replicas, groups=groups))
+    literal = pprint.pformat(None if microbatches is None else dict(microbatches), width=84,
+                             compact=True).replace("\n", "\n" + " " * len("MICROBATCHES = "))
+    path.write_text(_SCRIPT.format(optimizer=optimizer, replicas=replicas, groups=groups,
+                                   microbatches=literal))
     return path
 
 
 def replica_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, optimizer: str,
-                 replicas: int, groups: Groups | None = None) -> int:
+                 replicas: int, groups: Groups | None = None,
+                 microbatches: Mapping[str, Any] | None = None) -> int:
     """One process of ``torchrun --nproc-per-node replicas train.py``: the exit code. An
     ``AutoplaceError`` is printed as one line, ``autoplace: error: KIND: message`` (the line
     ``launch_replicas`` looks for), and exits with 2."""
@@ -176,7 +221,8 @@ def replica_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, opti
             raise AutoplaceError(f"--steps must be 1 or more, got {options.steps}")
         report, record = _train(Path(model_dir), optimizer=optimizer, replicas=replicas,
                                 rank=rank, steps=options.steps, lr=options.lr,
-                                recording=options.record is not None, groups=groups)
+                                recording=options.record is not None, groups=groups,
+                                microbatches=microbatches)
     except AutoplaceError as error:
         print(f"autoplace: error: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
         return 2
@@ -185,8 +231,11 @@ def replica_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, opti
             Path(options.json).write_text(json.dumps(report) + "\n")
         if options.record:
             torch.save(record, options.record)
+        cut = report["microbatches"]
         print(f"trained {replicas} replicas ({report['backend']}), each on {report['shard']} "
-              f"of the batch of {report['batch']}, {len(report['losses'])} steps of "
+              f"of the batch of {report['batch']}"
+              + (f" in {cut} micro-batches" if cut > 1 else "")
+              + f", {len(report['losses'])} steps of "
               f"{optimizer}\nlosses (mean over the replicas): "
               + ", ".join(f"{v:.6g}" for v in report["losses"])
               + f"\nstep time: {report['measured_s'] * 1e3:.3f} ms (median)", flush=True)
@@ -194,9 +243,11 @@ def replica_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, opti
 
 
 def _train(model_dir: Path, *, optimizer: str, replicas: int, rank: int, steps: int,
-           lr: float | None, recording: bool,
-           groups: Groups | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """This rank's part: shard, load, wrap, train. Returns rank 0's report and record."""
+           lr: float | None, recording: bool, groups: Groups | None = None,
+           microbatches: Mapping[str, Any] | None = None
+           ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """This rank's part: shard, load, wrap (or, with ``microbatches``, cut the shard), train.
+    Returns rank 0's report and record."""
     example = load_inputs(model_dir)
     if example is None:
         raise EmitError(f"{model_dir} holds no example inputs and targets (inputs.safetensors): "
@@ -206,7 +257,7 @@ def _train(model_dir: Path, *, optimizer: str, replicas: int, rank: int, steps: 
     planned = planned_devices(model_dir)
     here = replica_device_map(planned, rank=rank, groups=groups)
     kinds = sorted({torch.device(d).type for d in here.values()})
-    if len(kinds) > 1:
+    if len(kinds) > 1 and microbatches is None:
         raise EmitError(f"replica {rank} runs on {' and '.join(kinds)} devices "
                         f"({', '.join(sorted(set(here.values())))}): DistributedDataParallel "
                         "takes a module on one type of device; plan one replica on GPUs only")
@@ -216,48 +267,115 @@ def _train(model_dir: Path, *, optimizer: str, replicas: int, rank: int, steps: 
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S))
     try:
         model = load_model(model_dir, device_map=here)
-        # Buckets as views of the gradients: no second copy of them (the plan holds one).
-        replica = DistributedDataParallel(model, device_ids=None, gradient_as_bucket_view=True)
+        step = (_ddp_step(model, args, kwargs) if microbatches is None
+                else _microbatched_step(model, args, kwargs, microbatches))
         opt = make_optimizer(optimizer, model.parameters(), lr)
-        losses, times, record = _steps(replica, model, opt, args, kwargs, steps=steps,
-                                       recording=recording)
-        # DDP's reducer goes before its process group: left to the interpreter's exit, it
-        # was destroyed after the group, and about one run in five aborted ("terminate called
-        # without an active exception") once training was done.
-        del replica
+        losses, times, record = _steps(step, model, opt, steps=steps, recording=recording)
+        # DDP's reducer (held by the step) goes before its process group: left to the
+        # interpreter's exit, it was destroyed after the group, and about one run in five
+        # aborted ("terminate called without an active exception") once training was done.
+        del step
         dist.barrier()
     finally:
         dist.destroy_process_group()
     timed = times[1:] or times
+    count = microbatches["count"] if microbatches is not None else 1
     report = {"losses": losses, "times_s": times, "measured_s": statistics.median(timed),
-              "replicas": replicas, "backend": backend, "batch": size,
+              "replicas": replicas, "microbatches": count, "backend": backend, "batch": size,
               "shard": size // replicas, "optimizer": optimizer, "lr": lr,
               "device_maps": [replica_device_map(planned, rank=r, groups=groups)
                               for r in range(replicas)]}
     return report, record | {"optimizer": optimizer, "replicas": replicas}
 
 
-def _steps(replica: torch.nn.Module, model: torch.nn.Module, opt: torch.optim.Optimizer,
-           args: tuple[Any, ...], kwargs: dict[str, Any], *, steps: int,
+
+def _ddp_step(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Step:
+    """A step's forward and backward of the shard under DistributedDataParallel, which
+    averages the gradients across the replicas during the backward; the step returns the
+    shard's loss."""
+    # Buckets as views of the gradients: no second copy of them (the plan holds one).
+    replica = DistributedDataParallel(model, device_ids=None, gradient_as_bucket_view=True)
+
+    def step() -> torch.Tensor:
+        loss = replica(*args, **kwargs)
+        loss.backward()  # DDP's hooks average the gradients across the replicas here
+        return loss
+
+    return step
+
+
+def _microbatched_step(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                       microbatches: Mapping[str, Any]) -> Step:
+    """A step of the shard cut into ``microbatches["count"]``, run in the plan's order
+    (``microbatch.train_step``, which checks the order against the model's segments), then
+    the gradients averaged across the replicas (``average_gradients``); the step returns the
+    shard's loss. No parameter is broadcast first, as DDP does: every rank loads the same
+    weights from model/."""
+    batches = split_batch(args, kwargs, int(microbatches["count"]))
+    order = [Action(int(s), int(k), str(phase)) for s, k, phase in microbatches["order"]]
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def step() -> torch.Tensor:
+        loss = train_step(model, batches, order, str(microbatches["loss"]),
+                          recompute=microbatches.get("recompute", ()))
+        average_gradients(params)
+        return loss
+
+    return step
+
+
+def average_gradients(params: Sequence[torch.Tensor]) -> None:
+    """Replace the gradient of each of ``params`` with its mean over the replicas (every rank
+    calls this, after its backward). The gradients that are set (the same on every rank: one
+    model, one graph) go in buckets (``_buckets``), each flattened, all-reduced (a sum),
+    divided by R and copied back, one bucket after another: a copy of one bucket is held at
+    a time, beyond what the plan counts."""
+    world = dist.get_world_size()
+    for bucket in _buckets([p.grad for p in params if p.grad is not None]):
+        flat = _flatten_dense_tensors(bucket)
+        dist.all_reduce(flat)
+        flat /= world
+        for grad, mean in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
+            grad.copy_(mean)
+
+
+def _buckets(grads: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """``grads`` grouped by device and dtype, last first (the backward's order, as DDP fills
+    its buckets), cut into runs of at most ``BUCKET_BYTES`` (DDP's 25 MiB; a larger tensor is a
+    run of its own): the buckets ``train.dataparallel.allreduce_s`` charges."""
+    runs: dict[tuple[torch.device, torch.dtype], list[list[torch.Tensor]]] = {}
+    for grad in reversed(grads):
+        mine = runs.setdefault((grad.device, grad.dtype), [[]])
+        held = sum(g.numel() * g.element_size() for g in mine[-1])
+        if mine[-1] and held + grad.numel() * grad.element_size() > BUCKET_BYTES:
+            mine.append([])
+        mine[-1].append(grad)
+    return [run for mine in runs.values() for run in mine]
+
+
+def _steps(step: Step, model: torch.nn.Module, opt: torch.optim.Optimizer, *, steps: int,
            recording: bool) -> tuple[list[float], list[float], dict[str, Any]]:
-    """``steps`` optimizer steps; the losses (all-reduced mean), the step times and, when
-    ``recording``, what ``verify_replicas`` compares: the parameters' names (each with its
-    index in the optimizer), and per step the loss, the averaged gradients, the updated
-    parameters and the optimizer's state, all on the CPU."""
+    """``steps`` optimizer steps, each after a ``step`` (the forward and backward, gradients
+    averaged); the losses (all-reduced mean), the step times and, when ``recording``, what
+    ``verify_replicas`` compares: the parameters' names (each with its index in the
+    optimizer), and per step the loss, the averaged gradients, the updated parameters and the
+    optimizer's state, all on the CPU."""
     gpus = [torch.device(d) for d in set(model.devices) if d.startswith("cuda")]
+    # nccl all-reduces CUDA tensors only; a micro-batched step's loss comes back on the CPU.
+    where = (torch.device("cuda", torch.cuda.current_device())
+             if dist.get_backend() == "nccl" else None)
     params = opt.param_groups[0]["params"]
     index = {id(p): i for i, p in enumerate(params)}
     losses, times, steps_record = [], [], []
     for _ in range(steps):
         began = time.perf_counter()
         opt.zero_grad()
-        loss = replica(*args, **kwargs)
-        loss.backward()  # DDP's hooks average the gradients across the replicas here
+        loss = step()
         opt.step()
         for gpu in gpus:
             torch.cuda.synchronize(gpu)
         times.append(time.perf_counter() - began)
-        mean = loss.detach().clone()
+        mean = loss.detach().to(where or loss.device, copy=True)
         dist.all_reduce(mean)
         mean /= dist.get_world_size()
         losses.append(float(mean.to("cpu")))

@@ -11,8 +11,8 @@ last lines of the processes' output.
 ``verify_replicas`` trains the replicas for a few steps with ``train.py --record`` and, in this
 process, a copy of the original model on the whole batch, and compares each step as
 ``training.verify_training`` compares a one-process emitted model, with its helpers: the loss
-(the replicas' mean), the gradients (DDP's averages), the updated parameters (under Adam, where
-the update is well conditioned).
+(the replicas' mean), the gradients (DDP's averages, or ``ddp.average_gradients``' after a
+micro-batched step), the updated parameters (under Adam, where the update is well conditioned).
 
 Read ``launch_replicas`` and ``_stop``, then ``verify_replicas`` and ``_compare``.
 """
@@ -159,7 +159,8 @@ def verify_replicas(emitted_or_dir: PartitionedModel | str | os.PathLike[str],
                     targets: tuple[Any, ...], *, optimizer: str, replicas: int,
                     steps: int = TRAINING_STEPS, lr: float | None = None,
                     timeout_s: float = VERIFY_TIMEOUT_S,
-                    groups: Sequence[Sequence[str]] | None = None) -> dict[str, Any]:
+                    groups: Sequence[Sequence[str]] | None = None,
+                    microbatches: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Train ``replicas`` data-parallel replicas of the emitted model (gloo, or nccl on GPUs,
     on 127.0.0.1) for ``steps`` steps of ``optimizer``, each on its shard of the batch
     ``args``/``kwargs``/``targets``, and a copy of ``original`` (a ``train.LossModel``) on the
@@ -168,16 +169,17 @@ def verify_replicas(emitted_or_dir: PartitionedModel | str | os.PathLike[str],
 
     ``emitted_or_dir``: a ``PartitionedModel`` (saved with the batch, and its ``train.py``
     written, in a temporary directory, with each replica on its ``groups`` entry, torch
-    devices as ``ddp.replica_device_map`` takes them), or an output directory holding
-    ``train.py`` and ``model/`` whose saved example is this batch (its own ``train.py``
-    runs)."""
+    devices as ``ddp.replica_device_map`` takes them, and its shard cut as ``microbatches``
+    says, ``ddp.microbatching``'s), or an output directory holding ``train.py`` and
+    ``model/`` whose saved example is this batch (its own ``train.py`` runs)."""
     batch = (tuple(args), {**kwargs, "targets": tuple(targets)})
     batch_size(batch, replicas=replicas)  # a batch that does not divide fails before any start
     with tempfile.TemporaryDirectory(prefix="autoplace-replicas-") as tmp:
         if isinstance(emitted_or_dir, PartitionedModel):
             root = Path(tmp)
             _save(emitted_or_dir, root / "model", batch)
-            write_train_script(root, optimizer=optimizer, replicas=replicas, groups=groups)
+            write_train_script(root, optimizer=optimizer, replicas=replicas, groups=groups,
+                               microbatches=microbatches)
         else:
             root = Path(emitted_or_dir)
             _check_saved_batch(root, batch)

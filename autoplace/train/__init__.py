@@ -11,10 +11,10 @@ formula. The optimizers and their state bytes are in ``OPTIMIZERS``.
 plans the step, and trains the emitted model beside the original
 (``autoplace.emit.training``); ``autoplace run --train`` trains it. With micro-batches the step
 graph holds one copy of the forward and backward per micro-batch, run in GPipe's or 1F1B's
-order (``simulate.schedules``); ``dataparallel.py`` weighs data-parallel replicas and charges
-their gradients' all-reduce; ``recompute.py`` builds the step of a placement whose devices
-recompute their activations in the backward. Not yet here: mixed precision, and replicas of
-a micro-batched step.
+order (``simulate.schedules``); ``dataparallel.py`` weighs data-parallel replicas (of a
+micro-batched step too) and charges their gradients' all-reduce; ``recompute.py`` builds the
+step of a placement whose devices recompute their activations in the backward. Not yet here:
+mixed precision.
 """
 
 from autoplace.errors import AutoplaceError

@@ -2,7 +2,9 @@
 
 For every R that divides N, the devices form R alike groups of N/R (``replica_groups``), each
 replica is placed on its group with 1/R of the batch, and R copies of it train under torch's
-``DistributedDataParallel`` (``emit/ddp.py``), which averages the gradients across replicas.
+``DistributedDataParallel`` (``emit/ddp.py``), which averages the gradients across replicas;
+a replica of M > 1 micro-batches runs its step in the plan's order instead, and then averages
+the gradients with all-reduces of its own (``emit.ddp.average_gradients``), bucketed as DDP's.
 The step of one replica is the plan's graph; ``with_allreduce`` adds the gradients' all-reduce
 to it, where the simulator can time it:
 
@@ -13,16 +15,19 @@ to it, where the simulator can time it:
   (R - 1) / R * bytes / bandwidth + 2 (R - 1) * latency``, over the ring's slowest link; CPU
   worker threads' replicas are processes, which all-reduce through gloo over 127.0.0.1);
 * the all-reduce of a tensor's gradient is charged to its update (``f@step``), which runs after
-  that gradient is in and keeps its device busy meanwhile: DDP starts each bucket's all-reduce
-  as soon as its gradients are ready and overlaps it with the backward, so on one device this
-  bounds the step from above. A replica over several devices all-reduces through one process
-  group, bucket after bucket, where this charge lets each device's run beside the others': no
-  bound there;
+  that gradient is in (of every micro-batch) and keeps its device busy meanwhile: DDP starts
+  each bucket's all-reduce as soon as its gradients are ready and overlaps it with the
+  backward, so on one device this bounds the step from above; a micro-batched replica
+  all-reduces once its whole backward is done, as charged. A replica over several devices
+  all-reduces through one process group, bucket after bucket, where this charge lets each
+  device's run beside the others': no bound there;
 * DDP all-reduces buckets of about 25 MiB (``bucket_cap_mb``), not each tensor: a tensor pays the
   ring's latency in proportion to its share of a bucket (at most once).
 
 Memory: DDP holds its buckets as views of the gradients (``gradient_as_bucket_view=True`` in
-``emit/ddp.py``), so a replica holds what the step graph of one replica holds.
+``emit/ddp.py``), so a replica holds what the step graph of one replica holds; a micro-batched
+replica holds one flattened bucket (at most ``BUCKET_BYTES``) beyond it while it all-reduces,
+before its update, which the plan does not count.
 """
 
 from __future__ import annotations
