@@ -7,11 +7,12 @@ For MLP, LeNet and GPT-2 (``examples/``), each planned for one Adam step on ``2x
 is no slower), under GPipe and 1F1B with M = 1, 2 and 4 micro-batches, and as 2 data-parallel
 replicas (2 gloo processes on 127.0.0.1; DistributedDataParallel with M = 1, and with M = 2 under
 GPipe and 1F1B each replica's micro-batches in the plan's order, then the gradients
-all-reduced): the plan's own training check
-(``autoplace.emit.training.verify_training``, ``emit.replicas.verify_replicas``), which trains
-the emitted model 3 steps beside the original on the whole batch on one device and compares the
-loss of every step, the gradients and the updated parameters with
-``torch.testing.assert_close``. A failing check raises: a row that is written passed. Issue 14's
+all-reduced), and with every device recomputing (GPipe, M = 4; 1F1B, M = 2, R = 2): the plan's
+own training check (``autoplace.emit.training.verify_training``,
+``emit.replicas.verify_replicas``), which trains the emitted model 3 steps beside the original
+on the whole batch on one device and compares the loss of every step, the gradients and the
+updated parameters with ``torch.testing.assert_close``, and measures the emitted step's memory
+against the plan's. A failing check raises: a row that is written passed. Issue 14's
 correctness target.
 """
 
@@ -29,11 +30,15 @@ from benchmarks.common import RESULTS, machine_line, write_markdown  # noqa: E40
 
 EXAMPLES = ("mlp", "lenet", "gpt2")
 # (microbatches, schedule, replicas); with one micro-batch GPipe and 1F1B are one order.
-CASES = ((1, "gpipe", 1), (2, "gpipe", 1), (2, "1f1b", 1), (4, "gpipe", 1), (4, "1f1b", 1),
-         (1, "gpipe", 2), (2, "gpipe", 2), (2, "1f1b", 2))
+# (microbatches, schedule, replicas, recompute); recompute "auto" recomputes only where a
+# placement overflows (none of these do), "all" on every device.
+CASES = ((1, "gpipe", 1, "auto"), (2, "gpipe", 1, "auto"), (2, "1f1b", 1, "auto"),
+         (4, "gpipe", 1, "auto"), (4, "1f1b", 1, "auto"), (1, "gpipe", 2, "auto"),
+         (2, "gpipe", 2, "auto"), (2, "1f1b", 2, "auto"), (4, "gpipe", 1, "all"),
+         (2, "1f1b", 2, "all"))
 
 
-def check(example: str, microbatches: int, schedule: str, replicas: int, *,
+def check(example: str, microbatches: int, schedule: str, replicas: int, recompute: str, *,
           time_limit_s: float) -> dict:
     from autoplace.load import load_model_file
     from autoplace.pipeline import plan
@@ -45,7 +50,7 @@ def check(example: str, microbatches: int, schedule: str, replicas: int, *,
                    mode="training", optimizer="adam", loss=loaded.loss,
                    example_targets=loaded.targets, microbatches=microbatches,
                    schedule=schedule if microbatches > 1 else "auto", replicas=replicas,
-                   name=example)
+                   recompute=recompute, name=example)
     training, emitted = planned.training, planned.emitted
     record = training["check"]
     return {"example": example, "microbatches": microbatches, "schedule": schedule,
@@ -58,6 +63,10 @@ def check(example: str, microbatches: int, schedule: str, replicas: int, *,
             "grad_diff": record["max_abs_diff_gradients"],
             "param_diff": record["max_abs_diff_parameters"],
             "apart": record.get("ill_conditioned_elements", 0),
+            "recompute": training.get("recompute", []),
+            "memory": max((v["measured_bytes"] / v["predicted_bytes"]
+                           for v in record.get("peak_bytes", {}).values()
+                           if v["predicted_bytes"]), default=None),
             "step_ms": planned.makespan_s * 1e3, "wall_s": time.perf_counter() - began}
 
 
@@ -77,17 +86,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rows = []
     for example in args.only:
-        for m, schedule, r in CASES:
-            rows.append(check(example, m, schedule, r, time_limit_s=args.time_limit))
+        for m, schedule, r, recompute in CASES:
+            rows.append(check(example, m, schedule, r, recompute,
+                              time_limit_s=args.time_limit))
             print(rows[-1], flush=True)
     lines = [
         "# The emitted training step against the original", "",
         f"{machine_line()}. Command: `python benchmarks/training_check.py --time-limit "
         f"{args.time_limit:g}`. Each row: `autoplace.plan(EXAMPLE, devices='2xcpu-thread', "
         "mode='training', optimizer='adam', min_gain=0, microbatches=M, schedule=S, "
-        "replicas=R)`, whose training check trains the emitted model 3 Adam steps beside the "
-        "original on the whole batch (one device, one process) and compares each step's loss, "
-        "the gradients and the updated parameters with `torch.testing.assert_close` "
+        "replicas=R, recompute=...)`, whose training check trains the emitted model 3 Adam "
+        "steps beside the original on the whole batch (one device, one process) and compares "
+        "each step's loss, the gradients and the updated parameters with "
+        "`torch.testing.assert_close` "
         "(rtol 1.3e-6, atol 1e-4 of the tensor's largest magnitude; under Adam, elements whose "
         "update divides a gradient of about eps by itself on both sides are set apart and "
         "re-synced, counted in *apart*). With M > 1 the emitted model runs each segment's "
@@ -95,19 +106,25 @@ def main(argv: list[str] | None = None) -> int:
         "train as 2 gloo processes, under DistributedDataParallel with M = 1, and with M = 2 "
         "each on its shard's micro-batches in the plan's order, the gradients all-reduced "
         "(bucketed) and divided by R after them. A failing check raises, so "
-        "every row below passed. With one micro-batch GPipe and 1F1B are the same order.", "",
-        "| example | M | schedule | R | segments (devices) | losses, steps 1-3 | largest "
-        "loss difference | gradient | parameter | apart | predicted step (ms) | plan + check "
-        "(s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "every row below passed. With one micro-batch GPipe and 1F1B are the same order. "
+        "*recomputing on*: the devices whose segments run each micro-batch's forward again "
+        "before its backward (`recompute='all'`; `auto` recomputes only where a placement "
+        "overflows, and none here does). *memory*: the emitted step's first-step peak measured "
+        "per device (`emit.memory.measure_step`, one process, replica 0's batch) over the "
+        "plan's, the largest of the devices; the check fails above 1.", "",
+        "| example | M | schedule | R | recomputing on | segments (devices) | losses, steps "
+        "1-3 | largest loss difference | gradient | parameter | apart | memory, measured / "
+        "planned | predicted step (ms) | plan + check (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['example']} | {r['microbatches']} | "
-            f"{_schedule(r)} | {r['replicas']} | "
+            f"{_schedule(r)} | {r['replicas']} | {', '.join(r['recompute']) or '-'} | "
             f"{r['segments']} ({', '.join(r['devices'])}) | "
             f"{', '.join(f'{v:.5f}' for v in r['losses'])} | {r['loss_diff']:.1e} | "
             f"{r['grad_diff']:.1e} | {r['param_diff']:.1e} | {r['apart']} | "
+            f"{'-' if r['memory'] is None else format(r['memory'], '.2f')} | "
             f"{r['step_ms']:.3f} | {r['wall_s']:.1f} |")
     return write_markdown(Path(args.out), lines)
 

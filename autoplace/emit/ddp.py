@@ -57,8 +57,8 @@ from autoplace.ir import Problem, Schedule
 from autoplace.train.dataparallel import BUCKET_BYTES
 
 __all__ = ["INIT_TIMEOUT_S", "average_gradients", "batch_size", "microbatching",
-           "replica_backend", "replica_device_map", "replica_main", "replicas_of", "shard",
-           "write_train_script"]
+           "replica_backend", "replica_device_map", "replica_exit", "replica_main", "replicas_of",
+           "shard", "write_train_script"]
 
 # The rendezvous and every collective after it: a rank that died or never came makes the others
 # fail within this, rather than wait for ever.
@@ -161,16 +161,16 @@ prints the loss of each step (the mean over the replicas) and the median step ti
 import sys
 from pathlib import Path
 
-from autoplace.emit.ddp import replica_main
+from autoplace.emit.ddp import replica_exit, replica_main
 
 # M > 1 micro-batches a replica: M, the shard's loss rule and the plan's order of the segments'
 # forwards and backwards, each [segment, micro-batch, phase]. None: one batch, under DDP.
 MICROBATCHES = {microbatches}
 
 if __name__ == "__main__":
-    sys.exit(replica_main(Path(__file__).resolve().parent / "model", sys.argv[1:],
-                          optimizer={optimizer!r}, replicas={replicas}, groups={groups!r},
-                          microbatches=MICROBATCHES))
+    replica_exit(replica_main(Path(__file__).resolve().parent / "model", sys.argv[1:],
+                              optimizer={optimizer!r}, replicas={replicas}, groups={groups!r},
+                              microbatches=MICROBATCHES))
 '''
 
 
@@ -190,6 +190,19 @@ def write_train_script(directory: str | os.PathLike[str], *, optimizer: str,
     path.write_text(_SCRIPT.format(optimizer=optimizer, replicas=replicas, groups=groups,
                                    microbatches=literal))
     return path
+
+
+def replica_exit(code: int) -> None:
+    """End a replica's process with ``code`` once its output is flushed, without the
+    interpreter's teardown: there the process group's threads were destroyed after the
+    objects that use them, and a replica that had trained aborted (SIGABRT, "terminate called
+    without an active exception"): about one run in five before the DDP wrapper was dropped
+    and the ranks met at a barrier first (``_train``), and once more since, in a test of
+    ``autoplace run --train`` on a loaded machine. Everything a replica reports is written
+    and flushed by then."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def replica_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, optimizer: str,
