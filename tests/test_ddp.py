@@ -343,7 +343,8 @@ def test_the_check_fails_when_the_replicas_gradients_are_summed(micro_out: Path,
                                                                 tmp_path: Path) -> None:
     directory = _copy(micro_out, tmp_path)
     script = directory / "train.py"
-    line = "from autoplace.emit.ddp import replica_main\n"
+    line = "from autoplace.emit.ddp import replica_exit, replica_main\n"
+    assert line in script.read_text()
     script.write_text(script.read_text().replace(line, line + _SUMMED))
     _, original, args, targets = mlp
     with pytest.raises(VerificationError, match=r"the gradient of \S+ averaged over the "

@@ -200,3 +200,15 @@ def test_the_emitted_step_holds_less_when_it_recomputes_and_within_the_plan_eith
         measured[recompute] = {d: v["measured_bytes"] for d, v in peaks.items()}
     # GPipe's four micro-batches: about 40% less on each device, measured
     assert all(measured["all"][d] < 0.8 * measured["off"][d] for d in measured["off"])
+
+
+def test_replicas_of_a_recomputing_step_recompute_in_their_processes_too(tmp_path) -> None:
+    from test_microbatch import _plan
+    from test_train import _mlp
+
+    planned = _plan(_mlp, 2, "gpipe", replicas=2, recompute="all")
+    training = planned.training
+    assert training["replicas"] == 2 and training["recompute"]
+    assert training["check"]["status"] == "passed"  # 2 gloo processes against the original
+    save(planned, tmp_path)
+    assert f"'recompute': {list(training['recompute'])!r}" in (tmp_path / "train.py").read_text()
