@@ -166,6 +166,10 @@ def plan(
         solved = solve(problem, options=options, extra_baselines=extra)
     traced, profiled, folded = forward.traced, forward.profiled, forward.folded
     result, gain = _min_gain(solved, min_gain)
+    if mode == "training" and result.schedule is not solved.schedule and step.single:
+        # the single device chosen, with its own recomputing graph
+        step = replace(step, problem=step.single.problem, recompute=step.single.devices)
+        problem = step.problem
     notes += result.notes
     # After Ctrl-C the user wants the plan so far now, not more solving for the what-if table.
     recomputing = mode == "training" and bool(step.recompute)
@@ -248,12 +252,26 @@ Batch = tuple[tuple[Any, ...], dict[str, Any]]
 
 
 @dataclass(frozen=True)
+class _Solved:
+    """A training step solved: its problem (with recomputation, the chosen placement's graph,
+    ``train.recompute``), the solve's result, the devices that recompute, and, where they
+    do, the single-device baseline as recomputed (``--min-gain`` may choose it: its graph is
+    another)."""
+
+    problem: Problem
+    result: SolveResult
+    recompute: tuple[str, ...] = ()
+    single: Recomputed | None = None
+
+
+@dataclass(frozen=True)
 class _Step:
     """A training step as planned: ``replicas`` data-parallel replicas (each on its
     ``groups`` entry, ``groups[0]`` the planned one), each on its shard of the ``whole`` batch
     cut into ``microbatches`` (``batches``: replica 0's), the loss the ``rule`` of theirs;
     the forward, the step's problem and its solve; the devices that ``recompute``
-    (``train.recompute``); ``options``, every replica count tried."""
+    (``train.recompute``), and the single device's plan so (``single``, which ``--min-gain``
+    may choose); ``options``, every replica count tried."""
 
     groups: tuple[tuple[str, ...], ...]
     torch_groups: tuple[tuple[str, ...], ...]
@@ -264,6 +282,7 @@ class _Step:
     problem: Problem
     solved: SolveResult
     recompute: tuple[str, ...] = ()
+    single: Recomputed | None = None
     options: tuple[dict[str, Any], ...] = ()
 
     @property
@@ -319,7 +338,7 @@ def _plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: 
             forward = replace(forward, problem=restrict(forward.problem, groups[0]))
         factors = _backward_factors(forward.profiled, model, *batches[0], full, mine)
         try:
-            problem, solved, again = _solve_step(
+            got = _solve_step(
                 forward.problem, share, optimizer=optimizer, factors=factors,
                 microbatches=microbatches, schedule=schedule, recompute=recompute, notes=mine,
                 replicated=(full, groups))
@@ -330,8 +349,9 @@ def _plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: 
             continue
         torch_groups = tuple(tuple(full.device(d).torch_device for d in g) for g in groups)
         found[r] = _Step(groups=tuple(groups), torch_groups=torch_groups, whole=whole,
-                         batches=tuple(batches), rule=rule, forward=forward, problem=problem,
-                         solved=solved, recompute=again), mine
+                         batches=tuple(batches), rule=rule, forward=forward,
+                         problem=got.problem, solved=got.result, recompute=got.recompute,
+                         single=got.single), mine
     if not found:
         raise failure  # type: ignore[misc]
     best = min(found, key=lambda r: (not found[r][0].solved.schedule.feasible,
@@ -424,7 +444,7 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
                 factors: Mapping[str, float], microbatches: int, schedule: str,
                 recompute: str, notes: list[str],
                 replicated: tuple[Cluster, Sequence[Sequence[str]]]
-                ) -> tuple[Problem, SolveResult, tuple[str, ...]]:
+                ) -> _Solved:
     """The training step's problem, its solve and the devices that recompute: with
     micro-batches under each schedule ``schedule`` names (``auto``: GPipe and 1F1B, each with
     half the time), the faster step that fits kept; with the all-reduce of the ``replicated``
@@ -434,7 +454,7 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
     names = SCHEDULES if schedule == "auto" and microbatches > 1 else (
         (schedule if schedule != "auto" else "gpipe"),)
     share = replace(options, time_limit_s=options.time_limit_s / len(names))
-    found: dict[str, tuple[Problem, SolveResult, tuple[str, ...]]] = {}
+    found: dict[str, _Solved] = {}
     failure: InfeasibleError | None = None
     for name in names:
         problem = with_allreduce(step_problem(forward, optimizer, backward_factor=factors,
@@ -444,7 +464,7 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
         if recompute != "all" or microbatches == 1:
             try:
                 solved = solve(problem, options=share)
-                found[name] = problem, solved, ()
+                found[name] = _Solved(problem, solved)
             except InfeasibleError as exc:
                 failure = exc
         if microbatches > 1 and (recompute == "all" or recompute == "auto" and (
@@ -462,31 +482,31 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
             f"{failure} "
             f"{training_memory(forward.graph, optimizer, capacity, microbatches, recompute)}"
         ) from failure
-    best = min(found, key=lambda n: (not found[n][1].schedule.feasible,
-                                      found[n][1].schedule.makespan_s))
-    if found[best][2]:
-        notes.append(f"recomputation on {', '.join(found[best][2])}: each micro-batch's "
+    best = min(found, key=lambda n: (not found[n].result.schedule.feasible,
+                                      found[n].result.schedule.makespan_s))
+    if found[best].recompute:
+        notes.append(f"recomputation on {', '.join(found[best].recompute)}: each micro-batch's "
                      "forward there keeps only its inputs and runs again before its backward")
     if len(names) > 1:
         notes.append("schedule: " + ", ".join(
-            f"{n} {found[n][1].schedule.makespan_s * 1e3:.3f} ms"
-            + ("" if found[n][1].schedule.feasible else " (over memory)")
+            f"{n} {found[n].result.schedule.makespan_s * 1e3:.3f} ms"
+            + ("" if found[n].result.schedule.feasible else " (over memory)")
             if n in found else f"{n} fits no device" for n in names)
             + f" per step; {best} kept")
     return found[best]
 
 
 def _solve_recomputing(problem: Problem, plain: SolveResult | None, options: SolveOptions, *,
-                       every: bool, notes: list[str]
-                       ) -> tuple[Problem, SolveResult, tuple[str, ...]] | None:
+                       every: bool, notes: list[str]) -> _Solved | None:
     """The step ``problem`` placed with recomputation (``train.recompute``) on the devices
     that overflow without it (``every``: on every device it uses): the solver's placement and
     every baseline's, of ``plain`` (the solve without recomputation, ``None`` where nothing
     was found) and of a solve of ``recompute_all(problem)``, each simulated so; the fastest
-    that fits is the plan, and each baseline its best. The graph depends on the placement (an
-    input from the same device is recomputed, one from another kept), so CP-SAT's bound is of
-    another graph: the bound is the analytic one of ``problem`` (recomputing only adds work).
-    ``None`` where nothing fits."""
+    that fits is the plan, and each baseline its best (the single device's kept whole, for
+    ``--min-gain``). The graph depends on the placement (an input from the same device is
+    recomputed, one from another kept), so CP-SAT's bound is of another graph: the bound is
+    the analytic one of ``problem`` (recomputing only adds work). ``None`` where nothing
+    fits."""
     try:
         relaxed: SolveResult | None = solve(recompute_all(problem), options=options)
     except InfeasibleError:
@@ -507,14 +527,19 @@ def _solve_recomputing(problem: Problem, plain: SolveResult | None, options: Sol
         return None
     base = relaxed if relaxed is not None else plain
     assert base is not None
-    notes.append("with recomputation the plan is the best of the solver's placements and the "
-                 "baselines', each simulated with recomputation on the devices it overflows; "
-                 "the lower bound is the analytic one (CP-SAT's is of another graph)")
-    return best.problem, replace(
+    note = ("with recomputation the plan is the best of the solver's placements and the "
+            "baselines', each simulated with recomputation on the devices it overflows; the "
+            "lower bound is the analytic one (CP-SAT's is of another graph)")
+    if note not in notes:
+        notes.append(note)
+    status = "INTERRUPTED" if "INTERRUPTED" in (
+        r.solver.status for r in (plain, relaxed) if r is not None) else "FEASIBLE"
+    result = replace(
         base, schedule=best.schedule, lower_bound_s=lower_bound_s(problem, options.objective),
         baselines={n: r.schedule for n, r in scored.items() if n != PLAN},
-        solver=replace(base.solver, status="FEASIBLE", objective_s=best.schedule.objective_s(
-            options.objective)), notes=()), best.devices
+        solver=replace(base.solver, status=status, objective_s=best.schedule.objective_s(
+            options.objective)), notes=())
+    return _Solved(best.problem, result, best.devices, scored.get("single-device"))
 
 
 def _backward_factors(profiled: Any, model: torch.nn.Module, args: tuple[Any, ...],
@@ -598,19 +623,19 @@ def _emit(planned: Plan, traced: Any, model: torch.nn.Module, args: tuple[Any, .
 
 def _step_memory(emitted: Any, planned: Plan, step: _Step,
                  check_memory: bool | None) -> tuple[dict[str, Any], str]:
-    """The emitted step's first-step peak per device, measured in this process on replica 0's
-    batch (``emit.check_step_memory``) against the plan's: its micro-batches in the plan's
-    order on this thread, or (one micro-batch) the loss's ``backward()``."""
+    """The emitted step's peak per device, measured in this process on replica 0's batch
+    (``emit.check_step_memory``) against the plan's: its micro-batches in the plan's order on
+    this thread, or (one micro-batch) the loss's ``backward()``."""
     if step.microbatches > 1:
         order = action_order(emitted, planned.problem, planned.schedule, step.microbatches)
 
-        def run() -> Any:
+        def run(charge: Any) -> Any:
             return train_step(emitted, step.batches, order, step.rule or "mean",
-                              threads=False, recompute=step.recompute)
+                              threads=False, recompute=step.recompute, charge=charge)
     else:
         (args, kwargs), = step.batches
 
-        def run() -> Any:
+        def run(charge: Any) -> Any:
             loss = emitted(*args, **kwargs)
             loss.backward()
             return loss.detach()

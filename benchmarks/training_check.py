@@ -109,9 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         "every row below passed. With one micro-batch GPipe and 1F1B are the same order. "
         "*recomputing on*: the devices whose segments run each micro-batch's forward again "
         "before its backward (`recompute='all'`; `auto` recomputes only where a placement "
-        "overflows, and none here does). *memory*: the emitted step's first-step peak measured "
-        "per device (`emit.memory.measure_step`, one process, replica 0's batch) over the "
-        "plan's, the largest of the devices; the check fails above 1.", "",
+        "overflows, and none here does). *memory*: the emitted step's peak (the second "
+        "step) measured per device (`emit.memory.measure_step`, one process, replica 0's "
+        "batch) over the plan's, the largest of the devices; the check fails above 1.", "",
         "| example | M | schedule | R | recomputing on | segments (devices) | losses, steps "
         "1-3 | largest loss difference | gradient | parameter | apart | memory, measured / "
         "planned | predicted step (ms) | plan + check (s) |",

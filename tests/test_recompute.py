@@ -212,3 +212,55 @@ def test_replicas_of_a_recomputing_step_recompute_in_their_processes_too(tmp_pat
     assert training["check"]["status"] == "passed"  # 2 gloo processes against the original
     save(planned, tmp_path)
     assert f"'recompute': {list(training['recompute'])!r}" in (tmp_path / "train.py").read_text()
+
+
+class Residual(nn.Module):
+    """``h`` feeds the last layer directly: split A, B, A, the last segment reads a value its
+    own device made."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = (nn.Linear(64, 64) for _ in range(3))
+        self.head = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.a(x))
+        return self.head(torch.tanh(self.c(torch.tanh(self.b(h)))) + h)
+
+
+def test_a_value_from_the_same_device_is_made_again_not_kept_and_the_gradients_agree() -> None:
+    from autoplace.emit import emit_model
+    from autoplace.emit.memory import measure_step
+    from autoplace.emit.microbatch import Action
+    from autoplace.trace import trace_model
+    from autoplace.train import LossModel
+
+    torch.manual_seed(0)
+    model = LossModel(Residual(), F.cross_entropy)
+    x, y = torch.randn(256, 64), torch.randint(0, 10, (256,))
+    traced = trace_model(model, (x,), {"targets": (y,)})
+    ops = [n.name for n in traced.module.graph.nodes if n.op == "call_function"]
+    b = [i for i, op in enumerate(ops) if "linear" in op]
+    # a on cpu:0, b on cpu:1, c and the head on cpu:0 again
+    device_of = {op: "cpu:1" if b[1] <= i < b[2] else "cpu:0" for i, op in enumerate(ops)}
+    emitted = emit_model(traced.module, device_of)
+    segments = emitted.segment_info
+    assert [s.planned_device for s in segments] == ["cpu:0", "cpu:1", "cpu:0"]
+    assert set(segments[0].outputs) & set(segments[2].inputs)  # the residual
+    batches = split_batch((x,), {"targets": (y,)}, 4)
+    order = ([Action(s, k, "forward") for k in range(4) for s in range(3)]
+             + [Action(s, k, "backward") for k in range(4) for s in (2, 1, 0)])
+    grads, peaks = [], []
+    for again in ((), ("cpu:0", "cpu:1")):
+        emitted.zero_grad(set_to_none=True)
+        loss = train_step(emitted, batches, order, "mean", threads=False, recompute=again)
+        grads.append((loss, [p.grad.clone() for p in emitted.parameters()]))
+    for again in ((), ("cpu:0", "cpu:1")):  # (measuring updates the weights)
+        peaks.append(measure_step(emitted, lambda charge, again=again: train_step(
+            emitted, batches, order, "mean", threads=False, recompute=again, charge=charge),
+            optimizer="sgd").activation_peak_bytes)
+    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=0, atol=0)
+    for p, q in zip(grads[0][1], grads[1][1]):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+    # GPipe holds four micro-batches; recomputing, cpu:0 keeps neither h nor the activations
+    assert peaks[1]["cpu:0"] < peaks[0]["cpu:0"]

@@ -175,13 +175,14 @@ def _op_order(module: torch.fx.GraphModule, problem: Problem, schedule: Schedule
     return [op for _, op in sorted(keyed)]
 
 
-def check_step_memory(emitted: PartitionedModel, run: Callable[[], Any], *, optimizer: str,
-                      problem: Problem, schedule: Schedule,
+def check_step_memory(emitted: PartitionedModel, run: Callable[[Any], Any], *,
+                      optimizer: str, problem: Problem, schedule: Schedule,
                       check_memory: bool | None = None) -> tuple[dict[str, Any], str]:
-    """The first training step's peak per planned device (``memory.measure_step``: ``run()``,
-    the step's forward and backward on this thread, then ``optimizer``'s update) against the
-    step plan's (``problem``, ``schedule``), failing above it with ``check_memory`` (``None``:
-    ``ENFORCE_PEAK_DEFAULT``). ``emitted``'s weights are left as they were."""
+    """A training step's peak per planned device (``memory.measure_step``: ``run(charge)``,
+    the step's forward and backward on this thread, then ``optimizer``'s update, after one
+    step unmeasured) against the step plan's (``problem``, ``schedule``), failing above it
+    with ``check_memory`` (``None``: ``ENFORCE_PEAK_DEFAULT``). ``emitted``'s weights and
+    gradients are left as they were."""
     saved = {k: v.detach().clone() for k, v in emitted.state_dict().items()}
     try:
         return _check_memory(emitted, lambda: measure_step(emitted, run, optimizer=optimizer),

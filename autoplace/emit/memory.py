@@ -189,42 +189,60 @@ def _allocator_peaks(
 _CHARGED = "autoplace.charged_to"  # an autograd node's metadata: the device it charges
 
 
-def measure_step(emitted: torch.nn.Module, run: Callable[[], Any], *,
+Charge = Callable[[str], contextlib.AbstractContextManager[Any]]
+
+
+def measure_step(emitted: torch.nn.Module, run: Callable[[Charge], Any], *,
                  optimizer: str) -> PeakMeasurement:
-    """Peak bytes (weights + everything else alive) per planned device over the first training
-    step of ``emitted`` (a training plan's, its gradients not yet made): ``run()`` (its forward
-    and backward, on this thread: ``microbatch.train_step(threads=False)``, or the loss's
-    ``backward()``), then ``optimizer``'s update of each planned device's parameters (its
-    state made then, as on a first step). Besides what ``measure`` counts, the backward's
-    allocations (gradients, ``.grad``, what autograd frees as it goes) are charged to the
-    planned device of the segment whose forward made the autograd node that allocates them,
-    and the update's (state, temporaries) to its parameters' device."""
+    """Peak bytes per planned device over a training step of ``emitted`` (a training plan's)
+    in the steady state: one step is taken unmeasured, so that the optimizer holds its state,
+    and the gradients are dropped (``zero_grad(set_to_none=True)``); then the measured step:
+    ``run(charge)`` (its forward and backward, on this thread: ``microbatch.train_step(
+    threads=False, charge=charge)``, or the loss's ``backward()``), then ``optimizer``'s update
+    of each planned device's parameters. ``weights_bytes`` holds the weights and the
+    optimizer's state (resident through the step, as the plan has them); the peak above
+    them, besides what ``measure`` counts, holds the backward's allocations (gradients,
+    ``.grad``, what autograd frees as it goes), charged to the planned device of the segment
+    whose forward made the autograd node that allocates them, or whose backward runs
+    (``charge(device)``: the gradients handed on between segments), and the update's
+    temporaries, charged to its parameters' device. The weights are updated twice."""
     from autoplace.emit.training import make_optimizer
 
     planned, _ = _devices(emitted)
-    for p in emitted.parameters():
-        p.grad = None
+    seen: set[int] = set()
+    updates = []
+    for index, device in enumerate(planned):
+        params = [p for p in getattr(emitted, f"seg{index}").parameters()
+                  if p.requires_grad and id(p) not in seen]
+        seen.update(id(p) for p in params)
+        if params:
+            updates.append((device, params, make_optimizer(optimizer, params)))
     runtime = getattr(emitted, "runtime", "sequential")
     tracker = _Tracker(emitted, planned, backward=True)
     try:
         if runtime != "sequential":
             emitted.runtime = "sequential"
-        with tracker:
-            tracker.keep(run())
-            seen: set[int] = set()
-            for index, device in enumerate(planned):
-                params = [p for p in getattr(emitted, f"seg{index}").parameters()
-                          if p.grad is not None and id(p) not in seen]
-                seen.update(id(p) for p in params)
-                if params:
-                    with tracker.on(device):
-                        make_optimizer(optimizer, params).step()
+        for measured in (False, True):
+            for p in emitted.parameters():
+                p.grad = None
+            with tracker if measured else contextlib.nullcontext():
+                result = run(tracker.on if measured else lambda _: contextlib.nullcontext())
+                tracker.keep(result)
+                for device, _, opt in updates:
+                    with tracker.on(device) if measured else contextlib.nullcontext():
+                        opt.step()
     finally:
         if runtime != "sequential":
             emitted.runtime = runtime
+    resident = weight_bytes(emitted)
+    for device, params, opt in updates:
+        resident[device] = resident.get(device, 0) + sum(
+            value.untyped_storage().nbytes() for p in params
+            for value in opt.state.get(p, {}).values()
+            if isinstance(value, torch.Tensor) and value.dim())  # not Adam's step count
     # What the caller's side makes (the batch's loss, moved to the CPU) is on no planned device.
     peaks = {d: b for d, b in tracker.peaks().items() if d in planned}
-    return PeakMeasurement(weights_bytes=weight_bytes(emitted), activation_peak_bytes=peaks,
+    return PeakMeasurement(weights_bytes=resident, activation_peak_bytes=peaks,
                            method="storage")
 
 

@@ -22,11 +22,13 @@ along it; the others are passed whole to every part.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import math
 import threading
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -190,14 +192,18 @@ def stepper(model: torch.nn.Module, problem: Problem, schedule: Schedule,
 
 def train_step(model: torch.nn.Module, batches: Sequence[Batch], order: Sequence[Action],
                rule: str, *, threads: bool | None = None,
-               recompute: Collection[str] = ()) -> torch.Tensor:
+               recompute: Collection[str] = (),
+               charge: Callable[[str], AbstractContextManager[Any]] | None = None
+               ) -> torch.Tensor:
     """Run the forward and backward of every micro-batch in ``batches`` through ``model``'s
     segments in ``order`` (``action_order``), accumulating the parameters' gradients; returns
     the batch's loss (detached), the ``rule`` (``mean`` or ``sum``) of the micro-batches'.
 
     A segment on one of the planned devices ``recompute`` (``train.recompute``) runs its
-    forward without autograd, keeping only its inputs, and runs it again with autograd at the
-    start of its backward.
+    forward with nothing saved for autograd, keeping its inputs, and runs it again with
+    autograd at the start of its backward; an input that needs a gradient and was made by a
+    recomputing segment on the same device is not kept but made again, by running that
+    segment's forward again first (its backward, later, uses what that made).
 
     With ``threads`` (by default, where every segment is on a CPU device and there are
     several), each planned device runs its own actions in that order on a worker thread of
@@ -220,7 +226,7 @@ def train_step(model: torch.nn.Module, batches: Sequence[Batch], order: Sequence
         raise EmitError(f"the order leaves out {len(set(needs) - seen)} of the step's actions, "
                         f"e.g. {sorted(set(needs) - seen)[0]}: use action_order's")
     step = _Actions(model, batches, 1.0 / len(batches) if rule == "mean" else 1.0,
-                    {s.index for s in info if s.planned_device in recompute})
+                    {s.index for s in info if s.planned_device in recompute}, charge)
     if threads is None:
         threads = (len({s.planned_device for s in info}) > 1
                    and all(torch.device(s.device).type == "cpu" for s in info))
@@ -232,19 +238,39 @@ def train_step(model: torch.nn.Module, batches: Sequence[Batch], order: Sequence
     return step.loss()
 
 
+@dataclass(frozen=True)
+class _Remade:
+    """A recomputing segment's input that is not kept: it needs a gradient and is made on the
+    same device by another recomputing segment, ``producer``, which is run again (with
+    autograd) when this segment's backward needs it, as the plan's ``g@recompute#k`` nodes
+    feed ``f@recompute#k`` (``train.recompute``)."""
+
+    producer: int
+
+
+def _drop(_: torch.Tensor) -> None:
+    """``saved_tensors_hooks``' pack: what autograd would save is not kept."""
+    return None
+
+
+def _never(_: None) -> torch.Tensor:
+    raise EmitError("a recomputing segment's first forward was differentiated: its backward "
+                    "runs it again")
+
+
 class _Actions:
     """The state of one step while its actions run: each micro-batch's values by name, the
     gradients its backwards hand on, and each forward's detached inputs and outputs (its
-    inputs alone, in a segment that recomputes: one of ``again``)."""
+    kept inputs alone, in a segment that recomputes: one of ``again``). ``charge(device)``:
+    a context each backward runs in (``memory.measure_step`` charges what it allocates)."""
 
     def __init__(self, model: torch.nn.Module, batches: Sequence[Batch], scale: float,
-                 again: Collection[int] = ()) -> None:
+                 again: Collection[int] = (),
+                 charge: Callable[[str], AbstractContextManager[Any]] | None = None) -> None:
         self.model, self.scale, self.again = model, scale, set(again)
-        # Values a recomputing segment made without autograd that may need a gradient (floating
-        # outputs of a segment with trainable parameters or inputs that need one): their readers
-        # take them as leaves that need one, as they would have.
-        self.differentiable: set[str] = set()
-        self.kept: dict[tuple[int, int], list[Any]] = {}
+        self.charge = charge or (lambda _: contextlib.nullcontext())
+        info = model.segment_info
+        self.producer = {name: seg.index for seg in info for name in seg.outputs}
         self.values = [dict(zip(model.input_names,
                                 fx_pytree.tree_flatten_spec((list(a), k), model._in_spec)))
                        for a, k in batches]
@@ -252,10 +278,16 @@ class _Actions:
         # A value is dropped once its last reader's forward has taken it (as the plan frees
         # it), not kept until its producer's backward: a backward reads its outputs from
         # ``made`` (or makes them again), never from ``values``.
-        readers = Counter(name for seg in model.segment_info for name in set(seg.inputs))
+        readers = Counter(name for seg in info for name in set(seg.inputs))
         self.unread = [dict(readers) for _ in batches]
         self.fed: dict[tuple[int, int], list[tuple[str, torch.Tensor]]] = {}
         self.made: dict[tuple[int, int], Sequence[Any]] = {}
+        # A recomputing segment's inputs as its forward took them (a leaf, a value, or
+        # ``_Remade``), whether it has a backward to run, and what a reader's backward made
+        # again of it ahead of its own backward (outputs and input leaves).
+        self.kept: dict[tuple[int, int], list[Any]] = {}
+        self.differentiable: dict[tuple[int, int], bool] = {}
+        self.remade: dict[tuple[int, int], tuple[Sequence[Any], list[Any]]] = {}
         self.losses: list[torch.Tensor] = []
         self.adding = threading.Lock()  # two readers' backwards may add into one gradient
 
@@ -263,7 +295,8 @@ class _Actions:
         if action.phase == "forward":
             self.forward(action.segment, action.microbatch)
         else:
-            self.backward(action.segment, action.microbatch)
+            with self.charge(self.model.segment_info[action.segment].planned_device):
+                self.backward(action.segment, action.microbatch)
 
     def forward(self, s: int, k: int) -> None:
         segment, seg = getattr(self.model, f"seg{s}"), self.model.segment_info[s]
@@ -272,18 +305,22 @@ class _Actions:
             value = self.values[k][name]
             if isinstance(value, torch.Tensor):
                 value = value.to(segment.device)
-                if value.requires_grad or name in self.differentiable:
+                if value.requires_grad:
                     value = value.detach().requires_grad_(True)
                     leaves.append((name, value))
             inputs.append(value)
         if s in self.again:
-            with torch.no_grad():
+            # Autograd on, so that the outputs say which need a gradient, but nothing saved
+            # for a backward: it runs the forward again (``_recompute``).
+            with torch.autograd.graph.saved_tensors_hooks(_drop, _never):
                 outputs = segment(*inputs)
-            self.kept[(s, k)] = inputs
-            if leaves or any(p.requires_grad for p in segment.parameters()):
-                self.differentiable.update(
-                    name for name, out in zip(seg.outputs, outputs)
-                    if isinstance(out, torch.Tensor) and out.is_floating_point())
+            kept = [_Remade(self.producer[name]) if self._remade_input(s, name, value)
+                    else value for name, value in zip(seg.inputs, inputs)]
+            self.kept[(s, k)] = kept
+            held = {id(value) for value in kept}
+            leaves = [(name, leaf) for name, leaf in leaves if id(leaf) in held]
+            self.differentiable[(s, k)] = any(
+                isinstance(out, torch.Tensor) and out.requires_grad for out in outputs)
         else:
             outputs = segment(*inputs)
             self.made[(s, k)] = outputs
@@ -299,10 +336,45 @@ class _Actions:
                 self.losses.append(out.detach())
                 self.grads[k][name] = torch.full_like(out, self.scale)
 
+    def _remade_input(self, s: int, name: str, value: Any) -> bool:
+        """Whether recomputing segment ``s`` makes input ``name`` again instead of keeping it:
+        it needs a gradient and a recomputing segment on the same device made it."""
+        p = self.producer.get(name)
+        info = self.model.segment_info
+        return (isinstance(value, torch.Tensor) and value.requires_grad and p in self.again
+                and info[p].planned_device == info[s].planned_device)
+
+    def _recompute(self, s: int, k: int) -> tuple[Sequence[Any], list[Any]]:
+        """Segment ``s``'s forward of micro-batch ``k`` again, with autograd: its outputs and
+        its input leaves (``(name, leaf)``). An input ``_Remade`` comes from its producer's
+        forward, made again first (and kept for that producer's backward)."""
+        if (s, k) in self.remade:
+            return self.remade.pop((s, k))
+        seg = self.model.segment_info[s]
+        fed = {id(leaf) for _, leaf in self.fed[(s, k)]}
+        inputs, leaves = [], []
+        for name, value in zip(seg.inputs, self.kept.pop((s, k))):
+            if isinstance(value, _Remade):
+                p = value.producer
+                if (p, k) not in self.remade:
+                    self.remade[(p, k)] = self._recompute(p, k)
+                made = self.remade[(p, k)][0]
+                value = made[self.model.segment_info[p].outputs.index(name)]
+                value = value.detach().requires_grad_(True)
+                leaves.append((name, value))
+            elif id(value) in fed:
+                leaves.append((name, value))
+            inputs.append(value)
+        return getattr(self.model, f"seg{s}")(*inputs), leaves
+
     def backward(self, s: int, k: int) -> None:
         seg, grads = self.model.segment_info[s], self.grads[k]
-        if s in self.again:  # the forward again, with autograd
-            made = getattr(self.model, f"seg{s}")(*self.kept.pop((s, k)))
+        if s in self.again:
+            if self.differentiable.pop((s, k)):
+                made, self.fed[(s, k)] = self._recompute(s, k)
+            else:  # nothing of it needs a gradient: nothing to run again
+                self.kept.pop((s, k))
+                made = ()
         else:
             made = self.made.pop((s, k))
         with self.adding:

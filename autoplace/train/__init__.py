@@ -59,6 +59,8 @@ def check_training(mode: str, optimizer: str, microbatches: int = 1,
     if recompute not in RECOMPUTE_CHOICES:
         raise AutoplaceError(f"--recompute must be one of {', '.join(RECOMPUTE_CHOICES)}, got "
                              f"{recompute!r}")
+    if recompute != "auto" and mode != "training":
+        raise AutoplaceError("--recompute is for training plans: add --mode training")
     if recompute == "all" and microbatches == 1:
         raise AutoplaceError("--recompute all recomputes each micro-batch's forward in its "
                              "backward, which saves memory only with several in flight: add "

@@ -154,7 +154,8 @@ def with_recompute_where_needed(problem: Problem, placement: Placement, *,
     placement = Placement(device_of=device_of)
     used = sorted(set(device_of.values()))
     plain = simulate(problem, placement)
-    tries = [used] if every else [sorted(plain.over_capacity), used]
+    over = sorted(plain.over_capacity)
+    tries = [used] if every or over == used else [over, used]
     if not every and not plain.over_capacity:
         return Recomputed(problem, plain, ())
     found = None
