@@ -51,6 +51,7 @@ from autoplace.train import (
     training_targets,
 )
 from autoplace.train.dataparallel import replica_groups, with_allreduce
+from autoplace.train.updates import with_measured_updates
 
 __all__ = ["plan", "save", "solve_graph"]
 
@@ -291,9 +292,12 @@ def _plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: 
         if r > 1:
             forward = replace(forward, problem=restrict(forward.problem, groups[0]))
         factors = _backward_factors(forward.profiled, model, *batches[0], full, mine)
+        updates = _update_rates(forward.profiled, model, *batches[0], full, mine,
+                                optimizer=optimizer)
         try:
             problem, solved = _solve_step(forward.problem, share, optimizer=optimizer,
-                                          factors=factors, microbatches=microbatches,
+                                          factors=factors, updates=updates,
+                                          microbatches=microbatches,
                                           schedule=schedule, notes=mine,
                                           replicated=(full, groups))
         except InfeasibleError as exc:
@@ -388,23 +392,25 @@ def _replica_counts(model: torch.nn.Module, whole: Batch, cluster: Cluster,
 
 
 def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
-                factors: Mapping[str, float], microbatches: int, schedule: str,
-                notes: list[str], replicated: tuple[Cluster, Sequence[Sequence[str]]]
+                factors: Mapping[str, float], updates: Mapping[str, float],
+                microbatches: int, schedule: str, notes: list[str],
+                replicated: tuple[Cluster, Sequence[Sequence[str]]]
                 ) -> tuple[Problem, SolveResult]:
     """The training step's problem and its solve: with micro-batches under each schedule
     ``schedule`` names (``auto``: GPipe and 1F1B, each with half the time), the faster step
-    that fits kept; with the all-reduce of the ``replicated`` groups of the whole cluster
-    (``train.dataparallel.with_allreduce``). A step that fits nowhere says what it holds
-    beyond inference."""
+    that fits kept; with the updates measured (``updates``, seconds per trainable byte per
+    device: ``train.updates.with_measured_updates``) and the all-reduce of the ``replicated``
+    groups of the whole cluster (``train.dataparallel.with_allreduce``). A step that fits
+    nowhere says what it holds beyond inference."""
     names = SCHEDULES if schedule == "auto" and microbatches > 1 else (
         (schedule if schedule != "auto" else "gpipe"),)
     share = replace(options, time_limit_s=options.time_limit_s / len(names))
     found: dict[str, tuple[Problem, SolveResult]] = {}
     failure: InfeasibleError | None = None
     for name in names:
-        problem = with_allreduce(step_problem(forward, optimizer, backward_factor=factors,
-                                              microbatches=microbatches, schedule=name),
-                                 *replicated)
+        step = step_problem(forward, optimizer, backward_factor=factors,
+                            microbatches=microbatches, schedule=name)
+        problem = with_allreduce(with_measured_updates(step, updates), *replicated)
         try:
             found[name] = problem, solve(problem, options=share)
         except InfeasibleError as exc:
@@ -446,6 +452,34 @@ def _backward_factors(profiled: Any, model: torch.nn.Module, args: tuple[Any, ..
             f"{f:.2f}x the forward on {d}" for d, f in factors.items())
             + " (the analytic model's 2x elsewhere)")
     return factors
+
+
+def _update_rates(profiled: Any, model: torch.nn.Module, args: tuple[Any, ...],
+                  kwargs: dict[str, Any], cluster: Cluster, notes: list[str], *,
+                  optimizer: str) -> dict[str, float]:
+    """The optimizer's update measured through ``torch.optim`` on each profiled device (one
+    measurement per kind of device, after the forward and backward of ``args``/``kwargs``),
+    in seconds per byte of trainable parameters, for ``train.updates.with_measured_updates``."""
+    if profiled is None:
+        return {}
+    from autoplace.profile.update import measure_update_s_per_byte
+
+    rates: dict[str, float] = {}
+    by_key: dict[str, float | None] = {}
+    for dp in profiled.devices:
+        if dp.device_key not in by_key:
+            by_key[dp.device_key] = measure_update_s_per_byte(
+                model, args, kwargs, optimizer=optimizer,
+                torch_device=cluster.device(dp.device).torch_device)
+        if by_key[dp.device_key] is not None:
+            rates[dp.device] = by_key[dp.device_key]
+    if rates:
+        trained = sum(p.numel() * p.element_size() for p in model.parameters()
+                      if p.requires_grad)
+        notes.append(f"{optimizer} update measured through torch.optim: " + ", ".join(
+            f"{r * trained * 1e3:.3f} ms for all {trained} trainable bytes on {d}"
+            for d, r in rates.items()) + " (the roofline elsewhere)")
+    return rates
 
 
 def _emit(planned: Plan, traced: Any, model: torch.nn.Module, args: tuple[Any, ...],
