@@ -51,7 +51,7 @@ from autoplace.train import (
     training_targets,
 )
 from autoplace.train.dataparallel import replica_groups, with_allreduce
-from autoplace.train.updates import with_measured_updates
+from autoplace.train.updates import with_measured_forward, with_measured_updates
 
 __all__ = ["plan", "save", "solve_graph"]
 
@@ -291,11 +291,13 @@ def _plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: 
         full = forward.problem.cluster
         if r > 1:
             forward = replace(forward, problem=restrict(forward.problem, groups[0]))
-        factors = _backward_factors(forward.profiled, model, *batches[0], full, mine)
+        factors, measured = _backward_factors(forward.profiled, model, *batches[0], full,
+                                              mine)
         updates = _update_rates(forward.profiled, model, *batches[0], full, mine,
                                 optimizer=optimizer)
         try:
-            problem, solved = _solve_step(forward.problem, share, optimizer=optimizer,
+            problem, solved = _solve_step(with_measured_forward(forward.problem, measured),
+                                          share, optimizer=optimizer,
                                           factors=factors, updates=updates,
                                           microbatches=microbatches,
                                           schedule=schedule, notes=mine,
@@ -433,25 +435,32 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
 
 def _backward_factors(profiled: Any, model: torch.nn.Module, args: tuple[Any, ...],
                       kwargs: dict[str, Any], cluster: Cluster,
-                      notes: list[str]) -> dict[str, float]:
+                      notes: list[str]) -> tuple[dict[str, float], dict[str, float]]:
     """The backward's time over the forward's, measured through autograd on each profiled
-    device (one measurement per kind of device), for ``train.step_problem``."""
+    device (one measurement per kind of device), for ``train.step_problem``, and the whole
+    forward pass's seconds there with autograd recording, for
+    ``train.updates.with_measured_forward``."""
     if profiled is None:
-        return {}
-    from autoplace.profile.backward import measure_backward_factor
+        return {}, {}
+    from autoplace.profile.backward import TrainingPasses, measure_training_passes
 
     factors: dict[str, float] = {}
-    by_key: dict[str, float] = {}
+    forwards: dict[str, float] = {}
+    by_key: dict[str, TrainingPasses] = {}
     for dp in profiled.devices:
         if dp.device_key not in by_key:
-            by_key[dp.device_key] = measure_backward_factor(
+            by_key[dp.device_key] = measure_training_passes(
                 model, args, kwargs, cluster.device(dp.device).torch_device)
-        factors[dp.device] = by_key[dp.device_key]
+        factors[dp.device] = by_key[dp.device_key].backward_factor
+        forwards[dp.device] = by_key[dp.device_key].forward_s
     if factors:
         notes.append("backward measured through autograd: " + ", ".join(
             f"{f:.2f}x the forward on {d}" for d, f in factors.items())
             + " (the analytic model's 2x elsewhere)")
-    return factors
+        notes.append("forward measured whole, with autograd recording: " + ", ".join(
+            f"{s * 1e3:.3f} ms on {d}" for d, s in forwards.items())
+            + " (the training step's forward nodes scaled to it)")
+    return factors, forwards
 
 
 def _update_rates(profiled: Any, model: torch.nn.Module, args: tuple[Any, ...],

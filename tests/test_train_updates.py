@@ -1,5 +1,7 @@
-"""The optimizer's update measured through torch.optim (``profile.update``) and charged to a
-training step's update nodes (``train.updates``), in place of the roofline.
+"""What a training step is priced at where it was measured (``train.updates``): the optimizer's
+update through torch.optim (``profile.update``), in place of the roofline, and the whole
+forward pass with autograd recording (``profile.backward``), which the forward nodes are scaled
+to.
 
 The model is the seed tutorial's MLP (784-256-128-10, 235,146 float32 parameters: 940,584
 trainable bytes in three linear layers) with a cross-entropy loss, on a batch of 64.
@@ -21,7 +23,7 @@ from autoplace.solve.whatif import restrict
 from autoplace.trace import trace_model
 from autoplace.train import LossModel, step_problem
 from autoplace.train.dataparallel import with_allreduce
-from autoplace.train.updates import with_measured_updates
+from autoplace.train.updates import with_measured_forward, with_measured_updates
 
 BATCH = 64
 TRAINED_BYTES = (784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10) * 4
@@ -31,6 +33,37 @@ def _loss_model() -> tuple[LossModel, tuple, dict]:
     torch.manual_seed(0)
     return (LossModel(MLP(), F.cross_entropy), (torch.randn(BATCH, 784),),
             {"targets": (torch.randint(0, 10, (BATCH,)),)})
+
+
+def _forward() -> Problem:
+    model, args, kwargs = _loss_model()
+    traced = trace_model(model, args, kwargs)
+    cluster, _ = resolve_cluster(spec="2xcpu-thread")
+    folded = fold(traced.graph, cost_nodes(traced.graph, cluster))
+    return Problem(graph=folded.graph, cluster=cluster, costs=folded.costs)
+
+
+def test_the_forward_nodes_add_up_to_the_whole_forward_measured_and_the_backward_follows(
+        ) -> None:
+    from autoplace.profile.backward import measure_training_passes
+
+    model, args, kwargs = _loss_model()
+    passes = measure_training_passes(model, args, kwargs, "cpu:0")
+    assert 0 < passes.forward_s < 1.0 and 0.25 <= passes.backward_factor < 6.0
+    forward = _forward()
+    names = [n.name for n in forward.graph.nodes]
+    sum_s = sum(forward.costs.of(n, "cpu:0") for n in names)
+    scaled = with_measured_forward(forward, {"cpu:0": 2 * sum_s})
+    for name in names:
+        assert scaled.costs.of(name, "cpu:0") == pytest.approx(2 * forward.costs.of(name, "cpu:0"))
+        assert scaled.costs.of(name, "cpu:1") == forward.costs.of(name, "cpu:1")
+    busy = next(n for n in names if forward.costs.of(n, "cpu:0") > 0)
+    assert scaled.costs.source_of(busy, "cpu:0") == "calibrated"
+    step, plain = (step_problem(p, "adam", backward_factor={"cpu:0": 1.5})
+                   for p in (scaled, forward))
+    assert step.costs.of(f"{busy}@backward", "cpu:0") == pytest.approx(
+        2 * plain.costs.of(f"{busy}@backward", "cpu:0"))
+    assert with_measured_forward(forward, {}) is forward
 
 
 def _step(*, on: tuple[str, ...] | None = None) -> Problem:
@@ -100,6 +133,8 @@ def test_a_profiled_plan_charges_the_update_measured_and_says_so(tmp_path) -> No
                    example_targets=kwargs["targets"], profile=True, emit=False, replicas=2,
                    cache=open_cache(path=str(tmp_path / "c.sqlite3")))
     (note,) = [n for n in planned.notes if n.startswith("adam update measured")]
+    assert any(n.startswith("forward measured whole, with autograd recording: ")
+               for n in planned.notes)
     assert f"for all {TRAINED_BYTES} trainable bytes on cpu:0" in note
     graph, costs = planned.problem.graph, planned.problem.costs
     updates = [n.name for n in graph.nodes if n.name.endswith("@step")]
