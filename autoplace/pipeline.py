@@ -64,6 +64,7 @@ from autoplace.train.recompute import (
     recompute_all,
     with_recompute_where_needed,
 )
+from autoplace.train.updates import with_measured_forward, with_measured_updates
 
 __all__ = ["plan", "save", "solve_graph"]
 
@@ -336,12 +337,15 @@ def _plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: 
         full = forward.problem.cluster
         if r > 1:
             forward = replace(forward, problem=restrict(forward.problem, groups[0]))
-        factors = _backward_factors(forward.profiled, model, *batches[0], full, mine)
+        factors, measured = _backward_factors(forward.profiled, model, *batches[0], full,
+                                              mine)
+        updates = _update_rates(forward.profiled, model, *batches[0], full, mine,
+                                optimizer=optimizer)
         try:
             got = _solve_step(
-                forward.problem, share, optimizer=optimizer, factors=factors,
-                microbatches=microbatches, schedule=schedule, recompute=recompute, notes=mine,
-                replicated=(full, groups))
+                with_measured_forward(forward.problem, measured), share, optimizer=optimizer,
+                factors=factors, updates=updates, microbatches=microbatches,
+                schedule=schedule, recompute=recompute, notes=mine, replicated=(full, groups))
         except InfeasibleError as exc:
             if len(counts) == 1:
                 raise
@@ -441,25 +445,27 @@ def _shard_cut(shard: Batch, microbatches: int) -> str | None:
 
 
 def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
-                factors: Mapping[str, float], microbatches: int, schedule: str,
-                recompute: str, notes: list[str],
+                factors: Mapping[str, float], updates: Mapping[str, float],
+                microbatches: int, schedule: str, recompute: str, notes: list[str],
                 replicated: tuple[Cluster, Sequence[Sequence[str]]]
                 ) -> _Solved:
     """The training step's problem, its solve and the devices that recompute: with
     micro-batches under each schedule ``schedule`` names (``auto``: GPipe and 1F1B, each with
-    half the time), the faster step that fits kept; with the all-reduce of the ``replicated``
-    groups of the whole cluster (``train.dataparallel.with_allreduce``); with recomputation
-    where ``recompute`` asks for it (``_solve_recomputing``). A step that fits nowhere says
-    what it holds beyond inference."""
+    half the time), the faster step that fits kept; with the updates measured (``updates``,
+    seconds per trainable byte per device: ``train.updates.with_measured_updates``) and the
+    all-reduce of the ``replicated`` groups of the whole cluster
+    (``train.dataparallel.with_allreduce``); with recomputation where ``recompute`` asks for
+    it (``_solve_recomputing``). A step that fits nowhere says what it holds beyond
+    inference."""
     names = SCHEDULES if schedule == "auto" and microbatches > 1 else (
         (schedule if schedule != "auto" else "gpipe"),)
     share = replace(options, time_limit_s=options.time_limit_s / len(names))
     found: dict[str, _Solved] = {}
     failure: InfeasibleError | None = None
     for name in names:
-        problem = with_allreduce(step_problem(forward, optimizer, backward_factor=factors,
-                                              microbatches=microbatches, schedule=name),
-                                 *replicated)
+        step = step_problem(forward, optimizer, backward_factor=factors,
+                            microbatches=microbatches, schedule=name)
+        problem = with_allreduce(with_measured_updates(step, updates), *replicated)
         solved = None
         if recompute != "all" or microbatches == 1:
             try:
@@ -544,25 +550,60 @@ def _solve_recomputing(problem: Problem, plain: SolveResult | None, options: Sol
 
 def _backward_factors(profiled: Any, model: torch.nn.Module, args: tuple[Any, ...],
                       kwargs: dict[str, Any], cluster: Cluster,
-                      notes: list[str]) -> dict[str, float]:
+                      notes: list[str]) -> tuple[dict[str, float], dict[str, float]]:
     """The backward's time over the forward's, measured through autograd on each profiled
-    device (one measurement per kind of device), for ``train.step_problem``."""
+    device (one measurement per kind of device), for ``train.step_problem``, and the whole
+    forward pass's seconds there with autograd recording, for
+    ``train.updates.with_measured_forward``."""
     if profiled is None:
-        return {}
-    from autoplace.profile.backward import measure_backward_factor
+        return {}, {}
+    from autoplace.profile.backward import TrainingPasses, measure_training_passes
 
     factors: dict[str, float] = {}
-    by_key: dict[str, float] = {}
+    forwards: dict[str, float] = {}
+    by_key: dict[str, TrainingPasses] = {}
     for dp in profiled.devices:
         if dp.device_key not in by_key:
-            by_key[dp.device_key] = measure_backward_factor(
+            by_key[dp.device_key] = measure_training_passes(
                 model, args, kwargs, cluster.device(dp.device).torch_device)
-        factors[dp.device] = by_key[dp.device_key]
+        factors[dp.device] = by_key[dp.device_key].backward_factor
+        forwards[dp.device] = by_key[dp.device_key].forward_s
     if factors:
         notes.append("backward measured through autograd: " + ", ".join(
             f"{f:.2f}x the forward on {d}" for d, f in factors.items())
             + " (the analytic model's 2x elsewhere)")
-    return factors
+        notes.append("forward measured whole, with autograd recording: " + ", ".join(
+            f"{s * 1e3:.3f} ms on {d}" for d, s in forwards.items())
+            + " (the training step's forward nodes scaled to it)")
+    return factors, forwards
+
+
+def _update_rates(profiled: Any, model: torch.nn.Module, args: tuple[Any, ...],
+                  kwargs: dict[str, Any], cluster: Cluster, notes: list[str], *,
+                  optimizer: str) -> dict[str, float]:
+    """The optimizer's update measured through ``torch.optim`` on each profiled device (one
+    measurement per kind of device, after the forward and backward of ``args``/``kwargs``),
+    in seconds per byte of trainable parameters, for ``train.updates.with_measured_updates``."""
+    if profiled is None:
+        return {}
+    from autoplace.profile.update import measure_update_s_per_byte
+
+    rates: dict[str, float] = {}
+    by_key: dict[str, float | None] = {}
+    for dp in profiled.devices:
+        if dp.device_key not in by_key:
+            by_key[dp.device_key] = measure_update_s_per_byte(
+                model, args, kwargs, optimizer=optimizer,
+                torch_device=cluster.device(dp.device).torch_device)
+        if by_key[dp.device_key] is not None:
+            rates[dp.device] = by_key[dp.device_key]
+    if rates:
+        trained = sum(p.numel() * p.element_size() for p in model.parameters()
+                      if p.requires_grad)
+        notes.append(f"{optimizer} update measured through torch.optim: " + ", ".join(
+            f"{r * trained * 1e3:.3f} ms for all {trained} trainable bytes on {d}"
+            for d, r in rates.items()) + " (the roofline elsewhere)")
+    return rates
 
 
 def _emit(planned: Plan, traced: Any, model: torch.nn.Module, args: tuple[Any, ...],

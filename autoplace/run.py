@@ -40,6 +40,7 @@ from torch.utils import _pytree as pytree
 
 from autoplace.emit import load_model, local_device_map
 from autoplace.emit.ddp import batch_size, replicas_of
+from autoplace.emit.device_map import worker_threads
 from autoplace.emit.memory import comparable_peak_bytes, measure
 from autoplace.emit.microbatch import split_batch, stepper
 from autoplace.emit.replicas import launch_replicas
@@ -223,24 +224,27 @@ def train_plan(directory: str | os.PathLike[str], *, steps: int, lr: float | Non
     # Micro-batches run segment by segment in the plan's order (each CPU worker's actions on
     # its own thread); one batch runs the model's forward and autograd's backward, which
     # measured faster on this machine's CPU workers (GPT-2 on 2xcpu-thread: 317 ms a step,
-    # against 512 segment by segment: autograd's one engine thread uses every intra-op thread).
+    # against 512 segment by segment). Autograd runs that backward, and the optimizer its
+    # update, on this thread: with CPU workers on one intra-op thread, as the plan times them
+    # (torch's default here, one per core, took the other worker's core: the 317 ms above).
     run = stepper(model, plan.problem, plan.schedule, split_batch(args, kwargs, count),
                   plan.training["microbatch_loss"],
                   recompute=plan.training.get("recompute", ())) if count > 1 else None
     losses, times = [], []
-    for _ in range(steps):
-        began = time.perf_counter()
-        optimizer.zero_grad()
-        if run is not None:
-            loss = run()
-        else:
-            loss = model(*args, **kwargs)
-            loss.backward()
-        optimizer.step()
-        for gpu in devices:
-            torch.cuda.synchronize(gpu)
-        times.append(time.perf_counter() - began)
-        losses.append(float(loss.detach().to("cpu")))
+    with worker_threads(here.values()):
+        for _ in range(steps):
+            began = time.perf_counter()
+            optimizer.zero_grad()
+            if run is not None:
+                loss = run()
+            else:
+                loss = model(*args, **kwargs)
+                loss.backward()
+            optimizer.step()
+            for gpu in devices:
+                torch.cuda.synchronize(gpu)
+            times.append(time.perf_counter() - began)
+            losses.append(float(loss.detach().to("cpu")))
     timed = times[1:] or times
     moved = sorted(k for k, v in here.items() if k != v)
     notes = [f"{', '.join(moved)} not present here: trained on cpu"] if moved else []

@@ -31,6 +31,7 @@ from autoplace.emit.ddp import (
     shard,
     write_train_script,
 )
+from autoplace.emit.device_map import worker_threads
 from autoplace.emit.replicas import launch_replicas, verify_replicas
 from autoplace.errors import AutoplaceError, EmitError, VerificationError
 from autoplace.load import load_model_file
@@ -128,6 +129,16 @@ def test_micro_batched_gradients_go_in_ddp_sized_buckets_per_device_and_dtype() 
     assert [len(b) for b in _buckets([torch.zeros(4), large])] == [1, 1]
 
 
+def test_cpu_workers_run_on_one_intra_op_thread_and_other_devices_as_torch_has_them() -> None:
+    before = torch.get_num_threads()
+    with worker_threads(["cpu:0", "cpu:1"]) as threads:
+        assert threads == torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    for devices in (["cpu"], ["cpu:0", "cuda:0"], []):
+        with worker_threads(devices) as threads:
+            assert threads == before
+
+
 # The replicas trained, against the original on the whole batch.
 
 
@@ -158,6 +169,17 @@ def test_run_train_runs_the_replicas_and_gives_the_whole_batch_s_losses(out, mlp
     assert len(result["times_s"]) == 3 and result["measured_s"] > 0
     assert result["predicted_s"] == mlp[0].makespan_s and result["optimizer"] == "adam"
     assert any("2 processes ran (torchrun, gloo)" in note for note in result["notes"])
+
+
+def test_each_replica_of_a_cpu_worker_trains_on_one_thread_whatever_the_environment(
+        out, tmp_path, monkeypatch) -> None:
+    # torchrun sets OMP_NUM_THREADS=1 only where it is not set: the plan's one thread a
+    # worker is train.py's own.
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    report = tmp_path / "report.json"
+    launch_replicas(out / "train.py", replicas=2, timeout_s=120,
+                    argv=["--steps", "2", "--json", str(report)])
+    assert json.loads(report.read_text())["threads"] == 1
 
 
 # A script whose ranks all take rank 0's half: the replicas train on half the batch twice.

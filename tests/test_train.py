@@ -215,7 +215,7 @@ def test_the_training_check_fails_on_a_model_that_trains_differently() -> None:
         verify_training(emitted, model, args, kwargs, targets, optimizer="adam")
 
 
-def test_a_training_plan_end_to_end(tmp_path) -> None:
+def test_a_training_plan_end_to_end(tmp_path, monkeypatch) -> None:
     from autoplace.emit import load_model
     from autoplace.formats.plan import read_plan
     from autoplace.pipeline import plan, save
@@ -241,8 +241,14 @@ def test_a_training_plan_end_to_end(tmp_path) -> None:
     saved = {name.split(".", 1)[1]: p for name, p in loaded.named_parameters()}
     for name, p in mlp.named_parameters():
         torch.testing.assert_close(saved[f"model.{name}"], p.detach())
-    # autoplace run --train: the saved model trains as the check trained the original.
+    # autoplace run --train: the saved model trains as the check trained the original, its
+    # backward and update on this thread run as the plan's CPU workers, on one thread.
+    threads, step = [], torch.optim.AdamW.step
+    monkeypatch.setattr(torch.optim.AdamW, "step", lambda self, *args, **kwargs: (
+        threads.append(torch.get_num_threads()), step(self, *args, **kwargs))[1])
+    before = torch.get_num_threads()
     trained = train_plan(tmp_path, steps=3)
+    assert threads == [1, 1, 1] and torch.get_num_threads() == before
     assert trained.optimizer == "adamw" and trained.predicted_s == planned.makespan_s
     torch.testing.assert_close(torch.tensor(trained.losses),
                                torch.tensor(check["original_losses"]))

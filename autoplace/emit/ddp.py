@@ -10,7 +10,8 @@ backward. ``pipeline.save`` writes ``OUT/train.py`` (``write_train_script``), wh
 1. takes its shard of the example batch saved in ``OUT/model/inputs.safetensors`` (the whole
    batch, all R shards; ``shard``, by the rule in ``batch_size``),
 2. loads ``OUT/model`` on its own devices (``replica_device_map``),
-3. wraps it in ``DistributedDataParallel`` and runs ``--steps`` steps of the plan's optimizer;
+3. wraps it in ``DistributedDataParallel`` and runs ``--steps`` steps of the plan's optimizer
+   (a replica of ``cpu-thread`` workers on one intra-op thread, ``device_map.worker_threads``);
    rank 0 reports each step's loss (the mean over the replicas, which is the whole batch's loss
    for a loss that averages over the batch) and the step times.
 
@@ -47,7 +48,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils import _pytree as pytree
 
-from autoplace.emit.device_map import local_device_map
+from autoplace.emit.device_map import local_device_map, worker_threads
 from autoplace.emit.microbatch import Action, action_order, split_batch, train_step
 from autoplace.emit.microbatch import batch_size as cut_size
 from autoplace.emit.saving import load_inputs, load_model, planned_devices
@@ -283,7 +284,10 @@ def _train(model_dir: Path, *, optimizer: str, replicas: int, rank: int, steps: 
         step = (_ddp_step(model, args, kwargs) if microbatches is None
                 else _microbatched_step(model, args, kwargs, microbatches))
         opt = make_optimizer(optimizer, model.parameters(), lr)
-        losses, times, record = _steps(step, model, opt, steps=steps, recording=recording)
+        # A replica of CPU workers runs on one intra-op thread each, as the plan times them
+        # (without, torch's default, one per core, unless torchrun's OMP_NUM_THREADS=1 set it).
+        with worker_threads(here.values()) as threads:
+            losses, times, record = _steps(step, model, opt, steps=steps, recording=recording)
         # DDP's reducer (held by the step) goes before its process group: left to the
         # interpreter's exit, it was destroyed after the group, and about one run in five
         # aborted ("terminate called without an active exception") once training was done.
@@ -295,6 +299,7 @@ def _train(model_dir: Path, *, optimizer: str, replicas: int, rank: int, steps: 
     count = microbatches["count"] if microbatches is not None else 1
     report = {"losses": losses, "times_s": times, "measured_s": statistics.median(timed),
               "replicas": replicas, "microbatches": count, "backend": backend, "batch": size,
+              "threads": threads,
               "shard": size // replicas, "optimizer": optimizer, "lr": lr,
               "device_maps": [replica_device_map(planned, rank=r, groups=groups)
                               for r in range(replicas)]}

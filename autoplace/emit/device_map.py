@@ -4,19 +4,21 @@ A plan names the devices it was made for (``cuda:1``); the emitted model may run
 ``local_device_map`` keeps each planned device that is present here and sends the rest to the
 CPU (how the pipeline verifies a GPU plan on a laptop); ``remap`` applies a user's glob mapping
 (``{"cuda:*": "cpu"}``); ``check_device`` fails, with the mapping to pass, when a device is
-absent.
+absent. ``worker_threads`` is the intra-op thread count of a process (or thread) that runs
+only ``cpu-thread`` workers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import torch
 
 from autoplace.errors import EmitError
 
-__all__ = ["check_device", "local_device_map", "remap"]
+__all__ = ["check_device", "local_device_map", "remap", "worker_threads"]
 
 
 def local_device_map(torch_devices: Sequence[str]) -> dict[str, str]:
@@ -62,3 +64,25 @@ def check_device(device: str, *, planned: str) -> None:
     except (RuntimeError, AssertionError) as error:
         raise EmitError(f"{where} is not usable here ({error}); {hint}") from error
 
+
+
+@contextlib.contextmanager
+def worker_threads(torch_devices: Iterable[str]) -> Iterator[int]:
+    """Run the body on one intra-op thread where every device of ``torch_devices`` is a
+    ``cpu-thread`` worker (``cpu:N``; the host CPU is ``cpu``), as the plan times such a
+    worker (``profile.timing.threads_for``) and the runtime runs it (``emit/runtime.py``);
+    torch's count is restored afterwards. Elsewhere torch's own count. Yields the count in
+    force. A whole step of such workers (autograd's backward on the calling thread, DDP's
+    process) otherwise runs on torch's default of one thread per core, over cores the plan
+    gives to the other workers."""
+    devices = list(torch_devices)
+    workers = bool(devices) and all(
+        torch.device(d).type == "cpu" and torch.device(d).index is not None for d in devices)
+    before = torch.get_num_threads()
+    if workers:
+        torch.set_num_threads(1)
+    try:
+        yield torch.get_num_threads()
+    finally:
+        if workers:
+            torch.set_num_threads(before)

@@ -1,5 +1,6 @@
 """Profile: how much longer a model's backward pass takes than its forward pass, measured through
-autograd on a device that is here (``measure_backward_factor``).
+autograd on a device that is here (``measure_backward_factor``), and the forward pass itself as
+training runs it (``measure_training_passes``).
 
 A training plan's backward nodes take ``factor`` times their forward node's time
 (``train.graph``). Without a measurement the factor is 2, the FLOP count's (Kaplan et al.,
@@ -8,6 +9,12 @@ recording, as in training) and the whole forward and backward pass are timed, on
 round, and the factor is the median over the rounds of the backward's share over the
 forward's. One factor per device, applied to every node: the per-op split of the backward is
 not measured.
+
+The same rounds give the whole forward pass with autograd recording (the median), which a
+training step's forward nodes are scaled to (``train.updates.with_measured_forward``): the ops
+timed one by one in the model (``profile.ops``) add up short of it (GPT-2 on a CPU worker: 120
+against 143 ms without autograd, more with it, which records what the backward needs), and the
+backward, a factor of it, with them.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import copy
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,7 +30,7 @@ from torch.utils import _pytree as pytree
 
 from autoplace.profile.timing import threads_for, timer_for
 
-__all__ = ["measure_backward_factor"]
+__all__ = ["TrainingPasses", "measure_backward_factor", "measure_training_passes"]
 
 WARMUP = 3
 MIN_ROUNDS, MAX_ROUNDS = 7, 41
@@ -30,11 +38,26 @@ BUDGET_S = 2.0
 MIN_FACTOR = 0.25
 
 
+@dataclass(frozen=True)
+class TrainingPasses:
+    """A model's whole forward pass with autograd recording (``forward_s``, seconds) and its
+    backward's time over it (``backward_factor``)."""
+
+    forward_s: float
+    backward_factor: float
+
+
 def measure_backward_factor(model: torch.nn.Module, args: tuple[Any, ...],
                             kwargs: dict[str, Any], torch_device: str) -> float:
     """Backward time over forward time of ``model`` (a ``train.LossModel``: its output is the
     loss) on ``torch_device`` (a ``cpu-thread`` worker ``cpu:N`` on one intra-op thread), on
     a copy of the model and the inputs."""
+    return measure_training_passes(model, args, kwargs, torch_device).backward_factor
+
+
+def measure_training_passes(model: torch.nn.Module, args: tuple[Any, ...],
+                            kwargs: dict[str, Any], torch_device: str) -> TrainingPasses:
+    """``measure_backward_factor``'s rounds, with the forward pass's median time too."""
     device = torch.device("cpu" if torch_device.startswith("cpu") else torch_device)
     local = copy.deepcopy(model).to(device)
     moved = pytree.tree_map(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v,
@@ -49,6 +72,7 @@ def measure_backward_factor(model: torch.nn.Module, args: tuple[Any, ...],
         local(*moved[0], **moved[1]).backward()
 
     ratios: list[float] = []
+    forwards: list[float] = []
     with threads_for(torch_device):
         for _ in range(WARMUP):
             both()
@@ -61,5 +85,8 @@ def measure_backward_factor(model: torch.nn.Module, args: tuple[Any, ...],
             both_s = timer.per_call_s(both, 1)
             if forward_s > 0:
                 ratios.append(max(both_s - forward_s, 0.0) / forward_s)
+                forwards.append(forward_s)
     # A backward measured as nearly free is noise (a forward measured slow), not a free pass.
-    return max(statistics.median(ratios), MIN_FACTOR) if ratios else 2.0
+    factor = max(statistics.median(ratios), MIN_FACTOR) if ratios else 2.0
+    return TrainingPasses(forward_s=statistics.median(forwards) if forwards else 0.0,
+                          backward_factor=factor)

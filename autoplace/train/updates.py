@@ -1,0 +1,81 @@
+"""Train: a training step priced at what was measured of it on the device: its optimizer
+updates (``profile.update``), in place of the roofline ``train.graph`` prices them at, and its
+forward pass (``profile.backward``), in place of the sum of its ops timed one by one.
+
+``with_measured_forward`` scales every forward node's time on a device with a measurement so
+that they add up to the whole forward pass measured there with autograd recording (one ratio
+per device: the split among the nodes stays the one-by-one times'); the backward, a factor of
+the forward (``train.graph``), follows. ``with_measured_updates`` sets each update node
+``f@step``'s time on a device with a measurement to the measured seconds per byte of trainable
+parameters times ``f``'s trainable bytes; elsewhere (and where the node may not run) its time
+stays as it was. Applied before ``dataparallel.with_allreduce``, which adds the all-reduce to
+the same nodes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import replace
+
+from autoplace.cost import weakest_source
+from autoplace.ir import Problem
+from autoplace.simulate.schedules import STEP, phase_of
+
+__all__ = ["with_measured_forward", "with_measured_updates"]
+
+
+def with_measured_forward(problem: Problem, forward_s: Mapping[str, float]) -> Problem:
+    """``problem`` (a forward problem, the whole model's graph, as ``train.step_problem``
+    takes it) with each device of ``forward_s``'s node times scaled by ``forward_s[device]``
+    over their sum on it."""
+    costs = problem.costs
+    compute = dict(costs.compute_s)
+    device_source = dict(costs.device_source)
+    scaled = False
+    for device, whole_s in forward_s.items():
+        total = sum(per[device] for per in costs.compute_s.values()
+                    if math.isfinite(per.get(device, math.inf)))
+        if not total > 0 or not whole_s > 0:
+            continue
+        scaled = True
+        for name, per in costs.compute_s.items():
+            if device in per and math.isfinite(per[device]) and per[device] > 0:
+                compute[name] = {**compute[name], device: per[device] * whole_s / total}
+                device_source[name] = {**{d: costs.source_of(name, d) for d in per},
+                                       **device_source.get(name, {}), device: "calibrated"}
+    if not scaled:
+        return problem
+    source = {**costs.source, **{name: weakest_source(per.values())
+                                 for name, per in device_source.items()}}
+    return replace(problem, costs=replace(costs, compute_s=compute, source=source,
+                                          device_source=device_source))
+
+
+def with_measured_updates(problem: Problem, s_per_byte: Mapping[str, float]) -> Problem:
+    """``problem`` (a training step's) with its updates on each device of ``s_per_byte``
+    taking ``s_per_byte[device]`` times their parameters' trainable bytes."""
+    if not s_per_byte:
+        return problem
+    graph, costs = problem.graph, problem.costs
+    trained = {}
+    for node in graph.nodes:
+        base, phase, k = phase_of(node.name)
+        if phase == "forward" and k in (None, 0):
+            trained[base] = node.trainable_bytes
+    compute = dict(costs.compute_s)
+    device_source = dict(costs.device_source)
+    source = dict(costs.source)
+    for node in graph.nodes:
+        if not node.name.endswith(STEP):
+            continue
+        nbytes = trained.get(node.name.removesuffix(STEP), 0)
+        compute[node.name] = {
+            d: s_per_byte[d] * nbytes if d in s_per_byte and math.isfinite(t) else t
+            for d, t in costs.compute_s[node.name].items()}
+        device_source[node.name] = {
+            d: "calibrated" if d in s_per_byte else costs.source_of(node.name, d)
+            for d in costs.compute_s[node.name]}
+        source[node.name] = weakest_source(device_source[node.name].values())
+    return replace(problem, costs=replace(costs, compute_s=compute, source=source,
+                                          device_source=device_source))

@@ -1,0 +1,141 @@
+"""What a training step is priced at where it was measured (``train.updates``): the optimizer's
+update through torch.optim (``profile.update``), in place of the roofline, and the whole
+forward pass with autograd recording (``profile.backward``), which the forward nodes are scaled
+to.
+
+The model is the seed tutorial's MLP (784-256-128-10, 235,146 float32 parameters: 940,584
+trainable bytes in three linear layers) with a cross-entropy loss, on a batch of 64.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from zoo import MLP
+
+from autoplace.cluster import resolve_cluster
+from autoplace.coarsen import fold
+from autoplace.cost import costs as cost_nodes
+from autoplace.ir import Problem
+from autoplace.profile.update import measure_update_s_per_byte
+from autoplace.solve.whatif import restrict
+from autoplace.trace import trace_model
+from autoplace.train import LossModel, step_problem
+from autoplace.train.dataparallel import with_allreduce
+from autoplace.train.updates import with_measured_forward, with_measured_updates
+
+BATCH = 64
+TRAINED_BYTES = (784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10) * 4
+
+
+def _loss_model() -> tuple[LossModel, tuple, dict]:
+    torch.manual_seed(0)
+    return (LossModel(MLP(), F.cross_entropy), (torch.randn(BATCH, 784),),
+            {"targets": (torch.randint(0, 10, (BATCH,)),)})
+
+
+def _forward() -> Problem:
+    model, args, kwargs = _loss_model()
+    traced = trace_model(model, args, kwargs)
+    cluster, _ = resolve_cluster(spec="2xcpu-thread")
+    folded = fold(traced.graph, cost_nodes(traced.graph, cluster))
+    return Problem(graph=folded.graph, cluster=cluster, costs=folded.costs)
+
+
+def test_the_forward_nodes_add_up_to_the_whole_forward_measured_and_the_backward_follows(
+        ) -> None:
+    from autoplace.profile.backward import measure_training_passes
+
+    model, args, kwargs = _loss_model()
+    passes = measure_training_passes(model, args, kwargs, "cpu:0")
+    assert 0 < passes.forward_s < 1.0 and 0.25 <= passes.backward_factor < 6.0
+    forward = _forward()
+    names = [n.name for n in forward.graph.nodes]
+    sum_s = sum(forward.costs.of(n, "cpu:0") for n in names)
+    scaled = with_measured_forward(forward, {"cpu:0": 2 * sum_s})
+    for name in names:
+        assert scaled.costs.of(name, "cpu:0") == pytest.approx(2 * forward.costs.of(name, "cpu:0"))
+        assert scaled.costs.of(name, "cpu:1") == forward.costs.of(name, "cpu:1")
+    busy = next(n for n in names if forward.costs.of(n, "cpu:0") > 0)
+    assert scaled.costs.source_of(busy, "cpu:0") == "calibrated"
+    step, plain = (step_problem(p, "adam", backward_factor={"cpu:0": 1.5})
+                   for p in (scaled, forward))
+    assert step.costs.of(f"{busy}@backward", "cpu:0") == pytest.approx(
+        2 * plain.costs.of(f"{busy}@backward", "cpu:0"))
+    assert with_measured_forward(forward, {}) is forward
+
+
+def _step(*, on: tuple[str, ...] | None = None) -> Problem:
+    """The MLP's Adam step on two CPU workers (``on``: restricted to those, as a replica's)."""
+    model, args, kwargs = _loss_model()
+    traced = trace_model(model, args, kwargs)
+    cluster, _ = resolve_cluster(spec="2xcpu-thread")
+    folded = fold(traced.graph, cost_nodes(traced.graph, cluster))
+    forward = Problem(graph=folded.graph, cluster=cluster, costs=folded.costs)
+    return step_problem(forward if on is None else restrict(forward, on), "adam")
+
+
+def test_the_update_is_measured_after_a_forward_and_backward_per_trainable_byte() -> None:
+    model, args, kwargs = _loss_model()
+    before = [p.detach().clone() for p in model.parameters()]
+    rate = measure_update_s_per_byte(model, args, kwargs, optimizer="adam",
+                                     torch_device="cpu:0")
+    # Adam moves at least 28 bytes a parameter, 7 a trainable byte: well under 1 TB/s here,
+    # and more than a second for 1 MB would be a runaway.
+    assert 7 / 1e12 < rate < 1.0 / TRAINED_BYTES
+    for a, b in zip(before, model.parameters()):  # a copy was trained, not the model
+        torch.testing.assert_close(a, b.detach(), rtol=0, atol=0)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    assert measure_update_s_per_byte(model, args, kwargs, optimizer="adam",
+                                     torch_device="cpu:0") is None
+
+
+def test_a_measured_update_replaces_the_roofline_where_measured() -> None:
+    step = _step()
+    updates = [n.name for n in step.graph.nodes if n.name.endswith("@step")]
+    assert len(updates) == 3
+    measured = with_measured_updates(step, {"cpu:0": 1e-9})
+    trained = {n.name: n.trainable_bytes for n in step.graph.nodes}
+    assert sum(trained[u.removesuffix("@step")] for u in updates) == TRAINED_BYTES
+    for name in updates:
+        assert measured.costs.of(name, "cpu:0") == pytest.approx(
+            1e-9 * trained[name.removesuffix("@step")])
+        assert measured.costs.of(name, "cpu:1") == step.costs.of(name, "cpu:1")
+        assert measured.costs.source_of(name, "cpu:0") == "calibrated"
+        assert measured.costs.source_of(name, "cpu:1") == step.costs.source_of(name, "cpu:1")
+    others = [n.name for n in step.graph.nodes if not n.name.endswith("@step")]
+    assert all(measured.costs.compute_s[n] == step.costs.compute_s[n] for n in others)
+    assert with_measured_updates(step, {}) is step
+
+
+def test_the_all_reduce_is_added_to_the_measured_update() -> None:
+    cluster, _ = resolve_cluster(spec="2xcpu-thread")
+    groups = [("cpu:0",), ("cpu:1",)]
+    restricted = _step(on=groups[0])
+    measured = with_measured_updates(restricted, {"cpu:0": 1e-9})
+    both = with_allreduce(measured, cluster, groups)
+    alone = with_allreduce(restricted, cluster, groups)
+    name = next(n.name for n in restricted.graph.nodes if n.name.endswith("@step"))
+    # The same all-reduce on top of either price of the update.
+    assert both.costs.of(name, "cpu:0") - measured.costs.of(name, "cpu:0") == pytest.approx(
+        alone.costs.of(name, "cpu:0") - restricted.costs.of(name, "cpu:0"))
+
+
+def test_a_profiled_plan_charges_the_update_measured_and_says_so(tmp_path) -> None:
+    from autoplace.pipeline import plan
+    from autoplace.profile import open_cache
+
+    model, args, kwargs = _loss_model()
+    planned = plan(model.model, args, devices="2xcpu-thread", time_limit_s=1, whatif=False,
+                   min_gain=0.0, mode="training", optimizer="adam", loss=F.cross_entropy,
+                   example_targets=kwargs["targets"], profile=True, emit=False, replicas=2,
+                   cache=open_cache(path=str(tmp_path / "c.sqlite3")))
+    (note,) = [n for n in planned.notes if n.startswith("adam update measured")]
+    assert any(n.startswith("forward measured whole, with autograd recording: ")
+               for n in planned.notes)
+    assert f"for all {TRAINED_BYTES} trainable bytes on cpu:0" in note
+    graph, costs = planned.problem.graph, planned.problem.costs
+    updates = [n.name for n in graph.nodes if n.name.endswith("@step")]
+    assert updates and all(costs.source_of(u, "cpu:0") == "calibrated" for u in updates)
