@@ -213,7 +213,7 @@ def _raise(exc: type[BaseException]):
 
 # (command, what crashes): stages that run before anything is written, and the writers.
 CRASHES = [
-    ("plan", "autoplace.pipeline.trace_model"),
+    ("plan", "autoplace.pipeline.forward.trace_model"),
     ("plan", "autoplace.pipeline.solve"),
     ("plan", "autoplace.emit.verify"),
     ("plan", "autoplace.report.write_report"),

@@ -1,33 +1,18 @@
-"""The pipeline, wired: trace -> cost -> fold -> solve (simulating every candidate) -> emit ->
-verify -> report. The plan's problem is the folded traced graph (only zero-cost ops folded, so
-lossless): its makespan, memory, bound, gap and baselines hold for the traced graph. The solver
-coarsens it to ``max_nodes`` for CP-SAT only as an aid. ``plan`` is the Python API behind
-``autoplace plan`` and ``solve_graph`` the one behind ``autoplace solve``; each returns a
-``Plan`` and writes nothing. ``save`` writes a plan's output directory (``plan.json``, the
-report, the emitted model), all at once.
-"""
+"""The pipeline for a training plan: one step of the model and its loss planned
+(``plan_step``: replica counts, micro-batches, schedules, recomputation, each solved), then the
+emitted model trained beside the original and its step's memory measured (``check_step``).
+``autoplace.pipeline.plan`` calls both with ``mode="training"``."""
 
 from __future__ import annotations
 
-import dataclasses
-import datetime as _dt
-import json
-import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import torch
 
-import autoplace.emit
-import autoplace.report as report
-from autoplace.cluster import resolve_cluster
-from autoplace.coarsen import DEFAULT_MAX_NODES, fold
-from autoplace.cost import analytic_cpu_note
-from autoplace.cost import costs as cost_nodes
-from autoplace.emit import check_step_memory, emit_and_verify, train_emitted
-from autoplace.emit.ddp import REPLICA_SHARDS, microbatching, replicas_of, write_train_script
+from autoplace.emit import check_step_memory, train_emitted
+from autoplace.emit.ddp import REPLICA_SHARDS, microbatching
 from autoplace.emit.microbatch import (
     action_order,
     batch_size,
@@ -38,26 +23,14 @@ from autoplace.emit.microbatch import (
 )
 from autoplace.emit.replicas import verify_replicas
 from autoplace.errors import AutoplaceError, InfeasibleError
-from autoplace.formats.output import atomic_output_dir
-from autoplace.formats.plan import BaselineResult, Plan, SolverRecord, Verification
-from autoplace.ir import Cluster, OpGraph, Placement, Problem, Schedule
-from autoplace.load import normalize_inputs
-from autoplace.simulate import simulate
-from autoplace.simulate.schedules import SCHEDULES, microbatch_name, schedule_run
-from autoplace.solve import DEFAULT_TIME_LIMIT_S, SolveOptions, SolveResult, solve
-from autoplace.solve.accelerate import accelerate_baselines
-from autoplace.solve.baselines import DEFAULT_MIN_GAIN, check_min_gain, prefer_single
+from autoplace.formats.plan import Plan
+from autoplace.ir import Cluster, Problem, Schedule
+from autoplace.pipeline.forward import Forward, Tracing, traced_problem
+from autoplace.simulate.schedules import SCHEDULES, schedule_run
+from autoplace.solve import SolveOptions, SolveResult, solve
 from autoplace.solve.bounds import lower_bound_s
-from autoplace.solve.whatif import restrict, whatif_options, whatif_table
-from autoplace.trace import trace_model
-from autoplace.train import (
-    TRAINING_NOTE,
-    check_training,
-    loss_model,
-    step_problem,
-    training_memory,
-    training_targets,
-)
+from autoplace.solve.whatif import restrict
+from autoplace.train import step_problem, training_memory
 from autoplace.train.dataparallel import replica_groups, with_allreduce
 from autoplace.train.recompute import (
     Recomputed,
@@ -66,194 +39,16 @@ from autoplace.train.recompute import (
 )
 from autoplace.train.updates import with_measured_forward, with_measured_updates
 
-__all__ = ["plan", "save", "solve_graph"]
+__all__ = ["Batch", "Step", "check_step", "plan_step"]
 
 PLAN = "plan"  # the solver's placement among the candidates of ``_solve_recomputing``
-
-
-def plan(
-    model: torch.nn.Module,
-    example_inputs: Any,
-    *,
-    devices: str | Cluster | None = None,
-    cluster_file: str | None = None,
-    time_limit_s: float = DEFAULT_TIME_LIMIT_S,
-    solver: str = "cpsat",
-    max_nodes: int = DEFAULT_MAX_NODES,
-    emit: bool = True,
-    verify: bool = True,
-    check_memory: bool | None = None,
-    seed: int = 0,
-    name: str = "model",
-    whatif: bool = True,
-    objective: str = "latency",
-    contiguous: bool = False,
-    deterministic: bool = False,
-    profile: bool = False,
-    cache: Any = None,
-    progress: bool = False,
-    min_gain: float = DEFAULT_MIN_GAIN,
-    mode: str = "inference",
-    optimizer: str = "adam",
-    loss: Callable[..., torch.Tensor] | None = None,
-    example_targets: Any = (),
-    microbatches: int = 1,
-    schedule: str = "auto",
-    replicas: int | str = "auto",
-    recompute: str = "auto",
-) -> Plan:
-    """Plan ``model`` on ``devices`` (a spec such as ``"2xA100-40GB"``, a ``Cluster``, or
-    ``None`` for the GPUs found / the default simulated set).
-
-    With ``profile`` the devices that are here are profiled (``autoplace.profile``): their ops
-    and links are measured, and devices that are not here get calibrated costs where the cache
-    (``cache``, an ``autoplace.profile.ProfileCache``; default: the one at its documented
-    location) holds a fit for their kind. Without it, costs are analytic.
-
-    The model is switched to ``eval()`` mode: autoplace plans inference. With ``emit`` the
-    partitioned model is built (``Plan.emitted``) and, with ``verify``, checked against the
-    original with ``torch.testing.assert_close`` and its peak memory per device measured against
-    the plan's (failing above it with ``check_memory``; ``None`` means
-    ``autoplace.emit.ENFORCE_PEAK_DEFAULT``). With ``whatif`` the model is also re-solved,
-    briefly, on the first 1, 2, ... of the devices (``Plan.whatif``, the report's what-if
-    table). accelerate's sequential and balanced device maps, where accelerate is installed, are
-    among the baselines. A split that gains less than ``min_gain`` (a fraction) over the best
-    single device is not made: the plan is that device, and says why (``Plan.min_gain``).
-
-    ``mode="training"`` plans one training step with ``optimizer`` (``autoplace.train``): the
-    model followed by ``loss(outputs, *example_targets)`` (or, without ``loss``, the model's
-    own scalar loss) is traced, and each forward node gets a colocated backward and optimizer
-    step. The emitted model computes the loss; verifying it also trains it beside the original
-    (``emit.training.verify_training``: losses, gradients and parameters after 3 steps).
-    With ``microbatches`` M > 1 the batch is cut into M micro-batches
-    (``emit.microbatch.split_batch``), one micro-batch is traced, and the step runs M of them
-    in ``schedule``'s order: ``gpipe``, ``1f1b`` or ``auto`` (each solved with half the time,
-    the faster kept); the emitted model runs them so (``emit.microbatch.train_step``).
-    ``replicas`` (``auto``, or a whole number R): data-parallel replicas of the step, each
-    placed on its group of the devices with its shard of the batch and the gradients'
-    all-reduce (``train.dataparallel``); ``auto`` plans every R the devices, the batch and
-    the loss allow and keeps the fastest step. The plan is one replica's. ``recompute``
-    (with micro-batches): ``auto`` recomputes each micro-batch's activations in its backward
-    on the devices a placement overflows without it (``train.recompute``), ``all`` on every
-    device, ``off`` never.
-    """
-    check_min_gain(min_gain)
-    check_training(mode, optimizer, microbatches, schedule, replicas, recompute)
-    options = SolveOptions(time_limit_s=time_limit_s, seed=seed, deterministic=deterministic,
-                           objective=objective, contiguous=contiguous, solver=solver,
-                           max_nodes=max_nodes)
-    cluster, found = resolve_cluster(spec=devices if isinstance(devices, str) else None,
-                                     cluster=devices if isinstance(devices, Cluster) else None,
-                                     cluster_file=cluster_file)
-    notes: list[str] = list(found)
-    args, kwargs = normalize_inputs(example_inputs, where="example_inputs")
-    model.eval()
-    trace = _Tracing(name=name, profile=profile, cache=cache, progress=progress)
-    if mode == "training":
-        targets = training_targets(example_targets)
-        model = loss_model(model, loss, args, kwargs, targets)
-        notes.append(TRAINING_NOTE)
-        step = _plan_step(model, (args, {**kwargs, "targets": targets}), cluster, options,
-                          trace, optimizer=optimizer, microbatches=microbatches,
-                          schedule=schedule, replicas=replicas, recompute=recompute,
-                          notes=notes)
-        forward, problem, solved, (args, kwargs) = (step.forward, step.problem, step.solved,
-                                                    step.batches[0])
-    else:
-        forward = _traced_problem(model, args, kwargs, cluster, trace, notes)
-        problem = forward.problem
-        extra, accelerate_notes = accelerate_baselines(model, forward.graph, problem)
-        notes += accelerate_notes
-        solved = solve(problem, options=options, extra_baselines=extra)
-    traced, profiled, folded = forward.traced, forward.profiled, forward.folded
-    result, gain = _min_gain(solved, min_gain)
-    if mode == "training" and result.schedule is not solved.schedule and step.single:
-        # the single device chosen, with its own recomputing graph
-        step = replace(step, problem=step.single.problem, recompute=step.single.devices)
-        problem = step.problem
-    notes += result.notes
-    # After Ctrl-C the user wants the plan so far now, not more solving for the what-if table.
-    recomputing = mode == "training" and bool(step.recompute)
-    scaling = whatif_table(problem, full=result, options=whatif_options(options)
-                           ) if whatif and result.solver.status != "INTERRUPTED" and (
-                               not recomputing) else None
-    if whatif and recomputing:
-        notes.append("no what-if table: the recomputing step's graph is its placement's")
-    planned = _plan_of(result, problem, name=name, tracer=traced.tracer,
-                       coarsening={"traced_ops": folded.traced_ops,
-                                   "plan_nodes": len(problem.graph.nodes),
-                                   "steps": [*folded.steps, *result.coarsening]})
-    if mode == "training":
-        planned = replace(planned, training=step.record(optimizer, result.schedule))
-        if step.problem.pipeline_schedule != planned.training["schedule"] and (
-                step.microbatches > 1):
-            notes.append("1F1B's order needs the devices to form stages, and these feed each "
-                         "other both ways (a tied weight read at both ends, say): the step "
-                         "runs GPipe's order")
-    if emit:
-        planned, emit_notes = _emit(planned, traced, model, args, kwargs,
-                                    forward=forward.problem, verify=verify,
-                                    check_memory=check_memory,
-                                    step=step if mode == "training" else None)
-        notes += emit_notes
-    return replace(planned, notes=tuple(notes), whatif=scaling, min_gain=gain,
-                   profile=profiled.to_dict() if profiled else None)
-
-
-@dataclass(frozen=True)
-class _Tracing:
-    """How ``plan`` traces and costs a model (``_traced_problem``): the plan's name, and
-    whether and how the devices here are profiled."""
-
-    name: str
-    profile: bool
-    cache: Any
-    progress: bool
-
-
-@dataclass(frozen=True)
-class _Forward:
-    """A traced model, costed and folded: the forward problem the solver (or, for training,
-    ``train.step_problem``) takes."""
-
-    traced: Any
-    profiled: Any
-    graph: OpGraph
-    folded: Any
-    problem: Problem
-
-
-def _traced_problem(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-                    cluster: Cluster, how: _Tracing, notes: list[str]) -> _Forward:
-    """Trace, profile (with ``how.profile``), cost and fold ``model`` on ``args``/``kwargs``:
-    its forward problem on ``cluster`` (with the links measured here, when profiled)."""
-    traced = trace_model(model, args, kwargs, name=how.name)
-    notes += traced.notes
-    profiled, graph = None, traced.graph
-    if how.profile:
-        from autoplace.profile import open_cache, profile_model
-
-        cache = how.cache if how.cache is not None else open_cache()
-        profiled = profile_model(traced, model, args, kwargs, cluster, cache=cache,
-                                 progress=how.progress)
-        notes += profiled.notes
-        cluster = profiled.apply_links(cluster)
-        graph = profiled.with_workspace(graph)
-    costs = cost_nodes(graph, cluster,
-                       measured=profiled.measured() if profiled else None,
-                       fits=profiled.fits if profiled else None,
-                       launcher=profiled.launcher if profiled else None)
-    notes += [n for n in [analytic_cpu_note(graph, cluster, costs)] if n]
-    folded = fold(graph, costs)
-    return _Forward(traced=traced, profiled=profiled, graph=graph, folded=folded,
-                    problem=Problem(graph=folded.graph, cluster=cluster, costs=folded.costs))
 
 
 Batch = tuple[tuple[Any, ...], dict[str, Any]]
 
 
 @dataclass(frozen=True)
-class _Solved:
+class Solved:
     """A training step solved: its problem (with recomputation, the chosen placement's graph,
     ``train.recompute``), the solve's result, the devices that recompute, and, where they
     do, the single-device baseline as recomputed (``--min-gain`` may choose it: its graph is
@@ -266,7 +61,7 @@ class _Solved:
 
 
 @dataclass(frozen=True)
-class _Step:
+class Step:
     """A training step as planned: ``replicas`` data-parallel replicas (each on its
     ``groups`` entry, ``groups[0]`` the planned one), each on its shard of the ``whole`` batch
     cut into ``microbatches`` (``batches``: replica 0's), the loss the ``rule`` of theirs;
@@ -279,7 +74,7 @@ class _Step:
     whole: Batch
     batches: tuple[Batch, ...]
     rule: str | None
-    forward: _Forward
+    forward: Forward
     problem: Problem
     solved: SolveResult
     recompute: tuple[str, ...] = ()
@@ -312,9 +107,9 @@ class _Step:
                 "check": {"status": "skipped"}}
 
 
-def _plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: SolveOptions,
-               how: _Tracing, *, optimizer: str, microbatches: int, schedule: str,
-               replicas: int | str, recompute: str, notes: list[str]) -> _Step:
+def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: SolveOptions,
+               how: Tracing, *, optimizer: str, microbatches: int, schedule: str,
+               replicas: int | str, recompute: str, notes: list[str]) -> Step:
     """The training step of ``model`` (a ``train.LossModel``) on the ``whole`` batch: for each
     replica count R (``replicas``, or ``auto``: every R that divides the devices into alike
     groups, ``train.dataparallel``), one replica's shard cut into micro-batches, one
@@ -323,7 +118,7 @@ def _plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: 
     step that fits kept, and why said."""
     counts = _replica_counts(model, whole, cluster, replicas, microbatches, notes)
     share = replace(options, time_limit_s=options.time_limit_s / len(counts))
-    found: dict[int, tuple[_Step, list[str]]] = {}
+    found: dict[int, tuple[Step, list[str]]] = {}
     failure: InfeasibleError | None = None
     for r, groups in counts:
         mine: list[str] = []
@@ -333,7 +128,7 @@ def _plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: 
             rule = loss_rule(model, *shard, batches)
             mine.append(f"{microbatches} micro-batches of {batch_size(batches[0], parts=1)}: "
                         f"the batch's loss is the {rule} of theirs")
-        forward = _traced_problem(model, *batches[0], cluster, how, mine)
+        forward = traced_problem(model, *batches[0], cluster, how, mine)
         full = forward.problem.cluster
         if r > 1:
             forward = replace(forward, problem=restrict(forward.problem, groups[0]))
@@ -352,7 +147,7 @@ def _plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: 
             failure = failure or exc  # R=1's, over every device, says the most
             continue
         torch_groups = tuple(tuple(full.device(d).torch_device for d in g) for g in groups)
-        found[r] = _Step(groups=tuple(groups), torch_groups=torch_groups, whole=whole,
+        found[r] = Step(groups=tuple(groups), torch_groups=torch_groups, whole=whole,
                          batches=tuple(batches), rule=rule, forward=forward,
                          problem=got.problem, solved=got.result, recompute=got.recompute,
                          single=got.single), mine
@@ -448,7 +243,7 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
                 factors: Mapping[str, float], updates: Mapping[str, float],
                 microbatches: int, schedule: str, recompute: str, notes: list[str],
                 replicated: tuple[Cluster, Sequence[Sequence[str]]]
-                ) -> _Solved:
+                ) -> Solved:
     """The training step's problem, its solve and the devices that recompute: with
     micro-batches under each schedule ``schedule`` names (``auto``: GPipe and 1F1B, each with
     half the time), the faster step that fits kept; with the updates measured (``updates``,
@@ -460,7 +255,7 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
     names = SCHEDULES if schedule == "auto" and microbatches > 1 else (
         (schedule if schedule != "auto" else "gpipe"),)
     share = replace(options, time_limit_s=options.time_limit_s / len(names))
-    found: dict[str, _Solved] = {}
+    found: dict[str, Solved] = {}
     failure: InfeasibleError | None = None
     for name in names:
         step = step_problem(forward, optimizer, backward_factor=factors,
@@ -470,7 +265,7 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
         if recompute != "all" or microbatches == 1:
             try:
                 solved = solve(problem, options=share)
-                found[name] = _Solved(problem, solved)
+                found[name] = Solved(problem, solved)
             except InfeasibleError as exc:
                 failure = exc
         if microbatches > 1 and (recompute == "all" or recompute == "auto" and (
@@ -503,7 +298,7 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
 
 
 def _solve_recomputing(problem: Problem, plain: SolveResult | None, options: SolveOptions, *,
-                       every: bool, notes: list[str]) -> _Solved | None:
+                       every: bool, notes: list[str]) -> Solved | None:
     """The step ``problem`` placed with recomputation (``train.recompute``) on the devices
     that overflow without it (``every``: on every device it uses): the solver's placement and
     every baseline's, of ``plain`` (the solve without recomputation, ``None`` where nothing
@@ -545,7 +340,7 @@ def _solve_recomputing(problem: Problem, plain: SolveResult | None, options: Sol
         baselines={n: r.schedule for n, r in scored.items() if n != PLAN},
         solver=replace(base.solver, status=status, objective_s=best.schedule.objective_s(
             options.objective)), notes=())
-    return _Solved(best.problem, result, best.devices, scored.get("single-device"))
+    return Solved(best.problem, result, best.devices, scored.get("single-device"))
 
 
 def _backward_factors(profiled: Any, model: torch.nn.Module, args: tuple[Any, ...],
@@ -606,34 +401,15 @@ def _update_rates(profiled: Any, model: torch.nn.Module, args: tuple[Any, ...],
     return rates
 
 
-def _emit(planned: Plan, traced: Any, model: torch.nn.Module, args: tuple[Any, ...],
-          kwargs: dict[str, Any], *, forward: Problem, verify: bool,
-          check_memory: bool | None, step: _Step | None) -> tuple[Plan, list[str]]:
-    """The partitioned model of ``planned``, verified. A training plan (its ``step``) emits
-    its forward nodes (of micro-batch 0, of replica 0) as placed (backward and optimizer steps
-    follow them: autograd and ``torch.optim`` run where the forward ran and the weights live);
-    its outputs and forward memory are checked against that forward alone (on ``args``,
-    ``kwargs``: one micro-batch of one replica's shard), and then it is trained beside the
-    original on the whole batch: its micro-batches in the plan's order, its replicas as
-    processes (under DistributedDataParallel, or each running its micro-batches and then
-    averaging the gradients, ``emit.ddp``)."""
-    problem, schedule, device_of_op = planned.problem, planned.schedule, planned.device_of_op
-    count = step.microbatches if step is not None else 1
-    if step is not None:
-        device_of = {n.name: planned.schedule.placement.device_of[
-            microbatch_name(n.name, 0) if count > 1 else n.name] for n in forward.graph.nodes}
-        problem = forward
-        schedule = simulate(forward, Placement(device_of=device_of))
-        device_of_op = {op: device_of[n.name] for n in forward.graph.nodes for op in n.ops}
-    emitted, verification, notes = emit_and_verify(
-        traced, model, args, kwargs, problem=problem, schedule=schedule,
-        device_of_op=device_of_op, check_outputs=verify, check_memory=check_memory)
-    planned = replace(planned, emitted=emitted, verification=Verification.from_dict(verification))
-    if step is None or emitted is None:
-        return planned, notes
-    emitted.example_inputs = step.whole  # `autoplace run --train` cuts the whole batch again
-    if not verify:
-        return planned, notes
+def check_step(planned: Plan, emitted: Any, model: torch.nn.Module, step: Step,
+               check_memory: bool | None) -> tuple[Plan, list[str]]:
+    """Train ``emitted`` (a training plan's model) beside the original ``model`` on the whole
+    batch: its micro-batches in the plan's order, its replicas as processes (under
+    DistributedDataParallel, or each running its micro-batches and then averaging the
+    gradients, ``emit.ddp``); then measure its step's memory (``_step_memory``). The plan
+    with ``training.check`` filled in, and the notes."""
+    notes: list[str] = []
+    count = step.microbatches
     args, kwargs = step.whole
     inputs = {k: v for k, v in kwargs.items() if k != "targets"}
     optimizer = planned.training["optimizer"]
@@ -662,7 +438,7 @@ def _emit(planned: Plan, traced: Any, model: torch.nn.Module, args: tuple[Any, .
     return replace(planned, training={**planned.training, "check": check | memory}), notes
 
 
-def _step_memory(emitted: Any, planned: Plan, step: _Step,
+def _step_memory(emitted: Any, planned: Plan, step: Step,
                  check_memory: bool | None) -> tuple[dict[str, Any], str]:
     """The emitted step's peak per device, measured in this process on replica 0's batch
     (``emit.check_step_memory``) against the plan's: its micro-batches in the plan's order on
@@ -684,81 +460,3 @@ def _step_memory(emitted: Any, planned: Plan, step: _Step,
     return check_step_memory(emitted, run, optimizer=planned.training["optimizer"],
                              problem=planned.problem, schedule=planned.schedule,
                              check_memory=check_memory)
-
-
-def solve_graph(
-    problem: Problem,
-    *,
-    objective: str = "latency",
-    contiguous: bool = False,
-    time_limit_s: float = DEFAULT_TIME_LIMIT_S,
-    solver: str = "cpsat",
-    seed: int = 0,
-    deterministic: bool = False,
-    notes: Sequence[str] = (),
-    min_gain: float = DEFAULT_MIN_GAIN,
-) -> Plan:
-    """Place a task graph read with ``autoplace.formats.graph`` (no model to trace or emit): the
-    Python API behind ``autoplace solve``. ``notes`` (from ``resolve_cluster``) lead the plan's;
-    ``min_gain`` as for ``plan``."""
-    check_min_gain(min_gain)
-    options = SolveOptions(time_limit_s=time_limit_s, seed=seed, deterministic=deterministic,
-                           objective=objective, contiguous=contiguous, solver=solver)
-    result, gain = _min_gain(solve(problem, options=options), min_gain)
-    planned = _plan_of(result, problem, name=problem.graph.name, tracer="graph",
-                       coarsening={"traced_ops": len(problem.graph.nodes),
-                                   "plan_nodes": len(problem.graph.nodes), "steps": []})
-    return replace(planned, notes=(*notes, *result.notes), min_gain=gain)
-
-
-def _min_gain(result: SolveResult, min_gain: float) -> tuple[SolveResult, dict[str, Any]]:
-    """The ``--min-gain`` policy (``baselines.prefer_single``) applied to a solve's result, and
-    the record ``plan.json`` keeps of it."""
-    chosen, why = prefer_single(result.schedule, result.baselines, result.objective, min_gain)
-    record = {"threshold": min_gain, "single_device_chosen": why is not None, "reason": why}
-    if why is None:
-        return result, record
-    return replace(result, schedule=chosen, notes=(*result.notes, why)), record
-
-
-def _plan_of(result: SolveResult, problem: Problem, *, name: str, tracer: str,
-             coarsening: Mapping[str, Any]) -> Plan:
-    return Plan(
-        problem=problem,
-        schedule=result.schedule,
-        lower_bound_s=result.lower_bound_s,
-        solver=SolverRecord(**{f.name: getattr(result.solver, f.name)
-                               for f in dataclasses.fields(result.solver)}),
-        baselines={k: BaselineResult.of(v) for k, v in result.baselines.items()}
-        | {k: BaselineResult.of(None, not_run=why) for k, why in result.not_run.items()},
-        best_single_device=result.best_single_device,
-        model=name,
-        objective=result.objective,
-        contiguous=result.contiguous,
-        tracer=tracer,
-        coarsening=coarsening,
-        created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-    )
-
-
-def save(plan: Plan, directory: str | os.PathLike[str]) -> Path:
-    """Write ``plan.json``, the report (``report.html``, ``summary.md``, ``summary.txt``) and,
-    when the plan carries an emitted model, ``model/`` (and ``train.py``, the torchrun entry
-    point of a training plan's data-parallel replicas) into ``directory``, atomically: into a
-    temporary directory beside it, renamed into place (an older one is replaced); on any
-    failure nothing is left behind. Returns the directory."""
-    data = plan.to_dict()
-
-    def write(tmp: Path) -> None:
-        (tmp / "plan.json").write_text(json.dumps(data, indent=1) + "\n")
-        report.write_report(tmp, plan)
-        if plan.emitted is not None:
-            autoplace.emit.save_model(plan.emitted, tmp / "model")
-            if replicas_of(plan.training) > 1:  # their torchrun entry point
-                write_train_script(tmp, optimizer=plan.training["optimizer"],
-                                   replicas=replicas_of(plan.training),
-                                   groups=plan.training.get("replica_torch_devices"),
-                                   microbatches=microbatching(plan.training, plan.emitted,
-                                                              plan.problem, plan.schedule))
-
-    return atomic_output_dir(directory, write)

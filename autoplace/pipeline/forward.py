@@ -1,0 +1,67 @@
+"""The pipeline's first stages for a model: trace -> profile -> cost -> fold, its forward problem
+(``traced_problem``), which ``plan`` solves (inference) or turns into a training step's
+(``step.py``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from autoplace.coarsen import fold
+from autoplace.cost import analytic_cpu_note
+from autoplace.cost import costs as cost_nodes
+from autoplace.ir import Cluster, OpGraph, Problem
+from autoplace.trace import trace_model
+
+__all__ = ["Forward", "Tracing", "traced_problem"]
+
+
+@dataclass(frozen=True)
+class Tracing:
+    """How ``plan`` traces and costs a model (``traced_problem``): the plan's name, and
+    whether and how the devices here are profiled."""
+
+    name: str
+    profile: bool
+    cache: Any
+    progress: bool
+
+
+@dataclass(frozen=True)
+class Forward:
+    """A traced model, costed and folded: the forward problem the solver (or, for training,
+    ``train.step_problem``) takes."""
+
+    traced: Any
+    profiled: Any
+    graph: OpGraph
+    folded: Any
+    problem: Problem
+
+
+def traced_problem(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                    cluster: Cluster, how: Tracing, notes: list[str]) -> Forward:
+    """Trace, profile (with ``how.profile``), cost and fold ``model`` on ``args``/``kwargs``:
+    its forward problem on ``cluster`` (with the links measured here, when profiled)."""
+    traced = trace_model(model, args, kwargs, name=how.name)
+    notes += traced.notes
+    profiled, graph = None, traced.graph
+    if how.profile:
+        from autoplace.profile import open_cache, profile_model
+
+        cache = how.cache if how.cache is not None else open_cache()
+        profiled = profile_model(traced, model, args, kwargs, cluster, cache=cache,
+                                 progress=how.progress)
+        notes += profiled.notes
+        cluster = profiled.apply_links(cluster)
+        graph = profiled.with_workspace(graph)
+    costs = cost_nodes(graph, cluster,
+                       measured=profiled.measured() if profiled else None,
+                       fits=profiled.fits if profiled else None,
+                       launcher=profiled.launcher if profiled else None)
+    notes += [n for n in [analytic_cpu_note(graph, cluster, costs)] if n]
+    folded = fold(graph, costs)
+    return Forward(traced=traced, profiled=profiled, graph=graph, folded=folded,
+                    problem=Problem(graph=folded.graph, cluster=cluster, costs=folded.costs))
