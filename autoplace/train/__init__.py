@@ -12,17 +12,21 @@ plans the step, and trains the emitted model beside the original
 (``autoplace.emit.training``); ``autoplace run --train`` trains it. With micro-batches the step
 graph holds one copy of the forward and backward per micro-batch, run in GPipe's or 1F1B's
 order (``simulate.schedules``); ``dataparallel.py`` weighs data-parallel replicas and charges
-their gradients' all-reduce. Not yet here: mixed precision, recomputation, replicas of a
-micro-batched step, and the memory of a training step measured on the emitted model.
+their gradients' all-reduce. ``precision.py``: ``--dtype``, the model cast to bfloat16 or
+float16 before tracing and trained in mixed precision (float32 master weights,
+``emit.optimizer.MasterWeights``). Not yet here: recomputation, replicas of a micro-batched
+or mixed-precision step, and the memory of a training step measured on the emitted model.
 """
 
 from autoplace.errors import AutoplaceError
 from autoplace.simulate.schedules import SCHEDULES
 from autoplace.train.graph import OPTIMIZERS, Optimizer, step_problem, training_memory
+from autoplace.train.precision import DTYPES, check_dtype
 from autoplace.train.wrap import LossModel, loss_model, training_targets
 
-__all__ = ["MODES", "OPTIMIZERS", "TRAINING_NOTE", "LossModel", "Optimizer", "check_training",
-           "loss_model", "step_problem", "training_memory", "training_targets"]
+__all__ = ["DTYPES", "MODES", "OPTIMIZERS", "TRAINING_NOTE", "LossModel", "Optimizer",
+           "check_dtype", "check_training", "loss_model", "step_problem", "training_memory",
+           "training_targets"]
 
 MODES = ("inference", "training")
 TRAINING_NOTE = ("training plan: one step of one batch, planned and checked with the layers "
