@@ -12,7 +12,8 @@ those leaves for their producers. Parameters accumulate their gradient over the 
 in ``.grad``, and the caller steps the optimizer once.
 
 The loss of the batch is the mean (or the sum) of the micro-batches' losses (``loss_rule``
-checks which on the example); each micro-batch's backward starts from ``1/M`` (or 1).
+checks which on the example); each micro-batch's backward starts from ``1/M`` (or 1), times
+float16's loss scale.
 
 ``split_batch`` cuts the example inputs and targets into micro-batches (and, for data-parallel
 replicas, ``ddp.py``, into shards): the batch size is the first dimension of the first tensor
@@ -94,10 +95,13 @@ def loss_rule(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
     """``mean`` or ``sum``: how the batch's loss combines the micro-batches' losses on the
     example (``model`` returns the loss). Raises ``AutoplaceError`` when neither does."""
     with torch.no_grad():
-        whole = model(*args, **kwargs).detach().double()
+        loss = model(*args, **kwargs).detach()
+        whole = loss.double()
         parts = torch.stack([model(*a, **k).detach().double() for a, k in batches])
+    # a half loss (--dtype) is rounded to its precision: 2 eps of it (float16 2e-3)
+    rtol = max(1e-5, 2 * torch.finfo(loss.dtype).eps) if loss.is_floating_point() else 1e-5
     for rule, combined in (("mean", parts.mean()), ("sum", parts.sum())):
-        if torch.allclose(whole, combined, rtol=1e-5, atol=1e-6 * float(abs(whole))):
+        if torch.allclose(whole, combined, rtol=rtol, atol=1e-6 * float(abs(whole))):
             return rule
     raise AutoplaceError(
         f"the loss does not split over {len(batches)} micro-batches: the batch's loss is "
@@ -179,17 +183,20 @@ def stepper(model: torch.nn.Module, problem: Problem, schedule: Schedule,
     ``problem`` (``action_order``, found once), as a function to call each step."""
     order = action_order(model, problem, schedule, len(batches))
 
-    def step() -> torch.Tensor:
-        return train_step(model, batches, order, rule)
+    def step(*, loss_scale: float = 1.0) -> torch.Tensor:
+        return train_step(model, batches, order, rule, loss_scale=loss_scale)
 
     return step
 
 
 def train_step(model: torch.nn.Module, batches: Sequence[Batch], order: Sequence[Action],
-               rule: str, *, threads: bool | None = None) -> torch.Tensor:
+               rule: str, *, threads: bool | None = None, loss_scale: float = 1.0
+               ) -> torch.Tensor:
     """Run the forward and backward of every micro-batch in ``batches`` through ``model``'s
     segments in ``order`` (``action_order``), accumulating the parameters' gradients; returns
     the batch's loss (detached), the ``rule`` (``mean`` or ``sum``) of the micro-batches'.
+    ``loss_scale``: float16's loss scale (``optimizer.MasterWeights``), by which each
+    micro-batch's backward seed is multiplied (the loss returned is not scaled).
 
     With ``threads`` (by default, where every segment is on a CPU device and there are
     several), each planned device runs its own actions in that order on a worker thread of
@@ -211,7 +218,7 @@ def train_step(model: torch.nn.Module, batches: Sequence[Batch], order: Sequence
     if seen != set(needs):
         raise EmitError(f"the order leaves out {len(set(needs) - seen)} of the step's actions, "
                         f"e.g. {sorted(set(needs) - seen)[0]}: use action_order's")
-    step = _Actions(model, batches, 1.0 / len(batches) if rule == "mean" else 1.0)
+    step = _Actions(model, batches, 1.0 / len(batches) if rule == "mean" else 1.0, loss_scale)
     if threads is None:
         threads = (len({s.planned_device for s in info}) > 1
                    and all(torch.device(s.device).type == "cpu" for s in info))
@@ -227,8 +234,9 @@ class _Actions:
     """The state of one step while its actions run: each micro-batch's values by name, the
     gradients its backwards hand on, and each forward's detached inputs and outputs."""
 
-    def __init__(self, model: torch.nn.Module, batches: Sequence[Batch], scale: float) -> None:
-        self.model, self.scale = model, scale
+    def __init__(self, model: torch.nn.Module, batches: Sequence[Batch], scale: float,
+                 loss_scale: float = 1.0) -> None:
+        self.model, self.scale, self.seed = model, scale, scale * loss_scale
         self.values = [dict(zip(model.input_names,
                                 fx_pytree.tree_flatten_spec((list(a), k), model._in_spec)))
                        for a, k in batches]
@@ -261,7 +269,7 @@ class _Actions:
         for name, out in zip(seg.outputs, outputs):
             if name in self.model.output_names:
                 self.losses.append(out.detach())
-                self.grads[k][name] = torch.full_like(out, self.scale)
+                self.grads[k][name] = torch.full_like(out, self.seed)
 
     def backward(self, s: int, k: int) -> None:
         seg, grads = self.model.segment_info[s], self.grads[k]

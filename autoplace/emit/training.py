@@ -8,44 +8,65 @@ original and on the emitted model, from the same weights, and compares the loss 
 then the gradients and the updated parameters, with ``torch.testing.assert_close``. Under Adam
 the parameters are compared where the update is well conditioned (``_conditioned``); the
 others are set to the original's before the next step (``_resync``), and the record counts
-them.
+them. A model in a half dtype (mixed precision) is stepped by ``optimizer.MasterWeights`` on
+both sides and compared with that dtype's ``TOLERANCES``, each step from the same float32
+masters.
 """
 
 from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import torch
 
+from autoplace.emit.optimizer import MasterWeights, make_optimizer
 from autoplace.errors import VerificationError
 
-__all__ = ["TRAINING_STEPS", "make_optimizer", "verify_training"]
+__all__ = ["TOLERANCES", "TRAINING_STEPS", "make_optimizer", "verify_training"]
 
 TRAINING_STEPS = 3
+# float16: steps the check may skip for an overflow (``MasterWeights``), beside the steps it
+# compares: enough to halve GradScaler's initial scale 2**16 down to 1.
+SKIP_LIMIT = 16
 # Adam's eps is 1e-8: an element whose gradient's root mean square is below 100 x eps has an
 # ill-conditioned update (see ``_conditioned``).
 ADAM_CONDITIONED = 1e-6
 # assert_close's float32 rtol; the atol is this share of the tensor's largest magnitude.
 RTOL, ATOL = 1.3e-6, 1e-4
+
+
+class Tolerance(NamedTuple):
+    """``(rtol, atol)`` of the loss, the gradients and the parameters' updates, the atol a
+    share of the tensor's largest magnitude; ``noise``: under Adam, the share of a tensor's
+    largest root second moment (``sqrt(v_hat)``) below which an element's update is not
+    compared (``_conditioned``), beside ``ADAM_CONDITIONED``."""
+
+    loss: tuple[float, float]
+    grad: tuple[float, float]
+    param: tuple[float, float]
+    noise: float = 0.0
+
+
+# Per dtype (docs/training.md, "Mixed precision"). float32's as above, the parameters compared
+# after the update. In a half dtype the loss and the gradients are rounded at every op (eps:
+# bfloat16 2**-7, float16 2**-10), and micro-batches add their gradients in .grad in that
+# dtype, in another order than the whole batch's matmul sums them: assert_close's own rtol for
+# the dtype, and an atol of 2 eps of the tensor's largest element (an element that sums larger
+# terms of both signs is off by their rounding). Each step starts both sides from the same
+# float32 masters (``_restart``), and their updates are compared: the dtype's rtol and 5% of
+# the largest update (measured: 3.6% of Adam's lr for the MLP in 2 bfloat16 micro-batches; a
+# missed update is off by 100%). An Adam element whose sqrt(v_hat) is within the gradients'
+# atol (2 eps of the largest) of zero on both sides is not compared: its gradient's sign is
+# not fixed by them, and Adam moves it by the learning rate either way.
+TOLERANCES: Mapping[str, Tolerance] = {
+    "float32": Tolerance((RTOL, ATOL), (RTOL, ATOL), (RTOL, ATOL)),
+    "bfloat16": Tolerance((1.6e-2, 2**-6), (1.6e-2, 2**-6), (1.6e-2, 0.05), 2**-6),
+    "float16": Tolerance((1e-3, 2**-9), (1e-3, 2**-9), (1e-3, 0.05), 2**-9),
+}
 _SEGMENT = re.compile(r"^seg\d+\.")
-
-
-def make_optimizer(name: str, params: Any, lr: float | None = None) -> torch.optim.Optimizer:
-    """``name``'s ``torch.optim`` optimizer with torch's defaults (``lr`` if given), one tensor
-    at a time (``foreach=False``: the step graph's update temporaries are per tensor)."""
-    extra = {} if lr is None else {"lr": lr}
-    if name == "sgd":
-        return torch.optim.SGD(params, foreach=False, **extra)
-    if name == "sgd-momentum":
-        return torch.optim.SGD(params, momentum=0.9, foreach=False, **extra)
-    if name == "adam":
-        return torch.optim.Adam(params, foreach=False, **extra)
-    if name == "adamw":
-        return torch.optim.AdamW(params, foreach=False, **extra)
-    raise ValueError(f"unknown optimizer {name!r}")
 
 
 def _named(module: torch.nn.Module, prefix: bool) -> dict[str, torch.nn.Parameter]:
@@ -57,45 +78,78 @@ def _named(module: torch.nn.Module, prefix: bool) -> dict[str, torch.nn.Paramete
 def verify_training(emitted: torch.nn.Module, original: torch.nn.Module, args: tuple[Any, ...],
                     kwargs: Mapping[str, Any], targets: tuple[Any, ...], *, optimizer: str,
                     steps: int = TRAINING_STEPS, lr: float | None = None,
-                    emitted_step: Callable[[], torch.Tensor] | None = None) -> dict[str, Any]:
+                    emitted_step: Callable[..., torch.Tensor] | None = None,
+                    dtype: str = "float32") -> dict[str, Any]:
     """Train a copy of ``original`` (a ``train.LossModel``) and ``emitted`` for ``steps``
     steps of ``optimizer`` on the example inputs and targets, and compare them. Returns the
     record (``losses`` of both, the largest differences); raises ``VerificationError`` naming
     the first step and tensor that differ. ``emitted`` is trained in place: emit it again
     for an untrained copy. ``emitted_step`` runs the emitted model's forward and backward
     and returns the batch's loss (``microbatch.train_step``); by default it is called on the
-    whole batch and its loss backpropagated."""
+    whole batch and its loss backpropagated; under float16 it is called with
+    ``loss_scale=`` the scale its backward is to start from.
+
+    ``dtype``: the precision both models are in (``train.precision``); a half one is stepped
+    through float32 master weights (``optimizer.MasterWeights``), whose masters are compared
+    after each update, with that dtype's tolerances (``TOLERANCES``)."""
     reference = copy.deepcopy(original)
     ours, theirs = _named(emitted, prefix=True), _named(reference, prefix=False)
     _known(ours, theirs)
-    opts = [make_optimizer(optimizer, dict.fromkeys(m.values()), lr) for m in (theirs, ours)]
+    opts = [MasterWeights(optimizer, m.values(), dtype=dtype, lr=lr) for m in (theirs, ours)]
+    tolerance = TOLERANCES[opts[0].dtype]
     losses: list[list[float]] = [[], []]
     worst = {"grad": 0.0, "param": 0.0}
     masks: dict[str, torch.Tensor] = {}
-    for step in range(steps):
+    done = 0
+    for step in range(1, steps + SKIP_LIMIT + 1):
+        if done == steps:
+            break
         values = []
         for model, opt, record, run in zip((reference, emitted), opts, losses,
                                            (None, emitted_step)):
             opt.zero_grad()
             if run is None:
                 loss = model(*args, targets=targets, **kwargs)
-                loss.backward()
+                opt.backward(loss)
             else:
-                loss = run()
-            values.append(loss.detach().to("cpu"))
+                loss = run() if opt.loss_scale == 1.0 else run(loss_scale=opt.loss_scale)
+            values.append(loss.detach().to("cpu", torch.float32))
             record.append(float(values[-1]))
-        _close(values[1], values[0], f"the loss at step {step + 1}")
-        _all_trained(ours, theirs, step)
-        for name, p in ours.items():
+        _close(values[1], values[0], f"the loss at step {step}", tolerance.loss)
+        _all_trained(ours, theirs, step - 1)
+        if not all(opt.finite() for opt in opts):
+            # float16: a gradient overflowed under the loss scale. The micro-batches' backward
+            # may overflow where the whole batch's does not, or the other way: both skip
+            # the update and halve the scale, and the check goes on to the next step.
+            for opt in opts:
+                opt.back_off()
+            continue
+        for name, p in ours.items():  # the loss's gradients: float16's are scaled
             worst["grad"] = max(worst["grad"], _close(
-                p.grad, theirs[name].grad, f"the gradient of {name} at step {step + 1}"))
+                p.grad, theirs[name].grad, f"the gradient of {name} at step {step}",
+                tolerance.grad) / opts[0].loss_scale)
+        # under mixed precision each step starts both from the same masters (``_restart``):
+        # their updates are compared
+        start = ({name: opts[0].master(theirs[name]).detach().to("cpu", copy=True)
+                  for name in ours} if opts[1].mixed else {})
         for opt in opts:
             opt.step()
         for name, p in ours.items():
             worst["param"] = max(worst["param"], _compare_update(
-                (opts[0], theirs[name]), (opts[1], p), f"{name} after step {step + 1}",
-                masks, name, follow="emitted"))
-    return {"status": "passed", "optimizer": optimizer, "steps": steps,
+                (opts[0].optimizer, opts[0].master(theirs[name])),
+                (opts[1].optimizer, opts[1].master(p)), f"{name} after step {step}",
+                masks, name, follow="emitted", tolerance=tolerance, start=start.get(name)))
+        if opts[1].mixed:
+            _restart(opts, ours, theirs)
+        opts[1].sync()
+        done += 1
+    if done < steps:
+        raise VerificationError(
+            f"training check failed: float16 gradients overflowed at {SKIP_LIMIT} steps, the "
+            f"loss scale is down to {opts[1].loss_scale:g} ({opts[0].skipped} steps skipped): "
+            "the original's or the emitted model's gradients are not finite")
+    return {"status": "passed", "optimizer": optimizer, "steps": steps, "dtype": opts[0].dtype,
+            "skipped_steps": opts[0].skipped,
             "losses": losses[1], "original_losses": losses[0],
             "max_abs_diff_gradients": worst["grad"], "max_abs_diff_parameters": worst["param"],
             "ill_conditioned_elements": _apart(masks)}
@@ -114,17 +168,22 @@ Updated = tuple[torch.optim.Optimizer, torch.Tensor]
 
 
 def _compare_update(original: Updated, emitted: Updated, what: str,
-                    masks: dict[str, torch.Tensor], name: str, *, follow: str) -> float:
+                    masks: dict[str, torch.Tensor], name: str, *, follow: str,
+                    tolerance: Tolerance | None = None,
+                    start: torch.Tensor | None = None) -> float:
     """``assert_close`` of one parameter after an update, the original's and the emitted
     model's (each with its optimizer), where the update is well conditioned
     (``_conditioned``); the largest difference. The elements set apart join ``masks[name]``
     and the side ``follow`` names (``emitted``, or ``original`` where the emitted model trains
     in other processes) takes the other's values there (``_resync``)."""
     (opt, param), (other, twin) = original, emitted
-    keep = _conditioned(opt, param, other, twin)
+    tolerance = tolerance or TOLERANCES["float32"]
+    keep = _conditioned(opt, param, other, twin, tolerance.noise)
     mine, ref = twin.detach().to("cpu"), param.detach().to("cpu")
+    if start is not None:  # both updated from ``start``: their updates
+        mine, ref = mine - start, ref - start
     worst = _close(mine[keep] if keep is not None else mine,
-                   ref[keep] if keep is not None else ref, what)
+                   ref[keep] if keep is not None else ref, what, tolerance.param)
     if keep is not None and not bool(keep.all()):
         masks[name] = keep & masks.get(name, keep)
         if follow == "emitted":
@@ -132,6 +191,25 @@ def _compare_update(original: Updated, emitted: Updated, what: str,
         else:
             _resync(opt, param, other, twin, ~keep)
     return worst
+
+
+def _restart(opts: Sequence[MasterWeights], ours: Mapping[str, torch.Tensor],
+             theirs: Mapping[str, torch.Tensor]) -> None:
+    """Under mixed precision, the emitted model's masters and optimizer state set to the
+    original's after a step has been compared: each step is checked from the same point.
+    Otherwise a master a rounding apart rounds to another half weight (one bfloat16 ulp of a
+    weight of 0.03 is 1e-4, a tenth of Adam's step), a ReLU flips, and by step 3 a gradient
+    of the 784-256-128-10 MLP cut into 2 micro-batches is off by 13% of its largest element:
+    half-precision noise grown by training, not the split's doing."""
+    (reference, emitted) = opts
+    with torch.no_grad():
+        for name, p in ours.items():
+            mine, twin = emitted.master(p), reference.master(theirs[name])
+            mine.copy_(twin.to(mine.device))
+            state, other = emitted.optimizer.state[mine], reference.optimizer.state[twin]
+            for key, value in other.items():
+                if isinstance(value, torch.Tensor) and key in state:
+                    state[key].copy_(value.to(state[key].device))
 
 
 def _apart(masks: Mapping[str, torch.Tensor]) -> int:
@@ -153,7 +231,8 @@ def _all_trained(ours: Mapping[str, torch.Tensor], theirs: Mapping[str, torch.Te
 
 
 def _conditioned(opt: torch.optim.Optimizer, param: torch.Tensor,
-                 other: torch.optim.Optimizer, twin: torch.Tensor) -> torch.Tensor | None:
+                 other: torch.optim.Optimizer, twin: torch.Tensor,
+                 noise: float = 0.0) -> torch.Tensor | None:
     """Under Adam, the elements whose update can be compared. Where ``sqrt(v_hat)`` is below
     ``ADAM_CONDITIONED`` on *both* sides, yet not zero, the update divides a gradient of about
     ``eps`` by its own root mean square, so float32 rounding in the gradient (1e-9 where it is
@@ -163,8 +242,9 @@ def _conditioned(opt: torch.optim.Optimizer, param: torch.Tensor,
     sum in another order: a key bias's gradient, zero in exact arithmetic, is 0 on one side and
     4e-11 on the other, which Adam turns into a step of 0.35% of the learning rate). An element
     well conditioned on either side (a gradient lost on one side), or zero on both, is compared.
-    None (compare every element) for SGD."""
-    small = [_small(o, t) for o, t in ((opt, param), (other, twin))]
+    In a half dtype the bound is also ``noise`` times the tensor's largest ``sqrt(v_hat)``
+    (``Tolerance.noise``). None (compare every element) for SGD."""
+    small = [_small(o, t, noise) for o, t in ((opt, param), (other, twin))]
     if small[0] is None or small[1] is None:
         return None
     (tiny, zero), (tiny_twin, zero_twin) = ((a.to("cpu"), b.to("cpu")) for a, b in small)
@@ -187,8 +267,8 @@ def _resync(opt: torch.optim.Optimizer, param: torch.Tensor, reference: torch.op
             mine[where] = theirs.to(mine.device)[where]
 
 
-def _small(opt: torch.optim.Optimizer,
-           param: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+def _small(opt: torch.optim.Optimizer, param: torch.Tensor,
+           noise: float = 0.0) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The elements whose ``sqrt(v_hat)`` is below ``ADAM_CONDITIONED``, and those where it is
     zero; ``None`` for an optimizer without Adam's second moment."""
     state = opt.state.get(param)
@@ -196,10 +276,13 @@ def _small(opt: torch.optim.Optimizer,
         return None
     beta2 = opt.param_groups[0]["betas"][1]
     v_hat = state["exp_avg_sq"] / (1 - beta2 ** float(state["step"]))
-    return v_hat.sqrt() < ADAM_CONDITIONED, v_hat == 0
+    root = v_hat.sqrt()
+    below = max(ADAM_CONDITIONED, noise * float(root.max()) if root.numel() else 0.0)
+    return root < below, v_hat == 0
 
 
-def _close(actual: torch.Tensor | None, expected: torch.Tensor | None, what: str) -> float:
+def _close(actual: torch.Tensor | None, expected: torch.Tensor | None, what: str,
+           tolerance: tuple[float, float] | None = None) -> float:
     """``assert_close`` on the CPU; the largest absolute difference. A gradient present on one
     side only is a difference too."""
     if actual is None or expected is None:
@@ -209,10 +292,16 @@ def _close(actual: torch.Tensor | None, expected: torch.Tensor | None, what: str
     actual, expected = actual.detach().to("cpu"), expected.detach().to("cpu")
     # The absolute tolerance scales with the tensor: a gradient of 1e-7 everywhere is not
     # "close" to zeros, as assert_close's fixed 1e-5 would have it.
-    scale = float(expected.abs().max()) if expected.numel() else 0.0
+    rtol, atol = tolerance or (RTOL, ATOL)
+    # A float16 gradient that overflowed under the loss scale is inf (or nan) on both sides,
+    # and the step is skipped on both: those elements must match, the scale is the others'.
+    finite = expected[torch.isfinite(expected)]
+    scale = float(finite.abs().max()) if finite.numel() else 0.0
     try:
-        torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL * scale + 1e-12)
+        torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol * scale + 1e-12,
+                                   equal_nan=True)
     except AssertionError as exc:
         raise VerificationError(f"training check failed: {what} differs from the original's: "
                                 f"{str(exc).splitlines()[0]}") from None
-    return float((actual.double() - expected.double()).abs().max()) if actual.numel() else 0.0
+    both = torch.isfinite(actual) & torch.isfinite(expected)
+    return float((actual.double() - expected.double())[both].abs().max()) if both.any() else 0.0
