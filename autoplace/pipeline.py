@@ -51,6 +51,7 @@ from autoplace.train import (
     training_targets,
 )
 from autoplace.train.dataparallel import replica_groups, with_allreduce
+from autoplace.train.precision import cast, cast_notes, check_dtype
 
 __all__ = ["plan", "save", "solve_graph"]
 
@@ -84,6 +85,7 @@ def plan(
     microbatches: int = 1,
     schedule: str = "auto",
     replicas: int | str = "auto",
+    dtype: str = "float32",
 ) -> Plan:
     """Plan ``model`` on ``devices`` (a spec such as ``"2xA100-40GB"``, a ``Cluster``, or
     ``None`` for the GPUs found / the default simulated set).
@@ -116,9 +118,14 @@ def plan(
     placed on its group of the devices with its shard of the batch and the gradients'
     all-reduce (``train.dataparallel``); ``auto`` plans every R the devices, the batch and
     the loss allow and keeps the fastest step. The plan is one replica's.
+
+    ``dtype`` (``float32``, ``bfloat16``, ``float16``): a copy of the model and the floating
+    example inputs and targets are cast to it before tracing (``train.precision``); a training
+    plan in a half dtype is mixed precision (``emit.optimizer.MasterWeights``), one replica.
     """
     check_min_gain(min_gain)
     check_training(mode, optimizer, microbatches, schedule, replicas)
+    dtype = check_dtype(dtype)
     options = SolveOptions(time_limit_s=time_limit_s, seed=seed, deterministic=deterministic,
                            objective=objective, contiguous=contiguous, solver=solver,
                            max_nodes=max_nodes)
@@ -128,6 +135,8 @@ def plan(
     notes: list[str] = list(found)
     args, kwargs = normalize_inputs(example_inputs, where="example_inputs")
     model.eval()
+    model, (args, kwargs, example_targets) = cast(model, (args, kwargs, example_targets), dtype)
+    notes += cast_notes(dtype, training=mode == "training")
     trace = _Tracing(name=name, profile=profile, cache=cache, progress=progress)
     if mode == "training":
         targets = training_targets(example_targets)
@@ -135,7 +144,7 @@ def plan(
         notes.append(TRAINING_NOTE)
         step = _plan_step(model, (args, {**kwargs, "targets": targets}), cluster, options,
                           trace, optimizer=optimizer, microbatches=microbatches,
-                          schedule=schedule, replicas=replicas, notes=notes)
+                          schedule=schedule, replicas=replicas, dtype=dtype, notes=notes)
         forward, problem, solved, (args, kwargs) = (step.forward, step.problem, step.solved,
                                                     step.batches[0])
     else:
@@ -238,6 +247,7 @@ class _Step:
     forward: _Forward
     problem: Problem
     solved: SolveResult
+    dtype: str = "float32"
     options: tuple[dict[str, Any], ...] = ()
 
     @property
@@ -252,7 +262,7 @@ class _Step:
         """``plan.json``'s ``training`` object (its check still to run) for the plan's
         ``schedule``: the order it runs, which is GPipe's where 1F1B was asked of devices that
         feed each other both ways (``simulate.schedules.schedule_run``)."""
-        return {"optimizer": optimizer, "layers_mode": "eval",
+        return {"optimizer": optimizer, "dtype": self.dtype, "layers_mode": "eval",
                 "microbatches": self.microbatches,
                 "schedule": schedule_run(self.problem.graph, schedule.placement.device_of,
                                          self.problem.pipeline_schedule or "gpipe"),
@@ -267,14 +277,14 @@ class _Step:
 
 def _plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: SolveOptions,
                how: _Tracing, *, optimizer: str, microbatches: int, schedule: str,
-               replicas: int | str, notes: list[str]) -> _Step:
+               replicas: int | str, dtype: str, notes: list[str]) -> _Step:
     """The training step of ``model`` (a ``train.LossModel``) on the ``whole`` batch: for each
     replica count R (``replicas``, or ``auto``: every R that divides the devices into alike
     groups, ``train.dataparallel``), one replica's shard cut into micro-batches, one
     micro-batch traced on ``cluster``, the replica's step solved on its devices with the
     gradients' all-reduce (``_solve_step``, the time limit shared among the R); the fastest
     step that fits kept, and why said."""
-    counts = _replica_counts(model, whole, cluster, replicas, microbatches, notes)
+    counts = _replica_counts(model, whole, cluster, replicas, microbatches, dtype, notes)
     share = replace(options, time_limit_s=options.time_limit_s / len(counts))
     found: dict[int, tuple[_Step, list[str]]] = {}
     failure: InfeasibleError | None = None
@@ -294,7 +304,7 @@ def _plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: 
         try:
             problem, solved = _solve_step(forward.problem, share, optimizer=optimizer,
                                           factors=factors, microbatches=microbatches,
-                                          schedule=schedule, notes=mine,
+                                          schedule=schedule, dtype=dtype, notes=mine,
                                           replicated=(full, groups))
         except InfeasibleError as exc:
             if len(counts) == 1:
@@ -304,7 +314,7 @@ def _plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: 
         torch_groups = tuple(tuple(full.device(d).torch_device for d in g) for g in groups)
         found[r] = _Step(groups=tuple(groups), torch_groups=torch_groups, whole=whole,
                          batches=tuple(batches), rule=rule, forward=forward, problem=problem,
-                         solved=solved), mine
+                         solved=solved, dtype=dtype), mine
     if not found:
         raise failure  # type: ignore[misc]
     best = min(found, key=lambda r: (not found[r][0].solved.schedule.feasible,
@@ -342,7 +352,7 @@ def _plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: 
 
 
 def _replica_counts(model: torch.nn.Module, whole: Batch, cluster: Cluster,
-                    replicas: int | str, microbatches: int,
+                    replicas: int | str, microbatches: int, dtype: str,
                     notes: list[str]) -> list[tuple[int, list[tuple[str, ...]]]]:
     """The replica counts to plan, each with its device groups: ``replicas``, or with
     ``auto`` every R that divides the devices into alike groups, the batch into equal
@@ -356,6 +366,15 @@ def _replica_counts(model: torch.nn.Module, whole: Batch, cluster: Cluster,
             raise AutoplaceError("data-parallel replicas of a micro-batched step are not built "
                                  "yet: use --replicas 1 or --microbatches 1")
         notes.append("data-parallel replicas of a micro-batched step are not built yet: "
+                     "one replica over every device (R=1)")
+        wanted = [1]
+    if dtype != "float32" and any(r > 1 for r in wanted):
+        # train.py (emit/ddp.py) steps a float32 optimizer: its replicas would need
+        # MasterWeights and, for float16, one loss scale agreed on by every rank.
+        if asked:
+            raise AutoplaceError(f"data-parallel replicas in {dtype} (mixed precision) are not "
+                                 "built yet: use --replicas 1 or --dtype float32")
+        notes.append(f"data-parallel replicas in {dtype} (mixed precision) are not built yet: "
                      "one replica over every device (R=1)")
         wanted = [1]
     kept = []
@@ -388,7 +407,7 @@ def _replica_counts(model: torch.nn.Module, whole: Batch, cluster: Cluster,
 
 
 def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
-                factors: Mapping[str, float], microbatches: int, schedule: str,
+                factors: Mapping[str, float], microbatches: int, schedule: str, dtype: str,
                 notes: list[str], replicated: tuple[Cluster, Sequence[Sequence[str]]]
                 ) -> tuple[Problem, SolveResult]:
     """The training step's problem and its solve: with micro-batches under each schedule
@@ -403,7 +422,8 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
     failure: InfeasibleError | None = None
     for name in names:
         problem = with_allreduce(step_problem(forward, optimizer, backward_factor=factors,
-                                              microbatches=microbatches, schedule=name),
+                                              microbatches=microbatches, schedule=name,
+                                              dtype=dtype),
                                  *replicated)
         try:
             found[name] = problem, solve(problem, options=share)
@@ -412,7 +432,8 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
     if not found:
         capacity = sum(d.memory_bytes - d.reserved_bytes for d in forward.cluster.devices)
         raise InfeasibleError(
-            f"{failure} {training_memory(forward.graph, optimizer, capacity, microbatches)}"
+            f"{failure} "
+            f"{training_memory(forward.graph, optimizer, capacity, microbatches, dtype)}"
         ) from failure
     best = min(found, key=lambda n: (not found[n][1].schedule.feasible,
                                       found[n][1].schedule.makespan_s))
@@ -489,10 +510,12 @@ def _emit(planned: Plan, traced: Any, model: torch.nn.Module, args: tuple[Any, .
         run = stepper(emitted, planned.problem, planned.schedule, step.batches,
                       step.rule) if count > 1 else None
         check = train_emitted(emitted, model, args, inputs, kwargs["targets"],
-                              optimizer=optimizer, emitted_step=run)
+                              optimizer=optimizer, emitted_step=run, dtype=step.dtype)
         how = (f"steps of {count} micro-batches ({planned.training['schedule']}) "
                if count > 1 else "steps ")
-    notes.append(f"training check passed: {check['steps']} {optimizer} {how}of the emitted "
+    precision = f"{step.dtype} mixed-precision " if step.dtype != "float32" else ""
+    notes.append(f"training check passed: {check['steps']} {precision}{optimizer} {how}"
+                 "of the emitted "
                  "model give the original's losses "
                  f"({', '.join(f'{v:.6g}' for v in check['losses'])}), gradients and parameters")
     return replace(planned, training={**planned.training, "check": check}), notes
