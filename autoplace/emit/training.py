@@ -90,8 +90,10 @@ def verify_training(emitted: torch.nn.Module, original: torch.nn.Module, args: t
     ``loss_scale=`` the scale its backward is to start from.
 
     ``dtype``: the precision both models are in (``train.precision``); a half one is stepped
-    through float32 master weights (``optimizer.MasterWeights``), whose masters are compared
-    after each update, with that dtype's tolerances (``TOLERANCES``)."""
+    through float32 master weights (``optimizer.MasterWeights``), each step from the same
+    masters (``_restart``), whose updates are compared, with that dtype's tolerances
+    (``TOLERANCES``); float16's overflowed steps are skipped on both sides, up to
+    ``SKIP_LIMIT`` beside the ``steps`` compared."""
     reference = copy.deepcopy(original)
     ours, theirs = _named(emitted, prefix=True), _named(reference, prefix=False)
     _known(ours, theirs)
