@@ -123,8 +123,9 @@ def main(argv: list[str] | None = None) -> int:
         + (f", {t['schedule']}" if t["microbatches"] > 1 else "")
         + f": {planned.makespan_s * 1e3:.3f} ms per step of {BATCH} sequences. Its memory per "
         "device (of one replica; every replica holds the same), in MB:", "",
-        "| device | runtime reserve | parameters | gradients | AdamW state | activations | "
-        "peak | capacity |",
+        "| device | runtime reserve | parameters | gradients | AdamW state"
+        + (" (with the float32 masters)" if args.dtype != "float32" else "")
+        + " | activations | peak | capacity |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for d, part in parts.items():
