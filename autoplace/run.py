@@ -175,12 +175,13 @@ class TrainResult:
     lr: float | None
     device_map: Mapping[str, str]
     notes: tuple[str, ...] = ()
+    dtype: str = "float32"  # a half one: mixed precision (emit.optimizer.MasterWeights)
 
     def to_dict(self) -> dict[str, Any]:
         return {"losses": list(self.losses), "measured_s": self.measured_s,
                 "predicted_s": self.predicted_s, "times_s": list(self.times_s),
-                "optimizer": self.optimizer, "lr": self.lr, "device_map": dict(self.device_map),
-                "notes": list(self.notes)}
+                "optimizer": self.optimizer, "lr": self.lr, "dtype": self.dtype,
+                "device_map": dict(self.device_map), "notes": list(self.notes)}
 
     def lines(self) -> list[str]:
         ratio = self.measured_s / self.predicted_s if self.predicted_s > 0 else float("nan")
@@ -253,7 +254,7 @@ def train_plan(directory: str | os.PathLike[str], *, steps: int, lr: float | Non
     return TrainResult(losses=tuple(losses), times_s=tuple(times),
                        measured_s=statistics.median(timed), predicted_s=plan.makespan_s,
                        optimizer=plan.training["optimizer"], lr=lr, device_map=here,
-                       notes=tuple(notes))
+                       notes=tuple(notes), dtype=dtype)
 
 
 def _train_replicas(plan: Plan, model_dir: Path,

@@ -156,6 +156,7 @@ def test_run_train_steps_the_plan_s_precision(tmp_path) -> None:
     torch.testing.assert_close(torch.tensor(trained.losses[:1]),
                                torch.tensor(check["losses"][:1]), rtol=1e-3, atol=0)
     assert any("float16 mixed precision" in n for n in trained.notes)
+    assert trained.to_dict()["dtype"] == "float16"
     assert "adam in float16 mixed precision, 2 micro-batches" in (
         tmp_path / "summary.md").read_text()
 
