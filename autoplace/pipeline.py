@@ -510,7 +510,8 @@ def _emit(planned: Plan, traced: Any, model: torch.nn.Module, args: tuple[Any, .
         run = stepper(emitted, planned.problem, planned.schedule, step.batches,
                       step.rule) if count > 1 else None
         check = train_emitted(emitted, model, args, inputs, kwargs["targets"],
-                              optimizer=optimizer, emitted_step=run, dtype=step.dtype)
+                              optimizer=optimizer, emitted_step=run, dtype=step.dtype,
+                              microbatches=count)
         how = (f"steps of {count} micro-batches ({planned.training['schedule']}) "
                if count > 1 else "steps ")
     precision = f"{step.dtype} mixed-precision " if step.dtype != "float32" else ""
