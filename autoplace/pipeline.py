@@ -511,7 +511,7 @@ def _emit(planned: Plan, traced: Any, model: torch.nn.Module, args: tuple[Any, .
                       step.rule) if count > 1 else None
         check = train_emitted(emitted, model, args, inputs, kwargs["targets"],
                               optimizer=optimizer, emitted_step=run, dtype=step.dtype,
-                              microbatches=count)
+                              microbatches=count, rule=step.rule)
         how = (f"steps of {count} micro-batches ({planned.training['schedule']}) "
                if count > 1 else "steps ")
     precision = f"{step.dtype} mixed-precision " if step.dtype != "float32" else ""

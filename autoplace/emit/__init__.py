@@ -171,14 +171,15 @@ def _op_order(module: torch.fx.GraphModule, problem: Problem, schedule: Schedule
 def train_emitted(emitted: PartitionedModel, model: torch.nn.Module, args: tuple[Any, ...],
                   kwargs: dict[str, Any], targets: tuple[Any, ...], *,
                   optimizer: str, emitted_step: Callable[..., torch.Tensor] | None = None,
-                  dtype: str = "float32", microbatches: int = 1) -> dict[str, Any]:
+                  dtype: str = "float32", microbatches: int = 1,
+                  rule: str | None = "mean") -> dict[str, Any]:
     """``training.verify_training`` of ``emitted`` against ``model`` (a ``train.LossModel``),
     leaving ``emitted``'s weights as they were (what ``save_model`` writes is untrained)."""
     saved = {k: v.detach().clone() for k, v in emitted.state_dict().items()}
     try:
         return verify_training(emitted, model, args, kwargs, targets, optimizer=optimizer,
                                emitted_step=emitted_step, dtype=dtype,
-                               microbatches=microbatches)
+                               microbatches=microbatches, rule=rule)
     finally:
         with torch.no_grad():
             emitted.load_state_dict(saved)
