@@ -19,7 +19,7 @@ from autoplace.errors import AutoplaceError
 from autoplace.simulate.schedules import SCHEDULES
 from autoplace.solve import DEFAULT_TIME_LIMIT_S, OBJECTIVES, SOLVERS
 from autoplace.solve.baselines import DEFAULT_MIN_GAIN, check_min_gain
-from autoplace.train import MODES, OPTIMIZERS, check_training
+from autoplace.train import MODES, OPTIMIZERS, check_dtype, check_training
 from autoplace.train.recompute import RECOMPUTE_CHOICES
 
 __all__ = ["main"]
@@ -92,6 +92,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default="adam",
                    help="with --mode training: the optimizer whose state and update are "
                    "planned (default: adam)")
+    p.add_argument("--dtype", default="float32", metavar="DTYPE",
+                   help="float32 (default), bfloat16 or float16 (fp32, bf16, fp16): the model's "
+                   "floating parameters, buffers, inputs and targets are cast to it before "
+                   "tracing, so the plan's bytes and costs are that dtype's. With --mode "
+                   "training a half dtype is mixed precision: float32 master weights updated "
+                   "by the optimizer (Adam: 16 bytes per parameter in all), float16 with "
+                   "torch.amp.GradScaler's dynamic loss scale")
     p.add_argument("--microbatches", type=int, default=1, metavar="M",
                    help="with --mode training: cut the batch into M equal micro-batches (M "
                    "must divide it) and pipeline them over the devices (default: 1); the "
@@ -266,6 +273,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     check_min_gain(args.min_gain)
     check_training(args.mode, args.optimizer, args.microbatches, args.schedule, args.replicas,
                    args.recompute)
+    dtype = check_dtype(args.dtype)
     out = check_writable(args.out)
     loaded = load_model_file(args.model_file)
     result = plan(loaded.model, loaded.kwargs or loaded.args,
@@ -279,7 +287,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                   min_gain=args.min_gain, mode=args.mode, optimizer=args.optimizer,
                   loss=loaded.loss, example_targets=loaded.targets,
                   microbatches=args.microbatches, schedule=args.schedule,
-                  replicas=args.replicas, recompute=args.recompute)
+                  replicas=args.replicas, recompute=args.recompute, dtype=dtype)
     save(result, out)
     print_summary(result)
     print(f"wrote {out}/plan.json, report.html, summary.md, summary.txt"

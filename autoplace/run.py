@@ -15,9 +15,10 @@ name, shape or dtype each raise an ``AutoplaceError`` naming the file (and the t
 ``save_outputs`` writes its file all at once (a temporary file renamed into place).
 
 ``train_plan`` (``--train STEPS``) trains a ``--mode training`` plan's emitted model instead,
-with the plan's optimizer, and reports the losses and the step time against the plan's; a plan
-of R > 1 data-parallel replicas trains as R processes (``OUT/train.py`` under torchrun,
-``autoplace.emit.replicas``), each on 1/R of the batch (in the plan's micro-batches, if any).
+with the plan's optimizer in the plan's precision (``emit.optimizer.MasterWeights``), and
+reports the losses and the step time against the plan's; a plan of R > 1 data-parallel
+replicas trains as R processes (``OUT/train.py`` under torchrun, ``autoplace.emit.replicas``),
+each on 1/R of the batch (in the plan's micro-batches, if any).
 
 Read ``run_plan``, then ``read_inputs_file`` and ``save_outputs``, then ``train_plan``.
 """
@@ -43,9 +44,9 @@ from autoplace.emit.ddp import batch_size, replicas_of
 from autoplace.emit.device_map import worker_threads
 from autoplace.emit.memory import comparable_peak_bytes, measure
 from autoplace.emit.microbatch import split_batch, stepper
+from autoplace.emit.optimizer import MasterWeights
 from autoplace.emit.replicas import launch_replicas
 from autoplace.emit.saving import input_names, load_inputs
-from autoplace.emit.training import make_optimizer
 from autoplace.errors import AutoplaceError, EmitError, OutputError
 from autoplace.formats.plan import Plan, plan_path, read_plan
 
@@ -175,12 +176,13 @@ class TrainResult:
     lr: float | None
     device_map: Mapping[str, str]
     notes: tuple[str, ...] = ()
+    dtype: str = "float32"  # a half one: mixed precision (emit.optimizer.MasterWeights)
 
     def to_dict(self) -> dict[str, Any]:
         return {"losses": list(self.losses), "measured_s": self.measured_s,
                 "predicted_s": self.predicted_s, "times_s": list(self.times_s),
-                "optimizer": self.optimizer, "lr": self.lr, "device_map": dict(self.device_map),
-                "notes": list(self.notes)}
+                "optimizer": self.optimizer, "lr": self.lr, "dtype": self.dtype,
+                "device_map": dict(self.device_map), "notes": list(self.notes)}
 
     def lines(self) -> list[str]:
         ratio = self.measured_s / self.predicted_s if self.predicted_s > 0 else float("nan")
@@ -218,7 +220,8 @@ def train_plan(directory: str | os.PathLike[str], *, steps: int, lr: float | Non
     args, kwargs = example
     here = local_device_map(sorted({d.torch_device for d in plan.problem.cluster.devices}))
     model = load_model(model_dir, device_map=here)
-    optimizer = make_optimizer(plan.training["optimizer"], model.parameters(), lr)
+    dtype = plan.training.get("dtype", "float32")
+    optimizer = MasterWeights(plan.training["optimizer"], model.parameters(), dtype=dtype, lr=lr)
     devices = [torch.device(d) for d in set(model.devices) if d.startswith("cuda")]
     count = plan.training.get("microbatches", 1)
     # Micro-batches run segment by segment in the plan's order (each CPU worker's actions on
@@ -236,10 +239,10 @@ def train_plan(directory: str | os.PathLike[str], *, steps: int, lr: float | Non
             began = time.perf_counter()
             optimizer.zero_grad()
             if run is not None:
-                loss = run()
+                loss = run(loss_scale=optimizer.loss_scale)
             else:
                 loss = model(*args, **kwargs)
-                loss.backward()
+                optimizer.backward(loss)
             optimizer.step()
             for gpu in devices:
                 torch.cuda.synchronize(gpu)
@@ -248,10 +251,15 @@ def train_plan(directory: str | os.PathLike[str], *, steps: int, lr: float | Non
     timed = times[1:] or times
     moved = sorted(k for k, v in here.items() if k != v)
     notes = [f"{', '.join(moved)} not present here: trained on cpu"] if moved else []
+    if dtype != "float32":
+        notes.append(f"{dtype} mixed precision: float32 master weights"
+                     + (f", {optimizer.skipped} of {steps} steps skipped for a gradient "
+                        f"overflow, loss scale now {optimizer.loss_scale:g}"
+                        if dtype == "float16" else ""))
     return TrainResult(losses=tuple(losses), times_s=tuple(times),
                        measured_s=statistics.median(timed), predicted_s=plan.makespan_s,
                        optimizer=plan.training["optimizer"], lr=lr, device_map=here,
-                       notes=tuple(notes))
+                       notes=tuple(notes), dtype=dtype)
 
 
 def _train_replicas(plan: Plan, model_dir: Path,

@@ -1,6 +1,7 @@
 """GPT-2 training on 4xA100-40GB with AdamW, batch 8: the plan, its memory and its schedule.
 
     python benchmarks/gpt2_training.py     # writes benchmarks/results/gpt2-training-4xa100.md
+    python benchmarks/gpt2_training.py --dtype bfloat16   # ...-4xa100-bf16.md, mixed precision
 
 The example GPT-2 (``examples/gpt2.py``: 6 layers, width 384, a vocabulary of 8,000, tied
 embeddings) with a batch of 8 sequences of 128 tokens, planned for one AdamW step on the
@@ -38,7 +39,8 @@ def _example():
     return module
 
 
-def plan_one(microbatches: int, replicas: str | int, *, time_limit_s: float):
+def plan_one(microbatches: int, replicas: str | int, *, time_limit_s: float,
+             dtype: str = "float32"):
     import torch
 
     from autoplace.pipeline import plan
@@ -50,29 +52,43 @@ def plan_one(microbatches: int, replicas: str | int, *, time_limit_s: float):
     planned = plan(model, inputs, devices=DEVICES, time_limit_s=time_limit_s, whatif=False,
                    profile=False, emit=False, mode="training", optimizer="adamw",
                    loss=example.loss, example_targets=(targets,), microbatches=microbatches,
-                   replicas=replicas, name="gpt2")
+                   replicas=replicas, name="gpt2", dtype=dtype)
     return planned, time.perf_counter() - began
 
 
 def main(argv: list[str] | None = None) -> int:
     from autoplace.train.breakdown import memory_breakdown
+    from autoplace.train.precision import element_bytes as torch_bytes
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--time-limit", type=float, default=20.0)
-    parser.add_argument("--out", default=str(RESULTS / "gpt2-training-4xa100.md"))
+    parser.add_argument("--dtype", default="float32",
+                        help="float32 (default), or bfloat16 / float16: mixed precision "
+                        "(plan(dtype=...)); the table is then ...-4xa100-bf16.md / -fp16.md")
+    parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    suffix = {"float32": "", "bfloat16": "-bf16", "float16": "-fp16"}[args.dtype]
+    args.out = args.out or str(RESULTS / f"gpt2-training-4xa100{suffix}.md")
     runs = [(1, "auto"), (2, 1), (4, 1), (8, 1), (2, "auto")]
     rows = []
     for m, r in runs:
-        planned, wall = plan_one(m, r, time_limit_s=args.time_limit)
+        planned, wall = plan_one(m, r, time_limit_s=args.time_limit, dtype=args.dtype)
         rows.append((m, r, planned, wall))
         print(m, r, planned.makespan_s, planned.training["schedule"],
               planned.training["replicas"], flush=True)
     best = min(rows, key=lambda row: row[2].makespan_s)
     lines = [
-        f"# GPT-2 training on {DEVICES} with AdamW, batch {BATCH}", "",
+        f"# GPT-2 training on {DEVICES} with AdamW, batch {BATCH}"
+        + (f", {args.dtype} mixed precision" if args.dtype != "float32" else ""), "",
         f"{machine_line()}. Command: `python benchmarks/gpt2_training.py --time-limit "
-        f"{args.time_limit:g}`. `examples/gpt2.py` (6 layers, width 384, 6 heads, vocabulary "
+        f"{args.time_limit:g}" + (f" --dtype {args.dtype}" if args.dtype != "float32" else "")
+        + "`."
+        + (f" The model, its inputs and targets cast to {args.dtype} before tracing "
+           "(`plan(dtype=...)`): weights, activations and gradients in "
+           f"{args.dtype}, matmuls at the A100's {args.dtype} peak, and AdamW updating float32 "
+           "master weights (docs/training.md, Mixed precision); data-parallel replicas in a "
+           "half dtype are not built, so R = 1." if args.dtype != "float32" else "")
+        + " `examples/gpt2.py` (6 layers, width 384, 6 heads, vocabulary "
         f"8,000, tied embeddings, 55 MB of weights) with {BATCH} sequences of {SEQ} tokens, "
         f"planned with `autoplace.plan(..., devices='{DEVICES}', mode='training', "
         "optimizer='adamw')`: analytic costs (the catalog's A100, no GPU here), so the times "
@@ -109,8 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         + (f", {t['schedule']}" if t["microbatches"] > 1 else "")
         + f": {planned.makespan_s * 1e3:.3f} ms per step of {BATCH} sequences. Its memory per "
         "device (of one replica; every replica holds the same), in MB:", "",
-        "| device | runtime reserve | parameters | gradients | AdamW state | activations | "
-        "peak | capacity |",
+        "| device | runtime reserve | parameters | gradients | AdamW state"
+        + (" (with the float32 masters)" if args.dtype != "float32" else "")
+        + " | activations | peak | capacity |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for d, part in parts.items():
@@ -119,7 +136,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{part['gradient_bytes'] / 1e6:.1f} | {part['optimizer_state_bytes'] / 1e6:.1f} | "
             f"{part['activation_bytes'] / 1e6:.1f} | {planned.schedule.peak_bytes[d] / 1e6:.1f} | "
             f"{planned.problem.cluster.device(d).memory_bytes / 1e6:.0f} |")
-    why = [n for n in planned.notes if n.startswith(("data-parallel replicas:", "schedule:"))]
+    held = sum(p["parameter_bytes"] + p["gradient_bytes"] + p["optimizer_state_bytes"]
+               for p in parts.values())
+    count = sum(n.trainable_bytes for n in planned.problem.graph.nodes) / torch_bytes(args.dtype)
+    lines += ["", f"Parameters, gradients and optimizer state together: {held / 1e6:.1f} MB "
+              f"for {count / 1e6:.2f} M trained parameters, {held / count:.2f} bytes each "
+              "(ZeRO's 16 for Adam-style optimizers, in float32 or in mixed precision; "
+              "buffers add a little)."]
+    why = [n for n in planned.notes if n.startswith(("data-parallel replicas", "schedule:"))]
     lines += ["", "Why, in the plan's own words: " + " ".join(why)]
     return write_markdown(Path(args.out), lines)
 

@@ -1,6 +1,7 @@
 """The emitted training step against the original: every example, schedule and micro-batch count.
 
     python benchmarks/training_check.py    # writes benchmarks/results/training-check.md
+    python benchmarks/training_check.py --dtype bfloat16   # ...-bf16.md: mixed precision
 
 For MLP, LeNet and GPT-2 (``examples/``), each planned for one Adam step on ``2xcpu-thread``
 (analytic costs, ``--min-gain 0`` so that the step is split over both workers wherever a split
@@ -39,7 +40,7 @@ CASES = ((1, "gpipe", 1, "auto"), (2, "gpipe", 1, "auto"), (2, "1f1b", 1, "auto"
 
 
 def check(example: str, microbatches: int, schedule: str, replicas: int, recompute: str, *,
-          time_limit_s: float) -> dict:
+          time_limit_s: float, dtype: str = "float32") -> dict:
     from autoplace.load import load_model_file
     from autoplace.pipeline import plan
 
@@ -50,7 +51,7 @@ def check(example: str, microbatches: int, schedule: str, replicas: int, recompu
                    mode="training", optimizer="adam", loss=loaded.loss,
                    example_targets=loaded.targets, microbatches=microbatches,
                    schedule=schedule if microbatches > 1 else "auto", replicas=replicas,
-                   recompute=recompute, name=example)
+                   recompute=recompute, name=example, dtype=dtype)
     training, emitted = planned.training, planned.emitted
     record = training["check"]
     return {"example": example, "microbatches": microbatches, "schedule": schedule,
@@ -67,6 +68,7 @@ def check(example: str, microbatches: int, schedule: str, replicas: int, recompu
             "memory": max((v["measured_bytes"] / v["predicted_bytes"]
                            for v in record.get("peak_bytes", {}).values()
                            if v["predicted_bytes"]), default=None),
+            "skipped": record.get("skipped_steps", 0),
             "step_ms": planned.makespan_s * 1e3, "wall_s": time.perf_counter() - began}
 
 
@@ -82,30 +84,51 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--time-limit", type=float, default=4.0)
     parser.add_argument("--only", nargs="*", default=list(EXAMPLES))
-    parser.add_argument("--out", default=str(RESULTS / "training-check.md"))
+    parser.add_argument("--dtype", default="float32",
+                        help="float32 (default), bfloat16 or float16: mixed precision, its "
+                        "own tolerances (docs/training.md); replicas in a half dtype are not "
+                        "built, so the R = 2 rows are left out")
+    parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    half = args.dtype != "float32"
+    suffix = {"float32": "", "bfloat16": "-bf16", "float16": "-fp16"}[args.dtype]
+    args.out = args.out or str(RESULTS / f"training-check{suffix}.md")
     rows = []
     for example in args.only:
         for m, schedule, r, recompute in CASES:
+            if half and r > 1:
+                continue
             rows.append(check(example, m, schedule, r, recompute,
-                              time_limit_s=args.time_limit))
+                              time_limit_s=args.time_limit, dtype=args.dtype))
             print(rows[-1], flush=True)
-    lines = [
-        "# The emitted training step against the original", "",
-        f"{machine_line()}. Command: `python benchmarks/training_check.py --time-limit "
-        f"{args.time_limit:g}`. Each row: `autoplace.plan(EXAMPLE, devices='2xcpu-thread', "
-        "mode='training', optimizer='adam', min_gain=0, microbatches=M, schedule=S, "
-        "replicas=R, recompute=...)`, whose training check trains the emitted model 3 Adam "
-        "steps beside the original on the whole batch (one device, one process) and compares "
-        "each step's loss, the gradients and the updated parameters with "
-        "`torch.testing.assert_close` "
+    tolerances = (
         "(rtol 1.3e-6, atol 1e-4 of the tensor's largest magnitude; under Adam, elements whose "
         "update divides a gradient of about eps by itself on both sides are set apart and "
-        "re-synced, counted in *apart*). With M > 1 the emitted model runs each segment's "
-        "forward and backward per micro-batch in the plan's order; with R = 2 the replicas "
-        "train as 2 gloo processes, under DistributedDataParallel with M = 1, and with M = 2 "
-        "each on its shard's micro-batches in the plan's order, the gradients all-reduced "
-        "(bucketed) and divided by R after them. A failing check raises, so "
+        "re-synced, counted in *apart*)" if not half else
+        f"in {args.dtype} mixed precision (`dtype='{args.dtype}'`: float32 master weights"
+        + (", the loss scaled as torch.amp.GradScaler does; a step whose gradients overflowed "
+           "on either side is skipped on both, counted in *skipped*, and its loss listed"
+           if args.dtype == "float16" else "")
+        + "), the original accumulating the same micro-batches, the losses with the dtype's "
+        "tolerance, the gradients against the original's in float32 (within 8 times the half "
+        "original's own error), each update from the same masters and gradients with "
+        "float32's (docs/training.md, Mixed precision; *gradient*: the largest difference "
+        "from the half original's; *apart* as for float32)")
+    lines = [
+        "# The emitted training step against the original"
+        + (f", {args.dtype} mixed precision" if half else ""), "",
+        f"{machine_line()}. Command: `python benchmarks/training_check.py --time-limit "
+        f"{args.time_limit:g}" + (f" --dtype {args.dtype}" if half else "") + "`. Each row: "
+        "`autoplace.plan(EXAMPLE, devices='2xcpu-thread', "
+        "mode='training', optimizer='adam', min_gain=0, microbatches=M, schedule=S, "
+        "replicas=R, recompute=..., dtype=...)`, whose training check trains the emitted model "
+        "3 Adam steps beside the original on the whole batch (one device, one process) and "
+        "compares each step's loss, the gradients and the updated parameters with "
+        "`torch.testing.assert_close` " + tolerances + ". With M > 1 the emitted model runs "
+        "each segment's forward and backward per micro-batch in the plan's order; with R = 2 "
+        "the replicas train as 2 gloo processes, under DistributedDataParallel with M = 1, and "
+        "with M = 2 each on its shard's micro-batches in the plan's order, the gradients "
+        "all-reduced (bucketed) and divided by R after them. A failing check raises, so "
         "every row below passed. With one micro-batch GPipe and 1F1B are the same order. "
         "*recomputing on*: the devices whose segments run each micro-batch's forward again "
         "before its backward (`recompute='all'`; `auto` recomputes only where a placement "
@@ -113,9 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         "step) measured per device (`emit.memory.measure_step`, one process, replica 0's "
         "batch) over the plan's, the largest of the devices; the check fails above 1.", "",
         "| example | M | schedule | R | recomputing on | segments (devices) | losses, steps "
-        "1-3 | largest loss difference | gradient | parameter | apart | memory, measured / "
-        "planned | predicted step (ms) | plan + check (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "1-3 | largest loss difference | gradient | parameter | apart | "
+        + ("skipped | " if half else "") + "memory, measured / planned | predicted step "
+        "(ms) | plan + check (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if half else ""),
     ]
     for r in rows:
         lines.append(
@@ -124,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['segments']} ({', '.join(r['devices'])}) | "
             f"{', '.join(f'{v:.5f}' for v in r['losses'])} | {r['loss_diff']:.1e} | "
             f"{r['grad_diff']:.1e} | {r['param_diff']:.1e} | {r['apart']} | "
-            f"{'-' if r['memory'] is None else format(r['memory'], '.2f')} | "
+            + (f"{r['skipped']} | " if half else "")
+            + f"{'-' if r['memory'] is None else format(r['memory'], '.2f')} | "
             f"{r['step_ms']:.3f} | {r['wall_s']:.1f} |")
     return write_markdown(Path(args.out), lines)
 

@@ -176,7 +176,8 @@ def _op_order(module: torch.fx.GraphModule, problem: Problem, schedule: Schedule
 
 
 def check_step_memory(emitted: PartitionedModel, run: Callable[[Any], Any], *,
-                      optimizer: str, problem: Problem, schedule: Schedule,
+                      optimizer: str, dtype: str = "float32", problem: Problem,
+                      schedule: Schedule,
                       check_memory: bool | None = None) -> tuple[dict[str, Any], str]:
     """A training step's peak per planned device (``memory.measure_step``: ``run(charge)``,
     the step's forward and backward on this thread, then ``optimizer``'s update, after one
@@ -185,7 +186,8 @@ def check_step_memory(emitted: PartitionedModel, run: Callable[[Any], Any], *,
     gradients are left as they were."""
     saved = {k: v.detach().clone() for k, v in emitted.state_dict().items()}
     try:
-        return _check_memory(emitted, lambda: measure_step(emitted, run, optimizer=optimizer),
+        return _check_memory(emitted, lambda: measure_step(emitted, run, optimizer=optimizer,
+                                                           dtype=dtype),
                              problem=problem, schedule=schedule,
                              enforce=ENFORCE_PEAK_DEFAULT if check_memory is None
                              else check_memory)
@@ -198,14 +200,16 @@ def check_step_memory(emitted: PartitionedModel, run: Callable[[Any], Any], *,
 
 def train_emitted(emitted: PartitionedModel, model: torch.nn.Module, args: tuple[Any, ...],
                   kwargs: dict[str, Any], targets: tuple[Any, ...], *,
-                  optimizer: str, emitted_step: Callable[[], torch.Tensor] | None = None
-                  ) -> dict[str, Any]:
+                  optimizer: str, emitted_step: Callable[..., torch.Tensor] | None = None,
+                  dtype: str = "float32", microbatches: int = 1,
+                  rule: str | None = "mean") -> dict[str, Any]:
     """``training.verify_training`` of ``emitted`` against ``model`` (a ``train.LossModel``),
     leaving ``emitted``'s weights as they were (what ``save_model`` writes is untrained)."""
     saved = {k: v.detach().clone() for k, v in emitted.state_dict().items()}
     try:
         return verify_training(emitted, model, args, kwargs, targets, optimizer=optimizer,
-                               emitted_step=emitted_step)
+                               emitted_step=emitted_step, dtype=dtype,
+                               microbatches=microbatches, rule=rule)
     finally:
         with torch.no_grad():
             emitted.load_state_dict(saved)

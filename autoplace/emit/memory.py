@@ -193,7 +193,7 @@ Charge = Callable[[str], contextlib.AbstractContextManager[Any]]
 
 
 def measure_step(emitted: torch.nn.Module, run: Callable[[Charge], Any], *,
-                 optimizer: str) -> PeakMeasurement:
+                 optimizer: str, dtype: str = "float32") -> PeakMeasurement:
     """Peak bytes per planned device over a training step of ``emitted`` (a training plan's)
     in the steady state: one step is taken unmeasured, so that the optimizer holds its state,
     and the gradients are dropped (``zero_grad(set_to_none=True)``); then the measured step:
@@ -205,8 +205,10 @@ def measure_step(emitted: torch.nn.Module, run: Callable[[Charge], Any], *,
     ``.grad``, what autograd frees as it goes), charged to the planned device of the segment
     whose forward made the autograd node that allocates them, or whose backward runs
     (``charge(device)``: the gradients handed on between segments), and the update's
-    temporaries, charged to its parameters' device. The weights are updated twice."""
-    from autoplace.emit.training import make_optimizer
+    temporaries, charged to its parameters' device. In a half ``dtype`` the update is mixed
+    precision's (``optimizer.MasterWeights``), whose float32 masters are resident too. The
+    weights are updated twice."""
+    from autoplace.emit.optimizer import MasterWeights
 
     planned, _ = _devices(emitted)
     seen: set[int] = set()
@@ -216,7 +218,7 @@ def measure_step(emitted: torch.nn.Module, run: Callable[[Charge], Any], *,
                   if p.requires_grad and id(p) not in seen]
         seen.update(id(p) for p in params)
         if params:
-            updates.append((device, params, make_optimizer(optimizer, params)))
+            updates.append((device, params, MasterWeights(optimizer, params, dtype=dtype)))
     runtime = getattr(emitted, "runtime", "sequential")
     tracker = _Tracker(emitted, planned, backward=True)
     try:
@@ -235,10 +237,12 @@ def measure_step(emitted: torch.nn.Module, run: Callable[[Charge], Any], *,
         if runtime != "sequential":
             emitted.runtime = runtime
     resident = weight_bytes(emitted)
-    for device, params, opt in updates:
+    for device, _, opt in updates:
+        masters = opt.masters if opt.mixed else []
         resident[device] = resident.get(device, 0) + sum(
-            value.untyped_storage().nbytes() for p in params
-            for value in opt.state.get(p, {}).values()
+            m.untyped_storage().nbytes() for m in masters) + sum(
+            value.untyped_storage().nbytes() for m in opt.masters
+            for value in opt.optimizer.state.get(m, {}).values()
             if isinstance(value, torch.Tensor) and value.dim())  # not Adam's step count
     # What the caller's side makes (the batch's loss, moved to the CPU) is on no planned device.
     peaks = {d: b for d, b in tracker.peaks().items() if d in planned}

@@ -12,7 +12,8 @@ those leaves for their producers. Parameters accumulate their gradient over the 
 in ``.grad``, and the caller steps the optimizer once.
 
 The loss of the batch is the mean (or the sum) of the micro-batches' losses (``loss_rule``
-checks which on the example); each micro-batch's backward starts from ``1/M`` (or 1).
+checks which on the example); each micro-batch's backward starts from ``1/M`` (or 1), times
+float16's loss scale.
 
 ``split_batch`` cuts the example inputs and targets into micro-batches (and, for data-parallel
 replicas, ``ddp.py``, into shards): the batch size is the first dimension of the first tensor
@@ -97,10 +98,13 @@ def loss_rule(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
     """``mean`` or ``sum``: how the batch's loss combines the micro-batches' losses on the
     example (``model`` returns the loss). Raises ``AutoplaceError`` when neither does."""
     with torch.no_grad():
-        whole = model(*args, **kwargs).detach().double()
+        loss = model(*args, **kwargs).detach()
+        whole = loss.double()
         parts = torch.stack([model(*a, **k).detach().double() for a, k in batches])
+    # a half loss (--dtype) is rounded to its precision: 2 eps of it (float16 2e-3)
+    rtol = max(1e-5, 2 * torch.finfo(loss.dtype).eps) if loss.is_floating_point() else 1e-5
     for rule, combined in (("mean", parts.mean()), ("sum", parts.sum())):
-        if torch.allclose(whole, combined, rtol=1e-5, atol=1e-6 * float(abs(whole))):
+        if torch.allclose(whole, combined, rtol=rtol, atol=1e-6 * float(abs(whole))):
             return rule
     raise AutoplaceError(
         f"the loss does not split over {len(batches)} micro-batches: the batch's loss is "
@@ -184,20 +188,23 @@ def stepper(model: torch.nn.Module, problem: Problem, schedule: Schedule,
     segments on the planned devices ``recompute`` recompute (``train_step``)."""
     order = action_order(model, problem, schedule, len(batches))
 
-    def step() -> torch.Tensor:
-        return train_step(model, batches, order, rule, recompute=recompute)
+    def step(*, loss_scale: float = 1.0) -> torch.Tensor:
+        return train_step(model, batches, order, rule, recompute=recompute,
+                          loss_scale=loss_scale)
 
     return step
 
 
 def train_step(model: torch.nn.Module, batches: Sequence[Batch], order: Sequence[Action],
-               rule: str, *, threads: bool | None = None,
+               rule: str, *, threads: bool | None = None, loss_scale: float = 1.0,
                recompute: Collection[str] = (),
                charge: Callable[[str], AbstractContextManager[Any]] | None = None
                ) -> torch.Tensor:
     """Run the forward and backward of every micro-batch in ``batches`` through ``model``'s
     segments in ``order`` (``action_order``), accumulating the parameters' gradients; returns
     the batch's loss (detached), the ``rule`` (``mean`` or ``sum``) of the micro-batches'.
+    ``loss_scale``: float16's loss scale (``optimizer.MasterWeights``), by which each
+    micro-batch's backward seed is multiplied (the loss returned is not scaled).
 
     A segment on one of the planned devices ``recompute`` (``train.recompute``) runs its
     forward with nothing saved for autograd, keeping its inputs, and runs it again with
@@ -226,7 +233,8 @@ def train_step(model: torch.nn.Module, batches: Sequence[Batch], order: Sequence
         raise EmitError(f"the order leaves out {len(set(needs) - seen)} of the step's actions, "
                         f"e.g. {sorted(set(needs) - seen)[0]}: use action_order's")
     step = _Actions(model, batches, 1.0 / len(batches) if rule == "mean" else 1.0,
-                    {s.index for s in info if s.planned_device in recompute}, charge)
+                    {s.index for s in info if s.planned_device in recompute}, charge,
+                    loss_scale=loss_scale)
     if threads is None:
         threads = (len({s.planned_device for s in info}) > 1
                    and all(torch.device(s.device).type == "cpu" for s in info))
@@ -266,8 +274,10 @@ class _Actions:
 
     def __init__(self, model: torch.nn.Module, batches: Sequence[Batch], scale: float,
                  again: Collection[int] = (),
-                 charge: Callable[[str], AbstractContextManager[Any]] | None = None) -> None:
+                 charge: Callable[[str], AbstractContextManager[Any]] | None = None, *,
+                 loss_scale: float = 1.0) -> None:
         self.model, self.scale, self.again = model, scale, set(again)
+        self.seed = scale * loss_scale
         self.charge = charge or (lambda _: contextlib.nullcontext())
         info = model.segment_info
         self.producer = {name: seg.index for seg in info for name in seg.outputs}
@@ -334,7 +344,7 @@ class _Actions:
         for name, out in zip(seg.outputs, outputs):
             if name in self.model.output_names:
                 self.losses.append(out.detach())
-                self.grads[k][name] = torch.full_like(out, self.scale)
+                self.grads[k][name] = torch.full_like(out, self.seed)
 
     def _remade_input(self, s: int, name: str, value: Any) -> bool:
         """Whether recomputing segment ``s`` makes input ``name`` again instead of keeping it:

@@ -41,6 +41,7 @@ from autoplace.solve.accelerate import accelerate_baselines
 from autoplace.solve.baselines import DEFAULT_MIN_GAIN, check_min_gain, prefer_single
 from autoplace.solve.whatif import whatif_options, whatif_table
 from autoplace.train import TRAINING_NOTE, check_training, loss_model, training_targets
+from autoplace.train.precision import cast, cast_notes, check_dtype
 
 __all__ = ["plan", "save", "solve_graph"]
 
@@ -75,6 +76,7 @@ def plan(
     schedule: str = "auto",
     replicas: int | str = "auto",
     recompute: str = "auto",
+    dtype: str = "float32",
 ) -> Plan:
     """Plan ``model`` on ``devices`` (a spec such as ``"2xA100-40GB"``, a ``Cluster``, or
     ``None`` for the GPUs found / the default simulated set).
@@ -110,9 +112,14 @@ def plan(
     (with micro-batches): ``auto`` recomputes each micro-batch's activations in its backward
     on the devices a placement overflows without it (``train.recompute``), ``all`` on every
     device, ``off`` never.
+
+    ``dtype`` (``float32``, ``bfloat16``, ``float16``): a copy of the model and the floating
+    example inputs and targets are cast to it before tracing (``train.precision``); a training
+    plan in a half dtype is mixed precision (``emit.optimizer.MasterWeights``), one replica.
     """
     check_min_gain(min_gain)
     check_training(mode, optimizer, microbatches, schedule, replicas, recompute)
+    dtype = check_dtype(dtype)
     options = SolveOptions(time_limit_s=time_limit_s, seed=seed, deterministic=deterministic,
                            objective=objective, contiguous=contiguous, solver=solver,
                            max_nodes=max_nodes)
@@ -122,6 +129,8 @@ def plan(
     notes: list[str] = list(found)
     args, kwargs = normalize_inputs(example_inputs, where="example_inputs")
     model.eval()
+    model, (args, kwargs, example_targets) = cast(model, (args, kwargs, example_targets), dtype)
+    notes += cast_notes(dtype, training=mode == "training")
     trace = Tracing(name=name, profile=profile, cache=cache, progress=progress)
     if mode == "training":
         targets = training_targets(example_targets)
@@ -129,7 +138,7 @@ def plan(
         notes.append(TRAINING_NOTE)
         step = plan_step(model, (args, {**kwargs, "targets": targets}), cluster, options,
                           trace, optimizer=optimizer, microbatches=microbatches,
-                          schedule=schedule, replicas=replicas, recompute=recompute,
+                          schedule=schedule, replicas=replicas, recompute=recompute, dtype=dtype,
                           notes=notes)
         forward, problem, solved, (args, kwargs) = (step.forward, step.problem, step.solved,
                                                     step.batches[0])

@@ -79,6 +79,7 @@ class Step:
     solved: SolveResult
     recompute: tuple[str, ...] = ()
     single: Recomputed | None = None
+    dtype: str = "float32"
     options: tuple[dict[str, Any], ...] = ()
 
     @property
@@ -93,7 +94,7 @@ class Step:
         """``plan.json``'s ``training`` object (its check still to run) for the plan's
         ``schedule``: the order it runs, which is GPipe's where 1F1B was asked of devices that
         feed each other both ways (``simulate.schedules.schedule_run``)."""
-        return {"optimizer": optimizer, "layers_mode": "eval",
+        return {"optimizer": optimizer, "dtype": self.dtype, "layers_mode": "eval",
                 "microbatches": self.microbatches,
                 "schedule": schedule_run(self.problem.graph, schedule.placement.device_of,
                                          self.problem.pipeline_schedule or "gpipe"),
@@ -109,14 +110,15 @@ class Step:
 
 def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: SolveOptions,
                how: Tracing, *, optimizer: str, microbatches: int, schedule: str,
-               replicas: int | str, recompute: str, notes: list[str]) -> Step:
+               replicas: int | str, recompute: str, dtype: str = "float32",
+               notes: list[str]) -> Step:
     """The training step of ``model`` (a ``train.LossModel``) on the ``whole`` batch: for each
     replica count R (``replicas``, or ``auto``: every R that divides the devices into alike
     groups, ``train.dataparallel``), one replica's shard cut into micro-batches, one
     micro-batch traced on ``cluster``, the replica's step solved on its devices with the
     gradients' all-reduce (``_solve_step``, the time limit shared among the R); the fastest
     step that fits kept, and why said."""
-    counts = _replica_counts(model, whole, cluster, replicas, microbatches, notes)
+    counts = _replica_counts(model, whole, cluster, replicas, microbatches, dtype, notes)
     share = replace(options, time_limit_s=options.time_limit_s / len(counts))
     found: dict[int, tuple[Step, list[str]]] = {}
     failure: InfeasibleError | None = None
@@ -140,7 +142,8 @@ def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: S
             got = _solve_step(
                 with_measured_forward(forward.problem, measured), share, optimizer=optimizer,
                 factors=factors, updates=updates, microbatches=microbatches,
-                schedule=schedule, recompute=recompute, notes=mine, replicated=(full, groups))
+                schedule=schedule, recompute=recompute, dtype=dtype, notes=mine,
+                replicated=(full, groups))
         except InfeasibleError as exc:
             if len(counts) == 1:
                 raise
@@ -150,7 +153,7 @@ def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: S
         found[r] = Step(groups=tuple(groups), torch_groups=torch_groups, whole=whole,
                          batches=tuple(batches), rule=rule, forward=forward,
                          problem=got.problem, solved=got.result, recompute=got.recompute,
-                         single=got.single), mine
+                         single=got.single, dtype=dtype), mine
     if not found:
         raise failure  # type: ignore[misc]
     best = min(found, key=lambda r: (not found[r][0].solved.schedule.feasible,
@@ -188,16 +191,26 @@ def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: S
 
 
 def _replica_counts(model: torch.nn.Module, whole: Batch, cluster: Cluster,
-                    replicas: int | str, microbatches: int,
+                    replicas: int | str, microbatches: int, dtype: str,
                     notes: list[str]) -> list[tuple[int, list[tuple[str, ...]]]]:
     """The replica counts to plan, each with its device groups: ``replicas``, or with
     ``auto`` every R that divides the devices into alike groups, the batch into equal
     shards (each of which divides into ``microbatches``), and whose loss is the mean of the
     shards' (the replicas' gradients are averaged); the others are said in ``notes``. An
-    asked-for R that cannot be is an error."""
+    asked-for R that cannot be is an error. In a half ``dtype`` (mixed precision) one replica
+    only."""
     asked = replicas != "auto"
     count = len(cluster.devices)
     wanted = [int(replicas)] if asked else [r for r in range(1, count + 1) if count % r == 0]
+    if dtype != "float32" and any(r > 1 for r in wanted):
+        # train.py (emit/ddp.py) steps a float32 optimizer: its replicas would need
+        # MasterWeights and, for float16, one loss scale agreed on by every rank.
+        if asked:
+            raise AutoplaceError(f"data-parallel replicas in {dtype} (mixed precision) are not "
+                                 "built yet: use --replicas 1 or --dtype float32")
+        notes.append(f"data-parallel replicas in {dtype} (mixed precision) are not built yet: "
+                     "one replica over every device (R=1)")
+        wanted = [1]
     kept = []
     for r in wanted:
         if r == 1:
@@ -241,8 +254,8 @@ def _shard_cut(shard: Batch, microbatches: int) -> str | None:
 
 def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
                 factors: Mapping[str, float], updates: Mapping[str, float],
-                microbatches: int, schedule: str, recompute: str, notes: list[str],
-                replicated: tuple[Cluster, Sequence[Sequence[str]]]
+                microbatches: int, schedule: str, recompute: str, dtype: str,
+                notes: list[str], replicated: tuple[Cluster, Sequence[Sequence[str]]]
                 ) -> Solved:
     """The training step's problem, its solve and the devices that recompute: with
     micro-batches under each schedule ``schedule`` names (``auto``: GPipe and 1F1B, each with
@@ -259,7 +272,7 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
     failure: InfeasibleError | None = None
     for name in names:
         step = step_problem(forward, optimizer, backward_factor=factors,
-                            microbatches=microbatches, schedule=name)
+                            microbatches=microbatches, schedule=name, dtype=dtype)
         problem = with_allreduce(with_measured_updates(step, updates), *replicated)
         solved = None
         if recompute != "all" or microbatches == 1:
@@ -281,7 +294,7 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
         capacity = sum(d.memory_bytes - d.reserved_bytes for d in forward.cluster.devices)
         raise InfeasibleError(
             f"{failure} "
-            f"{training_memory(forward.graph, optimizer, capacity, microbatches, recompute)}"
+            f"{training_memory(forward.graph, optimizer, capacity, microbatches, recompute, dtype)}"
         ) from failure
     best = min(found, key=lambda n: (not found[n].result.schedule.feasible,
                                       found[n].result.schedule.makespan_s))
@@ -427,11 +440,13 @@ def check_step(planned: Plan, emitted: Any, model: torch.nn.Module, step: Step,
         run = stepper(emitted, planned.problem, planned.schedule, step.batches,
                       step.rule, recompute=step.recompute) if count > 1 else None
         check = train_emitted(emitted, model, args, inputs, kwargs["targets"],
-                              optimizer=optimizer, emitted_step=run)
+                              optimizer=optimizer, emitted_step=run, dtype=step.dtype,
+                              microbatches=count, rule=step.rule)
         how = (f"steps of {count} micro-batches ({planned.training['schedule']}) "
                if count > 1 else "steps ")
-    notes.append(f"training check passed: {check['steps']} {optimizer} {how}of the emitted "
-                 "model give the original's losses "
+    precision = f"{step.dtype} mixed-precision " if step.dtype != "float32" else ""
+    notes.append(f"training check passed: {check['steps']} {precision}{optimizer} {how}of the "
+                 "emitted model give the original's losses "
                  f"({', '.join(f'{v:.6g}' for v in check['losses'])}), gradients and parameters")
     memory, detail = _step_memory(emitted, planned, step, check_memory)
     notes.append(f"training step memory: {detail}")
@@ -458,5 +473,5 @@ def _step_memory(emitted: Any, planned: Plan, step: Step,
             return loss.detach()
 
     return check_step_memory(emitted, run, optimizer=planned.training["optimizer"],
-                             problem=planned.problem, schedule=planned.schedule,
-                             check_memory=check_memory)
+                             dtype=step.dtype, problem=planned.problem,
+                             schedule=planned.schedule, check_memory=check_memory)

@@ -103,13 +103,16 @@ class TrainingFacts:
     replicas: int
     check: str  # the training check of the emitted model: passed, or skipped
     recompute: tuple[str, ...] = ()  # the devices that recompute their activations
+    dtype: str = "float32"  # a half one: mixed precision (train.precision)
 
     @property
     def text(self) -> str:
-        """``"adam, 4 micro-batches (1f1b), 2 replicas"`` (and ``, recomputing on cpu:0``)."""
+        """``"adam, 4 micro-batches (1f1b), 2 replicas"``; ``"adam in bfloat16 mixed
+        precision, ..."``; ``", recomputing on cpu:0"`` after, where devices recompute."""
         m, r = self.microbatches, self.replicas
-        return (f"{self.optimizer}, {m} micro-batch{'es' if m != 1 else ''} ({self.schedule}), "
-                f"{r} replica{'s' if r != 1 else ''}"
+        mixed = f" in {self.dtype} mixed precision" if self.dtype != "float32" else ""
+        return (f"{self.optimizer}{mixed}, {m} micro-batch{'es' if m != 1 else ''} "
+                f"({self.schedule}), {r} replica{'s' if r != 1 else ''}"
                 + (f", recomputing on {', '.join(self.recompute)}" if self.recompute else ""))
 
 
@@ -230,6 +233,7 @@ def training_facts(plan: Plan) -> TrainingFacts | None:
                          microbatches=int(training.get("microbatches", 1)),
                          schedule=training.get("schedule", "gpipe"),
                          replicas=int(training.get("replicas", 1)),
+                         dtype=training.get("dtype", "float32"),
                          check=(training.get("check") or {}).get("status", "skipped"),
                          recompute=tuple(training.get("recompute", ())))
 

@@ -13,18 +13,22 @@ plans the step, and trains the emitted model beside the original
 graph holds one copy of the forward and backward per micro-batch, run in GPipe's or 1F1B's
 order (``simulate.schedules``); ``dataparallel.py`` weighs data-parallel replicas (of a
 micro-batched step too) and charges their gradients' all-reduce; ``recompute.py`` builds the
-step of a placement whose devices recompute their activations in the backward. Not yet here:
-mixed precision.
+step of a placement whose devices recompute their activations in the backward.
+``precision.py``: ``--dtype``, the model cast to bfloat16 or float16 before tracing and
+trained in mixed precision (float32 master weights, ``emit.optimizer.MasterWeights``). Not yet
+here: replicas of a mixed-precision step.
 """
 
 from autoplace.errors import AutoplaceError
 from autoplace.simulate.schedules import SCHEDULES
 from autoplace.train.graph import OPTIMIZERS, Optimizer, step_problem, training_memory
+from autoplace.train.precision import DTYPES, check_dtype
 from autoplace.train.recompute import RECOMPUTE_CHOICES
 from autoplace.train.wrap import LossModel, loss_model, training_targets
 
-__all__ = ["MODES", "OPTIMIZERS", "TRAINING_NOTE", "LossModel", "Optimizer", "check_training",
-           "loss_model", "step_problem", "training_memory", "training_targets"]
+__all__ = ["DTYPES", "MODES", "OPTIMIZERS", "TRAINING_NOTE", "LossModel", "Optimizer",
+           "check_dtype", "check_training", "loss_model", "step_problem", "training_memory",
+           "training_targets"]
 
 MODES = ("inference", "training")
 TRAINING_NOTE = ("training plan: one step of one batch, planned and checked with the layers "

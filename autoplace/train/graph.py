@@ -33,7 +33,9 @@ The forward problem is a traced model whose only output is its scalar loss, cost
 
 ``f``, ``f@backward`` and ``f@step`` share a device (colocated, as in the training graphs of
 Tarnawski et al., NeurIPS 2020), and so the weight update is charged to the device that holds
-the weight. Parameters are taken as float32 (4 bytes each): the models here are.
+the weight. Parameters are of the plan's dtype (``precision.py``): float32 (4 bytes each) by
+default; under mixed precision (bfloat16, float16) the update also holds a float32 master copy
+of each parameter (``precision.update_of``), and a gradient is of the parameter's dtype.
 """
 
 from __future__ import annotations
@@ -48,12 +50,12 @@ from autoplace.cost import weakest_source
 from autoplace.errors import GraphError
 from autoplace.ir import Costs, Edge, HostCosts, OpGraph, OpNode, Problem
 from autoplace.simulate.schedules import BACKWARD, SCHEDULES, STEP, microbatch_name
+from autoplace.train.precision import element_bytes, update_of
 
 __all__ = ["OPTIMIZERS", "Optimizer", "step_problem", "training_memory"]
 
 # Backward against forward, in time and in launches (see the module's docstring).
 BACKWARD_FACTOR = 2.0
-PARAM_BYTES = 4  # float32
 
 
 @dataclass(frozen=True)
@@ -92,14 +94,17 @@ OPTIMIZERS: Mapping[str, Optimizer] = {
 
 def step_problem(problem: Problem, optimizer: str = "adam",
                  backward_factor: Mapping[str, float] | None = None, *,
-                 microbatches: int = 1, schedule: str = "gpipe") -> Problem:
+                 microbatches: int = 1, schedule: str = "gpipe",
+                 dtype: str = "float32") -> Problem:
     """The problem of one training step of ``problem``'s forward graph, with ``optimizer``
     (a key of ``OPTIMIZERS``). The forward graph's only output must be the scalar loss.
     ``backward_factor[device]``: the backward's time over the forward's measured on that
     device (``profile.backward``), instead of ``BACKWARD_FACTOR``.
 
     With ``microbatches`` M > 1, ``problem`` is the forward of one micro-batch, and the step
-    runs M of them (``_microbatches``) in ``schedule``'s order (``simulate.schedules``)."""
+    runs M of them (``_microbatches``) in ``schedule``'s order (``simulate.schedules``).
+    ``dtype``: the precision the model was cast to before tracing (``precision.DTYPES``); a
+    half one is trained in mixed precision, with float32 master weights."""
     opt = OPTIMIZERS.get(optimizer)
     if opt is None:
         raise GraphError(f"unknown optimizer {optimizer!r}; choose one of "
@@ -109,7 +114,7 @@ def step_problem(problem: Problem, optimizer: str = "adam",
     graph = problem.graph
     loss = _loss_node(graph)
     grads = _needs_gradient(graph, loss)
-    nodes, edges, colocate = _step_graph(graph, grads, opt)
+    nodes, edges, colocate = _step_graph(graph, grads, opt, dtype)
     # No outputs: the simulator keeps a graph's outputs to the end, but a step's caller keeps
     # only the loss's detached scalar; what the loss node saves for its backward (its
     # workspace, added to its output) is freed once that backward has run.
@@ -193,10 +198,11 @@ def _needs_gradient(graph: OpGraph, loss: str) -> set[str]:
     return requires & feeds_loss
 
 
-def _step_graph(graph: OpGraph, grads: set[str], opt: Optimizer
+def _step_graph(graph: OpGraph, grads: set[str], opt: Optimizer, dtype: str
                 ) -> tuple[list[OpNode], list[Edge], list[tuple[str, ...]]]:
     """The step graph's nodes (forward, backward in reverse order, steps), edges and
     colocation groups (see the module's docstring)."""
+    update, size = update_of(opt, dtype), element_bytes(dtype)
     nodes = [replace(n, output_bytes=n.output_bytes + n.workspace_bytes) if n.name in grads
              else n for n in graph.nodes]
     edges = list(graph.edges)
@@ -218,13 +224,13 @@ def _step_graph(graph: OpGraph, grads: set[str], opt: Optimizer
         edges += [Edge(src=src, dst=name, bytes=b) for src, b in saved.items()]
         edges += [Edge(src=name, dst=e.src + BACKWARD, bytes=e.bytes) for e in ins]
         if n.trainable_bytes:
-            params = n.trainable_bytes / PARAM_BYTES
+            params = n.trainable_bytes / size
             steps.append(OpNode(
                 name=n.name + STEP, module=n.module, dtype="float32", launches=1,
-                param_bytes=n.trainable_bytes + int(params * opt.state_bytes_per_param),
-                workspace_bytes=int(params * opt.workspace_bytes_per_param),
-                flops=params * opt.flops_per_param,
-                bytes_accessed=int(params * opt.traffic_bytes_per_param)))
+                param_bytes=n.trainable_bytes + int(params * update.held_bytes_per_param),
+                workspace_bytes=int(params * update.workspace_bytes_per_param),
+                flops=params * update.flops_per_param,
+                bytes_accessed=int(params * update.traffic_bytes_per_param)))
             # The update waits for every gradient of its tensors: its own backward's and
             # those of the tensors' other readers (colocated with it, ``_needs_gradient``).
             # ``optimizer.step()`` runs only once the whole backward is done; edges from the
@@ -294,20 +300,25 @@ def _step_host(problem: Problem, grads: set[str], compute: Mapping[str, Mapping[
 
 
 def training_memory(graph: OpGraph, optimizer: str, capacity: int | None = None,
-                    microbatches: int = 1, recompute: str = "off") -> str:
+                    microbatches: int = 1, recompute: str = "off",
+                    dtype: str = "float32") -> str:
     """What a training step holds beyond inference, for an error that says no placement fits:
     the bytes of gradients and optimizer state, how many bytes the devices' ``capacity``
-    (together) lacks for them, and what would shrink them (``recompute``: what was asked)."""
+    (together) lacks for them, and what would shrink them (``recompute``: what was asked):
+    the numbers ``step_problem`` charges (under mixed precision the state holds the float32
+    master weights too)."""
     opt = OPTIMIZERS[optimizer]
     params = sum(n.param_bytes for n in graph.nodes)
     trained = sum(n.trainable_bytes for n in graph.nodes)
-    state = int(trained / PARAM_BYTES * opt.state_bytes_per_param)
+    state = int(trained / element_bytes(dtype) * update_of(opt, dtype).held_bytes_per_param)
     lighter = [o.name for o in OPTIMIZERS.values()
                if o.state_bytes_per_param < opt.state_bytes_per_param]
     short = params + trained + state - (capacity or 0)
     return (f"A training step holds, beside the {params} bytes of parameters and buffers and "
             f"the activations kept for backward, {trained} bytes of gradients and {state} bytes "
             f"of {optimizer} state"
+            + (f" (float32 master weights included: {dtype} mixed precision)"
+               if dtype != "float32" else "")
             + (f", {short} bytes more than all the devices hold together before any activation"
                if capacity is not None and short > 0 else "")
             + ": add devices"

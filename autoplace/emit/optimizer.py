@@ -1,0 +1,130 @@
+"""Emit: the optimizer a training plan's emitted model is stepped with: ``make_optimizer`` (by
+name, torch's defaults) and ``MasterWeights`` (that optimizer in the plan's precision), which
+the training check, the micro-batch step and ``autoplace run --train`` all step.
+
+In float32 ``MasterWeights`` is ``make_optimizer``'s ``torch.optim`` optimizer over the
+parameters. Under mixed precision (a model cast to bfloat16 or float16, ``train.precision``)
+it keeps a float32 *master* copy of each trained parameter on the parameter's device and steps
+the same optimizer over the masters: the half gradient is copied into the master's ``.grad``
+as float32, the master updated, and the half parameter set from it (Micikevicius et al.,
+"Mixed Precision Training", ICLR 2018, section 3.1; Megatron-LM's
+``Float16OptimizerWithFloat16Params``). Tensor by tensor, so that one float32 gradient at a
+time exists (``train.precision.update_of`` counts it as workspace), and ZeRO's 16 bytes per
+Adam parameter hold.
+
+float16 also scales the loss, as ``torch.amp.GradScaler`` does by default: the backward starts
+from ``loss_scale`` (initially 2**16), the master gradients are divided by it; a step whose
+half gradients hold an inf or a nan is skipped and the scale halved, and after 2000 steps in a
+row without one the scale doubles (``GradScaler``'s ``init_scale``, ``backoff_factor``,
+``growth_factor`` and ``growth_interval``). bfloat16 has float32's range: no scaling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from autoplace.train.precision import check_dtype
+
+__all__ = ["GROWTH_INTERVAL", "INIT_SCALE", "MasterWeights", "make_optimizer"]
+
+# torch.amp.GradScaler's defaults.
+INIT_SCALE, GROWTH_FACTOR, BACKOFF_FACTOR, GROWTH_INTERVAL = 2.0**16, 2.0, 0.5, 2000
+
+
+def make_optimizer(name: str, params: Any, lr: float | None = None) -> torch.optim.Optimizer:
+    """``name``'s ``torch.optim`` optimizer with torch's defaults (``lr`` if given), one tensor
+    at a time (``foreach=False``: the step graph's update temporaries are per tensor)."""
+    extra = {} if lr is None else {"lr": lr}
+    if name == "sgd":
+        return torch.optim.SGD(params, foreach=False, **extra)
+    if name == "sgd-momentum":
+        return torch.optim.SGD(params, momentum=0.9, foreach=False, **extra)
+    if name == "adam":
+        return torch.optim.Adam(params, foreach=False, **extra)
+    if name == "adamw":
+        return torch.optim.AdamW(params, foreach=False, **extra)
+    raise ValueError(f"unknown optimizer {name!r}")
+
+
+class MasterWeights:
+    """``optimizer`` (a name ``make_optimizer`` takes, with ``lr``) over ``params`` in
+    ``dtype``'s way: directly for float32, through float32 master weights for a half dtype.
+    A step: ``zero_grad()``, ``backward(loss)`` (or a backward seeded with ``loss_scale``),
+    ``step()``."""
+
+    def __init__(self, optimizer: str, params: Iterable[torch.Tensor], *, dtype: str = "float32",
+                 lr: float | None = None) -> None:
+        self.dtype = check_dtype(dtype)
+        self.params = list(dict.fromkeys(params))  # a tied parameter once
+        self.mixed = self.dtype != "float32"
+        self.masters = [p.detach().to(torch.float32).clone().requires_grad_(True)
+                        if self.mixed else p for p in self.params]
+        self.optimizer = make_optimizer(optimizer, self.masters, lr)
+        self.loss_scale = INIT_SCALE if self.dtype == "float16" else 1.0
+        self.skipped = 0  # steps skipped for an inf or a nan
+        self._finite_steps = 0
+
+    def master(self, param: torch.Tensor) -> torch.Tensor:
+        """The tensor the optimizer updates for ``param``: its master, or itself."""
+        for p, m in zip(self.params, self.masters):
+            if p is param:
+                return m
+        raise KeyError("not a parameter of this optimizer")
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()``, from ``loss_scale`` instead of 1."""
+        (loss * self.loss_scale if self.loss_scale != 1.0 else loss).backward()
+
+    def finite(self) -> bool:
+        """Whether every gradient is finite; always under bfloat16 and float32, which are
+        not scaled (an inf there is the model's, and the optimizer is left to meet it)."""
+        return self.dtype != "float16" or all(
+            bool(torch.isfinite(p.grad).all()) for p in self.params if p.grad is not None)
+
+    def step(self) -> bool:
+        """Update the parameters from their gradients; False where float16's step was skipped
+        (a gradient held an inf or a nan)."""
+        if not self.mixed:
+            self.optimizer.step()
+            return True
+        if not self.finite():
+            self.back_off()
+            return False
+        for p, m in zip(self.params, self.masters):
+            if p.grad is None:
+                continue
+            m.grad = p.grad.to(torch.float32)
+            if self.loss_scale != 1.0:
+                m.grad.mul_(1.0 / self.loss_scale)
+            self.optimizer.step()  # steps only the master with a gradient: this one
+            m.grad = None
+            with torch.no_grad():
+                p.copy_(m)
+        if self.dtype == "float16":
+            self._finite_steps += 1
+            if self._finite_steps == GROWTH_INTERVAL:
+                self.loss_scale *= GROWTH_FACTOR
+                self._finite_steps = 0
+        return True
+
+    def back_off(self) -> None:
+        """Skip this step's update: the loss scale halves (float16; bfloat16 and float32 only
+        count the skip)."""
+        if self.dtype == "float16":
+            self.loss_scale *= BACKOFF_FACTOR
+        self._finite_steps, self.skipped = 0, self.skipped + 1
+
+    def sync(self) -> None:
+        """Set every half parameter from its master again (after a master was changed from
+        outside: the check's ``_resync``)."""
+        if self.mixed:
+            with torch.no_grad():
+                for p, m in zip(self.params, self.masters):
+                    p.copy_(m)
