@@ -226,10 +226,11 @@ def train_plan(directory: str | os.PathLike[str], *, steps: int, lr: float | Non
     count = plan.training.get("microbatches", 1)
     # Micro-batches run segment by segment in the plan's order (each CPU worker's actions on
     # its own thread); one batch runs the model's forward and autograd's backward, which
-    # measured faster on this machine's CPU workers (GPT-2 on 2xcpu-thread: 317 ms a step,
-    # against 512 segment by segment). Autograd runs that backward, and the optimizer its
-    # update, on this thread: with CPU workers on one intra-op thread, as the plan times them
-    # (torch's default here, one per core, took the other worker's core: the 317 ms above).
+    # measured faster on this machine's CPU workers (GPT-2 on 2xcpu-thread in 59 segments,
+    # one intra-op thread: 421 ms a step, against 531-554 segment by segment; docs/training).
+    # Autograd runs that backward, and the optimizer its update, on this thread: with CPU
+    # workers on one intra-op thread, as the plan times them (torch's default here, one per
+    # core, took the other worker's core).
     run = stepper(model, plan.problem, plan.schedule, split_batch(args, kwargs, count),
                   plan.training["microbatch_loss"],
                   recompute=plan.training.get("recompute", ())) if count > 1 else None
