@@ -10,10 +10,9 @@ M > 1 micro-batches ``f#k`` and ``f@backward#k`` (parameters counted on ``f#0`` 
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 from autoplace.ir import Problem, Schedule
 from autoplace.simulate.schedules import phase_of
+from autoplace.train.graph import trained_bytes
 
 __all__ = ["BREAKDOWN_PARTS", "memory_breakdown"]
 
@@ -39,11 +38,7 @@ def memory_breakdown(problem: Problem, schedule: Schedule) -> dict[str, dict[str
     The simulator's resident bytes are the reserve plus every node's ``param_bytes``, so the
     parts add up to ``schedule.peak_bytes[device]``."""
     graph, device_of = problem.graph, schedule.placement.device_of
-    trained: dict[str, int] = defaultdict(int)  # forward name -> bytes its step updates
-    for node in graph.nodes:
-        forward, phase, _ = phase_of(node.name)
-        if phase == "forward":
-            trained[forward] += node.trainable_bytes
+    trained = trained_bytes(graph)  # forward name -> bytes its step updates
     out = {d.name: dict.fromkeys(BREAKDOWN_PARTS, 0) for d in problem.cluster.devices}
     for d in problem.cluster.devices:
         out[d.name]["reserved_bytes"] = d.reserved_bytes

@@ -36,7 +36,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from autoplace.ir import Cluster, Problem
-from autoplace.simulate.schedules import STEP, phase_of
+from autoplace.simulate.schedules import STEP
+from autoplace.train.graph import trained_bytes
 from cost_models import LINK_CATALOG, ring_allreduce_s
 
 __all__ = ["BUCKET_BYTES", "allreduce_s", "replica_groups", "with_allreduce"]
@@ -116,11 +117,7 @@ def with_allreduce(problem: Problem, cluster: Cluster,
         return problem
     rings = {d: _ring(cluster, [g[i] for g in groups]) for i, d in enumerate(groups[0])}
     graph = problem.graph
-    trained = {}
-    for node in graph.nodes:
-        base, phase, k = phase_of(node.name)
-        if phase == "forward" and k in (None, 0):
-            trained[base] = node.trainable_bytes
+    trained = trained_bytes(graph)
     compute = dict(problem.costs.compute_s)
     for node in graph.nodes:
         if not node.name.endswith(STEP):

@@ -49,10 +49,10 @@ from autoplace.cost import costs as price
 from autoplace.cost import weakest_source
 from autoplace.errors import GraphError
 from autoplace.ir import Costs, Edge, HostCosts, OpGraph, OpNode, Problem
-from autoplace.simulate.schedules import BACKWARD, SCHEDULES, STEP, microbatch_name
+from autoplace.simulate.schedules import BACKWARD, SCHEDULES, STEP, microbatch_name, phase_of
 from autoplace.train.precision import element_bytes, update_of
 
-__all__ = ["OPTIMIZERS", "Optimizer", "step_problem", "training_memory"]
+__all__ = ["OPTIMIZERS", "Optimizer", "step_problem", "trained_bytes", "training_memory"]
 
 # Backward against forward, in time and in launches (see the module's docstring).
 BACKWARD_FACTOR = 2.0
@@ -297,6 +297,17 @@ def _step_host(problem: Problem, grads: set[str], compute: Mapping[str, Mapping[
     if steps is not None:
         launch_s.update(steps.launch_s)
     return replace(host, launch_s=launch_s)
+
+
+def trained_bytes(graph: OpGraph) -> dict[str, int]:
+    """The trainable bytes of each forward node of a step graph, by the forward's name: what
+    its ``f@step`` updates (a micro-batch's copies share the parameters, counted on copy 0)."""
+    trained = {}
+    for node in graph.nodes:
+        base, phase, k = phase_of(node.name)
+        if phase == "forward" and k in (None, 0):
+            trained[base] = node.trainable_bytes
+    return trained
 
 
 def training_memory(graph: OpGraph, optimizer: str, capacity: int | None = None,

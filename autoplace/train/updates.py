@@ -20,7 +20,8 @@ from dataclasses import replace
 
 from autoplace.cost import weakest_source
 from autoplace.ir import Problem
-from autoplace.simulate.schedules import STEP, phase_of
+from autoplace.simulate.schedules import STEP
+from autoplace.train.graph import trained_bytes
 
 __all__ = ["with_measured_forward", "with_measured_updates"]
 
@@ -58,11 +59,7 @@ def with_measured_updates(problem: Problem, s_per_byte: Mapping[str, float]) -> 
     if not s_per_byte:
         return problem
     graph, costs = problem.graph, problem.costs
-    trained = {}
-    for node in graph.nodes:
-        base, phase, k = phase_of(node.name)
-        if phase == "forward" and k in (None, 0):
-            trained[base] = node.trainable_bytes
+    trained = trained_bytes(graph)
     compute = dict(costs.compute_s)
     device_source = dict(costs.device_source)
     source = dict(costs.source)
