@@ -29,7 +29,8 @@ Read in this order:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -184,18 +185,12 @@ def check_step_memory(emitted: PartitionedModel, run: Callable[[Any], Any], *,
     step unmeasured) against the step plan's (``problem``, ``schedule``), failing above it
     with ``check_memory`` (``None``: ``ENFORCE_PEAK_DEFAULT``). ``emitted``'s weights and
     gradients are left as they were."""
-    saved = {k: v.detach().clone() for k, v in emitted.state_dict().items()}
-    try:
+    with _untrained(emitted):
         return _check_memory(emitted, lambda: measure_step(emitted, run, optimizer=optimizer,
                                                            dtype=dtype),
                              problem=problem, schedule=schedule,
                              enforce=ENFORCE_PEAK_DEFAULT if check_memory is None
                              else check_memory)
-    finally:
-        with torch.no_grad():
-            emitted.load_state_dict(saved)
-        for p in emitted.parameters():
-            p.grad = None
 
 
 def train_emitted(emitted: PartitionedModel, model: torch.nn.Module, args: tuple[Any, ...],
@@ -205,11 +200,19 @@ def train_emitted(emitted: PartitionedModel, model: torch.nn.Module, args: tuple
                   rule: str | None = "mean") -> dict[str, Any]:
     """``training.verify_training`` of ``emitted`` against ``model`` (a ``train.LossModel``),
     leaving ``emitted``'s weights as they were (what ``save_model`` writes is untrained)."""
-    saved = {k: v.detach().clone() for k, v in emitted.state_dict().items()}
-    try:
+    with _untrained(emitted):
         return verify_training(emitted, model, args, kwargs, targets, optimizer=optimizer,
                                emitted_step=emitted_step, dtype=dtype,
                                microbatches=microbatches, rule=rule)
+
+
+@contextlib.contextmanager
+def _untrained(emitted: PartitionedModel) -> Iterator[None]:
+    """``emitted`` trained inside, its weights and buffers put back and its gradients dropped
+    afterwards: what ``save_model`` writes is the untrained model."""
+    saved = {k: v.detach().clone() for k, v in emitted.state_dict().items()}
+    try:
+        yield
     finally:
         with torch.no_grad():
             emitted.load_state_dict(saved)
