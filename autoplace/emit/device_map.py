@@ -5,7 +5,7 @@ A plan names the devices it was made for (``cuda:1``); the emitted model may run
 CPU (how the pipeline verifies a GPU plan on a laptop); ``remap`` applies a user's glob mapping
 (``{"cuda:*": "cpu"}``); ``check_device`` fails, with the mapping to pass, when a device is
 absent. ``worker_threads`` is the intra-op thread count of a process (or thread) that runs
-only ``cpu-thread`` workers.
+only ``cpu-thread`` workers (``is_thread_worker``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 
 from autoplace.errors import EmitError
 
-__all__ = ["check_device", "local_device_map", "remap", "worker_threads"]
+__all__ = ["check_device", "is_thread_worker", "local_device_map", "remap", "worker_threads"]
 
 
 def local_device_map(torch_devices: Sequence[str]) -> dict[str, str]:
@@ -65,19 +65,23 @@ def check_device(device: str, *, planned: str) -> None:
         raise EmitError(f"{where} is not usable here ({error}); {hint}") from error
 
 
+def is_thread_worker(torch_device: str) -> bool:
+    """Whether ``torch_device`` is a ``cpu-thread`` worker (``cpu:N``; the host CPU is ``cpu``)."""
+    kind, _, index = torch_device.partition(":")
+    return kind == "cpu" and bool(index)
+
 
 @contextlib.contextmanager
 def worker_threads(torch_devices: Iterable[str]) -> Iterator[int]:
     """Run the body on one intra-op thread where every device of ``torch_devices`` is a
     ``cpu-thread`` worker (``cpu:N``; the host CPU is ``cpu``), as the plan times such a
-    worker (``profile.timing.threads_for``) and the runtime runs it (``emit/runtime.py``);
-    torch's count is restored afterwards. Elsewhere torch's own count. Yields the count in
-    force. A whole step of such workers (autograd's backward on the calling thread, DDP's
-    process) otherwise runs on torch's default of one thread per core, over cores the plan
-    gives to the other workers."""
+    worker (``profile.timing.threads_for``, this for one device) and the runtime runs it
+    (``emit/runtime.py``); torch's count is restored afterwards. Elsewhere torch's own count.
+    Yields the count in force. A whole step of such workers (autograd's backward on the
+    calling thread, DDP's process) otherwise runs on torch's default of one thread per core,
+    over cores the plan gives to the other workers."""
     devices = list(torch_devices)
-    workers = bool(devices) and all(
-        torch.device(d).type == "cpu" and torch.device(d).index is not None for d in devices)
+    workers = bool(devices) and all(is_thread_worker(d) for d in devices)
     before = torch.get_num_threads()
     if workers:
         torch.set_num_threads(1)

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from autoplace.emit.device_map import is_thread_worker, worker_threads
+
 __all__ = ["ClockTimer", "CudaEventTimer", "Measurement", "Timer", "is_stable",
            "is_thread_worker", "measure", "relative_spread", "threads_for", "timer_for"]
 
@@ -77,27 +79,12 @@ def timer_for(torch_device: str) -> Timer:
     return ClockTimer(time.thread_time) if is_thread_worker(torch_device) else ClockTimer()
 
 
-def is_thread_worker(torch_device: str) -> bool:
-    """Whether ``torch_device`` is a ``cpu-thread`` worker (``cpu:N``; the host CPU is ``cpu``)."""
-    kind, _, index = torch_device.partition(":")
-    return kind == "cpu" and bool(index)
-
-
 @contextlib.contextmanager
 def threads_for(torch_device: str) -> Iterator[None]:
     """Time a ``cpu-thread`` worker as the emitted runtime runs it: torch on one intra-op thread
-    (restored afterwards); other devices as they are."""
-    if not is_thread_worker(torch_device):
+    (restored afterwards); other devices as they are (``emit.device_map.worker_threads``)."""
+    with worker_threads([torch_device]):
         yield
-        return
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @dataclass(frozen=True)
