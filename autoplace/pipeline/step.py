@@ -5,9 +5,9 @@ emitted model trained beside the original and its step's memory measured (``chec
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -42,6 +42,7 @@ from autoplace.train.updates import with_measured_forward, with_measured_updates
 __all__ = ["Batch", "Step", "check_step", "plan_step"]
 
 PLAN = "plan"  # the solver's placement among the candidates of ``_solve_recomputing``
+T = TypeVar("T")
 
 
 Batch = tuple[tuple[Any, ...], dict[str, Any]]
@@ -365,17 +366,12 @@ def _backward_factors(profiled: Any, model: torch.nn.Module, args: tuple[Any, ..
     ``train.updates.with_measured_forward``."""
     if profiled is None:
         return {}, {}
-    from autoplace.profile.backward import TrainingPasses, measure_training_passes
+    from autoplace.profile.backward import measure_training_passes
 
-    factors: dict[str, float] = {}
-    forwards: dict[str, float] = {}
-    by_key: dict[str, TrainingPasses] = {}
-    for dp in profiled.devices:
-        if dp.device_key not in by_key:
-            by_key[dp.device_key] = measure_training_passes(
-                model, args, kwargs, cluster.device(dp.device).torch_device)
-        factors[dp.device] = by_key[dp.device_key].backward_factor
-        forwards[dp.device] = by_key[dp.device_key].forward_s
+    passes = _per_kind(profiled, cluster, lambda torch_device: measure_training_passes(
+        model, args, kwargs, torch_device))
+    factors = {d: p.backward_factor for d, p in passes.items()}
+    forwards = {d: p.forward_s for d, p in passes.items()}
     if factors:
         notes.append("backward measured through autograd: " + ", ".join(
             f"{f:.2f}x the forward on {d}" for d, f in factors.items())
@@ -396,15 +392,11 @@ def _update_rates(profiled: Any, model: torch.nn.Module, args: tuple[Any, ...],
         return {}
     from autoplace.profile.update import measure_update_s_per_byte
 
-    rates: dict[str, float] = {}
-    by_key: dict[str, float | None] = {}
-    for dp in profiled.devices:
-        if dp.device_key not in by_key:
-            by_key[dp.device_key] = measure_update_s_per_byte(
-                model, args, kwargs, optimizer=optimizer,
-                torch_device=cluster.device(dp.device).torch_device)
-        if by_key[dp.device_key] is not None:
-            rates[dp.device] = by_key[dp.device_key]
+    def measure(torch_device: str) -> float | None:
+        return measure_update_s_per_byte(model, args, kwargs, optimizer=optimizer,
+                                         torch_device=torch_device)
+
+    rates = {d: r for d, r in _per_kind(profiled, cluster, measure).items() if r is not None}
     if rates:
         trained = sum(p.numel() * p.element_size() for p in model.parameters()
                       if p.requires_grad)
@@ -412,6 +404,18 @@ def _update_rates(profiled: Any, model: torch.nn.Module, args: tuple[Any, ...],
             f"{r * trained * 1e3:.3f} ms for all {trained} trainable bytes on {d}"
             for d, r in rates.items()) + " (the roofline elsewhere)")
     return rates
+
+
+def _per_kind(profiled: Any, cluster: Cluster, measure: Callable[[str], T]) -> dict[str, T]:
+    """``measure(torch_device)`` for each profiled device, once per kind of device (its
+    ``device_key``: alike devices share the figure), by device name."""
+    by_key: dict[str, T] = {}
+    found: dict[str, T] = {}
+    for dp in profiled.devices:
+        if dp.device_key not in by_key:
+            by_key[dp.device_key] = measure(cluster.device(dp.device).torch_device)
+        found[dp.device] = by_key[dp.device_key]
+    return found
 
 
 def check_step(planned: Plan, emitted: Any, model: torch.nn.Module, step: Step,
