@@ -30,7 +30,8 @@ from torch.utils import _pytree as pytree
 
 from autoplace.profile.timing import threads_for, timer_for
 
-__all__ = ["TrainingPasses", "measure_backward_factor", "measure_training_passes"]
+__all__ = ["TrainingPasses", "measure_backward_factor", "measure_training_passes",
+           "model_copy_on"]
 
 WARMUP = 3
 MIN_ROUNDS, MAX_ROUNDS = 7, 41
@@ -47,6 +48,16 @@ class TrainingPasses:
     backward_factor: float
 
 
+def model_copy_on(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  torch_device: str) -> tuple[torch.nn.Module, tuple[Any, Any]]:
+    """A copy of ``model`` and its inputs ``(args, kwargs)`` on ``torch_device`` (a
+    ``cpu-thread`` worker's, ``cpu:N``, is the CPU), to measure without touching the model."""
+    device = torch.device("cpu" if torch_device.startswith("cpu") else torch_device)
+    moved = pytree.tree_map(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v,
+                            (args, kwargs))
+    return copy.deepcopy(model).to(device), moved
+
+
 def measure_backward_factor(model: torch.nn.Module, args: tuple[Any, ...],
                             kwargs: dict[str, Any], torch_device: str) -> float:
     """Backward time over forward time of ``model`` (a ``train.LossModel``: its output is the
@@ -58,10 +69,7 @@ def measure_backward_factor(model: torch.nn.Module, args: tuple[Any, ...],
 def measure_training_passes(model: torch.nn.Module, args: tuple[Any, ...],
                             kwargs: dict[str, Any], torch_device: str) -> TrainingPasses:
     """``measure_backward_factor``'s rounds, with the forward pass's median time too."""
-    device = torch.device("cpu" if torch_device.startswith("cpu") else torch_device)
-    local = copy.deepcopy(model).to(device)
-    moved = pytree.tree_map(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v,
-                            (args, kwargs))
+    local, moved = model_copy_on(model, args, kwargs, torch_device)
     timer = timer_for(torch_device)
 
     def forward() -> None:

@@ -19,14 +19,13 @@ split is not measured.
 
 from __future__ import annotations
 
-import copy
 import statistics
 import time
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
 
+from autoplace.profile.backward import model_copy_on
 from autoplace.profile.timing import threads_for, timer_for
 
 __all__ = ["measure_update_s_per_byte"]
@@ -45,10 +44,7 @@ def measure_update_s_per_byte(model: torch.nn.Module, args: tuple[Any, ...],
     of the model; ``None`` for a model with nothing to train."""
     from autoplace.emit.training import make_optimizer
 
-    device = torch.device("cpu" if torch_device.startswith("cpu") else torch_device)
-    local = copy.deepcopy(model).to(device)
-    moved = pytree.tree_map(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v,
-                            (args, kwargs))
+    local, moved = model_copy_on(model, args, kwargs, torch_device)
     params = [p for p in local.parameters() if p.requires_grad]
     nbytes = sum(p.numel() * p.element_size() for p in params)
     if not nbytes:
