@@ -306,7 +306,6 @@ def _train(model_dir: Path, *, optimizer: str, replicas: int, rank: int, steps: 
     return report, record | {"optimizer": optimizer, "replicas": replicas}
 
 
-
 def _ddp_step(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Step:
     """A step's forward and backward of the shard under DistributedDataParallel, which
     averages the gradients across the replicas during the backward; the step returns the

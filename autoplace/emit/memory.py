@@ -115,18 +115,11 @@ def measure(
         # Storage tracking sees the ops of this thread only (a dispatch mode is per thread), so
         # a threaded emitted model is measured running its segments in order on this thread:
         # same segments, same order per device (runtime.py's workers follow it too).
-        runtime = getattr(emitted, "runtime", "sequential")
         tracker = _Tracker(emitted, planned)
-        try:
-            if runtime != "sequential":
-                emitted.runtime = "sequential"
-            with tracker:
-                with torch.no_grad():
-                    result = emitted(*args, **dict(kwargs or {}))
-                tracker.keep(result)
-        finally:
-            if runtime != "sequential":
-                emitted.runtime = runtime
+        with _sequential(emitted), tracker:
+            with torch.no_grad():
+                result = emitted(*args, **dict(kwargs or {}))
+            tracker.keep(result)
         activations = tracker.peaks()
     else:
         raise EmitError(f"unknown measuring method {method!r}; valid: auto, storage, allocator")
@@ -218,26 +211,20 @@ def measure_step(emitted: torch.nn.Module, run: Callable[[Charge], Any], *,
                   if p.requires_grad and id(p) not in seen]
         seen.update(id(p) for p in params)
         if params:
-            updates.append((device, params, MasterWeights(optimizer, params, dtype=dtype)))
-    runtime = getattr(emitted, "runtime", "sequential")
+            updates.append((device, MasterWeights(optimizer, params, dtype=dtype)))
     tracker = _Tracker(emitted, planned, backward=True)
-    try:
-        if runtime != "sequential":
-            emitted.runtime = "sequential"
+    with _sequential(emitted):
         for measured in (False, True):
             for p in emitted.parameters():
                 p.grad = None
             with tracker if measured else contextlib.nullcontext():
                 result = run(tracker.on if measured else lambda _: contextlib.nullcontext())
                 tracker.keep(result)
-                for device, _, opt in updates:
+                for device, opt in updates:
                     with tracker.on(device) if measured else contextlib.nullcontext():
                         opt.step()
-    finally:
-        if runtime != "sequential":
-            emitted.runtime = runtime
     resident = weight_bytes(emitted)
-    for device, _, opt in updates:
+    for device, opt in updates:
         masters = opt.masters if opt.mixed else []
         resident[device] = resident.get(device, 0) + sum(
             m.untyped_storage().nbytes() for m in masters) + sum(
@@ -248,6 +235,20 @@ def measure_step(emitted: torch.nn.Module, run: Callable[[Charge], Any], *,
     peaks = {d: b for d, b in tracker.peaks().items() if d in planned}
     return PeakMeasurement(weights_bytes=resident, activation_peak_bytes=peaks,
                            method="storage")
+
+
+@contextlib.contextmanager
+def _sequential(emitted: torch.nn.Module) -> Iterator[None]:
+    """``emitted`` run with the sequential runtime inside (its segments in order on this
+    thread, which storage tracking sees: a dispatch mode is per thread), its own afterwards."""
+    runtime = getattr(emitted, "runtime", "sequential")
+    if runtime != "sequential":
+        emitted.runtime = "sequential"
+    try:
+        yield
+    finally:
+        if runtime != "sequential":
+            emitted.runtime = runtime
 
 
 class _Tracker:
