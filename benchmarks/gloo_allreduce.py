@@ -14,13 +14,14 @@ plan prices the ring between two ``cpu-thread`` workers at their thread link ins
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import time
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from autoplace.emit.replicas import free_port
 
 SIZES_MB = (1, 8, 55)
 
@@ -48,9 +49,7 @@ def _rank(rank: int, port: int) -> None:
 
 
 def main() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     mp.spawn(_rank, args=(port,), nprocs=2)
     return 0
 

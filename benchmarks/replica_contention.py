@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import socket
 import statistics
 import sys
 import time
@@ -35,6 +34,7 @@ import torch.multiprocessing as mp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from autoplace.emit.replicas import free_port  # noqa: E402
 from benchmarks.common import RESULTS, machine_line, write_markdown  # noqa: E402
 
 MODES = ("alone", "side by side", "DDP")
@@ -98,9 +98,7 @@ def _rank(rank: int, world: int, port: int, name: str, mode: str, steps: int,
 def measure(name: str, mode: str, steps: int) -> dict[str, float]:
     """Rank 0's medians (seconds) of ``mode`` (one of ``MODES``)."""
     world = 1 if mode == "alone" else 2
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     context = mp.get_context("spawn")
     queue = context.Queue()
     ranks = [context.Process(target=_rank, args=(r, world, port, name, mode, steps, queue))

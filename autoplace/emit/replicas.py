@@ -50,7 +50,7 @@ from autoplace.emit.training import (
 )
 from autoplace.errors import AutoplaceError, EmitError, VerificationError
 
-__all__ = ["VERIFY_TIMEOUT_S", "launch_replicas", "verify_replicas"]
+__all__ = ["VERIFY_TIMEOUT_S", "free_port", "launch_replicas", "verify_replicas"]
 
 # verify_replicas: three steps of a model the one-process check has just trained in seconds;
 # nearly all of this is left for R processes to start, import torch and meet.
@@ -69,7 +69,7 @@ def launch_replicas(script: str | os.PathLike[str], *, replicas: int, argv: Sequ
     workers' own kind where they printed one) when they fail or run past the limit; either
     way, no process is left behind."""
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(replicas),
-               "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), str(script),
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script),
                *argv]
     path = os.environ.get("PYTHONPATH")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(_ROOT), *([path] if path else [])])}
@@ -91,8 +91,9 @@ def launch_replicas(script: str | os.PathLike[str], *, replicas: int, argv: Sequ
     return output
 
 
-def _free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (the kernel's pick), for torchrun's rendezvous."""
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the kernel's pick), for a rendezvous there
+    (torchrun's, or the benchmarks' processes')."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
