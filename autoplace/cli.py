@@ -125,6 +125,16 @@ def _parser() -> argparse.ArgumentParser:
                    help="measure op times and links on the devices that are here, and use "
                    "calibrated costs for the others where the profile cache has a fit "
                    "(default: on; with no device here, nothing is measured)")
+    p.add_argument("--checkpoint", metavar="PATH",
+                   help="the model's weights: a .safetensors file, or a directory written by "
+                   "save_pretrained (model.safetensors, or shards listed by "
+                   "model.safetensors.index.json). Every tensor is checked first (the missing "
+                   "and mis-shaped are named, nothing is written); the weights are loaded into "
+                   "the model (one built on the meta device too, where it fits in memory), and "
+                   "OUT/model refers to the checkpoint instead of copying it: load_model reads "
+                   "each segment's tensors from it straight onto the segment's device, and "
+                   "refuses a checkpoint changed since (size, modification time, index). "
+                   "Buffers it lacks (rotary inv_freq) are the model's, saved in OUT/model")
     _cache_option(p)
     _solve_options(p)
 
@@ -287,7 +297,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                   min_gain=args.min_gain, mode=args.mode, optimizer=args.optimizer,
                   loss=loaded.loss, example_targets=loaded.targets,
                   microbatches=args.microbatches, schedule=args.schedule,
-                  replicas=args.replicas, recompute=args.recompute, dtype=dtype)
+                  replicas=args.replicas, recompute=args.recompute, dtype=dtype,
+                  checkpoint=args.checkpoint)
     save(result, out)
     print_summary(result)
     print(f"wrote {out}/plan.json, report.html, summary.md, summary.txt"

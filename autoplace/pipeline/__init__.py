@@ -27,6 +27,7 @@ import autoplace.report as report
 from autoplace.cluster import resolve_cluster
 from autoplace.coarsen import DEFAULT_MAX_NODES
 from autoplace.emit import emit_and_verify
+from autoplace.emit.checkpoint import load_checkpoint
 from autoplace.emit.ddp import microbatching, replicas_of, write_train_script
 from autoplace.formats.output import atomic_output_dir
 from autoplace.formats.plan import BaselineResult, Plan, SolverRecord, Verification
@@ -77,6 +78,7 @@ def plan(
     replicas: int | str = "auto",
     recompute: str = "auto",
     dtype: str = "float32",
+    checkpoint: str | os.PathLike[str] | None = None,
 ) -> Plan:
     """Plan ``model`` on ``devices`` (a spec such as ``"2xA100-40GB"``, a ``Cluster``, or
     ``None`` for the GPUs found / the default simulated set).
@@ -116,6 +118,12 @@ def plan(
     ``dtype`` (``float32``, ``bfloat16``, ``float16``): a copy of the model and the floating
     example inputs and targets are cast to it before tracing (``train.precision``); a training
     plan in a half dtype is mixed precision (``emit.optimizer.MasterWeights``), one replica.
+
+    ``checkpoint`` (a safetensors file, or a directory ``save_pretrained`` wrote): the model's
+    weights, loaded into it before tracing (``emit.checkpoint.load_checkpoint``: every tensor
+    checked first, the missing and mis-shaped named); the emitted model refers to the
+    checkpoint instead of holding a copy, and ``load_model`` reads each segment's tensors
+    from it onto its device.
     """
     check_min_gain(min_gain)
     check_training(mode, optimizer, microbatches, schedule, replicas, recompute)
@@ -128,6 +136,10 @@ def plan(
                                      cluster_file=cluster_file)
     notes: list[str] = list(found)
     args, kwargs = normalize_inputs(example_inputs, where="example_inputs")
+    source = None
+    if checkpoint is not None:
+        source, checkpoint_notes = load_checkpoint(model, checkpoint)
+        notes += checkpoint_notes
     model.eval()
     model, (args, kwargs, example_targets) = cast(model, (args, kwargs, example_targets), dtype)
     notes += cast_notes(dtype, training=mode == "training")
@@ -179,6 +191,10 @@ def plan(
                                     check_memory=check_memory,
                                     step=step if mode == "training" else None)
         notes += emit_notes
+        if source is not None and planned.emitted is not None:
+            prefix = "model." if mode == "training" else ""  # train.LossModel holds it so
+            planned.emitted.checkpoint = (source[0], {f"{prefix}{name}": key
+                                                      for name, key in source[1].items()})
     return replace(planned, notes=tuple(notes), whatif=scaling, min_gain=gain,
                    profile=profiled.to_dict() if profiled else None)
 
