@@ -318,6 +318,11 @@ def load_segments(model: torch.nn.Module, directory: str | Path, segments: Itera
 def _check_weights(path: Path, meta: Mapping[str, Any]) -> None:
     """The emitted model's own weights are as written (a file safetensors can parse may still
     hold changed bytes: only the hash can tell), and its checkpoint, if any, is unchanged."""
+    try:
+        with safe_open(str(path / "weights.safetensors"), framework="pt"):
+            pass  # the header parses: a safetensors file, not some other format
+    except Exception as error:  # safetensors raises its own SafetensorError, OSError, ...
+        raise EmitError(f"cannot read {path / 'weights.safetensors'}: {error}") from error
     expected = meta.get("weights_sha256")
     if expected and _sha256(path / "weights.safetensors") != expected:
         raise EmitError(
