@@ -167,3 +167,12 @@ def test_loading_one_segment_reads_only_its_tensors(saved, tmp_path, monkeypatch
     for seg in meta["segments"]:
         tensors = getattr(model, f"seg{seg['index']}").state_dict().values()
         assert all(t.is_meta != (seg["index"] in mine) for t in tensors)
+
+
+def test_a_meta_model_too_large_to_load_is_planned_without_weights(saved, tmp_path,
+                                                                     monkeypatch, capsys):
+    monkeypatch.setattr(checkpoint_module, "_FIT_SHARE", 0.0)  # as if memory were short
+    assert _plan(saved, saved["root"] / "single", tmp_path / "out") == 0
+    assert "the model stays on the meta device, so it is neither emitted nor verified" in \
+        " ".join(capsys.readouterr().out.split())
+    assert not (tmp_path / "out" / "model").exists()

@@ -368,6 +368,7 @@ def load_checkpoint(model: torch.nn.Module, path: str | os.PathLike[str]
     fits, needed, available = fits_in_memory(model)
     where = f"{len(checkpoint.files)} file(s) in {checkpoint.root}"
     if on_meta and not fits:
+        model.to("meta")  # its real buffers too: tracing wants one device (no weights here)
         return (checkpoint, keys), [
             f"checkpoint {where} matches the model, but its {needed / 2**30:.2f} GiB are more "
             f"than {_FIT_SHARE:.0%} of the {(available or 0) / 2**30:.2f} GiB available here: "

@@ -310,8 +310,9 @@ def load_segments(model: torch.nn.Module, directory: str | Path, segments: Itera
         try:
             seg.load_state_dict(state, strict=True, assign=True)
         except (RuntimeError, AttributeError) as error:
-            raise EmitError(
-                f"the saved weights do not match model.py for seg{index}: {error}") from error
+            saved = "weights.safetensors and the checkpoint do" if record else (
+                "weights.safetensors does")
+            raise EmitError(f"{saved} not match model.py for seg{index}: {error}") from error
         del state
 
 
