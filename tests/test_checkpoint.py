@@ -169,10 +169,17 @@ def test_loading_one_segment_reads_only_its_tensors(saved, tmp_path, monkeypatch
         assert all(t.is_meta != (seg["index"] in mine) for t in tensors)
 
 
-def test_a_meta_model_too_large_to_load_is_planned_without_weights(saved, tmp_path,
-                                                                     monkeypatch, capsys):
+def test_a_meta_model_too_large_to_load_is_emitted_without_its_weights(saved, tmp_path,
+                                                                          monkeypatch, capsys):
     monkeypatch.setattr(checkpoint_module, "_FIT_SHARE", 0.0)  # as if memory were short
-    assert _plan(saved, saved["root"] / "single", tmp_path / "out") == 0
-    assert "the model stays on the meta device, so it is neither emitted nor verified" in \
+    assert _plan(saved, saved["root"] / "sharded", tmp_path / "out", *SPLIT) == 0
+    assert "the model stays on the meta device: it is not verified" in \
         " ".join(capsys.readouterr().out.split())
-    assert not (tmp_path / "out" / "model").exists()
+    plan = json.loads((tmp_path / "out" / "plan.json").read_text())
+    assert plan["verification"]["status"] == "skipped"
+    # Never loaded here, yet the emitted model reads the checkpoint and the buffers kept aside.
+    own = safetensors.torch.load_file(tmp_path / "out" / "model" / "weights.safetensors")
+    assert {k.partition(".")[2] for k in own} == {"model.rotary_emb.inv_freq"}
+    loaded = _load(tmp_path / "out")
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=IDS).logits, saved["logits"])

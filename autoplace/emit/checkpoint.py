@@ -37,6 +37,7 @@ from autoplace.errors import EmitError, ModelLoadError
 __all__ = [
     "INDEX_NAME",
     "Checkpoint",
+    "Referred",
     "Entry",
     "check_unchanged",
     "fill_model",
@@ -72,6 +73,24 @@ class Entry:
     file: str
     shape: tuple[int, ...]
     dtype: str
+
+
+@dataclass(frozen=True)
+class Referred:
+    """What an emitted model planned with a checkpoint refers to (its ``checkpoint``
+    attribute, which ``save_model`` reads): the checkpoint, the key of each tensor name, and
+    the values of the buffers it lacks where the model is on the meta device (``extras``,
+    kept before the model went there)."""
+
+    checkpoint: Checkpoint
+    keys: Mapping[str, str]
+    extras: Mapping[str, torch.Tensor]
+
+    def under(self, prefix: str) -> Referred:
+        """The same, the names under ``prefix`` (``train.LossModel`` holds the model as
+        ``model``)."""
+        return Referred(self.checkpoint, {prefix + k: v for k, v in self.keys.items()},
+                        {prefix + k: v for k, v in self.extras.items()})
 
 
 @dataclass(frozen=True)
@@ -273,11 +292,11 @@ def fill_model(model: torch.nn.Module, checkpoint: Checkpoint, keys: Mapping[str
                     table[leaf] = new
 
 
-def references(checkpoint: Checkpoint, keys: Mapping[str, str],
-               segments: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+def references(referred: Referred, segments: Mapping[str, torch.Tensor]) -> dict[str, Any]:
     """``meta.json``'s ``checkpoint`` object: the checkpoint's path and fingerprint, and for
     each segment tensor (``seg<i>.<name>``, in ``segments``) whose name the checkpoint holds,
     its key, file, and the dtype the segment holds it in."""
+    checkpoint, keys = referred.checkpoint, referred.keys
     tensors = {}
     for full, tensor in segments.items():
         name = full.partition(".")[2]
@@ -350,13 +369,13 @@ def _sha256(path: Path) -> str:
 
 
 def load_checkpoint(model: torch.nn.Module, path: str | os.PathLike[str]
-                    ) -> tuple[tuple[Checkpoint, dict[str, str]], list[str]]:
+                    ) -> tuple[Referred, list[str]]:
     """Check ``model`` against the checkpoint at ``path`` (``match``) and load it into the
     model (``fill_model``) where that fits in memory: a model with real tensors always (they
     are overwritten in place), a meta one only below ``_FIT_SHARE`` of the available memory
-    (else it stays on meta, and emit and verification are skipped as for any meta model).
-    Returns ``((checkpoint, keys), notes)``: what the emitted model refers to, and the plan's
-    notes."""
+    (else all of it goes to meta, its real buffers kept aside for ``save_model``, and it is
+    emitted on meta but not verified). Returns what the emitted model refers to and the
+    plan's notes."""
     checkpoint = open_checkpoint(path)
     if getattr(model, "_tied_weights_keys", None) and callable(getattr(model, "tie_weights",
                                                                             None)):
@@ -368,12 +387,15 @@ def load_checkpoint(model: torch.nn.Module, path: str | os.PathLike[str]
     fits, needed, available = fits_in_memory(model)
     where = f"{len(checkpoint.files)} file(s) in {checkpoint.root}"
     if on_meta and not fits:
-        model.to("meta")  # its real buffers too: tracing wants one device (no weights here)
-        return (checkpoint, keys), [
+        extras = {name: t.detach().clone() for name, (t, _) in _tensors(model).items()
+                  if name not in keys and not t.is_meta}
+        model.to("meta")  # its real buffers too: tracing wants one device
+        return Referred(checkpoint, keys, extras), [
             f"checkpoint {where} matches the model, but its {needed / 2**30:.2f} GiB are more "
             f"than {_FIT_SHARE:.0%} of the {(available or 0) / 2**30:.2f} GiB available here: "
-            "the model stays on the meta device, so it is neither emitted nor verified"]
+            "the model stays on the meta device: it is not verified, and its emitted model "
+            "(inference only) reads the weights from the checkpoint when loaded"]
     fill_model(model, checkpoint, keys)
-    return (checkpoint, keys), [
+    return Referred(checkpoint, keys, {}), [
         f"weights loaded from the checkpoint ({len(set(keys.values()))} tensors, {where}); "
         "the emitted model reads them from there instead of keeping a copy"]

@@ -102,11 +102,12 @@ def save_model(model: PartitionedModel, directory: str | Path) -> None:
     }
     referred = getattr(model, "checkpoint", None)
     if referred is not None:
-        meta["checkpoint"] = references(*referred, {
+        meta["checkpoint"] = references(referred, {
             f"seg{seg.index}.{name}": tensor for seg in model.segment_info
             for name, tensor in getattr(model, f"seg{seg.index}").state_dict(
                 keep_vars=True).items()})
-    weights = _weights(model, referenced=set(meta.get("checkpoint", {}).get("tensors", ())))
+    weights = _weights(model, referenced=set(meta.get("checkpoint", {}).get("tensors", ())),
+                       extras=referred.extras if referred is not None else {})
     inputs, meta["inputs"] = _inputs(getattr(model, "example_inputs", None))
     path = Path(directory)
     try:
@@ -125,10 +126,12 @@ def save_model(model: PartitionedModel, directory: str | Path) -> None:
         raise OutputError(f"cannot write the emitted model to {path}: {error}") from error
 
 
-def _weights(model: PartitionedModel, *, referenced: set[str]) -> dict[str, torch.Tensor]:
+def _weights(model: PartitionedModel, *, referenced: set[str],
+             extras: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Every segment's tensors under ``seg<i>.<name>``, but those ``referenced`` in a
-    checkpoint; safetensors refuses tensors that share memory, so a tensor whose storage was
-    already taken is cloned."""
+    checkpoint, a meta one from ``extras`` by name (``checkpoint.Referred``); safetensors
+    refuses tensors that share memory, so a tensor whose storage was already taken is
+    cloned."""
     weights: dict[str, torch.Tensor] = {}
     storages: set[int] = set()
     for seg in model.segment_info:
@@ -136,6 +139,8 @@ def _weights(model: PartitionedModel, *, referenced: set[str]) -> dict[str, torc
         for name, tensor in module.state_dict(keep_vars=True).items():
             if f"seg{seg.index}.{name}" in referenced:
                 continue
+            if tensor.is_meta and name in extras:
+                tensor = extras[name]
             if tensor.is_meta:
                 raise EmitError(
                     f"seg{seg.index}.{name} lives on the meta device (device_map sent it there); "

@@ -189,18 +189,19 @@ def plan(
         planned, emit_notes = _emit(planned, traced, model, args, kwargs,
                                     forward=forward.problem, verify=verify,
                                     check_memory=check_memory,
-                                    step=step if mode == "training" else None)
+                                    step=step if mode == "training" else None,
+                                    meta_weights=source is not None and mode == "inference")
         notes += emit_notes
         if source is not None and planned.emitted is not None:
-            prefix = "model." if mode == "training" else ""  # train.LossModel holds it so
-            planned.emitted.checkpoint = (source[0], {f"{prefix}{name}": key
-                                                      for name, key in source[1].items()})
+            # train.LossModel holds the model as ``model``
+            planned.emitted.checkpoint = source.under("model.") if mode == "training" else source
     return replace(planned, notes=tuple(notes), whatif=scaling, min_gain=gain,
                    profile=profiled.to_dict() if profiled else None)
 
 def _emit(planned: Plan, traced: Any, model: torch.nn.Module, args: tuple[Any, ...],
           kwargs: dict[str, Any], *, forward: Problem, verify: bool,
-          check_memory: bool | None, step: Step | None) -> tuple[Plan, list[str]]:
+          check_memory: bool | None, step: Step | None,
+          meta_weights: bool = False) -> tuple[Plan, list[str]]:
     """The partitioned model of ``planned``, verified. A training plan (its ``step``) emits
     its forward nodes (of micro-batch 0, of replica 0) as placed (backward and optimizer steps
     follow them: autograd and ``torch.optim`` run where the forward ran and the weights live);
@@ -219,7 +220,8 @@ def _emit(planned: Plan, traced: Any, model: torch.nn.Module, args: tuple[Any, .
         device_of_op = {op: device_of[n.name] for n in forward.graph.nodes for op in n.ops}
     emitted, verification, notes = emit_and_verify(
         traced, model, args, kwargs, problem=problem, schedule=schedule,
-        device_of_op=device_of_op, check_outputs=verify, check_memory=check_memory)
+        device_of_op=device_of_op, check_outputs=verify, check_memory=check_memory,
+        meta_weights=meta_weights)
     planned = replace(planned, emitted=emitted, verification=Verification.from_dict(verification))
     if step is None or emitted is None:
         return planned, notes
