@@ -183,3 +183,25 @@ def test_a_meta_model_too_large_to_load_is_emitted_without_its_weights(saved, tm
     loaded = _load(tmp_path / "out")
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=IDS).logits, saved["logits"])
+
+
+def test_a_buffer_built_on_meta_and_not_saved_says_how_to_build_the_model(saved):
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG))
+    with pytest.raises(ModelLoadError, match=r"lacks the buffers 2 tensor\(s\): "
+                       r"model.rotary_emb.inv_freq.*init_empty_weights"):
+        match(model, open_checkpoint(saved["root"] / "single"))
+
+
+def test_floating_dtypes_are_cast_and_others_refused(saved, tmp_path):
+    state = safetensors.torch.load_file(saved["root"] / "single" / "model.safetensors")
+    half = tmp_path / "half.safetensors"
+    safetensors.torch.save_file({k: v.to(torch.bfloat16) for k, v in state.items()}, half)
+    keys = match(saved["model"], open_checkpoint(half))  # float32 model, bfloat16 checkpoint
+    assert keys["lm_head.weight"] == keys["model.embed_tokens.weight"] == (
+        "model.embed_tokens.weight")
+    ints = tmp_path / "ints.safetensors"
+    safetensors.torch.save_file({**state, "model.norm.weight": torch.ones(32, dtype=torch.int32)},
+                                ints)
+    with pytest.raises(ModelLoadError, match=r"model.norm.weight \(\[32\] int32"):
+        match(saved["model"], open_checkpoint(ints))

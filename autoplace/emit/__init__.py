@@ -16,7 +16,8 @@ Read in this order:
    simulator.
 3. ``device_map``: where planned devices run here (``local_device_map``, glob remaps).
 4. ``saving``: ``save_model`` and ``load_model`` (``model.py``, ``weights.safetensors``,
-   ``meta.json``).
+   ``meta.json``), ``load_segments`` (given segments' weights, one at a time, onto their
+   devices); ``checkpoint``: weights read from the user's safetensors checkpoint instead.
 5. ``verification.verify``: ``torch.testing.assert_close`` against the original model; then
    ``memory.measure`` (peak bytes per planned device while the emitted model runs) and
    ``verification.check_peak`` (no device above the plan's figure).
@@ -47,7 +48,7 @@ from autoplace.emit.memory import (
 from autoplace.emit.model import PartitionedModel, SegmentInfo, emit_model
 from autoplace.emit.replay import replay
 from autoplace.emit.replicas import verify_replicas
-from autoplace.emit.saving import load_model, save_model
+from autoplace.emit.saving import load_model, load_segments, save_model
 from autoplace.emit.training import verify_training
 from autoplace.emit.verification import ENFORCE_PEAK_DEFAULT, VerifyResult, check_peak, verify
 from autoplace.ir import Problem, Schedule
@@ -63,6 +64,7 @@ __all__ = [
     "emit_and_verify",
     "emit_model",
     "load_model",
+    "load_segments",
     "local_device_map",
     "measure_peak_bytes",
     "save_model",
