@@ -48,6 +48,7 @@ __all__ = [
     "open_checkpoint",
     "read_segment",
     "references",
+    "safetensors_device",
 ]
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -344,7 +345,8 @@ def read_segment(record: Mapping[str, Any], prefix: str, device: str) -> dict[st
     state: dict[str, torch.Tensor] = {}
     for file, refs in sorted(by_file.items()):
         try:
-            with safe_open(str(root / file), framework="pt", device=device) as f:
+            with safe_open(str(root / file), framework="pt",
+                           device=safetensors_device(device)) as f:
                 for name, ref in refs:
                     tensor = f.get_tensor(ref["key"])
                     if list(tensor.shape) != list(ref["shape"]):
@@ -357,6 +359,12 @@ def read_segment(record: Mapping[str, Any], prefix: str, device: str) -> dict[st
         except Exception as error:  # SafetensorError (a key gone), OSError, ...
             raise EmitError(f"cannot read the checkpoint's {root / file}: {error}") from error
     return state
+
+
+def safetensors_device(device: str) -> str:
+    """``device`` as ``safe_open`` takes it: it refuses ``cpu:0`` (a CPU worker thread's
+    device, ``2xcpu-thread``), which is the CPU all the same."""
+    return "cpu" if torch.device(device).type == "cpu" else str(device)
 
 
 def _stat(path: Path) -> dict[str, int]:

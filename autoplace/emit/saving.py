@@ -32,7 +32,12 @@ import torch
 from safetensors import safe_open
 from torch.utils import _pytree as pytree
 
-from autoplace.emit.checkpoint import check_unchanged, read_segment, references
+from autoplace.emit.checkpoint import (
+    check_unchanged,
+    read_segment,
+    references,
+    safetensors_device,
+)
 from autoplace.emit.codegen import (
     MODEL_CLASS_NAME,
     class_source,
@@ -304,7 +309,7 @@ def load_segments(model: torch.nn.Module, directory: str | Path, segments: Itera
         state: dict[str, torch.Tensor] = {}
         try:
             with safe_open(str(path / "weights.safetensors"), framework="pt",
-                           device=device) as f:
+                           device=safetensors_device(device)) as f:
                 for key in f.keys():  # noqa: SIM118 - safe_open has no __iter__
                     if key.startswith(prefix):
                         state[key[len(prefix):]] = f.get_tensor(key)
