@@ -42,7 +42,7 @@ from torch.utils.flop_counter import flop_registry
 from autoplace.errors import TraceError
 from autoplace.ir import Edge, OpGraph, OpNode
 
-__all__ = ["INPUT", "ModuleTrace", "Unit", "trace_modules", "units"]
+__all__ = ["INPUT", "ModuleTrace", "Unit", "Units", "module_units", "trace_modules", "units"]
 
 INPUT = "input"  # the node of the model's inputs
 _TAG = "_autoplace_sources"  # attribute each tensor's sources ride on
@@ -108,6 +108,10 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return [v for v in tree_flatten(value)[0] if isinstance(v, torch.Tensor)]
 
 
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
 def _sources(t: torch.Tensor) -> frozenset[str]:
     return getattr(t, _TAG, frozenset())
 
@@ -147,10 +151,14 @@ class _Watch(TorchDispatchMode):
             self.record.launches += 1
         else:
             sources = frozenset().union(*(_sources(t) for t in _tensors((args, kwargs))))
+        # A view or an in-place op's result holds no new storage: ``_base`` is not set yet
+        # down here, so storages are compared instead.
+        held = set() if self.current is None or func.is_view else {
+            _storage(t) for t in _tensors((args, kwargs))}
         for t in _tensors(out):
             with contextlib.suppress(AttributeError, RuntimeError):
                 setattr(t, _TAG, sources)
-            if t._base is None and self.current is not None:
+            if self.current is not None and not func.is_view and _storage(t) not in held:
                 size = _nbytes(t)
                 self.live_bytes += size
                 self.peak_bytes = max(self.peak_bytes, self.live_bytes)
@@ -239,20 +247,42 @@ def _run(model: torch.nn.Module, args: tuple, kwargs: dict, watch: _Watch) -> An
                              f"{type(exc).__name__}: {exc}") from exc
 
 
-def trace_modules(model: torch.nn.Module, args: tuple, kwargs: dict, *,
-                  no_split: tuple[str, ...] | None = None, name: str = "model") -> ModuleTrace:
-    """``model``'s module-level ``OpGraph`` on ``args``/``kwargs``. ``no_split``: the classes
-    kept whole (default: ``model._no_split_modules``)."""
+@dataclass(frozen=True)
+class Units:
+    """What the module tree alone says, before any run: the units by ``id`` of their module,
+    the classes kept whole, each unit's parameter and buffer bytes, and the tied groups."""
+
+    found: dict[int, Unit]
+    no_split: tuple[str, ...]
+    param_bytes: dict[str, int]
+    tied: tuple[tuple[str, ...], ...]
+
+
+def module_units(model: torch.nn.Module, no_split: tuple[str, ...] | None = None) -> Units:
+    """``model``'s units (``no_split``: the classes kept whole, default
+    ``model._no_split_modules``), their bytes and tied groups."""
     if no_split is None:
         no_split = tuple(sorted(getattr(model, "_no_split_modules", None) or ()))
     found = units(model, frozenset(no_split))
+    return Units(found=found, no_split=tuple(no_split),
+                 param_bytes=_param_bytes(model, found)[0], tied=_tied(model, found))
+
+
+def trace_modules(model: torch.nn.Module, args: tuple, kwargs: dict, *,
+                  no_split: tuple[str, ...] | None = None, name: str = "model",
+                  tree: Units | None = None) -> ModuleTrace:
+    """``model``'s module-level ``OpGraph`` on ``args``/``kwargs``. ``no_split``: the classes
+    kept whole (default: ``model._no_split_modules``); ``tree``: ``module_units``' answer, when
+    the caller has it."""
+    tree = tree or module_units(model, no_split)
+    found, no_split = tree.found, tree.no_split
     watch, records, order = _Watch(), {}, []
     with _hooked(model, found, watch, records, order):
         output = _run(model, args, kwargs, watch)
     by_name = {u.name: u for u in found.values()}
     order += [u.name for u in found.values() if u.name not in records]  # never called
     nodes, edges, dropped = _nodes_and_edges(model, found, records, order, args, kwargs)
-    colocate = _tied(model, found)
+    colocate = tree.tied
     outputs = sorted(set().union(*(_sources(t) for t in _tensors(output))) & set(by_name))
     notes = []
     if dropped:

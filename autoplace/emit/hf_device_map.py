@@ -17,9 +17,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 import torch
+from networkx.utils import UnionFind
 
 from autoplace.errors import InfeasibleError
-from autoplace.ir import Cluster, OpGraph
+from autoplace.ir import Cluster
 from autoplace.solve.accelerate import device_keys
 
 __all__ = ["check_units_fit", "device_map", "remapped", "uncovered"]
@@ -53,26 +54,33 @@ def uncovered(model: torch.nn.Module, mapping: Mapping[str, int | str]) -> list[
     return missing
 
 
-def check_units_fit(graph: OpGraph, classes: Mapping[str, str], cluster: Cluster,
+def check_units_fit(param_bytes: Mapping[str, int], tied: Iterable[Iterable[str]],
+                    classes: Mapping[str, str], cluster: Cluster,
                     no_split: Iterable[str]) -> None:
-    """Raise ``InfeasibleError`` naming the first module (with its colocated, tied ones) whose
-    parameters and buffers no device of ``cluster`` can hold, with the bytes."""
+    """Raise ``InfeasibleError`` naming the first unit (with the units tied to it) whose
+    parameters and buffers (``param_bytes``) no device of ``cluster`` can hold, with the bytes.
+    ``classes``: each unit's class, in the model's order."""
     room = {d.name: d.memory_bytes - d.reserved_bytes for d in cluster.devices}
     largest = max(room, key=room.__getitem__)
     kept = set(no_split)
-    for node in graph.nodes:
-        group = graph.colocation_of[node.name]
-        if node.name != group[0]:
-            continue
-        need = sum(graph.node(n).param_bytes for n in group)
+    sets = UnionFind(classes)
+    for group in tied:
+        sets.union(*group)
+    groups: dict[str, list[str]] = {}
+    for name in classes:
+        groups.setdefault(sets[name], []).append(name)
+    for group in groups.values():
+        need = sum(param_bytes.get(n, 0) for n in group)
         if need <= room[largest]:
             continue
-        cls = classes.get(node.name, "")
+        name = max(group, key=lambda n: param_bytes.get(n, 0))
+        cls = classes[name]
         why = (f"a {cls}, which --no-split keeps whole" if cls in kept
-               else f"a {cls} without submodules to split it into" if cls else "the model")
-        tied = f" (with {', '.join(group[1:])}, which share its weights)" if len(group) > 1 else ""
+               else f"a {cls}, which has no submodules to split it into")
+        others = [n for n in group if n != name]
+        tied_text = (f" (with {', '.join(others)}, which share its weights)" if others else "")
         raise InfeasibleError(
-            f"module {node.name or '(the whole model)'!r}{tied} needs {need:,} bytes of "
+            f"module {name or '(the whole model)'!r}{tied_text} needs {need:,} bytes of "
             f"parameters and buffers ({why}), but the largest device, {largest}, holds "
             f"{room[largest]:,} bytes beside its runtime reserve: a device_map places a module "
             f"whole, so add a device with more memory"

@@ -30,7 +30,7 @@ from autoplace.solve import SolveOptions, solve
 from autoplace.solve.accelerate import accelerate_available, accelerate_maps, on_graph
 from autoplace.solve.baselines import DEFAULT_MIN_GAIN, check_min_gain
 from autoplace.solve.options import MODULE_TIME_LIMIT_S
-from autoplace.trace_modules import INPUT, ModuleTrace, trace_modules
+from autoplace.trace_modules import INPUT, ModuleTrace, module_units, trace_modules
 
 __all__ = ["plan_modules"]
 
@@ -64,11 +64,11 @@ def plan_modules(
     notes: list[str] = list(found)
     args, kwargs = normalize_inputs(example_inputs, where="example_inputs")
     model.eval()
-    traced = trace_modules(model, args, kwargs, no_split=None if no_split is None
-                           else tuple(no_split), name=name)
+    tree = module_units(model, None if no_split is None else tuple(no_split))
+    check_units_fit(tree.param_bytes, tree.tied, {u.name: u.cls for u in tree.found.values()},
+                    cluster, tree.no_split)  # before running the model: a clear error at once
+    traced = trace_modules(model, args, kwargs, name=name, tree=tree)
     notes += traced.notes
-    classes = {n: u.cls for n, u in traced.units.items()}
-    check_units_fit(traced.graph, classes, cluster, traced.no_split)
     problem = Problem(graph=traced.graph, cluster=cluster,
                       costs=cost_nodes(traced.graph, cluster))
     extra, maps, map_notes = _accelerate(model, traced, problem)

@@ -1,0 +1,206 @@
+"""--granularity module: Hugging Face device_maps for GPT-2, Llama, T5, BERT and Mixtral.
+
+Each model is a tiny transformers config with random weights (nothing downloaded). Planned on two
+GPUs capped so the weights must be split, the map must cover every ``state_dict`` entry
+(accelerate's own ``check_device_map``), keep tied weights and no-split modules on one device, be
+accepted by ``accelerate.dispatch_model``, and, with every device remapped to the CPU, load with
+``from_pretrained`` into a model whose outputs equal the original's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from accelerate import dispatch_model
+from accelerate.utils import check_device_map, find_tied_parameters
+
+from autoplace.cli import main
+from autoplace.cluster import resolve_cluster
+from autoplace.emit.hf_device_map import remapped, uncovered
+from autoplace.errors import InfeasibleError
+from autoplace.formats.plan import read_plan
+from autoplace.pipeline import save
+from autoplace.pipeline.modules import plan_modules
+from autoplace.trace_modules import trace_modules
+
+
+def _gpt2():
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=96,
+                                     n_positions=32, tie_word_embeddings=True, use_cache=False)
+    return transformers.GPT2LMHeadModel(config), {"input_ids": torch.randint(0, 96, (2, 12))}
+
+
+def _llama():
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2,
+                                      vocab_size=96, use_cache=False)
+    return transformers.LlamaForCausalLM(config), {"input_ids": torch.randint(0, 96, (2, 12))}
+
+
+def _t5():
+    config = transformers.T5Config(vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                                   num_heads=4, use_cache=False)
+    return transformers.T5ForConditionalGeneration(config), {
+        "input_ids": torch.randint(0, 96, (2, 12)),
+        "decoder_input_ids": torch.randint(0, 96, (2, 6))}
+
+
+def _bert():
+    config = transformers.BertConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=4, intermediate_size=64)
+    return transformers.BertForMaskedLM(config), {"input_ids": torch.randint(0, 96, (2, 12))}
+
+
+def _mixtral():
+    config = transformers.MixtralConfig(hidden_size=32, intermediate_size=16,
+                                        num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=2, num_local_experts=4,
+                                        num_experts_per_tok=2, vocab_size=96, use_cache=False)
+    return transformers.MixtralForCausalLM(config), {"input_ids": torch.randint(0, 96, (2, 12))}
+
+
+MODELS = {"gpt2": _gpt2, "llama": _llama, "t5": _t5, "bert": _bert, "mixtral": _mixtral}
+
+
+def _build(name: str):
+    torch.manual_seed(0)
+    model, inputs = MODELS[name]()
+    return model.eval(), inputs
+
+
+def _capped(share: float, weights: int, spec: str = "2xA100-40GB"):
+    cluster, _ = resolve_cluster(spec=spec)
+    cap = int(share * weights)
+    return dataclasses.replace(cluster, devices=tuple(
+        dataclasses.replace(d, memory_bytes=cap, reserved_bytes=0) for d in cluster.devices))
+
+
+def _split_cluster(model: torch.nn.Module, inputs: dict):
+    """Two GPUs each capped at 70% of what the model needs on one device (weights, the largest
+    workspace, every module's outputs): the plan must use both."""
+    graph = trace_modules(model, (), inputs).graph
+    need = _weights(model) + max(n.workspace_bytes for n in graph.nodes) + sum(
+        n.output_bytes for n in graph.nodes)
+    return _capped(0.7, need)
+
+
+def _weights(model: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def _device_of(mapping: dict, tensor_name: str):
+    """The device ``mapping`` gives ``tensor_name``: its longest covering key's."""
+    parts = tensor_name.split(".")
+    for i in range(len(parts), -1, -1):
+        key = ".".join(parts[:i])
+        if key in mapping:
+            return mapping[key]
+    raise AssertionError(f"{tensor_name} is not covered")
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_device_map_loads_and_matches_the_original(name: str, tmp_path: Path) -> None:
+    model, inputs = _build(name)
+    with torch.no_grad():
+        expected = model(**inputs)
+    planned = plan_modules(model, inputs, devices=_split_cluster(model, inputs),
+                           time_limit_s=1.0, deterministic=True)
+    mapping = planned.device_map["map"]
+    assert set(mapping.values()) == {0, 1}, mapping
+    check_device_map(model, mapping)  # raises if any parameter or buffer is left out
+    assert uncovered(model, mapping) == []
+    for group in find_tied_parameters(model):  # tied weights share a device
+        assert len({_device_of(mapping, p) for p in group}) == 1, group
+    no_split = set(model._no_split_modules)
+    for module_name, module in model.named_modules():
+        if type(module).__name__ in no_split:  # each kept whole
+            tensors = [f"{module_name}.{t}" for t, _ in module.state_dict().items()]
+            assert len({_device_of(mapping, t) for t in tensors}) == 1, module_name
+    # the simulator's peaks, activations included, fit the caps; accelerate's maps are scored
+    assert planned.schedule.feasible
+    for strategy in ("accelerate-sequential", "accelerate-balanced"):
+        baseline = planned.baselines.get(strategy)
+        if baseline is not None and baseline.feasible:
+            assert planned.makespan_s <= baseline.makespan_s * (1 + 1e-9)
+
+    save(planned, tmp_path / "out")
+    written = json.loads((tmp_path / "out" / "device_map.json").read_text())
+    assert written == mapping
+    assert read_plan(tmp_path / "out" / "plan.json").device_map["map"] == mapping
+
+    model.save_pretrained(tmp_path / "saved")
+    loaded = type(model).from_pretrained(tmp_path / "saved", device_map=remapped(written))
+    with torch.no_grad():
+        got = loaded.eval()(**inputs)
+    torch.testing.assert_close(got.logits, expected.logits)
+    dispatched = dispatch_model(_build(name)[0], device_map=remapped(written))
+    with torch.no_grad():
+        torch.testing.assert_close(dispatched(**inputs).logits, expected.logits)
+
+
+def test_units_tie_and_cover_gpt2() -> None:
+    # GPT-2's lm_head shares its weight with transformer.wte: the two units are colocated, and
+    # the weight counts once (in wte), so the graph's bytes are the model's.
+    model, inputs = _build("gpt2")
+    traced = trace_modules(model, (), inputs)
+    graph = traced.graph
+    assert ("lm_head", "transformer.wte") in graph.colocate
+    assert graph.node("lm_head").param_bytes == 0
+    assert graph.total_param_bytes == _weights(model) + sum(
+        b.numel() * b.element_size() for b in model.buffers())
+    # one node per block, in call order, each fed by the one before
+    blocks = [n.name for n in graph.nodes if n.name.startswith("transformer.h.")]
+    assert blocks == ["transformer.h.0", "transformer.h.1"]
+    assert any(e.src == "transformer.h.0" and e.dst == "transformer.h.1" for e in graph.edges)
+    # a block's FLOPs: at least its matmuls, 2 * tokens * (4 + 8) * width^2
+    assert graph.node("transformer.h.0").flops >= 2 * 24 * 12 * 32 * 32
+    assert graph.outputs == ("lm_head",)
+
+
+def test_t5_shared_embedding_covers_every_alias() -> None:
+    # T5's encoder.embed_tokens and decoder.embed_tokens are the module `shared` under two more
+    # names: the map names all three, and the one unit runs twice (encoder, then decoder).
+    model, inputs = _build("t5")
+    planned = plan_modules(model, inputs, devices=_split_cluster(model, inputs),
+                           time_limit_s=1.0, deterministic=True)
+    mapping = planned.device_map["map"]
+    assert mapping["shared"] == mapping["encoder.embed_tokens"] == mapping[
+        "decoder.embed_tokens"]
+
+
+def test_no_split_module_too_big_is_a_clear_error(tmp_path: Path, capsys) -> None:
+    # Llama's decoder layers are kept whole; each holds q and o (32 x 32), k and v (32 x 16: two
+    # key-value heads of 8), gate, up and down (32 x 64) and two norms (32): 9,280 float32
+    # values, 37,120 bytes. Devices of 30,000 bytes cannot hold one.
+    model, inputs = _build("llama")
+    with pytest.raises(InfeasibleError,
+                       match=r"'model.layers.0' needs 37,120 bytes .*LlamaDecoderLayer"):
+        plan_modules(model, inputs, devices=_capped(1.0, 30_000))
+    # The command line: a Llama whose one decoder layer (width 16,384, MLP 65,536: 4 * 16,384^2
+    # + 3 * 16,384 * 65,536 + 2 * 16,384 float32 values, 17,180,000,256 bytes) outgrows a
+    # T4-16GB, built on the meta device (no memory) and run there.
+    model_file = tmp_path / "big_layer.py"
+    model_file.write_text(textwrap.dedent("""\
+        import torch, transformers
+        def build():
+            config = transformers.LlamaConfig(hidden_size=16384, intermediate_size=65536,
+                num_hidden_layers=1, num_attention_heads=128, num_key_value_heads=128,
+                vocab_size=96, use_cache=False)
+            with torch.device("meta"):
+                model = transformers.LlamaForCausalLM(config)
+            return model, {"input_ids": torch.randint(0, 96, (1, 8))}
+        """))
+    out = tmp_path / "out"
+    code = main(["plan", str(model_file), "--granularity", "module", "--devices", "T4-16GB",
+                 "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "'model.layers.0'" in err and "17,180,000,256 bytes" in err, err
+    assert "LlamaDecoderLayer" in err and "--no-split" in err
+    assert not out.exists()
