@@ -231,20 +231,51 @@ def _hooked(model: torch.nn.Module, found: dict[int, Unit], watch: _Watch,
             handle.remove()
 
 
-def _run(model: torch.nn.Module, args: tuple, kwargs: dict, watch: _Watch) -> Any:
-    """One forward pass; on the meta device (inputs moved there) when the weights are."""
-    if any(p.is_meta for p in model.parameters()):
-        def to_meta(value: Any) -> Any:
-            return value.to("meta") if isinstance(value, torch.Tensor) else value
+def _to_meta(value: Any) -> Any:
+    return value.to("meta") if isinstance(value, torch.Tensor) else value
 
-        args = tuple(to_meta(a) for a in args)
-        kwargs = {k: to_meta(v) for k, v in kwargs.items()}
+
+def _run_on_meta(model: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+    """The forward pass with the weights and inputs swapped for meta tensors (no compute, no
+    copy of the model: ``functional_call`` swaps them in and back, tied weights kept tied)."""
+    state = {name: t.to("meta") for name, t in
+             [*model.named_parameters(), *model.named_buffers()]}
+    return torch.func.functional_call(model, state, tuple(_to_meta(a) for a in args),
+                                      {k: _to_meta(v) for k, v in kwargs.items()})
+
+
+def _run(model: torch.nn.Module, args: tuple, kwargs: dict, watch: _Watch) -> Any:
+    """One forward pass on meta tensors; where the model reads its data (a mask's ``.item()``,
+    a router's ``nonzero``) and meta tensors cannot answer, a real one (``watch`` is then
+    reset by the caller)."""
     with torch.no_grad(), watch:
         try:
-            return model(*args, **kwargs)
+            return _run_on_meta(model, args, kwargs)
+        except Exception:  # noqa: BLE001 - any data-dependent op: run for real instead
+            if any(p.is_meta for p in model.parameters()):
+                raise
+            return None
+
+
+def _run_real(model: torch.nn.Module, args: tuple, kwargs: dict, watch: _Watch) -> Any:
+    with torch.no_grad(), watch:
+        return model(*args, **kwargs)
+
+
+def _traced_run(model: torch.nn.Module, found: dict[int, Unit], args: tuple,
+                kwargs: dict) -> tuple[Any, dict[str, _Record], list[str]]:
+    """The output of one forward pass, what each unit did in it, and the units' call order."""
+    for run in (_run, _run_real):
+        watch, records, order = _Watch(), {}, []
+        try:
+            with _hooked(model, found, watch, records, order):
+                output = run(model, args, kwargs, watch)
         except Exception as exc:  # noqa: BLE001 - any failure of the user's model
             raise TraceError(f"running the model once to trace its modules failed: "
                              f"{type(exc).__name__}: {exc}") from exc
+        if output is not None:
+            return output, records, order
+    raise TraceError("the model's forward pass returned None: it must return its outputs")
 
 
 @dataclass(frozen=True)
@@ -276,9 +307,7 @@ def trace_modules(model: torch.nn.Module, args: tuple, kwargs: dict, *,
     the caller has it."""
     tree = tree or module_units(model, no_split)
     found, no_split = tree.found, tree.no_split
-    watch, records, order = _Watch(), {}, []
-    with _hooked(model, found, watch, records, order):
-        output = _run(model, args, kwargs, watch)
+    output, records, order = _traced_run(model, found, args, kwargs)
     by_name = {u.name: u for u in found.values()}
     order += [u.name for u in found.values() if u.name not in records]  # never called
     nodes, edges, dropped = _nodes_and_edges(model, found, records, order, args, kwargs)
