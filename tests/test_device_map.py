@@ -27,6 +27,7 @@ from autoplace.errors import InfeasibleError
 from autoplace.formats.plan import read_plan
 from autoplace.pipeline import save
 from autoplace.pipeline.modules import plan_modules
+from autoplace.report import render_html, render_markdown, summary_text
 from autoplace.trace_modules import trace_modules
 
 
@@ -81,13 +82,13 @@ def _capped(share: float, weights: int, spec: str = "2xA100-40GB"):
         dataclasses.replace(d, memory_bytes=cap, reserved_bytes=0) for d in cluster.devices))
 
 
-def _split_cluster(model: torch.nn.Module, inputs: dict):
-    """Two GPUs each capped at 70% of what the model needs on one device (weights, the largest
-    workspace, every module's outputs): the plan must use both."""
+def _split_cluster(model: torch.nn.Module, inputs: dict, share: float = 0.7):
+    """Two GPUs each capped at ``share`` of what the model needs on one device (weights, the
+    largest workspace, every module's outputs): at 70% the plan must use both."""
     graph = trace_modules(model, (), inputs).graph
     need = _weights(model) + max(n.workspace_bytes for n in graph.nodes) + sum(
         n.output_bytes for n in graph.nodes)
-    return _capped(0.7, need)
+    return _capped(share, need)
 
 
 def _weights(model: torch.nn.Module) -> int:
@@ -204,3 +205,28 @@ def test_no_split_module_too_big_is_a_clear_error(tmp_path: Path, capsys) -> Non
     assert "'model.layers.0'" in err and "17,180,000,256 bytes" in err, err
     assert "LlamaDecoderLayer" in err and "--no-split" in err
     assert not out.exists()
+
+
+def test_report_shows_where_accelerates_map_overflows(tmp_path: Path) -> None:
+    # At 80% of what tiny Llama needs on one device, accelerate's sequential map fills GPU 0
+    # by weights and overflows it once activations count; the plan fits. The report, read
+    # back from plan.json, says which device and by how much.
+    model, inputs = _build("llama")
+    planned = plan_modules(model, inputs, devices=_split_cluster(model, inputs, 0.8),
+                           time_limit_s=1.0, deterministic=True)
+    save(planned, tmp_path / "out")
+    again = read_plan(tmp_path / "out" / "plan.json")
+    sequential = again.baselines["accelerate-sequential"]
+    assert planned.schedule.feasible and not sequential.feasible
+    capacity = {d.name: d.memory_bytes for d in again.problem.cluster.devices}
+    over = {d: b - capacity[d] for d, b in sequential.peak_bytes.items() if b > capacity[d]}
+    assert over
+    from autoplace.report.units import format_bytes
+
+    phrase = ", ".join(f"{d} by {format_bytes(b)}" for d, b in over.items())
+    assert "| accelerate-sequential | " in render_markdown(again)
+    assert f"**overflows** {phrase}" in render_markdown(again)
+    assert f"overflows {phrase}" in render_html(again)
+    assert f"OVERFLOWS {phrase}" in summary_text(again, width=160)
+    # the module rows, runs of modules placed alike merged: the first row starts at the first
+    assert "\n| model.embed_tokens" in render_markdown(again)
