@@ -17,8 +17,7 @@ its ops (the registry ``FlopCounterMode`` uses); its workspace is the most bytes
 alive at once beyond what it held at entry, freed tensors counted out through ``weakref``.
 Glue ops cost nothing here: they are a few elementwise ops beside the units' matmuls, and
 accelerate runs them wherever their inputs are. The run is real (a model on the meta device
-runs on meta tensors instead): routing in mixture-of-experts layers reads the data, which fake
-tensors cannot.
+runs on meta tensors instead, which works where its forward never reads a tensor's value).
 
 Each parameter and buffer is counted once, in the first unit that owns it; units sharing one
 (tied embeddings: GPT-2's ``wte`` and ``lm_head``) form a colocation group. A unit called twice
@@ -235,29 +234,15 @@ def _to_meta(value: Any) -> Any:
     return value.to("meta") if isinstance(value, torch.Tensor) else value
 
 
-def _run_on_meta(model: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
-    """The forward pass with the weights and inputs swapped for meta tensors (no compute, no
-    copy of the model: ``functional_call`` swaps them in and back, tied weights kept tied)."""
-    state = {name: t.to("meta") for name, t in
-             [*model.named_parameters(), *model.named_buffers()]}
-    return torch.func.functional_call(model, state, tuple(_to_meta(a) for a in args),
-                                      {k: _to_meta(v) for k, v in kwargs.items()})
-
-
 def _run(model: torch.nn.Module, args: tuple, kwargs: dict, watch: _Watch) -> Any:
-    """One forward pass on meta tensors; where the model reads its data (a mask's ``.item()``,
-    a router's ``nonzero``) and meta tensors cannot answer, a real one (``watch`` is then
-    reset by the caller)."""
-    with torch.no_grad(), watch:
-        try:
-            return _run_on_meta(model, args, kwargs)
-        except Exception:  # noqa: BLE001 - any data-dependent op: run for real instead
-            if any(p.is_meta for p in model.parameters()):
-                raise
-            return None
-
-
-def _run_real(model: torch.nn.Module, args: tuple, kwargs: dict, watch: _Watch) -> Any:
+    """One forward pass, for real: the ops a real pass runs, which a pass on meta tensors does
+    not always match (T5's blocks ran about a third more ops on meta tensors than on real ones
+    here), and data-dependent code (transformers' masks call ``.item()``, Mixtral's router
+    ``nonzero``) that meta tensors cannot answer. A model whose weights are on the meta device
+    runs there, its inputs moved to it."""
+    if any(p.is_meta for p in model.parameters()):
+        args = tuple(_to_meta(a) for a in args)
+        kwargs = {k: _to_meta(v) for k, v in kwargs.items()}
     with torch.no_grad(), watch:
         return model(*args, **kwargs)
 
@@ -265,17 +250,14 @@ def _run_real(model: torch.nn.Module, args: tuple, kwargs: dict, watch: _Watch) 
 def _traced_run(model: torch.nn.Module, found: dict[int, Unit], args: tuple,
                 kwargs: dict) -> tuple[Any, dict[str, _Record], list[str]]:
     """The output of one forward pass, what each unit did in it, and the units' call order."""
-    for run in (_run, _run_real):
-        watch, records, order = _Watch(), {}, []
-        try:
-            with _hooked(model, found, watch, records, order):
-                output = run(model, args, kwargs, watch)
-        except Exception as exc:  # noqa: BLE001 - any failure of the user's model
-            raise TraceError(f"running the model once to trace its modules failed: "
-                             f"{type(exc).__name__}: {exc}") from exc
-        if output is not None:
-            return output, records, order
-    raise TraceError("the model's forward pass returned None: it must return its outputs")
+    watch, records, order = _Watch(), {}, []
+    try:
+        with _hooked(model, found, watch, records, order):
+            output = _run(model, args, kwargs, watch)
+    except Exception as exc:  # noqa: BLE001 - any failure of the user's model
+        raise TraceError(f"running the model once to trace its modules failed: "
+                         f"{type(exc).__name__}: {exc}") from exc
+    return output, records, order
 
 
 @dataclass(frozen=True)
