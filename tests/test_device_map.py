@@ -230,3 +230,33 @@ def test_report_shows_where_accelerates_map_overflows(tmp_path: Path) -> None:
     assert f"OVERFLOWS {phrase}" in summary_text(again, width=160)
     # the module rows, runs of modules placed alike merged: the first row starts at the first
     assert "\n| model.embed_tokens" in render_markdown(again)
+
+
+TINY_GPT2 = """\
+import torch, transformers
+def build():
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=96,
+                                     n_positions=32, use_cache=False)
+    return transformers.GPT2LMHeadModel(config), {"input_ids": torch.randint(0, 96, (2, 12))}
+"""
+
+
+def test_cli_writes_the_device_map_and_takes_no_split(tmp_path: Path, capsys) -> None:
+    model_file = tmp_path / "tiny_gpt2.py"
+    model_file.write_text(TINY_GPT2)
+    out = tmp_path / "out"
+    # --no-split GPT2MLP replaces the model's GPT2Block: blocks are split into their parts,
+    # each MLP kept whole.
+    assert main(["plan", str(model_file), "--granularity", "module", "--devices",
+                 "2xT4-16GB", "--no-split", "GPT2MLP", "--out", str(out)]) == 0
+    mapping = json.loads((out / "device_map.json").read_text())
+    assert "transformer.h.0.mlp" in mapping and "transformer.h.0" not in mapping
+    assert "transformer.h.0.attn.c_attn" in mapping
+    assert read_plan(out / "plan.json").device_map["no_split"] == ["GPT2MLP"]
+    assert "device_map.json" in capsys.readouterr().out
+    # --no-split belongs to --granularity module; the default granularity refuses it
+    assert main(["plan", str(model_file), "--no-split", "GPT2MLP", "--out",
+                 str(tmp_path / "other")]) == 2
+    assert "--granularity module" in capsys.readouterr().err
+    assert not (tmp_path / "other").exists()
