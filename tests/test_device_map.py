@@ -255,6 +255,9 @@ def test_cli_writes_the_device_map_and_takes_no_split(tmp_path: Path, capsys) ->
     assert "transformer.h.0.attn.c_attn" in mapping
     assert read_plan(out / "plan.json").device_map["no_split"] == ["GPT2MLP"]
     assert "device_map.json" in capsys.readouterr().out
+    # `autoplace run` has no emitted model to run, and says where the artefact is
+    assert main(["run", str(out)]) == 2
+    assert "device_map.json" in capsys.readouterr().err
     # --no-split belongs to --granularity module; the default granularity refuses it
     assert main(["plan", str(model_file), "--no-split", "GPT2MLP", "--out",
                  str(tmp_path / "other")]) == 2
