@@ -180,6 +180,9 @@ def _hooks(model: torch.nn.Module, found: dict[int, Unit], watch: _Watch,
            records: dict[str, _Record], order: list[str]) -> list[Any]:
     modules = {id(m): m for m in model.modules()}
     entry: dict[str, int] = {}
+    # The units running, innermost last: a unit called from inside another (a shared module
+    # handed to a layer) counts its own ops, and the outer one resumes after it.
+    running: list[tuple[str | None, _Record | None]] = []
 
     def pre(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         name = found[id(module)].name
@@ -192,6 +195,7 @@ def _hooks(model: torch.nn.Module, found: dict[int, Unit], watch: _Watch,
             record.input_bytes += size
             for source in _sources(t) or {INPUT}:
                 record.reads[source] = record.reads.get(source, 0) + size
+        running.append((watch.current, watch.record))
         watch.current, watch.record = name, record
         entry[name] = watch.live_bytes
         watch.peak_bytes = watch.live_bytes
@@ -209,7 +213,7 @@ def _hooks(model: torch.nn.Module, found: dict[int, Unit], watch: _Watch,
         for t in outs:  # its own, even when it hands an input back (eval-mode dropout)
             with contextlib.suppress(AttributeError, RuntimeError):
                 setattr(t, _TAG, frozenset((name,)))
-        watch.current, watch.record = None, None
+        watch.current, watch.record = running.pop()
 
     handles = []
     for key in found:

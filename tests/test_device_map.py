@@ -263,3 +263,39 @@ def test_cli_writes_the_device_map_and_takes_no_split(tmp_path: Path, capsys) ->
                  str(tmp_path / "other")]) == 2
     assert "--granularity module" in capsys.readouterr().err
     assert not (tmp_path / "other").exists()
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, shared: torch.nn.Module) -> torch.Tensor:
+        return self.linear(x) + shared(x) * 2
+
+
+class _Shared(torch.nn.Module):
+    # `shared` (a unit: no children) runs twice, once from inside `layer` (a no-split unit).
+    # FLOPs on 4 rows of 8: a Linear(8, 8) is 2 * 4 * 8 * 8 = 512 (its bias add is part of
+    # addmm's count); the layer's add and mul are elementwise, which the formulas count as 0.
+    _no_split_modules = ["_Layer"]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared = torch.nn.Linear(8, 8)
+        self.layer = _Layer()
+        self.head = torch.nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.layer(self.shared(x), self.shared))
+
+
+def test_a_unit_called_inside_another_counts_its_own_ops() -> None:
+    graph = trace_modules(_Shared(), (torch.randn(4, 8),), {}).graph
+    assert graph.node("shared").flops == 2 * 512
+    assert graph.node("layer").flops == 512
+    # the layer's own ops: its linear's (t, addmm), then, after the nested call, add and mul
+    assert graph.node("layer").launches == 4
+    assert graph.node("shared").launches == 2 * 2
+    assert [(e.src, e.dst) for e in graph.edges] == [
+        ("input", "shared"), ("shared", "layer"), ("layer", "head")]
