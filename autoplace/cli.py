@@ -132,7 +132,8 @@ def _parser() -> argparse.ArgumentParser:
                    f"{MODULE_TIME_LIMIT_S:g} s)")
     p.add_argument("--no-split", action="append", metavar="CLASS",
                    help="with --granularity module: a module class kept whole on one device "
-                   "(repeat for several; default: the model's _no_split_modules)")
+                   "(repeat for several; default: the model's _no_split_modules; a class the "
+                   "model does not use is an error)")
     p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
                    help="measure op times and links on the devices that are here, and use "
                    "calibrated costs for the others where the profile cache has a fit "

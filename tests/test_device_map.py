@@ -255,6 +255,11 @@ def test_cli_writes_the_device_map_and_takes_no_split(tmp_path: Path, capsys) ->
     assert "transformer.h.0.attn.c_attn" in mapping
     assert read_plan(out / "plan.json").device_map["no_split"] == ["GPT2MLP"]
     assert "device_map.json" in capsys.readouterr().out
+    # a class the model does not use is refused, naming the classes it does use
+    assert main(["plan", str(model_file), "--granularity", "module", "--no-split", "GPT2Blok",
+                 "--out", str(tmp_path / "typo")]) == 2
+    err = capsys.readouterr().err
+    assert "GPT2Blok" in err and "GPT2Block" in err and not (tmp_path / "typo").exists()
     # `autoplace run` has no emitted model to run, and says where the artefact is
     assert main(["run", str(out)]) == 2
     assert "device_map.json" in capsys.readouterr().err

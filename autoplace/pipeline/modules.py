@@ -21,7 +21,7 @@ import torch
 from autoplace.cluster import resolve_cluster
 from autoplace.cost import costs as cost_nodes
 from autoplace.emit.hf_device_map import check_units_fit, device_map, uncovered
-from autoplace.errors import EmitError
+from autoplace.errors import EmitError, ModelLoadError
 from autoplace.formats.plan import Plan
 from autoplace.ir import Cluster, Placement, Problem
 from autoplace.load import normalize_inputs
@@ -64,6 +64,8 @@ def plan_modules(
     notes: list[str] = list(found)
     args, kwargs = normalize_inputs(example_inputs, where="example_inputs")
     model.eval()
+    if no_split is not None:
+        _check_classes(model, no_split)
     tree = module_units(model, None if no_split is None else tuple(no_split))
     check_units_fit(tree.param_bytes, tree.tied, {u.name: u.cls for u in tree.found.values()},
                     cluster, tree.no_split)  # before running the model: a clear error at once
@@ -87,6 +89,16 @@ def plan_modules(
     return replace(planned, notes=tuple(notes), min_gain=gain, device_map={
         "granularity": "module", "no_split": list(traced.no_split), "map": mapping,
         "input_device": result.schedule.placement.device_of[INPUT], "accelerate": maps})
+
+
+def _check_classes(model: torch.nn.Module, no_split: Sequence[str]) -> None:
+    """A ``--no-split`` class the model does not use is a typo, not a request."""
+    classes = sorted({type(m).__name__ for m in model.modules()})
+    unknown = [c for c in no_split if c not in classes]
+    if unknown:
+        raise ModelLoadError(
+            f"--no-split names {', '.join(unknown)}, which no module of the model is: its "
+            f"module classes are {', '.join(classes)}")
 
 
 def _accelerate(model: torch.nn.Module, traced: ModuleTrace, problem: Problem
