@@ -35,6 +35,10 @@ from autoplace.trace_modules import INPUT, ModuleTrace, module_units, trace_modu
 __all__ = ["plan_modules"]
 
 
+MODULE_NOTE = ("--granularity module: whole modules placed, costed analytically from one forward "
+               "pass; the artefact is device_map.json (for from_pretrained's or "
+               "dispatch_model's device_map), no partitioned model is emitted or verified")
+
 
 def plan_modules(
     model: torch.nn.Module,
@@ -61,7 +65,7 @@ def plan_modules(
     cluster, found = resolve_cluster(spec=devices if isinstance(devices, str) else None,
                                      cluster=devices if isinstance(devices, Cluster) else None,
                                      cluster_file=cluster_file)
-    notes: list[str] = list(found)
+    notes: list[str] = [*found, MODULE_NOTE]
     args, kwargs = normalize_inputs(example_inputs, where="example_inputs")
     model.eval()
     if no_split is not None:
