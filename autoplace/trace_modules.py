@@ -3,9 +3,11 @@
 
 A device_map places whole modules, so the graph it is planned on has one node per *unit*: a
 module kept whole (an instance of a no-split class, ``model._no_split_modules`` by default, or a
-module without children, or one that owns parameters or buffers itself beside its children,
-which accelerate does not split either), found by walking the module tree from the root and
-stopping at the first unit on every path. Read ``units`` first, then ``trace_modules``.
+module without children, or one that owns parameters or buffers itself beside its children:
+kept whole here, a simplification, where accelerate may name such a module's own tensors one by
+one), found by walking the module tree from the root and stopping at the first unit on every
+path. Read ``units`` first, then ``module_units`` (what the tree alone says: bytes and tied
+groups, enough to refuse a unit no device holds before anything runs), then ``trace_modules``.
 
 Instead of torch.export (seconds for GPT-2 here), the model runs once, eagerly, under
 ``torch.no_grad`` with a forward pre-hook and hook on every unit and a ``TorchDispatchMode``
