@@ -209,6 +209,8 @@ class Plan:
     # A training plan's step (``autoplace.train``): its optimizer and the training check of the
     # emitted model (``emit.training.verify_training``). None for an inference plan.
     training: Mapping[str, Any] | None = None
+    # --granularity module: the Hugging Face device_map and accelerate's (pipeline/modules.py)
+    device_map: Mapping[str, Any] | None = None
     autoplace_version: str = __version__
     emitted: Any = field(default=None, compare=False, repr=False)
 
@@ -306,7 +308,8 @@ class Plan:
           | ({} if self.whatif is None else {"whatif": [dict(row) for row in self.whatif]}) \
           | ({} if self.profile is None else {"profile": dict(self.profile)}) \
           | ({} if self.min_gain is None else {"min_gain": dict(self.min_gain)}) \
-          | ({} if self.training is None else {"training": dict(self.training)})
+          | ({} if self.training is None else {"training": dict(self.training)}) \
+          | ({} if self.device_map is None else {"device_map": dict(self.device_map)})
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
@@ -330,6 +333,7 @@ class Plan:
             whatif=tuple(data["whatif"]) if "whatif" in data else None,
             profile=data.get("profile"), min_gain=data.get("min_gain"),
             training=data.get("training"),
+            device_map=data.get("device_map"),
             autoplace_version=data.get("autoplace_version", __version__),
         )
 

@@ -287,8 +287,9 @@ def _plan_of(result: SolveResult, problem: Problem, *, name: str, tracer: str,
 
 
 def save(plan: Plan, directory: str | os.PathLike[str]) -> Path:
-    """Write ``plan.json``, the report (``report.html``, ``summary.md``, ``summary.txt``) and,
-    when the plan carries an emitted model, ``model/`` (and ``train.py``, the torchrun entry
+    """Write ``plan.json``, the report (``report.html``, ``summary.md``, ``summary.txt``),
+    ``device_map.json`` for a module-granularity plan, and, when the plan carries an emitted
+    model, ``model/`` (and ``train.py``, the torchrun entry
     point of a training plan's data-parallel replicas) into ``directory``, atomically: into a
     temporary directory beside it, renamed into place (an older one is replaced); on any
     failure nothing is left behind. Returns the directory."""
@@ -297,6 +298,9 @@ def save(plan: Plan, directory: str | os.PathLike[str]) -> Path:
     def write(tmp: Path) -> None:
         (tmp / "plan.json").write_text(json.dumps(data, indent=1) + "\n")
         report.write_report(tmp, plan)
+        if plan.device_map is not None:  # --granularity module: the Hugging Face device_map
+            (tmp / "device_map.json").write_text(
+                json.dumps(plan.device_map["map"], indent=1) + "\n")
         if plan.emitted is not None:
             autoplace.emit.save_model(plan.emitted, tmp / "model")
             if replicas_of(plan.training) > 1:  # their torchrun entry point
