@@ -20,7 +20,7 @@ import importlib
 import importlib.util
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -204,10 +204,15 @@ def _dump_spec(spec: pytree.TreeSpec | None) -> tuple[str | None, list[str], str
 
 
 def load_model(
-    directory: str | Path, *, device_map: Mapping[str, str] | None = None
+    directory: str | Path, *, device_map: Mapping[str, str] | None = None,
+    devices: Collection[str] | None = None,
 ) -> torch.nn.Module:
     """Rebuild a model written by ``save_model``, each segment on its ``device_map``-remapped
     device. Executes the generated ``model.py`` and nothing else; weights come from safetensors.
+
+    ``devices``: planned devices whose segments get their weights; the others' stay on the meta
+    device, and only the named segments' tensors are read from the file (one rank of
+    ``OUT/launch.py`` loads its own part). ``None``: every segment.
     """
     path = Path(directory)
     meta = _read_meta(path)
@@ -243,8 +248,10 @@ def load_model(
     except Exception as error:
         raise EmitError(f"{path / 'model.py'} failed to build the model: {error}") from error
 
+    wanted = None if devices is None else {
+        f"seg{i}." for i, device in enumerate(planned) if device in set(devices)}
     try:
-        weights = safetensors.torch.load_file(str(path / "weights.safetensors"))
+        weights = _read_weights(path / "weights.safetensors", wanted)
     except Exception as error:  # safetensors raises its own SafetensorError, OSError, ...
         raise EmitError(f"cannot read {path / 'weights.safetensors'}: {error}") from error
     # A file safetensors can parse may still hold changed bytes: only the hash can tell.
@@ -255,6 +262,8 @@ def load_model(
             "meta.json recorded when it was written; plan the model again")
     for index, device in enumerate(actual):
         prefix = f"seg{index}."
+        if wanted is not None and prefix not in wanted:
+            continue
         state = {k[len(prefix) :]: v.to(device) for k, v in weights.items() if k.startswith(prefix)}
         try:
             getattr(model, f"seg{index}").load_state_dict(state, strict=True, assign=True)
@@ -273,6 +282,15 @@ def load_model(
     model.input_names = tuple(meta.get("input_names", ()))
     model.output_names = tuple(meta.get("output_names", ()))
     return model
+
+
+def _read_weights(path: Path, prefixes: set[str] | None) -> dict[str, torch.Tensor]:
+    """The tensors of ``path`` whose names start with one of ``prefixes`` (all: ``None``),
+    read one by one with ``safe_open``, so a rank reads only its segments' bytes."""
+    if prefixes is None:
+        return safetensors.torch.load_file(str(path))
+    with safetensors.safe_open(str(path), framework="pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys() if k[:k.find(".") + 1] in prefixes}
 
 
 def planned_devices(directory: str | Path) -> list[str]:
