@@ -37,7 +37,7 @@ from autoplace.emit.replicas import launch_replicas
 from autoplace.emit.saving import load_inputs, planned_devices
 from autoplace.errors import AutoplaceError, EmitError, VerificationError
 from autoplace.formats.plan import Plan
-from autoplace.ir import Placement
+from autoplace.ir import Placement, Problem, Schedule
 from autoplace.run import _plan_and_model, read_inputs_file
 from autoplace.simulate import simulate
 from autoplace.simulate.schedules import microbatch_name
@@ -133,7 +133,8 @@ def run_ranks(directory: str | os.PathLike[str], *, nproc: int, microbatches: in
                      "another (GPipe), on the plan's placement")
     return RanksResult(
         measured_s=report["measured_s"],
-        predicted_s=pipelined_makespan_s(plan, microbatches), times_s=tuple(report["times_s"]),
+        predicted_s=pipelined_makespan_s(plan.problem, plan.schedule, microbatches),
+        times_s=tuple(report["times_s"]),
         nproc=nproc, microbatches=microbatches, pipelining=report["pipelining"],
         backend=report["backend"], max_abs_diff=diff, ranks=tuple(d.name for d in devices),
         inputs=inputs, notes=tuple(notes), outputs=got)
@@ -189,16 +190,16 @@ def _compare(model_dir: Path, got: Mapping[str, torch.Tensor],
     return worst
 
 
-def pipelined_makespan_s(plan: Plan, count: int) -> float:
+def pipelined_makespan_s(problem: Problem, schedule: Schedule, count: int) -> float:
     """The predicted time of a batch of ``count`` micro-batches, each the plan's example: the
-    plan's makespan for one; for more, the simulator's makespan of ``count`` copies of the
-    plan's graph (``f#k``, as a training step's micro-batches are built,
+    ``schedule``'s makespan for one; for more, the simulator's makespan of ``count`` copies of
+    the plan's graph (``f#k``, as a training step's micro-batches are built,
     ``train.graph``), each on its node's device, every device running its nodes of micro-batch
     0, then of 1, ... (GPipe's order, ``simulate.schedules``)."""
     if count == 1:
-        return plan.makespan_s
-    problem = _microbatches(plan.problem, count, "gpipe")
+        return schedule.makespan_s
+    copies = _microbatches(problem, count, "gpipe")
     device_of = {microbatch_name(name, k): device
-                 for name, device in plan.schedule.placement.device_of.items()
+                 for name, device in schedule.placement.device_of.items()
                  for k in range(count)}
-    return simulate(problem, Placement(device_of)).makespan_s
+    return simulate(copies, Placement(device_of)).makespan_s

@@ -127,8 +127,9 @@ def crossings(segments: Sequence[Mapping[str, Any]], *, ranks: Sequence[str],
         for name in s["outputs"]:
             if name in readers:
                 shape, dtype, constant = specs[name]
-                found.append(Crossing(name, made[name], tuple(sorted(readers[name])), shape,
-                                      dtype, constant))
+                found.append(Crossing(name, made[name], tuple(sorted(readers[name])),
+                                      None if shape is None else tuple(shape), dtype,
+                                      constant))
     return found
 
 
@@ -402,6 +403,10 @@ def _run(model_dir: Path, options: argparse.Namespace, *, rank: int, ranks: Sequ
     backend = "nccl" if gpus else "gloo"
     if gpus:
         torch.cuda.set_device(torch.device(here[mine]))
+    # torchrun stops the ranks with SIGTERM when one fails: say so, naming the lost rank once
+    # the watchdog knows the peers.
+    watching: list[Watchdog] = []
+    signal.signal(signal.SIGTERM, lambda *_: _stopped(watching, say, rank=rank, names=names))
     timeout = datetime.timedelta(seconds=options.timeout)
     where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
     try:
@@ -413,7 +418,7 @@ def _run(model_dir: Path, options: argparse.Namespace, *, rank: int, ranks: Sequ
     peers: list[Any] = [None] * len(ranks)
     dist.all_gather_object(peers, (socket.gethostname(), os.getpid()))
     watchdog = Watchdog(rank=rank, names=names, peers=peers, say=say).start()
-    signal.signal(signal.SIGTERM, lambda *_: _stopped(watchdog, say))
+    watching.append(watchdog)
     try:
         model = load_model(model_dir, device_map={mine: here[mine]}, devices=[mine])
         batches, rows = _batches(model, model_dir, options)
@@ -448,13 +453,14 @@ def _run(model_dir: Path, options: argparse.Namespace, *, rank: int, ranks: Sequ
             else "send/recv", "ranks": list(ranks), "names": list(names)}
 
 
-def _stopped(watchdog: Watchdog, say: Callable[[str], None]) -> None:
-    """SIGTERM (torchrun stopping the ranks after one failed): say which rank was lost."""
-    if not watchdog.finished.is_set():
-        gone = watchdog.lost()
-        say(watchdog.message(gone) if gone is not None else
-            f"rank {watchdog.rank} ({watchdog.names[watchdog.rank]}) stopped by torchrun "
-            "(SIGTERM): another rank failed")
+def _stopped(watching: Sequence[Watchdog], say: Callable[[str], None], *, rank: int,
+             names: Sequence[str]) -> None:
+    """SIGTERM (torchrun stopping the ranks after one failed): say which rank was lost, where
+    the watchdog (started once the ranks have met) can tell."""
+    gone = watching[0].lost() if watching else None
+    if not (watching and watching[0].finished.is_set()):
+        say(watching[0].message(gone) if gone is not None else
+            f"rank {rank} ({names[rank]}) stopped by torchrun (SIGTERM): another rank failed")
     os._exit(3)
 
 
