@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -235,3 +236,23 @@ def test_a_wrong_rank_count_is_refused_by_launch_py(tmp_path):
     with pytest.raises(AutoplaceError, match="runs as 2 processes"):
         launch_replicas(tmp_path / "launch.py", replicas=1, timeout_s=60, what="rank",
                         argv=[])
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    # A host left without devices (its worker's [[devices]] names another host): no rank.
+    ('[[hosts]]\nname = "a"\ndevices = ["2xcpu-thread"]\n\n[[hosts]]\nname = "b"\n',
+     r"host\(s\) 'b' have no devices"),
+    # A link to b's worker by the name it would have without its own torch device.
+    ('[[hosts]]\nname = "a"\ndevices = ["cpu-thread"]\n\n[[hosts]]\nname = "b"\n\n'
+     '[[devices]]\nhost = "b"\ntype = "cpu-thread"\ntorch_device = "cpu:1"\n\n'
+     '[[links]]\nsrc = "a/cpu:0"\ndst = "b/cpu:0"\nkind = "gloo-loopback"\n',
+     r"links\[0\]: unknown device 'b/cpu:0'; devices: a/cpu:0, b/cpu:1"),
+])
+def test_a_cluster_file_whose_hosts_or_links_miss_the_devices_is_refused(tmp_path, capsys,
+                                                                         text, message):
+    cluster = tmp_path / "bad.toml"
+    cluster.write_text(text)
+    out = tmp_path / "out"
+    assert main(["plan", str(EXAMPLES / "mlp.py"), "--cluster", str(cluster), "--out",
+                 str(out), "--no-cache"]) == 2
+    assert re.search(message, capsys.readouterr().err) and not out.exists()

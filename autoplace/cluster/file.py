@@ -54,6 +54,11 @@ def load_cluster_file(path: str | os.PathLike[str]) -> Cluster:
 
     if not any(hosts.values()):
         raise DeviceSpecError(f"{where}: defines no devices; add [[hosts]] with devices")
+    empty = [name for name, entries in hosts.items() if not entries]
+    if empty:  # a host that holds nothing is a typo in a device's host, or a host left over
+        raise DeviceSpecError(
+            f"{where}: host(s) {', '.join(map(repr, empty))} have no devices: give each "
+            "devices = [...] or a [[devices]] entry with its host, or remove it")
     cluster = build_cluster(list(hosts.items()), where=where)
     overrides = _link_overrides(
         data.get("links", ()), cluster=cluster, hosts=list(hosts), where=where

@@ -1,0 +1,201 @@
+"""GPT-2 (examples/gpt2.py) as 2 and 4 gloo processes on 127.0.0.1, one per planned device.
+
+    PYTHONPATH=. python benchmarks/multiprocess.py [--worlds 2 4] [--repeats 5]
+    # writes benchmarks/results/multiprocess.md
+
+For each world size W: a cluster file of one host with W ``cpu-thread`` workers (one intra-op
+thread each, as each torchrun rank runs) joined pairwise by ``gloo-loopback`` links (gloo over
+127.0.0.1, ``benchmarks/gloo_allreduce.py``), and two plans made with ``autoplace plan
+--objective throughput`` (so that the parts go to several ranks):
+
+* **M = 1**: the example's batch of 4 sequences, planned and run in one pass;
+* **M = 4**: one sequence planned (the example model built with ``batch=1``: the same weights),
+  and the same 4 sequences run as 4 micro-batches (``autoplace run --nproc W --microbatches 4
+  --inputs``), in GPipe's order.
+
+Each row is ``autoplace.run_ranks.run_ranks`` (what ``autoplace run OUT --nproc W`` does): the
+measured time per batch (rank 0's median pass) against the predicted one (the plan's makespan;
+for M = 4 the simulator's makespan of 4 copies under GPipe), and rank 0's outputs compared
+with the original model's logits on the 4 sequences (``assert_close``). Then the failure test:
+rank 1 of the W = 2, M = 1 plan is killed (SIGKILL) in the middle of a long run, and the time
+until torchrun has exited (every rank stopped) is recorded with the error the run raised and
+the processes left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import safetensors.torch
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from autoplace.cli import main as autoplace  # noqa: E402
+from autoplace.emit.replicas import launch_replicas  # noqa: E402
+from autoplace.emit.saving import _read_meta  # noqa: E402
+from autoplace.errors import AutoplaceError  # noqa: E402
+from autoplace.run_ranks import run_ranks  # noqa: E402
+from benchmarks.common import RESULTS, machine_line, write_markdown  # noqa: E402
+
+SEQUENCES = 4
+# The killed rank has started, met its peer and run passes by then (5-10 s here, loaded).
+KILL_AFTER_S = 15.0
+
+
+def _cluster(path: Path, world: int) -> Path:
+    links = "".join(f'\n[[links]]\nsrc = "cpu:{a}"\ndst = "cpu:{b}"\nkind = "gloo-loopback"\n'
+                    for a in range(world) for b in range(a + 1, world))
+    path.write_text(f'[[hosts]]\nname = "localhost"\ndevices = ["{world}xcpu-thread"]\n'
+                    + links)
+    return path
+
+
+def _model_file(path: Path, batch: int) -> Path:
+    path.write_text(
+        "import importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('gpt2_example', "
+        f"{str(ROOT / 'examples' / 'gpt2.py')!r})\n"
+        "gpt2 = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(gpt2)\n\n\n"
+        f"def build():\n    return gpt2.build(batch={batch})\n")
+    return path
+
+
+def _plan(tmp: Path, world: int, batch: int) -> Path:
+    out = tmp / f"gpt2-w{world}-b{batch}"
+    code = autoplace(["plan", str(_model_file(tmp / f"gpt2_b{batch}.py", batch)), "--cluster",
+                      str(_cluster(tmp / f"w{world}.toml", world)), "--out", str(out),
+                      "--objective", "throughput", "--time-limit", "30"])
+    if code != 0:
+        raise SystemExit(f"planning W={world}, batch {batch} failed")
+    return out
+
+
+def _original() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("gpt2_example", ROOT / "examples" / "gpt2.py")
+    gpt2 = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpt2)
+    model, inputs = gpt2.build(batch=SEQUENCES)
+    model.eval()
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    return model, inputs["input_ids"], logits
+
+
+def _row(out: Path, *, world: int, count: int, ids: torch.Tensor, logits: torch.Tensor,
+         repeats: int, tmp: Path) -> str:
+    inputs = tmp / "ids.safetensors"
+    safetensors.torch.save_file({"kwargs.input_ids": ids.contiguous()}, str(inputs))
+    result = run_ranks(out, nproc=world, microbatches=count, inputs_file=inputs,
+                       repeats=repeats)
+    name = _read_meta(out / "model")["output_names"][0]
+    got = torch.cat([result.outputs[f"{name}.{k}"] for k in range(count)])
+    torch.testing.assert_close(got, logits)  # equal to the original's, or the run fails
+    diff = float((got - logits).abs().max())
+    segments = _read_meta(out / "model")["segments"]
+    used = len({s["device"] for s in segments})
+    ratio = result.measured_s / result.predicted_s
+    return (f"| {world} | {count} | {used} of {world} | {len(segments)} | {result.pipelining} "
+            f"| {result.measured_s * 1e3:.1f} | {result.predicted_s * 1e3:.1f} | {ratio:.2f} "
+            f"| yes ({diff:.1e}) |")
+
+
+def _failure(out: Path) -> list[str]:
+    """Kill rank 1 in the middle of a long run; how the others and torchrun end."""
+    root = out
+    seen: set[int] = set()
+    killed: list[float] = []
+
+    def kill() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+                try:
+                    if str(root / "launch.py").encode() not in cmdline.read_bytes():
+                        continue
+                    pid = int(cmdline.parent.name)
+                    seen.add(pid)
+                    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                if b"RANK=1" in env:
+                    time.sleep(KILL_AFTER_S)
+                    os.kill(pid, 9)
+                    killed.append(time.monotonic())
+                    return
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=kill, daemon=True)
+    thread.start()
+    message = "no error"
+    try:
+        launch_replicas(root / "launch.py", replicas=2, timeout_s=300, what="rank",
+                        argv=["--repeats", "1000000"])
+    except AutoplaceError as error:
+        message = str(error).splitlines()[0]
+    ended = time.monotonic()
+    thread.join(5)
+    left = [p for p in seen if Path(f"/proc/{p}").exists()]
+    return ["", "## A rank killed", "",
+            f"Rank 1 of the W = 2, M = 1 plan killed (SIGKILL) {KILL_AFTER_S:g} s after it "
+            "started, in the middle of a run of a million passes:", "",
+            f"- torchrun and every rank had exited {ended - killed[0]:.2f} s after the kill "
+            "(bound: 30 s)" if killed else "- rank 1 was never seen: no kill",
+            f"- the run's error: `{message}`",
+            f"- processes of the run left: {len(left)} (of {len(seen)} seen)"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", default=str(RESULTS / "multiprocess.md"))
+    options = parser.parse_args()
+    import tempfile
+    load_before = os.getloadavg()
+    _, ids, logits = _original()
+    rows, failure = [], []
+    with tempfile.TemporaryDirectory(prefix="autoplace-bench-mp-") as name:
+        tmp = Path(name)
+        for world in options.worlds:
+            whole = _plan(tmp, world, SEQUENCES)
+            rows.append(_row(whole, world=world, count=1, ids=ids, logits=logits,
+                             repeats=options.repeats, tmp=tmp))
+            micro = _plan(tmp, world, 1)
+            rows.append(_row(micro, world=world, count=SEQUENCES, ids=ids, logits=logits,
+                             repeats=options.repeats, tmp=tmp))
+            if world == 2:
+                failure = _failure(whole)
+    load_after = os.getloadavg()
+    lines = [
+        "# GPT-2 as one process per planned device (gloo, 127.0.0.1)", "",
+        f"{machine_line()}, torch {torch.__version__}; load average (1, 5, 15 min) "
+        f"{', '.join(f'{v:.2f}' for v in load_before)} before and "
+        f"{', '.join(f'{v:.2f}' for v in load_after)} after: the machine's 2 cores were shared "
+        "with other work, so times are noisy, and 4 processes on 2 cores time-share them "
+        "(the plan gives each rank a core of its own).",
+        f"Command: `PYTHONPATH=. python benchmarks/multiprocess.py "
+        f"--worlds {' '.join(map(str, options.worlds))} --repeats {options.repeats}`.", "",
+        "GPT-2 of examples/gpt2.py on 4 sequences of 128 tokens. M = 1: planned on the 4 and "
+        "run in one pass; M = 4: planned on one sequence and run as 4 micro-batches. Plans: "
+        "`--objective throughput` on W cpu-thread workers joined by gloo-loopback links. "
+        "Measured: rank 0's median pass (from a barrier to its outputs) of "
+        f"{options.repeats}; predicted: the plan's makespan, for M = 4 the simulator's of 4 "
+        "copies under GPipe. Outputs: rank 0's logits against the original model's "
+        "(`assert_close`, largest difference).", "",
+        "| W | M | ranks with parts | segments | exchange | measured ms/batch "
+        "| predicted ms/batch | measured/predicted | outputs equal |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *rows, *failure]
+    return write_markdown(options.out, lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
