@@ -385,7 +385,8 @@ def rank_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, ranks: 
         return 2
     if rank == 0:
         if options.json:
-            Path(options.json).write_text(json.dumps(report) + "\n")
+            Path(f"{options.json}.partial").write_text(json.dumps(report) + "\n")
+            os.replace(f"{options.json}.partial", options.json)
         print(f"ran {world} processes ({report['backend']}, {report['pipelining']}), "
               f"{options.microbatches} micro-batch(es) a batch: "
               f"{report['measured_s'] * 1e3:.3f} ms a batch (median of {options.repeats})",
@@ -445,7 +446,9 @@ def _run(model_dir: Path, options: argparse.Namespace, *, rank: int, ranks: Sequ
     if rank == 0 and options.outputs:
         flat = {f"{name}.{k}": v.detach().contiguous() for name, vs in outputs.items()
                 for k, v in enumerate(vs) if isinstance(v, torch.Tensor)}
-        safetensors.torch.save_file(flat, options.outputs)
+        partial = f"{options.outputs}.partial"  # renamed into place: never half-written
+        safetensors.torch.save_file(flat, partial)
+        os.replace(partial, options.outputs)
     timed = sorted(times)
     return {"times_s": times, "measured_s": timed[len(timed) // 2], "backend": backend,
             "world": len(ranks), "microbatches": options.microbatches,
