@@ -157,7 +157,9 @@ def _check(plan: Plan, script: Path, *, nproc: int) -> None:
         why = ("its devices share torch devices (" + ", ".join(
             f"{d.name} is {d.torch_device}" for d in devices) + "): give each its own "
             "torch_device in the cluster file" if len(set(torch_devices)) < len(devices)
-            else "it was planned without an emitted model or by an older autoplace")
+            else "it was planned without an emitted model, by an older autoplace, or with "
+            "a value crossing devices that launch.py cannot carry (not a tensor nor a "
+            "literal)")
         raise EmitError(f"{script.parent} holds no launch.py, the ranks' entry point: {why}; "
                         "plan it again")
 

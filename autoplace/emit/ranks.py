@@ -127,6 +127,9 @@ def crossings(segments: Sequence[Mapping[str, Any]], *, ranks: Sequence[str],
         for name in s["outputs"]:
             if name in readers:
                 shape, dtype, constant = specs[name]
+                if shape is None and not _literal(constant):
+                    raise EmitError(f"value {name!r} crosses devices as a "
+                                    f"{type(constant).__name__}, which launch.py cannot carry")
                 found.append(Crossing(name, made[name], tuple(sorted(readers[name])),
                                       None if shape is None else tuple(shape), dtype,
                                       constant))
@@ -142,7 +145,8 @@ def value_specs(model: torch.nn.Module, args: tuple[Any, ...],
     specs: dict[str, tuple[Any, Any, Any]] = {}
     with torch.no_grad():
         for seg in model.segment_info:
-            outs = getattr(model, f"seg{seg.index}")(*(values[n] for n in seg.inputs))
+            segment = getattr(model, f"seg{seg.index}")
+            outs = segment(*(_on(values[n], segment.device) for n in seg.inputs))
             for name, out in zip(seg.outputs, outs):
                 values[name] = out
                 if isinstance(out, torch.Tensor):
@@ -150,6 +154,18 @@ def value_specs(model: torch.nn.Module, args: tuple[Any, ...],
                 else:
                     specs[name] = (None, None, out)
     return specs
+
+
+def _literal(value: Any) -> bool:
+    """Whether ``launch.py`` can hold ``value`` as a Python literal."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    return isinstance(value, (tuple, list)) and all(_literal(v) for v in value)
+
+
+def _on(value: Any, device: Any) -> Any:
+    """A tensor on the segment's device (the caller's inputs, a value received on the CPU)."""
+    return value.to(device) if isinstance(value, torch.Tensor) else value
 
 
 def flat_inputs(model: torch.nn.Module, args: Sequence[Any],
@@ -268,6 +284,7 @@ class Exchange:
     index: Mapping[str, int]
     microbatches: int
     watchdog: Watchdog | None = None
+    device: str = "cpu"  # where receives land (nccl moves CUDA tensors only)
 
     def __post_init__(self) -> None:
         self.pending: list[tuple[Any, int]] = []
@@ -288,7 +305,8 @@ class Exchange:
         c = self.crossings[value]
         if c.shape is None:
             return c.constant
-        buffer = torch.empty(tuple(shape or c.shape), dtype=getattr(torch, c.dtype or "float32"))
+        buffer = torch.empty(tuple(shape or c.shape), dtype=getattr(torch, c.dtype or "float32"),
+                             device=self.device)
         with self.named(c.src):
             dist.recv(buffer, c.src, tag=self.tag(value, k))
         return buffer
@@ -325,8 +343,8 @@ def run_pass(model: torch.nn.Module, batches: Sequence[list[Any]], exchange: Exc
             for n in seg.inputs:
                 if n not in values:  # from another rank: received once, read by every segment
                     values[n] = exchange.receive(n, k)
-            args = [values[n] for n in seg.inputs]
-            outs = getattr(model, f"seg{seg.index}")(*args)
+            segment = getattr(model, f"seg{seg.index}")
+            outs = segment(*(_on(values[n], segment.device) for n in seg.inputs))
             for name, out in zip(seg.outputs, outs):
                 values[name] = out
                 if name in exchange.crossings:
@@ -431,7 +449,7 @@ def _run(model_dir: Path, options: argparse.Namespace, *, rank: int, ranks: Sequ
                             "and tensors cut along the batch; this plan's do not")
         exchange = Exchange(rank, {c.value: c for c in table},
                             {c.value: i for i, c in enumerate(table)}, options.microbatches,
-                            watchdog)
+                            watchdog, here[mine] if backend == "nccl" else "cpu")
         with worker_threads([here[mine]]):
             times, outputs = _passes(
                 (lambda: run_stages(model, batches, stages, exchange)) if stages is not None
@@ -444,7 +462,7 @@ def _run(model_dir: Path, options: argparse.Namespace, *, rank: int, ranks: Sequ
         if dist.is_initialized():
             dist.destroy_process_group()
     if rank == 0 and options.outputs:
-        flat = {f"{name}.{k}": v.detach().contiguous() for name, vs in outputs.items()
+        flat = {f"{name}.{k}": v.detach().to("cpu").contiguous() for name, vs in outputs.items()
                 for k, v in enumerate(vs) if isinstance(v, torch.Tensor)}
         partial = f"{options.outputs}.partial"  # renamed into place: never half-written
         safetensors.torch.save_file(flat, partial)

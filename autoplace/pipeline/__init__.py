@@ -29,6 +29,7 @@ from autoplace.coarsen import DEFAULT_MAX_NODES
 from autoplace.emit import emit_and_verify
 from autoplace.emit.ddp import microbatching, replicas_of, write_train_script
 from autoplace.emit.ranks import write_launch_script
+from autoplace.errors import EmitError
 from autoplace.formats.output import atomic_output_dir
 from autoplace.formats.plan import BaselineResult, Plan, SolverRecord, Verification
 from autoplace.ir import Cluster, Placement, Problem
@@ -301,5 +302,8 @@ def _launch_script(plan: Plan, directory: Path) -> None:
     torch_devices = [d.torch_device for d in devices]
     if (plan.training is None and len(devices) > 1 and example is not None
             and len(set(torch_devices)) == len(devices)):
-        write_launch_script(directory, plan.emitted, torch_devices=torch_devices,
-                            names=[d.name for d in devices], example=example)
+        try:
+            write_launch_script(directory, plan.emitted, torch_devices=torch_devices,
+                                names=[d.name for d in devices], example=example)
+        except EmitError:  # a value launch.py cannot carry: the plan runs in one process
+            (directory / "launch.py").unlink(missing_ok=True)
