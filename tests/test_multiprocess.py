@@ -88,24 +88,44 @@ def test_the_pipelined_prediction_overlaps_a_chain_and_not_a_return_trip():
     assert pipelined_makespan_s(problem, trip, 3) == pytest.approx(9.0, rel=1e-6)
 
 
-def _run_launch(root: Path, *argv: str) -> dict[str, torch.Tensor]:
-    out = root / "outputs.safetensors"
-    launch_replicas(root / "launch.py", replicas=2, timeout_s=120, what="rank",
-                    argv=[*argv, "--repeats", "2", "--timeout", "30", "--outputs", str(out)])
-    return safetensors.torch.load_file(str(out))
+class SkipChain(torch.nn.Module):
+    """Four layers in a row, the first's output added to the last's: placed a layer per rank,
+    a chain of 4 stages in which ``a`` passes through stages 1 and 2 to reach stage 3."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(16, 16) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.layers[0](x)
+        return self.layers[3](self.layers[2](self.layers[1](a))) + a
 
 
 def test_a_chain_runs_gpipe_through_torch_pipelining_and_matches_the_original(tmp_path):
-    # fc1 on rank 0, fc2 on rank 1: a chain of two stages. The batch is the example twice
-    # (2 micro-batches of 8 rows); ScheduleGPipe over gloo (the pytorch#132644 path) must end
-    # within the launch's time limit and give the original's outputs.
-    model, x = _two_layer(tmp_path, "cpu:0", "cpu:1")
-    got = _run_launch(tmp_path, "--microbatches", "2", "--pipelining", "torch")
+    # Layer i on rank i: a chain of 4 stages. The batch is the example 3 times (3 micro-batches
+    # of 8 rows); ScheduleGPipe over gloo (the path of pytorch#132644's hang) must end within
+    # the launch's time limit and give the original's outputs.
+    torch.manual_seed(0)
+    model, x = SkipChain(), torch.randn(8, 16)
+    traced = trace_model(model, (x,), {}, name="skip")
+    devices = [f"cpu:{i}" for i in range(4)]
+    emitted = emit_model(traced.module, zoo.by_module(
+        traced.module, {f"layers.{i}": devices[i] for i in range(4)}, "cpu:3"))
+    emitted.example_inputs = ((x,), {})
+    save_model(emitted, tmp_path / "model")
+    write_launch_script(tmp_path, emitted, torch_devices=devices, names=list("abcd"),
+                        example=emitted.example_inputs)
+    out = tmp_path / "outputs.safetensors"
+    output = launch_replicas(tmp_path / "launch.py", replicas=4, timeout_s=120, what="rank",
+                             argv=["--microbatches", "3", "--pipelining", "torch", "--repeats",
+                                   "2", "--timeout", "30", "--outputs", str(out)])
+    assert "torch.distributed.pipelining ScheduleGPipe" in output
+    got = safetensors.torch.load_file(str(out))
     with torch.no_grad():
         expected = model(x)
-    assert sorted(got) == ["linear_1.0", "linear_1.1"]
-    for k in range(2):
-        torch.testing.assert_close(got[f"linear_1.{k}"], expected)
+    assert len(got) == 3
+    for value in got.values():
+        torch.testing.assert_close(value, expected)
 
 
 def test_a_lost_rank_is_named_and_nothing_is_left_behind(tmp_path):
