@@ -297,6 +297,8 @@ class Exchange:
         if c.constant is not None or not isinstance(tensor, torch.Tensor):
             return
         data = tensor.detach().contiguous()
+        if self.device == "cpu":  # gloo sends from the CPU (a rank's GPU tensor goes via it)
+            data = data.to("cpu")
         for dst in c.dsts:
             with self.named(dst):
                 self.pending.append((dist.isend(data, dst, tag=self.tag(value, k)), dst))
