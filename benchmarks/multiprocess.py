@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import runpy
+import subprocess
 import sys
-import threading
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -42,9 +44,8 @@ sys.path.insert(0, str(ROOT))
 from autoplace.cli import main as autoplace  # noqa: E402
 from autoplace.emit import load_model  # noqa: E402
 from autoplace.emit.ranks import Exchange, flat_inputs, run_pass  # noqa: E402
-from autoplace.emit.replicas import launch_replicas  # noqa: E402
+from autoplace.emit.replicas import _descendants, _stop, free_port  # noqa: E402
 from autoplace.emit.saving import _read_meta  # noqa: E402
-from autoplace.errors import AutoplaceError  # noqa: E402
 from autoplace.run_ranks import run_ranks  # noqa: E402
 from benchmarks.common import RESULTS, machine_line, write_markdown  # noqa: E402
 
@@ -135,49 +136,59 @@ def _one_process_s(out: Path, ids: torch.Tensor, count: int, repeats: int) -> fl
     return sorted(times)[len(times) // 2]
 
 
-def _failure(out: Path) -> list[str]:
-    """Kill rank 1 in the middle of a long run; how the others and torchrun end."""
-    root = out
-    seen: set[int] = set()
-    killed: list[float] = []
-
-    def kill() -> None:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-                try:
-                    if str(root / "launch.py").encode() not in cmdline.read_bytes():
-                        continue
-                    pid = int(cmdline.parent.name)
-                    seen.add(pid)
-                    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-                except OSError:
-                    continue
-                if b"RANK=1" in env:
-                    time.sleep(KILL_AFTER_S)
-                    os.kill(pid, 9)
-                    killed.append(time.monotonic())
-                    return
-            time.sleep(0.2)
-
-    thread = threading.Thread(target=kill, daemon=True)
-    thread.start()
-    message = "no error"
-    try:
-        launch_replicas(root / "launch.py", replicas=2, timeout_s=300, what="rank",
-                        argv=["--repeats", "1000000"])
-    except AutoplaceError as error:
-        message = str(error).splitlines()[0]
-    ended = time.monotonic()
-    thread.join(5)
-    left = [p for p in seen if Path(f"/proc/{p}").exists()]
+def _failure(out: Path, world: int) -> list[str]:
+    """Kill rank 1 of ``world`` in the middle of a long run (torchrun as ``autoplace run
+    --nproc`` starts it); how every other rank and torchrun end, from their whole output."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+               str(out / "launch.py"), "--repeats", "1000000"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                   start_new_session=True)
+        try:
+            rank1 = _wait_for_rank(process.pid, 1)
+            time.sleep(KILL_AFTER_S)
+            ranks = {pid: _rank_of(pid) for pid in _descendants(process.pid)}
+            os.kill(rank1, 9)
+            killed = time.monotonic()
+            code = process.wait(timeout=120)
+            ended = time.monotonic()
+        finally:
+            _stop(process)
+        log.seek(0)
+        output = log.read().decode(errors="replace")
+    named = sorted({int(m) for m in re.findall(r"rank (\d+) \(\S+\) stops: lost rank 1 ", output)})
+    left = [pid for pid in ranks if Path(f"/proc/{pid}").exists()]
     return ["", "## A rank killed", "",
-            f"Rank 1 of the W = 2, M = 1 plan killed (SIGKILL) {KILL_AFTER_S:g} s after it "
-            "started, in the middle of a run of a million passes:", "",
-            f"- torchrun and every rank had exited {ended - killed[0]:.2f} s after the kill "
-            "(bound: 30 s)" if killed else "- rank 1 was never seen: no kill",
-            f"- the run's error: `{message}`",
-            f"- processes of the run left: {len(left)} (of {len(seen)} seen)"]
+            f"Rank 1 of the W = {world}, M = 1 plan killed (SIGKILL) {KILL_AFTER_S:g} s after it "
+            "started, in the middle of a run of a million passes (torchrun started as "
+            "`autoplace run --nproc` starts it):", "",
+            f"- torchrun had exited with code {code}, every rank with it, "
+            f"{ended - killed:.2f} s after the kill (bound: 30 s)",
+            f"- ranks that named the lost rank (`rank R (...) stops: lost rank 1 (...)`): "
+            f"{', '.join(map(str, named)) or 'none'} of the other "
+            f"{', '.join(str(r) for r in range(world) if r != 1)}",
+            f"- processes of the run left: {len(left)} (of {len(ranks)} below torchrun)"]
+
+
+def _rank_of(pid: int) -> int | None:
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    found = [e for e in env if e.startswith(b"RANK=")]
+    return int(found[0][5:]) if found else None
+
+
+def _wait_for_rank(root: int, rank: int) -> int:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        for pid in _descendants(root):
+            if _rank_of(pid) == rank:
+                return pid
+        time.sleep(0.2)
+    raise SystemExit(f"rank {rank} never started")
 
 
 def _ping(rank: int, port: int, rounds: int, queue: Any) -> None:
@@ -227,7 +238,6 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default=str(RESULTS / "multiprocess.md"))
     options = parser.parse_args()
-    import tempfile
     load_before = os.getloadavg()
     _, ids, logits = _original()
     rows, failure = [], []
@@ -240,8 +250,8 @@ def main() -> int:
             micro = _plan(tmp, world, 1)
             rows.append(_row(micro, world=world, count=SEQUENCES, ids=ids, logits=logits,
                              repeats=options.repeats, tmp=tmp))
-            if world == 2:
-                failure = _failure(whole)
+            if world == max(options.worlds):
+                failure = _failure(whole, world)
     one_way = _one_way_s()
     load_after = os.getloadavg()
     lines = [

@@ -480,7 +480,9 @@ def _stopped(watching: Sequence[Watchdog], say: Callable[[str], None], *, rank: 
              names: Sequence[str]) -> None:
     """SIGTERM (torchrun stopping the ranks after one failed): say which rank was lost, where
     the watchdog (started once the ranks have met) can tell."""
-    gone = watching[0].lost() if watching else None
+    gone, deadline = None, time.monotonic() + 0.5  # torchrun may signal before it reaps
+    while watching and gone is None and time.monotonic() < deadline:
+        gone = watching[0].lost() or time.sleep(WATCH_INTERVAL_S / 4)
     if not (watching and watching[0].finished.is_set()):
         say(watching[0].message(gone) if gone is not None else
             f"rank {rank} ({names[rank]}) stopped by torchrun (SIGTERM): another rank failed")
