@@ -223,6 +223,18 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
                    "measured_s, predicted_s, times_s, and the details)")
     u.add_argument("--save-outputs", metavar="FILE.safetensors",
                    help="write the model's output tensors (output, output.0, output.NAME, ...)")
+    # More than one process (autoplace/run_ranks.py, docs/multiprocess.md).
+    u.add_argument("--nproc", type=int, metavar="N",
+                   help="run an inference plan as N processes on this machine, one per planned "
+                   "device (OUT/launch.py under torchrun, gloo on 127.0.0.1, nccl on GPUs): "
+                   "check rank 0's outputs against the one-process model and print the time "
+                   "per batch against the plan's")
+    u.add_argument("--microbatches", type=int, default=1, metavar="M",
+                   help="with --nproc: a batch of M micro-batches, each of the planned "
+                   "example's shape (--inputs then holds M times its rows; default: the "
+                   "example M times), pipelined in GPipe's order: torch.distributed."
+                   "pipelining's ScheduleGPipe where the ranks form a chain of stages, "
+                   "send/recv otherwise; predicted by simulating M copies (default: 1)")
 
 
 def _cache_option(p: argparse.ArgumentParser) -> None:
@@ -438,6 +450,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.train is not None and (args.inputs or args.save_outputs):
         raise AutoplaceError("--train trains on the plan's example inputs and targets: it takes "
                              "neither --inputs nor --save-outputs")
+    if args.nproc is not None:
+        return _run_ranks(args)
+    if args.microbatches != 1:
+        raise AutoplaceError("--microbatches goes with --nproc N (an inference plan run as N "
+                             "processes); a training plan's micro-batches are planned")
     if args.train is not None:
         trained = train_plan(args.out, steps=args.train, lr=args.lr)
         print(json.dumps(trained.to_dict()) if args.json else "\n".join(trained.lines()))
@@ -452,6 +469,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(line)
     if written:
         print(f"wrote {len(written)} output tensor(s) to {args.save_outputs}")
+    return 0
+
+
+def _run_ranks(args: argparse.Namespace) -> int:
+    """``autoplace run OUT --nproc N``."""
+    import json
+
+    from autoplace.run_ranks import run_ranks
+
+    if args.train is not None or args.save_outputs:
+        raise AutoplaceError("--nproc runs an inference plan and checks its outputs: it takes "
+                             "neither --train nor --save-outputs")
+    result = run_ranks(args.out, nproc=args.nproc, microbatches=args.microbatches,
+                       inputs_file=args.inputs, warmup=args.warmup, repeats=args.repeats)
+    print(json.dumps(result.to_dict()) if args.json else "\n".join(result.lines()))
     return 0
 
 

@@ -12,12 +12,13 @@ Read ``load_cluster_file``, then ``_device_entry`` and ``_link_overrides``.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from autoplace.cluster.build import LOCAL_HOST, build_cluster
-from autoplace.cluster.spec import CUDA_NAME, Entry, lookup_type, parse_tokens
+from autoplace.cluster.spec import CUDA_NAME, THREAD_TYPE, Entry, lookup_type, parse_tokens
 from autoplace.errors import DeviceSpecError
 from autoplace.formats.cluster import read_cluster_file
 from autoplace.ir import Cluster, Link
@@ -53,6 +54,11 @@ def load_cluster_file(path: str | os.PathLike[str]) -> Cluster:
 
     if not any(hosts.values()):
         raise DeviceSpecError(f"{where}: defines no devices; add [[hosts]] with devices")
+    empty = [name for name, entries in hosts.items() if not entries]
+    if empty:  # a host that holds nothing is a typo in a device's host, or a host left over
+        raise DeviceSpecError(
+            f"{where}: host(s) {', '.join(map(repr, empty))} have no devices: give each "
+            "devices = [...] or a [[devices]] entry with its host, or remove it")
     cluster = build_cluster(list(hosts.items()), where=where)
     overrides = _link_overrides(
         data.get("links", ()), cluster=cluster, hosts=list(hosts), where=where
@@ -83,8 +89,12 @@ def _device_entry(
     if "torch_device" in table:
         given = table["torch_device"].strip()
         cpu = device_type.kind == "cpu"
-        if not (given == "cpu" if cpu else CUDA_NAME.fullmatch(given) is not None):
-            expected = "cpu" if cpu else "cuda:N"
+        # A cpu-thread worker may name its own cpu:N, so that workers on different hosts are
+        # different torch devices (one process each: docs/multiprocess.md).
+        thread = device_type.name == THREAD_TYPE and re.fullmatch(r"cpu:\d+", given)
+        if not (given == "cpu" or thread if cpu else CUDA_NAME.fullmatch(given) is not None):
+            expected = ("cpu or cpu:N" if device_type.name == THREAD_TYPE else "cpu") if cpu \
+                else "cuda:N"
             raise DeviceSpecError(
                 f"{at}: torch_device {given!r} does not fit a {device_type.kind} "
                 f"({device_type.name}): use {expected!r}"

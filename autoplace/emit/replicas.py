@@ -63,11 +63,11 @@ _ROOT = Path(__file__).resolve().parents[2]
 
 
 def launch_replicas(script: str | os.PathLike[str], *, replicas: int, argv: Sequence[str],
-                    timeout_s: float) -> str:
+                    timeout_s: float, what: str = "replica") -> str:
     """Run ``torchrun --nproc-per-node replicas script *argv`` on this machine and wait at most
     ``timeout_s``; the processes' output (stdout and stderr). Raises ``AutoplaceError`` (the
     workers' own kind where they printed one) when they fail or run past the limit; either
-    way, no process is left behind."""
+    way, no process is left behind. ``what``: the processes, as errors name them."""
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(replicas),
                "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script),
                *argv]
@@ -80,14 +80,14 @@ def launch_replicas(script: str | os.PathLike[str], *, replicas: int, argv: Sequ
             code = process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             raise AutoplaceError(
-                f"the {replicas} replica processes of {script} ran past {timeout_s:g} s: "
+                f"the {replicas} {what} processes of {script} ran past {timeout_s:g} s: "
                 "stopped them (torchrun and its workers)") from None
         finally:
             _stop(process)
         log.seek(0)
         output = log.read().decode(errors="replace")
     if code != 0:
-        raise _failure(output, code=code, replicas=replicas, script=script)
+        raise _failure(output, code=code, replicas=replicas, script=script, what=what)
     return output
 
 
@@ -142,8 +142,8 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _failure(output: str, *, code: int, replicas: int,
-             script: str | os.PathLike[str]) -> AutoplaceError:
+def _failure(output: str, *, code: int, replicas: int, script: str | os.PathLike[str],
+             what: str = "replica") -> AutoplaceError:
     """The error of a failed run: the first ``autoplace: error: KIND: message`` a worker
     printed, as that kind; else the end of the output."""
     said = re.search(r"^autoplace: error: (\w+): (.*)$", output, re.MULTILINE)
@@ -151,7 +151,7 @@ def _failure(output: str, *, code: int, replicas: int,
     if said and isinstance(kind, type) and issubclass(kind, AutoplaceError):
         return kind(said[2])
     tail = "\n".join(output.strip().splitlines()[-_TAIL_LINES:])
-    return EmitError(f"the {replicas} replica processes of {script} failed (torchrun exited "
+    return EmitError(f"the {replicas} {what} processes of {script} failed (torchrun exited "
                      f"with {code}); the end of their output:\n{tail}")
 
 

@@ -23,7 +23,7 @@ import importlib
 import importlib.util
 import json
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -233,13 +233,15 @@ def _dump_spec(spec: pytree.TreeSpec | None) -> tuple[str | None, list[str], str
 
 def load_model(
     directory: str | Path, *, device_map: Mapping[str, str] | None = None,
-    segments: Iterable[int] | None = None,
+    segments: Iterable[int] | None = None, devices: Collection[str] | None = None,
 ) -> torch.nn.Module:
     """Rebuild a model written by ``save_model``, each segment on its ``device_map``-remapped
     device. Executes the generated ``model.py`` and nothing else; weights come from safetensors
     (``weights.safetensors`` and, for a model planned with a checkpoint, the checkpoint), read
     one segment at a time onto its device. With ``segments`` (indices) only those segments'
     weights are read; the others stay on the meta device (``load_segments`` loads them later).
+    ``devices``: the same by planned device, the segments of those devices (one rank of
+    ``OUT/launch.py`` loads its own part).
     """
     path = Path(directory)
     meta = _read_meta(path)
@@ -276,6 +278,9 @@ def load_model(
         raise EmitError(f"{path / 'model.py'} failed to build the model: {error}") from error
 
     _check_weights(path, meta)
+    if devices is not None:
+        wanted = set(devices)
+        segments = [i for i, device in enumerate(planned) if device in wanted]
     load_segments(model, path, range(len(actual)) if segments is None else segments,
                   meta=meta)
     model.segments = [(d, list(seg["nodes"])) for d, seg in zip(planned, meta["segments"])]

@@ -29,6 +29,8 @@ from autoplace.coarsen import DEFAULT_MAX_NODES
 from autoplace.emit import emit_and_verify
 from autoplace.emit.checkpoint import load_checkpoint
 from autoplace.emit.ddp import microbatching, replicas_of, write_train_script
+from autoplace.emit.ranks import write_launch_script
+from autoplace.errors import EmitError
 from autoplace.formats.output import atomic_output_dir
 from autoplace.formats.plan import BaselineResult, Plan, SolverRecord, Verification
 from autoplace.ir import Cluster, Placement, Problem
@@ -309,5 +311,21 @@ def save(plan: Plan, directory: str | os.PathLike[str]) -> Path:
                                    groups=plan.training.get("replica_torch_devices"),
                                    microbatches=microbatching(plan.training, plan.emitted,
                                                               plan.problem, plan.schedule))
+            _launch_script(plan, tmp)
 
     return atomic_output_dir(directory, write)
+
+
+def _launch_script(plan: Plan, directory: Path) -> None:
+    """``launch.py``, one process per device (``emit.ranks``), for an inference plan of two or
+    more devices that each have a torch device of their own and an example to run."""
+    devices = plan.problem.cluster.devices
+    example = getattr(plan.emitted, "example_inputs", None)
+    torch_devices = [d.torch_device for d in devices]
+    if (plan.training is None and len(devices) > 1 and example is not None
+            and len(set(torch_devices)) == len(devices)):
+        try:
+            write_launch_script(directory, plan.emitted, torch_devices=torch_devices,
+                                names=[d.name for d in devices], example=example)
+        except EmitError:  # a value launch.py cannot carry: the plan runs in one process
+            (directory / "launch.py").unlink(missing_ok=True)

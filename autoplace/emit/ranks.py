@@ -1,0 +1,540 @@
+"""Emit: an inference plan run as one process per planned device (``OUT/launch.py``).
+
+``pipeline.save`` writes ``OUT/launch.py`` for an inference plan of two or more devices
+(``write_launch_script``); it runs under ``torchrun --nproc-per-node N OUT/launch.py``, rank r
+playing the plan's r-th device (``ranks_of``: the cluster's devices in order). Each rank
+(``rank_main``):
+
+1. meets the others (``init_process_group``, gloo on CPUs, nccl where every rank is a GPU, with
+   a timeout: a peer that never comes is an error naming the rendezvous) and starts a watchdog
+   (``Watchdog``) that ends the rank, naming the lost rank, once a peer's process is gone;
+2. loads only its own segments' weights (``load_model(devices=...)``);
+3. runs each pass (``run_pass``): for each micro-batch, its segments in the emitted order, each
+   cross-rank input received into a buffer allocated from the shapes the plan's example gave
+   (``Crossing``; tags tell values and micro-batches apart), each value another rank reads sent
+   (``isend``) as soon as it is made; the model's outputs go to rank 0. Every rank walks the
+   same order and never waits on a send, so the passes cannot deadlock. Where the ranks form a
+   chain of stages and M > 1, ``stages.py`` runs the GPipe schedule of
+   ``torch.distributed.pipelining`` instead.
+
+``run_ranks.py`` (``autoplace run --nproc N``) starts the ranks and checks their outputs.
+Read ``Crossing``, ``crossings``, ``value_specs``, then ``rank_main``, ``run_pass`` and
+``Watchdog``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import pprint
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+import torch.distributed as dist
+from torch.fx import _pytree as fx_pytree
+
+from autoplace.emit.device_map import local_device_map, worker_threads
+from autoplace.emit.microbatch import batch_size, split_batch
+from autoplace.emit.saving import input_names, load_inputs, load_model
+from autoplace.emit.stages import chain_of, run_stages
+from autoplace.errors import AutoplaceError, EmitError
+
+__all__ = ["INIT_TIMEOUT_S", "Crossing", "Watchdog", "crossings", "flat_inputs", "rank_main",
+           "run_pass", "value_specs", "write_launch_script"]
+
+# The rendezvous and every send and receive after it: a peer that never comes, or stops
+# answering, makes a rank fail within this rather than wait for ever (``--timeout``).
+INIT_TIMEOUT_S = 60.0
+# How often the watchdog looks at the peers' processes: a lost rank is named within this.
+WATCH_INTERVAL_S = 0.2
+# An error raised from a send or receive waits this long for the watchdog to find which peer
+# is gone before it names the operation's own peer.
+_LOST_GRACE_S = 2.0
+
+
+@dataclass(frozen=True)
+class Crossing:
+    """Value ``value``, made on rank ``src``, read on ranks ``dsts``: a tensor of ``shape`` and
+    ``dtype`` (for one micro-batch of the planned example), or a ``constant`` that is the same
+    on every pass (a size), which the readers take from here and nobody sends."""
+
+    value: str
+    src: int
+    dsts: tuple[int, ...]
+    shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+    constant: Any = None
+
+    def to_list(self) -> list[Any]:
+        return [self.value, self.src, list(self.dsts),
+                None if self.shape is None else list(self.shape), self.dtype, self.constant]
+
+    @classmethod
+    def of(cls, row: Sequence[Any]) -> Crossing:
+        value, src, dsts, shape, dtype, constant = row
+        return cls(str(value), int(src), tuple(int(d) for d in dsts),
+                   None if shape is None else tuple(int(s) for s in shape), dtype, constant)
+
+
+def ranks_of(torch_devices: Sequence[str], names: Sequence[str]) -> list[str]:
+    """The planned torch device of each rank (the cluster's devices in order), checked: the
+    emitted model tells its segments' devices apart by torch device only."""
+    seen: dict[str, str] = {}
+    for device, name in zip(torch_devices, names, strict=True):
+        if device in seen:
+            raise EmitError(f"{seen[device]} and {name} are both {device}: one process per "
+                            "device needs each device's segments told apart; give them distinct "
+                            "torch_device values in the cluster file ([[devices]])")
+        seen[device] = name
+    return list(torch_devices)
+
+
+def crossings(segments: Sequence[Mapping[str, Any]], *, ranks: Sequence[str],
+              output_names: Sequence[str],
+              specs: Mapping[str, Any]) -> list[Crossing]:
+    """Every value that crosses ranks, in the order the segments make them: a segment output
+    read by a segment of another rank, and each model output made off rank 0 (rank 0 gathers
+    the outputs). The model's inputs cross nothing: every rank reads them itself.
+    ``specs[value]`` is ``value_specs``'."""
+    rank = {device: r for r, device in enumerate(ranks)}
+    missing = sorted({str(s["device"]) for s in segments} - set(rank))
+    if missing:
+        raise EmitError(f"segments are planned on {', '.join(missing)}, which is not one of the "
+                        f"ranks' devices ({', '.join(ranks)})")
+    made = {name: rank[str(s["device"])] for s in segments for name in s["outputs"]}
+    readers: dict[str, set[int]] = {}
+    for s in segments:
+        for name in s["inputs"]:
+            if name in made and made[name] != rank[str(s["device"])]:
+                readers.setdefault(name, set()).add(rank[str(s["device"])])
+    for name in output_names:
+        if name in made and made[name] != 0:
+            readers.setdefault(name, set()).add(0)
+    found = []
+    for s in segments:
+        for name in s["outputs"]:
+            if name in readers:
+                shape, dtype, constant = specs[name]
+                if shape is None and not _literal(constant):
+                    raise EmitError(f"value {name!r} crosses devices as a "
+                                    f"{type(constant).__name__}, which launch.py cannot carry")
+                found.append(Crossing(name, made[name], tuple(sorted(readers[name])),
+                                      None if shape is None else tuple(shape), dtype,
+                                      constant))
+    return found
+
+
+def value_specs(model: torch.nn.Module, args: tuple[Any, ...],
+                kwargs: Mapping[str, Any]) -> dict[str, tuple[Any, Any, Any]]:
+    """Each segment output of ``model`` (a ``PartitionedModel``) on the example
+    ``args``/``kwargs``, run segment by segment: ``(shape, dtype, None)`` for a tensor,
+    ``(None, None, value)`` for a constant (a size)."""
+    values = dict(zip(model.input_names, flat_inputs(model, args, kwargs)))
+    specs: dict[str, tuple[Any, Any, Any]] = {}
+    with torch.no_grad():
+        for seg in model.segment_info:
+            segment = getattr(model, f"seg{seg.index}")
+            outs = segment(*(_on(values[n], segment.device) for n in seg.inputs))
+            for name, out in zip(seg.outputs, outs):
+                values[name] = out
+                if isinstance(out, torch.Tensor):
+                    specs[name] = (list(out.shape), str(out.dtype).removeprefix("torch."), None)
+                else:
+                    specs[name] = (None, None, out)
+    return specs
+
+
+def _literal(value: Any) -> bool:
+    """Whether ``launch.py`` can hold ``value`` as a Python literal."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    return isinstance(value, (tuple, list)) and all(_literal(v) for v in value)
+
+
+def _on(value: Any, device: Any) -> Any:
+    """A tensor on the segment's device (the caller's inputs, a value received on the CPU)."""
+    return value.to(device) if isinstance(value, torch.Tensor) else value
+
+
+def flat_inputs(model: torch.nn.Module, args: Sequence[Any],
+                kwargs: Mapping[str, Any]) -> list[Any]:
+    """``args``/``kwargs`` as the graph's inputs, in ``model.input_names``' order."""
+    return list(fx_pytree.tree_flatten_spec((list(args), dict(kwargs)), model._in_spec))
+
+
+_SCRIPT = '''"""Run the model in model/ as {world} processes, one per planned device.
+
+    torchrun --nproc-per-node {world} launch.py [--repeats N] [--microbatches M] [--json FILE]
+
+Written by autoplace with the plan (docs/multiprocess.md). Rank r plays device RANKS[r]: it
+loads only its segments' weights, receives what it reads from other ranks, sends what they
+read from it (gloo on CPUs), and rank 0 gathers the outputs. `autoplace run OUT --nproc {world}`
+runs this and checks the outputs.
+"""
+
+import sys
+from pathlib import Path
+
+from autoplace.emit.ddp import replica_exit
+from autoplace.emit.ranks import rank_main
+
+# Rank r runs the segments planned on RANKS[r] (NAMES[r] in the plan).
+RANKS = {ranks!r}
+NAMES = {names!r}
+# Each value that crosses ranks: [value, from rank, to ranks, shape, dtype, constant], in the
+# order the segments make them; shapes are one pass of the planned example.
+CROSSINGS = {crossings}
+
+if __name__ == "__main__":
+    replica_exit(rank_main(Path(__file__).resolve().parent / "model", sys.argv[1:],
+                           ranks=RANKS, names=NAMES, crossings=CROSSINGS))
+'''
+
+
+def write_launch_script(directory: str | os.PathLike[str], model: torch.nn.Module, *,
+                        torch_devices: Sequence[str], names: Sequence[str],
+                        example: tuple[tuple[Any, ...], Mapping[str, Any]]) -> Path:
+    """Write ``directory/launch.py`` for ``model`` (the plan's ``PartitionedModel``, run once
+    on ``example`` for the crossing values' shapes) over the plan's devices; its path."""
+    ranks = ranks_of(torch_devices, names)
+    specs = value_specs(model, example[0], example[1])
+    found = crossings([s.to_dict() for s in model.segment_info], ranks=ranks,
+                      output_names=model.output_names,
+                      specs=specs)
+    literal = pprint.pformat([c.to_list() for c in found], width=90, compact=True)
+    path = Path(directory) / "launch.py"
+    path.write_text(_SCRIPT.format(world=len(ranks), ranks=list(ranks), names=list(names),
+                                   crossings=literal.replace("\n", "\n" + " " * 12)))
+    return path
+
+
+class Watchdog:
+    """Ends this rank, naming the lost one, once a peer's process on this host is gone (or a
+    zombie): every ``WATCH_INTERVAL_S`` it reads ``/proc/PID/stat`` of each peer on this host.
+    Peers on other hosts are not watched: an operation with them fails after the timeout."""
+
+    def __init__(self, *, rank: int, names: Sequence[str], peers: Sequence[tuple[str, int]],
+                 say: Callable[[str], None]) -> None:
+        self.rank, self.names, self.say = rank, names, say
+        here = socket.gethostname()
+        self.watched = {r: pid for r, (host, pid) in enumerate(peers) if host == here and r != rank}
+        self.finished = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True, name="autoplace-watch")
+
+    def start(self) -> Watchdog:
+        self._thread.start()
+        return self
+
+    def lost(self) -> tuple[int, int] | None:
+        """``(rank, pid)`` of a peer whose process is gone, or ``None``."""
+        for r, pid in self.watched.items():
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+            except (OSError, IndexError):
+                return r, pid
+            if state in ("Z", "X"):
+                return r, pid
+        return None
+
+    def message(self, gone: tuple[int, int]) -> str:
+        r, pid = gone
+        return (f"rank {self.rank} ({self.names[self.rank]}) stops: lost rank {r} "
+                f"({self.names[r]}, pid {pid}), whose process ended during the run")
+
+    def _watch(self) -> None:
+        while not self.finished.wait(WATCH_INTERVAL_S):
+            gone = self.lost()
+            if gone is not None and not self.finished.is_set():
+                self.say(self.message(gone))
+                os._exit(3)
+
+    def explain(self, error: BaseException, peer: int | None) -> AutoplaceError:
+        """The error of a failed send or receive: the lost rank where the watchdog finds one
+        within ``_LOST_GRACE_S``, else the operation's own peer."""
+        deadline = time.monotonic() + _LOST_GRACE_S
+        while time.monotonic() < deadline:
+            gone = self.lost()
+            if gone is not None:
+                return EmitError(self.message(gone))
+            time.sleep(WATCH_INTERVAL_S / 2)
+        who = "" if peer is None else f" with rank {peer} ({self.names[peer]})"
+        return EmitError(f"rank {self.rank} ({self.names[self.rank]}): an exchange{who} failed: "
+                         f"{type(error).__name__}: {str(error).strip().splitlines()[0]}")
+
+
+@dataclass
+class Exchange:
+    """This rank's sends and receives of one pass: ``pending`` sends are waited for at the end
+    (a send never blocks the rank), receives block until their value is in."""
+
+    rank: int
+    crossings: Mapping[str, Crossing]
+    index: Mapping[str, int]
+    microbatches: int
+    watchdog: Watchdog | None = None
+    device: str = "cpu"  # where receives land (nccl moves CUDA tensors only)
+
+    def __post_init__(self) -> None:
+        self.pending: list[tuple[Any, int]] = []
+
+    def tag(self, value: str, k: int) -> int:
+        return self.index[value] * self.microbatches + k
+
+    def send(self, value: str, k: int, tensor: Any) -> None:
+        c = self.crossings[value]
+        if c.constant is not None or not isinstance(tensor, torch.Tensor):
+            return
+        data = tensor.detach().contiguous()
+        if self.device == "cpu":  # gloo sends from the CPU (a rank's GPU tensor goes via it)
+            data = data.to("cpu")
+        for dst in c.dsts:
+            with self.named(dst):
+                self.pending.append((dist.isend(data, dst, tag=self.tag(value, k)), dst))
+
+    def receive(self, value: str, k: int, shape: Sequence[int] | None = None) -> Any:
+        c = self.crossings[value]
+        if c.shape is None:
+            return c.constant
+        buffer = torch.empty(tuple(shape or c.shape), dtype=getattr(torch, c.dtype or "float32"),
+                             device=self.device)
+        with self.named(c.src):
+            dist.recv(buffer, c.src, tag=self.tag(value, k))
+        return buffer
+
+    def finish(self) -> None:
+        for work, dst in self.pending:
+            with self.named(dst):
+                work.wait()
+        self.pending.clear()
+
+    @contextlib.contextmanager
+    def named(self, peer: int | None) -> Iterator[None]:
+        try:
+            yield
+        except (RuntimeError, dist.DistError) as error:
+            if self.watchdog is None:
+                raise
+            raise self.watchdog.explain(error, peer) from error
+
+
+def run_pass(model: torch.nn.Module, batches: Sequence[list[Any]], exchange: Exchange, *,
+             mine: str | None) -> dict[str, Any]:
+    """One pass of ``batches`` (each micro-batch's inputs, ``flat_inputs``'), GPipe's order: per
+    micro-batch, this rank's segments (those planned on ``mine``; every segment where ``mine``
+    is ``None``) in the emitted order. Returns, on rank 0, each micro-batch's outputs by name
+    (a list per output name)."""
+    info = model.segment_info
+    outputs: dict[str, list[Any]] = {name: [] for name in model.output_names}
+    for k, flat in enumerate(batches):
+        values = dict(zip(model.input_names, flat))
+        for seg in info:
+            if mine is not None and seg.planned_device != mine:
+                continue
+            for n in seg.inputs:
+                if n not in values:  # from another rank: received once, read by every segment
+                    values[n] = exchange.receive(n, k)
+            segment = getattr(model, f"seg{seg.index}")
+            outs = segment(*(_on(values[n], segment.device) for n in seg.inputs))
+            for name, out in zip(seg.outputs, outs):
+                values[name] = out
+                if name in exchange.crossings:
+                    exchange.send(name, k, out)
+        if exchange.rank == 0:
+            for name in model.output_names:
+                outputs[name].append(values[name] if name in values
+                                     else exchange.receive(name, k))
+    exchange.finish()
+    return outputs
+
+
+def rank_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, ranks: Sequence[str],
+              names: Sequence[str], crossings: Sequence[Sequence[Any]]) -> int:
+    """One process of ``torchrun --nproc-per-node N launch.py``: the exit code. An
+    ``AutoplaceError`` is printed as one line, ``autoplace: error: KIND: message`` (the line
+    ``replicas.launch_replicas`` looks for), and exits with 2."""
+    world = len(ranks)
+    parser = argparse.ArgumentParser(
+        prog="launch.py", description=f"Run {model_dir} as {world} processes, one per planned "
+        f"device; under torchrun --nproc-per-node {world}.")
+    parser.add_argument("--warmup", type=int, default=1, metavar="N")
+    parser.add_argument("--repeats", type=int, default=5, metavar="N")
+    parser.add_argument("--microbatches", type=int, default=1, metavar="M",
+                        help="run a batch of M micro-batches, each of the planned example's "
+                        "shape, pipelined (GPipe); the batch is --inputs or the example M times")
+    parser.add_argument("--pipelining", choices=("auto", "torch", "sendrecv"), default="auto",
+                        help="with M > 1: torch.distributed.pipelining's ScheduleGPipe where "
+                        "the ranks form a chain of stages (auto, torch), or this module's "
+                        "send/recv (sendrecv)")
+    parser.add_argument("--inputs", metavar="FILE.safetensors",
+                        help="the batch (input_names' names, dimension 0 M times the example's)")
+    parser.add_argument("--timeout", type=float, default=INIT_TIMEOUT_S, metavar="SECONDS",
+                        help="the rendezvous and each exchange fail after this")
+    parser.add_argument("--outputs", metavar="FILE", help="rank 0 writes the outputs here")
+    parser.add_argument("--json", metavar="FILE", help="rank 0 writes its times here")
+    options = parser.parse_args(list(argv))
+    rank = int(os.environ.get("RANK", "-1"))
+
+    def say(message: str) -> None:
+        print(f"autoplace: error: EmitError: {message}", file=sys.stderr, flush=True)
+
+    try:
+        if rank < 0 or int(os.environ.get("WORLD_SIZE", "0")) != world:
+            raise AutoplaceError(
+                f"this plan runs as {world} processes: run `torchrun --nproc-per-node {world} "
+                f"launch.py`, not {os.environ.get('WORLD_SIZE', 'without torchrun')} "
+                "process(es)")
+        if options.repeats < 1 or options.warmup < 0 or options.microbatches < 1:
+            raise AutoplaceError("--repeats and --microbatches must be 1 or more, --warmup 0 or "
+                                 "more")
+        report = _run(Path(model_dir), options, rank=rank, ranks=ranks, names=names,
+                      table=[Crossing.of(row) for row in crossings], say=say)
+    except AutoplaceError as error:
+        print(f"autoplace: error: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+        return 2
+    if rank == 0:
+        if options.json:
+            Path(f"{options.json}.partial").write_text(json.dumps(report) + "\n")
+            os.replace(f"{options.json}.partial", options.json)
+        print(f"ran {world} processes ({report['backend']}, {report['pipelining']}), "
+              f"{options.microbatches} micro-batch(es) a batch: "
+              f"{report['measured_s'] * 1e3:.3f} ms a batch (median of {options.repeats})",
+              flush=True)
+    return 0
+
+
+def _run(model_dir: Path, options: argparse.Namespace, *, rank: int, ranks: Sequence[str],
+         names: Sequence[str], table: Sequence[Crossing],
+         say: Callable[[str], None]) -> dict[str, Any]:
+    """This rank's part: meet, watch, load, run the passes, report (rank 0)."""
+    mine = ranks[rank]
+    here = local_device_map(list(ranks))
+    gpus = all(torch.device(d).type == "cuda" for d in here.values())
+    backend = "nccl" if gpus else "gloo"
+    if gpus:
+        torch.cuda.set_device(torch.device(here[mine]))
+    # torchrun stops the ranks with SIGTERM when one fails: say so, naming the lost rank once
+    # the watchdog knows the peers.
+    watching: list[Watchdog] = []
+    signal.signal(signal.SIGTERM, lambda *_: _stopped(watching, say, rank=rank, names=names))
+    timeout = datetime.timedelta(seconds=options.timeout)
+    where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    try:
+        dist.init_process_group(backend, timeout=timeout)
+    except (RuntimeError, dist.DistError) as error:
+        raise EmitError(f"rank {rank} ({names[rank]}) could not reach its peers at {where} "
+                        f"within {options.timeout:g} s: {str(error).strip().splitlines()[0]}; "
+                        f"start all {len(ranks)} ranks, or raise --timeout") from error
+    peers: list[Any] = [None] * len(ranks)
+    dist.all_gather_object(peers, (socket.gethostname(), os.getpid()))
+    watchdog = Watchdog(rank=rank, names=names, peers=peers, say=say).start()
+    watching.append(watchdog)
+    try:
+        model = load_model(model_dir, device_map={mine: here[mine]}, devices=[mine])
+        batches, rows = _batches(model, model_dir, options)
+        stages = chain_of(model, table, ranks=ranks, first=batches[0],
+                          rows=rows) \
+            if options.microbatches > 1 and options.pipelining != "sendrecv" else None
+        if options.pipelining == "torch" and stages is None:
+            raise EmitError("--pipelining torch needs ranks that form a chain of stages, M > 1 "
+                            "and tensors cut along the batch; this plan's do not")
+        exchange = Exchange(rank, {c.value: c for c in table},
+                            {c.value: i for i, c in enumerate(table)}, options.microbatches,
+                            watchdog, here[mine] if backend == "nccl" else "cpu")
+        with worker_threads([here[mine]]):
+            times, outputs = _passes(
+                (lambda: run_stages(model, batches, stages, exchange)) if stages is not None
+                else (lambda: run_pass(model, batches, exchange, mine=mine)),
+                exchange, warmup=options.warmup, repeats=options.repeats)
+        dist.barrier()
+        watchdog.finished.set()
+    finally:
+        watchdog.finished.set()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if rank == 0 and options.outputs:
+        flat = {f"{name}.{k}": v.detach().to("cpu").contiguous() for name, vs in outputs.items()
+                for k, v in enumerate(vs) if isinstance(v, torch.Tensor)}
+        partial = f"{options.outputs}.partial"  # renamed into place: never half-written
+        safetensors.torch.save_file(flat, partial)
+        os.replace(partial, options.outputs)
+    timed = sorted(times)
+    return {"times_s": times, "measured_s": timed[len(timed) // 2], "backend": backend,
+            "world": len(ranks), "microbatches": options.microbatches,
+            "pipelining": "torch.distributed.pipelining ScheduleGPipe" if stages is not None
+            else "send/recv", "ranks": list(ranks), "names": list(names)}
+
+
+def _stopped(watching: Sequence[Watchdog], say: Callable[[str], None], *, rank: int,
+             names: Sequence[str]) -> None:
+    """SIGTERM (torchrun stopping the ranks after one failed): say which rank was lost, where
+    the watchdog (started once the ranks have met) can tell."""
+    gone, deadline = None, time.monotonic() + 0.5  # torchrun may signal before it reaps
+    while watching and gone is None and time.monotonic() < deadline:
+        gone = watching[0].lost() or time.sleep(WATCH_INTERVAL_S / 4)
+    if not (watching and watching[0].finished.is_set()):
+        say(watching[0].message(gone) if gone is not None else
+            f"rank {rank} ({names[rank]}) stopped by torchrun (SIGTERM): another rank failed")
+    os._exit(3)
+
+
+def _batches(model: torch.nn.Module, model_dir: Path,
+             options: argparse.Namespace) -> tuple[list[list[Any]], int]:
+    """The micro-batches' flat inputs, and the rows of one (the planned example's batch)."""
+    example = load_inputs(model_dir)
+    if example is None:
+        raise EmitError(f"{model_dir} holds no example inputs (inputs.safetensors): plan again")
+    count = options.microbatches
+    args, kwargs = repeated(example, count)
+    if options.inputs:  # checked against the example by ``run_ranks`` before any rank starts
+        given = safetensors.torch.load_file(options.inputs)
+        leaves, spec = torch.utils._pytree.tree_flatten((args, kwargs))
+        args, kwargs = spec.unflatten([given.get(n, leaf) for n, leaf in
+                                       zip(input_names(args, kwargs), leaves)])
+    parts = split_batch(args, kwargs, count)
+    rows = _rows(example)
+    return [flat_inputs(model, a, kw) for a, kw in parts], rows
+
+
+def repeated(example: tuple[tuple[Any, ...], dict[str, Any]],
+             count: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``example`` with every batched tensor (``microbatch.batch_size``'s rule) ``count`` times
+    along dimension 0: the shape of a batch of ``count`` micro-batches."""
+    if count == 1:
+        return example
+    rows = _rows(example)
+    args, kwargs = torch.utils._pytree.tree_map(
+        lambda x: torch.cat([x] * count) if isinstance(x, torch.Tensor) and x.dim()
+        and x.shape[0] == rows else x, example)
+    return tuple(args), dict(kwargs)
+
+
+def _rows(example: tuple[tuple[Any, ...], dict[str, Any]]) -> int:
+    return batch_size(example, parts=1)
+
+
+def _passes(once: Callable[[], dict[str, Any]], exchange: Exchange, *, warmup: int,
+            repeats: int) -> tuple[list[float], dict[str, Any]]:
+    """``warmup`` then ``repeats`` passes, the ranks meeting (a barrier) before each; a pass is
+    timed from the barrier to its outputs on rank 0 and its sends done elsewhere."""
+    times, outputs = [], {}
+    with torch.no_grad():
+        for i in range(warmup + repeats):
+            with exchange.named(None):
+                dist.barrier()
+            began = time.perf_counter()
+            outputs = once()
+            if i >= warmup:
+                times.append(time.perf_counter() - began)
+    return times, outputs

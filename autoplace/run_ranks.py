@@ -1,0 +1,207 @@
+"""``autoplace run OUT/ --nproc N``: an inference plan run as N processes, checked and timed.
+
+Starts ``OUT/launch.py`` (``emit.ranks``) under ``python -m torch.distributed.run`` on
+127.0.0.1, one rank per planned device (``emit.replicas.launch_replicas``: a free port, a time
+limit, and torchrun and every rank stopped on a timeout or a failure), with rank 0 writing the
+outputs and its pass times to a temporary directory. Then, in this process, runs the same
+micro-batches through the whole emitted model (segment by segment, the one-process semantics
+the plan verified against the original) and compares rank 0's outputs with
+``torch.testing.assert_close``. The predicted time per batch is the plan's makespan for one
+micro-batch, and for M micro-batches the simulator's makespan of M copies of the plan's graph,
+each device running them in GPipe's order (``pipelined_makespan_s``).
+
+Every check on the user's input happens before a process starts: a training plan, an output
+directory without ``launch.py``, an N that is not the plan's device count, an inputs file whose
+tensors are not M times the example's.
+
+Read ``run_ranks``, then ``pipelined_makespan_s``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+
+from autoplace.emit import load_model, local_device_map
+from autoplace.emit.microbatch import split_batch
+from autoplace.emit.ranks import Exchange, flat_inputs, repeated, run_pass
+from autoplace.emit.replicas import launch_replicas
+from autoplace.emit.saving import load_inputs, planned_devices
+from autoplace.errors import AutoplaceError, EmitError, VerificationError
+from autoplace.formats.plan import Plan
+from autoplace.ir import Placement, Problem, Schedule
+from autoplace.run import _plan_and_model, read_inputs_file
+from autoplace.simulate import simulate
+from autoplace.simulate.schedules import microbatch_name
+from autoplace.train.graph import _microbatches
+
+__all__ = ["RUN_TIMEOUT_S", "RanksResult", "pipelined_makespan_s", "run_ranks"]
+
+# A bound on the whole run of the ranks (start, rendezvous, passes), for a process that neither
+# ends nor fails; each exchange already fails after launch.py's --timeout.
+RUN_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class RanksResult:
+    """One ``autoplace run --nproc``: times in seconds per batch of ``microbatches``."""
+
+    measured_s: float
+    predicted_s: float
+    times_s: tuple[float, ...]
+    nproc: int
+    microbatches: int
+    pipelining: str
+    backend: str
+    max_abs_diff: float
+    ranks: tuple[str, ...]
+    inputs: str
+    notes: tuple[str, ...] = ()
+    outputs: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"measured_s": self.measured_s, "predicted_s": self.predicted_s,
+                "times_s": list(self.times_s), "nproc": self.nproc,
+                "microbatches": self.microbatches, "pipelining": self.pipelining,
+                "backend": self.backend, "outputs_equal": True,
+                "max_abs_diff": self.max_abs_diff, "ranks": list(self.ranks),
+                "inputs": self.inputs, "notes": list(self.notes)}
+
+    def lines(self) -> list[str]:
+        ratio = self.measured_s / self.predicted_s if self.predicted_s > 0 else float("nan")
+        return [f"ran {self.nproc} processes ({self.backend}, 127.0.0.1), one per planned "
+                f"device: " + ", ".join(f"rank {r} {d}" for r, d in enumerate(self.ranks)),
+                f"inputs: {self.inputs}",
+                f"{self.microbatches} micro-batch(es) a batch, {self.pipelining}",
+                f"outputs: equal to the one-process model's (max abs diff "
+                f"{self.max_abs_diff:.3g})",
+                f"time per batch: measured {self.measured_s * 1e3:.3f} ms (median of "
+                f"{len(self.times_s)}), predicted {self.predicted_s * 1e3:.3f} ms "
+                f"(measured/predicted {ratio:.2f})",
+                *(f"note: {note}" for note in self.notes)]
+
+
+def run_ranks(directory: str | os.PathLike[str], *, nproc: int, microbatches: int = 1,
+              inputs_file: str | os.PathLike[str] | None = None, warmup: int = 1,
+              repeats: int = 5, pipelining: str = "auto", timeout_s: float = RUN_TIMEOUT_S,
+              exchange_timeout_s: float | None = None) -> RanksResult:
+    """Run ``directory``'s inference plan as ``nproc`` processes on this machine, a batch of
+    ``microbatches`` micro-batches (each of the planned example's shape) per pass; check the
+    outputs against the one-process model and time them against the plan."""
+    if warmup < 0 or repeats < 1 or microbatches < 1:
+        raise AutoplaceError(f"--warmup must be 0 or more, --repeats and --microbatches 1 or "
+                             f"more, got {warmup}, {repeats} and {microbatches}")
+    plan, model_dir = _plan_and_model(directory)
+    devices = plan.problem.cluster.devices
+    script = model_dir.parent / "launch.py"
+    _check(plan, script, nproc=nproc)
+    example = load_inputs(model_dir)
+    if example is None:
+        raise EmitError(f"{model_dir} holds no example inputs (inputs.safetensors): plan again")
+    batch = repeated(example, microbatches)
+    if inputs_file is not None:
+        batch = read_inputs_file(inputs_file, example=batch)
+        inputs = str(inputs_file)
+    else:
+        inputs = f"the example inputs ({model_dir / 'inputs.safetensors'})" + (
+            f", {microbatches} times" if microbatches > 1 else "")
+    argv = ["--warmup", str(warmup), "--repeats", str(repeats), "--microbatches",
+            str(microbatches), "--pipelining", pipelining,
+            *(["--inputs", str(inputs_file)] if inputs_file is not None else []),
+            *(["--timeout", repr(exchange_timeout_s)] if exchange_timeout_s else [])]
+    with tempfile.TemporaryDirectory(prefix="autoplace-ranks-") as tmp:
+        outputs_file, report_file = Path(tmp) / "outputs.safetensors", Path(tmp) / "rank0.json"
+        launch_replicas(script, replicas=nproc, timeout_s=timeout_s, what="rank",
+                        argv=[*argv, "--outputs", str(outputs_file), "--json", str(report_file)])
+        report = json.loads(report_file.read_text())
+        got = safetensors.torch.load_file(str(outputs_file))
+    diff = _compare(model_dir, got, batch, microbatches)
+    notes = []
+    if any(k != v for k, v in local_device_map([d.torch_device for d in devices]).items()):
+        notes.append("planned GPUs absent here ran on the CPU")
+    if microbatches > 1:
+        notes.append(f"predicted: the simulator's makespan of {microbatches} copies of the "
+                     "plan's graph, each device running its part of one micro-batch after "
+                     "another (GPipe), on the plan's placement")
+    return RanksResult(
+        measured_s=report["measured_s"],
+        predicted_s=pipelined_makespan_s(plan.problem, plan.schedule, microbatches),
+        times_s=tuple(report["times_s"]),
+        nproc=nproc, microbatches=microbatches, pipelining=report["pipelining"],
+        backend=report["backend"], max_abs_diff=diff, ranks=tuple(d.name for d in devices),
+        inputs=inputs, notes=tuple(notes), outputs=got)
+
+
+def _check(plan: Plan, script: Path, *, nproc: int) -> None:
+    """The plan can run as ``nproc`` processes: an inference plan of ``nproc`` devices with its
+    ``launch.py``."""
+    devices = plan.problem.cluster.devices
+    if plan.training is not None:
+        raise AutoplaceError("--nproc runs an inference plan; a --mode training plan trains "
+                             "with `--train STEPS` (its replicas as processes)")
+    if nproc != len(devices):
+        raise AutoplaceError(
+            f"--nproc {nproc}: the plan has {len(devices)} devices "
+            f"({', '.join(d.name for d in devices)}) and runs one process per device: pass "
+            f"--nproc {len(devices)}, or plan again for {nproc} devices")
+    if not script.is_file():
+        torch_devices = [d.torch_device for d in devices]
+        why = ("its devices share torch devices (" + ", ".join(
+            f"{d.name} is {d.torch_device}" for d in devices) + "): give each its own "
+            "torch_device in the cluster file" if len(set(torch_devices)) < len(devices)
+            else "it was planned without an emitted model, by an older autoplace, or with "
+            "a value crossing devices that launch.py cannot carry (not a tensor nor a "
+            "literal)")
+        raise EmitError(f"{script.parent} holds no launch.py, the ranks' entry point: {why}; "
+                        "plan it again")
+
+
+def _compare(model_dir: Path, got: Mapping[str, torch.Tensor],
+             batch: tuple[tuple[Any, ...], dict[str, Any]], count: int) -> float:
+    """The largest difference of rank 0's outputs from the whole emitted model's on the same
+    micro-batches, run here segment by segment; ``VerificationError`` where they differ."""
+    here = local_device_map(sorted(set(planned_devices(model_dir))))
+    model = load_model(model_dir, device_map=here)
+    batches = [flat_inputs(model, a, kw) for a, kw in split_batch(*batch, count)]
+    with torch.no_grad():
+        expected = run_pass(model, batches, Exchange(0, {}, {}, count), mine=None)
+    worst = 0.0
+    for name, values in expected.items():
+        for k, value in enumerate(values):
+            if not isinstance(value, torch.Tensor):
+                continue
+            key = f"{name}.{k}"
+            if key not in got:
+                raise VerificationError(f"rank 0 returned no {name} for micro-batch {k}")
+            try:
+                torch.testing.assert_close(got[key], value.to("cpu"))
+            except AssertionError as error:
+                raise VerificationError(
+                    f"output {name} of micro-batch {k} from {len(planned_devices(model_dir))} "
+                    f"processes differs from the one-process model's: {error}") from None
+            if value.numel():
+                worst = max(worst, float((got[key] - value.to("cpu")).abs().max()))
+    return worst
+
+
+def pipelined_makespan_s(problem: Problem, schedule: Schedule, count: int) -> float:
+    """The predicted time of a batch of ``count`` micro-batches, each the plan's example: the
+    ``schedule``'s makespan for one; for more, the simulator's makespan of ``count`` copies of
+    the plan's graph (``f#k``, as a training step's micro-batches are built,
+    ``train.graph``), each on its node's device, every device running its nodes of micro-batch
+    0, then of 1, ... (GPipe's order, ``simulate.schedules``)."""
+    if count == 1:
+        return schedule.makespan_s
+    copies = _microbatches(problem, count, "gpipe")
+    device_of = {microbatch_name(name, k): device
+                 for name, device in schedule.placement.device_of.items()
+                 for k in range(count)}
+    return simulate(copies, Placement(device_of)).makespan_s

@@ -1,0 +1,278 @@
+"""More than one process: an inference plan run as one torchrun rank per planned device
+(``emit.ranks``, ``emit.stages``, ``autoplace run --nproc``), on gloo over 127.0.0.1.
+
+The multi-process tests are few and bounded (each well under a minute here); every process they
+start is stopped (``emit.replicas.launch_replicas``) and the failure test checks that none is
+left."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import safetensors.torch
+import torch
+import zoo
+
+from autoplace.cli import main
+from autoplace.emit import emit_model, load_model, save_model
+from autoplace.emit.ranks import crossings, value_specs, write_launch_script
+from autoplace.emit.replicas import free_port, launch_replicas
+from autoplace.errors import AutoplaceError, EmitError
+from autoplace.ir import Placement
+from autoplace.run_ranks import pipelined_makespan_s
+from autoplace.simulate import simulate
+from autoplace.trace import trace_model
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+# A rank that has run this long has imported torch, met its peer and begun its passes (about
+# 5 s here on a loaded machine).
+RUNNING_AFTER_S = 12.0
+
+
+def _two_layer(out: Path, fc1: str, fc2: str) -> tuple[torch.nn.Module, torch.Tensor]:
+    """TwoLayer's fc1 on ``fc1`` and fc2 on ``fc2``, saved with ``launch.py`` in ``out``."""
+    torch.manual_seed(0)
+    model, x = zoo.TwoLayer(), torch.randn(8, 8)
+    traced = trace_model(model, (x,), {}, name="two")
+    emitted = emit_model(traced.module, zoo.by_module(traced.module, {"fc1": fc1, "fc2": fc2},
+                                                      fc1))
+    emitted.example_inputs = ((x,), {})
+    save_model(emitted, out / "model")
+    write_launch_script(out, emitted, torch_devices=["cpu:0", "cpu:1"], names=["a", "b"],
+                        example=emitted.example_inputs)
+    return model, x
+
+
+def test_a_rank_loads_only_its_own_segments(tmp_path):
+    _two_layer(tmp_path, "cpu:0", "cpu:1")
+    mine = load_model(tmp_path / "model", devices=["cpu:1"])
+    # fc1's weight and bias stay on the meta device; fc2's (16*4 + 4 floats) are read.
+    assert all(t.is_meta for t in mine.seg0.state_dict().values())
+    loaded = mine.seg1.state_dict().values()
+    assert not any(t.is_meta for t in loaded) and sum(t.numel() for t in loaded) == 68
+
+
+def test_crossings_name_each_value_once_with_its_readers_and_shape():
+    # TwoBranch placed left and head on cpu:0, right on cpu:1: segments A, B, A. right's
+    # output (8 x 16 float32) goes from rank 1 to rank 0; the output is made on rank 0.
+    model, x = zoo.TwoBranch(), torch.randn(8, 16)
+    traced = trace_model(model, (x,), {}, name="branch")
+    emitted = emit_model(traced.module, zoo.by_module(
+        traced.module, {"left": "cpu:0", "right": "cpu:1", "head": "cpu:0"}, "cpu:0"))
+    found = crossings([s.to_dict() for s in emitted.segment_info], ranks=["cpu:0", "cpu:1"],
+                      output_names=emitted.output_names,
+                      specs=value_specs(emitted, (x,), {}))
+    assert [(c.src, c.dsts, c.shape, c.dtype) for c in found] == [(1, (0,), (8, 16), "float32")]
+
+
+def test_the_pipelined_prediction_overlaps_a_chain_and_not_a_return_trip():
+    # a -> b -> c, 1 s each, free transfers. Chain a on d0, b and c on d1: 3 micro-batches
+    # pipeline, d1 busy 2 s per micro-batch after d0's first 1 s: 1 + 3 * 2 = 7 s (one: 3 s).
+    cl = zoo.cluster(2, bandwidth=1e12)
+    problem = zoo.problem([("a", 1, 0), ("b", 1, 0), ("c", 1, 0)],
+                          [("a", "b", 10), ("b", "c", 10)], cl)
+    chain = simulate(problem, Placement({"a": "d0", "b": "d1", "c": "d1"}))
+    assert pipelined_makespan_s(problem, chain, 1) == pytest.approx(3.0)
+    assert pipelined_makespan_s(problem, chain, 3) == pytest.approx(7.0, rel=1e-6)
+    # a and c on d0, b on d1: d0 runs a and c of one micro-batch before the next a (GPipe's
+    # blocks), so nothing overlaps: 3 * 3 s.
+    trip = simulate(problem, Placement({"a": "d0", "b": "d1", "c": "d0"}))
+    assert pipelined_makespan_s(problem, trip, 3) == pytest.approx(9.0, rel=1e-6)
+
+
+class SkipChain(torch.nn.Module):
+    """Four layers in a row, the first's output added to the last's: placed a layer per rank,
+    a chain of 4 stages in which ``a`` passes through stages 1 and 2 to reach stage 3."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(16, 16) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.layers[0](x)
+        return self.layers[3](self.layers[2](self.layers[1](a))) + a
+
+
+def test_a_chain_runs_gpipe_through_torch_pipelining_and_matches_the_original(tmp_path):
+    # Layer i on rank i: a chain of 4 stages. The batch is the example 3 times (3 micro-batches
+    # of 8 rows); ScheduleGPipe over gloo (the path of pytorch#132644's hang) must end within
+    # the launch's time limit and give the original's outputs.
+    torch.manual_seed(0)
+    model, x = SkipChain(), torch.randn(8, 16)
+    traced = trace_model(model, (x,), {}, name="skip")
+    devices = [f"cpu:{i}" for i in range(4)]
+    emitted = emit_model(traced.module, zoo.by_module(
+        traced.module, {f"layers.{i}": devices[i] for i in range(4)}, "cpu:3"))
+    emitted.example_inputs = ((x,), {})
+    save_model(emitted, tmp_path / "model")
+    write_launch_script(tmp_path, emitted, torch_devices=devices, names=list("abcd"),
+                        example=emitted.example_inputs)
+    out = tmp_path / "outputs.safetensors"
+    output = launch_replicas(tmp_path / "launch.py", replicas=4, timeout_s=120, what="rank",
+                             argv=["--microbatches", "3", "--pipelining", "torch", "--repeats",
+                                   "2", "--timeout", "30", "--outputs", str(out)])
+    assert "torch.distributed.pipelining ScheduleGPipe" in output
+    got = safetensors.torch.load_file(str(out))
+    with torch.no_grad():
+        expected = model(x)
+    assert len(got) == 3
+    for value in got.values():
+        torch.testing.assert_close(value, expected)
+
+
+def test_a_lost_rank_is_named_and_nothing_is_left_behind(tmp_path):
+    # fc1 on rank 1, fc2 on rank 0: rank 0 waits on rank 1 every pass. Rank 1 is killed in
+    # the middle of a long run: rank 0 must stop within 30 s naming rank 1, torchrun must
+    # fail, and no process of the run may remain.
+    _two_layer(tmp_path, "cpu:1", "cpu:0")
+    seen: set[int] = set()
+    killed: list[float] = []
+
+    def kill_rank_1() -> None:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not killed:
+            for pid in _run_processes(tmp_path):
+                seen.add(pid)
+                if _environ(pid).get("RANK") == "1":
+                    time.sleep(RUNNING_AFTER_S)  # started, met rank 0, and in its passes
+                    os.kill(pid, 9)
+                    killed.append(time.monotonic())
+                    return
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_rank_1, daemon=True)
+    killer.start()
+    with pytest.raises(EmitError, match=r"lost rank 1 \(b, pid \d+\)"):
+        launch_replicas(tmp_path / "launch.py", replicas=2, timeout_s=120, what="rank",
+                        argv=["--repeats", "100000000", "--json", str(tmp_path / "began")])
+    ended = time.monotonic()
+    killer.join(5)
+    assert killed and ended - killed[0] < 30
+    assert not [pid for pid in seen if Path(f"/proc/{pid}").exists()
+                and _state(pid) not in ("Z", "X")]
+
+
+def _run_processes(root: Path) -> list[int]:
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(root / "launch.py").encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0")
+                if "=" in item)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return "X"
+
+
+def test_a_rank_whose_peer_never_comes_fails_within_its_timeout(tmp_path):
+    _two_layer(tmp_path, "cpu:0", "cpu:1")
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                          os.environ.get("PYTHONPATH", "")])}
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, str(tmp_path / "launch.py"), "--timeout", "3"],
+                          env=env, capture_output=True, text=True, timeout=90)
+    assert done.returncode == 2
+    assert "rank 0 (a) could not reach its peers at 127.0.0.1:" in done.stderr
+    assert "within 3 s" in done.stderr and time.monotonic() - began < 60
+    assert not (tmp_path / "outputs.safetensors").exists()
+
+
+def test_autoplace_run_nproc_checks_outputs_and_refuses_a_wrong_count(tmp_path, capsys):
+    # The MLP over two cpu-thread workers joined by gloo over 127.0.0.1, planned for
+    # throughput (it splits into a chain, rank 1 first: send/recv), run as 2 processes with
+    # 2 micro-batches.
+    cluster = tmp_path / "two.toml"
+    cluster.write_text('[[hosts]]\nname = "localhost"\ndevices = ["2xcpu-thread"]\n\n'
+                       '[[links]]\nsrc = "cpu:0"\ndst = "cpu:1"\nkind = "gloo-loopback"\n')
+    out = tmp_path / "out"
+    assert main(["plan", str(EXAMPLES / "mlp.py"), "--cluster", str(cluster), "--out",
+                 str(out), "--objective", "throughput", "--time-limit", "5", "--no-cache"]) == 0
+    assert (out / "launch.py").is_file()
+    capsys.readouterr()
+    assert main(["run", str(out), "--nproc", "3"]) == 2
+    assert "--nproc 3: the plan has 2 devices (cpu:0, cpu:1)" in capsys.readouterr().err
+    assert main(["run", str(out), "--nproc", "2", "--microbatches", "2", "--repeats", "2",
+                 "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["outputs_equal"] and result["nproc"] == 2 and result["microbatches"] == 2
+    assert result["measured_s"] > 0 and result["predicted_s"] > 0
+
+
+def test_a_cluster_of_hosts_sharing_a_torch_device_gets_no_launch_script(tmp_path, capsys):
+    # Two hosts, each one cpu-thread worker: both are cpu:0, so the emitted model cannot tell
+    # their segments apart; --nproc says so and how to fix the cluster file.
+    cluster = tmp_path / "hosts.toml"
+    cluster.write_text('[[hosts]]\nname = "a"\ndevices = ["cpu-thread"]\n\n'
+                       '[[hosts]]\nname = "b"\ndevices = ["cpu-thread"]\n')
+    out = tmp_path / "out"
+    assert main(["plan", str(EXAMPLES / "mlp.py"), "--cluster", str(cluster), "--out",
+                 str(out), "--time-limit", "2", "--no-cache"]) == 0
+    assert not (out / "launch.py").exists()
+    capsys.readouterr()
+    assert main(["run", str(out), "--nproc", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "a/cpu:0 is cpu:0, b/cpu:0 is cpu:0" in err and "torch_device" in err
+
+
+def test_hosts_with_their_own_torch_devices_make_one_rank_each(tmp_path):
+    cluster = tmp_path / "hosts.toml"
+    cluster.write_text('[[hosts]]\nname = "a"\ndevices = ["cpu-thread"]\n\n'
+                       '[[hosts]]\nname = "b"\n\n'
+                       '[[devices]]\nhost = "b"\ntype = "cpu-thread"\ntorch_device = "cpu:1"\n')
+    out = tmp_path / "out"
+    assert main(["plan", str(EXAMPLES / "mlp.py"), "--cluster", str(cluster), "--out",
+                 str(out), "--time-limit", "2", "--no-cache"]) == 0
+    text = (out / "launch.py").read_text()
+    assert "RANKS = ['cpu:0', 'cpu:1']" in text and "NAMES = ['a/cpu:0', 'b/cpu:1']" in text
+
+
+def test_a_wrong_rank_count_is_refused_by_launch_py(tmp_path):
+    _two_layer(tmp_path, "cpu:0", "cpu:1")
+    with pytest.raises(AutoplaceError, match="runs as 2 processes"):
+        launch_replicas(tmp_path / "launch.py", replicas=1, timeout_s=60, what="rank",
+                        argv=[])
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    # A host left without devices (its worker's [[devices]] names another host): no rank.
+    ('[[hosts]]\nname = "a"\ndevices = ["2xcpu-thread"]\n\n[[hosts]]\nname = "b"\n',
+     r"host\(s\) 'b' have no devices"),
+    # A link to b's worker by the name it would have without its own torch device.
+    ('[[hosts]]\nname = "a"\ndevices = ["cpu-thread"]\n\n[[hosts]]\nname = "b"\n\n'
+     '[[devices]]\nhost = "b"\ntype = "cpu-thread"\ntorch_device = "cpu:1"\n\n'
+     '[[links]]\nsrc = "a/cpu:0"\ndst = "b/cpu:0"\nkind = "gloo-loopback"\n',
+     r"links\[0\]: unknown device 'b/cpu:0'; devices: a/cpu:0, b/cpu:1"),
+])
+def test_a_cluster_file_whose_hosts_or_links_miss_the_devices_is_refused(tmp_path, capsys,
+                                                                         text, message):
+    cluster = tmp_path / "bad.toml"
+    cluster.write_text(text)
+    out = tmp_path / "out"
+    assert main(["plan", str(EXAMPLES / "mlp.py"), "--cluster", str(cluster), "--out",
+                 str(out), "--no-cache"]) == 2
+    assert re.search(message, capsys.readouterr().err) and not out.exists()
