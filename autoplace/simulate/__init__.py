@@ -378,7 +378,6 @@ def _contended(problem: Problem, schedule: Schedule,
         return {}, {}
     device_of = schedule.placement.device_of
     made = copies(problem, device_of)
-    _, contended_end = _contended(problem, schedule)
     if problem.launchers:
         recorded = {(t.src, t.dst_device): t.start_s for t in schedule.transfers}
         starts = {key: recorded.get(key, schedule.end_s[key[0]]) for key in made}
