@@ -80,10 +80,11 @@ class Flows:
 
     def add(self, key: object, now: float, *, cap: float, on: Iterable[str],
             marks: Iterable[int]) -> None:
-        """Start flow ``key`` at ``now`` (no earlier than the clock, which is first advanced
-        there): it reports each of ``marks`` (bytes) as it reaches them."""
+        """Start flow ``key`` at ``now``: it reports each of ``marks`` (bytes) as it reaches
+        them. The others move on to ``now`` first; the caller has taken every mark reached
+        before it (``advance``), and adds flows in time order."""
         assert now >= self.now - 1e-12 * max(1.0, now), "flows are added in time order"
-        self.now = max(self.now, now)
+        self._move(max(self.now, now))
         self.active[key] = _Flow(cap=cap, on=tuple(on), marks=sorted(set(marks)))
         self._rerate()
 
