@@ -31,7 +31,6 @@ from autoplace.ir import Edge, Problem, Transfer
 
 __all__ = ["Copies", "Flows", "fair_rates", "replay"]
 
-_REL = 1e-12  # bytes within this share of a mark have reached it (floating-point slack)
 
 
 def fair_rates(capacity: Mapping[str, float],
@@ -90,21 +89,30 @@ class Flows:
 
     def next_s(self) -> float:
         """When the next mark is reached (``inf`` with no flow)."""
-        return min((self.now + max(f.marks[0] - f.sent, 0.0) / f.rate
-                    for f in self.active.values()), default=math.inf)
+        return min(self._due().values(), default=math.inf)
+
+    def _due(self) -> dict[object, float]:
+        return {k: self.now + max(f.marks[0] - f.sent, 0.0) / f.rate
+                for k, f in self.active.items()}
 
     def advance(self, until: float) -> list[tuple[object, int, float, bool]]:
         """Move every flow on to ``until``; the marks reached on the way, in time order, as
-        ``(key, bytes, when, finished)``."""
+        ``(key, bytes, when, finished)``. A flow whose mark falls due is taken to it, not
+        compared with it: rounding cannot leave it a hair short, and each step reaches one
+        mark at least."""
         reached: list[tuple[object, int, float, bool]] = []
-        while self.active and (t := self.next_s()) <= until:
+        while self.active:
+            due = self._due()
+            t = min(due.values())
+            if t > until:
+                break
             self._move(t)
             done = False
-            for key, f in list(self.active.items()):
-                while f.marks and f.sent >= f.marks[0] * (1 - _REL) - _REL:
-                    mark = f.marks.pop(0)
-                    f.sent = max(f.sent, float(mark))
-                    reached.append((key, mark, t, not f.marks))
+            for key in [k for k, d in due.items() if d <= t]:
+                f = self.active[key]
+                mark = f.marks.pop(0)
+                f.sent = float(mark)
+                reached.append((key, mark, t, not f.marks))
                 if not f.marks:
                     del self.active[key]
                     done = True
