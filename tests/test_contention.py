@@ -303,3 +303,39 @@ def test_cpsat_bound_holds_under_contention_and_agrees_with_the_simulator():
     result = solve(shared, time_limit_s=20, seed=0, workers=1)
     assert result.lower_bound_s <= result.schedule.makespan_s + 1e-9
     assert validate(shared, result.schedule) == []
+
+
+def test_cpsat_bound_is_below_every_simulated_plan_on_random_graphs():
+    # The relaxation's claim, checked where it could fail: on small random DAGs whose copies
+    # meet on the NICs, CP-SAT's proven bound is below the simulated makespan of its own plan
+    # and of random placements (each at least the optimum under contention).
+    import random
+
+    base = _fork_join_on_two_hosts(True)
+    names = base.cluster.names
+    for seed in range(4):
+        rng = random.Random(seed)
+        nodes = tuple(OpNode(name=f"n{i}", output_bytes=200) for i in range(7))
+        edges = tuple(Edge(f"n{i}", f"n{j}", rng.choice((50, 100, 200)))
+                      for i in range(7) for j in range(i + 1, 7) if rng.random() < 0.4)
+        costs = {n.name: dict.fromkeys(names, rng.choice((0.5, 1.0, 2.0))) for n in nodes}
+        problem = Problem(graph=OpGraph(nodes=nodes, edges=edges), cluster=base.cluster,
+                          costs=Costs(compute_s=costs))
+        result = solve_cpsat(problem, time_limit_s=20, workers=1, seed=0, deterministic=True)
+        plans = [result.placement] + [
+            Placement(device_of={n.name: rng.choice(names) for n in nodes}) for _ in range(30)]
+        for placement in plans:
+            schedule = simulate(problem, placement)
+            assert validate(problem, schedule) == []
+            assert result.bound_s <= schedule.makespan_s + 1e-9, (seed, placement)
+
+
+def test_whatif_keeps_the_shared_links_among_the_devices_it_keeps():
+    from autoplace.solve.whatif import restrict
+
+    problem = _fork_join_on_two_hosts(True)
+    sub = restrict(problem, ("h0/d0", "h1/d0", "h1/d1"))
+    shared = {r.name: set(r.pairs) for r in sub.cluster.shared}
+    assert shared["nic-out:h0"] == {("h0/d0", "h1/d0"), ("h0/d0", "h1/d1")}
+    assert shared["nic-in:h0"] == {("h1/d0", "h0/d0"), ("h1/d1", "h0/d0")}
+    assert restrict(problem, ("h1/d0", "h1/d1")).cluster.shared == ()

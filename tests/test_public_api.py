@@ -7,7 +7,7 @@ def test_exported_members():
     assert set(autoplace.__all__) == {
         "AutoplaceError", "Cluster", "Costs", "Device", "DeviceSpecError", "Edge", "EmitError",
         "GraphError", "InfeasibleError", "Link", "ModelLoadError", "OpGraph", "OpNode",
-        "OutputError", "Placement", "Plan", "Problem", "Schedule", "TraceError",
+        "OutputError", "Placement", "Plan", "Problem", "Schedule", "SharedLink", "TraceError",
         "VerificationError", "__version__", "plan", "save", "simulate", "validate",
     }
     for name in autoplace.__all__:

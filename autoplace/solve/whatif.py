@@ -45,9 +45,9 @@ def restrict(problem: Problem, devices: tuple[str, ...]) -> Problem:
 
 def _restricted_shared(cluster: Cluster, keep: set[str]) -> tuple[SharedLink, ...]:
     """``cluster``'s shared links over the kept devices' pairs (those still crossed)."""
-    kept = (replace(r, pairs=tuple((a, b) for a, b in r.pairs if a in keep and b in keep))
+    kept = ((r, tuple((a, b) for a, b in r.pairs if a in keep and b in keep))
             for r in cluster.shared)
-    return tuple(r for r in kept if r.pairs)
+    return tuple(replace(r, pairs=pairs) for r, pairs in kept if pairs)
 
 
 def whatif_options(options: SolveOptions) -> SolveOptions:
