@@ -3,7 +3,9 @@
     PYTHONPATH=. python benchmarks/contention.py [--time-limit 20] [--only gpt2]
     # writes benchmarks/results/contention.md
 
-For each example (traced, analytic costs, as ``autoplace plan`` costs it) and each cluster:
+For each example (traced, analytic costs, as ``autoplace plan`` costs it; and ``branches``, a
+synthetic Inception-style block of 8 parallel 2 ms branches that each read and send 25 MB, where
+spreading over both hosts pays only if the NICs are ignored) and each cluster:
 
 * **2 hosts x 4 A100-40GB, 25 GB/s NICs**: the cross-host links are 25 GB/s each, and each
   host's NIC (25 GB/s each way, ``nic_bandwidth_bytes_per_s``) is shared by every transfer
@@ -33,14 +35,26 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autoplace.cluster.file import load_cluster_file  # noqa: E402
-from autoplace.ir import Placement, Problem, optimality_gap  # noqa: E402
+from autoplace.ir import (  # noqa: E402
+    Cluster,
+    Costs,
+    Edge,
+    OpGraph,
+    OpNode,
+    Placement,
+    Problem,
+    optimality_gap,
+)
 from autoplace.load import load_model_file  # noqa: E402
 from autoplace.pipeline.forward import Tracing, traced_problem  # noqa: E402
 from autoplace.simulate import simulate, validate  # noqa: E402
 from autoplace.solve import solve  # noqa: E402
 from benchmarks.common import RESULTS, machine_line, write_markdown  # noqa: E402
 
-EXAMPLES = ("gpt2", "inception")
+EXAMPLES = ("gpt2", "inception", "branches")
+# The synthetic fork-join: an Inception-style block of 8 branches, each 2 ms on any device,
+# reading 25 MB from a 0.1 ms stem and sending 25 MB to a 0.1 ms join (a task graph, no model).
+BRANCHES, BRANCH_S, BRANCH_BYTES, STEM_S = 8, 2e-3, 25_000_000, 1e-4
 
 
 def _two_hosts() -> str:
@@ -77,16 +91,34 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3f}"
 
 
+def branches(cluster: Cluster) -> Problem:
+    """The synthetic fork-join (``BRANCHES``) on ``cluster``."""
+    nodes = (OpNode(name="stem", output_bytes=BRANCH_BYTES),
+             *(OpNode(name=f"b{i}", output_bytes=BRANCH_BYTES) for i in range(BRANCHES)),
+             OpNode(name="join"))
+    edges = (*(Edge("stem", f"b{i}", BRANCH_BYTES) for i in range(BRANCHES)),
+             *(Edge(f"b{i}", "join", BRANCH_BYTES) for i in range(BRANCHES)))
+    costs = {n.name: dict.fromkeys(cluster.names, BRANCH_S if n.name[0] == "b" else STEM_S)
+             for n in nodes}
+    return Problem(graph=OpGraph(nodes=nodes, edges=edges, name="branches"), cluster=cluster,
+                   costs=Costs(compute_s=costs))
+
+
+def _problem(example: str, cluster: Cluster) -> Problem:
+    if example == "branches":
+        return branches(cluster)
+    loaded = load_model_file(ROOT / "examples" / f"{example}.py")
+    return traced_problem(loaded.model, loaded.args, loaded.kwargs, cluster,
+                          Tracing(name=example, profile=False, cache=None, progress=False),
+                          []).problem
+
+
 def measure(example: str, label: str, toml: str, time_limit_s: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "cluster.toml"
         path.write_text(toml)
         cluster = load_cluster_file(path)
-    loaded = load_model_file(ROOT / "examples" / f"{example}.py")
-    forward = traced_problem(loaded.model, loaded.args, loaded.kwargs, cluster,
-                             Tracing(name=example, profile=False, cache=None, progress=False),
-                             [])
-    shared: Problem = forward.problem
+    shared = _problem(example, cluster)
     free = replace(shared, cluster=replace(shared.cluster, shared=()))
     began = time.perf_counter()
     ignoring = solve(free, time_limit_s=time_limit_s, seed=0)
@@ -125,7 +157,8 @@ def main() -> int:
         "loose, the makespans are the simulator's and do not depend on load, except through "
         "what each solve found within its time limit).",
         "",
-        "Makespans in ms, of the folded traced graph with analytic costs. *Ignoring*: solved "
+        "Makespans in ms, of the folded traced graph with analytic costs (*branches*: the "
+        "synthetic fork-join task graph of the script's docstring). *Ignoring*: solved "
         "on the cluster without its shared links, as scored by that solve, then *re-simulated* "
         "with contention (same placement and order). *Aware*: solved with the shared links; "
         "*bound*: that solve's lower bound (valid under contention); *gap* = (aware - bound) "
