@@ -5,9 +5,10 @@ import autoplace
 
 def test_exported_members():
     assert set(autoplace.__all__) == {
+        "SharedLink",
         "AutoplaceError", "Cluster", "Costs", "Device", "DeviceSpecError", "Edge", "EmitError",
         "GraphError", "InfeasibleError", "Link", "ModelLoadError", "OpGraph", "OpNode",
-        "OutputError", "Placement", "Plan", "Problem", "Schedule", "SharedLink", "TraceError",
+        "OutputError", "Placement", "Plan", "Problem", "Schedule", "TraceError",
         "VerificationError", "__version__", "plan", "save", "simulate", "validate",
     }
     for name in autoplace.__all__:
