@@ -31,6 +31,7 @@ from autoplace.ir import (
     Placement,
     Problem,
     Schedule,
+    SharedLink,
 )
 from autoplace.pipeline import plan, save
 from autoplace.pipeline.modules import plan_modules
@@ -55,6 +56,7 @@ __all__ = [
     "Plan",
     "Problem",
     "Schedule",
+    "SharedLink",
     "TraceError",
     "VerificationError",
     "__version__",

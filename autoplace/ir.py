@@ -1,7 +1,8 @@
 """The one graph IR every stage shares: plain, frozen data.
 
 Read in this order: ``OpNode`` and ``Edge`` make an ``OpGraph`` (a DAG kept in topological order);
-``Device`` and ``Link`` make a ``Cluster``; ``Costs`` says how long each node takes on each device;
+``Device`` and ``Link`` make a ``Cluster``, with the ``SharedLink``s (NICs, PCIe switches) whose
+bandwidth concurrent transfers share; ``Costs`` says how long each node takes on each device;
 a ``Problem`` bundles the three and is what solvers and the simulator take. A ``Placement`` maps
 nodes to devices (with an optional per-device execution order); the simulator turns it into a
 ``Schedule``. After tracing, nothing here refers to torch: only names, shapes, dtypes and bytes.
@@ -34,6 +35,7 @@ __all__ = [
     "Placement",
     "Problem",
     "Schedule",
+    "SharedLink",
     "Transfer",
 ]
 
@@ -284,11 +286,33 @@ class Link:
 
 
 @dataclass(frozen=True)
+class SharedLink:
+    """A resource that the transfers of several device pairs cross: a host's NIC, a PCIe switch.
+    ``pairs`` are the directed ``(src, dst)`` device pairs whose transfers cross it; transfers on
+    it at the same time share its ``bandwidth_bytes_per_s`` (max-min fair,
+    ``simulate.contention``), where a ``Link`` alone is never shared."""
+
+    name: str
+    bandwidth_bytes_per_s: float
+    pairs: tuple[tuple[str, str], ...]
+
+    def __post_init__(self) -> None:
+        if not self.bandwidth_bytes_per_s > 0 or not math.isfinite(self.bandwidth_bytes_per_s):
+            raise DeviceSpecError(f"shared link {self.name!r} needs a finite bandwidth > 0, got "
+                                  f"{self.bandwidth_bytes_per_s} B/s")
+        if not self.pairs:
+            raise DeviceSpecError(f"shared link {self.name!r} is crossed by no device pair: "
+                                  "name the pairs (or devices) whose transfers cross it")
+
+
+@dataclass(frozen=True)
 class Cluster:
-    """Devices and a link for every ordered pair of distinct devices."""
+    """Devices and a link for every ordered pair of distinct devices; ``shared``: the resources
+    (NICs, switches) that links cross and share, none by default."""
 
     devices: tuple[Device, ...]
     links: tuple[Link, ...]
+    shared: tuple[SharedLink, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.devices:
@@ -301,6 +325,36 @@ class Cluster:
             for b in names:
                 if a != b and (a, b) not in have:
                     raise DeviceSpecError(f"no link from {a!r} to {b!r}")
+        seen: set[str] = set()
+        for res in self.shared:
+            if res.name in seen:
+                raise DeviceSpecError(f"shared link name {res.name!r} is used twice")
+            seen.add(res.name)
+            for a, b in res.pairs:
+                if a == b or (a, b) not in have:
+                    raise DeviceSpecError(
+                        f"shared link {res.name!r} names the pair {a!r} -> {b!r}, which is no "
+                        f"link of the cluster (devices: {', '.join(names)})")
+
+    @cached_property
+    def _crossed(self) -> dict[tuple[str, str], tuple[SharedLink, ...]]:
+        crossed: dict[tuple[str, str], list[SharedLink]] = {}
+        for res in self.shared:
+            for pair in dict.fromkeys(res.pairs):
+                crossed.setdefault(pair, []).append(res)
+        return {pair: tuple(on) for pair, on in crossed.items()}
+
+    def shared_on(self, src: str, dst: str) -> tuple[SharedLink, ...]:
+        """The shared resources a transfer from ``src`` to ``dst`` crosses (none on one
+        device, or where the cluster has none)."""
+        return self._crossed.get((src, dst), ())
+
+    def rate_cap(self, src: str, dst: str) -> float:
+        """The fastest a lone transfer from ``src`` to ``dst`` moves, in bytes/s: its link's
+        bandwidth, or a slower shared resource's it crosses."""
+        link = self._links[(src, dst)]
+        return min([link.bandwidth_bytes_per_s,
+                    *(r.bandwidth_bytes_per_s for r in self.shared_on(src, dst))])
 
     @cached_property
     def _links(self) -> dict[tuple[str, str], Link]:
@@ -317,9 +371,12 @@ class Cluster:
         return self._links[(src, dst)]
 
     def transfer_s(self, src: str, dst: str, nbytes: int) -> float:
-        """Time to move ``nbytes`` from ``src`` to ``dst``; zero on the same device."""
+        """Time to move ``nbytes`` from ``src`` to ``dst`` with no other transfer on the way;
+        zero on the same device."""
         if src == dst:
             return 0.0
+        if (src, dst) in self._crossed:  # alone on its shared resources; contention adds more
+            return self._links[(src, dst)].latency_s + nbytes / self.rate_cap(src, dst)
         return self._links[(src, dst)].transfer_s(nbytes)
 
     @property

@@ -416,6 +416,15 @@ def test_the_documented_example_loads(tmp_path: Path) -> None:
     link = cluster.link("node1/cuda:0", "node0/cuda:0")
     assert (link.bandwidth_bytes_per_s, link.latency_s, link.kind) == (25e9, 5e-6, "network")
     assert cluster.link("node1/cuda:0", "node1/cuda:1").kind == "pcie4"  # A100-40GB <-> A100-80GB
+    # node1's NIC: the 2 x 3 pairs leaving it, and the same reversed entering it
+    shared = {r.name: r for r in cluster.shared}
+    assert set(shared) == {"nic-out:node1", "nic-in:node1", "pcie-switch0"}
+    assert set(shared["nic-out:node1"].pairs) == {
+        (a, b) for a in ("node1/cuda:0", "node1/cuda:1")
+        for b in ("node0/cuda:0", "node0/cuda:1", "node0/cpu")}
+    assert [r.name for r in cluster.shared_on("node1/cuda:0", "node0/cuda:0")] == [
+        "nic-out:node1", "pcie-switch0"]
+    assert cluster.shared_on("node0/cuda:1", "node0/cuda:0") == ()  # both under the switch
 
 
 def test_devices_alone_make_one_machine(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ import autoplace
 
 def test_exported_members():
     assert set(autoplace.__all__) == {
+        "SharedLink",
         "AutoplaceError", "Cluster", "Costs", "Device", "DeviceSpecError", "Edge", "EmitError",
         "GraphError", "InfeasibleError", "Link", "ModelLoadError", "OpGraph", "OpNode",
         "OutputError", "Placement", "Plan", "Problem", "Schedule", "TraceError",

@@ -1,5 +1,6 @@
 """A cluster file into a ``Cluster``: hosts with device specs, ``[[devices]]`` with overrides,
-``[[links]]`` that replace default links.
+``[[links]]`` that replace default links, and the shared links (``cluster.shared``: host NICs,
+``[[shared]]``) whose bandwidth concurrent transfers share.
 
 ``autoplace.formats.cluster`` documents the format, reads the TOML and checks every field's type
 and range against the schema; what is left here are the checks that need the device catalog or
@@ -13,11 +14,12 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from autoplace.cluster.build import LOCAL_HOST, build_cluster
+from autoplace.cluster.shared import shared_links
 from autoplace.cluster.spec import CUDA_NAME, THREAD_TYPE, Entry, lookup_type, parse_tokens
 from autoplace.errors import DeviceSpecError
 from autoplace.formats.cluster import read_cluster_file
@@ -60,14 +62,16 @@ def load_cluster_file(path: str | os.PathLike[str]) -> Cluster:
             f"{where}: host(s) {', '.join(map(repr, empty))} have no devices: give each "
             "devices = [...] or a [[devices]] entry with its host, or remove it")
     cluster = build_cluster(list(hosts.items()), where=where)
-    overrides = _link_overrides(
-        data.get("links", ()), cluster=cluster, hosts=list(hosts), where=where
-    )
-    if not overrides:
+    device_name = _device_resolver(cluster, list(hosts))
+    overrides = _link_overrides(data.get("links", ()), cluster=cluster,
+                                device_name=device_name, where=where)
+    shared = shared_links(data, cluster=cluster, device_name=device_name, where=where)
+    if not overrides and not shared:
         return cluster
     return Cluster(
         devices=cluster.devices,
         links=tuple(overrides.get((link.src, link.dst), link) for link in cluster.links),
+        shared=shared,
     )
 
 
@@ -112,9 +116,9 @@ def _device_entry(
     return host, entry
 
 
-def _link_overrides(
-    tables: Sequence[Mapping[str, Any]], *, cluster: Cluster, hosts: list[str], where: str
-) -> dict[tuple[str, str], Link]:
+def _device_resolver(cluster: Cluster, hosts: list[str]) -> Callable[..., str]:
+    """``device_name(value, at=...)``: the cluster's device that a ``[[links]]`` or
+    ``[[shared]]`` entry names, or an error that lists the devices."""
     def device_name(value: str, *, at: str) -> str:
         value = value.strip()
         if value in cluster.names:
@@ -126,7 +130,13 @@ def _link_overrides(
         raise DeviceSpecError(
             f"{at}: unknown device {value!r}; devices: {', '.join(cluster.names)}"
         )
+    return device_name
 
+
+def _link_overrides(
+    tables: Sequence[Mapping[str, Any]], *, cluster: Cluster, device_name: Callable[..., str],
+    where: str,
+) -> dict[tuple[str, str], Link]:
     overrides: dict[tuple[str, str], Link] = {}
     first_at: dict[tuple[str, str], str] = {}
     for i, table in enumerate(tables):

@@ -126,7 +126,7 @@ def replay(
         free[device] = end[index]
         for h in issued.get(index, ()):
             took = _handover_s(problem, device_of, node_of(h.value), device,
-                               by_torch[h.dst_device])
+                               by_torch[h.dst_device], schedule)
             began = end[index]
             queued = (device in launchers) or (copy_streams and h.src_device.startswith("cuda"))
             if device in launchers:
@@ -152,10 +152,16 @@ def _input_arrival_s(problem: Problem, device_of: Mapping[str, str], node: str |
 
 
 def _handover_s(problem: Problem, device_of: Mapping[str, str], node: str | None, src: str,
-                dst: str) -> float:
+                dst: str, schedule: Schedule) -> float:
     """The simulator's delay for ``node``'s value from ``src`` to ``dst``: the largest over its
     edges read on ``dst`` (``simulate.copies``); a value no edge carries (a parameter two
-    devices share) costs the link's latency."""
+    devices share) costs the link's latency. Over a shared link (``Cluster.shared``) a copy's
+    time depends on every copy beside it, so it is the time the schedule's copy took there."""
+    if node is not None and problem.cluster.shared and problem.cluster.shared_on(src, dst):
+        took = [t.end_s - t.start_s for t in schedule.transfers
+                if t.src == node and t.dst_device == dst]
+        if took:
+            return max(took)
     if node is not None:
         delays = [problem.delay_s(e, src, dst) for e in problem.graph.out_edges(node)
                   if device_of[e.dst] == dst]

@@ -13,6 +13,8 @@ that name devices). The format::
     [[hosts]]
     name = "node1"
     devices = ["A100-40GB"]
+    nic_bandwidth_bytes_per_s = 25e9     # optional: its NIC. Transfers leaving node1 share
+                                         # nic-out:node1, those entering it nic-in:node1
 
     [[devices]]                          # optional: one device with overrides
     host = "node1"                       # a [[hosts]] name; omit it when there are no [[hosts]]
@@ -29,10 +31,21 @@ that name devices). The format::
     latency_s = 5e-6                     # optional
     symmetric = true                     # the default: dst -> src gets the same figures
 
+    [[shared]]                           # optional: any other shared resource
+    name = "pcie-switch0"
+    bandwidth_bytes_per_s = 16e9
+    devices = ["node0/cuda:0", "node0/cuda:1"]  # transfers between these and other devices
+    # hosts = ["node0"]                  # or a host's devices; or pairs, both ways unless
+    # pairs = [["node0/cuda:0", "node1/cuda:0"]]  # symmetric = false
+
 With one host, devices are named as in a spec (``cuda:0``, ``cpu``); with several,
 ``host/cuda:0`` (``torch_device`` stays ``cuda:0``). Devices on different hosts default to a
 ``network`` link. Two GPUs of one NVLink-capable type on one host are assumed to share an NVLink
 board (as in HGX/DGX systems): override the links of PCIe-only machines.
+
+Links are independent unless a NIC or ``[[shared]]`` says otherwise: transfers that cross one
+shared link at the same time divide its bandwidth, max-min fair (``autoplace.cluster.shared``,
+``simulate.contention``). A name that is not a device or host of the file is an error.
 
 ``reserve_bytes`` is memory the runtime holds before any tensor (the CUDA context, cuBLAS's
 workspace), charged as resident: by default ``cost_models.devices.GPU_RUNTIME_RESERVE_BYTES``
@@ -108,9 +121,10 @@ def _non_finite(data: dict[str, Any]) -> list[str]:
     """TOML has ``inf`` and ``nan``, which JSON (and so JSON Schema) has no words for: a bound
     such as ``exclusiveMinimum`` lets both through, so they are caught here."""
     return [
-        f"links[{i}].{key}: {value!r} is not a finite number"
-        for i, link in enumerate(data.get("links", ()))
-        for key, value in link.items()
+        f"{section}[{i}].{key}: {value!r} is not a finite number"
+        for section in ("links", "shared", "hosts")
+        for i, table in enumerate(data.get(section, ()))
+        for key, value in table.items()
         if isinstance(value, float) and not math.isfinite(value)
     ]
 

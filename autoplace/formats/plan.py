@@ -39,6 +39,7 @@ from autoplace.ir import (
     Placement,
     Problem,
     Schedule,
+    SharedLink,
     Transfer,
     optimality_gap,
 )
@@ -279,6 +280,9 @@ class Plan:
             "links": [{"src": lk.src, "dst": lk.dst,
                        "bandwidth_bytes_per_s": lk.bandwidth_bytes_per_s,
                        "latency_s": lk.latency_s, "kind": lk.kind} for lk in cluster.links],
+            **({"shared": [{"name": r.name, "bandwidth_bytes_per_s": r.bandwidth_bytes_per_s,
+                            "pairs": [list(pair) for pair in r.pairs]} for r in cluster.shared]}
+               if cluster.shared else {}),
             **_graph_dict(self.problem, s),
             "order": {d: list(seq) for d, seq in (s.placement.order or {}).items()},
             "transfers": [{"src": t.src, "src_device": t.src_device, "dst_device": t.dst_device,
@@ -425,7 +429,11 @@ def _problem_from(data: Mapping[str, Any]) -> Problem:
                                 if "launch_s" in n},
                       call_s=dict(data["host"]["call_s"]),
                       handover_s=dict(data["host"]["handover_s"])))
-    return Problem(graph=graph, cluster=Cluster(devices=devices, links=links), costs=costs,
+    shared = tuple(SharedLink(name=r["name"], bandwidth_bytes_per_s=r["bandwidth_bytes_per_s"],
+                              pairs=tuple((a, b) for a, b in r["pairs"]))
+                   for r in data.get("shared", ()))
+    return Problem(graph=graph, cluster=Cluster(devices=devices, links=links, shared=shared),
+                   costs=costs,
                    pipeline_schedule=data.get("pipeline_schedule"))
 
 

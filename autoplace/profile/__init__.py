@@ -87,7 +87,8 @@ class ProfileResult:
         if not measured:
             return cluster
         return Cluster(devices=cluster.devices,
-                       links=tuple(measured.get((lk.src, lk.dst), lk) for lk in cluster.links))
+                       links=tuple(measured.get((lk.src, lk.dst), lk) for lk in cluster.links),
+                       shared=cluster.shared)
 
     def to_dict(self) -> dict[str, Any]:
         """The ``profile`` section of ``plan.json``."""

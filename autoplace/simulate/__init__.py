@@ -5,9 +5,11 @@ Model (the same one ``plan.json`` documents, so anyone can re-check a plan):
 * a device runs one node at a time, for ``costs.compute_s[node][device]`` seconds;
 * a node starts once every input has arrived on its device: an input read over edge ``(u, v)``
   from another device arrives ``latency_s + edge bytes / bandwidth`` (or the edge's fixed
-  ``transfer_s``) after ``u`` ends (links are not shared resources: transfers overlap each other
+  ``transfer_s``) after ``u`` ends (a link alone is not shared: transfers overlap each other
   and compute). ``u``'s output is copied once to each other device that reads it, with the
-  largest of those edges' bytes and times;
+  largest of those edges' bytes and times. Where the cluster names shared resources
+  (``Cluster.shared``: NICs, PCIe switches), copies that cross one at the same time share its
+  bandwidth, max-min fair, and arrive later (``contention``);
 * with ``Placement.order`` each device runs its nodes in exactly that order; without it a device
   that falls idle starts its ready node of highest upward rank (list scheduling, as HEFT ranks);
   a training step of several micro-batches (``Problem.pipeline_schedule``) runs each device in
@@ -61,7 +63,8 @@ from autoplace.ir import (
     Schedule,
     Transfer,
 )
-from autoplace.simulate.launch import launched
+from autoplace.simulate.contention import Copies, replay
+from autoplace.simulate.launch import contended_times, launched, timed
 from autoplace.simulate.memory import memory, start_order
 from autoplace.simulate.schedules import microbatch_order
 
@@ -165,7 +168,7 @@ def simulate(problem: Problem, placement: Placement) -> Schedule:
         )
     launch_order: tuple[str, ...] = ()
     if problem.launchers:
-        launch_order, start, end, transfers = launched(
+        launch_order, start, end, transfers = timed(
             problem, device_of, start_order(problem.graph, start, end), moved_from)
     makespan = max(end.values(), default=0.0)
     resident, peak, timeline = memory(problem, device_of, start, end, transfers, makespan,
@@ -247,6 +250,9 @@ def _run(
     transfers: list[Transfer] = []
     events: list[tuple[float, int, int, str]] = []  # (time, kind: 0 finish / 1 ready, seq, node)
     seq = itertools.count()  # ties at one time and kind go first in, first out
+    # Copies over shared resources (none without them): their readers wait for ``arrivals``.
+    copying = Copies(problem, device_of)
+    awaiting = dict.fromkeys(pending, 0)
 
     def dispatch(dev: str, now: float) -> None:
         if busy[dev]:
@@ -270,7 +276,13 @@ def _run(
     for node in graph.nodes:
         if pending[node.name] == 0:
             heapq.heappush(events, (0.0, 1, next(seq), node.name))
-    while events:
+    while events or copying.busy:
+        if copying.due_s() <= (events[0][0] if events else math.inf):
+            for _, succ, t_in in copying.arrivals(copying.due_s()):
+                data_ready[succ] = max(data_ready[succ], t_in)
+                awaiting[succ] -= 1
+                _when_ready(succ, pending, awaiting, data_ready, events, seq)
+            continue
         now, kind, _, name = heapq.heappop(events)
         dev = device_of[name]
         if kind == 1:
@@ -280,19 +292,40 @@ def _run(
             dispatch(dev, now)
             continue
         busy[dev] = False
-        for dst_dev, nbytes, secs in moved_from[name]:
-            transfers.append(Transfer(src=name, src_device=dev, dst_device=dst_dev,
-                                      bytes=nbytes, start_s=now, end_s=now + secs))
-        for e in graph.out_edges(name):
-            # Each reader waits for its own edge's bytes, as plan.json's re-check rule states.
-            t_in = now + problem.delay_s(e, dev, device_of[e.dst])
-            data_ready[e.dst] = max(data_ready[e.dst], t_in)
+        transfers += _send(problem, device_of, name, now, moved_from[name], copying,
+                           data_ready, awaiting)
         for succ in dict.fromkeys(e.dst for e in graph.out_edges(name)):
             pending[succ] -= 1
-            if pending[succ] == 0:
-                heapq.heappush(events, (data_ready[succ], 1, next(seq), succ))
+            _when_ready(succ, pending, awaiting, data_ready, events, seq)
         dispatch(dev, now)
-    return start, end, transfers
+    return start, end, transfers + copying.transfers
+
+
+def _when_ready(name: str, pending: Mapping[str, int], awaiting: Mapping[str, int],
+                data_ready: Mapping[str, float], events: list[tuple[float, int, int, str]],
+                seq: itertools.count) -> None:
+    """Queue ``name``'s ready event once no input node is pending and no edge over a shared
+    resource is awaited."""
+    if pending[name] == 0 and awaiting[name] == 0:
+        heapq.heappush(events, (data_ready[name], 1, next(seq), name))
+
+
+def _send(problem: Problem, device_of: Mapping[str, str], name: str, now: float,
+          moved: list[tuple[str, int, float]], copying: Copies,
+          data_ready: dict[str, float], awaiting: dict[str, int]) -> list[Transfer]:
+    """``name`` ended at ``now``: its copies start. Each reader's ``data_ready`` takes its own
+    edge's arrival (plan.json's re-check rule), or, for an edge over a shared resource, one
+    more edge ``awaiting`` ``copying``'s arrivals. Returns the copies that share nothing."""
+    flowing, waits = copying.send(name, now, moved)
+    dev = device_of[name]
+    for e in problem.graph.out_edges(name):
+        if e.dst in waits:
+            awaiting[e.dst] += 1
+        else:
+            data_ready[e.dst] = max(data_ready[e.dst],
+                                    now + problem.delay_s(e, dev, device_of[e.dst]))
+    return [Transfer(src=name, src_device=dev, dst_device=dst_dev, bytes=nbytes, start_s=now,
+                     end_s=now + secs) for dst_dev, nbytes, secs in moved if dst_dev not in flowing]
 
 
 def _input_counts(graph: OpGraph) -> dict[str, int]:
@@ -314,8 +347,10 @@ def validate(problem: Problem, schedule: Schedule, *, tol_s: float = 1e-9) -> li
         duration = schedule.end_s[node.name] - schedule.start_s[node.name]
         if abs(duration - costs.of(node.name, dev)) > tol_s + 1e-9 * duration:
             problems.append(f"{node.name}: runs {duration} s, costs {costs.of(node.name, dev)} s")
+    arrival, _ = _contended(problem, schedule)
     for e in graph.edges:
-        ready = schedule.end_s[e.src] + problem.delay_s(e, device_of[e.src], device_of[e.dst])
+        ready = arrival[e.src, e.dst] if (e.src, e.dst) in arrival else (
+            schedule.end_s[e.src] + problem.delay_s(e, device_of[e.src], device_of[e.dst]))
         if schedule.start_s[e.dst] + tol_s < ready - _EPS * ready:
             problems.append(f"{e.dst} starts at {schedule.start_s[e.dst]} before its input from "
                             f"{e.src} arrives at {ready}")
@@ -334,6 +369,23 @@ def validate(problem: Problem, schedule: Schedule, *, tol_s: float = 1e-9) -> li
         problem, schedule)
 
 
+def _contended(problem: Problem, schedule: Schedule,
+               ) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], float]]:
+    """The copies over shared resources played again (``contention.replay``) from their
+    starts (their producers' ends; the recorded ones where a launcher issues them): each
+    contended edge's arrival and each contended copy's end. Empty without shared resources."""
+    if not problem.cluster.shared:
+        return {}, {}
+    device_of = schedule.placement.device_of
+    made = copies(problem, device_of)
+    if problem.launchers:
+        recorded = {(t.src, t.dst_device): t.start_s for t in schedule.transfers}
+        starts = {key: recorded.get(key, schedule.end_s[key[0]]) for key in made}
+    else:
+        starts = {key: schedule.end_s[key[0]] for key in made}
+    return replay(problem, device_of, starts, _by_source(made))
+
+
 def _launcher_violations(problem: Problem, schedule: Schedule, tol_s: float) -> list[str]:
     """Where devices have a launcher: the schedule timed again in its recorded launch order
     (``launch.launched``) must give its starts, ends and copies."""
@@ -344,9 +396,11 @@ def _launcher_violations(problem: Problem, schedule: Schedule, tol_s: float) -> 
         return ["the launch order does not list every node once"]
     moved_from = _by_source(copies(problem, device_of))
     per_device = start_order(problem.graph, schedule.start_s, schedule.end_s)
+    contended = (contended_times(problem, device_of, list(schedule.transfers), moved_from)
+                 if problem.cluster.shared else None)
     try:
         _, start, end, transfers = launched(problem, device_of, per_device, moved_from,
-                                            fixed=schedule.launch_order)
+                                            fixed=schedule.launch_order, contended=contended)
     except GraphError as error:
         return [str(error)]
     problems = [f"{n} starts at {schedule.start_s[n]} s; launched in its order it starts at "
@@ -368,12 +422,14 @@ def _memory_violations(problem: Problem, schedule: Schedule) -> list[str]:
     end = dict(schedule.end_s)
     problems: list[str] = []
     made = copies(problem, device_of)
+    _, contended_end = _contended(problem, schedule)
     if problem.launchers:
         # A copy waits for its launcher and its copy stream (``launch.launched``): take the recorded
         # copies, each checked to be one the placement makes, no earlier than its producer.
         transfers = list(schedule.transfers)
         for t in transfers:
             nbytes, secs = made.get((t.src, t.dst_device), (None, 0.0))
+            secs = contended_end.get((t.src, t.dst_device), t.start_s + secs) - t.start_s
             if (nbytes != t.bytes or t.start_s < end[t.src] - 1e-9
                     or abs(t.end_s - t.start_s - secs) > 1e-9 + 1e-9 * secs):
                 problems.append(f"the copy of {t.src} to {t.dst_device} is not one the "
@@ -382,7 +438,8 @@ def _memory_violations(problem: Problem, schedule: Schedule) -> list[str]:
             problems.append("the schedule's copies are not the ones the placement makes")
     else:
         transfers = [Transfer(src=src, src_device=device_of[src], dst_device=dst_dev,
-                              bytes=nbytes, start_s=end[src], end_s=end[src] + secs)
+                              bytes=nbytes, start_s=end[src],
+                              end_s=contended_end.get((src, dst_dev), end[src] + secs))
                      for (src, dst_dev), (nbytes, secs) in made.items()]
     _, peak, _ = memory(problem, device_of, dict(schedule.start_s), end, transfers,
                          max(end.values(), default=0.0), schedule.launch_order)

@@ -10,9 +10,16 @@ from collections.abc import Mapping
 
 from autoplace.errors import GraphError
 from autoplace.ir import HostCosts, OpNode, Problem, Transfer
+from autoplace.simulate.contention import replay
 from autoplace.simulate.memory import Cuts
 
-__all__ = ["launched"]
+__all__ = ["Contended", "contended_times", "launched", "timed"]
+
+# The copies over shared resources: each such edge's delay from its copy's start, and each
+# such copy's time (``contention``), keyed (producer, reader) and (producer, device).
+Contended = tuple[dict[tuple[str, str], float], dict[tuple[str, str], float]]
+# How many times ``timed`` re-times a schedule at most before it takes the last one.
+_ROUNDS = 50
 
 
 def launched(
@@ -21,11 +28,14 @@ def launched(
     first_pass: tuple[str, ...],
     moved_from: Mapping[str, list[tuple[str, int, float]]],
     fixed: tuple[str, ...] = (),
+    contended: Contended | None = None,
 ) -> tuple[tuple[str, ...], dict[str, float], dict[str, float], list[Transfer]]:
     """The schedule again with the host threads that launch the devices' work (``costs.host``):
     the launch order, start, end and the copies made. With ``fixed`` the launch order is that
     one (``validate`` re-times a recorded schedule so); it must take each device's nodes in
-    ``first_pass``'s order, each after its inputs.
+    ``first_pass``'s order, each after its inputs. ``contended`` gives the copies over shared
+    resources their times (``timed``): each such edge's delay from its copy's start, and each
+    such copy's time.
 
     Each device keeps its order of ``first_pass`` (the first pass's order of start). The emitted
     runtime launches the nodes in one order, cut into segments as the emitter cuts them
@@ -47,6 +57,7 @@ def launched(
     """
     graph, costs, host = problem.graph, problem.costs, problem.costs.host
     assert host is not None
+    edge_s, copy_s = contended or ({}, {})
     launchers = problem.launchers
     clock = dict.fromkeys(launchers.values(), 0.0)  # each launcher thread's time
     free = dict.fromkeys(problem.cluster.names, 0.0)
@@ -68,6 +79,7 @@ def launched(
         for u in segment:
             src = device_of[u]
             for dst, nbytes, secs in moved_from[u]:
+                secs = copy_s.get((u, dst), secs)
                 began = end[u]
                 if src in launchers:
                     clock[launchers[src]] += host.handover_s[src]
@@ -89,11 +101,12 @@ def launched(
             for dst, nbytes, secs in moved_from[name]:
                 copied[(name, dst)] = 0.0
                 transfers.append(Transfer(src=name, src_device=dev, dst_device=dst,
-                                          bytes=nbytes, start_s=0.0, end_s=secs))
+                                          bytes=nbytes, start_s=0.0,
+                                          end_s=copy_s.get((name, dst), secs)))
             return
         if segment and cuts.before(name, segment):
             close()
-        ready, blocking = _arrivals(problem, device_of, name, end, copied)
+        ready, blocking = _arrivals(problem, device_of, name, end, copied, edge_s)
         launcher = launchers.get(dev)
         if launcher is None:
             start[name] = max(free[dev], ready)
@@ -133,7 +146,8 @@ def _given_device(name: str, device_of: Mapping[str, str], ready: list[str],
 
 def _arrivals(problem: Problem, device_of: Mapping[str, str], name: str,
               end: Mapping[str, float],
-              copied: Mapping[tuple[str, str], float]) -> tuple[float, float]:
+              copied: Mapping[tuple[str, str], float],
+              edge_s: Mapping[tuple[str, str], float]) -> tuple[float, float]:
     """When ``name``'s last input is on its device, and when its last input from a device
     without a launcher is (its launcher waits for that one on the host)."""
     dev, launchers = device_of[name], problem.launchers
@@ -141,7 +155,7 @@ def _arrivals(problem: Problem, device_of: Mapping[str, str], name: str,
     for e in problem.graph.in_edges(name):
         src = device_of[e.src]
         arrive = end[e.src] if src == dev else (
-            copied[(e.src, dev)] + problem.delay_s(e, src, dev))
+            copied[(e.src, dev)] + edge_s.get((e.src, name), problem.delay_s(e, src, dev)))
         ready = max(ready, arrive)
         if src != dev and src not in launchers:
             blocking = max(blocking, arrive)
@@ -161,3 +175,37 @@ def _next_device(ready: list[str], current: str | None, free: Mapping[str, float
     if current in ready and free[soonest] + 2 * host.call_s[soonest] >= free[current]:
         return current
     return soonest
+
+
+def contended_times(problem: Problem, device_of: Mapping[str, str], transfers: list[Transfer],
+                    moved_from: Mapping[str, list[tuple[str, int, float]]]) -> Contended:
+    """The copies over shared resources played from the starts of ``transfers``
+    (``contention.replay``), as delays from those starts."""
+    starts = {(t.src, t.dst_device): t.start_s for t in transfers}
+    arrival, ends = replay(problem, device_of, starts, moved_from)
+    return ({(u, v): t - starts[(u, device_of[v])] for (u, v), t in arrival.items()},
+            {key: t - starts[key] for key, t in ends.items()})
+
+
+def timed(
+    problem: Problem,
+    device_of: Mapping[str, str],
+    first_pass: tuple[str, ...],
+    moved_from: Mapping[str, list[tuple[str, int, float]]],
+) -> tuple[tuple[str, ...], dict[str, float], dict[str, float], list[Transfer]]:
+    """``launched``, with copies over shared resources (``Cluster.shared``) taking their fair
+    share: the launcher's pass fixes when each copy starts, the copies' times follow from
+    those starts (``contention.replay``), and the pass runs again with them, until the starts
+    no longer change (a schedule consistent with the rule, which ``validate`` re-checks), at
+    most ``_ROUNDS`` times."""
+    result = launched(problem, device_of, first_pass, moved_from)
+    if not problem.cluster.shared:
+        return result
+    seen = None
+    for _ in range(_ROUNDS):
+        times = contended_times(problem, device_of, result[3], moved_from)
+        if times == seen:
+            break
+        seen = times
+        result = launched(problem, device_of, first_pass, moved_from, contended=times)
+    return result

@@ -13,6 +13,8 @@ Variables: ``x[n, d]`` (node ``n`` runs on device ``d``), ``start[n]``, ``end[n]
 * no-good cuts from the caller: a set of nodes the simulator found overflowing a device may not
   all sit on that device (nor on any device identical to it) again;
 * colocated nodes share a device;
+* the copies crossing a shared link (``Cluster.shared``) fit its bandwidth within the makespan
+  (``contention.add_shared_volume``: a relaxation of the simulator's fair sharing);
 * identical devices are interchangeable, so node ``i`` (in topological order) may use only the
   first ``i + 1`` devices of each class of identical devices (symmetry breaking).
 
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field
 from ortools.sat.python import cp_model
 
 from autoplace.ir import Placement, Problem, Schedule
+from autoplace.solve.contention import add_shared_volume
 from autoplace.solve.launcher import add_launchers
 from autoplace.solve.stages import stage_order
 
@@ -158,6 +161,10 @@ def _identical_classes(problem: Problem) -> list[list[str]]:
                 or any(costs.host.launch_of(n.name, a) != costs.host.launch_of(n.name, b)
                        for n in graph.nodes))):
             return False  # one launched and one not, or launched at other costs
+        swap = {a: b, b: a}
+        if any({(swap.get(p, p), swap.get(q, q)) for p, q in r.pairs} != set(r.pairs)
+               for r in cluster.shared):
+            return False  # on different NICs or switches
         la, lb = cluster.link(a, b), cluster.link(b, a)
         if (la.bandwidth_bytes_per_s, la.latency_s) != (lb.bandwidth_bytes_per_s, lb.latency_s):
             return False
@@ -435,9 +442,9 @@ def _add_schedule(model: cp_model.CpModel, problem: Problem, x: Vars, hint: Sche
                         default=0)
             hint_start[n] = max(ready, free[d])
             free[d] = hint_start[n] + duration[n, d]
-        # The optimum is no later than the hint (replayed without launchers: with them, the
-        # hint may take longer, so the horizon stays).
-        if not problem.launchers:
+        # The optimum is no later than the hint (replayed without launchers or shared links:
+        # with them, the hint may take longer, so the horizon stays).
+        if not problem.launchers and not problem.cluster.shared:
             horizon = min(horizon, max(free.values()))
 
     start = {n: model.new_int_var(0, horizon, f"start[{n}]") for n in nodes}
@@ -474,6 +481,7 @@ def _add_schedule(model: cp_model.CpModel, problem: Problem, x: Vars, hint: Sche
         model.add_hint(start[n], t)
         model.add_hint(end[n], t + duration[n, hinted[n]])
     add_launchers(model, problem, x, makespan, start, horizon, quantum)
+    add_shared_volume(model, problem, x, makespan, quantum, start, end, horizon)
     return makespan, start
 
 

@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from autoplace.errors import AutoplaceError
-from autoplace.ir import Cluster, Costs, Problem
+from autoplace.ir import Cluster, Costs, Problem, SharedLink
 from autoplace.solve import SolveOptions, SolveResult, solve
 
 __all__ = ["WHATIF_PARTS", "WHATIF_TIME_LIMIT_S", "restrict", "whatif_options", "whatif_table"]
@@ -33,13 +33,21 @@ def restrict(problem: Problem, devices: tuple[str, ...]) -> Problem:
     keep = set(devices)
     cluster = problem.cluster
     sub = Cluster(devices=tuple(d for d in cluster.devices if d.name in keep),
-                  links=tuple(lk for lk in cluster.links if lk.src in keep and lk.dst in keep))
+                  links=tuple(lk for lk in cluster.links if lk.src in keep and lk.dst in keep),
+                  shared=_restricted_shared(cluster, keep))
     costs = Costs(compute_s={node: {d: t for d, t in per_device.items() if d in keep}
                              for node, per_device in problem.costs.compute_s.items()},
                   source=problem.costs.source,
                   host=problem.costs.host and problem.costs.host.restricted(keep))
     return Problem(graph=problem.graph, cluster=sub, costs=costs,
                    pipeline_schedule=problem.pipeline_schedule)
+
+
+def _restricted_shared(cluster: Cluster, keep: set[str]) -> tuple[SharedLink, ...]:
+    """``cluster``'s shared links over the kept devices' pairs (those still crossed)."""
+    kept = ((r, tuple((a, b) for a, b in r.pairs if a in keep and b in keep))
+            for r in cluster.shared)
+    return tuple(replace(r, pairs=pairs) for r, pairs in kept if pairs)
 
 
 def whatif_options(options: SolveOptions) -> SolveOptions:
