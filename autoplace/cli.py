@@ -125,6 +125,15 @@ def _parser() -> argparse.ArgumentParser:
                    help="measure op times and links on the devices that are here, and use "
                    "calibrated costs for the others where the profile cache has a fit "
                    "(default: on; with no device here, nothing is measured)")
+    p.add_argument("--pin", action="append", default=[], metavar="MODULE=DEVICE",
+                   help="fix a module's ops and parameters to a device, the rest placed by the "
+                   "solver (repeatable): MODULE as in model.named_modules() (model.layers.0; "
+                   "0 in an nn.Sequential), DEVICE a planned device (cuda:1, cpu) or an "
+                   "integer, the i-th GPU. The model is also solved without pins, and the "
+                   "summary says what the pins cost. Inference plans only")
+    p.add_argument("--pin-map", metavar="FILE",
+                   help="pins as a partial Hugging Face device_map JSON, e.g. "
+                   '{"model.embed_tokens": 0, "lm_head": "cpu"}; joins --pin')
     _cache_option(p)
     _solve_options(p)
 
@@ -264,6 +273,7 @@ def _cmd_solve(args: argparse.Namespace) -> int:
 def _cmd_plan(args: argparse.Namespace) -> int:
     from autoplace.formats.output import check_writable
     from autoplace.load import load_model_file
+    from autoplace.pins import merge_pins, parse_pins, read_pin_map
     from autoplace.pipeline import plan, save
     from autoplace.report import print_summary
 
@@ -274,6 +284,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     check_training(args.mode, args.optimizer, args.microbatches, args.schedule, args.replicas,
                    args.recompute)
     dtype = check_dtype(args.dtype)
+    pins = merge_pins(parse_pins(args.pin),
+                      read_pin_map(args.pin_map) if args.pin_map else None)
     out = check_writable(args.out)
     loaded = load_model_file(args.model_file)
     result = plan(loaded.model, loaded.kwargs or loaded.args,
@@ -287,7 +299,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                   min_gain=args.min_gain, mode=args.mode, optimizer=args.optimizer,
                   loss=loaded.loss, example_targets=loaded.targets,
                   microbatches=args.microbatches, schedule=args.schedule,
-                  replicas=args.replicas, recompute=args.recompute, dtype=dtype)
+                  replicas=args.replicas, recompute=args.recompute, dtype=dtype,
+                  pins=pins or None)
     save(result, out)
     print_summary(result)
     print(f"wrote {out}/plan.json, report.html, summary.md, summary.txt"

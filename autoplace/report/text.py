@@ -53,6 +53,18 @@ def verification_text(ov: Overview) -> str | None:
     return verification.status + (f", max |diff| {diff:.3g}" if diff is not None else "")
 
 
+def pins_text(ov: Overview) -> str | None:
+    """``"model.0 -> cuda:0, model.4 -> cuda:1: pins cost 0.31 ms (12%) against the unpinned
+    plan (2.61 ms)"``, for a plan with pins."""
+    if ov.pins is None or ov.pins_cost_s is None:
+        return None
+    free_s = ov.pins["unpinned_objective_s"]
+    share = f" ({ov.pins_cost_s / free_s:.0%})" if free_s > 0 else ""
+    listed = ", ".join(f"{m or '(whole model)'} -> {d}" for m, d in ov.pins["modules"].items())
+    return (f"{listed}: pins cost {format_seconds(ov.pins_cost_s)}{share} against the "
+            f"unpinned plan ({format_seconds(free_s)})")
+
+
 def training_text(ov: Overview) -> str | None:
     """``"adam, 1 micro-batch (gpipe), 1 replica; training check passed"``, for a training
     plan."""
@@ -84,6 +96,8 @@ def summary_renderable(plan: Plan | Overview) -> Any:
     facts.add_row("solver", solver_text(ov))
     facts.add_row("costs", ov.costs_text)
     facts.add_row("critical path", critical_text(ov))
+    if ov.pins is not None:
+        facts.add_row("pins", pins_text(ov))
     verified = verification_text(ov)
     if verified:
         style = {"passed": "green", "failed": "bold red"}.get(ov.verification.status, "")

@@ -77,6 +77,28 @@ def check_memory(problem: Problem) -> None:
                 f"on, {largest.name} ({largest.type}), has {_fmt(largest.memory_bytes)}: "
                 f"{_fmt(need - largest.memory_bytes)} short. Use a device with more memory."
             )
+    _check_forced(problem, runs_on)
+
+
+def _check_forced(problem: Problem, runs_on: dict[str, tuple[str, ...]]) -> None:
+    """Parameters that can go to one device only (pinned there, or runnable nowhere else) must
+    fit it beside its runtime reserve."""
+    forced: dict[str, int] = {}
+    groups = {group for group in problem.graph.colocation_of.values()}
+    for group in groups:
+        devices = runs_on[group[0]]
+        if len(devices) == 1:
+            forced[devices[0]] = forced.get(devices[0], 0) + sum(
+                problem.graph.node(m).param_bytes for m in group)
+    for name, need in forced.items():
+        device = problem.cluster.device(name)
+        room = device.memory_bytes - device.reserved_bytes
+        if need > room:
+            raise InfeasibleError(
+                f"the nodes that can run only on {name} ({device.type}; pinned there, or "
+                f"runnable nowhere else) need {_fmt(need)} of parameters, but {name} has "
+                f"{_fmt(room)} beside its runtime reserve: {_fmt(need - room)} short. Pin "
+                "fewer modules to it, or pin them to a device with more memory.")
 
 
 def _fractional_work(problem: Problem, max_terms: int = 400_000) -> float:
