@@ -73,6 +73,7 @@ def test_cli_pins_and_pin_map_report_what_they_cost(tmp_path: Path):
     for name in ("summary.txt", "summary.md", "report.html"):
         text = (out / name).read_text()
         assert "pins cost" in text and "against the unpinned plan" in text, name
+    assert "the pins span several devices" in (out / "summary.txt").read_text()
 
 
 @pytest.mark.parametrize(("argv", "pattern"), [

@@ -19,6 +19,8 @@ __all__ = ["print_summary", "summary_renderable", "summary_text"]
 
 def speedup_text(ov: Overview) -> str:
     if ov.speedup_over_single is None or ov.best_single_device is None:
+        if ov.pins is not None and len(set(ov.pins["modules"].values())) > 1:
+            return "n/a (the pins span several devices)"
         return "n/a (the model fits no single device)"
     return (f"{format_ratio(ov.speedup_over_single)} over the best single device "
             f"({ov.best_single_device}, {format_seconds(ov.best_single_s)})")
