@@ -18,6 +18,7 @@ from autoplace.cli import main
 from autoplace.coarsen import coarsen, fold
 from autoplace.cost import costs as cost_nodes
 from autoplace.errors import InfeasibleError, PinError
+from autoplace.formats.plan import read_plan
 from autoplace.ir import Cluster, Device, Link, Problem
 from autoplace.pins import merge_pins, parse_pins, pin_costs, resolve_pins
 from autoplace.trace import trace_model
@@ -74,6 +75,8 @@ def test_cli_pins_and_pin_map_report_what_they_cost(tmp_path: Path):
         text = (out / name).read_text()
         assert "pins cost" in text and "against the unpinned plan" in text, name
     assert "the pins span several devices" in (out / "summary.txt").read_text()
+    # plan.json passes its schema and reads back with the pins.
+    assert read_plan(out / "plan.json").pins["modules"] == {"0": "cuda:0", "4": "cuda:1"}
 
 
 @pytest.mark.parametrize(("argv", "pattern"), [
