@@ -17,6 +17,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from autoplace.errors import InfeasibleError
@@ -101,15 +103,31 @@ def _check_forced(problem: Problem, runs_on: dict[str, tuple[str, ...]]) -> None
                 "fewer modules to it, or pin them to a device with more memory.")
 
 
+def _alike(problem: Problem) -> bool:
+    """Whether every device has the same memory and every node the same time on every device.
+    Then the LP of ``_fractional_work`` is the work spread evenly (each load is at least the
+    mean, and an even split meets it, within memory whenever ``check_memory`` passed), which
+    ``lower_bound_s`` has already: skipping it saves a GLOP solve of nodes x devices variables
+    per solve, about a second for a 3,000-node Llama-2-70B on 8 GPUs (benchmarks/llama70b.py)."""
+    devices = problem.cluster.devices
+    if len({d.memory_bytes for d in devices}) > 1:
+        return False
+    return all(len(set(per.values())) == 1 and math.isfinite(next(iter(per.values())))
+               for per in problem.costs.compute_s.values())
+
+
 def _fractional_work(problem: Problem, max_terms: int = 400_000) -> float:
     """The least time in which the devices could do all the work if nodes could be split among
     them: an LP (min T, every device's share of work <= T), which on devices of different speeds
     is far stronger than the work at the fastest speed spread evenly. Each device's share of
     the parameters must fit its memory too, so a model too big for the fast device is bounded
-    by the slow ones it must use (a memory-forced bound). 0 when too large."""
+    by the slow ones it must use (a memory-forced bound). 0 when too large, or when it cannot
+    beat the even spread (``_alike``)."""
     from ortools.linear_solver import pywraplp
 
     graph, names = problem.graph, problem.cluster.names
+    if _alike(problem):
+        return 0.0
     if len(graph.nodes) * len(names) > max_terms:
         return 0.0
     lp = pywraplp.Solver.CreateSolver("GLOP")
