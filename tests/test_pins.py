@@ -153,3 +153,23 @@ def test_coarsening_keeps_pins_apart():
     assert len(small.graph.nodes) >= 3
     assert all(math.isinf(small.costs.compute_s[n.name]["cuda:1"])
                for n in small.graph.nodes if "linear" in n.ops)
+
+
+def test_every_baseline_and_the_plan_respect_the_pins():
+    from autoplace.solve import solve
+
+    model, x = _mlp()
+    traced = trace_model(model.eval(), (x,))
+    cluster = _two_devices(2**34)
+    pins = resolve_pins(model, traced.graph, cluster, {"0": "cuda:1", "4": "cuda:0"})
+    folded = fold(traced.graph, pin_costs(cost_nodes(traced.graph, cluster), pins.device_of_op))
+    problem = Problem(graph=folded.graph, cluster=cluster, costs=folded.costs)
+    result = solve(problem, time_limit_s=2)
+    schedules = {"plan": result.schedule,
+                 **{k: v for k, v in result.baselines.items() if v is not None}}
+    assert len(schedules) > 3
+    for name, schedule in schedules.items():
+        for node in problem.graph.nodes:
+            pinned = {pins.device_of_op[op] for op in node.ops if op in pins.device_of_op}
+            if pinned:
+                assert {schedule.placement.device_of[node.name]} == pinned, (name, node.name)
