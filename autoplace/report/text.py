@@ -17,11 +17,16 @@ from autoplace.report.units import format_bytes, format_ratio, format_seconds, f
 __all__ = ["print_summary", "summary_renderable", "summary_text"]
 
 
+def no_speedup_reason(ov: Overview) -> str:
+    """Why a plan has no speed-up over one device."""
+    if ov.pins is not None and len(set(ov.pins["modules"].values())) > 1:
+        return "the pins span several devices"
+    return "the model fits no single device"
+
+
 def speedup_text(ov: Overview) -> str:
     if ov.speedup_over_single is None or ov.best_single_device is None:
-        if ov.pins is not None and len(set(ov.pins["modules"].values())) > 1:
-            return "n/a (the pins span several devices)"
-        return "n/a (the model fits no single device)"
+        return f"n/a ({no_speedup_reason(ov)})"
     return (f"{format_ratio(ov.speedup_over_single)} over the best single device "
             f"({ov.best_single_device}, {format_seconds(ov.best_single_s)})")
 
