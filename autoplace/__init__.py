@@ -33,6 +33,7 @@ from autoplace.ir import (
     Schedule,
 )
 from autoplace.pipeline import plan, save
+from autoplace.pipeline.modules import plan_modules
 from autoplace.simulate import simulate, validate
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "VerificationError",
     "__version__",
     "plan",
+    "plan_modules",
     "save",
     "simulate",
     "validate",

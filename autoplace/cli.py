@@ -19,6 +19,7 @@ from autoplace.errors import AutoplaceError
 from autoplace.simulate.schedules import SCHEDULES
 from autoplace.solve import DEFAULT_TIME_LIMIT_S, OBJECTIVES, SOLVERS
 from autoplace.solve.baselines import DEFAULT_MIN_GAIN, check_min_gain
+from autoplace.solve.options import MODULE_TIME_LIMIT_S
 from autoplace.train import MODES, OPTIMIZERS, check_dtype, check_training
 from autoplace.train.recompute import RECOMPUTE_CHOICES
 
@@ -121,6 +122,18 @@ def _parser() -> argparse.ArgumentParser:
                    "backward on a device, keeping only the inputs it received, at the cost of "
                    "one more forward: auto (default) where a placement overflows a device "
                    "without it, all on every device, off never")
+    p.add_argument("--granularity", choices=("op", "module"), default="op",
+                   help="op: place every traced op and emit the partitioned model (default); "
+                   "module: place whole modules and write OUT/device_map.json, a Hugging Face "
+                   "device_map that from_pretrained(..., device_map=...) and accelerate's "
+                   "dispatch_model take, next to accelerate's own maps in the report (the "
+                   "model runs once instead of being traced op by op; analytic costs; no "
+                   "OUT/model/; inference only; --time-limit defaults to "
+                   f"{MODULE_TIME_LIMIT_S:g} s)")
+    p.add_argument("--no-split", action="append", metavar="CLASS",
+                   help="with --granularity module: a module class kept whole on one device "
+                   "(repeat for several; default: the model's _no_split_modules; a class the "
+                   "model does not use is an error)")
     p.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
                    help="measure op times and links on the devices that are here, and use "
                    "calibrated costs for the others where the profile cache has a fit "
@@ -134,6 +147,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--pin-map", metavar="FILE",
                    help="pins as a partial Hugging Face device_map JSON, e.g. "
                    '{"model.embed_tokens": 0, "lm_head": "cpu"}; joins --pin')
+    p.add_argument("--checkpoint", metavar="PATH",
+                   help="the model's weights: a .safetensors file, or a directory written by "
+                   "save_pretrained (model.safetensors, or shards listed by "
+                   "model.safetensors.index.json). Every tensor is checked first (the missing "
+                   "and mis-shaped are named, nothing is written); the weights are loaded into "
+                   "the model (one built on the meta device too, where it fits in memory; "
+                   "otherwise it is emitted unverified), and "
+                   "OUT/model refers to the checkpoint instead of copying it: load_model reads "
+                   "each segment's tensors from it straight onto the segment's device, and "
+                   "refuses a checkpoint changed since (size, modification time, index). "
+                   "Buffers it lacks (rotary inv_freq) are the model's, saved in OUT/model")
     _cache_option(p)
     _solve_options(p)
 
@@ -221,8 +245,9 @@ def _solve_options(p: argparse.ArgumentParser) -> None:
     """The options ``plan`` and ``solve`` share: output and how to solve."""
     p.add_argument("--out", metavar="DIR", default="autoplace-out",
                    help="output directory, replaced atomically (default: ./autoplace-out)")
-    p.add_argument("--time-limit", metavar="SECONDS", type=float, default=DEFAULT_TIME_LIMIT_S,
-                   help=f"solver time limit in seconds (default: {DEFAULT_TIME_LIMIT_S:g})")
+    p.add_argument("--time-limit", metavar="SECONDS", type=float, default=None,
+                   help=f"solver time limit in seconds (default: {DEFAULT_TIME_LIMIT_S:g}; "
+                   f"{MODULE_TIME_LIMIT_S:g} with --granularity module)")
     p.add_argument("--solver", choices=SOLVERS, default="cpsat",
                    help="cpsat (default) or one of the heuristics alone")
     p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default: 0)")
@@ -245,6 +270,11 @@ def _solve_options(p: argparse.ArgumentParser) -> None:
                    "measures again)")
 
 
+def _time_limit(args: argparse.Namespace, default_s: float = DEFAULT_TIME_LIMIT_S) -> float:
+    """``--time-limit``, or the command's default where it was not given."""
+    return default_s if args.time_limit is None else args.time_limit
+
+
 def _cmd_solve(args: argparse.Namespace) -> int:
     from autoplace.cluster import resolve_cluster
     from autoplace.formats.graph import load_graph_file
@@ -262,7 +292,7 @@ def _cmd_solve(args: argparse.Namespace) -> int:
         cluster, notes = resolve_cluster(spec=args.devices, cluster_file=args.cluster)
     problem = load_graph_file(args.graph_file, cluster=cluster)
     result = solve_graph(problem, objective=args.objective, contiguous=args.contiguous,
-                         time_limit_s=args.time_limit, solver=args.solver, seed=args.seed,
+                         time_limit_s=_time_limit(args), solver=args.solver, seed=args.seed,
                          deterministic=args.deterministic, notes=notes, min_gain=args.min_gain)
     save(result, out)
     print_summary(result)
@@ -280,6 +310,16 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     began = time.perf_counter()
     if args.devices and args.cluster:
         raise AutoplaceError("pass either --devices or --cluster, not both")
+    if args.granularity == "module":
+        if args.pin or args.pin_map:
+            from autoplace.errors import PinError
+
+            raise PinError("--pin and --pin-map apply at op granularity for now: drop them, "
+                           "or drop --granularity module")
+        return _cmd_plan_modules(args, began)
+    if args.no_split:
+        raise AutoplaceError("--no-split goes with --granularity module (the classes a "
+                             "device_map keeps whole)")
     check_min_gain(args.min_gain)
     check_training(args.mode, args.optimizer, args.microbatches, args.schedule, args.replicas,
                    args.recompute)
@@ -289,7 +329,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     out = check_writable(args.out)
     loaded = load_model_file(args.model_file)
     result = plan(loaded.model, loaded.kwargs or loaded.args,
-                  devices=args.devices, cluster_file=args.cluster, time_limit_s=args.time_limit,
+                  devices=args.devices, cluster_file=args.cluster,
+                  time_limit_s=_time_limit(args),
                   solver=args.solver, max_nodes=args.max_nodes, emit=args.emit,
                   verify=args.verify, check_memory=args.check_memory, seed=args.seed,
                   name=loaded.name,
@@ -300,12 +341,39 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                   loss=loaded.loss, example_targets=loaded.targets,
                   microbatches=args.microbatches, schedule=args.schedule,
                   replicas=args.replicas, recompute=args.recompute, dtype=dtype,
-                  pins=pins or None)
+                  pins=pins or None, checkpoint=args.checkpoint)
     save(result, out)
     print_summary(result)
     print(f"wrote {out}/plan.json, report.html, summary.md, summary.txt"
           + (", model/" if result.emitted is not None else "")
           + f" in {time.perf_counter() - began:.1f} s")
+    return 0
+
+
+def _cmd_plan_modules(args: argparse.Namespace, began: float) -> int:
+    """``plan --granularity module``: a Hugging Face device_map (``pipeline.modules``)."""
+    from autoplace.formats.output import check_writable
+    from autoplace.load import load_model_file
+    from autoplace.pipeline import save
+    from autoplace.pipeline.modules import plan_modules
+    from autoplace.report import print_summary
+
+    if args.mode != "inference":
+        raise AutoplaceError("--granularity module plans inference (a device_map places a "
+                             "model for its forward pass): drop --mode training, or plan at "
+                             "op granularity")
+    check_min_gain(args.min_gain)
+    out = check_writable(args.out)
+    loaded = load_model_file(args.model_file)
+    result = plan_modules(loaded.model, loaded.kwargs or loaded.args, devices=args.devices,
+                          cluster_file=args.cluster, no_split=args.no_split,
+                          time_limit_s=_time_limit(args, MODULE_TIME_LIMIT_S),
+                          solver=args.solver, seed=args.seed, deterministic=args.deterministic,
+                          objective=args.objective, min_gain=args.min_gain, name=loaded.name)
+    save(result, out)
+    print_summary(result)
+    print(f"wrote {out}/device_map.json, plan.json, report.html, summary.md, summary.txt in "
+          f"{time.perf_counter() - began:.1f} s")
     return 0
 
 

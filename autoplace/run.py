@@ -305,6 +305,11 @@ def _plan_and_model(directory: str | os.PathLike[str]) -> tuple[Plan, Path]:
                           "`autoplace plan` (holding plan.json and model/)")
     plan = read_plan(plan_path(root))
     model_dir = root / "model"
+    if not model_dir.is_dir() and plan.device_map is not None:
+        raise EmitError(f"{str(root)!r} holds a --granularity module plan: its artefact is "
+                        f"{root / 'device_map.json'}, not an emitted model. Load the model with "
+                        "from_pretrained(..., device_map=<that file's map>) or accelerate's "
+                        "dispatch_model, or plan at op granularity to emit and run one")
     if not model_dir.is_dir():
         raise EmitError(f"{str(root)!r} holds a plan but no emitted model ({model_dir} is "
                         "missing): plan it again without --no-emit")

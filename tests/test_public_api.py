@@ -8,7 +8,7 @@ def test_exported_members():
         "AutoplaceError", "Cluster", "Costs", "Device", "DeviceSpecError", "Edge", "EmitError",
         "GraphError", "InfeasibleError", "Link", "ModelLoadError", "OpGraph", "OpNode",
         "OutputError", "Placement", "Plan", "Problem", "Schedule", "TraceError",
-        "VerificationError", "__version__", "plan", "save", "simulate", "validate",
+        "VerificationError", "__version__", "plan", "plan_modules", "save", "simulate", "validate",
     }
     for name in autoplace.__all__:
         assert hasattr(autoplace, name), name

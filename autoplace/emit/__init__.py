@@ -16,7 +16,8 @@ Read in this order:
    simulator.
 3. ``device_map``: where planned devices run here (``local_device_map``, glob remaps).
 4. ``saving``: ``save_model`` and ``load_model`` (``model.py``, ``weights.safetensors``,
-   ``meta.json``).
+   ``meta.json``), ``load_segments`` (given segments' weights, one at a time, onto their
+   devices); ``checkpoint``: weights read from the user's safetensors checkpoint instead.
 5. ``verification.verify``: ``torch.testing.assert_close`` against the original model; then
    ``memory.measure`` (peak bytes per planned device while the emitted model runs) and
    ``verification.check_peak`` (no device above the plan's figure).
@@ -47,7 +48,7 @@ from autoplace.emit.memory import (
 from autoplace.emit.model import PartitionedModel, SegmentInfo, emit_model
 from autoplace.emit.replay import replay
 from autoplace.emit.replicas import verify_replicas
-from autoplace.emit.saving import load_model, save_model
+from autoplace.emit.saving import load_model, load_segments, save_model
 from autoplace.emit.training import verify_training
 from autoplace.emit.verification import ENFORCE_PEAK_DEFAULT, VerifyResult, check_peak, verify
 from autoplace.ir import Problem, Schedule
@@ -63,6 +64,7 @@ __all__ = [
     "emit_and_verify",
     "emit_model",
     "load_model",
+    "load_segments",
     "local_device_map",
     "measure_peak_bytes",
     "save_model",
@@ -88,6 +90,7 @@ def emit_and_verify(
     device_of_op: Mapping[str, str],
     check_outputs: bool,
     check_memory: bool | None = None,
+    meta_weights: bool = False,
 ) -> tuple[PartitionedModel | None, dict[str, Any], list[str]]:
     """Emit ``traced`` as the plan places it and, with ``check_outputs``, verify it against
     ``model`` on ``args``/``kwargs``: ``(emitted model or None, the plan's verification record,
@@ -100,9 +103,11 @@ def emit_and_verify(
     ``problem``, ``schedule`` and ``device_of_op`` are the plan's; devices absent from this
     machine are materialized on the CPU, and a note says so. The example inputs travel with the
     emitted model (``example_inputs``) so that ``save_model`` writes them for ``autoplace run``.
+    With ``meta_weights`` (the weights come from a checkpoint when the emitted model is
+    loaded) a model on the meta device is emitted, on meta, and not verified.
     """
     notes: list[str] = []
-    if traced.has_meta_params:
+    if traced.has_meta_params and not meta_weights:
         return None, {"status": "skipped", "max_abs_diff": None,
                       "detail": "parameters are on the meta device: no weights to emit or run"}, [
             "the partitioned model was not emitted: the parameters are on the meta device"]
@@ -115,7 +120,8 @@ def emit_and_verify(
         notes.append(f"{', '.join(moved)} not present here: the emitted model was materialized "
                      "on cpu for verification; `autoplace.emit.load_model(dir)` puts it on the "
                      "planned devices")
-    emitted = emit_model(traced.module, device_of, order=order, device_map=remap)
+    emitted = emit_model(traced.module, device_of, order=order, device_map=remap,
+                         meta_weights=traced.has_meta_params)
     emitted.example_inputs = (args, kwargs)
     played = replay(emitted.program, [seg.nodes for seg in emitted.segment_info],
                     problem=problem, schedule=schedule)
@@ -126,6 +132,10 @@ def emit_and_verify(
     if not check_outputs:
         return emitted, {"status": "skipped", "max_abs_diff": None,
                          "detail": "verification disabled (--no-verify)"}, notes
+    if traced.has_meta_params:
+        return emitted, {"status": "skipped", "max_abs_diff": None,
+                         "detail": "parameters are on the meta device: the emitted model reads "
+                         "its weights from the checkpoint when loaded; not verified"}, notes
     # ``verify`` is looked up here, in this package, so that tests can replace it.
     outcome = verify(model, emitted, args, kwargs)
     detail = outcome.detail

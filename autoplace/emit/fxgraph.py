@@ -110,7 +110,8 @@ def _materialize(tensor: torch.Tensor, device: str) -> torch.Tensor:
     # No copy where the device does not change: the emitted model shares the original's
     # storage there, so planning does not hold every weight twice (issue 13). ``.to`` copies
     # only when the device differs.
-    data = tensor.detach().to(device)
+    # A meta tensor (lower's ``meta_weights``) stays one: load_model reads its values.
+    data = tensor.detach() if tensor.is_meta else tensor.detach().to(device)
     if isinstance(tensor, torch.nn.Parameter):
         return torch.nn.Parameter(data, requires_grad=tensor.requires_grad)
     return data

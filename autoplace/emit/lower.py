@@ -39,16 +39,19 @@ class Lowered:
     out_spec: pytree.TreeSpec | None = None
 
 
-def lower(gm: torch.fx.GraphModule) -> Lowered:
+def lower(gm: torch.fx.GraphModule, *, meta_weights: bool = False) -> Lowered:
     """Copy ``gm``'s graph into the form segments are cut from: ``call_module`` nodes inlined
     (generated source cannot rebuild arbitrary modules), each tensor under one name (so tied
-    weights stay tied and are stored once), torch.export's ``_guards_fn`` dropped."""
-    return _Lowerer(gm).run()
+    weights stay tied and are stored once), torch.export's ``_guards_fn`` dropped. Tensors on
+    the meta device are refused unless ``meta_weights`` (their values come from a checkpoint
+    when the emitted model is loaded)."""
+    return _Lowerer(gm, meta_weights=meta_weights).run()
 
 
 class _Lowerer:
-    def __init__(self, gm: torch.fx.GraphModule) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, *, meta_weights: bool) -> None:
         self.gm = gm
+        self.meta_weights = meta_weights
         self.out = Lowered(torch.fx.Graph())
         self.tensor_target: dict[int, str] = {}
         self.tensor_node: dict[str, torch.fx.Node] = {}
@@ -59,7 +62,7 @@ class _Lowerer:
             self.out.orig_args = [a for a in info.orig_args if a != "self"]
             self.out.in_spec, self.out.out_spec = info.in_spec, info.out_spec
         for tensor in list(self.gm.parameters()) + list(self.gm.buffers()):
-            if tensor.is_meta:
+            if tensor.is_meta and not self.meta_weights:
                 raise EmitError("parameters are on the meta device; emit needs real weights")
         result = self._copy(self.gm.graph, self.gm, prefix="", bind=None, origin=None)
         self.out.graph.output(result)
@@ -148,7 +151,7 @@ class _Lowerer:
     def _attr(self, target: str, value: Any, origin: str) -> torch.fx.Node:
         graph, attrs = self.out.graph, self.out.attrs
         if isinstance(value, torch.Tensor):
-            if value.is_meta:
+            if value.is_meta and not self.meta_weights:
                 raise EmitError(
                     f"parameters are on the meta device ({target!r}); emit needs real weights"
                 )

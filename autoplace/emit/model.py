@@ -133,6 +133,7 @@ def emit_model(
     order: Sequence[str] | None = None,
     device_map: Mapping[str, str] | None = None,
     runtime: str | None = None,
+    meta_weights: bool = False,
 ) -> PartitionedModel:
     """Split ``gm`` into device-contiguous segments following ``device_of`` and ``order``.
 
@@ -141,12 +142,13 @@ def emit_model(
     (``{"cuda:*": "cpu"}``) so a plan for absent devices can be built and run here.
     ``runtime``: ``threaded`` (the schedule, ``runtime.py``) or
     ``sequential`` (the caller's thread calls the segments in order); by default threaded when
-    the segments are planned on more than one device.
+    the segments are planned on more than one device. ``meta_weights``: tensors on the meta
+    device are kept there (the model is saved to be loaded from a checkpoint, not run).
     """
     if runtime not in (None, "threaded", "sequential"):
         raise EmitError(f"runtime {runtime!r} is not one of 'threaded', 'sequential'")
     _check_names(gm, device_of, order)
-    lowered = lower(gm)
+    lowered = lower(gm, meta_weights=meta_weights)
     schedule = run_order(lowered, order)
     if not schedule:
         raise EmitError("the graph has no compute nodes; there is nothing to place")

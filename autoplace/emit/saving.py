@@ -2,15 +2,18 @@
 
 ``save_model`` writes ``model.py`` (source from ``autoplace.emit.codegen``; imports torch and the
 standard library only), ``weights.safetensors`` (every segment's tensors under
-``seg<i>.<name>``), ``meta.json`` (planned devices, node names, pytree specs, the weights'
-SHA-256) and, when the model carries its example inputs (``example_inputs``, set by
+``seg<i>.<name>``; with a checkpoint, only those it does not hold), ``meta.json`` (planned
+devices, node names, pytree specs, the weights' SHA-256, and for a model planned with a
+checkpoint, ``emit.checkpoint.references``: which checkpoint key and file each segment tensor
+is read from) and, when the model carries its example inputs (``example_inputs``, set by
 ``emit_and_verify``), ``inputs.safetensors``: each tensor input under its name from
 ``input_names`` (``args.0``, ``kwargs.input_ids``), with the structure and any non-tensor
 inputs in ``meta.json``. ``load_model`` checks ``meta.json`` and the weights' hash, imports only
-allow-listed modules for the pytree specs, executes ``model.py``, and assigns the weights on
-each segment's ``device_map``-remapped device; ``load_inputs`` reads the example inputs back.
-Read ``save_model``, ``_weights``, ``_inputs``, ``_dump_spec``, then ``load_model``,
-``_read_meta`` and ``load_inputs``.
+allow-listed modules for the pytree specs, executes ``model.py``, and loads each segment's
+tensors (``load_segments``: from ``weights.safetensors`` and the checkpoint, one segment at a
+time, straight onto its ``device_map``-remapped device); ``load_inputs`` reads the example
+inputs back. Read ``save_model``, ``_weights``, ``_inputs``, ``_dump_spec``, then
+``load_model``, ``load_segments``, ``_read_meta`` and ``load_inputs``.
 """
 
 from __future__ import annotations
@@ -20,14 +23,21 @@ import importlib
 import importlib.util
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import safetensors.torch
 import torch
+from safetensors import safe_open
 from torch.utils import _pytree as pytree
 
+from autoplace.emit.checkpoint import (
+    check_unchanged,
+    read_segment,
+    references,
+    safetensors_device,
+)
 from autoplace.emit.codegen import (
     MODEL_CLASS_NAME,
     class_source,
@@ -38,7 +48,8 @@ from autoplace.emit.device_map import check_device, remap
 from autoplace.emit.model import PartitionedModel, SegmentInfo
 from autoplace.errors import EmitError, OutputError
 
-__all__ = ["input_names", "load_inputs", "load_model", "planned_devices", "save_model"]
+__all__ = ["input_names", "load_inputs", "load_model", "load_segments", "planned_devices",
+           "save_model"]
 
 _SPEC_MODULE_PREFIXES = ("transformers.", "torch.")
 _FORMAT = "autoplace.emit/1"
@@ -46,7 +57,10 @@ _FORMAT = "autoplace.emit/1"
 
 
 def save_model(model: PartitionedModel, directory: str | Path) -> None:
-    """Write ``model.py`` (generated source), ``weights.safetensors`` and ``meta.json``."""
+    """Write ``model.py`` (generated source), ``weights.safetensors`` and ``meta.json``. A
+    model planned with a checkpoint (its ``checkpoint`` attribute: the ``Checkpoint`` and the
+    key of each tensor name, set by ``autoplace.plan``) refers to it for the tensors it holds
+    instead of writing them again."""
     if not isinstance(model, PartitionedModel):
         raise EmitError(f"save_model needs a PartitionedModel from emit_model, not {type(model)}")
     classes: list[str] = []
@@ -91,7 +105,14 @@ def save_model(model: PartitionedModel, directory: str | Path) -> None:
         "output_structure": structure,
         "pytree_modules": sorted(set(in_modules) | set(out_modules if out_spec else [])),
     }
-    weights = _weights(model)
+    referred = getattr(model, "checkpoint", None)
+    if referred is not None:
+        meta["checkpoint"] = references(referred, {
+            f"seg{seg.index}.{name}": tensor for seg in model.segment_info
+            for name, tensor in getattr(model, f"seg{seg.index}").state_dict(
+                keep_vars=True).items()})
+    weights = _weights(model, referenced=set(meta.get("checkpoint", {}).get("tensors", ())),
+                       extras=referred.extras if referred is not None else {})
     inputs, meta["inputs"] = _inputs(getattr(model, "example_inputs", None))
     path = Path(directory)
     try:
@@ -110,14 +131,21 @@ def save_model(model: PartitionedModel, directory: str | Path) -> None:
         raise OutputError(f"cannot write the emitted model to {path}: {error}") from error
 
 
-def _weights(model: PartitionedModel) -> dict[str, torch.Tensor]:
-    """Every segment's tensors under ``seg<i>.<name>``; safetensors refuses tensors that share
-    memory, so a tensor whose storage was already taken is cloned."""
+def _weights(model: PartitionedModel, *, referenced: set[str],
+             extras: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every segment's tensors under ``seg<i>.<name>``, but those ``referenced`` in a
+    checkpoint, a meta one from ``extras`` by name (``checkpoint.Referred``); safetensors
+    refuses tensors that share memory, so a tensor whose storage was already taken is
+    cloned."""
     weights: dict[str, torch.Tensor] = {}
     storages: set[int] = set()
     for seg in model.segment_info:
         module = getattr(model, f"seg{seg.index}")
         for name, tensor in module.state_dict(keep_vars=True).items():
+            if f"seg{seg.index}.{name}" in referenced:
+                continue
+            if tensor.is_meta and name in extras:
+                tensor = extras[name]
             if tensor.is_meta:
                 raise EmitError(
                     f"seg{seg.index}.{name} lives on the meta device (device_map sent it there); "
@@ -204,10 +232,14 @@ def _dump_spec(spec: pytree.TreeSpec | None) -> tuple[str | None, list[str], str
 
 
 def load_model(
-    directory: str | Path, *, device_map: Mapping[str, str] | None = None
+    directory: str | Path, *, device_map: Mapping[str, str] | None = None,
+    segments: Iterable[int] | None = None,
 ) -> torch.nn.Module:
     """Rebuild a model written by ``save_model``, each segment on its ``device_map``-remapped
-    device. Executes the generated ``model.py`` and nothing else; weights come from safetensors.
+    device. Executes the generated ``model.py`` and nothing else; weights come from safetensors
+    (``weights.safetensors`` and, for a model planned with a checkpoint, the checkpoint), read
+    one segment at a time onto its device. With ``segments`` (indices) only those segments'
+    weights are read; the others stay on the meta device (``load_segments`` loads them later).
     """
     path = Path(directory)
     meta = _read_meta(path)
@@ -243,25 +275,9 @@ def load_model(
     except Exception as error:
         raise EmitError(f"{path / 'model.py'} failed to build the model: {error}") from error
 
-    try:
-        weights = safetensors.torch.load_file(str(path / "weights.safetensors"))
-    except Exception as error:  # safetensors raises its own SafetensorError, OSError, ...
-        raise EmitError(f"cannot read {path / 'weights.safetensors'}: {error}") from error
-    # A file safetensors can parse may still hold changed bytes: only the hash can tell.
-    expected = meta.get("weights_sha256")
-    if expected and _sha256(path / "weights.safetensors") != expected:
-        raise EmitError(
-            f"{path / 'weights.safetensors'} is corrupted: its SHA-256 differs from the one "
-            "meta.json recorded when it was written; plan the model again")
-    for index, device in enumerate(actual):
-        prefix = f"seg{index}."
-        state = {k[len(prefix) :]: v.to(device) for k, v in weights.items() if k.startswith(prefix)}
-        try:
-            getattr(model, f"seg{index}").load_state_dict(state, strict=True, assign=True)
-        except (RuntimeError, AttributeError) as error:
-            raise EmitError(
-                f"weights.safetensors does not match model.py for seg{index}: {error}"
-            ) from error
+    _check_weights(path, meta)
+    load_segments(model, path, range(len(actual)) if segments is None else segments,
+                  meta=meta)
     model.segments = [(d, list(seg["nodes"])) for d, seg in zip(planned, meta["segments"])]
     model.planned_devices = planned
     model.devices = actual
@@ -273,6 +289,62 @@ def load_model(
     model.input_names = tuple(meta.get("input_names", ()))
     model.output_names = tuple(meta.get("output_names", ()))
     return model
+
+
+def load_segments(model: torch.nn.Module, directory: str | Path, segments: Iterable[int], *,
+                  meta: Mapping[str, Any] | None = None) -> None:
+    """Load the weights of ``segments`` (indices) of ``model`` (built by ``load_model``) from
+    wherever ``save_model`` put them, ``weights.safetensors`` or the checkpoint, one segment at
+    a time and straight onto the segment's device (``safe_open(..., device=...)``): no other
+    segment's tensors are read, and the whole state is never built in host memory."""
+    path = Path(directory)
+    meta = _read_meta(path) if meta is None else meta
+    record = meta.get("checkpoint")
+    count = len(meta["segments"])
+    for index in segments:
+        if not 0 <= index < count:
+            raise EmitError(f"{path} has segments 0 to {count - 1}, not {index}")
+        seg = getattr(model, f"seg{index}")
+        prefix, device = f"seg{index}.", str(seg.device)
+        state: dict[str, torch.Tensor] = {}
+        try:
+            with safe_open(str(path / "weights.safetensors"), framework="pt",
+                           device=safetensors_device(device)) as f:
+                for key in f.keys():  # noqa: SIM118 - safe_open has no __iter__
+                    if key.startswith(prefix):
+                        state[key[len(prefix):]] = f.get_tensor(key)
+        except Exception as error:  # safetensors raises its own SafetensorError, OSError, ...
+            raise EmitError(f"cannot read {path / 'weights.safetensors'}: {error}") from error
+        if record:
+            state.update(read_segment(record, prefix, device))
+        try:
+            seg.load_state_dict(state, strict=True, assign=True)
+        except (RuntimeError, AttributeError) as error:
+            saved = "weights.safetensors and the checkpoint do" if record else (
+                "weights.safetensors does")
+            raise EmitError(f"{saved} not match model.py for seg{index}: {error}") from error
+        del state
+
+
+def _check_weights(path: Path, meta: Mapping[str, Any]) -> None:
+    """The emitted model's own weights are as written (a file safetensors can parse may still
+    hold changed bytes: only the hash can tell), and its checkpoint, if any, is unchanged."""
+    try:
+        with safe_open(str(path / "weights.safetensors"), framework="pt"):
+            pass  # the header parses: a safetensors file, not some other format
+    except Exception as error:  # safetensors raises its own SafetensorError, OSError, ...
+        raise EmitError(f"cannot read {path / 'weights.safetensors'}: {error}") from error
+    expected = meta.get("weights_sha256")
+    if expected and _sha256(path / "weights.safetensors") != expected:
+        raise EmitError(
+            f"{path / 'weights.safetensors'} is corrupted: its SHA-256 differs from the one "
+            "meta.json recorded when it was written; plan the model again")
+    if meta.get("checkpoint"):
+        try:
+            check_unchanged(meta["checkpoint"], where=path)
+        except (KeyError, TypeError, AttributeError) as error:  # a hand-edited meta.json
+            raise EmitError(f"{path / 'meta.json'} holds an unreadable checkpoint record: "
+                            f"{error}") from error
 
 
 def planned_devices(directory: str | Path) -> list[str]:

@@ -212,6 +212,8 @@ class Plan:
     # Modules pinned by hand (``autoplace.pins``): the pins, the ops they fixed, and the plan
     # the model gets without them (``unpinned_makespan_s``, ``unpinned_objective_s``).
     pins: Mapping[str, Any] | None = None
+    # --granularity module: the Hugging Face device_map and accelerate's (pipeline/modules.py)
+    device_map: Mapping[str, Any] | None = None
     autoplace_version: str = __version__
     emitted: Any = field(default=None, compare=False, repr=False)
 
@@ -319,7 +321,8 @@ class Plan:
           | ({} if self.profile is None else {"profile": dict(self.profile)}) \
           | ({} if self.min_gain is None else {"min_gain": dict(self.min_gain)}) \
           | ({} if self.training is None else {"training": dict(self.training)}) \
-          | ({} if self.pins is None else {"pins": {**self.pins, "cost_s": self.pins_cost_s}})
+          | ({} if self.pins is None else {"pins": {**self.pins, "cost_s": self.pins_cost_s}}) \
+          | ({} if self.device_map is None else {"device_map": dict(self.device_map)})
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
@@ -345,6 +348,7 @@ class Plan:
             training=data.get("training"),
             pins=({k: v for k, v in data["pins"].items() if k != "cost_s"}
                   if "pins" in data else None),
+            device_map=data.get("device_map"),
             autoplace_version=data.get("autoplace_version", __version__),
         )
 

@@ -27,6 +27,7 @@ import autoplace.report as report
 from autoplace.cluster import resolve_cluster
 from autoplace.coarsen import DEFAULT_MAX_NODES
 from autoplace.emit import emit_and_verify
+from autoplace.emit.checkpoint import load_checkpoint
 from autoplace.emit.ddp import microbatching, replicas_of, write_train_script
 from autoplace.errors import PinError
 from autoplace.formats.output import atomic_output_dir
@@ -79,6 +80,7 @@ def plan(
     recompute: str = "auto",
     dtype: str = "float32",
     pins: Mapping[str, str | int] | None = None,
+    checkpoint: str | os.PathLike[str] | None = None,
 ) -> Plan:
     """Plan ``model`` on ``devices`` (a spec such as ``"2xA100-40GB"``, a ``Cluster``, or
     ``None`` for the GPUs found / the default simulated set).
@@ -124,6 +126,12 @@ def plan(
     ``device_map``) fixes those modules' ops and parameters to those devices; the solver places
     the rest (``autoplace.pins``). The model is also solved without them, and ``Plan.pins``
     says what they cost. Inference plans only.
+
+    ``checkpoint`` (a safetensors file, or a directory ``save_pretrained`` wrote): the model's
+    weights, loaded into it before tracing (``emit.checkpoint.load_checkpoint``: every tensor
+    checked first, the missing and mis-shaped named); the emitted model refers to the
+    checkpoint instead of holding a copy, and ``load_model`` reads each segment's tensors
+    from it onto its device.
     """
     check_min_gain(min_gain)
     check_training(mode, optimizer, microbatches, schedule, replicas, recompute)
@@ -136,6 +144,10 @@ def plan(
                                      cluster_file=cluster_file)
     notes: list[str] = list(found)
     args, kwargs = normalize_inputs(example_inputs, where="example_inputs")
+    source = None
+    if checkpoint is not None:
+        source, checkpoint_notes = load_checkpoint(model, checkpoint)
+        notes += checkpoint_notes
     model.eval()
     model, (args, kwargs, example_targets) = cast(model, (args, kwargs, example_targets), dtype)
     notes += cast_notes(dtype, training=mode == "training")
@@ -191,8 +203,12 @@ def plan(
         planned, emit_notes = _emit(planned, traced, model, args, kwargs,
                                     forward=forward.problem, verify=verify,
                                     check_memory=check_memory,
-                                    step=step if mode == "training" else None)
+                                    step=step if mode == "training" else None,
+                                    meta_weights=source is not None and mode == "inference")
         notes += emit_notes
+        if source is not None and planned.emitted is not None:
+            # train.LossModel holds the model as ``model``
+            planned.emitted.checkpoint = source.under("model.") if mode == "training" else source
     return replace(planned, notes=tuple(notes), whatif=scaling, min_gain=gain,
                    profile=profiled.to_dict() if profiled else None)
 
@@ -212,7 +228,8 @@ def _unpinned_record(model: torch.nn.Module, forward: Any, options: SolveOptions
 
 def _emit(planned: Plan, traced: Any, model: torch.nn.Module, args: tuple[Any, ...],
           kwargs: dict[str, Any], *, forward: Problem, verify: bool,
-          check_memory: bool | None, step: Step | None) -> tuple[Plan, list[str]]:
+          check_memory: bool | None, step: Step | None,
+          meta_weights: bool = False) -> tuple[Plan, list[str]]:
     """The partitioned model of ``planned``, verified. A training plan (its ``step``) emits
     its forward nodes (of micro-batch 0, of replica 0) as placed (backward and optimizer steps
     follow them: autograd and ``torch.optim`` run where the forward ran and the weights live);
@@ -231,7 +248,8 @@ def _emit(planned: Plan, traced: Any, model: torch.nn.Module, args: tuple[Any, .
         device_of_op = {op: device_of[n.name] for n in forward.graph.nodes for op in n.ops}
     emitted, verification, notes = emit_and_verify(
         traced, model, args, kwargs, problem=problem, schedule=schedule,
-        device_of_op=device_of_op, check_outputs=verify, check_memory=check_memory)
+        device_of_op=device_of_op, check_outputs=verify, check_memory=check_memory,
+        meta_weights=meta_weights)
     planned = replace(planned, emitted=emitted, verification=Verification.from_dict(verification))
     if step is None or emitted is None:
         return planned, notes
@@ -297,8 +315,9 @@ def _plan_of(result: SolveResult, problem: Problem, *, name: str, tracer: str,
 
 
 def save(plan: Plan, directory: str | os.PathLike[str]) -> Path:
-    """Write ``plan.json``, the report (``report.html``, ``summary.md``, ``summary.txt``) and,
-    when the plan carries an emitted model, ``model/`` (and ``train.py``, the torchrun entry
+    """Write ``plan.json``, the report (``report.html``, ``summary.md``, ``summary.txt``),
+    ``device_map.json`` for a module-granularity plan, and, when the plan carries an emitted
+    model, ``model/`` (and ``train.py``, the torchrun entry
     point of a training plan's data-parallel replicas) into ``directory``, atomically: into a
     temporary directory beside it, renamed into place (an older one is replaced); on any
     failure nothing is left behind. Returns the directory."""
@@ -307,6 +326,9 @@ def save(plan: Plan, directory: str | os.PathLike[str]) -> Path:
     def write(tmp: Path) -> None:
         (tmp / "plan.json").write_text(json.dumps(data, indent=1) + "\n")
         report.write_report(tmp, plan)
+        if plan.device_map is not None:  # --granularity module: the Hugging Face device_map
+            (tmp / "device_map.json").write_text(
+                json.dumps(plan.device_map["map"], indent=1) + "\n")
         if plan.emitted is not None:
             autoplace.emit.save_model(plan.emitted, tmp / "model")
             if replicas_of(plan.training) > 1:  # their torchrun entry point

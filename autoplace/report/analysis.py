@@ -25,6 +25,7 @@ from typing import Any
 
 from autoplace.formats.plan import BaselineResult, Plan, SolverRecord, Verification
 from autoplace.ir import Device, OpNode, Transfer
+from autoplace.report.devicemap import DeviceMapFacts, device_map_facts
 from autoplace.simulate import simulate
 from autoplace.simulate.schedules import phase_of
 from autoplace.train.breakdown import memory_breakdown
@@ -144,6 +145,7 @@ class Overview:
     training: TrainingFacts | None = None  # None for an inference plan
     pins: Mapping[str, Any] | None = None  # Plan.pins: modules pinned by hand
     pins_cost_s: float | None = None  # Plan.pins_cost_s
+    device_map: DeviceMapFacts | None = None  # --granularity module: the device_map section
 
     @property
     def costs_text(self) -> str:
@@ -203,7 +205,7 @@ def overview(plan: Plan) -> Overview:
                                (plan.profile or {}).get("devices", ())),
         memory=_memory_rows(plan), verification=plan.verification,
         whatif=_whatif_rows(plan), critical_path=tuple(critical_path(plan)),
-        notes=plan.notes, training=training_facts(plan),
+        notes=plan.notes, training=training_facts(plan), device_map=device_map_facts(plan),
         pins=plan.pins, pins_cost_s=plan.pins_cost_s,
     )
 

@@ -144,6 +144,8 @@ def summary_renderable(plan: Plan | Overview) -> Any:
                 "activation_bytes", "reserved_bytes", "peak_bytes")))
         parts.append(step)
     parts.append(baselines)
+    if ov.device_map is not None:
+        parts.append(_device_map_table(ov, table))
     if ov.whatif is not None:
         whatif = table("what-if: the first k devices", "devices", ov.value_label, "speed-up",
                        "status")
@@ -156,6 +158,22 @@ def summary_renderable(plan: Plan | Overview) -> Any:
     for note in ov.notes:
         parts.append(Text(f"note: {note}", style="dim"))
     return Group(*parts)
+
+
+def _device_map_table(ov: Overview, table: Any) -> Any:
+    """The device_map beside accelerate's: makespan, peaks, where a map overflows."""
+    maps = table("device_map.json beside accelerate's maps (activations counted)", "map",
+                 "makespan", "peak per device", "memory")
+    for c in ov.device_map.columns:
+        if c.makespan_s is None:
+            maps.add_row(c.name, "n/a", "", c.note or "")
+            continue
+        over = ", ".join(f"{d} by {format_bytes(b)}" for d, b in c.over)
+        maps.add_row(c.name, format_seconds(c.makespan_s),
+                     ", ".join(format_bytes(b) for b in c.peak_bytes.values()),
+                     f"OVERFLOWS {over}" if over else "fits",
+                     style="bold red" if over else "")
+    return maps
 
 
 def print_summary(plan: Plan, *, console: Any = None) -> None:

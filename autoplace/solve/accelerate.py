@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -35,7 +35,7 @@ from autoplace.ir import Cluster, OpGraph, Placement, Problem
 from autoplace.solve.heuristics import majority_devices
 
 __all__ = ["ACCELERATE_STRATEGIES", "AccelerateMap", "accelerate_available",
-           "accelerate_baselines", "accelerate_maps", "on_graph"]
+           "accelerate_baselines", "accelerate_maps", "device_keys", "on_graph"]
 
 # Baseline names, each with whether it balances first (get_balanced_memory) as "balanced" does.
 ACCELERATE_STRATEGIES = {"accelerate-sequential": False, "accelerate-balanced": True}
@@ -56,7 +56,7 @@ class AccelerateMap:
     note: str | None = None
 
 
-def _keys(cluster: Cluster) -> dict[int | str, str]:
+def device_keys(cluster: Cluster) -> dict[int | str, str]:
     """accelerate's device key -> cluster device: GPUs are integers in the cluster's order (as
     ``cuda:N`` is N), a CPU is ``"cpu"``."""
     keys: dict[int | str, str] = {}
@@ -86,24 +86,33 @@ def no_split_classes(model: torch.nn.Module) -> list[str]:
     return sorted(getattr(model, "_no_split_modules", None) or [])
 
 
-def accelerate_maps(model: torch.nn.Module, graph: OpGraph,
-                    cluster: Cluster) -> tuple[AccelerateMap, ...]:
+def accelerate_maps(model: torch.nn.Module, graph: OpGraph, cluster: Cluster, *,
+                    no_split: Sequence[str] | None = None) -> tuple[AccelerateMap, ...]:
     """accelerate's sequential and balanced maps of ``model`` for ``cluster``'s devices and
-    memory limits, each op of the traced ``graph`` placed by its module path."""
+    memory limits, each op of the traced ``graph`` placed by its module path. ``no_split``:
+    the classes kept whole (default: the model's, ``no_split_classes``)."""
     from accelerate.utils import get_balanced_memory, infer_auto_device_map
 
-    keys = _keys(cluster)
+    keys = device_keys(cluster)
     limits = {key: cluster.device(name).memory_bytes for key, name in keys.items()}
-    no_split = no_split_classes(model)
+    no_split = no_split_classes(model) if no_split is None else list(no_split)
     maps: list[AccelerateMap] = []
     for name, balanced in ACCELERATE_STRATEGIES.items():
         max_memory = dict(limits)
-        with _quiet():
-            if balanced:
-                max_memory = get_balanced_memory(model, max_memory=max_memory,
-                                                 no_split_module_classes=no_split)
-            device_map = infer_auto_device_map(model, max_memory=max_memory,
-                                               no_split_module_classes=no_split)
+        try:
+            with _quiet():
+                if balanced:
+                    max_memory = get_balanced_memory(model, max_memory=max_memory,
+                                                     no_split_module_classes=no_split)
+                device_map = infer_auto_device_map(model, max_memory=max_memory,
+                                                   no_split_module_classes=no_split)
+        except Exception as exc:  # noqa: BLE001 - accelerate's own failure, reported as such
+            # accelerate 1.16 raises IndexError in get_module_size_with_ties for BERT's tied
+            # decoder once a device holds the whole model: its map is missing, the plan is not.
+            maps.append(AccelerateMap(name, {}, None, note=(
+                f"{name}: accelerate's infer_auto_device_map failed ({type(exc).__name__}: "
+                f"{exc}); not a baseline")))
+            continue
         outside = sorted({str(v) for v in device_map.values() if v not in keys})
         if outside:
             moved = [m or "(the whole model)" for m, v in device_map.items() if v not in keys]

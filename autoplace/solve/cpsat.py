@@ -107,16 +107,16 @@ def _bound_s(bound_ticks: float, slack_ticks: int, quantum_s: float) -> float:
 
 
 def node_activation_bytes(problem: Problem) -> dict[str, int]:
-    """What must be live on a node's device while it runs: its output and one copy of each
-    input (the simulator's memory model), so resident bytes plus this bound every device's peak
-    from below. ``solve_cpsat``'s ``activation_bytes``."""
+    """What must be live on a node's device while it runs: its output, its workspace and one
+    copy of each input (the simulator's memory model), so resident bytes plus this bound every
+    device's peak from below. ``solve_cpsat``'s ``activation_bytes``."""
     graph = problem.graph
     working: dict[str, int] = {}
     for n in graph.nodes:
         inputs: dict[str, int] = {}
         for e in graph.in_edges(n.name):
             inputs[e.src] = max(inputs.get(e.src, 0), e.bytes)
-        working[n.name] = n.output_bytes + sum(inputs.values())
+        working[n.name] = n.output_bytes + n.workspace_bytes + sum(inputs.values())
     return working
 
 

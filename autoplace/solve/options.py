@@ -35,6 +35,10 @@ __all__ = [
 ]
 
 DEFAULT_TIME_LIMIT_S = 10.0
+# --granularity module (pipeline/modules.py): the module graph has tens of nodes (a layer, an
+# embedding, a head each), which CP-SAT proves optimal well inside a second, and a device_map is
+# asked for interactively.
+MODULE_TIME_LIMIT_S = 1.0
 
 # --- How the time limit is shared (wall mode unless said otherwise)
 # The baselines may use half the limit at most: the rest is CP-SAT's, which improves on them.

@@ -1,0 +1,129 @@
+"""The pipeline at module granularity (``--granularity module``): a Hugging Face ``device_map``.
+
+trace_modules -> cost -> solve (every candidate, accelerate's own maps among them, scored by
+the one simulator) -> ``device_map``. No fx graph is made, so no partitioned model is emitted:
+the artefact is ``OUT/device_map.json``, which ``from_pretrained(..., device_map=...)`` and
+``accelerate.dispatch_model`` take unchanged, beside ``plan.json`` and the report. Costs are
+analytic (``cost_models``' roofline per module: its FLOPs and the bytes it reads and writes).
+
+``plan_modules`` returns a ``Plan`` whose ``device_map`` holds the plan's map and accelerate's
+(for the report), and ``pipeline.save`` writes the map beside ``plan.json``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from autoplace.cluster import resolve_cluster
+from autoplace.cost import costs as cost_nodes
+from autoplace.emit.hf_device_map import check_units_fit, device_map, uncovered
+from autoplace.errors import EmitError, ModelLoadError
+from autoplace.formats.plan import Plan
+from autoplace.ir import Cluster, Placement, Problem
+from autoplace.load import normalize_inputs
+from autoplace.pipeline import _min_gain, _plan_of
+from autoplace.solve import SolveOptions, solve
+from autoplace.solve.accelerate import accelerate_available, accelerate_maps, on_graph
+from autoplace.solve.baselines import DEFAULT_MIN_GAIN, check_min_gain
+from autoplace.solve.options import MODULE_TIME_LIMIT_S
+from autoplace.trace_modules import INPUT, ModuleTrace, module_units, trace_modules
+
+__all__ = ["plan_modules"]
+
+
+MODULE_NOTE = ("--granularity module: whole modules placed, costed analytically from one forward "
+               "pass; the artefact is device_map.json (for from_pretrained's or "
+               "dispatch_model's device_map), no partitioned model is emitted or verified")
+
+
+def plan_modules(
+    model: torch.nn.Module,
+    example_inputs: Any,
+    *,
+    devices: str | Cluster | None = None,
+    cluster_file: str | None = None,
+    no_split: Sequence[str] | None = None,
+    time_limit_s: float = MODULE_TIME_LIMIT_S,
+    solver: str = "cpsat",
+    seed: int = 0,
+    deterministic: bool = False,
+    objective: str = "latency",
+    min_gain: float = DEFAULT_MIN_GAIN,
+    name: str = "model",
+) -> Plan:
+    """Plan ``model`` module by module on ``devices`` (as ``pipeline.plan`` takes them) and
+    return the ``Plan`` with its ``device_map``. ``no_split``: module classes kept whole
+    (default: ``model._no_split_modules``). Raises ``InfeasibleError`` naming the module when
+    one kept whole fits no device."""
+    check_min_gain(min_gain)
+    options = SolveOptions(time_limit_s=time_limit_s, seed=seed, deterministic=deterministic,
+                           objective=objective, solver=solver)
+    cluster, found = resolve_cluster(spec=devices if isinstance(devices, str) else None,
+                                     cluster=devices if isinstance(devices, Cluster) else None,
+                                     cluster_file=cluster_file)
+    notes: list[str] = [*found, MODULE_NOTE]
+    args, kwargs = normalize_inputs(example_inputs, where="example_inputs")
+    model.eval()
+    if no_split is not None:
+        _check_classes(model, no_split)
+    tree = module_units(model, None if no_split is None else tuple(no_split))
+    check_units_fit(tree.param_bytes, tree.tied, {u.name: u.cls for u in tree.found.values()},
+                    cluster, tree.no_split)  # before running the model: a clear error at once
+    traced = trace_modules(model, args, kwargs, name=name, tree=tree)
+    notes += traced.notes
+    problem = Problem(graph=traced.graph, cluster=cluster,
+                      costs=cost_nodes(traced.graph, cluster))
+    extra, maps, map_notes = _accelerate(model, traced, problem)
+    notes += map_notes
+    result, gain = _min_gain(solve(problem, options=options, extra_baselines=extra), min_gain)
+    notes += result.notes
+    planned = _plan_of(result, problem, name=name, tracer="modules",
+                       coarsening={"traced_ops": len(traced.graph.nodes) - 1,
+                                   "plan_nodes": len(traced.graph.nodes), "steps": []})
+    mapping = device_map({n: u.aliases for n, u in traced.units.items()},
+                         result.schedule.placement.device_of, cluster)
+    missing = uncovered(model, mapping)
+    if missing:  # every parameter and buffer is in some unit: a miss is autoplace's bug
+        raise EmitError(f"the device_map leaves {len(missing)} tensor(s) unplaced, "
+                        f"{', '.join(missing[:3])}: please report this")
+    return replace(planned, notes=tuple(notes), min_gain=gain, device_map={
+        "granularity": "module", "no_split": list(traced.no_split), "map": mapping,
+        "input_device": result.schedule.placement.device_of[INPUT], "accelerate": maps})
+
+
+def _check_classes(model: torch.nn.Module, no_split: Sequence[str]) -> None:
+    """A ``--no-split`` class the model does not use is a typo, not a request."""
+    classes = sorted({type(m).__name__ for m in model.modules()})
+    unknown = [c for c in no_split if c not in classes]
+    if unknown:
+        raise ModelLoadError(
+            f"--no-split names {', '.join(unknown)}, which no module of the model is: its "
+            f"module classes are {', '.join(classes)}")
+
+
+def _accelerate(model: torch.nn.Module, traced: ModuleTrace, problem: Problem
+                ) -> tuple[dict[str, Placement], dict[str, Any], list[str]]:
+    """accelerate's maps as baselines (with the same no-split classes), the maps themselves
+    for the report (``None`` with the reason where one is not a placement here), and notes."""
+    if not accelerate_available():
+        return {}, {}, ["accelerate is not installed: its device maps are not among the "
+                        "baselines (pip install 'autoplace[examples]')"]
+    extra: dict[str, Placement] = {}
+    maps: dict[str, Any] = {}
+    notes: list[str] = []
+    for found in accelerate_maps(model, traced.graph, problem.cluster,
+                                 no_split=traced.no_split):
+        maps[found.name] = {"map": dict(found.device_map), "note": found.note}
+        if found.device_of_op is None:
+            notes.append(found.note or f"{found.name}: not a baseline")
+            continue
+        placement, why = on_graph(problem, found.device_of_op)
+        if why:
+            notes.append(f"{found.name} {why}")
+        if placement is not None:
+            extra[found.name] = placement
+    return extra, maps, notes
