@@ -138,6 +138,15 @@ def _parser() -> argparse.ArgumentParser:
                    help="measure op times and links on the devices that are here, and use "
                    "calibrated costs for the others where the profile cache has a fit "
                    "(default: on; with no device here, nothing is measured)")
+    p.add_argument("--pin", action="append", default=[], metavar="MODULE=DEVICE",
+                   help="fix a module's ops and parameters to a device, the rest placed by the "
+                   "solver (repeatable): MODULE as in model.named_modules() (model.layers.0; "
+                   "0 in an nn.Sequential), DEVICE a planned device (cuda:1, cpu) or an "
+                   "integer, the i-th GPU. The model is also solved without pins, and the "
+                   "summary says what the pins cost. Inference plans only")
+    p.add_argument("--pin-map", metavar="FILE",
+                   help="pins as a partial Hugging Face device_map JSON, e.g. "
+                   '{"model.embed_tokens": 0, "lm_head": "cpu"}; joins --pin')
     p.add_argument("--checkpoint", metavar="PATH",
                    help="the model's weights: a .safetensors file, or a directory written by "
                    "save_pretrained (model.safetensors, or shards listed by "
@@ -306,6 +315,7 @@ def _cmd_solve(args: argparse.Namespace) -> int:
 def _cmd_plan(args: argparse.Namespace) -> int:
     from autoplace.formats.output import check_writable
     from autoplace.load import load_model_file
+    from autoplace.pins import merge_pins, parse_pins, read_pin_map
     from autoplace.pipeline import plan, save
     from autoplace.report import print_summary
 
@@ -313,6 +323,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.devices and args.cluster:
         raise AutoplaceError("pass either --devices or --cluster, not both")
     if args.granularity == "module":
+        if args.pin or args.pin_map:
+            from autoplace.errors import PinError
+
+            raise PinError("--pin and --pin-map apply at op granularity for now: drop them, "
+                           "or drop --granularity module")
         return _cmd_plan_modules(args, began)
     if args.no_split:
         raise AutoplaceError("--no-split goes with --granularity module (the classes a "
@@ -321,6 +336,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     check_training(args.mode, args.optimizer, args.microbatches, args.schedule, args.replicas,
                    args.recompute)
     dtype = check_dtype(args.dtype)
+    pins = merge_pins(parse_pins(args.pin),
+                      read_pin_map(args.pin_map) if args.pin_map else None)
     out = check_writable(args.out)
     loaded = load_model_file(args.model_file)
     result = plan(loaded.model, loaded.kwargs or loaded.args,
@@ -336,7 +353,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                   loss=loaded.loss, example_targets=loaded.targets,
                   microbatches=args.microbatches, schedule=args.schedule,
                   replicas=args.replicas, recompute=args.recompute, dtype=dtype,
-                  checkpoint=args.checkpoint)
+                  pins=pins or None, checkpoint=args.checkpoint)
     save(result, out)
     print_summary(result)
     print(f"wrote {out}/plan.json, report.html, summary.md, summary.txt"

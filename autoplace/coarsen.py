@@ -26,6 +26,7 @@ graph only as an aid.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -68,9 +69,12 @@ def _fold_shape_only(graph: OpGraph, costs: Costs) -> list[list[str]]:
     for node in graph.nodes:
         preds = {e.src for e in graph.in_edges(node.name)}
         free = (not node.is_input and node.param_bytes == 0
-                and all(t == 0 for t in costs.compute_s[node.name].values()))
+                and all(t == 0 for t in _allowed(costs, node.name).values()))
         only = next(iter(preds)) if len(preds) == 1 else None
-        if free and only is not None and not graph.node(only).is_input:
+        # A pinned node (``pins``) folds only into a group that may run where it may: folding
+        # is lossless, so it must not narrow its producer's devices.
+        if (free and only is not None and not graph.node(only).is_input
+                and _allowed(costs, node.name).keys() >= _allowed(costs, root[only]).keys()):
             root[node.name] = root[only]
         else:
             root[node.name] = node.name
@@ -82,20 +86,28 @@ def _fold_shape_only(graph: OpGraph, costs: Costs) -> list[list[str]]:
     return sorted(groups.values(), key=lambda g: graph.index[g[0]])
 
 
+def _allowed(costs: Costs, name: str) -> dict[str, float]:
+    """A node's finite times: the devices it may run on (infinite elsewhere, as a pin makes)."""
+    return {d: t for d, t in costs.compute_s[name].items() if math.isfinite(t)}
+
+
 def _merge_runs(
     groups: list[list[str]],
     key: Callable[[list[str]], str | None],
     *,
     param_bytes: Callable[[list[str]], int],
     max_group_bytes: int,
+    runs_on: Callable[[list[str]], frozenset[str]] | None = None,
 ) -> list[list[str]]:
-    """Merge consecutive groups with the same non-None key, within the parameter budget."""
+    """Merge consecutive groups with the same non-None key, within the parameter budget, and,
+    given ``runs_on`` (the devices every member may run on), only where some device is left."""
     merged: list[list[str]] = []
     last_key: str | None = None
     for group in groups:
         k = key(group)
         if (merged and k is not None and k == last_key
-                and param_bytes(merged[-1]) + param_bytes(group) <= max_group_bytes):
+                and param_bytes(merged[-1]) + param_bytes(group) <= max_group_bytes
+                and (runs_on is None or runs_on(merged[-1]) & runs_on(group))):
             merged[-1] = merged[-1] + group
         else:
             merged.append(list(group))
@@ -271,6 +283,15 @@ def coarsen(
     def params(members: list[str]) -> int:
         return sum(graph.node(m).param_bytes for m in members)
 
+    allowed = {n.name: frozenset(_allowed(costs, n.name)) for n in graph.nodes}
+
+    def devices_left(members: list[str]) -> frozenset[str]:
+        return frozenset.intersection(*(allowed[m] for m in members))
+
+    # Only where nodes differ in where they may run (pins, unsupported ops) can a merge leave
+    # a group no device.
+    runs_on = devices_left if len(set(allowed.values())) > 1 else None
+
     groups = _fold_shape_only(graph, costs)
     if len(groups) < n0:
         steps.append(f"folded zero-cost ops into their producers: {n0} -> {len(groups)} nodes")
@@ -286,7 +307,7 @@ def coarsen(
             return None if first.is_input else _module_key(first.module, level)
 
         groups = _merge_runs(groups, by_module, param_bytes=params,
-                             max_group_bytes=max_group_bytes)
+                             max_group_bytes=max_group_bytes, runs_on=runs_on)
         if len(groups) < before:
             steps.append(f"grouped runs by module at depth {level}: {before} -> {len(groups)}")
 
@@ -295,7 +316,7 @@ def coarsen(
         size = -(-len(groups) // max_nodes)
         position = {id(g): i for i, g in enumerate(groups)}
         groups = _merge_runs(groups, lambda g: str(position[id(g)] // size), param_bytes=params,
-                             max_group_bytes=max_group_bytes)
+                             max_group_bytes=max_group_bytes, runs_on=runs_on)
         steps.append(f"merged consecutive runs of {size}: {before} -> {len(groups)}")
 
     return _coarsened(graph, costs, groups, steps)

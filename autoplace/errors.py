@@ -9,6 +9,8 @@ and exits with code 2. A message says what was wrong, the numbers involved, and 
     ├── DeviceSpecError     an unknown device type, a malformed --devices spec or cluster file,
     │                       or no device here to profile
     ├── GraphError          a task graph that is not a DAG, or names unknown nodes
+    ├── PinError            a pin (--pin, --pin-map) names an unknown module or device, or
+    │                       contradicts another pin
     ├── InfeasibleError     the model does not fit the devices (says how many bytes are missing)
     ├── EmitError           the partitioned model could not be generated, saved or loaded
     ├── VerificationError   the emitted model's outputs differ from the original's
@@ -25,6 +27,7 @@ __all__ = [
     "InfeasibleError",
     "ModelLoadError",
     "OutputError",
+    "PinError",
     "TraceError",
     "VerificationError",
 ]
@@ -64,3 +67,7 @@ class VerificationError(AutoplaceError):
 
 class OutputError(AutoplaceError):
     """The output directory cannot be created or written."""
+
+
+class PinError(AutoplaceError):
+    """A pin names an unknown module or device, or contradicts another pin."""

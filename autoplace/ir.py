@@ -370,6 +370,15 @@ class Cluster:
     def link(self, src: str, dst: str) -> Link:
         return self._links[(src, dst)]
 
+    @cached_property
+    def distinct_links(self) -> tuple[Link, ...]:
+        """One link per distinct (latency, bandwidth) between two distinct devices."""
+        seen: dict[tuple[float, float], Link] = {}
+        for (src, dst), link in self._links.items():
+            if src != dst and src in self._devices and dst in self._devices:
+                seen.setdefault((link.latency_s, link.bandwidth_bytes_per_s), link)
+        return tuple(seen.values())
+
     def transfer_s(self, src: str, dst: str, nbytes: int) -> float:
         """Time to move ``nbytes`` from ``src`` to ``dst`` with no other transfer on the way;
         zero on the same device."""
@@ -590,6 +599,11 @@ def slowest_delay_s(problem: Problem, edge: Edge) -> float:
     """``edge``'s copy time over the slowest link between two distinct devices (0 with one
     device): what a placement-independent model (the contiguous-split and ideal DPs) charges a
     copy before it knows which devices the ends land on."""
-    names = problem.cluster.names
-    return max((problem.delay_s(edge, a, b) for a in names for b in names if a != b),
-               default=0.0)
+    links = problem.cluster.distinct_links
+    if not links:
+        return 0.0
+    if edge.transfer_s is not None:
+        return edge.transfer_s
+    # Over the distinct links, not every ordered pair: the same figures, n * (n - 1) times fewer
+    # (56 -> 1 on 8 alike GPUs; the DPs ask once per edge, 3,000 edges for Llama-2-70B).
+    return max(link.transfer_s(edge.bytes) for link in links)

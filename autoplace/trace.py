@@ -14,6 +14,7 @@ other stage looks at it.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import logging
 import math
@@ -36,7 +37,7 @@ from autoplace.errors import TraceError
 from autoplace.ir import Edge, OpGraph, OpNode
 from cost_models.calibration import POOLING_OPS
 
-__all__ = ["SHAPE_ONLY_OPS", "TracedModel", "flat_inputs", "trace_model"]
+__all__ = ["CACHE_NOTE", "SHAPE_ONLY_OPS", "TracedModel", "cache_off", "flat_inputs", "trace_model"]
 
 # Ops that launch no kernel and move no bytes: views, metadata checks, and eval-mode dropout.
 # They cost nothing on any device, and coarsening folds them into their producer.
@@ -443,6 +444,54 @@ def _to_meta(value: Any) -> Any:
     return value
 
 
+# transformers' key-value caches: a ``DynamicCache`` (and its kin) in a model's output is a type
+# torch.export cannot flatten, and one forward pass does not need it.
+CACHE_NOTE = ("transformers model: planned with use_cache=False ({where}.config.use_cache set "
+              "off): the plan covers one forward pass without the key-value cache, and the "
+              "emitted model returns no past_key_values; generation reusing a cache is not "
+              "planned")
+
+
+def cache_off(model: torch.nn.Module, kwargs: dict[str, Any]) -> str | None:
+    """Switch off a transformers model's key-value cache (``config.use_cache``, on by default)
+    unless the inputs choose ``use_cache`` themselves; the note that says so, or ``None``. The
+    model keeps the setting, so the original and the emitted model are compared on the same
+    forward pass."""
+    if "use_cache" in kwargs:
+        return None
+    for path, module in model.named_modules():
+        config = getattr(module, "config", None)
+        if getattr(config, "use_cache", None) is True and "use_cache" in inspect.signature(
+                module.forward).parameters:
+            config.use_cache = False
+            return CACHE_NOTE.format(where=f"model.{path}" if path else "model")
+    return None
+
+
+# The exception names and texts that mean the forward branches on a tensor's value.
+_DATA_DEPENDENT = re.compile(r"data.dependent|GuardOnDataDependent|control flow", re.IGNORECASE)
+_UNKNOWN_TYPE = re.compile(r"Found <class '([\w.]+)'> in (output|input)")
+
+
+def _advice(export_exc: BaseException, fx_exc: BaseException) -> str:
+    """What to do when both tracers failed, from export's reason: control-flow advice only for
+    a branch on a tensor's value; for a type export cannot flatten, that type."""
+    found = _UNKNOWN_TYPE.search(str(export_exc))
+    if found:
+        kind, where = found.group(1), found.group(2)
+        fix = ("pass use_cache=False in the example inputs (or set model.config.use_cache = "
+               "False)" if "Cache" in kind else
+               "return tensors, tuples, lists or dicts of them, or register the type with "
+               "torch.utils._pytree.register_pytree_node")
+        return (f"The model's {where} holds a {kind.rsplit('.', 1)[-1]} ({kind}), which "
+                f"torch.export cannot flatten: {fix}")
+    if any(_DATA_DEPENDENT.search(f"{type(e).__name__} {e}") for e in (export_exc, fx_exc)):
+        return ("Make the model traceable: avoid Python control flow on tensor values in "
+                "forward (use torch.cond or torch.where), or plan a submodule that traces")
+    return ("Fix what torch.export reports (torch.export.export(model, args, kwargs, "
+            "strict=False) shows its whole message), or plan a submodule that traces")
+
+
 def trace_model(
     model: torch.nn.Module,
     args: tuple = (),
@@ -457,7 +506,7 @@ def trace_model(
     allocated.
     """
     kwargs = dict(kwargs or {})
-    notes: list[str] = []
+    notes: list[str] = [n for n in [cache_off(model, kwargs)] if n]
     meta = _has_meta_params(model)
     if meta:
         args, kwargs = _to_meta(args), _to_meta(kwargs)
@@ -475,8 +524,7 @@ def trace_model(
             raise TraceError(
                 f"torch.export failed ({reason}) and torch.fx.symbolic_trace failed too "
                 f"({type(fx_exc).__name__}: {str(fx_exc).strip().splitlines()[0][:300]}). "
-                "Make the model traceable: avoid Python control flow on tensor values in forward "
-                "(use torch.cond or torch.where), or plan a submodule that traces"
+                + _advice(export_exc, fx_exc)
             ) from fx_exc
         tracer = "fx"
         notes.append(f"torch.export failed, fell back to torch.fx.symbolic_trace: {reason}")

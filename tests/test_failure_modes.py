@@ -98,6 +98,8 @@ ERROR_CASES = {
     "VerificationError": (["plan", "{noisy}"],
                           r"outputs differ from the original's \(max abs diff.*--no-verify"),
     "OutputError": (["report", "{tmp}/nowhere/plan.json"], r"no plan file|does not exist"),
+    "PinError": (["plan", MLP, "--devices", "2xA100-40GB", "--pin", "0=cuda:7"],
+                 r"pin to unknown device 'cuda:7': the planned devices are cuda:0, cuda:1"),
 }
 
 

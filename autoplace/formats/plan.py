@@ -210,6 +210,9 @@ class Plan:
     # A training plan's step (``autoplace.train``): its optimizer and the training check of the
     # emitted model (``emit.training.verify_training``). None for an inference plan.
     training: Mapping[str, Any] | None = None
+    # Modules pinned by hand (``autoplace.pins``): the pins, the ops they fixed, and the plan
+    # the model gets without them (``unpinned_makespan_s``, ``unpinned_objective_s``).
+    pins: Mapping[str, Any] | None = None
     # --granularity module: the Hugging Face device_map and accelerate's (pipeline/modules.py)
     device_map: Mapping[str, Any] | None = None
     autoplace_version: str = __version__
@@ -258,6 +261,15 @@ class Plan:
         """Each traced op's device: the plan expanded back from coarse nodes."""
         device_of = self.schedule.placement.device_of
         return {op: device_of[node.name] for node in self.problem.graph.nodes for op in node.ops}
+
+    @property
+    def pins_cost_s(self) -> float | None:
+        """What the pins cost under the plan's objective: the pinned plan's value less the
+        unpinned plan's (negative where the pinned solve happened on a better plan); ``None``
+        without pins."""
+        if self.pins is None:
+            return None
+        return self.objective_s - self.pins["unpinned_objective_s"]
 
     def with_verification(self, verification: Verification) -> Plan:
         return replace(self, verification=verification)
@@ -313,6 +325,7 @@ class Plan:
           | ({} if self.profile is None else {"profile": dict(self.profile)}) \
           | ({} if self.min_gain is None else {"min_gain": dict(self.min_gain)}) \
           | ({} if self.training is None else {"training": dict(self.training)}) \
+          | ({} if self.pins is None else {"pins": {**self.pins, "cost_s": self.pins_cost_s}}) \
           | ({} if self.device_map is None else {"device_map": dict(self.device_map)})
 
     @classmethod
@@ -337,6 +350,8 @@ class Plan:
             whatif=tuple(data["whatif"]) if "whatif" in data else None,
             profile=data.get("profile"), min_gain=data.get("min_gain"),
             training=data.get("training"),
+            pins=({k: v for k, v in data["pins"].items() if k != "cost_s"}
+                  if "pins" in data else None),
             device_map=data.get("device_map"),
             autoplace_version=data.get("autoplace_version", __version__),
         )

@@ -30,7 +30,7 @@ from autoplace.emit import emit_and_verify
 from autoplace.emit.checkpoint import load_checkpoint
 from autoplace.emit.ddp import microbatching, replicas_of, write_train_script
 from autoplace.emit.ranks import write_launch_script
-from autoplace.errors import EmitError
+from autoplace.errors import EmitError, PinError
 from autoplace.formats.output import atomic_output_dir
 from autoplace.formats.plan import BaselineResult, Plan, SolverRecord, Verification
 from autoplace.ir import Cluster, Placement, Problem
@@ -80,6 +80,7 @@ def plan(
     replicas: int | str = "auto",
     recompute: str = "auto",
     dtype: str = "float32",
+    pins: Mapping[str, str | int] | None = None,
     checkpoint: str | os.PathLike[str] | None = None,
 ) -> Plan:
     """Plan ``model`` on ``devices`` (a spec such as ``"2xA100-40GB"``, a ``Cluster``, or
@@ -121,6 +122,12 @@ def plan(
     example inputs and targets are cast to it before tracing (``train.precision``); a training
     plan in a half dtype is mixed precision (``emit.optimizer.MasterWeights``), one replica.
 
+    ``pins`` (``{"model.layers.0": "cuda:1", "lm_head": "cpu", "0": 0}``: module paths as in
+    ``model.named_modules()`` to devices, an integer being the i-th GPU as in a Hugging Face
+    ``device_map``) fixes those modules' ops and parameters to those devices; the solver places
+    the rest (``autoplace.pins``). The model is also solved without them, and ``Plan.pins``
+    says what they cost. Inference plans only.
+
     ``checkpoint`` (a safetensors file, or a directory ``save_pretrained`` wrote): the model's
     weights, loaded into it before tracing (``emit.checkpoint.load_checkpoint``: every tensor
     checked first, the missing and mis-shaped named); the emitted model refers to the
@@ -145,7 +152,10 @@ def plan(
     model.eval()
     model, (args, kwargs, example_targets) = cast(model, (args, kwargs, example_targets), dtype)
     notes += cast_notes(dtype, training=mode == "training")
-    trace = Tracing(name=name, profile=profile, cache=cache, progress=progress)
+    if pins and mode == "training":
+        raise PinError("pins apply to inference plans (--mode inference) for now: plan the "
+                       "training step without --pin/--pin-map")
+    trace = Tracing(name=name, profile=profile, cache=cache, progress=progress, pins=pins)
     if mode == "training":
         targets = training_targets(example_targets)
         model = loss_model(model, loss, args, kwargs, targets)
@@ -162,6 +172,7 @@ def plan(
         extra, accelerate_notes = accelerate_baselines(model, forward.graph, problem)
         notes += accelerate_notes
         solved = solve(problem, options=options, extra_baselines=extra)
+        pinned = _unpinned_record(model, forward, options, min_gain)
     traced, profiled, folded = forward.traced, forward.profiled, forward.folded
     result, gain = _min_gain(solved, min_gain)
     if mode == "training" and result.schedule is not solved.schedule and step.single:
@@ -180,6 +191,8 @@ def plan(
                        coarsening={"traced_ops": folded.traced_ops,
                                    "plan_nodes": len(problem.graph.nodes),
                                    "steps": [*folded.steps, *result.coarsening]})
+    if mode != "training" and pinned is not None:
+        planned = replace(planned, pins=pinned)
     if mode == "training":
         planned = replace(planned, training=step.record(optimizer, result.schedule))
         if step.problem.pipeline_schedule != planned.training["schedule"] and (
@@ -199,6 +212,20 @@ def plan(
             planned.emitted.checkpoint = source.under("model.") if mode == "training" else source
     return replace(planned, notes=tuple(notes), whatif=scaling, min_gain=gain,
                    profile=profiled.to_dict() if profiled else None)
+
+def _unpinned_record(model: torch.nn.Module, forward: Any, options: SolveOptions,
+                     min_gain: float) -> dict[str, Any] | None:
+    """With pins: ``plan.json``'s ``pins`` record, the pins and the plan the model gets
+    without them (solved with the same options and ``--min-gain``), which ``Plan.pins_cost_s``
+    compares the pinned plan with."""
+    if forward.pins is None:
+        return None
+    extra, _ = accelerate_baselines(model, forward.graph, forward.unpinned)
+    free, _ = _min_gain(solve(forward.unpinned, options=options, extra_baselines=extra),
+                        min_gain)
+    return {**forward.pins.to_dict(), "unpinned_makespan_s": free.schedule.makespan_s,
+            "unpinned_objective_s": free.objective_s}
+
 
 def _emit(planned: Plan, traced: Any, model: torch.nn.Module, args: tuple[Any, ...],
           kwargs: dict[str, Any], *, forward: Problem, verify: bool,

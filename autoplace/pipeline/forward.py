@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +14,7 @@ from autoplace.coarsen import fold
 from autoplace.cost import analytic_cpu_note
 from autoplace.cost import costs as cost_nodes
 from autoplace.ir import Cluster, OpGraph, Problem
+from autoplace.pins import Pins, pin_costs, pins_note, resolve_pins
 from autoplace.trace import trace_model
 
 __all__ = ["Forward", "Tracing", "traced_problem"]
@@ -27,6 +29,8 @@ class Tracing:
     profile: bool
     cache: Any
     progress: bool
+    # Modules fixed to devices by hand (``autoplace.pins``): module path -> device.
+    pins: Mapping[str, str | int] | None = None
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,9 @@ class Forward:
     graph: OpGraph
     folded: Any
     problem: Problem
+    # With pins: the pins as resolved, and the same problem without them (what they cost).
+    pins: Pins | None = None
+    unpinned: Problem | None = None
 
 
 def traced_problem(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -62,6 +69,14 @@ def traced_problem(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[s
                        fits=profiled.fits if profiled else None,
                        launcher=profiled.launcher if profiled else None)
     notes += [n for n in [analytic_cpu_note(graph, cluster, costs)] if n]
+    pins, unpinned = None, None
+    if how.pins:
+        pins = resolve_pins(model, graph, cluster, how.pins)
+        notes.append(pins_note(pins, cluster.names))
+        free = fold(graph, costs)
+        unpinned = Problem(graph=free.graph, cluster=cluster, costs=free.costs)
+        costs = pin_costs(costs, pins.device_of_op)
     folded = fold(graph, costs)
     return Forward(traced=traced, profiled=profiled, graph=graph, folded=folded,
-                    problem=Problem(graph=folded.graph, cluster=cluster, costs=folded.costs))
+                    problem=Problem(graph=folded.graph, cluster=cluster, costs=folded.costs),
+                    pins=pins, unpinned=unpinned)

@@ -143,6 +143,8 @@ class Overview:
     notes: tuple[str, ...] = field(default_factory=tuple)
     profiled_devices: tuple[str, ...] = ()
     training: TrainingFacts | None = None  # None for an inference plan
+    pins: Mapping[str, Any] | None = None  # Plan.pins: modules pinned by hand
+    pins_cost_s: float | None = None  # Plan.pins_cost_s
     device_map: DeviceMapFacts | None = None  # --granularity module: the device_map section
 
     @property
@@ -204,6 +206,7 @@ def overview(plan: Plan) -> Overview:
         memory=_memory_rows(plan), verification=plan.verification,
         whatif=_whatif_rows(plan), critical_path=tuple(critical_path(plan)),
         notes=plan.notes, training=training_facts(plan), device_map=device_map_facts(plan),
+        pins=plan.pins, pins_cost_s=plan.pins_cost_s,
     )
 
 

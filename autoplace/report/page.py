@@ -60,7 +60,8 @@ def _script_json(figure: Any) -> str:
 def _phrases(ov: analysis.Overview) -> dict[str, Any]:
     return {"speedup": text.speedup_text(ov), "gap": text.gap_text(ov),
             "solver": text.solver_text(ov), "critical": text.critical_text(ov),
-            "verification": text.verification_text(ov), "training": text.training_text(ov)}
+            "verification": text.verification_text(ov), "training": text.training_text(ov),
+            "pins": text.pins_text(ov), "no_speedup": text.no_speedup_reason(ov)}
 
 
 def render_html(plan: Plan, ov: analysis.Overview | None = None) -> str:

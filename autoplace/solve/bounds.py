@@ -17,6 +17,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from autoplace.errors import InfeasibleError
@@ -77,6 +79,41 @@ def check_memory(problem: Problem) -> None:
                 f"on, {largest.name} ({largest.type}), has {_fmt(largest.memory_bytes)}: "
                 f"{_fmt(need - largest.memory_bytes)} short. Use a device with more memory."
             )
+    _check_forced(problem, runs_on)
+
+
+def _check_forced(problem: Problem, runs_on: dict[str, tuple[str, ...]]) -> None:
+    """Parameters that can go to one device only (pinned there, or runnable nowhere else) must
+    fit it beside its runtime reserve."""
+    forced: dict[str, int] = {}
+    groups = {group for group in problem.graph.colocation_of.values()}
+    for group in groups:
+        devices = runs_on[group[0]]
+        if len(devices) == 1:
+            forced[devices[0]] = forced.get(devices[0], 0) + sum(
+                problem.graph.node(m).param_bytes for m in group)
+    for name, need in forced.items():
+        device = problem.cluster.device(name)
+        room = device.memory_bytes - device.reserved_bytes
+        if need > room:
+            raise InfeasibleError(
+                f"the nodes that can run only on {name} ({device.type}; pinned there, or "
+                f"runnable nowhere else) need {_fmt(need)} of parameters, but {name} has "
+                f"{_fmt(room)} beside its runtime reserve: {_fmt(need - room)} short. Pin "
+                "fewer modules to it, or pin them to a device with more memory.")
+
+
+def _alike(problem: Problem) -> bool:
+    """Whether every device has the same memory and every node the same time on every device.
+    Then the LP of ``_fractional_work`` is the work spread evenly (each load is at least the
+    mean, and an even split meets it, within memory whenever ``check_memory`` passed), which
+    ``lower_bound_s`` has already: skipping it saves a GLOP solve of nodes x devices variables
+    per solve, about a second for a 3,000-node Llama-2-70B on 8 GPUs (benchmarks/llama70b.py)."""
+    devices = problem.cluster.devices
+    if len({d.memory_bytes for d in devices}) > 1:
+        return False
+    return all(len(set(per.values())) == 1 and math.isfinite(next(iter(per.values())))
+               for per in problem.costs.compute_s.values())
 
 
 def _fractional_work(problem: Problem, max_terms: int = 400_000) -> float:
@@ -84,10 +121,13 @@ def _fractional_work(problem: Problem, max_terms: int = 400_000) -> float:
     them: an LP (min T, every device's share of work <= T), which on devices of different speeds
     is far stronger than the work at the fastest speed spread evenly. Each device's share of
     the parameters must fit its memory too, so a model too big for the fast device is bounded
-    by the slow ones it must use (a memory-forced bound). 0 when too large."""
+    by the slow ones it must use (a memory-forced bound). 0 when too large, or when it cannot
+    beat the even spread (``_alike``)."""
     from ortools.linear_solver import pywraplp
 
     graph, names = problem.graph, problem.cluster.names
+    if _alike(problem):
+        return 0.0
     if len(graph.nodes) * len(names) > max_terms:
         return 0.0
     lp = pywraplp.Solver.CreateSolver("GLOP")

@@ -1,0 +1,186 @@
+"""Manual pins mixed with automatic placement: some modules fixed to a device, the rest solved.
+
+A pin names a module as ``model.named_modules()`` does (``model.layers.0``; ``0`` in an
+``nn.Sequential``) and a device of the cluster: its name (``cuda:1``), its torch device, or as
+in a Hugging Face ``device_map`` an integer (the i-th GPU) or ``"cpu"``. Pins come from
+``--pin MODULE=DEVICE`` (``parse_pins``), a partial ``device_map`` JSON (``read_pin_map``), or
+``autoplace.plan(..., pins={...})``; ``merge_pins`` joins them.
+
+``resolve_pins`` turns them into a device for each traced op (the op's module is the pinned one
+or inside it; the deepest pinned module wins, as in a ``device_map``), and extends each pin to
+the op's colocation group (tied weights). ``pin_costs`` applies that to the costs the way a
+task graph's ``"pinned"`` does (``formats.graph``): every other device's time becomes infinite.
+So every later stage (folding, coarsening, the solvers, the baselines, the bounds and the memory
+diagnosis) sees pins as the devices a node may run on, and a later grouping inherits them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from autoplace.errors import PinError
+from autoplace.ir import Cluster, Costs, OpGraph
+
+__all__ = ["Pins", "merge_pins", "parse_pins", "pin_costs", "read_pin_map",
+           "resolve_pins"]
+
+PinSpec = Mapping[str, "str | int"]
+
+
+@dataclass(frozen=True)
+class Pins:
+    """Pins resolved on a traced graph: each pinned module's device (by cluster name), and the
+    device of every op they fix."""
+
+    modules: Mapping[str, str]
+    device_of_op: Mapping[str, str]
+
+    def to_dict(self) -> dict[str, object]:
+        return {"modules": dict(self.modules), "ops": len(self.device_of_op)}
+
+
+def parse_pins(texts: Iterable[str]) -> dict[str, str | int]:
+    """``["model.layers.0=cuda:1", "lm_head=cpu"]`` as a mapping; a module given twice with
+    different devices is an error. A bare integer device is the i-th GPU, as in a
+    ``device_map``."""
+    pins: dict[str, str | int] = {}
+    for text in texts:
+        module, sep, device = text.partition("=")
+        module, device = module.strip(), device.strip()
+        if not sep or not device:
+            raise PinError(f"--pin {text!r}: write MODULE=DEVICE, e.g. --pin model.layers.0=cuda:1"
+                           " (MODULE as in model.named_modules(), DEVICE a planned device)")
+        _add(pins, module, int(device) if device.isdigit() else device, where="--pin")
+    return pins
+
+
+def read_pin_map(path: str | Path) -> dict[str, str | int]:
+    """A partial Hugging Face-style ``device_map`` JSON file: ``{"model.embed_tokens": 0,
+    "lm_head": "cpu"}``."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise PinError(f"--pin-map {str(path)!r} cannot be read: {exc.strerror or exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise PinError(f"--pin-map {str(path)!r} is not JSON: {exc.msg} at line {exc.lineno}; "
+                       'write {"MODULE": DEVICE, ...}') from exc
+    if not isinstance(data, dict) or not all(
+            isinstance(v, (str, int)) and not isinstance(v, bool) for v in data.values()):
+        raise PinError(f"--pin-map {str(path)!r} must be a JSON object of module names to "
+                       'devices (an integer GPU index or a device name), e.g. '
+                       '{"model.embed_tokens": 0, "lm_head": "cpu"}')
+    return dict(data)
+
+
+def merge_pins(*sources: PinSpec | None) -> dict[str, str | int]:
+    """The pins of every source; a module pinned by two to different devices is an error
+    (``_add``)."""
+    pins: dict[str, str | int] = {}
+    for source in sources:
+        for module, device in (source or {}).items():
+            _add(pins, module, device, where="pins")
+    return pins
+
+
+def _add(pins: dict[str, str | int], module: str, device: str | int, *, where: str) -> None:
+    if module in pins and pins[module] != device:
+        raise PinError(f"{where}: module {module!r} is pinned twice, to {pins[module]!r} and to "
+                       f"{device!r}: pin each module once")
+    pins[module] = device
+
+
+def _device_name(device: str | int, cluster: Cluster) -> str:
+    """The cluster name of a pin's device: a name, a torch device, or the i-th GPU."""
+    gpus = [d.name for d in cluster.devices if d.torch_device.startswith("cuda")]
+    if isinstance(device, int):
+        if 0 <= device < len(gpus):
+            return gpus[device]
+    else:
+        for d in cluster.devices:
+            if device in (d.name, d.torch_device):
+                return d.name
+    valid = list(cluster.names) + [f"{i} (= {g})" for i, g in enumerate(gpus)]
+    raise PinError(f"pin to unknown device {device!r}: the planned devices are "
+                   f"{', '.join(valid)}; pin to one of them, or plan with that device "
+                   "(--devices)")
+
+
+def _inside(op_module: str, module: str) -> bool:
+    return module == "" or op_module == module or op_module.startswith(module + ".")
+
+
+def resolve_pins(model: torch.nn.Module, graph: OpGraph, cluster: Cluster,
+                 pins: PinSpec) -> Pins:
+    """Each pinned module's device, and each op's: the deepest pinned module holding it. Ops
+    that share a parameter (a colocation group) share a pin; two pins that split one are an
+    error."""
+    known = [name for name, _ in model.named_modules()]
+    modules: dict[str, str] = {}
+    for module, device in pins.items():
+        if module not in known:
+            close = difflib.get_close_matches(module, known, n=3, cutoff=0.6)
+            hint = f"did you mean {', '.join(map(repr, close))}?" if close else (
+                f"modules include {', '.join(map(repr, known[1:6]))}")
+            raise PinError(f"pin of unknown module {module!r}: {hint} (names as in "
+                           "model.named_modules())")
+        modules[module] = _device_name(device, cluster)
+    by_depth = sorted(modules, key=lambda m: (m.count(".") + bool(m), m), reverse=True)
+    device_of_op: dict[str, str] = {}
+    pinned_by: dict[str, str] = {}
+    for node in graph.nodes:
+        if node.is_input:
+            continue
+        module = next((m for m in by_depth if _inside(node.module, m)), None)
+        if module is not None:
+            device_of_op[node.name], pinned_by[node.name] = modules[module], module
+    empty = [m for m in modules if m not in pinned_by.values()]
+    if empty:
+        raise PinError(f"pinned module {empty[0]!r} runs no op in the traced forward pass: "
+                       "pin a module the forward calls")
+    _spread_to_colocated(graph, device_of_op, pinned_by)
+    return Pins(modules=modules, device_of_op=device_of_op)
+
+
+def _spread_to_colocated(graph: OpGraph, device_of_op: dict[str, str],
+                         pinned_by: dict[str, str]) -> None:
+    """Pin every member of a colocation group (ops reading one parameter, such as tied
+    embeddings) where a member is pinned."""
+    for group in graph.colocate:
+        devices = {device_of_op[m]: m for m in group if m in device_of_op}
+        if len(devices) > 1:
+            (a, op_a), (b, op_b) = list(devices.items())[:2]
+            raise PinError(
+                f"pins split ops that share a parameter (tied weights): {pinned_by[op_a]!r} "
+                f"on {a} and {pinned_by[op_b]!r} on {b}; pin them to one device")
+        if devices:
+            (device, op), = devices.items()
+            for member in group:
+                if member not in device_of_op:
+                    device_of_op[member], pinned_by[member] = device, pinned_by[op]
+
+
+def pin_costs(costs: Costs, device_of_op: Mapping[str, str]) -> Costs:
+    """``costs`` with each pinned op's time infinite on every other device (how a task graph's
+    ``"pinned"`` is read, ``formats.graph``)."""
+    if not device_of_op:
+        return costs
+    compute_s = {
+        node: ({d: (t if d == device_of_op[node] else math.inf) for d, t in per.items()}
+               if node in device_of_op else per)
+        for node, per in costs.compute_s.items()}
+    return Costs(compute_s=compute_s, source=costs.source, device_source=costs.device_source,
+                 host=costs.host)
+
+
+def pins_note(pins: Pins, devices: Sequence[str]) -> str:
+    """The plan's note: which modules were pinned where, and how many ops that fixed."""
+    listed = ", ".join(f"{m or '(whole model)'} -> {d}" for m, d in pins.modules.items())
+    return (f"pinned by hand: {listed} ({len(pins.device_of_op)} traced ops fixed); the solver "
+            f"placed the rest on {', '.join(devices)}")
