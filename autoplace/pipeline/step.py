@@ -285,8 +285,11 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
                             microbatches=microbatches, schedule=name, dtype=dtype)
         problem = with_allreduce(with_measured_updates(step, updates), *replicated,
                                  measured_s=averaging_s)
-        if all(d.torch_device.startswith("cpu") for d in problem.cluster.devices):
-            # The emitted step updates on the calling thread after the whole backward.
+        if microbatches == 1 and all(d.torch_device.startswith("cpu")
+                                     for d in problem.cluster.devices):
+            # The emitted step updates on the calling thread after the whole backward. With
+            # micro-batches it does too, but there the ordering leads the solver's heuristics
+            # astray (LeNet, M=2, 9 MB a device: no split found, where one device needs 10.4)
             problem = after_backward(problem)
         solved = None
         if recompute != "all" or microbatches == 1:
