@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,16 +43,28 @@ def _autoplace(*argv: str) -> subprocess.CompletedProcess:
                           text=True, check=True, cwd=ROOT)
 
 
+def wait_for_quiet(below: float | None, *, at_most_s: float) -> None:
+    """Wait until the 1-minute load average is under ``below`` (``None``: no wait), for at
+    most ``at_most_s``: the machine is shared, and a step measured beside other work says
+    more about the work than about the plan."""
+    deadline = time.monotonic() + at_most_s
+    while below is not None and os.getloadavg()[0] >= below and time.monotonic() < deadline:
+        time.sleep(5)
+
+
 def measure(example: str, *, steps: int, time_limit_s: float, optimizer: str,
-            replicas: str = "auto", repeat: int = 1) -> dict:
+            replicas: str = "auto", repeat: int = 1, quiet: float | None = None,
+            wait_s: float = 0.0) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out"
+        wait_for_quiet(quiet, at_most_s=wait_s)
         _autoplace("plan", str(ROOT / "examples" / f"{example}.py"), "--devices",
                    "2xcpu-thread", "--mode", "training", "--optimizer", optimizer,
                    "--time-limit", str(time_limit_s), "--replicas", replicas, "--out", str(out))
         planned = json.loads((out / "plan.json").read_text())
         runs, loads = [], []
         for _ in range(repeat):  # the same plan trained again: the spread is the machine's
+            wait_for_quiet(quiet, at_most_s=wait_s)
             loads.append(os.getloadavg()[0])
             runs.append(json.loads(_autoplace("run", str(out), "--train", str(steps),
                                               "--json").stdout))
@@ -86,16 +99,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3,
                         help="train each plan this many times (fresh processes): the table "
                              "gives the median and the range")
+    parser.add_argument("--quiet-below", type=float, default=None, metavar="LOAD",
+                        help="before each plan and each run, wait until the 1-minute load "
+                             "average is under LOAD (at most --wait seconds)")
+    parser.add_argument("--wait", type=float, default=600.0)
     parser.add_argument("--out", default=str(RESULTS / "training-cpu.md"))
     args = parser.parse_args(argv)
     rows = [measure(e, steps=args.steps, time_limit_s=args.time_limit,
-                    optimizer=args.optimizer, replicas=args.replicas, repeat=args.repeat)
+                    optimizer=args.optimizer, replicas=args.replicas, repeat=args.repeat,
+                    quiet=args.quiet_below, wait_s=args.wait)
             for e in args.only]
     lines = [
         "# A training step on two CPU workers: measured against the plan", "",
         f"{machine_line()}. Command: `python benchmarks/training_cpu.py --steps {args.steps} "
         f"--optimizer {args.optimizer} --replicas {args.replicas} --repeat {args.repeat} "
-        f"--only {' '.join(args.only)}`: `autoplace plan EXAMPLE "
+        f"--only {' '.join(args.only)}"
+        + (f" --quiet-below {args.quiet_below:g} --wait {args.wait:g}"
+           if args.quiet_below is not None else "") + "`: `autoplace plan EXAMPLE "
         f"--mode training --devices 2xcpu-thread --replicas {args.replicas}` (profiled), "
         f"then `autoplace run OUT --train STEPS --json` {args.repeat} times, each in a fresh "
         "process; each run's median step (steps 2 on), their median and range, against the "
