@@ -29,6 +29,7 @@ the shapes, on the host's CPU key), so one measurement serves every plan of the 
 from __future__ import annotations
 
 import datetime
+import gc
 import hashlib
 import os
 import statistics
@@ -59,42 +60,53 @@ class _Gradients(torch.nn.Module):
         return torch.stack([w.sum() for w in self.weights]).sum()
 
 
-def _rank(rank: int, replicas: int, port: int, numels: list[int], mode: str, rounds: int,
-          out: str) -> None:
+def _rounds(numels: list[int], mode: str, rounds: int) -> tuple[list[float], list[float]]:
+    """Each round's step of the stand-in alone and with its gradients averaged, this rank's."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
     from autoplace.emit.ddp import average_gradients
 
+    plain, averaged = _Gradients(numels), _Gradients(numels)
+    run: torch.nn.Module = averaged
+    if mode == "ddp":
+        run = DistributedDataParallel(averaged, device_ids=None, gradient_as_bucket_view=True)
+
+    def step(model: torch.nn.Module, average: bool) -> float:
+        for w in model.parameters():
+            w.grad = None
+        dist.barrier()
+        began = time.perf_counter()
+        (run if average else model)().backward()
+        if average and mode == "buckets":
+            average_gradients(list(averaged.parameters()))
+        return time.perf_counter() - began
+
+    alone, with_average = [], []
+    for i in range(WARMUP + rounds):
+        a, b = step(plain, False), step(averaged, True)
+        if i >= WARMUP:
+            alone.append(a)
+            with_average.append(b)
+    return alone, with_average
+
+
+def _rank(rank: int, replicas: int, port: int, numels: list[int], mode: str, rounds: int,
+          out: str) -> None:
+    import torch.distributed as dist
+
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=replicas, timeout=_INIT_TIMEOUT)
     try:
-        plain, averaged = _Gradients(numels), _Gradients(numels)
-        run = averaged
-        if mode == "ddp":
-            run = DistributedDataParallel(averaged, device_ids=None,
-                                          gradient_as_bucket_view=True)
-
-        def step(model: torch.nn.Module, average: bool) -> float:
-            for w in model.parameters():
-                w.grad = None
-            dist.barrier()
-            began = time.perf_counter()
-            (run if average else model)().backward()
-            if average and mode == "buckets":
-                average_gradients(list(averaged.parameters()))
-            return time.perf_counter() - began
-
-        alone, with_average = [], []
-        for i in range(WARMUP + rounds):
-            a, b = step(plain, False), step(averaged, True)
-            if i >= WARMUP:
-                alone.append(a)
-                with_average.append(b)
+        alone, with_average = _rounds(numels, mode, rounds)
+        # DDP's reducer goes before its process group: left to the interpreter's exit, after
+        # it, it aborted a rank now and then ("terminate called without an active exception").
+        gc.collect()
         if rank == 0:
             Path(out).write_text(f"{statistics.median(alone)!r} "
                                  f"{statistics.median(with_average)!r}")
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
