@@ -27,7 +27,7 @@ to it, where the simulator can time it:
   is measured instead (``profile.allreduce``: DDP's whole cost per step for the model's
   gradients, or the micro-batched step's buckets'), and each update is charged its tensor's
   share of it by bytes: the ring formula with a measured bandwidth missed DDP's own work and
-  gloo's latency at small sizes (LeNet, 1.7 MB: 2.1-2.2 ms measured against 1.37 ms).
+  gloo's latency at small sizes (LeNet, 1.7 MB: 1.9-3.4 ms measured, against 1.37 ms).
 
 Memory: DDP holds its buckets as views of the gradients (``gradient_as_bucket_view=True`` in
 ``emit/ddp.py``), so a replica holds what the step graph of one replica holds; a micro-batched
