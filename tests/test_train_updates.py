@@ -139,3 +139,54 @@ def test_a_profiled_plan_charges_the_update_measured_and_says_so(tmp_path) -> No
     graph, costs = planned.problem.graph, planned.problem.costs
     updates = [n.name for n in graph.nodes if n.name.endswith("@step")]
     assert updates and all(costs.source_of(u, "cpu:0") == "calibrated" for u in updates)
+    # The replicas' averaging measured as two gloo processes of this host (profile.allreduce),
+    # and kept in the cache: asked again, it is read back.
+    from autoplace.profile.allreduce import allreduce_s
+
+    (said,) = [n for n in planned.notes if n.startswith("gradients averaged across 2 replicas")]
+    numels = [p.numel() for p in model.parameters()]
+    cache = open_cache(path=str(tmp_path / "c.sqlite3"))
+    key = planned.profile["devices"][0]["device_key"]
+    seconds, cached = allreduce_s(numels, replicas=2, mode="ddp", cache=cache, device_key=key)
+    assert cached and 0 < seconds < 1.0 and f"{seconds * 1e3:.3f} ms a step" in said
+
+
+def test_a_measured_averaging_is_shared_among_the_updates_by_bytes() -> None:
+    cluster, _ = resolve_cluster(spec="2xcpu-thread")
+    groups = [("cpu:0",), ("cpu:1",)]
+    one = _step(on=groups[0])
+    two = with_allreduce(one, cluster, groups, measured_s=3e-3)
+    updates = [n.name for n in one.graph.nodes if n.name.endswith("@step")]
+    added = {u: two.costs.of(u, "cpu:0") - one.costs.of(u, "cpu:0") for u in updates}
+    assert sum(added.values()) == pytest.approx(3e-3)  # the whole step's averaging, once
+    first = "linear@step"  # 784 x 256 + 256 of the 235,146 parameters
+    assert added[first] == pytest.approx(3e-3 * (784 * 256 + 256) * 4 / TRAINED_BYTES)
+    for node in one.graph.nodes:  # nothing else pays
+        if node.name not in added:
+            assert two.costs.of(node.name, "cpu:0") == one.costs.of(node.name, "cpu:0")
+
+
+def test_the_updates_follow_the_whole_backward_one_after_another() -> None:
+    from autoplace.ir import Placement
+    from autoplace.simulate import simulate
+    from autoplace.simulate.schedules import phase_of
+    from autoplace.train.updates import after_backward
+
+    step = _step()
+    # the first layer (and its backward and update) on cpu:0, the rest on cpu:1: without the
+    # ordering, cpu:1's updates run beside cpu:0's backward
+    first = {n.name for n in step.graph.nodes if phase_of(n.name)[0] == "linear"}
+    placement = Placement(device_of={n.name: "cpu:0" if n.name in first else "cpu:1"
+                                     for n in step.graph.nodes})
+    loose, ordered = (simulate(p, placement) for p in (step, after_backward(step)))
+    updates = [n.name for n in step.graph.nodes if phase_of(n.name)[1] == "step"]
+    backward = [n.name for n in step.graph.nodes if phase_of(n.name)[1] == "backward"]
+    assert len(updates) == 3
+    done = max(ordered.end_s[b] for b in backward)
+    assert min(loose.start_s[u] for u in updates) < max(loose.end_s[b] for b in backward)
+    assert all(ordered.start_s[u] >= done for u in updates)
+    spans = sorted((ordered.start_s[u], ordered.end_s[u]) for u in updates)
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # never two at once
+    assert ordered.makespan_s >= done + sum(step.costs.of(u, placement.device_of[u])
+                                            for u in updates)
+    assert ordered.makespan_s > loose.makespan_s

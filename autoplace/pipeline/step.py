@@ -37,7 +37,11 @@ from autoplace.train.recompute import (
     recompute_all,
     with_recompute_where_needed,
 )
-from autoplace.train.updates import with_measured_forward, with_measured_updates
+from autoplace.train.updates import (
+    after_backward,
+    with_measured_forward,
+    with_measured_updates,
+)
 
 __all__ = ["Batch", "Step", "check_step", "plan_step"]
 
@@ -139,12 +143,15 @@ def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: S
                                               mine)
         updates = _update_rates(forward.profiled, model, *batches[0], full, mine,
                                 optimizer=optimizer)
+        averaging = (_replica_averaging(forward.profiled, model, full, groups, how,
+                                        microbatches=microbatches, notes=mine)
+                     if r > 1 else None)
         try:
             got = _solve_step(
                 with_measured_forward(forward.problem, measured), share, optimizer=optimizer,
                 factors=factors, updates=updates, microbatches=microbatches,
                 schedule=schedule, recompute=recompute, dtype=dtype, notes=mine,
-                replicated=(full, groups))
+                replicated=(full, groups), averaging_s=averaging)
         except InfeasibleError as exc:
             if len(counts) == 1:
                 raise
@@ -256,14 +263,16 @@ def _shard_cut(shard: Batch, microbatches: int) -> str | None:
 def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
                 factors: Mapping[str, float], updates: Mapping[str, float],
                 microbatches: int, schedule: str, recompute: str, dtype: str,
-                notes: list[str], replicated: tuple[Cluster, Sequence[Sequence[str]]]
-                ) -> Solved:
+                notes: list[str], replicated: tuple[Cluster, Sequence[Sequence[str]]],
+                averaging_s: float | None = None) -> Solved:
     """The training step's problem, its solve and the devices that recompute: with
     micro-batches under each schedule ``schedule`` names (``auto``: GPipe and 1F1B, each with
     half the time), the faster step that fits kept; with the updates measured (``updates``,
     seconds per trainable byte per device: ``train.updates.with_measured_updates``) and the
     all-reduce of the ``replicated`` groups of the whole cluster
-    (``train.dataparallel.with_allreduce``); with recomputation where ``recompute`` asks for
+    (``train.dataparallel.with_allreduce``; ``averaging_s``: measured, ``_replica_averaging``),
+    the updates after the whole backward where every device is a CPU's
+    (``train.updates.after_backward``); with recomputation where ``recompute`` asks for
     it (``_solve_recomputing``). A step that fits nowhere says what it holds beyond
     inference."""
     names = SCHEDULES if schedule == "auto" and microbatches > 1 else (
@@ -274,7 +283,14 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
     for name in names:
         step = step_problem(forward, optimizer, backward_factor=factors,
                             microbatches=microbatches, schedule=name, dtype=dtype)
-        problem = with_allreduce(with_measured_updates(step, updates), *replicated)
+        problem = with_allreduce(with_measured_updates(step, updates), *replicated,
+                                 measured_s=averaging_s)
+        if microbatches == 1 and all(d.torch_device.startswith("cpu")
+                                     for d in problem.cluster.devices):
+            # The emitted step updates on the calling thread after the whole backward. With
+            # micro-batches it does too, but there the ordering leads the solver's heuristics
+            # astray (LeNet, M=2, 9 MB a device: no split found, where one device needs 10.4)
+            problem = after_backward(problem)
         solved = None
         if recompute != "all" or microbatches == 1:
             try:
@@ -404,6 +420,40 @@ def _update_rates(profiled: Any, model: torch.nn.Module, args: tuple[Any, ...],
             f"{r * trained * 1e3:.3f} ms for all {trained} trainable bytes on {d}"
             for d, r in rates.items()) + " (the roofline elsewhere)")
     return rates
+
+
+def _replica_averaging(profiled: Any, model: torch.nn.Module, cluster: Cluster,
+                       groups: Sequence[Sequence[str]], how: Tracing, *, microbatches: int,
+                       notes: list[str]) -> float | None:
+    """What averaging ``model``'s gradients across the ``groups`` adds to a step, measured
+    with the replicas as processes of this host (``profile.allreduce``: under DDP, or with
+    micro-batches ``emit.ddp.average_gradients``), where every device of every group is a CPU
+    device profiled here; ``None`` elsewhere or when it cannot be measured (the ring formula
+    of ``train.dataparallel`` prices it then)."""
+    if profiled is None:
+        return None
+    here = {dp.device: dp.device_key for dp in profiled.devices}
+    if not all(d in here and cluster.device(d).torch_device.startswith("cpu")
+               for g in groups for d in g):
+        return None
+    from autoplace.profile import open_cache
+    from autoplace.profile.allreduce import allreduce_s
+
+    numels = [p.numel() for p in model.parameters() if p.requires_grad]
+    mode = "ddp" if microbatches == 1 else "buckets"
+    cache = how.cache if how.cache is not None else open_cache()
+    try:
+        seconds, cached = allreduce_s(numels, replicas=len(groups), mode=mode, cache=cache,
+                                      device_key=here[groups[0][0]])
+    except Exception as exc:  # noqa: BLE001 - the ring formula still prices it
+        notes.append(f"the gradients' averaging across {len(groups)} replicas could not be "
+                     f"measured ({type(exc).__name__}: {exc}); the ring formula prices it")
+        return None
+    way = "DistributedDataParallel" if mode == "ddp" else "bucketed all-reduces"
+    notes.append(f"gradients averaged across {len(groups)} replicas ({way}, gloo over "
+                 f"127.0.0.1) measured{' before' if cached else ''}: {seconds * 1e3:.3f} ms a "
+                 "step for the model's gradients, charged to the updates by bytes")
+    return seconds
 
 
 def _per_kind(profiled: Any, cluster: Cluster, measure: Callable[[str], T]) -> dict[str, T]:

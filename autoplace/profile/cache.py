@@ -8,8 +8,10 @@ An op's time is keyed by its signature (target, input shapes and dtypes, the oth
 arguments), the device it ran on (``autoplace.cluster.device_key``: the GPU's name, or the CPU's
 model and thread count) and the torch version, so one measurement serves every model and run that
 has the same op. A model's whole forward pass, measured for comparison, is kept too, keyed by the
-signatures of all its ops in order. Measurements from another torch version are never used
-(kernels change between releases); the cache says how many there are.
+signatures of all its ops in order; so is, in the same table, what averaging a model's gradients
+across data-parallel replicas adds to a step (``profile.allreduce``, keyed ``allreduce:...``).
+Measurements from another torch version are never used (kernels change between releases); the
+cache says how many there are.
 
 Two processes may profile at once: the database runs in WAL mode with a busy timeout (opening
 is retried while the other process sets the file up), each write is one short transaction, and

@@ -233,10 +233,9 @@ def _step_graph(graph: OpGraph, grads: set[str], opt: Optimizer, dtype: str
                 bytes_accessed=int(params * update.traffic_bytes_per_param)))
             # The update waits for every gradient of its tensors: its own backward's and
             # those of the tensors' other readers (colocated with it, ``_needs_gradient``).
-            # ``optimizer.step()`` runs only once the whole backward is done; edges from the
-            # last backward nodes to every update would say so, but they lead the solver's
-            # heuristics astray (the MLP's Adam step at 5.5 MB a device: no split found where
-            # one fits), so an update may start earlier here than it does when run.
+            # ``optimizer.step()`` runs only once the whole backward is done: the pipeline adds
+            # that order for one micro-batch on CPU workers (``updates.after_backward``); here
+            # an update may start earlier than it does when run.
             edges += [Edge(src=m + BACKWARD, dst=n.name + STEP, bytes=0)
                       for m in graph.colocation_of[n.name] if m in grads]
     colocate = []

@@ -1,0 +1,165 @@
+"""Profile: what averaging the gradients across data-parallel replicas adds to a step, measured
+where the replicas are processes of this host (``measure_allreduce_s``, ``allreduce_s``).
+
+The plan prices the all-reduce of replicas by the ring formula over a link
+(``train.dataparallel``). Between processes of one host (CPU workers' replicas: gloo over
+127.0.0.1) that formula, even with a measured bandwidth, misses what the step pays: DDP's own
+work per step (its hooks, its buckets, the reducer's bookkeeping, waking gloo's threads, the
+ranks waiting for each other) and gloo's latency at small sizes, which is neither steady nor
+small (a 1 MB all-reduce measured 0.9 to 4.6 ms, ``benchmarks/gloo_allreduce.py``; LeNet's
+step under DDP took about 2.5 ms more than alone, against the 1.37 ms the ring formula charged,
+``benchmarks/results/training-cpu.md``).
+
+Measured instead, for the model's own gradients: R processes (one intra-op thread each, as
+torchrun starts a CPU plan's replicas) each hold a stand-in module with parameters of the
+model's trainable shapes (in its order, so DDP's buckets are the model's), whose forward is the
+sum of every parameter (its backward writes every gradient, and nothing else); each round times
+a step of it without averaging, and one with the averaging the emitted replicas do (``ddp``:
+under ``DistributedDataParallel`` as ``emit.ddp`` wraps the model; ``buckets``: the
+micro-batched step's ``emit.ddp.average_gradients`` after the backward), the ranks lined up
+by a barrier before each. The cost is the median of the second less the median of the first,
+rank 0's (whose step times ``autoplace run --train`` reports). It is charged after the backward
+(``dataparallel.with_allreduce``): the stand-in's backward is too short to hide any of it, and
+on a host whose cores each run a replica gloo's threads take the core from the backward anyway.
+
+Kept in the profile cache (its ``forwards`` table, keyed ``allreduce:MODE:R=R:`` and a digest of
+the shapes, on the host's CPU key), so one measurement serves every plan of the model.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import hashlib
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+__all__ = ["MODES", "allreduce_s", "measure_allreduce_s"]
+
+MODES = ("ddp", "buckets")
+WARMUP, ROUNDS = 3, 25
+TIMEOUT_S = 120.0  # the processes are stopped after it: a rank that hangs fails the measurement
+_INIT_TIMEOUT = datetime.timedelta(seconds=60)
+
+
+class _Gradients(torch.nn.Module):
+    """Parameters of the given sizes; the forward sums them, so the backward only writes each
+    parameter's gradient (a tensor of ones)."""
+
+    def __init__(self, numels: Sequence[int]) -> None:
+        super().__init__()
+        self.weights = torch.nn.ParameterList(torch.nn.Parameter(torch.zeros(n)) for n in numels)
+
+    def forward(self) -> torch.Tensor:
+        return torch.stack([w.sum() for w in self.weights]).sum()
+
+
+def _rounds(numels: list[int], mode: str, rounds: int) -> tuple[list[float], list[float]]:
+    """Each round's step of the stand-in alone and with its gradients averaged, this rank's."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from autoplace.emit.ddp import average_gradients
+
+    plain, averaged = _Gradients(numels), _Gradients(numels)
+    run: torch.nn.Module = averaged
+    if mode == "ddp":
+        run = DistributedDataParallel(averaged, device_ids=None, gradient_as_bucket_view=True)
+
+    def step(model: torch.nn.Module, average: bool) -> float:
+        for w in model.parameters():
+            w.grad = None
+        dist.barrier()
+        began = time.perf_counter()
+        (run if average else model)().backward()
+        if average and mode == "buckets":
+            average_gradients(list(averaged.parameters()))
+        return time.perf_counter() - began
+
+    alone, with_average = [], []
+    for i in range(WARMUP + rounds):
+        a, b = step(plain, False), step(averaged, True)
+        if i >= WARMUP:
+            alone.append(a)
+            with_average.append(b)
+    return alone, with_average
+
+
+def _rank(rank: int, replicas: int, port: int, numels: list[int], mode: str, rounds: int,
+          out: str) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=replicas, timeout=_INIT_TIMEOUT)
+    try:
+        alone, with_average = _rounds(numels, mode, rounds)
+        # DDP's reducer goes before its process group: left to the interpreter's exit, after
+        # it, it aborted a rank now and then ("terminate called without an active exception").
+        gc.collect()
+        if rank == 0:
+            Path(out).write_text(f"{statistics.median(alone)!r} "
+                                 f"{statistics.median(with_average)!r}")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_allreduce_s(numels: Sequence[int], *, replicas: int, mode: str = "ddp",
+                        rounds: int = ROUNDS, timeout_s: float = TIMEOUT_S) -> float:
+    """Seconds the averaging of gradients of ``numels`` float32 elements each (the model's
+    trainable parameters, in order) across ``replicas`` processes of this host adds to a step,
+    the ``mode`` way (see the module's docstring); at least 0. Raises ``RuntimeError`` when
+    the processes fail or take longer than ``timeout_s``."""
+    import torch.multiprocessing as mp
+
+    from autoplace.emit.replicas import free_port
+
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; one of {', '.join(MODES)}")
+    sizes = [int(n) for n in numels if n]
+    with tempfile.TemporaryDirectory(prefix="autoplace-allreduce-") as tmp:
+        out = Path(tmp) / "times"
+        context = mp.start_processes(_rank, args=(replicas, free_port(), sizes, mode, rounds,
+                                                  str(out)),
+                                     nprocs=replicas, join=False, start_method="spawn")
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not context.join(timeout=max(0.1, min(1.0, deadline - time.monotonic()))):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the {replicas} processes took over {timeout_s:.0f} s")
+        finally:
+            for process in context.processes:
+                if process.is_alive():
+                    process.kill()
+                process.join()
+        alone_s, averaged_s = (float(x) for x in out.read_text().split())
+    return max(0.0, averaged_s - alone_s)
+
+
+def cache_key(numels: Sequence[int], *, replicas: int, mode: str) -> str:
+    """The profile cache's key for the measurement of ``numels`` (see the module's
+    docstring)."""
+    digest = hashlib.sha256(",".join(str(int(n)) for n in numels if n).encode()).hexdigest()
+    return f"allreduce:{mode}:R={replicas}:{digest[:32]}"
+
+
+def allreduce_s(numels: Sequence[int], *, replicas: int, mode: str, cache: object,
+                device_key: str) -> tuple[float, bool]:
+    """``measure_allreduce_s``'s figure from ``cache`` (a ``ProfileCache``) under
+    ``device_key`` (the host's CPU), measured and stored when it is not there; with whether
+    it came from the cache."""
+    key = cache_key(numels, replicas=replicas, mode=mode)
+    found = cache.get_forward(key, device_key)  # type: ignore[attr-defined]
+    if found is not None:
+        return found[0], True
+    seconds = measure_allreduce_s(numels, replicas=replicas, mode=mode)
+    cache.put_forward(key, device_key, median_s=seconds, spread=0.0,  # type: ignore[attr-defined]
+                      samples=ROUNDS)
+    return seconds, False
