@@ -32,9 +32,9 @@ import operator
 import networkx as nx
 import numpy as np
 
-from autoplace.ir import Placement, Problem, slowest_delay_s
+from autoplace.ir import Placement, Problem
 from autoplace.solve.heuristics import NotRun, activation_reserve
-from autoplace.solve.partition import grouped_order
+from autoplace.solve.partition import grouped_order, slowest_delay_s
 
 __all__ = ["ideal_dp"]
 
