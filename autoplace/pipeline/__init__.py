@@ -345,9 +345,13 @@ def save(plan: Plan, directory: str | os.PathLike[str]) -> Path:
 
 def _launch_script(plan: Plan, directory: Path) -> None:
     """``launch.py``, one process per device (``emit.ranks``), for an inference plan of two or
-    more devices that each have a torch device of their own and an example to run."""
+    more devices that each have a torch device of their own and an example to run. The values
+    crossing ranks are sized by one pass of the emitted model, so a model emitted without its
+    weights (a checkpoint too large to load here) gets none."""
     devices = plan.problem.cluster.devices
     example = getattr(plan.emitted, "example_inputs", None)
+    if any(p.is_meta for p in plan.emitted.parameters()):
+        return
     torch_devices = [d.torch_device for d in devices]
     if (plan.training is None and len(devices) > 1 and example is not None
             and len(set(torch_devices)) == len(devices)):
