@@ -53,6 +53,9 @@ _MIN_LIMIT_S = 0.01
 # start-up and wind-down), was stopped by Ctrl-C.
 _STOPPED_SHARE = 0.9
 _STOPPED_SLACK_S = 0.05
+# Conflicts allowed to each probe of the single worker's binary search on the makespan
+# (``solve_cpsat``): enough to settle small models, cheap for large ones (about 40 probes).
+_BINARY_SEARCH_CONFLICTS = 100
 
 
 @dataclass(frozen=True)
@@ -248,6 +251,14 @@ def solve_cpsat(
     # --- solve
     solver = _solver(time_limit_s, deterministic=deterministic, workers=workers, seed=seed,
                      building=building)
+    if objective == "latency" and solver.parameters.num_workers == 1:
+        # One worker minimises by linear scan: each solution need beat the last by one tick
+        # only, and it keeps the last one's values, so it shaves one tick of idle time off the
+        # same placement per solution: at 1 ns, 0.1 s is 1e8 solutions (a 5-node graph stayed
+        # 0.25 s off its optimum for the whole limit). A binary search on the makespan first,
+        # each probe cut off after a few conflicts, jumps those steps; with several workers
+        # the LNS workers do. (Throughput is left alone: on the golden BERT-24 it cost 0.3%.)
+        solver.parameters.binary_search_num_conflicts = _BINARY_SEARCH_CONFLICTS
     progress = _Progress(slack, quantum, solver, stop)
     solver.best_bound_callback = progress.on_bound
     began = time.perf_counter()
