@@ -143,7 +143,8 @@ def _parser() -> argparse.ArgumentParser:
                    "solver (repeatable): MODULE as in model.named_modules() (model.layers.0; "
                    "0 in an nn.Sequential), DEVICE a planned device (cuda:1, cpu) or an "
                    "integer, the i-th GPU. The model is also solved without pins, and the "
-                   "summary says what the pins cost. Inference plans only")
+                   "summary says what the pins cost. Inference plans only. With "
+                   "--granularity module a pin inside a module kept whole pins all of it")
     p.add_argument("--pin-map", metavar="FILE",
                    help="pins as a partial Hugging Face device_map JSON, e.g. "
                    '{"model.embed_tokens": 0, "lm_head": "cpu"}; joins --pin')
@@ -323,11 +324,6 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.devices and args.cluster:
         raise AutoplaceError("pass either --devices or --cluster, not both")
     if args.granularity == "module":
-        if args.pin or args.pin_map:
-            from autoplace.errors import PinError
-
-            raise PinError("--pin and --pin-map apply at op granularity for now: drop them, "
-                           "or drop --granularity module")
         return _cmd_plan_modules(args, began)
     if args.no_split:
         raise AutoplaceError("--no-split goes with --granularity module (the classes a "
@@ -366,6 +362,7 @@ def _cmd_plan_modules(args: argparse.Namespace, began: float) -> int:
     """``plan --granularity module``: a Hugging Face device_map (``pipeline.modules``)."""
     from autoplace.formats.output import check_writable
     from autoplace.load import load_model_file
+    from autoplace.pins import merge_pins, parse_pins, read_pin_map
     from autoplace.pipeline import save
     from autoplace.pipeline.modules import plan_modules
     from autoplace.report import print_summary
@@ -375,13 +372,16 @@ def _cmd_plan_modules(args: argparse.Namespace, began: float) -> int:
                              "model for its forward pass): drop --mode training, or plan at "
                              "op granularity")
     check_min_gain(args.min_gain)
+    pins = merge_pins(parse_pins(args.pin),
+                      read_pin_map(args.pin_map) if args.pin_map else None)
     out = check_writable(args.out)
     loaded = load_model_file(args.model_file)
     result = plan_modules(loaded.model, loaded.kwargs or loaded.args, devices=args.devices,
                           cluster_file=args.cluster, no_split=args.no_split,
                           time_limit_s=_time_limit(args, MODULE_TIME_LIMIT_S),
                           solver=args.solver, seed=args.seed, deterministic=args.deterministic,
-                          objective=args.objective, min_gain=args.min_gain, name=loaded.name)
+                          objective=args.objective, min_gain=args.min_gain, name=loaded.name,
+                          pins=pins or None)
     save(result, out)
     print_summary(result)
     print(f"wrote {out}/device_map.json, plan.json, report.html, summary.md, summary.txt in "

@@ -8,8 +8,11 @@ in a Hugging Face ``device_map`` an integer (the i-th GPU) or ``"cpu"``. Pins co
 
 ``resolve_pins`` turns them into a device for each traced op (the op's module is the pinned one
 or inside it; the deepest pinned module wins, as in a ``device_map``), and extends each pin to
-the op's colocation group (tied weights). ``pin_costs`` applies that to the costs the way a
-task graph's ``"pinned"`` does (``formats.graph``): every other device's time becomes infinite.
+the op's colocation group (tied weights). ``resolve_unit_pins`` does the same for a
+module-level graph (``--granularity module``), where a node is a module kept whole: a pin inside
+it pins it whole, and pins that would split it are an error. ``pin_costs`` applies that to
+the costs the way a task graph's ``"pinned"`` does (``formats.graph``): every other device's
+time becomes infinite.
 So every later stage (folding, coarsening, the solvers, the baselines, the bounds and the memory
 diagnosis) sees pins as the devices a node may run on, and a later grouping inherits them.
 """
@@ -29,7 +32,7 @@ from autoplace.errors import PinError
 from autoplace.ir import Cluster, Costs, OpGraph
 
 __all__ = ["Pins", "merge_pins", "parse_pins", "pin_costs", "read_pin_map",
-           "resolve_pins"]
+           "resolve_pins", "resolve_unit_pins"]
 
 PinSpec = Mapping[str, "str | int"]
 
@@ -116,11 +119,8 @@ def _inside(op_module: str, module: str) -> bool:
     return module == "" or op_module == module or op_module.startswith(module + ".")
 
 
-def resolve_pins(model: torch.nn.Module, graph: OpGraph, cluster: Cluster,
-                 pins: PinSpec) -> Pins:
-    """Each pinned module's device, and each op's: the deepest pinned module holding it. Ops
-    that share a parameter (a colocation group) share a pin; two pins that split one are an
-    error."""
+def _resolve_modules(model: torch.nn.Module, cluster: Cluster, pins: PinSpec) -> dict[str, str]:
+    """Each pinned module's device by cluster name; an unknown module or device is an error."""
     known = [name for name, _ in model.named_modules()]
     modules: dict[str, str] = {}
     for module, device in pins.items():
@@ -131,7 +131,38 @@ def resolve_pins(model: torch.nn.Module, graph: OpGraph, cluster: Cluster,
             raise PinError(f"pin of unknown module {module!r}: {hint} (names as in "
                            "model.named_modules())")
         modules[module] = _device_name(device, cluster)
-    by_depth = sorted(modules, key=lambda m: (m.count(".") + bool(m), m), reverse=True)
+    return modules
+
+
+def _deepest_first(modules: Mapping[str, str]) -> list[str]:
+    return sorted(modules, key=lambda m: (m.count(".") + bool(m), m), reverse=True)
+
+
+def _finish(graph: OpGraph, modules: dict[str, str], device_of_op: dict[str, str],
+            pinned_by: dict[str, str], applied: set[str] | None = None) -> Pins:
+    """Every pin must fix something (``applied``: the pins used, by default those in
+    ``pinned_by``); then the pins spread to the colocation groups."""
+    used = set(pinned_by.values()) if applied is None else applied
+    empty = [m for m in modules if m not in used]
+    if empty:
+        raise PinError(f"pinned module {empty[0]!r} runs no op in the traced forward pass: "
+                       "pin a module the forward calls")
+    _spread_to_colocated(graph, device_of_op, pinned_by)
+    return Pins(modules=modules, device_of_op=device_of_op)
+
+
+def _within(module: str, unit: str) -> bool:
+    """``module`` is strictly inside ``unit``."""
+    return module != unit and (unit == "" or module.startswith(unit + "."))
+
+
+def resolve_pins(model: torch.nn.Module, graph: OpGraph, cluster: Cluster,
+                 pins: PinSpec) -> Pins:
+    """Each pinned module's device, and each op's: the deepest pinned module holding it. Ops
+    that share a parameter (a colocation group) share a pin; two pins that split one are an
+    error."""
+    modules = _resolve_modules(model, cluster, pins)
+    by_depth = _deepest_first(modules)
     device_of_op: dict[str, str] = {}
     pinned_by: dict[str, str] = {}
     for node in graph.nodes:
@@ -140,12 +171,39 @@ def resolve_pins(model: torch.nn.Module, graph: OpGraph, cluster: Cluster,
         module = next((m for m in by_depth if _inside(node.module, m)), None)
         if module is not None:
             device_of_op[node.name], pinned_by[node.name] = modules[module], module
-    empty = [m for m in modules if m not in pinned_by.values()]
-    if empty:
-        raise PinError(f"pinned module {empty[0]!r} runs no op in the traced forward pass: "
-                       "pin a module the forward calls")
-    _spread_to_colocated(graph, device_of_op, pinned_by)
-    return Pins(modules=modules, device_of_op=device_of_op)
+    return _finish(graph, modules, device_of_op, pinned_by)
+
+
+def resolve_unit_pins(model: torch.nn.Module, graph: OpGraph, cluster: Cluster,
+                      pins: PinSpec, aliases: Mapping[str, Sequence[str]]) -> Pins:
+    """``resolve_pins`` on a module-level graph (``trace_modules``: one node per module kept
+    whole, ``aliases`` its names). A node is pinned by the deepest pin holding it, as an op is;
+    a pin inside a node's module (a submodule of a no-split layer) pins the whole node, and
+    pins that would put parts of one node on different devices are an error naming both."""
+    modules = _resolve_modules(model, cluster, pins)
+    by_depth = _deepest_first(modules)
+    device_of_op: dict[str, str] = {}
+    pinned_by: dict[str, str] = {}
+    applied: set[str] = set()
+    for node in graph.nodes:
+        if node.is_input:
+            continue
+        names = aliases.get(node.name) or (node.module,)
+        outer = next((m for m in by_depth if any(_inside(n, m) for n in names)), None)
+        inner = [m for m in by_depth if any(_within(m, n) for n in names)]
+        covering = [*inner, *([outer] if outer is not None else [])]
+        split = [m for m in covering if modules[m] != modules[covering[0]]] if covering else []
+        if split:
+            raise PinError(
+                f"pins split module {node.name or '(whole model)'!r}, which the device_map "
+                f"keeps whole (--no-split, or a module holding tensors itself): "
+                f"{covering[0]!r} on "
+                f"{modules[covering[0]]} and {split[0]!r} on {modules[split[0]]}; pin them to "
+                f"one device, or pin {node.name or '(whole model)'!r} itself")
+        if covering:
+            device_of_op[node.name], pinned_by[node.name] = modules[covering[0]], covering[0]
+            applied.update(covering)
+    return _finish(graph, modules, device_of_op, pinned_by, applied)
 
 
 def _spread_to_colocated(graph: OpGraph, device_of_op: dict[str, str],
@@ -179,8 +237,9 @@ def pin_costs(costs: Costs, device_of_op: Mapping[str, str]) -> Costs:
                  host=costs.host)
 
 
-def pins_note(pins: Pins, devices: Sequence[str]) -> str:
-    """The plan's note: which modules were pinned where, and how many ops that fixed."""
+def pins_note(pins: Pins, devices: Sequence[str], what: str = "traced ops") -> str:
+    """The plan's note: which modules were pinned where, and how many ops (``what``: module
+    nodes at module granularity) that fixed."""
     listed = ", ".join(f"{m or '(whole model)'} -> {d}" for m, d in pins.modules.items())
-    return (f"pinned by hand: {listed} ({len(pins.device_of_op)} traced ops fixed); the solver "
+    return (f"pinned by hand: {listed} ({len(pins.device_of_op)} {what} fixed); the solver "
             f"placed the rest on {', '.join(devices)}")

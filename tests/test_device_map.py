@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -268,6 +269,55 @@ def test_cli_writes_the_device_map_and_takes_no_split(tmp_path: Path, capsys) ->
                  str(tmp_path / "other")]) == 2
     assert "--granularity module" in capsys.readouterr().err
     assert not (tmp_path / "other").exists()
+
+
+def test_pin_map_at_module_granularity_fixes_those_modules(tmp_path: Path, capsys) -> None:
+    # A partial device_map in: the embedding on GPU 1 (its tied lm_head follows), the first
+    # block on GPU 0, and a submodule of the second (kept whole, GPT2Block) on GPU 1, which
+    # pins that block whole. The rest is solved; device_map.json honours every pin.
+    model_file = tmp_path / "tiny_gpt2.py"
+    model_file.write_text(TINY_GPT2)
+    pin_map = tmp_path / "pins.json"
+    pin_map.write_text(json.dumps({"transformer.wte": 1, "transformer.h.0": 0}))
+    out = tmp_path / "out"
+    assert main(["plan", str(model_file), "--granularity", "module", "--devices", "2xT4-16GB",
+                 "--pin-map", str(pin_map), "--pin", "transformer.h.1.mlp=cuda:1",
+                 "--deterministic", "--out", str(out)]) == 0
+    mapping = json.loads((out / "device_map.json").read_text())
+    assert mapping["transformer.wte"] == 1 and mapping["lm_head"] == 1
+    assert mapping["transformer.h.0"] == 0 and mapping["transformer.h.1"] == 1
+    assert {"transformer.wpe", "transformer.ln_f"} <= set(mapping)
+    plan = read_plan(out / "plan.json")
+    assert plan.pins["modules"] == {"transformer.wte": "cuda:1", "transformer.h.0": "cuda:0",
+                                    "transformer.h.1.mlp": "cuda:1"}
+    assert plan.pins["ops"] == 4  # wte, lm_head (tied), h.0, h.1
+    # What the pins cost, against the module plan solved without them: the pinned plan
+    # crosses devices twice where the unpinned one needs no copy at all.
+    assert plan.pins_cost_s == pytest.approx(plan.objective_s - plan.pins["unpinned_objective_s"])
+    assert plan.pins_cost_s > 0
+    data = json.loads((out / "plan.json").read_text())
+    assert data["pins"]["cost_s"] == pytest.approx(plan.pins_cost_s)
+    assert "pins cost" in capsys.readouterr().out
+    assert "against the unpinned plan" in (out / "summary.txt").read_text()
+
+
+@pytest.mark.parametrize(("pins", "pattern"), [
+    (["transformer.h.0.attn=0", "transformer.h.0.mlp=1"],
+     r"pins split module 'transformer.h.0', which the device_map keeps whole.*"
+     r"'transformer.h.0.(attn|mlp)' on cuda:\d and 'transformer.h.0.(attn|mlp)' on cuda:\d"),
+    (["transformer=0", "transformer.h.1.ln_1=1"],
+     r"pins split module 'transformer.h.1'.*'transformer.h.1.ln_1' on cuda:1 and "
+     r"'transformer' on cuda:0"),
+    (["transformer.h.9=0"], r"pin of unknown module 'transformer.h.9': did you mean"),
+])
+def test_bad_module_pins_exit_2_naming_them(tmp_path: Path, capsys, pins, pattern) -> None:
+    model_file = tmp_path / "tiny_gpt2.py"
+    model_file.write_text(TINY_GPT2)
+    argv = [arg for pin in pins for arg in ("--pin", pin)]
+    assert main(["plan", str(model_file), "--granularity", "module", "--devices", "2xT4-16GB",
+                 *argv, "--out", str(tmp_path / "out")]) == 2
+    assert re.search(pattern, capsys.readouterr().err.replace("\n", " "))
+    assert not (tmp_path / "out").exists()
 
 
 class _Layer(torch.nn.Module):

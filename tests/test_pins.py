@@ -86,7 +86,6 @@ def test_cli_pins_and_pin_map_report_what_they_cost(tmp_path: Path):
     (["--pin", "0=cuda:0", "--pin", "0=cuda:1"], r"'0' is pinned twice"),
     (["--pin", "0"], r"write MODULE=DEVICE"),
     (["--pin", "0=cuda:0", "--mode", "training"], r"inference plans"),
-    (["--pin", "0=cuda:0", "--granularity", "module"], r"apply at op granularity"),
 ])
 def test_bad_pins_exit_2_with_the_reason(tmp_path: Path, capsys, argv, pattern):
     code = main(["plan", MLP, "--devices", "2xA100-40GB", "--time-limit", "1", "--no-emit",

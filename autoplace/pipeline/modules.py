@@ -12,7 +12,7 @@ analytic (``cost_models``' roofline per module: its FLOPs and the bytes it reads
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -25,6 +25,7 @@ from autoplace.errors import EmitError, ModelLoadError
 from autoplace.formats.plan import Plan
 from autoplace.ir import Cluster, Placement, Problem
 from autoplace.load import normalize_inputs
+from autoplace.pins import Pins, pin_costs, pins_note, resolve_unit_pins
 from autoplace.pipeline import _min_gain, _plan_of
 from autoplace.solve import SolveOptions, solve
 from autoplace.solve.accelerate import accelerate_available, accelerate_maps, on_graph
@@ -54,11 +55,15 @@ def plan_modules(
     objective: str = "latency",
     min_gain: float = DEFAULT_MIN_GAIN,
     name: str = "model",
+    pins: Mapping[str, str | int] | None = None,
 ) -> Plan:
     """Plan ``model`` module by module on ``devices`` (as ``pipeline.plan`` takes them) and
     return the ``Plan`` with its ``device_map``. ``no_split``: module classes kept whole
     (default: ``model._no_split_modules``). Raises ``InfeasibleError`` naming the module when
-    one kept whole fits no device."""
+    one kept whole fits no device. ``pins`` (as ``pipeline.plan`` takes them, a partial
+    ``device_map`` say) fix those modules' nodes to those devices (``pins.resolve_unit_pins``:
+    a pin inside a module kept whole pins it whole); the solver places the rest, the model is
+    also solved without them, and ``Plan.pins`` says what they cost."""
     check_min_gain(min_gain)
     options = SolveOptions(time_limit_s=time_limit_s, seed=seed, deterministic=deterministic,
                            objective=objective, solver=solver)
@@ -75,10 +80,16 @@ def plan_modules(
                     cluster, tree.no_split)  # before running the model: a clear error at once
     traced = trace_modules(model, args, kwargs, name=name, tree=tree)
     notes += traced.notes
-    problem = Problem(graph=traced.graph, cluster=cluster,
-                      costs=cost_nodes(traced.graph, cluster))
-    extra, maps, map_notes = _accelerate(model, traced, problem)
-    notes += map_notes
+    free = Problem(graph=traced.graph, cluster=cluster, costs=cost_nodes(traced.graph, cluster))
+    resolved = resolve_unit_pins(model, traced.graph, cluster, pins, {
+        n: u.aliases for n, u in traced.units.items()}) if pins else None
+    problem = free if resolved is None else Problem(
+        graph=free.graph, cluster=cluster, costs=pin_costs(free.costs, resolved.device_of_op))
+    if resolved is not None:
+        notes.append(pins_note(resolved, cluster.names, "module nodes"))
+    ops, maps, map_notes = _accelerate(model, traced, cluster)
+    extra, extra_notes = _baselines(problem, ops)
+    notes += map_notes + extra_notes
     result, gain = _min_gain(solve(problem, options=options, extra_baselines=extra), min_gain)
     notes += result.notes
     planned = _plan_of(result, problem, name=name, tracer="modules",
@@ -90,7 +101,8 @@ def plan_modules(
     if missing:  # every parameter and buffer is in some unit: a miss is autoplace's bug
         raise EmitError(f"the device_map leaves {len(missing)} tensor(s) unplaced, "
                         f"{', '.join(missing[:3])}: please report this")
-    return replace(planned, notes=tuple(notes), min_gain=gain, device_map={
+    return replace(planned, notes=tuple(notes), min_gain=gain,
+                   pins=_unpinned_record(resolved, free, ops, options, min_gain), device_map={
         "granularity": "module", "no_split": list(traced.no_split), "map": mapping,
         "input_device": result.schedule.placement.device_of[INPUT], "accelerate": maps})
 
@@ -105,25 +117,49 @@ def _check_classes(model: torch.nn.Module, no_split: Sequence[str]) -> None:
             f"module classes are {', '.join(classes)}")
 
 
-def _accelerate(model: torch.nn.Module, traced: ModuleTrace, problem: Problem
-                ) -> tuple[dict[str, Placement], dict[str, Any], list[str]]:
-    """accelerate's maps as baselines (with the same no-split classes), the maps themselves
-    for the report (``None`` with the reason where one is not a placement here), and notes."""
+def _accelerate(model: torch.nn.Module, traced: ModuleTrace, cluster: Cluster
+                ) -> tuple[dict[str, Mapping[str, str]], dict[str, Any], list[str]]:
+    """accelerate's maps (with the same no-split classes) as devices of the graph's nodes, the
+    maps themselves for the report (``None`` with the reason where one is not a placement
+    here), and notes."""
     if not accelerate_available():
         return {}, {}, ["accelerate is not installed: its device maps are not among the "
                         "baselines (pip install 'autoplace[examples]')"]
-    extra: dict[str, Placement] = {}
+    ops: dict[str, Mapping[str, str]] = {}
     maps: dict[str, Any] = {}
     notes: list[str] = []
-    for found in accelerate_maps(model, traced.graph, problem.cluster,
-                                 no_split=traced.no_split):
+    for found in accelerate_maps(model, traced.graph, cluster, no_split=traced.no_split):
         maps[found.name] = {"map": dict(found.device_map), "note": found.note}
         if found.device_of_op is None:
             notes.append(found.note or f"{found.name}: not a baseline")
-            continue
-        placement, why = on_graph(problem, found.device_of_op)
+        else:
+            ops[found.name] = found.device_of_op
+    return ops, maps, notes
+
+
+def _baselines(problem: Problem, ops: Mapping[str, Mapping[str, str]]
+               ) -> tuple[dict[str, Placement], list[str]]:
+    """accelerate's maps as ``solve``'s ``extra_baselines`` for ``problem``, scored as they
+    are: one that breaks a pin places a node where it cannot run, and is no baseline."""
+    extra: dict[str, Placement] = {}
+    notes: list[str] = []
+    for name, device_of_op in ops.items():
+        placement, why = on_graph(problem, device_of_op)
         if why:
-            notes.append(f"{found.name} {why}")
+            notes.append(f"{name} {why}")
         if placement is not None:
-            extra[found.name] = placement
-    return extra, maps, notes
+            extra[name] = placement
+    return extra, notes
+
+
+def _unpinned_record(pins: Pins | None, free: Problem, ops: Mapping[str, Mapping[str, str]],
+                     options: SolveOptions, min_gain: float) -> dict[str, Any] | None:
+    """With pins: ``plan.json``'s ``pins`` record, the pins and the plan the model gets
+    without them (as ``pipeline._unpinned_record``), which ``Plan.pins_cost_s`` compares the
+    pinned plan with."""
+    if pins is None:
+        return None
+    extra, _ = _baselines(free, ops)
+    unpinned, _ = _min_gain(solve(free, options=options, extra_baselines=extra), min_gain)
+    return {**pins.to_dict(), "unpinned_makespan_s": unpinned.schedule.makespan_s,
+            "unpinned_objective_s": unpinned.objective_s}
