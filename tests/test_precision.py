@@ -5,7 +5,6 @@ catch a wrong gradient or a missed update."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import pytest
