@@ -388,7 +388,7 @@ class Cluster:
             return self._links[(src, dst)].latency_s + nbytes / self.rate_cap(src, dst)
         return self._links[(src, dst)].transfer_s(nbytes)
 
-    @property
+    @cached_property  # asked in every event loop and heuristic; the devices never change
     def names(self) -> tuple[str, ...]:
         return tuple(d.name for d in self.devices)
 

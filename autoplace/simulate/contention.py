@@ -89,7 +89,9 @@ class Flows:
 
     def next_s(self) -> float:
         """When the next mark is reached (``inf`` with no flow)."""
-        return min(self._due().values(), default=math.inf)
+        if not self.active:  # the common case, asked at every event of the simulator's loop
+            return math.inf
+        return min(self._due().values())
 
     def _due(self) -> dict[object, float]:
         return {k: self.now + max(f.marks[0] - f.sent, 0.0) / f.rate
