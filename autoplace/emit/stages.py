@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
 __all__ = ["Chain", "chain_of", "run_stages"]
 
@@ -126,6 +125,10 @@ def run_stages(model: torch.nn.Module, batches: Sequence[list[Any]], chain: Chai
     """One pass of ``batches`` (each micro-batch's flat inputs) through ``ScheduleGPipe``;
     rank 0 returns each micro-batch's outputs by name (the last stage sends them). Stage i runs
     on rank i (``chain_of`` takes no other order)."""
+    # Imported here: torch.distributed.pipelining takes about 0.9 s to import, which every
+    # `autoplace plan` would pay for a schedule only launch.py's ranks run.
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
     count = len(batches)
     device = next((p.device for part in (getattr(model, f"seg{i}") for i in chain.segments)
                    for p in part.parameters()), torch.device("cpu"))
