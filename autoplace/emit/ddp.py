@@ -193,6 +193,15 @@ def write_train_script(directory: str | os.PathLike[str], *, optimizer: str,
     return path
 
 
+def check_world(rank: int, world: int, *, what: str, script: str) -> None:
+    """This process is one of ``world`` started by torchrun (``RANK``, ``WORLD_SIZE``), or an
+    ``AutoplaceError`` that says how to start ``script`` (``OUT/train.py``, ``OUT/launch.py``)."""
+    if rank < 0 or int(os.environ.get("WORLD_SIZE", "0")) != world:
+        raise AutoplaceError(
+            f"this plan {what}: run `torchrun --nproc-per-node {world} {script}`, not "
+            f"{os.environ.get('WORLD_SIZE', 'without torchrun')} process(es)")
+
+
 def replica_exit(code: int) -> None:
     """End a replica's process with ``code`` once its output is flushed, without the
     interpreter's teardown: there the process group's threads were destroyed after the
@@ -226,11 +235,7 @@ def replica_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, opti
     options = parser.parse_args(list(argv))
     rank = int(os.environ.get("RANK", "-1"))
     try:
-        if rank < 0 or int(os.environ.get("WORLD_SIZE", "0")) != replicas:
-            raise AutoplaceError(
-                f"this plan trains {replicas} replicas: run `torchrun --nproc-per-node "
-                f"{replicas} train.py`, not {os.environ.get('WORLD_SIZE', 'without torchrun')} "
-                "process(es)")
+        check_world(rank, replicas, what=f"trains {replicas} replicas", script="train.py")
         if options.steps < 1:
             raise AutoplaceError(f"--steps must be 1 or more, got {options.steps}")
         report, record = _train(Path(model_dir), optimizer=optimizer, replicas=replicas,

@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 from torch.fx import _pytree as fx_pytree
 
+from autoplace.emit.ddp import check_world
 from autoplace.emit.device_map import local_device_map, worker_threads
 from autoplace.emit.microbatch import batch_size, split_batch
 from autoplace.emit.saving import input_names, load_inputs, load_model
@@ -390,11 +391,7 @@ def rank_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, ranks: 
         print(f"autoplace: error: EmitError: {message}", file=sys.stderr, flush=True)
 
     try:
-        if rank < 0 or int(os.environ.get("WORLD_SIZE", "0")) != world:
-            raise AutoplaceError(
-                f"this plan runs as {world} processes: run `torchrun --nproc-per-node {world} "
-                f"launch.py`, not {os.environ.get('WORLD_SIZE', 'without torchrun')} "
-                "process(es)")
+        check_world(rank, world, what=f"runs as {world} processes", script="launch.py")
         if options.repeats < 1 or options.warmup < 0 or options.microbatches < 1:
             raise AutoplaceError("--repeats and --microbatches must be 1 or more, --warmup 0 or "
                                  "more")
