@@ -371,6 +371,10 @@ def _cmd_plan_modules(args: argparse.Namespace, began: float) -> int:
         raise AutoplaceError("--granularity module plans inference (a device_map places a "
                              "model for its forward pass): drop --mode training, or plan at "
                              "op granularity")
+    if args.checkpoint:
+        raise AutoplaceError("--checkpoint goes with op granularity (the emitted model reads "
+                             "it): a device_map is loaded with the checkpoint by "
+                             "from_pretrained(PATH, device_map=...); drop --checkpoint")
     check_min_gain(args.min_gain)
     pins = merge_pins(parse_pins(args.pin),
                       read_pin_map(args.pin_map) if args.pin_map else None)

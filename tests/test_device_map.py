@@ -269,6 +269,10 @@ def test_cli_writes_the_device_map_and_takes_no_split(tmp_path: Path, capsys) ->
                  str(tmp_path / "other")]) == 2
     assert "--granularity module" in capsys.readouterr().err
     assert not (tmp_path / "other").exists()
+    # --checkpoint is for the emitted model; a device_map is loaded with it by from_pretrained
+    assert main(["plan", str(model_file), "--granularity", "module", "--checkpoint",
+                 str(tmp_path), "--out", str(tmp_path / "ckpt")]) == 2
+    assert "from_pretrained" in capsys.readouterr().err and not (tmp_path / "ckpt").exists()
 
 
 def test_pin_map_at_module_granularity_fixes_those_modules(tmp_path: Path, capsys) -> None:
