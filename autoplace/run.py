@@ -50,8 +50,8 @@ from autoplace.emit.saving import input_names, load_inputs
 from autoplace.errors import AutoplaceError, EmitError, OutputError
 from autoplace.formats.plan import Plan, plan_path, read_plan
 
-__all__ = ["TRAIN_TIMEOUT_S", "RunResult", "TrainResult", "read_inputs_file", "run_plan",
-           "save_outputs", "train_plan"]
+__all__ = ["TRAIN_TIMEOUT_S", "RunResult", "TrainResult", "plan_and_model", "read_inputs_file",
+           "run_plan", "save_outputs", "train_plan"]
 
 # ``--train`` of a plan with replicas runs them as processes: a bound on the whole run, for a
 # process that neither ends nor fails (each collective already fails after ddp.INIT_TIMEOUT_S).
@@ -117,7 +117,7 @@ def run_plan(
     if warmup < 0 or repeats < 1:
         raise AutoplaceError(f"--warmup must be 0 or more and --repeats 1 or more, got "
                              f"{warmup} and {repeats}")
-    plan, model_dir = _plan_and_model(directory)
+    plan, model_dir = plan_and_model(directory)
     example = load_inputs(model_dir)
     if inputs_file is not None:
         args, kwargs = read_inputs_file(inputs_file, example=example)
@@ -206,7 +206,7 @@ def train_plan(directory: str | os.PathLike[str], *, steps: int, lr: float | Non
     shard of the batch."""
     if steps < 1:
         raise AutoplaceError(f"--train must be 1 or more steps, got {steps}")
-    plan, model_dir = _plan_and_model(directory)
+    plan, model_dir = plan_and_model(directory)
     if plan.training is None:
         raise AutoplaceError(f"{str(directory)!r} holds an inference plan: --train needs one "
                              "made with `autoplace plan --mode training`")
@@ -296,7 +296,7 @@ def _train_replicas(plan: Plan, model_dir: Path,
                        notes=tuple(notes))
 
 
-def _plan_and_model(directory: str | os.PathLike[str]) -> tuple[Plan, Path]:
+def plan_and_model(directory: str | os.PathLike[str]) -> tuple[Plan, Path]:
     """``directory``'s plan (checked against the schema) and its ``model/`` folder, or a clear
     error naming what is missing."""
     root = Path(directory)

@@ -35,13 +35,14 @@ from autoplace.emit.microbatch import split_batch
 from autoplace.emit.ranks import Exchange, flat_inputs, repeated, run_pass
 from autoplace.emit.replicas import launch_replicas
 from autoplace.emit.saving import load_inputs, planned_devices
+from autoplace.emit.verification import max_abs_diff
 from autoplace.errors import AutoplaceError, EmitError, VerificationError
 from autoplace.formats.plan import Plan
 from autoplace.ir import Placement, Problem, Schedule
-from autoplace.run import _plan_and_model, read_inputs_file
+from autoplace.run import plan_and_model, read_inputs_file
 from autoplace.simulate import simulate
 from autoplace.simulate.schedules import microbatch_name
-from autoplace.train.graph import _microbatches
+from autoplace.train.graph import microbatch_copies
 
 __all__ = ["RUN_TIMEOUT_S", "RanksResult", "pipelined_makespan_s", "run_ranks"]
 
@@ -99,7 +100,7 @@ def run_ranks(directory: str | os.PathLike[str], *, nproc: int, microbatches: in
     if warmup < 0 or repeats < 1 or microbatches < 1:
         raise AutoplaceError(f"--warmup must be 0 or more, --repeats and --microbatches 1 or "
                              f"more, got {warmup}, {repeats} and {microbatches}")
-    plan, model_dir = _plan_and_model(directory)
+    plan, model_dir = plan_and_model(directory)
     devices = plan.problem.cluster.devices
     script = model_dir.parent / "launch.py"
     _check(plan, script, nproc=nproc)
@@ -173,7 +174,7 @@ def _compare(model_dir: Path, got: Mapping[str, torch.Tensor],
     batches = [flat_inputs(model, a, kw) for a, kw in split_batch(*batch, count)]
     with torch.no_grad():
         expected = run_pass(model, batches, Exchange(0, {}, {}, count), mine=None)
-    worst = 0.0
+    pairs = []
     for name, values in expected.items():
         for k, value in enumerate(values):
             if not isinstance(value, torch.Tensor):
@@ -185,11 +186,10 @@ def _compare(model_dir: Path, got: Mapping[str, torch.Tensor],
                 torch.testing.assert_close(got[key], value.to("cpu"))
             except AssertionError as error:
                 raise VerificationError(
-                    f"output {name} of micro-batch {k} from {len(planned_devices(model_dir))} "
+                    f"output {name} of micro-batch {k} from {len(model.planned_devices)} "
                     f"processes differs from the one-process model's: {error}") from None
-            if value.numel():
-                worst = max(worst, float((got[key] - value.to("cpu")).abs().max()))
-    return worst
+            pairs.append((value.to("cpu"), got[key]))
+    return max_abs_diff([e for e, _ in pairs], [g for _, g in pairs])
 
 
 def pipelined_makespan_s(problem: Problem, schedule: Schedule, count: int) -> float:
@@ -200,7 +200,7 @@ def pipelined_makespan_s(problem: Problem, schedule: Schedule, count: int) -> fl
     0, then of 1, ... (GPipe's order, ``simulate.schedules``)."""
     if count == 1:
         return schedule.makespan_s
-    copies = _microbatches(problem, count, "gpipe")
+    copies = microbatch_copies(problem, count, "gpipe")
     device_of = {microbatch_name(name, k): device
                  for name, device in schedule.placement.device_of.items()
                  for k in range(count)}

@@ -22,7 +22,8 @@ from torch.utils import _pytree as pytree
 
 from autoplace.errors import VerificationError
 
-__all__ = ["ENFORCE_PEAK_DEFAULT", "PeakCheck", "VerifyResult", "check_peak", "verify"]
+__all__ = ["ENFORCE_PEAK_DEFAULT", "PeakCheck", "VerifyResult", "check_peak", "max_abs_diff",
+           "verify"]
 
 # Whether a measured peak above the plan's figure fails verification by default: on, since the
 # plan's figure is an upper bound (frees after last use, group and op workspace, the simulator's
@@ -82,7 +83,7 @@ def verify(
                 f"got {actual_spec}"
             )
         expected, actual, how = expected_leaves, actual_leaves, "flattened outputs"
-    diff = _max_abs_diff(expected_leaves, actual_leaves)
+    diff = max_abs_diff(expected_leaves, actual_leaves)
     try:
         torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol)
     except AssertionError as error:
@@ -105,7 +106,9 @@ def _to_cpu(value: Any) -> Any:
     )
 
 
-def _max_abs_diff(expected: list[Any], actual: list[Any]) -> float:
+def max_abs_diff(expected: list[Any], actual: list[Any]) -> float:
+    """The largest absolute difference between paired tensors of the same shape (in float64,
+    or complex128), 0 where none compare."""
     largest = 0.0
     for a, b in zip(expected, actual):
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):

@@ -52,7 +52,8 @@ from autoplace.ir import Costs, Edge, HostCosts, OpGraph, OpNode, Problem
 from autoplace.simulate.schedules import BACKWARD, SCHEDULES, STEP, microbatch_name, phase_of
 from autoplace.train.precision import element_bytes, update_of
 
-__all__ = ["OPTIMIZERS", "Optimizer", "step_problem", "trained_bytes", "training_memory"]
+__all__ = ["OPTIMIZERS", "Optimizer", "microbatch_copies", "step_problem", "trained_bytes",
+           "training_memory"]
 
 # Backward against forward, in time and in launches (see the module's docstring).
 BACKWARD_FACTOR = 2.0
@@ -102,7 +103,7 @@ def step_problem(problem: Problem, optimizer: str = "adam",
     device (``profile.backward``), instead of ``BACKWARD_FACTOR``.
 
     With ``microbatches`` M > 1, ``problem`` is the forward of one micro-batch, and the step
-    runs M of them (``_microbatches``) in ``schedule``'s order (``simulate.schedules``).
+    runs M of them (``microbatch_copies``) in ``schedule``'s order (``simulate.schedules``).
     ``dtype``: the precision the model was cast to before tracing (``precision.DTYPES``); a
     half one is trained in mixed precision, with float32 master weights."""
     opt = OPTIMIZERS.get(optimizer)
@@ -124,10 +125,10 @@ def step_problem(problem: Problem, optimizer: str = "adam",
                    costs=_step_costs(problem, step_graph, grads, opt, backward_factor or {}))
     if microbatches == 1:
         return step
-    return _microbatches(step, microbatches, schedule)
+    return microbatch_copies(step, microbatches, schedule)
 
 
-def _microbatches(step: Problem, count: int, schedule: str) -> Problem:
+def microbatch_copies(step: Problem, count: int, schedule: str) -> Problem:
     """The step of ``count`` micro-batches from the step of one: every forward and backward
     node once per micro-batch ``k`` (``f#k``, ``f@backward#k``, micro-batch after micro-batch,
     which keeps the nodes in a topological order), each update once, after the backward of
