@@ -371,12 +371,13 @@ class Cluster:
         return self._links[(src, dst)]
 
     @cached_property
-    def distinct_links(self) -> tuple[Link, ...]:
-        """One link per distinct (latency, bandwidth) between two distinct devices."""
-        seen: dict[tuple[float, float], Link] = {}
+    def distinct_links(self) -> tuple[tuple[str, str], ...]:
+        """One pair of distinct devices per distinct (latency, rate) a lone transfer gets
+        between them (``transfer_s``: the link's bandwidth, or a slower shared resource's)."""
+        seen: dict[tuple[float, float], tuple[str, str]] = {}
         for (src, dst), link in self._links.items():
             if src != dst and src in self._devices and dst in self._devices:
-                seen.setdefault((link.latency_s, link.bandwidth_bytes_per_s), link)
+                seen.setdefault((link.latency_s, self.rate_cap(src, dst)), (src, dst))
         return tuple(seen.values())
 
     def transfer_s(self, src: str, dst: str, nbytes: int) -> float:

@@ -339,3 +339,16 @@ def test_whatif_keeps_the_shared_links_among_the_devices_it_keeps():
     assert shared["nic-out:h0"] == {("h0/d0", "h1/d0"), ("h0/d0", "h1/d1")}
     assert shared["nic-in:h0"] == {("h1/d0", "h0/d0"), ("h1/d1", "h0/d0")}
     assert restrict(problem, ("h1/d0", "h1/d1")).cluster.shared == ()
+
+
+def test_placement_independent_dps_charge_the_slowest_shared_resource():
+    # A lone copy into c crosses a 25 B/s switch, slower than every link (100 B/s): the copy
+    # time the contiguous-split and ideal DPs charge before they know the ends is that one's.
+    from autoplace.solve.partition import slowest_delay_s
+
+    slow = SharedLink(name="switch", bandwidth_bytes_per_s=25.0, pairs=(("a", "c"),))
+    problem = _problem((slow,))
+    edge = problem.graph.edges[0]  # 100 B
+    assert problem.delay_s(edge, "a", "c") == pytest.approx(0.5 + 100 / 25)
+    assert slowest_delay_s(problem, edge) == pytest.approx(0.5 + 100 / 25)
+    assert slowest_delay_s(_problem(()), edge) == pytest.approx(0.5 + 100 / 100)

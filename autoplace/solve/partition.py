@@ -42,14 +42,11 @@ def slowest_delay_s(problem: Problem, edge: Edge) -> float:
     """``edge``'s copy time over the slowest link between two distinct devices (0 with one
     device): what a placement-independent model (the contiguous-split and ideal DPs) charges a
     copy before it knows which devices the ends land on."""
-    links = problem.cluster.distinct_links
-    if not links:
-        return 0.0
-    if edge.transfer_s is not None:
-        return edge.transfer_s
-    # Over the distinct links, not every ordered pair: the same figures, n * (n - 1) times fewer
-    # (56 -> 1 on 8 alike GPUs; the DPs ask once per edge, 3,000 edges for Llama-2-70B).
-    return max(link.transfer_s(edge.bytes) for link in links)
+    # Over the pairs of distinct figures, not every ordered pair: the same maximum, n * (n - 1)
+    # times fewer (56 -> 1 on 8 alike GPUs; the DPs ask once per edge, 3,000 edges for
+    # Llama-2-70B).
+    return max((problem.delay_s(edge, a, b) for a, b in problem.cluster.distinct_links),
+               default=0.0)
 
 
 def balanced_fill(problem: Problem) -> Placement | None:
