@@ -313,10 +313,16 @@ def _cmd_solve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pins(args: argparse.Namespace) -> dict[str, str | int]:
+    """``--pin`` and ``--pin-map`` together, checked (``autoplace.pins``)."""
+    from autoplace.pins import merge_pins, parse_pins, read_pin_map
+
+    return merge_pins(parse_pins(args.pin), read_pin_map(args.pin_map) if args.pin_map else None)
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
     from autoplace.formats.output import check_writable
     from autoplace.load import load_model_file
-    from autoplace.pins import merge_pins, parse_pins, read_pin_map
     from autoplace.pipeline import plan, save
     from autoplace.report import print_summary
 
@@ -332,8 +338,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     check_training(args.mode, args.optimizer, args.microbatches, args.schedule, args.replicas,
                    args.recompute)
     dtype = check_dtype(args.dtype)
-    pins = merge_pins(parse_pins(args.pin),
-                      read_pin_map(args.pin_map) if args.pin_map else None)
+    pins = _pins(args)
     out = check_writable(args.out)
     loaded = load_model_file(args.model_file)
     result = plan(loaded.model, loaded.kwargs or loaded.args,
@@ -362,7 +367,6 @@ def _cmd_plan_modules(args: argparse.Namespace, began: float) -> int:
     """``plan --granularity module``: a Hugging Face device_map (``pipeline.modules``)."""
     from autoplace.formats.output import check_writable
     from autoplace.load import load_model_file
-    from autoplace.pins import merge_pins, parse_pins, read_pin_map
     from autoplace.pipeline import save
     from autoplace.pipeline.modules import plan_modules
     from autoplace.report import print_summary
@@ -376,8 +380,7 @@ def _cmd_plan_modules(args: argparse.Namespace, began: float) -> int:
                              "it): a device_map is loaded with the checkpoint by "
                              "from_pretrained(PATH, device_map=...); drop --checkpoint")
     check_min_gain(args.min_gain)
-    pins = merge_pins(parse_pins(args.pin),
-                      read_pin_map(args.pin_map) if args.pin_map else None)
+    pins = _pins(args)
     out = check_writable(args.out)
     loaded = load_model_file(args.model_file)
     result = plan_modules(loaded.model, loaded.kwargs or loaded.args, devices=args.devices,

@@ -37,7 +37,8 @@ from autoplace.errors import TraceError
 from autoplace.ir import Edge, OpGraph, OpNode
 from cost_models.calibration import POOLING_OPS
 
-__all__ = ["CACHE_NOTE", "SHAPE_ONLY_OPS", "TracedModel", "cache_off", "flat_inputs", "trace_model"]
+__all__ = ["CACHE_NOTE", "SHAPE_ONLY_OPS", "TracedModel", "cache_off", "flat_inputs", "to_meta",
+           "trace_model"]
 
 # Ops that launch no kernel and move no bytes: views, metadata checks, and eval-mode dropout.
 # They cost nothing on any device, and coarsening folds them into their producer.
@@ -434,13 +435,13 @@ def _has_meta_params(model: torch.nn.Module) -> bool:
     return any(t.is_meta for t in list(model.parameters()) + list(model.buffers()))
 
 
-def _to_meta(value: Any) -> Any:
+def to_meta(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return value.to("meta")
     if isinstance(value, (list, tuple)):
-        return type(value)(_to_meta(v) for v in value)
+        return type(value)(to_meta(v) for v in value)
     if isinstance(value, dict):
-        return {k: _to_meta(v) for k, v in value.items()}
+        return {k: to_meta(v) for k, v in value.items()}
     return value
 
 
@@ -509,7 +510,7 @@ def trace_model(
     notes: list[str] = [n for n in [cache_off(model, kwargs)] if n]
     meta = _has_meta_params(model)
     if meta:
-        args, kwargs = _to_meta(args), _to_meta(kwargs)
+        args, kwargs = to_meta(args), to_meta(kwargs)
         notes.append("parameters are on the meta device: traced and costed without weights")
     device = "meta" if meta else "cpu"
 

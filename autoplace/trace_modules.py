@@ -42,6 +42,7 @@ from torch.utils.flop_counter import flop_registry
 
 from autoplace.errors import TraceError
 from autoplace.ir import Edge, OpGraph, OpNode
+from autoplace.trace import to_meta
 
 __all__ = ["INPUT", "ModuleTrace", "Unit", "Units", "module_units", "trace_modules", "units"]
 
@@ -236,10 +237,6 @@ def _hooked(model: torch.nn.Module, found: dict[int, Unit], watch: _Watch,
             handle.remove()
 
 
-def _to_meta(value: Any) -> Any:
-    return value.to("meta") if isinstance(value, torch.Tensor) else value
-
-
 def _run(model: torch.nn.Module, args: tuple, kwargs: dict, watch: _Watch) -> Any:
     """One forward pass, for real: the ops a real pass runs, which a pass on meta tensors does
     not always match (T5's blocks ran about a third more ops on meta tensors than on real ones
@@ -247,8 +244,7 @@ def _run(model: torch.nn.Module, args: tuple, kwargs: dict, watch: _Watch) -> An
     ``nonzero``) that meta tensors cannot answer. A model whose weights are on the meta device
     runs there, its inputs moved to it."""
     if any(p.is_meta for p in model.parameters()):
-        args = tuple(_to_meta(a) for a in args)
-        kwargs = {k: _to_meta(v) for k, v in kwargs.items()}
+        args, kwargs = to_meta(args), to_meta(kwargs)
     with torch.no_grad(), watch:
         return model(*args, **kwargs)
 

@@ -49,6 +49,7 @@ __all__ = [
     "read_segment",
     "references",
     "safetensors_device",
+    "sha256_of",
 ]
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -112,7 +113,7 @@ class Checkpoint:
         """What ``check_unchanged`` compares: each file's size and modification time, and the
         index's SHA-256."""
         files = {name: _stat(self.root / name) for name in self.files}
-        index = _sha256(self.root / self.index) if self.index else None
+        index = sha256_of(self.root / self.index) if self.index else None
         return {"files": files, "index_sha256": index}
 
 
@@ -324,7 +325,7 @@ def check_unchanged(record: Mapping[str, Any], *, where: Path) -> None:
         if now != stat:
             changed.append(f"{name} (size or modification time)")
     if recorded.get("index_sha256") and (
-            not (root / INDEX_NAME).is_file() or _sha256(root / INDEX_NAME)
+            not (root / INDEX_NAME).is_file() or sha256_of(root / INDEX_NAME)
             != recorded["index_sha256"]):
         changed.append(INDEX_NAME)
     if changed:
@@ -372,8 +373,13 @@ def _stat(path: Path) -> dict[str, int]:
     return {"size": info.st_size, "mtime_ns": info.st_mtime_ns}
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def sha256_of(path: Path) -> str:
+    """The file's SHA-256, read 1 MiB at a time (weights files are large)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def load_checkpoint(model: torch.nn.Module, path: str | os.PathLike[str]
@@ -392,9 +398,10 @@ def load_checkpoint(model: torch.nn.Module, path: str | os.PathLike[str]
         model.tie_weights()
     keys = match(model, checkpoint)
     on_meta = any(t.is_meta for t, _ in _tensors(model).values())
-    fits, needed, available = fits_in_memory(model)
     where = f"{len(checkpoint.files)} file(s) in {checkpoint.root}"
-    if on_meta and not fits:
+    # Only a model on meta needs room to be filled here (reading /proc/meminfo, sizing it).
+    fits, needed, available = fits_in_memory(model) if on_meta else (True, 0, None)
+    if not fits:
         extras = {name: t.detach().clone() for name, (t, _) in _tensors(model).items()
                   if name not in keys and not t.is_meta}
         model.to("meta")  # its real buffers too: tracing wants one device

@@ -455,7 +455,6 @@ def _run(model_dir: Path, options: argparse.Namespace, *, rank: int, ranks: Sequ
                 else (lambda: run_pass(model, batches, exchange, mine=mine)),
                 exchange, warmup=options.warmup, repeats=options.repeats)
         dist.barrier()
-        watchdog.finished.set()
     finally:
         watchdog.finished.set()
         if dist.is_initialized():

@@ -18,7 +18,6 @@ inputs back. Read ``save_model``, ``_weights``, ``_inputs``, ``_dump_spec``, the
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.util
 import json
@@ -37,6 +36,7 @@ from autoplace.emit.checkpoint import (
     read_segment,
     references,
     safetensors_device,
+    sha256_of,
 )
 from autoplace.emit.codegen import (
     MODEL_CLASS_NAME,
@@ -121,7 +121,7 @@ def save_model(model: PartitionedModel, directory: str | Path) -> None:
         safetensors.torch.save_file(
             weights, str(path / "weights.safetensors"), metadata={"format": "pt"}
         )
-        meta["weights_sha256"] = _sha256(path / "weights.safetensors")
+        meta["weights_sha256"] = sha256_of(path / "weights.safetensors")
         if inputs is not None:
             safetensors.torch.save_file(
                 inputs, str(path / "inputs.safetensors"), metadata={"format": "pt"}
@@ -195,14 +195,6 @@ def _inputs(
         else:
             return None, None  # not representable without pickle: `run` then needs --inputs
     return tensors, {"spec": text, "names": list(tensors), "constants": constants}
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _dump_spec(spec: pytree.TreeSpec | None) -> tuple[str | None, list[str], str]:
@@ -340,7 +332,7 @@ def _check_weights(path: Path, meta: Mapping[str, Any]) -> None:
     except Exception as error:  # safetensors raises its own SafetensorError, OSError, ...
         raise EmitError(f"cannot read {path / 'weights.safetensors'}: {error}") from error
     expected = meta.get("weights_sha256")
-    if expected and _sha256(path / "weights.safetensors") != expected:
+    if expected and sha256_of(path / "weights.safetensors") != expected:
         raise EmitError(
             f"{path / 'weights.safetensors'} is corrupted: its SHA-256 differs from the one "
             "meta.json recorded when it was written; plan the model again")

@@ -277,8 +277,9 @@ def _run(
         if pending[node.name] == 0:
             heapq.heappush(events, (0.0, 1, next(seq), node.name))
     while events or copying.busy:
-        if copying.due_s() <= (events[0][0] if events else math.inf):
-            for _, succ, t_in in copying.arrivals(copying.due_s()):
+        due = copying.due_s()
+        if due <= (events[0][0] if events else math.inf):
+            for _, succ, t_in in copying.arrivals(due):
                 data_ready[succ] = max(data_ready[succ], t_in)
                 awaiting[succ] -= 1
                 _when_ready(succ, pending, awaiting, data_ready, events, seq)
