@@ -135,8 +135,26 @@ def _quiet_export() -> Iterator[None]:
             logger.setLevel(level)
 
 
+@contextlib.contextmanager
+def _no_stack_traces() -> Iterator[None]:
+    """Trace without a Python stack trace per node: torch.export records one for every op (about
+    a fifth of exporting an 80-layer Llama), and autoplace never reads them. Where this torch has
+    no such switch (``torch.fx.config.do_not_emit_stack_traces``; older releases), nothing
+    changes."""
+    config = getattr(torch.fx, "config", None)
+    if config is None or not hasattr(config, "do_not_emit_stack_traces"):
+        yield
+        return
+    before = config.do_not_emit_stack_traces
+    config.do_not_emit_stack_traces = True
+    try:
+        yield
+    finally:
+        config.do_not_emit_stack_traces = before
+
+
 def _export(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.fx.GraphModule:
-    with _quiet_export():
+    with _quiet_export(), _no_stack_traces():
         exported = torch.export.export(model, args, kwargs, strict=False)
         return exported.module()
 

@@ -142,3 +142,13 @@ def test_an_op_that_holds_more_than_its_output_records_the_excess_as_workspace()
     workspace = {n.name: n.workspace_bytes for n in traced.graph.nodes if not n.is_input}
     assert workspace["max_pool2d"] == 2 * 8 * 16 * 16 * 8
     assert workspace["relu"] == workspace["flatten"] == 0
+
+
+def test_export_records_no_stack_traces_and_restores_the_switch() -> None:
+    # A stack trace per node is about a fifth of exporting a large model, and nothing reads them.
+    before = torch.fx.config.do_not_emit_stack_traces
+    gm = trace_mod._export(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()),
+                 (torch.randn(2, 4),), {})
+    ops = [n for n in gm.graph.nodes if n.op == "call_function"]
+    assert ops and all(not n.meta.get("stack_trace") for n in ops)
+    assert torch.fx.config.do_not_emit_stack_traces == before
