@@ -204,6 +204,8 @@ class _CountingInterpreter(torch.fx.Interpreter):
         self.values: dict[str, Any] = {}
         self.failed: list[str] = []
         self.transient_bytes: dict[str, int] = {}
+        # (FLOPs, transient bytes) by ``_signature``: a model's repeated layers count once.
+        self.seen: dict[tuple, tuple[int, int]] = {}
 
     def get_attr(self, target, args, kwargs):  # noqa: ANN001 - fx signature
         value = super().get_attr(target, args, kwargs)
@@ -214,6 +216,9 @@ class _CountingInterpreter(torch.fx.Interpreter):
     def run_node(self, n: torch.fx.Node) -> Any:
         if n.op in ("placeholder", "output", "get_attr"):
             result = super().run_node(n)
+        elif (key := self._signature(n)) is not None and key in self.seen:
+            result = super().run_node(n)
+            self.flops[n.name], self.transient_bytes[n.name] = self.seen[key]
         else:
             counter, transient = FlopCounterMode(display=False), _Transient()
             with counter, transient:
@@ -222,8 +227,25 @@ class _CountingInterpreter(torch.fx.Interpreter):
             output_bytes = sum(_nbytes(t) for t in _tensors(result))
             self.transient_bytes[n.name] = max(0, transient.peak_bytes - output_bytes,
                                                self._branch_bytes(n))
+            if key is not None:
+                self.seen[key] = self.flops[n.name], self.transient_bytes[n.name]
         self.values[n.name] = result
         return result
+
+    def _signature(self, n: torch.fx.Node) -> tuple | None:
+        """What a function's FLOPs and transient bytes depend on: the function and its
+        arguments, each tensor by shape, strides, offset, dtype, device and which of the
+        arguments share its storage (a view of an input holds nothing new). ``None`` (counted
+        afresh) for modules, whose weights are not arguments, and for arguments that are not
+        plain values (a branch of ``torch.cond``, a symbolic size)."""
+        if n.op not in ("call_function", "call_method"):
+            return None
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        storages: dict[int, int] = {}
+        try:
+            return (n.op, n.target, _plain(args, storages), _plain(kwargs, storages))
+        except TypeError:
+            return None
 
     def _branch_bytes(self, n: torch.fx.Node) -> int:
         """A higher-order op's (``torch.cond``) bound on what its branch holds while it runs:
@@ -266,6 +288,29 @@ class _CountingInterpreter(torch.fx.Interpreter):
             return int(inputs[0].numel()) if inputs else int(out.numel())
         window = _kernel(kernel, int(re.search(r"pool(\d)d", name).group(1)))
         return int(out.numel()) * math.prod(window) if window else 0
+
+
+_PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
+          torch.memory_format)
+
+
+def _plain(value: Any, storages: dict[int, int]) -> Any:
+    """``value`` as a hashable key for ``_CountingInterpreter._signature``; ``TypeError`` for
+    anything else. ``storages`` numbers the storages met so far, in order."""
+    if isinstance(value, torch.Tensor):
+        shape, strides = tuple(value.shape), tuple(value.stride())
+        if not all(type(d) is int for d in (*shape, *strides)):
+            raise TypeError("symbolic size")
+        storage = storages.setdefault(value.untyped_storage()._cdata, len(storages))
+        return ("tensor", shape, strides, value.storage_offset(), value.dtype, value.device,
+                storage)
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_plain(v, storages) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple((k, _plain(v, storages)) for k, v in value.items()))
+    if isinstance(value, _PLAIN):
+        return value
+    raise TypeError(f"not a plain value: {type(value).__name__}")
 
 
 def _kernel(value: Any, spatial: int) -> list[int] | None:

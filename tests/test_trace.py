@@ -152,3 +152,28 @@ def test_export_records_no_stack_traces_and_restores_the_switch() -> None:
     ops = [n for n in gm.graph.nodes if n.op == "call_function"]
     assert ops and all(not n.meta.get("stack_trace") for n in ops)
     assert torch.fx.config.do_not_emit_stack_traces == before
+
+
+def test_repeated_ops_are_counted_once_and_as_if_counted_afresh(monkeypatch) -> None:
+    # Two identical blocks share their counts; two convolutions that differ only in stride (a
+    # non-tensor argument) and an add of a tensor to itself (shared storage) do not.
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = torch.nn.Conv2d(3, 3, 3, padding=1)
+            self.b = torch.nn.Conv2d(3, 3, 3, padding=1)
+            self.c = torch.nn.Conv2d(3, 3, 3, stride=2, padding=1)
+
+        def forward(self, x):
+            y = self.b(self.a(x))
+            return self.c(y) + 1, y + y, y + x
+
+    gm = trace_mod._export(Net(), (torch.randn(1, 3, 8, 8),), {})
+    inputs = (torch.randn(1, 3, 8, 8),)
+    memo = trace_mod._count(gm, inputs, {}, device="cpu")
+    monkeypatch.setattr(trace_mod._CountingInterpreter, "_signature", lambda self, n: None)
+    fresh = trace_mod._count(gm, inputs, {}, device="cpu")
+    assert memo.flops == fresh.flops and memo.transient_bytes == fresh.transient_bytes
+    convs = [n for n in gm.graph.nodes if "conv" in str(n.target)]
+    assert len({memo.flops[n.name] for n in convs}) == 2  # stride 2 does a quarter of the work
+    assert len(memo.seen) < sum(1 for n in gm.graph.nodes if n.op == "call_function")
