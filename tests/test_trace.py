@@ -7,6 +7,7 @@ import torch
 import zoo
 
 import autoplace.trace as trace_mod
+import autoplace.trace_count as trace_count
 from autoplace.errors import TraceError
 from autoplace.trace import trace_model
 
@@ -170,9 +171,9 @@ def test_repeated_ops_are_counted_once_and_as_if_counted_afresh(monkeypatch) -> 
 
     gm = trace_mod._export(Net(), (torch.randn(1, 3, 8, 8),), {})
     inputs = (torch.randn(1, 3, 8, 8),)
-    memo = trace_mod._count(gm, inputs, {}, device="cpu")
-    monkeypatch.setattr(trace_mod._CountingInterpreter, "_signature", lambda self, n: None)
-    fresh = trace_mod._count(gm, inputs, {}, device="cpu")
+    memo = trace_count.count_ops(gm, inputs, {}, device="cpu")
+    monkeypatch.setattr(trace_count.CountingInterpreter, "signature", lambda self, n: None)
+    fresh = trace_count.count_ops(gm, inputs, {}, device="cpu")
     assert memo.flops == fresh.flops and memo.transient_bytes == fresh.transient_bytes
     convs = [n for n in gm.graph.nodes if "conv" in str(n.target)]
     assert len({memo.flops[n.name] for n in convs}) == 2  # stride 2 does a quarter of the work

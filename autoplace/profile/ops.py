@@ -21,7 +21,7 @@ the op is timed in one of two ways:
   result says so.
 
 An op that cannot run at all here stops the walk: later ops keep the best costs available. The
-whole forward pass is timed once per model and device and kept in the cache with the ops.
+whole forward pass is timed once per model and device and cached with the ops.
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ from autoplace.profile.timing import (
     relative_spread,
     timer_for,
 )
-from autoplace.trace import TracedModel, _tensors, flat_inputs
+from autoplace.trace import TracedModel
+from autoplace.trace_count import flat_inputs, value_bytes
 
 __all__ = ["DeviceProfile", "OpProfile", "op_signature", "profile_device"]
 
@@ -127,10 +128,6 @@ def _to_device(value: Any, device: torch.device) -> Any:
     if isinstance(value, dict):
         return {k: _to_device(v, device) for k, v in value.items()}
     return value
-
-
-def _nbytes(value: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in _tensors(value))
 
 
 def _mutates(node: torch.fx.Node) -> bool:
@@ -354,7 +351,7 @@ def _visit_op(node: torch.fx.Node, fn_target: Callable[..., Any], call_args: Any
     if profile is None and on.in_situ:
         walk.pending.setdefault(signature, []).append(node.name)
         walk.fallback[node.name] = (node, fn_target, call_args, call_kwargs, walk.previous)
-        walk.output_bytes[node.name] = _nbytes(value)
+        walk.output_bytes[node.name] = value_bytes(value)
         return
     if profile is None:
         profile, note = _time_op(node, fn_target, call_args, call_kwargs, ir=ir,
@@ -573,14 +570,14 @@ def _memory(run: Callable[[], Any], *, cuda: bool, dev: torch.device) -> tuple[i
     """Output bytes of one call, and the transient workspace above them from the CUDA
     allocator's peak (None on the CPU, whose allocator keeps no peak)."""
     if not cuda:
-        return _nbytes(run()), None
+        return value_bytes(run()), None
     torch.cuda.synchronize(dev)
     torch.cuda.reset_peak_memory_stats(dev)
     before = torch.cuda.memory_allocated(dev)
     out = run()
     torch.cuda.synchronize(dev)
     peak = torch.cuda.max_memory_allocated(dev)
-    output_bytes = _nbytes(out)
+    output_bytes = value_bytes(out)
     return output_bytes, max(0, peak - before - output_bytes)
 
 
