@@ -260,7 +260,8 @@ def _solve_options(p: argparse.ArgumentParser) -> None:
                    help="output directory, replaced atomically (default: ./autoplace-out)")
     p.add_argument("--time-limit", metavar="SECONDS", type=float, default=None,
                    help=f"solver time limit in seconds (default: {DEFAULT_TIME_LIMIT_S:g}; "
-                   f"{MODULE_TIME_LIMIT_S:g} with --granularity module)")
+                   f"{MODULE_TIME_LIMIT_S:g} with --granularity module); an inference plan's "
+                   "what-if rows on fewer devices take at most half of it")
     p.add_argument("--solver", choices=SOLVERS, default="cpsat",
                    help="cpsat (default) or one of the heuristics alone")
     p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default: 0)")

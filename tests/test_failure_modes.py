@@ -216,7 +216,7 @@ def _raise(exc: type[BaseException]):
 # (command, what crashes): stages that run before anything is written, and the writers.
 CRASHES = [
     ("plan", "autoplace.pipeline.forward.trace_model"),
-    ("plan", "autoplace.pipeline.solve"),
+    ("plan", "autoplace.pipeline.solve_after_whatif"),
     ("plan", "autoplace.emit.verify"),
     ("plan", "autoplace.report.write_report"),
     ("plan", "autoplace.emit.save_model"),

@@ -42,7 +42,7 @@ from autoplace.simulate.schedules import microbatch_name
 from autoplace.solve import DEFAULT_TIME_LIMIT_S, SolveOptions, SolveResult, solve
 from autoplace.solve.accelerate import accelerate_baselines
 from autoplace.solve.baselines import DEFAULT_MIN_GAIN, check_min_gain, prefer_single
-from autoplace.solve.whatif import whatif_options, whatif_table
+from autoplace.solve.whatif import plan_row, solve_after_whatif, whatif_options, whatif_table
 from autoplace.train import TRAINING_NOTE, check_training, loss_model, training_targets
 from autoplace.train.precision import cast, cast_notes, check_dtype
 
@@ -97,7 +97,9 @@ def plan(
     the plan's (failing above it with ``check_memory``; ``None`` means
     ``autoplace.emit.ENFORCE_PEAK_DEFAULT``). With ``whatif`` the model is also re-solved,
     briefly, on the first 1, 2, ... of the devices (``Plan.whatif``, the report's what-if
-    table). accelerate's sequential and balanced device maps, where accelerate is installed, are
+    table): for inference before the plan, within half of ``time_limit_s``, the plan's solve
+    starting from the best of those plans and having the rest (``solve.whatif``); for training
+    after it. accelerate's sequential and balanced device maps, where accelerate is installed, are
     among the baselines. A split that gains less than ``min_gain`` (a fraction) over the best
     single device is not made: the plan is that device, and says why (``Plan.min_gain``).
 
@@ -156,6 +158,7 @@ def plan(
         raise PinError("pins apply to inference plans (--mode inference) for now: plan the "
                        "training step without --pin/--pin-map")
     trace = Tracing(name=name, profile=profile, cache=cache, progress=progress, pins=pins)
+    fewer = None  # the inference what-if rows, solved before the plan
     if mode == "training":
         targets = training_targets(example_targets)
         model = loss_model(model, loss, args, kwargs, targets)
@@ -171,7 +174,10 @@ def plan(
         problem = forward.problem
         extra, accelerate_notes = accelerate_baselines(model, forward.graph, problem)
         notes += accelerate_notes
-        solved = solve(problem, options=options, extra_baselines=extra)
+        if whatif:
+            solved, fewer = solve_after_whatif(problem, options, extra_baselines=extra)
+        else:
+            solved = solve(problem, options=options, extra_baselines=extra)
         pinned = _unpinned_record(model, forward, options, min_gain)
     traced, profiled, folded = forward.traced, forward.profiled, forward.folded
     result, gain = _min_gain(solved, min_gain)
@@ -181,10 +187,13 @@ def plan(
         problem = step.problem
     notes += result.notes
     # After Ctrl-C the user wants the plan so far now, not more solving for the what-if table.
+    # For inference the rows on fewer devices were solved before the plan (within its limit).
     recomputing = mode == "training" and bool(step.recompute)
-    scaling = whatif_table(problem, full=result, options=whatif_options(options)
-                           ) if whatif and result.solver.status != "INTERRUPTED" and (
-                               not recomputing) else None
+    scaling = None
+    if fewer is not None and result.solver.status != "INTERRUPTED":
+        scaling = (*fewer.rows, plan_row(problem, result))
+    elif whatif and result.solver.status != "INTERRUPTED" and not recomputing:
+        scaling = whatif_table(problem, full=result, options=whatif_options(options))
     if whatif and recomputing:
         notes.append("no what-if table: the recomputing step's graph is its placement's")
     planned = _plan_of(result, problem, name=name, tracer=traced.tracer,

@@ -127,13 +127,14 @@ class _SolveState:
     budget: Budget
     baselines: dict[str, Schedule | None]
     best_single: str | None
-    best: tuple[str, Schedule] | None  # the best feasible baseline: name, schedule
+    best: tuple[str, Schedule] | None  # the best feasible baseline or start: name, schedule
     analytic: float  # the analytic lower bound (``bounds.lower_bound_s``)
     bound: float
     notes: list[str]
     not_run: Mapping[str, str] = field(default_factory=dict)
     scope: dict[str, Any] = field(default_factory=dict)
     coarsening: tuple[str, ...] = ()
+    starts: dict[str, Schedule] = field(default_factory=dict)  # plans found elsewhere
 
     @property
     def objective(self) -> str:
@@ -167,6 +168,7 @@ def solve(
     clock: Clock = time.perf_counter,
     stop: StopCheck | None = None,
     extra_baselines: Mapping[str, Placement] | None = None,
+    starts: Mapping[str, Placement] | None = None,
     **fields: Any,
 ) -> SolveResult:
     """Place ``problem``'s nodes on its devices, minimising the simulated objective of
@@ -176,13 +178,17 @@ def solve(
     ``clock`` and ``stop`` are for tests: the clock the time limit is counted on, and a check
     asked at every checkpoint ("baseline", "cpsat") that stops the solve there as Ctrl-C does.
     ``extra_baselines`` (name -> placement, e.g. accelerate's maps) are scored, shown and used as
-    hints like the heuristics' plans, so the plan is never worse than them either."""
+    hints like the heuristics' plans, so the plan is never worse than them either. ``starts``
+    (name -> placement: plans found elsewhere, such as the what-if rows' on fewer of the
+    devices) are the same to the search, but are not baselines: the result does not list
+    them."""
     options = replace(options, **fields) if options is not None else SolveOptions(**fields)
     check_memory(problem)
     budget = Budget(options, clock=clock, stop=stop)
     if problem.launchers and options.objective == "latency":
         budget.keep_for_moves(LAUNCHER_MOVES_SHARE)
     state, interrupted = _start(problem, options, budget, extra_baselines)
+    _add_starts(state, starts or {})
     if interrupted:
         if state.best is None:
             raise KeyboardInterrupt
@@ -221,6 +227,24 @@ def _start(problem: Problem, options: SolveOptions, budget: Budget,
     return state, ran.interrupted
 
 
+def _add_starts(state: _SolveState, starts: Mapping[str, Placement]) -> None:
+    """Simulate ``starts`` on the problem; the best acceptable one becomes the plan to beat (and
+    CP-SAT's hint) where it beats the best baseline."""
+    objective = state.objective
+    for name, placement in starts.items():
+        schedule = simulate(state.problem, placement)
+        if not state.acceptable(schedule):
+            continue
+        state.starts[name] = schedule
+        if state.best is None or (schedule.objective_s(objective)
+                                  < state.best[1].objective_s(objective) * (1 - 1e-9)):
+            state.best = (name, schedule)  # ties (to rounding) keep the baseline
+
+
+def _kind(state: _SolveState, name: str) -> str:
+    return "baseline" if name in state.baselines else "plan"
+
+
 def _heuristic(state: _SolveState) -> SolveResult:
     """Step 2: the named heuristic's plan. (Its result carries no notes.)"""
     solver, contiguous = state.options.solver, state.options.contiguous
@@ -242,8 +266,8 @@ def _baseline_at_bound(state: _SolveState) -> SolveResult:
     assert state.best is not None
     name, schedule = state.best
     info = state.info(name, "OPTIMAL", schedule.objective_s(state.objective))
-    state.notes.append(f"the {name} baseline meets the lower bound, so it is optimal; CP-SAT "
-                       "was not needed")
+    state.notes.append(f"the {name} {_kind(state, name)} meets the lower bound, so it is "
+                       "optimal; CP-SAT was not needed")
     return state.result(schedule, info)
 
 
@@ -393,7 +417,8 @@ def _cut_overflow(state: _SolveState, rounds: _Rounds, placement: Placement,
 def _check_bound(state: _SolveState, rounds: _Rounds, *also: Schedule) -> None:
     """A bound above a schedule the simulator accepts is wrong; keep only the analytic one."""
     feasible = [s.objective_s(state.objective)
-                for s in (*state.baselines.values(), rounds.schedule, *also)
+                for s in (*state.baselines.values(), *state.starts.values(), rounds.schedule,
+                          *also)
                 if s is not None and s.feasible]
     if feasible and state.bound > min(feasible) * (1 + 1e-9) + 1e-12:
         state.notes.append(f"CP-SAT reported a lower bound ({state.bound:.6g} s) above a "
@@ -439,7 +464,8 @@ def _solve_large(state: _SolveState) -> SolveResult:
     problem, options, budget, best = state.problem, state.options, state.budget, state.best
     steps: list[tuple[str, float]] = []
     if best is not None:
-        steps.append((f"best baseline ({best[0]})", best[1].objective_s(state.objective)))
+        steps.append((f"best {_kind(state, best[0])} ({best[0]})",
+                      best[1].objective_s(state.objective)))
     fine = len(problem.graph.nodes) <= EXACT_MAX_NODES[options.objective]
     limit_s = budget.warm_start_s() if fine else budget.coarse_solve_s()
     try:
