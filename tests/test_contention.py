@@ -164,6 +164,12 @@ def test_a_launched_schedule_with_shared_links_is_consistent():
         problem.cluster, shared=())), Placement(device_of=TO_C))
     assert s.makespan_s > free.makespan_s + 0.5  # p's and q's copies overlap on the NIC
     assert validate(problem, s) == []
+    # validate plays the copies once from the recorded starts; a copy recorded later than the
+    # launcher issues it no longer matches the launched pass, nor its readers' starts.
+    late = [dataclasses.replace(t, start_s=t.start_s + 0.5, end_s=t.end_s + 0.5)
+            if t.src == "p" else t for t in s.transfers]
+    problems = validate(problem, dataclasses.replace(s, transfers=tuple(late)))
+    assert any("the copy of p to c starts at" in v for v in problems), problems
 
 
 def _cluster_file(tmp_path: Path, text: str) -> Path:
