@@ -16,6 +16,7 @@ from autoplace.errors import (
     InfeasibleError,
     ModelLoadError,
     OutputError,
+    PinError,
     TraceError,
     VerificationError,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "OpGraph",
     "OpNode",
     "OutputError",
+    "PinError",
     "Placement",
     "Plan",
     "Problem",

@@ -66,18 +66,22 @@ def _common_module(modules: Sequence[str]) -> str:
 def _fold_shape_only(graph: OpGraph, costs: Costs) -> list[list[str]]:
     """Groups after folding zero-cost single-producer nodes into their producer."""
     root: dict[str, str] = {}
+    # Each node's finite times, found once: a group's root is read again by every node that
+    # folds into it (roots are never inputs: nothing folds into an input).
+    allowed: dict[str, dict[str, float]] = {}
     for node in graph.nodes:
+        root[node.name] = node.name
+        if node.is_input:
+            continue
+        times = allowed[node.name] = _allowed(costs, node.name)
         preds = {e.src for e in graph.in_edges(node.name)}
-        free = (not node.is_input and node.param_bytes == 0
-                and all(t == 0 for t in _allowed(costs, node.name).values()))
+        free = node.param_bytes == 0 and all(t == 0 for t in times.values())
         only = next(iter(preds)) if len(preds) == 1 else None
         # A pinned node (``pins``) folds only into a group that may run where it may: folding
         # is lossless, so it must not narrow its producer's devices.
         if (free and only is not None and not graph.node(only).is_input
-                and _allowed(costs, node.name).keys() >= _allowed(costs, root[only]).keys()):
+                and times.keys() >= allowed[root[only]].keys()):
             root[node.name] = root[only]
-        else:
-            root[node.name] = node.name
     groups: dict[str, list[str]] = {}
     for node in graph.nodes:
         groups.setdefault(root[node.name], []).append(node.name)

@@ -265,11 +265,13 @@ def _traced_run(model: torch.nn.Module, found: dict[int, Unit], args: tuple,
 @dataclass(frozen=True)
 class Units:
     """What the module tree alone says, before any run: the units by ``id`` of their module,
-    the classes kept whole, each unit's parameter and buffer bytes, and the tied groups."""
+    the classes kept whole, each unit's parameter and buffer bytes (and of them the trainable
+    ones), and the tied groups."""
 
     found: dict[int, Unit]
     no_split: tuple[str, ...]
     param_bytes: dict[str, int]
+    trainable_bytes: dict[str, int]
     tied: tuple[tuple[str, ...], ...]
 
 
@@ -279,8 +281,9 @@ def module_units(model: torch.nn.Module, no_split: tuple[str, ...] | None = None
     if no_split is None:
         no_split = tuple(sorted(getattr(model, "_no_split_modules", None) or ()))
     found = units(model, frozenset(no_split))
-    return Units(found=found, no_split=tuple(no_split),
-                 param_bytes=_param_bytes(model, found)[0], tied=_tied(model, found))
+    param_bytes, trainable_bytes, tied = _tensors_of_units(model, found)
+    return Units(found=found, no_split=tuple(no_split), param_bytes=param_bytes,
+                 trainable_bytes=trainable_bytes, tied=tied)
 
 
 def trace_modules(model: torch.nn.Module, args: tuple, kwargs: dict, *,
@@ -294,7 +297,7 @@ def trace_modules(model: torch.nn.Module, args: tuple, kwargs: dict, *,
     output, records, order = _traced_run(model, found, args, kwargs)
     by_name = {u.name: u for u in found.values()}
     order += [u.name for u in found.values() if u.name not in records]  # never called
-    nodes, edges, dropped = _nodes_and_edges(model, found, records, order, args, kwargs)
+    nodes, edges, dropped = _nodes_and_edges(tree, by_name, records, order, args, kwargs)
     colocate = tree.tied
     outputs = sorted(set().union(*(_sources(t) for t in _tensors(output))) & set(by_name))
     notes = []
@@ -306,36 +309,38 @@ def trace_modules(model: torch.nn.Module, args: tuple, kwargs: dict, *,
     return ModuleTrace(graph=graph, units=by_name, no_split=tuple(no_split), notes=tuple(notes))
 
 
-def _param_bytes(model: torch.nn.Module,
-                 found: dict[int, Unit]) -> tuple[dict[str, int], dict[str, int]]:
-    """Bytes of parameters and buffers per unit (each tensor once, in its first unit), and of
-    them the trainable ones."""
+def _tensors_of_units(model: torch.nn.Module, found: dict[int, Unit]) -> tuple[
+        dict[str, int], dict[str, int], tuple[tuple[str, ...], ...]]:
+    """In one walk over the units' parameters and buffers: the bytes per unit (each tensor
+    once, in its first unit), of them the trainable ones, and the groups of units that share a
+    tensor (tied weights)."""
     modules = dict(model.named_modules(remove_duplicate=False))
-    seen: set[int] = set()
+    owners: dict[int, set[str]] = {}
     total: dict[str, int] = {}
     trainable: dict[str, int] = {}
     for unit in found.values():
         module = modules[unit.name] if unit.name else model
         for tensor in [*module.parameters(), *module.buffers()]:
-            if id(tensor) in seen:
+            if id(tensor) in owners:
+                owners[id(tensor)].add(unit.name)
                 continue
-            seen.add(id(tensor))
+            owners[id(tensor)] = {unit.name}
             total[unit.name] = total.get(unit.name, 0) + _nbytes(tensor)
             if isinstance(tensor, torch.nn.Parameter) and tensor.requires_grad:
                 trainable[unit.name] = trainable.get(unit.name, 0) + _nbytes(tensor)
-    return total, trainable
+    tied = tuple(sorted({tuple(sorted(group)) for group in owners.values() if len(group) > 1}))
+    return total, trainable, tied
 
 
-def _nodes_and_edges(model: torch.nn.Module, found: dict[int, Unit],
-                     records: dict[str, _Record], order: list[str], args: tuple,
+def _nodes_and_edges(tree: Units, unit_of: dict[str, Unit], records: dict[str, _Record],
+                     order: list[str], args: tuple,
                      kwargs: dict) -> tuple[list[OpNode], list[Edge], int]:
-    params, trainable = _param_bytes(model, found)
+    params, trainable = tree.param_bytes, tree.trainable_bytes
     input_bytes = sum(_nbytes(t) for t in _tensors((args, kwargs)))
     nodes = [OpNode(name=INPUT, is_input=True, output_bytes=input_bytes)]
     index = {INPUT: 0} | {name: i + 1 for i, name in enumerate(order)}
     edges: list[Edge] = []
     dropped = 0
-    unit_of = {u.name: u for u in found.values()}
     for name in order:
         record = records.get(name, _Record())
         dtype = record.dtypes[0] if record.dtypes else "float32"
@@ -357,13 +362,3 @@ def _nodes_and_edges(model: torch.nn.Module, found: dict[int, Unit],
     edges = [Edge(e.src, e.dst, min(e.bytes, produced[e.src])) for e in edges]
     return nodes, edges, dropped
 
-
-def _tied(model: torch.nn.Module, found: dict[int, Unit]) -> tuple[tuple[str, ...], ...]:
-    """Groups of units that share a parameter or buffer (tied weights)."""
-    modules = dict(model.named_modules(remove_duplicate=False))
-    owners: dict[int, set[str]] = {}
-    for unit in found.values():
-        module = modules[unit.name] if unit.name else model
-        for tensor in [*module.parameters(), *module.buffers()]:
-            owners.setdefault(id(tensor), set()).add(unit.name)
-    return tuple(sorted({tuple(sorted(group)) for group in owners.values() if len(group) > 1}))

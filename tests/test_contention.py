@@ -164,6 +164,12 @@ def test_a_launched_schedule_with_shared_links_is_consistent():
         problem.cluster, shared=())), Placement(device_of=TO_C))
     assert s.makespan_s > free.makespan_s + 0.5  # p's and q's copies overlap on the NIC
     assert validate(problem, s) == []
+    # validate plays the copies once from the recorded starts; a copy recorded later than the
+    # launcher issues it no longer matches the launched pass, nor its readers' starts.
+    late = [dataclasses.replace(t, start_s=t.start_s + 0.5, end_s=t.end_s + 0.5)
+            if t.src == "p" else t for t in s.transfers]
+    problems = validate(problem, dataclasses.replace(s, transfers=tuple(late)))
+    assert any("the copy of p to c starts at" in v for v in problems), problems
 
 
 def _cluster_file(tmp_path: Path, text: str) -> Path:
@@ -204,7 +210,10 @@ def test_a_host_nic_is_crossed_by_every_transfer_leaving_or_entering_it(tmp_path
     ('[[shared]]\nname = "sw"\nbandwidth_bytes_per_s = 1e9\nhosts = ["h0", "h1"]\n',
      r"lists every device"),
     ('[[shared]]\nname = "nic-out:h0"\nbandwidth_bytes_per_s = 1e9\nhosts = ["h1"]\n',
-     r"shared link name 'nic-out:h0' is used twice"),
+     r"cluster.toml: shared link name 'nic-out:h0' is used twice"),
+    # A NIC on a host without devices: the loader refuses the host before any link is made.
+    ('[[hosts]]\nname = "h2"\nnic_bandwidth_bytes_per_s = 1e9\n',
+     r"host\(s\) 'h2' have no devices"),
     ('[[shared]]\nname = "sw"\nbandwidth_bytes_per_s = 0\nhosts = ["h1"]\n',
      r"shared\[0\]\.bandwidth_bytes_per_s: 0 is less than or equal to"),
     ('[[shared]]\nname = "sw"\nbandwidth_bytes_per_s = inf\nhosts = ["h1"]\n',

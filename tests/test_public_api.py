@@ -1,6 +1,7 @@
 """The public surface is explicit: adding or removing a name is a deliberate change."""
 
 import autoplace
+import autoplace.errors
 
 
 def test_exported_members():
@@ -8,7 +9,7 @@ def test_exported_members():
         "SharedLink",
         "AutoplaceError", "Cluster", "Costs", "Device", "DeviceSpecError", "Edge", "EmitError",
         "GraphError", "InfeasibleError", "Link", "ModelLoadError", "OpGraph", "OpNode",
-        "OutputError", "Placement", "Plan", "Problem", "Schedule", "TraceError",
+        "OutputError", "PinError", "Placement", "Plan", "Problem", "Schedule", "TraceError",
         "VerificationError", "__version__", "plan", "plan_modules", "save", "simulate", "validate",
     }
     for name in autoplace.__all__:
@@ -20,3 +21,11 @@ def test_errors_form_one_hierarchy():
         obj = getattr(autoplace, name)
         if isinstance(obj, type) and name.endswith("Error"):
             assert issubclass(obj, autoplace.AutoplaceError)
+
+
+def test_every_error_is_exported():
+    # A new error class in autoplace.errors is part of the API: catching it must not need the
+    # submodule.
+    assert set(autoplace.errors.__all__) <= set(autoplace.__all__)
+    for name in autoplace.errors.__all__:
+        assert getattr(autoplace, name) is getattr(autoplace.errors, name)

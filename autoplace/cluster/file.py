@@ -68,11 +68,14 @@ def load_cluster_file(path: str | os.PathLike[str]) -> Cluster:
     shared = shared_links(data, cluster=cluster, device_name=device_name, where=where)
     if not overrides and not shared:
         return cluster
-    return Cluster(
-        devices=cluster.devices,
-        links=tuple(overrides.get((link.src, link.dst), link) for link in cluster.links),
-        shared=shared,
-    )
+    try:
+        return Cluster(
+            devices=cluster.devices,
+            links=tuple(overrides.get((link.src, link.dst), link) for link in cluster.links),
+            shared=shared,
+        )
+    except DeviceSpecError as error:  # what only the whole cluster shows: a name used twice
+        raise DeviceSpecError(f"{where}: {error}") from error
 
 
 def _device_entry(

@@ -64,7 +64,7 @@ from autoplace.ir import (
     Transfer,
 )
 from autoplace.simulate.contention import Copies, replay
-from autoplace.simulate.launch import contended_times, launched, timed
+from autoplace.simulate.launch import Contended, as_delays, launched, timed
 from autoplace.simulate.memory import memory, start_order
 from autoplace.simulate.schedules import microbatch_order
 
@@ -348,7 +348,10 @@ def validate(problem: Problem, schedule: Schedule, *, tol_s: float = 1e-9) -> li
         duration = schedule.end_s[node.name] - schedule.start_s[node.name]
         if abs(duration - costs.of(node.name, dev)) > tol_s + 1e-9 * duration:
             problems.append(f"{node.name}: runs {duration} s, costs {costs.of(node.name, dev)} s")
-    arrival, _ = _contended(problem, schedule)
+    # The contended copies played once, from the schedule's copy starts: their arrivals and
+    # ends serve every check below.
+    made = copies(problem, device_of)
+    starts, arrival, contended_end = _contended(problem, schedule, made)
     for e in graph.edges:
         ready = arrival[e.src, e.dst] if (e.src, e.dst) in arrival else (
             schedule.end_s[e.src] + problem.delay_s(e, device_of[e.src], device_of[e.dst]))
@@ -366,39 +369,44 @@ def validate(problem: Problem, schedule: Schedule, *, tol_s: float = 1e-9) -> li
     for group in graph.colocate:
         if len({device_of[n] for n in group}) > 1:
             problems.append(f"colocation group {list(group)} is split across devices")
-    return problems + _launcher_violations(problem, schedule, tol_s) + _memory_violations(
-        problem, schedule)
+    contended = (as_delays(device_of, starts, arrival, contended_end)
+                 if problem.cluster.shared and problem.launchers else None)
+    return problems + _launcher_violations(problem, schedule, tol_s, made, contended) + (
+        _memory_violations(problem, schedule, made, contended_end))
 
 
 def _contended(problem: Problem, schedule: Schedule,
-               ) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], float]]:
+               made: Mapping[tuple[str, str], tuple[int, float]],
+               ) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], float],
+                          dict[tuple[str, str], float]]:
     """The copies over shared resources played again (``contention.replay``) from their
-    starts (their producers' ends; the recorded ones where a launcher issues them): each
-    contended edge's arrival and each contended copy's end. Empty without shared resources."""
+    starts (their producers' ends; the recorded ones where a launcher issues them; ``made``:
+    ``copies``): those starts, each contended edge's arrival and each contended copy's end.
+    Empty without shared resources."""
     if not problem.cluster.shared:
-        return {}, {}
+        return {}, {}, {}
     device_of = schedule.placement.device_of
-    made = copies(problem, device_of)
     if problem.launchers:
         recorded = {(t.src, t.dst_device): t.start_s for t in schedule.transfers}
         starts = {key: recorded.get(key, schedule.end_s[key[0]]) for key in made}
     else:
         starts = {key: schedule.end_s[key[0]] for key in made}
-    return replay(problem, device_of, starts, _by_source(made))
+    return (starts, *replay(problem, device_of, starts, _by_source(made)))
 
 
-def _launcher_violations(problem: Problem, schedule: Schedule, tol_s: float) -> list[str]:
+def _launcher_violations(problem: Problem, schedule: Schedule, tol_s: float,
+                         made: Mapping[tuple[str, str], tuple[int, float]],
+                         contended: Contended | None) -> list[str]:
     """Where devices have a launcher: the schedule timed again in its recorded launch order
-    (``launch.launched``) must give its starts, ends and copies."""
+    (``launch.launched``), its contended copies taking ``contended`` (``_contended``'s replay
+    as delays), must give its starts, ends and copies."""
     if not problem.launchers:
         return []
     device_of = schedule.placement.device_of
     if sorted(schedule.launch_order) != sorted(device_of):
         return ["the launch order does not list every node once"]
-    moved_from = _by_source(copies(problem, device_of))
+    moved_from = _by_source(made)
     per_device = start_order(problem.graph, schedule.start_s, schedule.end_s)
-    contended = (contended_times(problem, device_of, list(schedule.transfers), moved_from)
-                 if problem.cluster.shared else None)
     try:
         _, start, end, transfers = launched(problem, device_of, per_device, moved_from,
                                             fixed=schedule.launch_order, contended=contended)
@@ -416,14 +424,15 @@ def _launcher_violations(problem: Problem, schedule: Schedule, tol_s: float) -> 
     return problems[:20]
 
 
-def _memory_violations(problem: Problem, schedule: Schedule) -> list[str]:
+def _memory_violations(problem: Problem, schedule: Schedule,
+                       made: Mapping[tuple[str, str], tuple[int, float]],
+                       contended_end: Mapping[tuple[str, str], float]) -> list[str]:
     """Memory re-simulated from the schedule's own start and end times, not read from its
-    ``peak_bytes``: a hand-edited plan that lowers its figures is caught."""
+    ``peak_bytes``: a hand-edited plan that lowers its figures is caught. ``made``: ``copies``;
+    ``contended_end``: ``_contended``'s copy ends."""
     device_of = dict(schedule.placement.device_of)
     end = dict(schedule.end_s)
     problems: list[str] = []
-    made = copies(problem, device_of)
-    _, contended_end = _contended(problem, schedule)
     if problem.launchers:
         # A copy waits for its launcher and its copy stream (``launch.launched``): take the recorded
         # copies, each checked to be one the placement makes, no earlier than its producer.

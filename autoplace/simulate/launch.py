@@ -13,7 +13,7 @@ from autoplace.ir import HostCosts, OpNode, Problem, Transfer
 from autoplace.simulate.contention import replay
 from autoplace.simulate.memory import Cuts
 
-__all__ = ["Contended", "contended_times", "launched", "timed"]
+__all__ = ["Contended", "as_delays", "contended_times", "launched", "timed"]
 
 # The copies over shared resources: each such edge's delay from its copy's start, and each
 # such copy's time (``contention``), keyed (producer, reader) and (producer, device).
@@ -182,7 +182,14 @@ def contended_times(problem: Problem, device_of: Mapping[str, str], transfers: l
     """The copies over shared resources played from the starts of ``transfers``
     (``contention.replay``), as delays from those starts."""
     starts = {(t.src, t.dst_device): t.start_s for t in transfers}
-    arrival, ends = replay(problem, device_of, starts, moved_from)
+    return as_delays(device_of, starts, *replay(problem, device_of, starts, moved_from))
+
+
+def as_delays(device_of: Mapping[str, str], starts: Mapping[tuple[str, str], float],
+              arrival: Mapping[tuple[str, str], float],
+              ends: Mapping[tuple[str, str], float]) -> Contended:
+    """``contention.replay``'s arrivals and ends, played from ``starts``, as delays from those
+    starts (what ``launched`` takes)."""
     return ({(u, v): t - starts[(u, device_of[v])] for (u, v), t in arrival.items()},
             {key: t - starts[key] for key, t in ends.items()})
 
