@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import safetensors.torch
@@ -23,8 +24,9 @@ import zoo
 
 from autoplace.cli import main
 from autoplace.emit import emit_model, load_model, save_model
-from autoplace.emit.ranks import crossings, value_specs, write_launch_script
+from autoplace.emit.ranks import Exchange, crossings, flat_inputs, value_specs, write_launch_script
 from autoplace.emit.replicas import free_port, launch_replicas
+from autoplace.emit.stages import chain_of, gather_outputs
 from autoplace.errors import AutoplaceError, EmitError
 from autoplace.ir import Placement
 from autoplace.run_ranks import pipelined_makespan_s
@@ -126,6 +128,51 @@ def test_a_chain_runs_gpipe_through_torch_pipelining_and_matches_the_original(tm
     assert len(got) == 3
     for value in got.values():
         torch.testing.assert_close(value, expected)
+
+
+def test_a_chains_outputs_reach_rank_0_through_its_exchange(monkeypatch):
+    # SkipChain's layers 0-1 on rank 0, 2-3 on rank 1: a chain of 2 stages. The last stage
+    # sends the output, 3 micro-batches of 8 x 16 in one tensor, to rank 0, which must receive
+    # it where its exchange's backend puts tensors (the rank's GPU under nccl; "meta" stands in
+    # for it here), not on the CPU whatever the backend; both ends use one tag.
+    torch.manual_seed(0)
+    model, x = SkipChain(), torch.randn(8, 16)
+    traced = trace_model(model, (x,), {}, name="skip")
+    devices = ["cpu:0", "cpu:1"]
+    emitted = emit_model(traced.module, zoo.by_module(
+        traced.module, {f"layers.{i}": devices[i // 2] for i in range(4)}, "cpu:1"))
+    table = crossings([s.to_dict() for s in emitted.segment_info], ranks=devices,
+                      output_names=emitted.output_names, specs=value_specs(emitted, (x,), {}))
+    calls: list[tuple[str, Any, tuple[int, ...], int, int]] = []
+
+    class Sent:
+        def wait(self) -> None:
+            pass
+
+    def isend(tensor: torch.Tensor, dst: int, tag: int) -> Sent:
+        calls.append(("send", tensor.device, tuple(tensor.shape), dst, tag))
+        return Sent()
+
+    def recv(buffer: torch.Tensor, src: int, tag: int) -> None:
+        calls.append(("recv", buffer.device, tuple(buffer.shape), src, tag))
+
+    monkeypatch.setattr(torch.distributed, "isend", isend)
+    monkeypatch.setattr(torch.distributed, "recv", recv)
+    merged = torch.randn(24, 16)
+    for rank, device in ((1, "cpu"), (0, "meta")):
+        monkeypatch.setenv("RANK", str(rank))
+        chain = chain_of(emitted, table, ranks=devices, first=flat_inputs(emitted, (x,), {}),
+                         rows=8)
+        assert chain is not None and chain.order == (0, 1)
+        exchange = Exchange(rank, {c.value: c for c in table},
+                            {c.value: i for i, c in enumerate(table)}, 3, device=device)
+        got = gather_outputs(emitted, chain, merged if rank == 1 else None, exchange, count=3)
+        if rank == 0:
+            [values] = got.values()
+            assert [(v.device.type, tuple(v.shape)) for v in values] == [("meta", (8, 16))] * 3
+    tag = len(table) * 3
+    assert calls == [("send", torch.device("cpu"), (24, 16), 0, tag),
+                     ("recv", torch.device("meta"), (24, 16), 1, tag)]
 
 
 def test_a_lost_rank_is_named_and_nothing_is_left_behind(tmp_path):

@@ -297,22 +297,38 @@ class Exchange:
         c = self.crossings[value]
         if c.constant is not None or not isinstance(tensor, torch.Tensor):
             return
-        data = tensor.detach().contiguous()
-        if self.device == "cpu":  # gloo sends from the CPU (a rank's GPU tensor goes via it)
-            data = data.to("cpu")
-        for dst in c.dsts:
-            with self.named(dst):
-                self.pending.append((dist.isend(data, dst, tag=self.tag(value, k)), dst))
+        self.send_tensor(tensor, dsts=c.dsts, tag=self.tag(value, k))
 
-    def receive(self, value: str, k: int, shape: Sequence[int] | None = None) -> Any:
+    def receive(self, value: str, k: int) -> Any:
         c = self.crossings[value]
         if c.shape is None:
             return c.constant
-        buffer = torch.empty(tuple(shape or c.shape), dtype=getattr(torch, c.dtype or "float32"),
-                             device=self.device)
-        with self.named(c.src):
-            dist.recv(buffer, c.src, tag=self.tag(value, k))
+        return self.receive_tensor(src=c.src, tag=self.tag(value, k), shape=c.shape,
+                                   dtype=c.dtype or "float32")
+
+    def send_tensor(self, tensor: torch.Tensor, *, dsts: Sequence[int], tag: int) -> None:
+        """Send ``tensor`` to each of ``dsts`` without waiting (``finish`` waits), from where the
+        backend takes it."""
+        data = tensor.detach().contiguous()
+        if self.device == "cpu":  # gloo sends from the CPU (a rank's GPU tensor goes via it)
+            data = data.to("cpu")
+        for dst in dsts:
+            with self.named(dst):
+                self.pending.append((dist.isend(data, dst, tag=tag), dst))
+
+    def receive_tensor(self, *, src: int, tag: int, shape: Sequence[int],
+                       dtype: str) -> torch.Tensor:
+        """A tensor of ``shape`` and ``dtype`` from rank ``src``, received on ``device`` (the
+        backend's: nccl moves CUDA tensors only)."""
+        buffer = torch.empty(tuple(shape), dtype=getattr(torch, dtype), device=self.device)
+        with self.named(src):
+            dist.recv(buffer, src, tag=tag)
         return buffer
+
+    def gathered_tag(self, position: int) -> int:
+        """The tag of the model's output ``position`` sent whole (every micro-batch in one
+        tensor) to rank 0 by the last of a chain of stages: after every value's ``tag``."""
+        return len(self.index) * self.microbatches + position
 
     def finish(self) -> None:
         for work, dst in self.pending:
