@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 from torch.fx import _pytree as fx_pytree
 
-from autoplace.emit.ddp import check_world
+from autoplace.emit.ddp import check_world, replica_backend
 from autoplace.emit.device_map import local_device_map, worker_threads
 from autoplace.emit.microbatch import batch_size, split_batch
 from autoplace.emit.saving import input_names, load_inputs, load_model
@@ -433,9 +433,8 @@ def _run(model_dir: Path, options: argparse.Namespace, *, rank: int, ranks: Sequ
     """This rank's part: meet, watch, load, run the passes, report (rank 0)."""
     mine = ranks[rank]
     here = local_device_map(list(ranks))
-    gpus = all(torch.device(d).type == "cuda" for d in here.values())
-    backend = "nccl" if gpus else "gloo"
-    if gpus:
+    backend = replica_backend(ranks, replicas=1)  # the ranks' devices are one replica's
+    if backend == "nccl":
         torch.cuda.set_device(torch.device(here[mine]))
     # torchrun stops the ranks with SIGTERM when one fails: say so, naming the lost rank once
     # the watchdog knows the peers.
