@@ -32,6 +32,7 @@ import os
 import pprint
 import signal
 import socket
+import statistics
 import sys
 import threading
 import time
@@ -480,8 +481,7 @@ def _run(model_dir: Path, options: argparse.Namespace, *, rank: int, ranks: Sequ
         partial = f"{options.outputs}.partial"  # renamed into place: never half-written
         safetensors.torch.save_file(flat, partial)
         os.replace(partial, options.outputs)
-    timed = sorted(times)
-    return {"times_s": times, "measured_s": timed[len(timed) // 2], "backend": backend,
+    return {"times_s": times, "measured_s": statistics.median(times), "backend": backend,
             "world": len(ranks), "microbatches": options.microbatches,
             "pipelining": "torch.distributed.pipelining ScheduleGPipe" if stages is not None
             else "send/recv", "ranks": list(ranks), "names": list(names)}
