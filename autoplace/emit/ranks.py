@@ -470,7 +470,12 @@ def _run(model_dir: Path, options: argparse.Namespace, *, rank: int, ranks: Sequ
                 (lambda: run_stages(model, batches, stages, exchange)) if stages is not None
                 else (lambda: run_pass(model, batches, exchange, mine=mine)),
                 exchange, warmup=options.warmup, repeats=options.repeats)
-        dist.barrier()
+        # A peer through the last barrier may end before this rank is through it: the
+        # watchdog stands down first (it named such a peer lost), and a peer lost before the
+        # barrier fails it instead, named by ``Watchdog.explain``.
+        watchdog.finished.set()
+        with exchange.named(None):
+            dist.barrier()
     finally:
         watchdog.finished.set()
         if dist.is_initialized():
