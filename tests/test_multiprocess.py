@@ -256,7 +256,8 @@ def test_a_rank_whose_peer_never_comes_fails_within_its_timeout(tmp_path):
 def test_autoplace_run_nproc_checks_outputs_and_refuses_a_wrong_count(tmp_path, capsys):
     # The MLP over two cpu-thread workers joined by gloo over 127.0.0.1, planned for
     # throughput (it splits into a chain, rank 1 first: send/recv), run as 2 processes with
-    # 2 micro-batches.
+    # 2 micro-batches of a batch from --inputs (the example's 64 x 784, twice), which the ranks
+    # must read: the outputs are checked against the one-process model's on that batch.
     cluster = tmp_path / "two.toml"
     cluster.write_text('[[hosts]]\nname = "localhost"\ndevices = ["2xcpu-thread"]\n\n'
                        '[[links]]\nsrc = "cpu:0"\ndst = "cpu:1"\nkind = "gloo-loopback"\n')
@@ -267,10 +268,13 @@ def test_autoplace_run_nproc_checks_outputs_and_refuses_a_wrong_count(tmp_path, 
     capsys.readouterr()
     assert main(["run", str(out), "--nproc", "3"]) == 2
     assert "--nproc 3: the plan has 2 devices (cpu:0, cpu:1)" in capsys.readouterr().err
+    batch = tmp_path / "batch.safetensors"
+    safetensors.torch.save_file({"args.0": torch.randn(128, 784)}, str(batch))
     assert main(["run", str(out), "--nproc", "2", "--microbatches", "2", "--repeats", "2",
-                 "--json"]) == 0
+                 "--inputs", str(batch), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["outputs_equal"] and result["nproc"] == 2 and result["microbatches"] == 2
+    assert result["inputs"] == str(batch)
     assert result["measured_s"] > 0 and result["predicted_s"] > 0
 
 

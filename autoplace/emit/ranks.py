@@ -49,9 +49,10 @@ from torch.fx import _pytree as fx_pytree
 from autoplace.emit.ddp import check_world, replica_backend
 from autoplace.emit.device_map import local_device_map, worker_threads
 from autoplace.emit.microbatch import batch_size, split_batch
-from autoplace.emit.saving import input_names, load_inputs, load_model
+from autoplace.emit.saving import load_inputs, load_model
 from autoplace.emit.stages import chain_of, run_stages
 from autoplace.errors import AutoplaceError, EmitError
+from autoplace.run import read_inputs_file
 
 __all__ = ["INIT_TIMEOUT_S", "Crossing", "Watchdog", "crossings", "flat_inputs", "rank_main",
            "run_pass", "value_specs", "write_launch_script"]
@@ -513,11 +514,10 @@ def _batches(model: torch.nn.Module, model_dir: Path,
         raise EmitError(f"{model_dir} holds no example inputs (inputs.safetensors): plan again")
     count = options.microbatches
     args, kwargs = repeated(example, count)
-    if options.inputs:  # checked against the example by ``run_ranks`` before any rank starts
-        given = safetensors.torch.load_file(options.inputs)
-        leaves, spec = torch.utils._pytree.tree_flatten((args, kwargs))
-        args, kwargs = spec.unflatten([given.get(n, leaf) for n, leaf in
-                                       zip(input_names(args, kwargs), leaves)])
+    if options.inputs:
+        # Checked against the batch here too (``run_ranks`` did, before any rank started):
+        # launch.py may be run by hand.
+        args, kwargs = read_inputs_file(options.inputs, example=(args, kwargs))
     parts = split_batch(args, kwargs, count)
     rows = _rows(example)
     return [flat_inputs(model, a, kw) for a, kw in parts], rows
