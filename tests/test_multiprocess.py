@@ -164,9 +164,8 @@ def test_a_chains_outputs_reach_rank_0_through_its_exchange(monkeypatch):
     monkeypatch.setattr(torch.distributed, "recv", recv)
     merged = torch.randn(24, 16)
     for rank, device in ((1, "cpu"), (0, "meta")):
-        monkeypatch.setenv("RANK", str(rank))
-        chain = chain_of(emitted, table, ranks=devices, first=flat_inputs(emitted, (x,), {}),
-                         rows=8)
+        chain = chain_of(emitted, table, rank=rank, ranks=devices,
+                         first=flat_inputs(emitted, (x,), {}), rows=8)
         assert chain is not None and chain.order == (0, 1)
         exchange = Exchange(rank, {c.value: c for c in table},
                             {c.value: i for i, c in enumerate(table)}, 3, device=device)

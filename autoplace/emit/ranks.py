@@ -457,8 +457,7 @@ def _run(model_dir: Path, options: argparse.Namespace, *, rank: int, ranks: Sequ
     try:
         model = load_model(model_dir, device_map={mine: here[mine]}, devices=[mine])
         batches, rows = _batches(model, model_dir, options)
-        stages = chain_of(model, table, ranks=ranks, first=batches[0],
-                          rows=rows) \
+        stages = chain_of(model, table, rank=rank, ranks=ranks, first=batches[0], rows=rows) \
             if options.microbatches > 1 and options.pipelining != "sendrecv" else None
         if options.pipelining == "torch" and stages is None:
             raise EmitError("--pipelining torch needs ranks that form a chain of stages, M > 1 "

@@ -42,13 +42,11 @@ class Chain:
     constants: Mapping[str, Any]
 
 
-def chain_of(model: torch.nn.Module, table: Sequence[Any], *, ranks: Sequence[str],
+def chain_of(model: torch.nn.Module, table: Sequence[Any], *, rank: int, ranks: Sequence[str],
              first: Sequence[Any], rows: int) -> Chain | None:
-    """This rank's stage where the plan's ranks form a chain (the module says when), else
+    """Rank ``rank``'s stage where the plan's ranks form a chain (the module says when), else
     ``None``. ``table``: the ``ranks.Crossing`` rows; ``first``: micro-batch 0's flat inputs;
     ``rows``: its batch."""
-    import os  # noqa: PLC0415 (the rank is torchrun's)
-
     info = model.segment_info
     runs = [seg.planned_device for i, seg in enumerate(info)
             if i == 0 or info[i - 1].planned_device != seg.planned_device]
@@ -60,7 +58,6 @@ def chain_of(model: torch.nn.Module, table: Sequence[Any], *, ranks: Sequence[st
         return None
     crossing = {c.value: c for c in table}
     constants = {c.value: c.constant for c in table if c.shape is None}
-    rank = int(os.environ["RANK"])
     made = {name: 0 for name in model.input_names}  # stage that makes (or first has) each value
     last_read: dict[str, int] = {}
     stage_of = {d: i for i, d in enumerate(runs)}
