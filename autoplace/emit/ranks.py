@@ -470,9 +470,9 @@ def _run(model_dir: Path, options: argparse.Namespace, *, rank: int, ranks: Sequ
                 (lambda: run_stages(model, batches, stages, exchange)) if stages is not None
                 else (lambda: run_pass(model, batches, exchange, mine=mine)),
                 exchange, warmup=options.warmup, repeats=options.repeats)
-        # A peer through the last barrier may end before this rank is through it: the
-        # watchdog stands down first (it named such a peer lost), and a peer lost before the
-        # barrier fails it instead, named by ``Watchdog.explain``.
+        # A peer through the last barrier may end before this rank returns from it, so the
+        # watchdog stands down first (else it would name that peer lost); a peer lost before
+        # the barrier fails it instead, named by ``Watchdog.explain``.
         watchdog.finished.set()
         with exchange.named(None):
             dist.barrier()
