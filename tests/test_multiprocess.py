@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import safetensors.torch
@@ -23,8 +24,9 @@ import zoo
 
 from autoplace.cli import main
 from autoplace.emit import emit_model, load_model, save_model
-from autoplace.emit.ranks import crossings, value_specs, write_launch_script
+from autoplace.emit.ranks import Exchange, crossings, flat_inputs, value_specs, write_launch_script
 from autoplace.emit.replicas import free_port, launch_replicas
+from autoplace.emit.stages import chain_of, gather_outputs
 from autoplace.errors import AutoplaceError, EmitError
 from autoplace.ir import Placement
 from autoplace.run_ranks import pipelined_makespan_s
@@ -104,7 +106,8 @@ class SkipChain(torch.nn.Module):
 def test_a_chain_runs_gpipe_through_torch_pipelining_and_matches_the_original(tmp_path):
     # Layer i on rank i: a chain of 4 stages. The batch is the example 3 times (3 micro-batches
     # of 8 rows); ScheduleGPipe over gloo (the path of pytorch#132644's hang) must end within
-    # the launch's time limit and give the original's outputs.
+    # the launch's time limit and give the original's outputs. Of 2 timed passes, the time
+    # reported is their mean (the median), not the slower one.
     torch.manual_seed(0)
     model, x = SkipChain(), torch.randn(8, 16)
     traced = trace_model(model, (x,), {}, name="skip")
@@ -118,14 +121,61 @@ def test_a_chain_runs_gpipe_through_torch_pipelining_and_matches_the_original(tm
     out = tmp_path / "outputs.safetensors"
     output = launch_replicas(tmp_path / "launch.py", replicas=4, timeout_s=120, what="rank",
                              argv=["--microbatches", "3", "--pipelining", "torch", "--repeats",
-                                   "2", "--timeout", "30", "--outputs", str(out)])
+                                   "2", "--timeout", "30", "--outputs", str(out), "--json",
+                                   str(tmp_path / "rank0.json")])
     assert "torch.distributed.pipelining ScheduleGPipe" in output
+    report = json.loads((tmp_path / "rank0.json").read_text())
+    assert report["measured_s"] == pytest.approx(sum(report["times_s"]) / 2)
     got = safetensors.torch.load_file(str(out))
     with torch.no_grad():
         expected = model(x)
     assert len(got) == 3
     for value in got.values():
         torch.testing.assert_close(value, expected)
+
+
+def test_a_chains_outputs_reach_rank_0_through_its_exchange(monkeypatch):
+    # SkipChain's layers 0-1 on rank 0, 2-3 on rank 1: a chain of 2 stages. The last stage
+    # sends the output, 3 micro-batches of 8 x 16 in one tensor, to rank 0, which must receive
+    # it where its exchange's backend puts tensors (the rank's GPU under nccl; "meta" stands in
+    # for it here), not on the CPU whatever the backend; both ends use one tag.
+    torch.manual_seed(0)
+    model, x = SkipChain(), torch.randn(8, 16)
+    traced = trace_model(model, (x,), {}, name="skip")
+    devices = ["cpu:0", "cpu:1"]
+    emitted = emit_model(traced.module, zoo.by_module(
+        traced.module, {f"layers.{i}": devices[i // 2] for i in range(4)}, "cpu:1"))
+    table = crossings([s.to_dict() for s in emitted.segment_info], ranks=devices,
+                      output_names=emitted.output_names, specs=value_specs(emitted, (x,), {}))
+    calls: list[tuple[str, Any, tuple[int, ...], int, int]] = []
+
+    class Sent:
+        def wait(self) -> None:
+            pass
+
+    def isend(tensor: torch.Tensor, dst: int, tag: int) -> Sent:
+        calls.append(("send", tensor.device, tuple(tensor.shape), dst, tag))
+        return Sent()
+
+    def recv(buffer: torch.Tensor, src: int, tag: int) -> None:
+        calls.append(("recv", buffer.device, tuple(buffer.shape), src, tag))
+
+    monkeypatch.setattr(torch.distributed, "isend", isend)
+    monkeypatch.setattr(torch.distributed, "recv", recv)
+    merged = torch.randn(24, 16)
+    for rank, device in ((1, "cpu"), (0, "meta")):
+        chain = chain_of(emitted, table, rank=rank, ranks=devices,
+                         first=flat_inputs(emitted, (x,), {}), rows=8)
+        assert chain is not None and chain.order == (0, 1)
+        exchange = Exchange(rank, {c.value: c for c in table},
+                            {c.value: i for i, c in enumerate(table)}, 3, device=device)
+        got = gather_outputs(emitted, chain, merged if rank == 1 else None, exchange, count=3)
+        if rank == 0:
+            [values] = got.values()
+            assert [(v.device.type, tuple(v.shape)) for v in values] == [("meta", (8, 16))] * 3
+    tag = len(table) * 3
+    assert calls == [("send", torch.device("cpu"), (24, 16), 0, tag),
+                     ("recv", torch.device("meta"), (24, 16), 1, tag)]
 
 
 def test_a_lost_rank_is_named_and_nothing_is_left_behind(tmp_path):
@@ -205,7 +255,8 @@ def test_a_rank_whose_peer_never_comes_fails_within_its_timeout(tmp_path):
 def test_autoplace_run_nproc_checks_outputs_and_refuses_a_wrong_count(tmp_path, capsys):
     # The MLP over two cpu-thread workers joined by gloo over 127.0.0.1, planned for
     # throughput (it splits into a chain, rank 1 first: send/recv), run as 2 processes with
-    # 2 micro-batches.
+    # 2 micro-batches of a batch from --inputs (the example's 64 x 784, twice), which the ranks
+    # must read: the outputs are checked against the one-process model's on that batch.
     cluster = tmp_path / "two.toml"
     cluster.write_text('[[hosts]]\nname = "localhost"\ndevices = ["2xcpu-thread"]\n\n'
                        '[[links]]\nsrc = "cpu:0"\ndst = "cpu:1"\nkind = "gloo-loopback"\n')
@@ -216,10 +267,13 @@ def test_autoplace_run_nproc_checks_outputs_and_refuses_a_wrong_count(tmp_path, 
     capsys.readouterr()
     assert main(["run", str(out), "--nproc", "3"]) == 2
     assert "--nproc 3: the plan has 2 devices (cpu:0, cpu:1)" in capsys.readouterr().err
+    batch = tmp_path / "batch.safetensors"
+    safetensors.torch.save_file({"args.0": torch.randn(128, 784)}, str(batch))
     assert main(["run", str(out), "--nproc", "2", "--microbatches", "2", "--repeats", "2",
-                 "--json"]) == 0
+                 "--inputs", str(batch), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["outputs_equal"] and result["nproc"] == 2 and result["microbatches"] == 2
+    assert result["inputs"] == str(batch)
     assert result["measured_s"] > 0 and result["predicted_s"] > 0
 
 

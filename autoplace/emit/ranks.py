@@ -32,6 +32,7 @@ import os
 import pprint
 import signal
 import socket
+import statistics
 import sys
 import threading
 import time
@@ -45,12 +46,13 @@ import torch
 import torch.distributed as dist
 from torch.fx import _pytree as fx_pytree
 
-from autoplace.emit.ddp import check_world
+from autoplace.emit.ddp import check_world, replica_backend
 from autoplace.emit.device_map import local_device_map, worker_threads
 from autoplace.emit.microbatch import batch_size, split_batch
-from autoplace.emit.saving import input_names, load_inputs, load_model
+from autoplace.emit.saving import load_inputs, load_model
 from autoplace.emit.stages import chain_of, run_stages
 from autoplace.errors import AutoplaceError, EmitError
+from autoplace.run import read_inputs_file
 
 __all__ = ["INIT_TIMEOUT_S", "Crossing", "Watchdog", "crossings", "flat_inputs", "rank_main",
            "run_pass", "value_specs", "write_launch_script"]
@@ -297,22 +299,38 @@ class Exchange:
         c = self.crossings[value]
         if c.constant is not None or not isinstance(tensor, torch.Tensor):
             return
-        data = tensor.detach().contiguous()
-        if self.device == "cpu":  # gloo sends from the CPU (a rank's GPU tensor goes via it)
-            data = data.to("cpu")
-        for dst in c.dsts:
-            with self.named(dst):
-                self.pending.append((dist.isend(data, dst, tag=self.tag(value, k)), dst))
+        self.send_tensor(tensor, dsts=c.dsts, tag=self.tag(value, k))
 
-    def receive(self, value: str, k: int, shape: Sequence[int] | None = None) -> Any:
+    def receive(self, value: str, k: int) -> Any:
         c = self.crossings[value]
         if c.shape is None:
             return c.constant
-        buffer = torch.empty(tuple(shape or c.shape), dtype=getattr(torch, c.dtype or "float32"),
-                             device=self.device)
-        with self.named(c.src):
-            dist.recv(buffer, c.src, tag=self.tag(value, k))
+        return self.receive_tensor(src=c.src, tag=self.tag(value, k), shape=c.shape,
+                                   dtype=c.dtype or "float32")
+
+    def send_tensor(self, tensor: torch.Tensor, *, dsts: Sequence[int], tag: int) -> None:
+        """Send ``tensor`` to each of ``dsts`` without waiting (``finish`` waits), from where the
+        backend takes it."""
+        data = tensor.detach().contiguous()
+        if self.device == "cpu":  # gloo sends from the CPU (a rank's GPU tensor goes via it)
+            data = data.to("cpu")
+        for dst in dsts:
+            with self.named(dst):
+                self.pending.append((dist.isend(data, dst, tag=tag), dst))
+
+    def receive_tensor(self, *, src: int, tag: int, shape: Sequence[int],
+                       dtype: str) -> torch.Tensor:
+        """A tensor of ``shape`` and ``dtype`` from rank ``src``, received on ``device`` (the
+        backend's: nccl moves CUDA tensors only)."""
+        buffer = torch.empty(tuple(shape), dtype=getattr(torch, dtype), device=self.device)
+        with self.named(src):
+            dist.recv(buffer, src, tag=tag)
         return buffer
+
+    def gathered_tag(self, position: int) -> int:
+        """The tag of the model's output ``position`` sent whole (every micro-batch in one
+        tensor) to rank 0 by the last of a chain of stages: after every value's ``tag``."""
+        return len(self.index) * self.microbatches + position
 
     def finish(self) -> None:
         for work, dst in self.pending:
@@ -417,9 +435,8 @@ def _run(model_dir: Path, options: argparse.Namespace, *, rank: int, ranks: Sequ
     """This rank's part: meet, watch, load, run the passes, report (rank 0)."""
     mine = ranks[rank]
     here = local_device_map(list(ranks))
-    gpus = all(torch.device(d).type == "cuda" for d in here.values())
-    backend = "nccl" if gpus else "gloo"
-    if gpus:
+    backend = replica_backend(ranks, replicas=1)  # the ranks' devices are one replica's
+    if backend == "nccl":
         torch.cuda.set_device(torch.device(here[mine]))
     # torchrun stops the ranks with SIGTERM when one fails: say so, naming the lost rank once
     # the watchdog knows the peers.
@@ -440,8 +457,7 @@ def _run(model_dir: Path, options: argparse.Namespace, *, rank: int, ranks: Sequ
     try:
         model = load_model(model_dir, device_map={mine: here[mine]}, devices=[mine])
         batches, rows = _batches(model, model_dir, options)
-        stages = chain_of(model, table, ranks=ranks, first=batches[0],
-                          rows=rows) \
+        stages = chain_of(model, table, rank=rank, ranks=ranks, first=batches[0], rows=rows) \
             if options.microbatches > 1 and options.pipelining != "sendrecv" else None
         if options.pipelining == "torch" and stages is None:
             raise EmitError("--pipelining torch needs ranks that form a chain of stages, M > 1 "
@@ -454,7 +470,12 @@ def _run(model_dir: Path, options: argparse.Namespace, *, rank: int, ranks: Sequ
                 (lambda: run_stages(model, batches, stages, exchange)) if stages is not None
                 else (lambda: run_pass(model, batches, exchange, mine=mine)),
                 exchange, warmup=options.warmup, repeats=options.repeats)
-        dist.barrier()
+        # A peer through the last barrier may end before this rank returns from it, so the
+        # watchdog stands down first (else it would name that peer lost); a peer lost before
+        # the barrier fails it instead, named by ``Watchdog.explain``.
+        watchdog.finished.set()
+        with exchange.named(None):
+            dist.barrier()
     finally:
         watchdog.finished.set()
         if dist.is_initialized():
@@ -465,8 +486,7 @@ def _run(model_dir: Path, options: argparse.Namespace, *, rank: int, ranks: Sequ
         partial = f"{options.outputs}.partial"  # renamed into place: never half-written
         safetensors.torch.save_file(flat, partial)
         os.replace(partial, options.outputs)
-    timed = sorted(times)
-    return {"times_s": times, "measured_s": timed[len(timed) // 2], "backend": backend,
+    return {"times_s": times, "measured_s": statistics.median(times), "backend": backend,
             "world": len(ranks), "microbatches": options.microbatches,
             "pipelining": "torch.distributed.pipelining ScheduleGPipe" if stages is not None
             else "send/recv", "ranks": list(ranks), "names": list(names)}
@@ -493,11 +513,10 @@ def _batches(model: torch.nn.Module, model_dir: Path,
         raise EmitError(f"{model_dir} holds no example inputs (inputs.safetensors): plan again")
     count = options.microbatches
     args, kwargs = repeated(example, count)
-    if options.inputs:  # checked against the example by ``run_ranks`` before any rank starts
-        given = safetensors.torch.load_file(options.inputs)
-        leaves, spec = torch.utils._pytree.tree_flatten((args, kwargs))
-        args, kwargs = spec.unflatten([given.get(n, leaf) for n, leaf in
-                                       zip(input_names(args, kwargs), leaves)])
+    if options.inputs:
+        # Checked against the batch here too (``run_ranks`` did, before any rank started):
+        # launch.py may be run by hand.
+        args, kwargs = read_inputs_file(options.inputs, example=(args, kwargs))
     parts = split_batch(args, kwargs, count)
     rows = _rows(example)
     return [flat_inputs(model, a, kw) for a, kw in parts], rows

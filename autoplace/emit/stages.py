@@ -8,10 +8,11 @@ the batch (dimension 0 is the micro-batch's rows), which is what the schedule sp
 merges. A stage's module (``_Stage``) takes the values that cross the cut before it and
 returns those that cross the cut after it (a value made early and read late passes through
 the stages between); the last stage returns the model's outputs, which it then sends to rank
-0. Anything else (GPT-2's tied embedding makes rank 0 run first and last: no chain) runs on
-``ranks.run_pass``'s send/recv, in the same GPipe order.
+0 through ``ranks.Exchange``, as every other crossing goes (``gather_outputs``: they land on
+rank 0's GPU under nccl). Anything else (GPT-2's tied embedding makes rank 0 run first and
+last: no chain) runs on ``ranks.run_pass``'s send/recv, in the same GPipe order.
 
-Read ``chain_of``, then ``run_stages``.
+Read ``chain_of``, then ``run_stages`` and ``gather_outputs``.
 """
 
 from __future__ import annotations
@@ -21,9 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-__all__ = ["Chain", "chain_of", "run_stages"]
+__all__ = ["Chain", "chain_of", "gather_outputs", "run_stages"]
 
 
 @dataclass(frozen=True)
@@ -42,13 +42,11 @@ class Chain:
     constants: Mapping[str, Any]
 
 
-def chain_of(model: torch.nn.Module, table: Sequence[Any], *, ranks: Sequence[str],
+def chain_of(model: torch.nn.Module, table: Sequence[Any], *, rank: int, ranks: Sequence[str],
              first: Sequence[Any], rows: int) -> Chain | None:
-    """This rank's stage where the plan's ranks form a chain (the module says when), else
+    """Rank ``rank``'s stage where the plan's ranks form a chain (the module says when), else
     ``None``. ``table``: the ``ranks.Crossing`` rows; ``first``: micro-batch 0's flat inputs;
     ``rows``: its batch."""
-    import os  # noqa: PLC0415 (the rank is torchrun's)
-
     info = model.segment_info
     runs = [seg.planned_device for i, seg in enumerate(info)
             if i == 0 or info[i - 1].planned_device != seg.planned_device]
@@ -60,7 +58,6 @@ def chain_of(model: torch.nn.Module, table: Sequence[Any], *, ranks: Sequence[st
         return None
     crossing = {c.value: c for c in table}
     constants = {c.value: c.constant for c in table if c.shape is None}
-    rank = int(os.environ["RANK"])
     made = {name: 0 for name in model.input_names}  # stage that makes (or first has) each value
     last_read: dict[str, int] = {}
     stage_of = {d: i for i, d in enumerate(runs)}
@@ -141,7 +138,6 @@ def run_stages(model: torch.nn.Module, batches: Sequence[list[Any]], chain: Chai
     stage = PipelineStage(_Stage(model, chain), chain.index, world, device,
                           input_args=empty(chain.takes), output_args=empty(chain.gives))
     schedule = ScheduleGPipe(stage, n_microbatches=count)
-    last = chain.order[-1]
     with exchange.named(None):
         if chain.index == 0:
             names = dict(zip(model.input_names, range(len(model.input_names))))
@@ -149,21 +145,30 @@ def run_stages(model: torch.nn.Module, batches: Sequence[list[Any]], chain: Chai
             merged = schedule.eval(*whole)
         else:
             merged = schedule.eval()
+    return gather_outputs(model, chain, merged, exchange, count=count)
+
+
+def gather_outputs(model: torch.nn.Module, chain: Chain, merged: Any, exchange: Any, *,
+                   count: int) -> dict[str, list[Any]]:
+    """Rank 0's outputs of a pass, each micro-batch's by name: the last stage's ``merged``
+    (its schedule's outputs, all micro-batches in one tensor each) sent to rank 0 through
+    ``exchange``, which receives them where its backend puts tensors (``ranks.Exchange``:
+    the rank's GPU under nccl). Empty on the other ranks."""
     outputs: dict[str, list[Any]] = {n: [] for n in model.output_names}
+    last = chain.order[-1]
     if chain.rank == last:
         merged = merged if isinstance(merged, tuple) else (merged,)
         if last == 0:
             return {n: list(t.chunk(count)) for n, t in zip(chain.gives, merged)}
-        with exchange.named(0):
-            for t in merged:
-                dist.send(t.contiguous(), 0, tag=len(exchange.index) * count + 1)
+        for position, t in enumerate(merged):
+            exchange.send_tensor(t, dsts=(0,), tag=exchange.gathered_tag(position))
+        exchange.finish()
     elif chain.rank == 0:
-        for n in model.output_names:
+        for position, n in enumerate(model.output_names):
             shape, dtype = chain.shapes.get(n) or _output_shape(n, exchange)
-            buffer = torch.empty((shape[0] * count, *shape[1:]), dtype=getattr(torch, dtype))
-            with exchange.named(last):
-                dist.recv(buffer, last, tag=len(exchange.index) * count + 1)
-            outputs[n] = list(buffer.chunk(count))
+            whole = exchange.receive_tensor(src=last, tag=exchange.gathered_tag(position),
+                                            shape=(shape[0] * count, *shape[1:]), dtype=dtype)
+            outputs[n] = list(whole.chunk(count))
     return outputs
 
 
