@@ -136,7 +136,8 @@ def fewer_devices(problem: Problem, options: SolveOptions, *,
             best_s = result.objective_s
             best = (f"what-if on {len(devices)} device{'s' if len(devices) > 1 else ''}",
                     result.schedule.placement)
-    return FewerDevices(tuple(rows), best, _spent(options, began, limits_s), planned)
+    spent_s = _spent(options, began, limits_s) if planned else 0.0
+    return FewerDevices(tuple(rows), best, spent_s, planned)
 
 
 def _fits(problem: Problem, devices: tuple[str, ...]) -> str | None:
