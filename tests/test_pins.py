@@ -174,3 +174,23 @@ def test_every_baseline_and_the_plan_respect_the_pins():
             pinned = {pins.device_of_op[op] for op in node.ops if op in pins.device_of_op}
             if pinned:
                 assert {schedule.placement.device_of[node.name]} == pinned, (name, node.name)
+
+
+def test_the_unpinned_solve_starts_from_the_pinned_plan():
+    # A pinned plan is a plan without pins too: carried onto the unpinned graph it simulates the
+    # same, so the unpinned solve, which starts from it, can never make pins look like a gain.
+    from autoplace.cluster import resolve_cluster
+    from autoplace.pipeline import _carried
+    from autoplace.pipeline.forward import Tracing, traced_problem
+    from autoplace.simulate import simulate
+    from autoplace.solve import solve
+
+    model, x = _mlp()
+    cluster, _ = resolve_cluster(spec="2xA100-40GB")
+    how = Tracing(name="mlp", profile=False, cache=None, progress=False,
+                  pins={"0": "cuda:0", "4": 1})
+    forward = traced_problem(model.eval(), (x,), {}, cluster, how, [])
+    pinned = solve(forward.problem, time_limit_s=1)
+    start = _carried(forward.unpinned, forward.problem, pinned)["the pinned plan"]
+    assert start.device_of != {n: "cuda:0" for n in start.device_of}  # the pins' split
+    assert simulate(forward.unpinned, start).makespan_s == pytest.approx(pinned.objective_s)

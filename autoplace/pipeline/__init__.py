@@ -42,6 +42,7 @@ from autoplace.simulate.schedules import microbatch_name
 from autoplace.solve import DEFAULT_TIME_LIMIT_S, SolveOptions, SolveResult, solve
 from autoplace.solve.accelerate import accelerate_baselines
 from autoplace.solve.baselines import DEFAULT_MIN_GAIN, check_min_gain, prefer_single
+from autoplace.solve.heuristics import majority_devices
 from autoplace.solve.whatif import plan_row, solve_after_whatif, whatif_options, whatif_table
 from autoplace.train import TRAINING_NOTE, check_training, loss_model, training_targets
 from autoplace.train.precision import cast, cast_notes, check_dtype
@@ -178,7 +179,7 @@ def plan(
             solved, fewer = solve_after_whatif(problem, options, extra_baselines=extra)
         else:
             solved = solve(problem, options=options, extra_baselines=extra)
-        pinned = _unpinned_record(model, forward, options, min_gain)
+        pinned = _unpinned_record(model, forward, options, min_gain, solved)
     traced, profiled, folded = forward.traced, forward.profiled, forward.folded
     result, gain = _min_gain(solved, min_gain)
     if mode == "training" and result.schedule is not solved.schedule and step.single:
@@ -223,17 +224,31 @@ def plan(
                    profile=profiled.to_dict() if profiled else None)
 
 def _unpinned_record(model: torch.nn.Module, forward: Any, options: SolveOptions,
-                     min_gain: float) -> dict[str, Any] | None:
+                     min_gain: float, pinned: SolveResult) -> dict[str, Any] | None:
     """With pins: ``plan.json``'s ``pins`` record, the pins and the plan the model gets
-    without them (solved with the same options and ``--min-gain``), which ``Plan.pins_cost_s``
-    compares the pinned plan with."""
+    without them (solved with the same options and ``--min-gain``, starting from the
+    ``pinned`` plan, a plan without pins too), which ``Plan.pins_cost_s`` compares the pinned
+    plan with."""
     if forward.pins is None:
         return None
     extra, _ = accelerate_baselines(model, forward.graph, forward.unpinned)
-    free, _ = _min_gain(solve(forward.unpinned, options=options, extra_baselines=extra),
+    free, _ = _min_gain(solve(forward.unpinned, options=options, extra_baselines=extra,
+                              starts=_carried(forward.unpinned, forward.problem, pinned)),
                         min_gain)
     return {**forward.pins.to_dict(), "unpinned_makespan_s": free.schedule.makespan_s,
             "unpinned_objective_s": free.objective_s}
+
+
+def _carried(onto: Problem, problem: Problem, solved: SolveResult) -> dict[str, Placement]:
+    """``solved``'s plan of ``problem`` carried onto ``onto``, a folding of the same traced ops
+    (each node where most of its ops are), as a start; none where it would put a node where it
+    cannot run."""
+    device_of = solved.schedule.placement.device_of
+    on_op = {op: device_of[n.name] for n in problem.graph.nodes for op in n.ops}
+    placed = majority_devices(onto, {n.name: n.ops for n in onto.graph.nodes}, on_op)
+    if any(placed[n] not in onto.allowed[n] for n in placed):
+        return {}
+    return {"the pinned plan": Placement(device_of=placed)}
 
 
 def _emit(planned: Plan, traced: Any, model: torch.nn.Module, args: tuple[Any, ...],
