@@ -330,3 +330,32 @@ def test_a_cluster_file_whose_hosts_or_links_miss_the_devices_is_refused(tmp_pat
     assert main(["plan", str(EXAMPLES / "mlp.py"), "--cluster", str(cluster), "--out",
                  str(out), "--no-cache"]) == 2
     assert re.search(message, capsys.readouterr().err) and not out.exists()
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+@pytest.mark.parametrize("through", [True, False])
+def test_at_the_last_barrier_a_gone_peer_is_lost_only_if_this_rank_stays(monkeypatch, through):
+    # A peer through the last barrier may end before this rank returns from it: not lost when
+    # this rank gets through within the grace; lost (named, exit 3) when it does not.
+    import autoplace.emit.ranks as ranks
+
+    said: list[str] = []
+    exited = threading.Event()
+    monkeypatch.setattr(ranks, "_LOST_GRACE_S", 0.5)
+    monkeypatch.setattr(ranks.os, "_exit", lambda code: exited.set())
+    watchdog = ranks.Watchdog(rank=0, names=["cpu:0", "cpu:1"], say=said.append,
+                              peers=[("here", os.getpid()), (ranks.socket.gethostname(),
+                                                             _dead_pid())])
+    watchdog.at_barrier.set()
+    watchdog.start()
+    if through:
+        time.sleep(0.3)  # the watchdog has seen the peer gone and waits
+        watchdog.finished.set()
+    assert exited.wait(2) is not through
+    watchdog.finished.set()
+    assert bool(said) is not through and all("lost rank 1 (cpu:1" in s for s in said)

@@ -233,7 +233,8 @@ class Watchdog:
         self.rank, self.names, self.say = rank, names, say
         here = socket.gethostname()
         self.watched = {r: pid for r, (host, pid) in enumerate(peers) if host == here and r != rank}
-        self.finished = threading.Event()
+        self.at_barrier = threading.Event()  # this rank waits at the barrier after its last pass
+        self.finished = threading.Event()  # ... and is through it
         self._thread = threading.Thread(target=self._watch, daemon=True, name="autoplace-watch")
 
     def start(self) -> Watchdog:
@@ -259,7 +260,13 @@ class Watchdog:
     def _watch(self) -> None:
         while not self.finished.wait(WATCH_INTERVAL_S):
             gone = self.lost()
-            if gone is not None and not self.finished.is_set():
+            if gone is None:
+                continue
+            # At the last barrier a peer through it may end before this rank returns from it:
+            # lost only if this rank is not through within the grace.
+            if self.at_barrier.is_set() and self.finished.wait(_LOST_GRACE_S):
+                return
+            if not self.finished.is_set():
                 self.say(self.message(gone))
                 os._exit(3)
 
@@ -470,12 +477,13 @@ def _run(model_dir: Path, options: argparse.Namespace, *, rank: int, ranks: Sequ
                 (lambda: run_stages(model, batches, stages, exchange)) if stages is not None
                 else (lambda: run_pass(model, batches, exchange, mine=mine)),
                 exchange, warmup=options.warmup, repeats=options.repeats)
-        # A peer through the last barrier may end before this rank returns from it, so the
-        # watchdog stands down first (else it would name that peer lost); a peer lost before
-        # the barrier fails it instead, named by ``Watchdog.explain``.
-        watchdog.finished.set()
+        # A peer through the last barrier may end before this rank returns from it: the
+        # watchdog, told this rank is there, gives it ``_LOST_GRACE_S`` to get through before
+        # naming that peer lost.
+        watchdog.at_barrier.set()
         with exchange.named(None):
             dist.barrier()
+        watchdog.finished.set()
     finally:
         watchdog.finished.set()
         if dist.is_initialized():
