@@ -20,7 +20,8 @@ reports the losses and the step time against the plan's; a plan of R > 1 data-pa
 replicas trains as R processes (``OUT/train.py`` under torchrun, ``autoplace.emit.replicas``),
 each on 1/R of the batch (in the plan's micro-batches, if any).
 
-Read ``run_plan``, then ``read_inputs_file`` and ``save_outputs``, then ``train_plan``.
+Read ``run_plan``, then ``save_outputs``, then ``train_plan``. ``--inputs`` files are read by
+``emit.saving.read_inputs_file`` (re-exported here), which the ranks of ``launch.py`` use too.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from autoplace.emit.memory import comparable_peak_bytes, measure
 from autoplace.emit.microbatch import split_batch, stepper
 from autoplace.emit.optimizer import MasterWeights
 from autoplace.emit.replicas import launch_replicas
-from autoplace.emit.saving import input_names, load_inputs
+from autoplace.emit.saving import load_inputs, read_inputs_file
 from autoplace.errors import AutoplaceError, EmitError, OutputError
 from autoplace.formats.plan import Plan, plan_path, read_plan
 
@@ -343,55 +344,6 @@ def _time(
     return [t for t, _ in runs], runs[-1][1]
 
 
-def read_inputs_file(
-    path: str | os.PathLike[str],
-    *,
-    example: tuple[tuple[Any, ...], dict[str, Any]] | None,
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Read ``--inputs``: a safetensors file with one tensor per input of the example, named
-    as ``input_names`` names them (``args.0``, ``kwargs.input_ids``), of the example's shapes
-    and dtypes. Without a saved example, a file of ``args.0``, ``args.1``, ... only."""
-    where = Path(path)
-    try:
-        tensors = safetensors.torch.load_file(str(where))
-    except FileNotFoundError as error:
-        raise AutoplaceError(f"inputs file {str(where)!r} does not exist") from error
-    except Exception as error:  # SafetensorError, OSError, ... all mean an unreadable file
-        raise AutoplaceError(f"cannot read the inputs file {str(where)!r} as safetensors: "
-                             f"{error}") from error
-    if example is None:
-        count = len(tensors)
-        expected = [f"args.{i}" for i in range(count)]
-        if sorted(tensors) != sorted(expected):
-            raise AutoplaceError(
-                f"inputs file {str(where)!r} has tensors {sorted(tensors)}; with no saved "
-                f"example to match, name positional inputs args.0 .. args.{count - 1}")
-        return tuple(tensors[name] for name in expected), {}
-    args, kwargs = example
-    names = input_names(args, kwargs)
-    leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
-    wanted = {n: leaf for n, leaf in zip(names, leaves) if isinstance(leaf, torch.Tensor)}
-    missing = sorted(set(wanted) - set(tensors))
-    extra = sorted(set(tensors) - set(wanted))
-    if missing or extra:
-        raise AutoplaceError(
-            f"inputs file {str(where)!r} does not name the example's inputs: "
-            + "; ".join(part for part in (
-                f"missing {', '.join(missing)}" if missing else "",
-                f"unexpected {', '.join(extra)}" if extra else "") if part)
-            + f". Expected tensors: {', '.join(sorted(wanted))}")
-    for name, leaf in wanted.items():
-        given = tensors[name]
-        if tuple(given.shape) != tuple(leaf.shape) or given.dtype != leaf.dtype:
-            raise AutoplaceError(
-                f"inputs file {str(where)!r}: tensor {name!r} is {_describe(given)}, but the "
-                f"example the plan was made for has {_describe(leaf)}; the plan (costs, memory) "
-                "holds for those shapes only: plan again with inputs of this shape")
-    values = [tensors.get(n, leaf) for n, leaf in zip(names, leaves)]
-    new_args, new_kwargs = pytree.tree_unflatten(values, spec)
-    return tuple(new_args), dict(new_kwargs)
-
-
 def save_outputs(outputs: Any, path: str | os.PathLike[str]) -> list[str]:
     """Write the output tensors to ``path`` (safetensors, named ``output``, ``output.0``,
     ``output.logits``, ...) through a temporary file renamed into place; the names written."""
@@ -421,10 +373,6 @@ def save_outputs(outputs: Any, path: str | os.PathLike[str]) -> list[str]:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return list(tensors)
-
-
-def _describe(tensor: torch.Tensor) -> str:
-    return f"shape {list(tensor.shape)} {str(tensor.dtype).removeprefix('torch.')}"
 
 
 def _mib(nbytes: int) -> str:

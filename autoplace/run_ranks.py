@@ -34,12 +34,12 @@ from autoplace.emit import load_model, local_device_map
 from autoplace.emit.microbatch import split_batch
 from autoplace.emit.ranks import Exchange, flat_inputs, repeated, run_pass
 from autoplace.emit.replicas import launch_replicas
-from autoplace.emit.saving import load_inputs, planned_devices
+from autoplace.emit.saving import load_inputs, planned_devices, read_inputs_file
 from autoplace.emit.verification import max_abs_diff
 from autoplace.errors import AutoplaceError, EmitError, VerificationError
 from autoplace.formats.plan import Plan
 from autoplace.ir import Placement, Problem, Schedule
-from autoplace.run import plan_and_model, read_inputs_file
+from autoplace.run import plan_and_model
 from autoplace.simulate import simulate
 from autoplace.simulate.schedules import microbatch_name
 from autoplace.train.graph import microbatch_copies

@@ -49,10 +49,9 @@ from torch.fx import _pytree as fx_pytree
 from autoplace.emit.ddp import check_world, replica_backend
 from autoplace.emit.device_map import local_device_map, worker_threads
 from autoplace.emit.microbatch import batch_size, split_batch
-from autoplace.emit.saving import load_inputs, load_model
+from autoplace.emit.saving import load_inputs, load_model, read_inputs_file
 from autoplace.emit.stages import chain_of, run_stages
 from autoplace.errors import AutoplaceError, EmitError
-from autoplace.run import read_inputs_file
 
 __all__ = ["INIT_TIMEOUT_S", "Crossing", "Watchdog", "crossings", "flat_inputs", "rank_main",
            "run_pass", "value_specs", "write_launch_script"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import os
 import uuid
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
@@ -46,10 +47,10 @@ from autoplace.emit.codegen import (
 )
 from autoplace.emit.device_map import check_device, remap
 from autoplace.emit.model import PartitionedModel, SegmentInfo
-from autoplace.errors import EmitError, OutputError
+from autoplace.errors import AutoplaceError, EmitError, OutputError
 
 __all__ = ["input_names", "load_inputs", "load_model", "load_segments", "planned_devices",
-           "save_model"]
+           "read_inputs_file", "save_model"]
 
 _SPEC_MODULE_PREFIXES = ("transformers.", "torch.")
 _FORMAT = "autoplace.emit/1"
@@ -401,3 +402,56 @@ def _in_order(spec: pytree.TreeSpec, names: list[str]) -> list[str]:
     if missing:
         raise KeyError(f"no value for {', '.join(missing)}")
     return ordered
+
+
+def read_inputs_file(
+    path: str | os.PathLike[str],
+    *,
+    example: tuple[tuple[Any, ...], dict[str, Any]] | None,
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Read ``--inputs``: a safetensors file with one tensor per input of the example, named
+    as ``input_names`` names them (``args.0``, ``kwargs.input_ids``), of the example's shapes
+    and dtypes. Without a saved example, a file of ``args.0``, ``args.1``, ... only."""
+    where = Path(path)
+    try:
+        tensors = safetensors.torch.load_file(str(where))
+    except FileNotFoundError as error:
+        raise AutoplaceError(f"inputs file {str(where)!r} does not exist") from error
+    except Exception as error:  # SafetensorError, OSError, ... all mean an unreadable file
+        raise AutoplaceError(f"cannot read the inputs file {str(where)!r} as safetensors: "
+                             f"{error}") from error
+    if example is None:
+        count = len(tensors)
+        expected = [f"args.{i}" for i in range(count)]
+        if sorted(tensors) != sorted(expected):
+            raise AutoplaceError(
+                f"inputs file {str(where)!r} has tensors {sorted(tensors)}; with no saved "
+                f"example to match, name positional inputs args.0 .. args.{count - 1}")
+        return tuple(tensors[name] for name in expected), {}
+    args, kwargs = example
+    names = input_names(args, kwargs)
+    leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+    wanted = {n: leaf for n, leaf in zip(names, leaves) if isinstance(leaf, torch.Tensor)}
+    missing = sorted(set(wanted) - set(tensors))
+    extra = sorted(set(tensors) - set(wanted))
+    if missing or extra:
+        raise AutoplaceError(
+            f"inputs file {str(where)!r} does not name the example's inputs: "
+            + "; ".join(part for part in (
+                f"missing {', '.join(missing)}" if missing else "",
+                f"unexpected {', '.join(extra)}" if extra else "") if part)
+            + f". Expected tensors: {', '.join(sorted(wanted))}")
+    for name, leaf in wanted.items():
+        given = tensors[name]
+        if tuple(given.shape) != tuple(leaf.shape) or given.dtype != leaf.dtype:
+            raise AutoplaceError(
+                f"inputs file {str(where)!r}: tensor {name!r} is {_describe(given)}, but the "
+                f"example the plan was made for has {_describe(leaf)}; the plan (costs, memory) "
+                "holds for those shapes only: plan again with inputs of this shape")
+    values = [tensors.get(n, leaf) for n, leaf in zip(names, leaves)]
+    new_args, new_kwargs = pytree.tree_unflatten(values, spec)
+    return tuple(new_args), dict(new_kwargs)
+
+
+def _describe(tensor: torch.Tensor) -> str:
+    return f"shape {list(tensor.shape)} {str(tensor.dtype).removeprefix('torch.')}"
