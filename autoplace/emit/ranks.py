@@ -549,7 +549,8 @@ def _rows(example: tuple[tuple[Any, ...], dict[str, Any]]) -> int:
 def _passes(once: Callable[[], dict[str, Any]], exchange: Exchange, *, warmup: int,
             repeats: int) -> tuple[list[float], dict[str, Any]]:
     """``warmup`` then ``repeats`` passes, the ranks meeting (a barrier) before each; a pass is
-    timed from the barrier to its outputs on rank 0 and its sends done elsewhere."""
+    timed from the barrier to its outputs on rank 0 and its sends done elsewhere (on a GPU,
+    its queued work finished)."""
     times, outputs = [], {}
     with torch.no_grad():
         for i in range(warmup + repeats):
@@ -557,6 +558,8 @@ def _passes(once: Callable[[], dict[str, Any]], exchange: Exchange, *, warmup: i
                 dist.barrier()
             began = time.perf_counter()
             outputs = once()
+            if exchange.device.startswith("cuda"):  # nccl queues the receives on the GPU
+                torch.cuda.synchronize(exchange.device)
             if i >= warmup:
                 times.append(time.perf_counter() - began)
     return times, outputs
