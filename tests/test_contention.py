@@ -210,7 +210,8 @@ def test_a_host_nic_is_crossed_by_every_transfer_leaving_or_entering_it(tmp_path
     ('[[shared]]\nname = "sw"\nbandwidth_bytes_per_s = 1e9\nhosts = ["h0", "h1"]\n',
      r"lists every device"),
     ('[[shared]]\nname = "nic-out:h0"\nbandwidth_bytes_per_s = 1e9\nhosts = ["h1"]\n',
-     r"cluster.toml: shared link name 'nic-out:h0' is used twice"),
+     r"cluster.toml: shared link name 'nic-out:h0' is used twice \(a host's NIC is named "
+     r"nic-in:HOST and nic-out:HOST\)"),
     # A NIC on a host without devices: the loader refuses the host before any link is made.
     ('[[hosts]]\nname = "h2"\nnic_bandwidth_bytes_per_s = 1e9\n',
      r"host\(s\) 'h2' have no devices"),

@@ -75,7 +75,9 @@ def load_cluster_file(path: str | os.PathLike[str]) -> Cluster:
             shared=shared,
         )
     except DeviceSpecError as error:  # what only the whole cluster shows: a name used twice
-        raise DeviceSpecError(f"{where}: {error}") from error
+        nic = any(r.name.startswith("nic-") for r in shared) and "used twice" in str(error)
+        hint = " (a host's NIC is named nic-in:HOST and nic-out:HOST)" if nic else ""
+        raise DeviceSpecError(f"{where}: {error}{hint}") from error
 
 
 def _device_entry(
