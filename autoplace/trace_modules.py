@@ -291,7 +291,8 @@ def trace_modules(model: torch.nn.Module, args: tuple, kwargs: dict, *,
                   tree: Units | None = None) -> ModuleTrace:
     """``model``'s module-level ``OpGraph`` on ``args``/``kwargs``. ``no_split``: the classes
     kept whole (default: ``model._no_split_modules``); ``tree``: ``module_units``' answer, when
-    the caller has it."""
+    the caller has it. Parameter and buffer bytes are the model's before the forward pass: a
+    buffer the forward registers or grows is not counted."""
     tree = tree or module_units(model, no_split)
     found, no_split = tree.found, tree.no_split
     output, records, order = _traced_run(model, found, args, kwargs)
