@@ -178,10 +178,13 @@ def solve_after_whatif(problem: Problem, options: SolveOptions, *,
                    stop=(lambda stage: True) if fewer.interrupted else None)
     if not fewer.solved:
         return result, fewer
-    started = f", starting from the best of their plans ({fewer.best[0]})" if fewer.best else ""
-    rows = "the first device" if len(fewer.rows) == 1 else (
-        f"the first 1 to {len(fewer.rows)} devices")
-    note = (f"the what-if rows ({rows}) took "
+    one = len(fewer.rows) == 1
+    started = "" if fewer.best is None else (
+        f", {'its plan' if one else 'the best of their plans'} ({fewer.best[0]}) among the "
+        "solve's starting points")
+    rows = "row (the first device)" if one else (
+        f"rows (the first 1 to {len(fewer.rows)} devices)")
+    note = (f"the what-if {rows} took "
             f"{fewer.spent_s:.2f} s of the {limit_s:g} s time limit; the plan's solve had the "
             f"rest ({rest.time_limit_s:.2f} s){started}")
     return replace(result, notes=(*result.notes, note)), fewer
