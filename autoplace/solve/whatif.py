@@ -97,16 +97,16 @@ def fewer_devices(problem: Problem, options: SolveOptions, *,
     ``MIN_ROW_S``."""
     names = problem.cluster.names
     prefixes = [names[:k] for k in range(1, len(names))]
-    fits = [_fits(problem, devices) for devices in prefixes]
-    planned = to_solve = sum(why is None for why in fits)
+    fits = [_restricted(problem, devices) for devices in prefixes]
+    planned = to_solve = sum(sub is not None for sub, _ in fits)
     row_options = options
     rows: list[dict[str, Any]] = []
     best: tuple[str, Placement] | None = None
     best_s = float("inf")
     began, limits_s = time.perf_counter(), 0.0
-    for devices, why in zip(prefixes, fits):
+    for devices, (sub, why) in zip(prefixes, fits):
         row_began = time.perf_counter()
-        if why is not None:
+        if sub is None:
             rows.append({"devices": list(devices), "makespan_s": None, "status": "INFEASIBLE",
                          "detail": why, "wall_s": time.perf_counter() - row_began})
             continue
@@ -117,8 +117,7 @@ def fewer_devices(problem: Problem, options: SolveOptions, *,
         to_solve -= 1
         limits_s += row_options.time_limit_s
         try:
-            result = solve(restrict(problem, devices), options=row_options,
-                           starts=dict([best]) if best else None)
+            result = solve(sub, options=row_options, starts=dict([best]) if best else None)
         except KeyboardInterrupt:
             return FewerDevices(tuple(rows), best, _spent(options, began, limits_s),
                                 planned - to_solve, True)
@@ -140,14 +139,15 @@ def fewer_devices(problem: Problem, options: SolveOptions, *,
     return FewerDevices(tuple(rows), best, spent_s, planned)
 
 
-def _fits(problem: Problem, devices: tuple[str, ...]) -> str | None:
-    """Why ``devices`` cannot hold the model (``bounds.check_memory``) or run some node of it (a
-    pin elsewhere), or ``None``."""
+def _restricted(problem: Problem, devices: tuple[str, ...]) -> tuple[Problem | None, str | None]:
+    """``problem`` on ``devices``, or ``None`` and why they cannot hold the model
+    (``bounds.check_memory``) or run some node of it (a pin elsewhere)."""
     try:
-        check_memory(restrict(problem, devices))
+        sub = restrict(problem, devices)
+        check_memory(sub)
     except AutoplaceError as exc:
-        return str(exc)
-    return None
+        return None, str(exc)
+    return sub, None
 
 
 def _spent(options: SolveOptions, began: float, limits_s: float) -> float:
