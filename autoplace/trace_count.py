@@ -96,13 +96,11 @@ class CountingInterpreter(torch.fx.Interpreter):
     """Runs each node on fake tensors under FlopCounterMode, recording FLOPs and results, and
     what each op holds beyond its output while it runs (``_Transient``)."""
 
-    def __init__(self, module: torch.fx.GraphModule, fake_mode: FakeTensorMode, device: str):
+    def __init__(self, module: torch.fx.GraphModule, device: str):
         super().__init__(module, garbage_collect_values=False)
-        self.fake_mode = fake_mode
         self.device = device
         self.flops: dict[str, int] = {}
         self.values: dict[str, Any] = {}
-        self.failed: list[str] = []
         self.transient_bytes: dict[str, int] = {}
         # (FLOPs, transient bytes) by ``signature``: a model's repeated layers count once.
         self.seen: dict[tuple, tuple[int, int]] = {}
@@ -249,7 +247,7 @@ def count_ops(
     gm: torch.fx.GraphModule, args: tuple, kwargs: dict, *, device: str
 ) -> CountingInterpreter:
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    interp = CountingInterpreter(gm, fake_mode, device)
+    interp = CountingInterpreter(gm, device)
     with fake_mode:
         fake_inputs = [_fake_like(x, device) if isinstance(x, torch.Tensor) else x
                        for x in flat_inputs(gm, args, kwargs)]
