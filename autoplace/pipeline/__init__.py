@@ -35,14 +35,21 @@ from autoplace.formats.output import atomic_output_dir
 from autoplace.formats.plan import BaselineResult, Plan, SolverRecord, Verification
 from autoplace.ir import Cluster, Placement, Problem
 from autoplace.load import normalize_inputs
+from autoplace.pins import Pins
 from autoplace.pipeline.forward import Tracing, traced_problem
 from autoplace.pipeline.step import Step, check_step, plan_step
 from autoplace.simulate import simulate
 from autoplace.simulate.schedules import microbatch_name
 from autoplace.solve import DEFAULT_TIME_LIMIT_S, SolveOptions, SolveResult, solve
-from autoplace.solve.accelerate import accelerate_baselines
+from autoplace.solve.accelerate import (
+    NOT_INSTALLED,
+    AccelerateMap,
+    accelerate_available,
+    accelerate_maps,
+    baselines_on,
+    on_graph,
+)
 from autoplace.solve.baselines import DEFAULT_MIN_GAIN, check_min_gain, prefer_single
-from autoplace.solve.heuristics import majority_devices
 from autoplace.solve.whatif import plan_row, solve_after_whatif, whatif_options, whatif_table
 from autoplace.train import TRAINING_NOTE, check_training, loss_model, training_targets
 from autoplace.train.precision import cast, cast_notes, check_dtype
@@ -160,6 +167,7 @@ def plan(
                        "training step without --pin/--pin-map")
     trace = Tracing(name=name, profile=profile, cache=cache, progress=progress, pins=pins)
     fewer = None  # the inference what-if rows, solved before the plan
+    pinned = None  # with pins, the pins and the plan without them
     if mode == "training":
         targets = training_targets(example_targets)
         model = loss_model(model, loss, args, kwargs, targets)
@@ -173,13 +181,17 @@ def plan(
     else:
         forward = traced_problem(model, args, kwargs, cluster, trace, notes)
         problem = forward.problem
-        extra, accelerate_notes = accelerate_baselines(model, forward.graph, problem)
-        notes += accelerate_notes
+        maps = accelerate_maps(model, forward.graph, problem.cluster) \
+            if accelerate_available() else ()
+        extra, accelerate_notes = baselines_on(problem, maps)
+        notes += accelerate_notes if accelerate_available() else [NOT_INSTALLED]
         if whatif:
             solved, fewer = solve_after_whatif(problem, options, extra_baselines=extra)
         else:
             solved = solve(problem, options=options, extra_baselines=extra)
-        pinned = _unpinned_record(model, forward, options, min_gain, solved)
+        if forward.pins is not None:  # accelerate's maps, made once, on the unpinned graph too
+            pinned = unpinned_record(forward.pins, forward.unpinned, maps, options, min_gain,
+                                     _carried(forward.unpinned, problem, solved))
     traced, profiled, folded = forward.traced, forward.profiled, forward.folded
     result, gain = _min_gain(solved, min_gain)
     if mode == "training" and result.schedule is not solved.schedule and step.single:
@@ -201,7 +213,7 @@ def plan(
                        coarsening={"traced_ops": folded.traced_ops,
                                    "plan_nodes": len(problem.graph.nodes),
                                    "steps": [*folded.steps, *result.coarsening]})
-    if mode != "training" and pinned is not None:
+    if pinned is not None:
         planned = replace(planned, pins=pinned)
     if mode == "training":
         planned = replace(planned, training=step.record(optimizer, result.schedule))
@@ -223,32 +235,27 @@ def plan(
     return replace(planned, notes=tuple(notes), whatif=scaling, min_gain=gain,
                    profile=profiled.to_dict() if profiled else None)
 
-def _unpinned_record(model: torch.nn.Module, forward: Any, options: SolveOptions,
-                     min_gain: float, pinned: SolveResult) -> dict[str, Any] | None:
-    """With pins: ``plan.json``'s ``pins`` record, the pins and the plan the model gets
-    without them (solved with the same options and ``--min-gain``, starting from the
-    ``pinned`` plan, a plan without pins too), which ``Plan.pins_cost_s`` compares the pinned
-    plan with."""
-    if forward.pins is None:
-        return None
-    extra, _ = accelerate_baselines(model, forward.graph, forward.unpinned)
-    free, _ = _min_gain(solve(forward.unpinned, options=options, extra_baselines=extra,
-                              starts=_carried(forward.unpinned, forward.problem, pinned)),
-                        min_gain)
-    return {**forward.pins.to_dict(), "unpinned_makespan_s": free.schedule.makespan_s,
-            "unpinned_objective_s": free.objective_s}
+def unpinned_record(pins: Pins, free: Problem, maps: Sequence[AccelerateMap],
+                    options: SolveOptions, min_gain: float,
+                    starts: Mapping[str, Placement] | None = None) -> dict[str, Any]:
+    """``plan.json``'s ``pins`` record: the ``pins`` and the plan the model gets without them
+    (``free``, solved with the same options, accelerate's ``maps`` and ``--min-gain``, from
+    ``starts``), which ``Plan.pins_cost_s`` compares the pinned plan with."""
+    extra, _ = baselines_on(free, maps)
+    unpinned, _ = _min_gain(solve(free, options=options, extra_baselines=extra, starts=starts),
+                            min_gain)
+    return {**pins.to_dict(), "unpinned_makespan_s": unpinned.schedule.makespan_s,
+            "unpinned_objective_s": unpinned.objective_s}
 
 
 def _carried(onto: Problem, problem: Problem, solved: SolveResult) -> dict[str, Placement]:
     """``solved``'s plan of ``problem`` carried onto ``onto``, a folding of the same traced ops
-    (each node where most of its ops are), as a start; none where it would put a node where it
-    cannot run."""
+    (each node where most of its ops are, ``accelerate.on_graph``), as a start: a pinned plan
+    is a plan without pins too. None where it would put a node where it cannot run."""
     device_of = solved.schedule.placement.device_of
-    on_op = {op: device_of[n.name] for n in problem.graph.nodes for op in n.ops}
-    placed = majority_devices(onto, {n.name: n.ops for n in onto.graph.nodes}, on_op)
-    if any(placed[n] not in onto.allowed[n] for n in placed):
-        return {}
-    return {"the pinned plan": Placement(device_of=placed)}
+    placement, _ = on_graph(onto, {op: device_of[n.name] for n in problem.graph.nodes
+                                   for op in n.ops})
+    return {} if placement is None else {"the pinned plan": placement}
 
 
 def _emit(planned: Plan, traced: Any, model: torch.nn.Module, args: tuple[Any, ...],

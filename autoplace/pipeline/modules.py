@@ -23,12 +23,18 @@ from autoplace.cost import costs as cost_nodes
 from autoplace.emit.hf_device_map import check_units_fit, device_map, uncovered
 from autoplace.errors import EmitError, ModelLoadError
 from autoplace.formats.plan import Plan
-from autoplace.ir import Cluster, Placement, Problem
+from autoplace.ir import Cluster, Problem
 from autoplace.load import normalize_inputs
-from autoplace.pins import Pins, pin_costs, pins_note, resolve_unit_pins
-from autoplace.pipeline import _min_gain, _plan_of
+from autoplace.pins import pin_costs, pins_note, resolve_unit_pins
+from autoplace.pipeline import _min_gain, _plan_of, unpinned_record
 from autoplace.solve import SolveOptions, solve
-from autoplace.solve.accelerate import accelerate_available, accelerate_maps, on_graph
+from autoplace.solve.accelerate import (
+    NOT_INSTALLED,
+    AccelerateMap,
+    accelerate_available,
+    accelerate_maps,
+    baselines_on,
+)
 from autoplace.solve.baselines import DEFAULT_MIN_GAIN, check_min_gain
 from autoplace.solve.options import MODULE_TIME_LIMIT_S
 from autoplace.trace_modules import INPUT, ModuleTrace, module_units, trace_modules
@@ -87,9 +93,9 @@ def plan_modules(
         graph=free.graph, cluster=cluster, costs=pin_costs(free.costs, resolved.device_of_op))
     if resolved is not None:
         notes.append(pins_note(resolved, cluster.names, "module nodes"))
-    ops, maps, map_notes = _accelerate(model, traced, cluster)
-    extra, extra_notes = _baselines(problem, ops)
-    notes += map_notes + extra_notes
+    found, maps = _accelerate(model, traced, cluster)
+    extra, map_notes = baselines_on(problem, found)
+    notes += map_notes if accelerate_available() else [NOT_INSTALLED]
     result, gain = _min_gain(solve(problem, options=options, extra_baselines=extra), min_gain)
     notes += result.notes
     planned = _plan_of(result, problem, name=name, tracer="modules",
@@ -102,7 +108,8 @@ def plan_modules(
         raise EmitError(f"the device_map leaves {len(missing)} tensor(s) unplaced, "
                         f"{', '.join(missing[:3])}: please report this")
     return replace(planned, notes=tuple(notes), min_gain=gain,
-                   pins=_unpinned_record(resolved, free, ops, options, min_gain), device_map={
+                   pins=None if resolved is None else unpinned_record(
+                       resolved, free, found, options, min_gain), device_map={
         "granularity": "module", "no_split": list(traced.no_split), "map": mapping,
         "input_device": result.schedule.placement.device_of[INPUT], "accelerate": maps})
 
@@ -118,48 +125,10 @@ def _check_classes(model: torch.nn.Module, no_split: Sequence[str]) -> None:
 
 
 def _accelerate(model: torch.nn.Module, traced: ModuleTrace, cluster: Cluster
-                ) -> tuple[dict[str, Mapping[str, str]], dict[str, Any], list[str]]:
-    """accelerate's maps (with the same no-split classes) as devices of the graph's nodes, the
-    maps themselves for the report (``None`` with the reason where one is not a placement
-    here), and notes."""
+                ) -> tuple[tuple[AccelerateMap, ...], dict[str, Any]]:
+    """accelerate's maps (with the same no-split classes), and the maps themselves for the
+    report (with the reason where one is not a placement here)."""
     if not accelerate_available():
-        return {}, {}, ["accelerate is not installed: its device maps are not among the "
-                        "baselines (pip install 'autoplace[examples]')"]
-    ops: dict[str, Mapping[str, str]] = {}
-    maps: dict[str, Any] = {}
-    notes: list[str] = []
-    for found in accelerate_maps(model, traced.graph, cluster, no_split=traced.no_split):
-        maps[found.name] = {"map": dict(found.device_map), "note": found.note}
-        if found.device_of_op is None:
-            notes.append(found.note or f"{found.name}: not a baseline")
-        else:
-            ops[found.name] = found.device_of_op
-    return ops, maps, notes
-
-
-def _baselines(problem: Problem, ops: Mapping[str, Mapping[str, str]]
-               ) -> tuple[dict[str, Placement], list[str]]:
-    """accelerate's maps as ``solve``'s ``extra_baselines`` for ``problem``, scored as they
-    are: one that breaks a pin places a node where it cannot run, and is no baseline."""
-    extra: dict[str, Placement] = {}
-    notes: list[str] = []
-    for name, device_of_op in ops.items():
-        placement, why = on_graph(problem, device_of_op)
-        if why:
-            notes.append(f"{name} {why}")
-        if placement is not None:
-            extra[name] = placement
-    return extra, notes
-
-
-def _unpinned_record(pins: Pins | None, free: Problem, ops: Mapping[str, Mapping[str, str]],
-                     options: SolveOptions, min_gain: float) -> dict[str, Any] | None:
-    """With pins: ``plan.json``'s ``pins`` record, the pins and the plan the model gets
-    without them (as ``pipeline._unpinned_record``), which ``Plan.pins_cost_s`` compares the
-    pinned plan with."""
-    if pins is None:
-        return None
-    extra, _ = _baselines(free, ops)
-    unpinned, _ = _min_gain(solve(free, options=options, extra_baselines=extra), min_gain)
-    return {**pins.to_dict(), "unpinned_makespan_s": unpinned.schedule.makespan_s,
-            "unpinned_objective_s": unpinned.objective_s}
+        return (), {}
+    found = accelerate_maps(model, traced.graph, cluster, no_split=traced.no_split)
+    return found, {m.name: {"map": dict(m.device_map), "note": m.note} for m in found}

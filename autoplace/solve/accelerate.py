@@ -35,7 +35,8 @@ from autoplace.ir import Cluster, OpGraph, Placement, Problem
 from autoplace.solve.heuristics import majority_devices
 
 __all__ = ["ACCELERATE_STRATEGIES", "AccelerateMap", "accelerate_available",
-           "accelerate_baselines", "accelerate_maps", "device_keys", "on_graph"]
+           "NOT_INSTALLED", "accelerate_baselines", "accelerate_maps", "baselines_on",
+           "device_keys", "on_graph"]
 
 # Baseline names, each with whether it balances first (get_balanced_memory) as "balanced" does.
 ACCELERATE_STRATEGIES = {"accelerate-sequential": False, "accelerate-balanced": True}
@@ -163,16 +164,19 @@ def on_graph(problem: Problem, device_of_op: Mapping[str, str]) -> tuple[Placeme
         "where most of its ops are" if split else "")
 
 
-def accelerate_baselines(model: torch.nn.Module, graph: OpGraph,
-                         problem: Problem) -> tuple[dict[str, Placement], list[str]]:
-    """accelerate's maps as ``solve``'s ``extra_baselines`` for ``problem`` (whose nodes' ops
-    are ops of the traced ``graph``), and the notes a user must see."""
-    if not accelerate_available():
-        return {}, ["accelerate is not installed: its device maps are not among the baselines "
-                    "(pip install 'autoplace[examples]')"]
+NOT_INSTALLED = ("accelerate is not installed: its device maps are not among the baselines "
+                 "(pip install 'autoplace[examples]')")
+
+
+def baselines_on(problem: Problem, maps: Sequence[AccelerateMap]
+                 ) -> tuple[dict[str, Placement], list[str]]:
+    """accelerate's ``maps`` (``accelerate_maps``' answer) as ``solve``'s ``extra_baselines``
+    for ``problem`` (whose nodes' ops are ops of the graph the maps were made for), and the
+    notes a user must see: a map that is no placement here (it offloads, or it puts a node
+    where it cannot run, such as against a pin) is no baseline."""
     placements: dict[str, Placement] = {}
     notes: list[str] = []
-    for found in accelerate_maps(model, graph, problem.cluster):
+    for found in maps:
         if found.device_of_op is None:
             notes.append(found.note or f"{found.name}: not a baseline")
             continue
@@ -182,3 +186,12 @@ def accelerate_baselines(model: torch.nn.Module, graph: OpGraph,
         if placement is not None:
             placements[found.name] = placement
     return placements, notes
+
+
+def accelerate_baselines(model: torch.nn.Module, graph: OpGraph,
+                         problem: Problem) -> tuple[dict[str, Placement], list[str]]:
+    """accelerate's maps of ``model`` (traced as ``graph``) on ``problem``'s cluster, as
+    ``baselines_on`` ``problem``."""
+    if not accelerate_available():
+        return {}, [NOT_INSTALLED]
+    return baselines_on(problem, accelerate_maps(model, graph, problem.cluster))
