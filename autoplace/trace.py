@@ -37,6 +37,7 @@ from autoplace.trace_count import (
     nbytes,
     op_name,
     tensors,
+    value_bytes,
 )
 
 __all__ = ["CACHE_NOTE", "SHAPE_ONLY_OPS", "TracedModel", "cache_off", "flat_inputs", "to_meta",
@@ -265,8 +266,8 @@ def _in_edges(
     edges = []
     for inp in dict.fromkeys(n.all_input_nodes):
         if inp.name in kept:
-            size = out_bytes if op_name(n.target) == "getitem" else sum(
-                nbytes(t) for t in tensors(interp.values.get(inp.name)))
+            size = out_bytes if op_name(n.target) == "getitem" else value_bytes(
+                interp.values.get(inp.name))
             edges.append(Edge(src=inp.name, dst=n.name, bytes=size))
     return edges
 

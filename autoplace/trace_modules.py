@@ -43,6 +43,7 @@ from torch.utils.flop_counter import flop_registry
 from autoplace.errors import TraceError
 from autoplace.ir import Edge, OpGraph, OpNode
 from autoplace.trace import to_meta
+from autoplace.trace_count import nbytes
 
 __all__ = ["INPUT", "ModuleTrace", "Unit", "Units", "module_units", "trace_modules", "units"]
 
@@ -102,11 +103,9 @@ class _Record:
     reads: dict[str, int] = field(default_factory=dict)  # source -> bytes read
 
 
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
 def _tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors in a module's arguments or result, through any container torch's pytree
+    knows (``trace_count.tensors`` walks lists, tuples and dicts only)."""
     return [v for v in tree_flatten(value)[0] if isinstance(v, torch.Tensor)]
 
 
@@ -141,8 +140,8 @@ class _Watch(TorchDispatchMode):
         self.live_bytes = 0
         self.peak_bytes = 0
 
-    def _freed(self, nbytes: int) -> None:
-        self.live_bytes -= nbytes
+    def _freed(self, size: int) -> None:
+        self.live_bytes -= size
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         kwargs = kwargs or {}
@@ -161,7 +160,7 @@ class _Watch(TorchDispatchMode):
             with contextlib.suppress(AttributeError, RuntimeError):
                 setattr(t, _TAG, sources)
             if self.current is not None and not func.is_view and _storage(t) not in held:
-                size = _nbytes(t)
+                size = nbytes(t)
                 self.live_bytes += size
                 self.peak_bytes = max(self.peak_bytes, self.live_bytes)
                 weakref.finalize(t, self._freed, size)
@@ -194,7 +193,7 @@ def _hooks(model: torch.nn.Module, found: dict[int, Unit], watch: _Watch,
             order.append(name)
         record = records[name]
         for t in _tensors((args, kwargs)):
-            size = _nbytes(t)
+            size = nbytes(t)
             record.input_bytes += size
             for source in _sources(t) or {INPUT}:
                 record.reads[source] = record.reads.get(source, 0) + size
@@ -207,7 +206,7 @@ def _hooks(model: torch.nn.Module, found: dict[int, Unit], watch: _Watch,
         name = found[id(module)].name
         record = records[name]
         outs = _tensors(output)
-        out_bytes = sum(_nbytes(t) for t in outs)
+        out_bytes = sum(nbytes(t) for t in outs)
         record.output_bytes += out_bytes
         record.shapes += [tuple(t.shape) for t in outs]
         record.dtypes += [str(t.dtype).removeprefix("torch.") for t in outs]
@@ -326,9 +325,9 @@ def _tensors_of_units(model: torch.nn.Module, found: dict[int, Unit]) -> tuple[
                 owners[id(tensor)].add(unit.name)
                 continue
             owners[id(tensor)] = {unit.name}
-            total[unit.name] = total.get(unit.name, 0) + _nbytes(tensor)
+            total[unit.name] = total.get(unit.name, 0) + nbytes(tensor)
             if isinstance(tensor, torch.nn.Parameter) and tensor.requires_grad:
-                trainable[unit.name] = trainable.get(unit.name, 0) + _nbytes(tensor)
+                trainable[unit.name] = trainable.get(unit.name, 0) + nbytes(tensor)
     tied = tuple(sorted({tuple(sorted(group)) for group in owners.values() if len(group) > 1}))
     return total, trainable, tied
 
@@ -337,7 +336,7 @@ def _nodes_and_edges(tree: Units, unit_of: dict[str, Unit], records: dict[str, _
                      order: list[str], args: tuple,
                      kwargs: dict) -> tuple[list[OpNode], list[Edge], int]:
     params, trainable = tree.param_bytes, tree.trainable_bytes
-    input_bytes = sum(_nbytes(t) for t in _tensors((args, kwargs)))
+    input_bytes = sum(nbytes(t) for t in _tensors((args, kwargs)))
     nodes = [OpNode(name=INPUT, is_input=True, output_bytes=input_bytes)]
     index = {INPUT: 0} | {name: i + 1 for i, name in enumerate(order)}
     edges: list[Edge] = []
@@ -352,13 +351,13 @@ def _nodes_and_edges(tree: Units, unit_of: dict[str, Unit], records: dict[str, _
             trainable_bytes=trainable.get(name, 0), workspace_bytes=record.workspace_bytes,
             flops=record.flops, launches=record.launches, dtype=dtype,
             bytes_accessed=params.get(name, 0) + record.input_bytes + record.output_bytes))
-        for source, nbytes in record.reads.items():
+        for source, size in record.reads.items():
             if source == name:
                 continue
             if index[source] > index[name]:
                 dropped += 1
                 continue
-            edges.append(Edge(src=source, dst=name, bytes=nbytes))
+            edges.append(Edge(src=source, dst=name, bytes=size))
     produced = {n.name: n.output_bytes for n in nodes}
     edges = [Edge(e.src, e.dst, min(e.bytes, produced[e.src])) for e in edges]
     return nodes, edges, dropped
