@@ -31,6 +31,7 @@ import numpy as np
 from autoplace.ir import Placement, Problem
 from autoplace.simulate import simulate
 from autoplace.solve.heuristics import activation_reserve
+from autoplace.solve.partition import slowest_delay_s
 
 __all__ = ["group_dp", "stage_dp", "stage_order"]
 
@@ -130,14 +131,8 @@ def _spectral_order(problem: Problem, groups: list[tuple[str, ...]]) -> list[tup
 def _segment_comm(problem: Problem, groups: list[tuple[str, ...]]) -> np.ndarray:
     """``comm[i, j]``: the communication load of the segment of groups ``i .. j-1``."""
     graph = problem.graph
-    names = problem.cluster.names
     m = len(groups)
-
-    def delay(e) -> float:
-        return max((problem.delay_s(e, a, b) for a in names for b in names if a != b),
-                   default=0.0)
-
-    edge_delay = {(e.src, e.dst): delay(e) for e in graph.edges}
+    edge_delay = {(e.src, e.dst): slowest_delay_s(problem, e) for e in graph.edges}
     send = {n.name: max((edge_delay[(e.src, e.dst)] for e in graph.out_edges(n.name)),
                         default=0.0) for n in graph.nodes}
     readers = {n.name: [e.dst for e in graph.out_edges(n.name)] for n in graph.nodes}
