@@ -482,7 +482,6 @@ def _run(model_dir: Path, options: argparse.Namespace, *, rank: int, ranks: Sequ
         watchdog.at_barrier.set()
         with exchange.named(None):
             dist.barrier()
-        watchdog.finished.set()
     finally:
         watchdog.finished.set()
         if dist.is_initialized():
