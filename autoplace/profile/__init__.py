@@ -86,9 +86,8 @@ class ProfileResult:
         measured = {(lk.src, lk.dst): lk for lk in self.links}
         if not measured:
             return cluster
-        return Cluster(devices=cluster.devices,
-                       links=tuple(measured.get((lk.src, lk.dst), lk) for lk in cluster.links),
-                       shared=cluster.shared)
+        return replace(cluster, links=tuple(measured.get((lk.src, lk.dst), lk)
+                                            for lk in cluster.links))
 
     def to_dict(self) -> dict[str, Any]:
         """The ``profile`` section of ``plan.json``."""
