@@ -57,7 +57,7 @@ from autoplace.errors import AutoplaceError, EmitError
 from autoplace.ir import Problem, Schedule
 from autoplace.train.dataparallel import BUCKET_BYTES
 
-__all__ = ["INIT_TIMEOUT_S", "average_gradients", "batch_size", "microbatching",
+__all__ = ["INIT_TIMEOUT_S", "average_gradients", "batch_size", "ddp_replica", "microbatching",
            "replica_backend", "replica_device_map", "replica_exit", "replica_main", "replicas_of",
            "shard", "write_train_script"]
 
@@ -311,12 +311,17 @@ def _train(model_dir: Path, *, optimizer: str, replicas: int, rank: int, steps: 
     return report, record | {"optimizer": optimizer, "replicas": replicas}
 
 
+def ddp_replica(model: torch.nn.Module) -> DistributedDataParallel:
+    """``model`` as the emitted replicas wrap it (``profile.allreduce`` times the same)."""
+    # Buckets as views of the gradients: no second copy of them (the plan holds one).
+    return DistributedDataParallel(model, device_ids=None, gradient_as_bucket_view=True)
+
+
 def _ddp_step(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Step:
     """A step's forward and backward of the shard under DistributedDataParallel, which
     averages the gradients across the replicas during the backward; the step returns the
     shard's loss."""
-    # Buckets as views of the gradients: no second copy of them (the plan holds one).
-    replica = DistributedDataParallel(model, device_ids=None, gradient_as_bucket_view=True)
+    replica = ddp_replica(model)
 
     def step() -> torch.Tensor:
         loss = replica(*args, **kwargs)

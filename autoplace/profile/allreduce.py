@@ -40,6 +40,8 @@ from pathlib import Path
 
 import torch
 
+from autoplace.profile.cache import ProfileCache
+
 __all__ = ["MODES", "allreduce_s", "measure_allreduce_s"]
 
 MODES = ("ddp", "buckets")
@@ -63,14 +65,13 @@ class _Gradients(torch.nn.Module):
 def _rounds(numels: list[int], mode: str, rounds: int) -> tuple[list[float], list[float]]:
     """Each round's step of the stand-in alone and with its gradients averaged, this rank's."""
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
 
-    from autoplace.emit.ddp import average_gradients
+    from autoplace.emit.ddp import average_gradients, ddp_replica
 
     plain, averaged = _Gradients(numels), _Gradients(numels)
     run: torch.nn.Module = averaged
     if mode == "ddp":
-        run = DistributedDataParallel(averaged, device_ids=None, gradient_as_bucket_view=True)
+        run = ddp_replica(averaged)
 
     def step(model: torch.nn.Module, average: bool) -> float:
         for w in model.parameters():
@@ -150,16 +151,15 @@ def cache_key(numels: Sequence[int], *, replicas: int, mode: str) -> str:
     return f"allreduce:{mode}:R={replicas}:{digest[:32]}"
 
 
-def allreduce_s(numels: Sequence[int], *, replicas: int, mode: str, cache: object,
+def allreduce_s(numels: Sequence[int], *, replicas: int, mode: str, cache: ProfileCache,
                 device_key: str) -> tuple[float, bool]:
-    """``measure_allreduce_s``'s figure from ``cache`` (a ``ProfileCache``) under
+    """``measure_allreduce_s``'s figure from ``cache`` under
     ``device_key`` (the host's CPU), measured and stored when it is not there; with whether
     it came from the cache."""
     key = cache_key(numels, replicas=replicas, mode=mode)
-    found = cache.get_forward(key, device_key)  # type: ignore[attr-defined]
+    found = cache.get_forward(key, device_key)
     if found is not None:
         return found[0], True
     seconds = measure_allreduce_s(numels, replicas=replicas, mode=mode)
-    cache.put_forward(key, device_key, median_s=seconds, spread=0.0,  # type: ignore[attr-defined]
-                      samples=ROUNDS)
+    cache.put_forward(key, device_key, median_s=seconds, spread=0.0, samples=ROUNDS)
     return seconds, False
