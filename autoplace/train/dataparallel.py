@@ -122,21 +122,19 @@ def with_allreduce(problem: Problem, cluster: Cluster,
     replicas = len(groups)
     if replicas == 1:
         return problem
-    rings = {d: _ring(cluster, [g[i] for g in groups]) for i, d in enumerate(groups[0])}
-    graph = problem.graph
-    trained = trained_bytes(graph)
-    total = sum(trained.get(n.name.removesuffix(STEP), 0) for n in graph.nodes
-                if n.name.endswith(STEP))
+    trained = trained_bytes(problem.graph)
+    steps = {n.name: trained.get(n.name.removesuffix(STEP), 0) for n in problem.graph.nodes
+             if n.name.endswith(STEP)}  # each update: the bytes it averages
+    total = sum(steps.values())
     compute = dict(problem.costs.compute_s)
-    for node in graph.nodes:
-        if not node.name.endswith(STEP):
-            continue
-        nbytes = trained.get(node.name.removesuffix(STEP), 0)
-        if measured_s is not None and total:
+    if measured_s is not None and total:
+        for name, nbytes in steps.items():
             share = measured_s * nbytes / total
-            compute[node.name] = {d: t + share for d, t in compute[node.name].items()}
-            continue
-        compute[node.name] = {d: t + allreduce_s(nbytes, replicas, *rings[d])
-                              for d, t in compute[node.name].items()}
+            compute[name] = {d: t + share for d, t in compute[name].items()}
+    else:
+        rings = {d: _ring(cluster, [g[i] for g in groups]) for i, d in enumerate(groups[0])}
+        for name, nbytes in steps.items():
+            compute[name] = {d: t + allreduce_s(nbytes, replicas, *rings[d])
+                             for d, t in compute[name].items()}
     return replace(problem, costs=replace(problem.costs, compute_s=compute))
 
