@@ -127,8 +127,7 @@ def run_stages(model: torch.nn.Module, batches: Sequence[list[Any]], chain: Chai
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
     count = len(batches)
-    device = next((p.device for part in (getattr(model, f"seg{i}") for i in chain.segments)
-                   for p in part.parameters()), torch.device("cpu"))
+    device = getattr(model, f"seg{chain.segments[0]}").device  # where its segments run
 
     def empty(names: Sequence[str]) -> tuple[torch.Tensor, ...]:
         return tuple(torch.empty(chain.shapes[n][0], dtype=getattr(torch, chain.shapes[n][1]),
