@@ -58,8 +58,8 @@ from autoplace.ir import Problem, Schedule
 from autoplace.train.dataparallel import BUCKET_BYTES
 
 __all__ = ["INIT_TIMEOUT_S", "average_gradients", "batch_size", "ddp_replica", "microbatching",
-           "replica_backend", "replica_device_map", "replica_exit", "replica_main", "replicas_of",
-           "shard", "write_train_script"]
+           "print_error", "replica_backend", "replica_device_map", "replica_exit", "replica_main",
+           "replicas_of", "shard", "write_train_script"]
 
 # The rendezvous and every collective after it: a rank that died or never came makes the others
 # fail within this, rather than wait for ever.
@@ -193,6 +193,12 @@ def write_train_script(directory: str | os.PathLike[str], *, optimizer: str,
     return path
 
 
+def print_error(kind: str, message: object) -> None:
+    """The one line a worker (a replica, a rank) prints for an ``AutoplaceError`` of class
+    ``kind``, which ``replicas`` reads back as that error."""
+    print(f"autoplace: error: {kind}: {message}", file=sys.stderr, flush=True)
+
+
 def check_world(rank: int, world: int, *, what: str, script: str) -> None:
     """This process is one of ``world`` started by torchrun (``RANK``, ``WORLD_SIZE``), or an
     ``AutoplaceError`` that says how to start ``script`` (``OUT/train.py``, ``OUT/launch.py``)."""
@@ -243,7 +249,7 @@ def replica_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, opti
                                 recording=options.record is not None, groups=groups,
                                 microbatches=microbatches)
     except AutoplaceError as error:
-        print(f"autoplace: error: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+        print_error(type(error).__name__, error)
         return 2
     if rank == 0:
         if options.json:

@@ -33,7 +33,6 @@ import pprint
 import signal
 import socket
 import statistics
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -46,7 +45,7 @@ import torch
 import torch.distributed as dist
 from torch.fx import _pytree as fx_pytree
 
-from autoplace.emit.ddp import check_world, replica_backend
+from autoplace.emit.ddp import check_world, print_error, replica_backend
 from autoplace.emit.device_map import local_device_map, worker_threads
 from autoplace.emit.microbatch import batch_size, split_batch
 from autoplace.emit.saving import load_inputs, load_model, read_inputs_file
@@ -412,7 +411,7 @@ def rank_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, ranks: 
     rank = int(os.environ.get("RANK", "-1"))
 
     def say(message: str) -> None:
-        print(f"autoplace: error: EmitError: {message}", file=sys.stderr, flush=True)
+        print_error("EmitError", message)
 
     try:
         check_world(rank, world, what=f"runs as {world} processes", script="launch.py")
@@ -422,7 +421,7 @@ def rank_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, ranks: 
         report = _run(Path(model_dir), options, rank=rank, ranks=ranks, names=names,
                       table=[Crossing.of(row) for row in crossings], say=say)
     except AutoplaceError as error:
-        print(f"autoplace: error: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+        print_error(type(error).__name__, error)
         return 2
     if rank == 0:
         if options.json:
