@@ -106,13 +106,14 @@ def save_model(model: PartitionedModel, directory: str | Path) -> None:
         "output_structure": structure,
         "pytree_modules": sorted(set(in_modules) | set(out_modules if out_spec else [])),
     }
+    states = {seg.index: getattr(model, f"seg{seg.index}").state_dict(keep_vars=True)
+              for seg in model.segment_info}
     referred = getattr(model, "checkpoint", None)
     if referred is not None:
         meta["checkpoint"] = references(referred, {
-            f"seg{seg.index}.{name}": tensor for seg in model.segment_info
-            for name, tensor in getattr(model, f"seg{seg.index}").state_dict(
-                keep_vars=True).items()})
-    weights = _weights(model, referenced=set(meta.get("checkpoint", {}).get("tensors", ())),
+            f"seg{index}.{name}": tensor for index, state in states.items()
+            for name, tensor in state.items()})
+    weights = _weights(states, referenced=set(meta.get("checkpoint", {}).get("tensors", ())),
                        extras=referred.extras if referred is not None else {})
     inputs, meta["inputs"] = _inputs(getattr(model, "example_inputs", None))
     path = Path(directory)
@@ -132,31 +133,31 @@ def save_model(model: PartitionedModel, directory: str | Path) -> None:
         raise OutputError(f"cannot write the emitted model to {path}: {error}") from error
 
 
-def _weights(model: PartitionedModel, *, referenced: set[str],
+def _weights(states: Mapping[int, Mapping[str, torch.Tensor]], *, referenced: set[str],
              extras: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Every segment's tensors under ``seg<i>.<name>``, but those ``referenced`` in a
+    """Every segment's tensors (``states``: its state dict by index) under ``seg<i>.<name>``,
+    but those ``referenced`` in a
     checkpoint, a meta one from ``extras`` by name (``checkpoint.Referred``); safetensors
     refuses tensors that share memory, so a tensor whose storage was already taken is
     cloned."""
     weights: dict[str, torch.Tensor] = {}
     storages: set[int] = set()
-    for seg in model.segment_info:
-        module = getattr(model, f"seg{seg.index}")
-        for name, tensor in module.state_dict(keep_vars=True).items():
-            if f"seg{seg.index}.{name}" in referenced:
+    for index, state in states.items():
+        for name, tensor in state.items():
+            if f"seg{index}.{name}" in referenced:
                 continue
             if tensor.is_meta and name in extras:
                 tensor = extras[name]
             if tensor.is_meta:
                 raise EmitError(
-                    f"seg{seg.index}.{name} lives on the meta device (device_map sent it there); "
+                    f"seg{index}.{name} lives on the meta device (device_map sent it there); "
                     "emit onto real devices to save"
                 )
             data = tensor.detach().to("cpu").contiguous()
             if data.untyped_storage().data_ptr() in storages:
                 data = data.clone()
             storages.add(data.untyped_storage().data_ptr())
-            weights[f"seg{seg.index}.{name}"] = data
+            weights[f"seg{index}.{name}"] = data
     return weights
 
 
