@@ -182,13 +182,14 @@ def _compare(model_dir: Path, got: Mapping[str, torch.Tensor],
             key = f"{name}.{k}"
             if key not in got:
                 raise VerificationError(f"rank 0 returned no {name} for micro-batch {k}")
+            expected = value.to("cpu")
             try:
-                torch.testing.assert_close(got[key], value.to("cpu"))
+                torch.testing.assert_close(got[key], expected)
             except AssertionError as error:
                 raise VerificationError(
                     f"output {name} of micro-batch {k} from {len(model.planned_devices)} "
                     f"processes differs from the one-process model's: {error}") from None
-            pairs.append((value.to("cpu"), got[key]))
+            pairs.append((expected, got[key]))
     return max_abs_diff([e for e, _ in pairs], [g for _, g in pairs])
 
 
