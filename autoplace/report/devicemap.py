@@ -33,10 +33,6 @@ class MapColumn:
     over: tuple[tuple[str, int], ...]
     note: str | None = None
 
-    @property
-    def fits(self) -> bool:
-        return self.makespan_s is not None and not self.over
-
 
 @dataclass(frozen=True)
 class MapRow:
