@@ -32,7 +32,7 @@ from autoplace.errors import PinError
 from autoplace.ir import Cluster, Costs, OpGraph
 from autoplace.solve.accelerate import device_keys
 
-__all__ = ["Pins", "merge_pins", "parse_pins", "pin_costs", "read_pin_map",
+__all__ = ["Pins", "merge_pins", "parse_pins", "pin_costs", "pin_list", "read_pin_map",
            "resolve_pins", "resolve_unit_pins"]
 
 PinSpec = Mapping[str, "str | int"]
@@ -239,9 +239,13 @@ def pin_costs(costs: Costs, device_of_op: Mapping[str, str]) -> Costs:
                  host=costs.host)
 
 
+def pin_list(modules: Mapping[str, str]) -> str:
+    """``"model.0 -> cuda:0, (whole model) -> cpu"``: pinned modules and their devices."""
+    return ", ".join(f"{m or '(whole model)'} -> {d}" for m, d in modules.items())
+
+
 def pins_note(pins: Pins, devices: Sequence[str], what: str = "traced ops") -> str:
     """The plan's note: which modules were pinned where, and how many ops (``what``: module
     nodes at module granularity) that fixed."""
-    listed = ", ".join(f"{m or '(whole model)'} -> {d}" for m, d in pins.modules.items())
-    return (f"pinned by hand: {listed} ({len(pins.device_of_op)} {what} fixed); the solver "
-            f"placed the rest on {', '.join(devices)}")
+    return (f"pinned by hand: {pin_list(pins.modules)} ({len(pins.device_of_op)} {what} "
+            f"fixed); the solver placed the rest on {', '.join(devices)}")

@@ -11,6 +11,7 @@ import io
 from typing import Any
 
 from autoplace.formats.plan import Plan
+from autoplace.pins import pin_list
 from autoplace.report.analysis import Overview, overview
 from autoplace.report.units import format_bytes, format_ratio, format_seconds, format_share
 
@@ -67,9 +68,8 @@ def pins_text(ov: Overview) -> str | None:
         return None
     free_s = ov.pins["unpinned_objective_s"]
     share = f" ({ov.pins_cost_s / free_s:.0%})" if free_s > 0 else ""
-    listed = ", ".join(f"{m or '(whole model)'} -> {d}" for m, d in ov.pins["modules"].items())
-    return (f"{listed}: pins cost {format_seconds(ov.pins_cost_s)}{share} against the "
-            f"unpinned plan ({format_seconds(free_s)})")
+    return (f"{pin_list(ov.pins['modules'])}: pins cost {format_seconds(ov.pins_cost_s)}"
+            f"{share} against the unpinned plan ({format_seconds(free_s)})")
 
 
 def training_text(ov: Overview) -> str | None:
