@@ -50,9 +50,10 @@ def run_plan(model_file: Path, out: Path) -> dict[str, float | str]:
     child = subprocess.Popen([sys.executable, "-m", "autoplace.cli", "plan", str(model_file),
                               "--devices", DEVICES, "--out", str(out)],
                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # Read to its end first: a child that fills the pipe would block, never to be waited for.
+    stderr = child.stderr.read().decode() if child.stderr else ""
     _, status, usage = os.wait4(child.pid, 0)
     wall_s = time.perf_counter() - began
-    stderr = child.stderr.read().decode() if child.stderr else ""
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"autoplace plan {model_file} failed: {stderr}")
     plan = json.loads((out / "plan.json").read_text())
