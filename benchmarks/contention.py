@@ -41,7 +41,6 @@ from autoplace.ir import (  # noqa: E402
     Edge,
     OpGraph,
     OpNode,
-    Placement,
     Problem,
     optimality_gap,
 )
@@ -125,7 +124,7 @@ def measure(example: str, label: str, toml: str, time_limit_s: float) -> dict:
     aware = solve(shared, time_limit_s=time_limit_s, seed=0)
     wall = time.perf_counter() - began
     placed = ignoring.schedule.placement
-    replayed = simulate(shared, Placement(device_of=placed.device_of, order=placed.order))
+    replayed = simulate(shared, placed)
     problems = validate(shared, replayed) + validate(shared, aware.schedule)
     if problems:
         raise SystemExit(f"{example} on {label}: invalid schedule: {problems[:3]}")

@@ -83,11 +83,7 @@ def _plan(tmp: Path, world: int, batch: int) -> Path:
 
 
 def _original() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("gpt2_example", ROOT / "examples" / "gpt2.py")
-    gpt2 = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpt2)
-    model, inputs = gpt2.build(batch=SEQUENCES)
+    model, inputs = runpy.run_path(str(ROOT / "examples" / "gpt2.py"))["build"](batch=SEQUENCES)
     model.eval()
     with torch.no_grad():
         logits = model(**inputs).logits
@@ -100,11 +96,12 @@ def _row(out: Path, *, world: int, count: int, ids: torch.Tensor, logits: torch.
     safetensors.torch.save_file({"kwargs.input_ids": ids.contiguous()}, str(inputs))
     result = run_ranks(out, nproc=world, microbatches=count, inputs_file=inputs,
                        repeats=repeats)
-    name = _read_meta(out / "model")["output_names"][0]
+    meta = _read_meta(out / "model")
+    name = meta["output_names"][0]
     got = torch.cat([result.outputs[f"{name}.{k}"] for k in range(count)])
     torch.testing.assert_close(got, logits)  # equal to the original's, or the run fails
     diff = float((got - logits).abs().max())
-    segments = _read_meta(out / "model")["segments"]
+    segments = meta["segments"]
     used = len({s["device"] for s in segments})
     sent = len(runpy.run_path(str(out / "launch.py"), run_name="launch")["CROSSINGS"])
     ratio = result.measured_s / result.predicted_s
@@ -219,7 +216,6 @@ def _one_way_s(rounds: int = 200) -> float:
     """The median one-way time of a 1 x 128 x 384 float32 send/recv between two processes."""
     import torch.multiprocessing as mp
 
-    from autoplace.emit.replicas import free_port
     context = mp.get_context("spawn")
     queue = context.Queue()
     port = free_port()

@@ -155,8 +155,9 @@ def main() -> int:
         _run(command)
         plan_s = time.perf_counter() - began
         plan = json.loads((Path(tmp) / "out" / "plan.json").read_text())
-        devices = sorted({s["device"] for s in json.loads(
-            (Path(tmp) / "out" / "model" / "meta.json").read_text())["segments"]})
+        from autoplace.emit.saving import planned_devices
+
+        devices = sorted(set(planned_devices(Path(tmp) / "out" / "model")))
         parts = [json.loads(_run([__file__, "part", tmp, d]).strip().splitlines()[-1])
                  for d in devices]
         checked = json.loads(_run([__file__, "whole", tmp]).strip().splitlines()[-1])
