@@ -30,7 +30,7 @@ import torch
 
 from autoplace.errors import PinError
 from autoplace.ir import Cluster, Costs, OpGraph
-from autoplace.solve.accelerate import device_keys
+from autoplace.solve.accelerate import covering_key, device_keys
 
 __all__ = ["Pins", "merge_pins", "parse_pins", "pin_costs", "pin_list", "read_pin_map",
            "resolve_pins", "resolve_unit_pins"]
@@ -164,13 +164,12 @@ def resolve_pins(model: torch.nn.Module, graph: OpGraph, cluster: Cluster,
     that share a parameter (a colocation group) share a pin; two pins that split one are an
     error."""
     modules = _resolve_modules(model, cluster, pins)
-    by_depth = _deepest_first(modules)
     device_of_op: dict[str, str] = {}
     pinned_by: dict[str, str] = {}
     for node in graph.nodes:
         if node.is_input:
             continue
-        module = next((m for m in by_depth if _inside(node.module, m)), None)
+        module = covering_key(node.module, modules)
         if module is not None:
             device_of_op[node.name], pinned_by[node.name] = modules[module], module
     return _finish(graph, modules, device_of_op, pinned_by)

@@ -21,7 +21,7 @@ from networkx.utils import UnionFind
 
 from autoplace.errors import InfeasibleError
 from autoplace.ir import Cluster
-from autoplace.solve.accelerate import device_keys
+from autoplace.solve.accelerate import covering_key, device_keys
 
 __all__ = ["check_units_fit", "device_map", "remapped", "uncovered"]
 
@@ -44,14 +44,8 @@ def uncovered(model: torch.nn.Module, mapping: Mapping[str, int | str]) -> list[
     """The ``state_dict`` entries of ``model`` that no key of ``mapping`` covers (a key covers
     itself and everything under ``key.``), as accelerate's ``check_device_map`` requires."""
     keys = set(mapping)
-    if "" in keys:
-        return []
-    missing = []
-    for name in model.state_dict(keep_vars=True):
-        parts = name.split(".")
-        if not any(".".join(parts[:i]) in keys for i in range(1, len(parts) + 1)):
-            missing.append(name)
-    return missing
+    return [name for name in model.state_dict(keep_vars=True)
+            if covering_key(name, keys) is None]
 
 
 def check_units_fit(param_bytes: Mapping[str, int], tied: Iterable[Iterable[str]],

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoplace.formats.plan import Plan
-from autoplace.solve.accelerate import device_keys
+from autoplace.solve.accelerate import covering_key, device_keys
 
 __all__ = ["DeviceMapFacts", "MapColumn", "device_map_facts"]
 
@@ -69,13 +69,8 @@ def _over(peak_bytes: Mapping[str, int], capacity: Mapping[str, int]) -> tuple[t
 def _device_of(mapping: Mapping[str, Any], module: str, names: Mapping[Any, str]) -> str | None:
     """The device ``mapping`` gives ``module``: its longest covering key's, by cluster name
     (``cpu``/``disk`` offloads as accelerate names them)."""
-    parts = module.split(".") if module else []
-    for i in range(len(parts), -1, -1):
-        key = ".".join(parts[:i])
-        if key in mapping:
-            value = mapping[key]
-            return names.get(value, str(value))
-    return None
+    key = covering_key(module, mapping)
+    return None if key is None else names.get(mapping[key], str(mapping[key]))
 
 
 def device_map_facts(plan: Plan) -> DeviceMapFacts | None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Container, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -36,7 +36,7 @@ from autoplace.solve.heuristics import majority_devices
 
 __all__ = ["ACCELERATE_STRATEGIES", "AccelerateMap", "accelerate_available",
            "NOT_INSTALLED", "accelerate_baselines", "accelerate_maps", "baselines_on",
-           "device_keys", "on_graph"]
+           "covering_key", "device_keys", "on_graph"]
 
 # Baseline names, each with whether it balances first (get_balanced_memory) as "balanced" does.
 ACCELERATE_STRATEGIES = {"accelerate-sequential": False, "accelerate-balanced": True}
@@ -55,6 +55,18 @@ class AccelerateMap:
     device_map: Mapping[str, int | str]
     device_of_op: Mapping[str, str] | None
     note: str | None = None
+
+
+def covering_key(path: str, keys: Container[str]) -> str | None:
+    """The deepest of ``keys`` (module paths, ``""`` the whole model) that covers the module or
+    tensor ``path``: itself or a module it is under, as a ``device_map``'s keys cover; ``None``
+    where none does."""
+    parts = path.split(".") if path else []
+    for i in range(len(parts), -1, -1):
+        key = ".".join(parts[:i])
+        if key in keys:
+            return key
+    return None
 
 
 def device_keys(cluster: Cluster) -> dict[int | str, str]:
@@ -133,12 +145,9 @@ def _device_of_op(graph: OpGraph, device_map: Mapping[str, int | str],
     """Each op's device: its module's longest key, else its first input's device, else the
     map's first device (see the module docstring)."""
     first = keys[next(iter(device_map.values()))]
-    by_length = sorted(device_map, key=len, reverse=True)
     device_of: dict[str, str] = {}
     for node in graph.nodes:  # topological order: an op's inputs are placed before it
-        path = node.module
-        key = next((k for k in by_length
-                    if k == "" or path == k or path.startswith(k + ".")), None)
+        key = covering_key(node.module, device_map)
         if key is not None:
             device_of[node.name] = keys[device_map[key]]
             continue
