@@ -146,6 +146,9 @@ def plan(
     """
     check_min_gain(min_gain)
     check_training(mode, optimizer, microbatches, schedule, replicas, recompute)
+    if pins and mode == "training":
+        raise PinError("pins apply to inference plans (--mode inference) for now: plan the "
+                       "training step without --pin/--pin-map")
     dtype = check_dtype(dtype)
     options = SolveOptions(time_limit_s=time_limit_s, seed=seed, deterministic=deterministic,
                            objective=objective, contiguous=contiguous, solver=solver,
@@ -162,9 +165,6 @@ def plan(
     model.eval()
     model, (args, kwargs, example_targets) = cast(model, (args, kwargs, example_targets), dtype)
     notes += cast_notes(dtype, training=mode == "training")
-    if pins and mode == "training":
-        raise PinError("pins apply to inference plans (--mode inference) for now: plan the "
-                       "training step without --pin/--pin-map")
     trace = Tracing(name=name, profile=profile, cache=cache, progress=progress, pins=pins)
     fewer = None  # the inference what-if rows, solved before the plan
     pinned = None  # with pins, the pins and the plan without them

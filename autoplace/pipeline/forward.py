@@ -54,6 +54,8 @@ def traced_problem(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[s
     its forward problem on ``cluster`` (with the links measured here, when profiled)."""
     traced = trace_model(model, args, kwargs, name=how.name)
     notes += traced.notes
+    # Checked before profiling, which may take minutes: the pins need the ops and device names.
+    pins = resolve_pins(model, traced.graph, cluster, how.pins) if how.pins else None
     profiled, graph = None, traced.graph
     if how.profile:
         from autoplace.profile import open_cache, profile_model
@@ -69,9 +71,8 @@ def traced_problem(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[s
                        fits=profiled.fits if profiled else None,
                        launcher=profiled.launcher if profiled else None)
     notes += [n for n in [analytic_cpu_note(graph, cluster, costs)] if n]
-    pins, unpinned = None, None
-    if how.pins:
-        pins = resolve_pins(model, graph, cluster, how.pins)
+    unpinned = None
+    if pins is not None:
         notes.append(pins_note(pins, cluster.names))
         free = fold(graph, costs)
         unpinned = Problem(graph=free.graph, cluster=cluster, costs=free.costs)
