@@ -16,14 +16,12 @@ placement on these devices at all.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import runpy
 import sys
 import time
 
-from common import RESULTS, ROOT, machine_line, write_markdown
+from common import RESULTS, ROOT, capped, machine_line, mb, peaks, weight_bytes, write_markdown
 
-from autoplace.cluster import resolve_cluster
 from autoplace.cost import costs
 from autoplace.errors import InfeasibleError
 from autoplace.ir import Placement, Problem
@@ -48,21 +46,9 @@ SPECS = ("2xA100-40GB", "A100-40GB,T4-16GB")
 SHARES = (0.6, 0.7)
 
 
-def _mb(nbytes: int) -> str:
-    return f"{nbytes / 1e6:.1f}"
-
-
-def _peaks(peak_bytes: dict[str, int]) -> str:
-    return " / ".join(_mb(b) for b in peak_bytes.values())
-
-
 def _build(name: str):  # noqa: ANN202 - a torch module and its inputs
     path, kwargs = MODELS[name]
     return runpy.run_path(str(ROOT / "examples" / path))["build"](**kwargs)
-
-
-def _weight_bytes(model) -> int:  # noqa: ANN001 - a torch module
-    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def _describe(name: str) -> str:
@@ -77,25 +63,21 @@ def _describe(name: str) -> str:
     shapes = ", ".join(f"{k} {' x '.join(map(str, v.shape))}" for k, v in inputs.items())
     return (f"- {name}: examples/{path} {call}; {layers} layers, width {config.hidden_size}, "
             f"vocabulary {config.vocab_size:,}; inputs {shapes} (batch x sequence); "
-            f"{_mb(_weight_bytes(model))} MB of weights.")
+            f"{mb(weight_bytes(model))} MB of weights.")
 
 
 def _row(name: str, spec: str, share: float, time_limit_s: float) -> str:
     model, inputs = _build(name)
-    weights = _weight_bytes(model)
-    cluster, _ = resolve_cluster(spec=spec)
-    cap = int(share * weights)
-    cluster = dataclasses.replace(cluster, devices=tuple(
-        # The caps are for tensors: no runtime reserve (the CUDA context) on top.
-        dataclasses.replace(d, memory_bytes=cap, reserved_bytes=0) for d in cluster.devices))
-    head = f"| {name} | {spec} | {share:.0%} ({_mb(cap)}) |"
+    cap = int(share * weight_bytes(model))
+    cluster = capped(spec, cap)
+    head = f"| {name} | {spec} | {share:.0%} ({mb(cap)}) |"
     try:
         planned = plan(model, inputs, devices=cluster, time_limit_s=time_limit_s, emit=False,
                        whatif=False, deterministic=True, seed=0)
     except InfeasibleError:
         return head + " no plan fits | | " + " | ".join(
             _accelerate_alone(model, inputs, cluster)) + " |"
-    cells = [f"{planned.makespan_s * 1e3:.3f} ms", _peaks(planned.schedule.peak_bytes)]
+    cells = [f"{planned.makespan_s * 1e3:.3f} ms", peaks(planned.schedule.peak_bytes)]
     for strategy in ACCELERATE_STRATEGIES:
         b = planned.baselines.get(strategy)
         if b is None:
@@ -105,7 +87,7 @@ def _row(name: str, spec: str, share: float, time_limit_s: float) -> str:
         verdict = "fits" if b.feasible else "**overflows**"
         ratio = b.makespan_s / planned.makespan_s
         cells.append(f"{b.makespan_s * 1e3:.3f} ms ({ratio:.2f}x), "
-                     f"{_peaks(dict(b.peak_bytes))}, {verdict}")
+                     f"{peaks(dict(b.peak_bytes))}, {verdict}")
     return head + " " + " | ".join(cells) + " |"
 
 
@@ -119,7 +101,7 @@ def _accelerate_alone(model, inputs, cluster) -> list[str]:  # noqa: ANN001 - to
             cells.append("offloads to disk")
             continue
         s = simulate(problem, Placement(device_of=dict(found.device_of_op)))
-        cells.append(f"{s.makespan_s * 1e3:.3f} ms, {_peaks(dict(s.peak_bytes))}, "
+        cells.append(f"{s.makespan_s * 1e3:.3f} ms, {peaks(dict(s.peak_bytes))}, "
                      + ("fits" if s.feasible else "**overflows**"))
     return cells
 

@@ -3,10 +3,12 @@ they were measured."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import platform
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -24,3 +26,29 @@ def write_markdown(out: str | os.PathLike[str], lines: list[str] | str) -> int:
     Path(out).write_text(text)
     print(text)
     return 0
+
+
+# --- the device-map tables (accelerate_compare.py, device_map.py)
+def mb(nbytes: float) -> str:
+    """Bytes as MB (10**6), one decimal."""
+    return f"{nbytes / 1e6:.1f}"
+
+
+def peaks(peak_bytes: dict[str, int]) -> str:
+    """Each device's peak, in MB, ``" / "`` between them."""
+    return " / ".join(mb(b) for b in peak_bytes.values())
+
+
+def weight_bytes(model: Any) -> int:
+    """The bytes of a torch module's parameters."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def capped(spec: str, cap: int) -> Any:
+    """The cluster ``spec`` names, each device holding ``cap`` bytes of tensors (no runtime
+    reserve, the CUDA context, on top): a ``Cluster``."""
+    from autoplace.cluster import resolve_cluster
+
+    cluster, _ = resolve_cluster(spec=spec)
+    return dataclasses.replace(cluster, devices=tuple(
+        dataclasses.replace(d, memory_bytes=cap, reserved_bytes=0) for d in cluster.devices))

@@ -18,7 +18,6 @@ remapped to the CPU, and its outputs compared with the original's (``torch.testi
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import runpy
 import subprocess
@@ -29,9 +28,8 @@ from typing import Any
 
 import torch
 import transformers
-from common import RESULTS, ROOT, machine_line, write_markdown
+from common import RESULTS, ROOT, capped, machine_line, mb, peaks, weight_bytes, write_markdown
 
-from autoplace.cluster import resolve_cluster
 from autoplace.cost import costs
 from autoplace.emit.hf_device_map import remapped
 from autoplace.errors import InfeasibleError
@@ -81,29 +79,15 @@ WHERE = {"gpt2": "examples/gpt2.py", "llama": "examples/llama.py", "t5": "exampl
                     "vocabulary 8,000, 1 x 64 tokens"}
 
 
-def _mb(nbytes: float) -> str:
-    return f"{nbytes / 1e6:.1f}"
-
-
-def _weights(model: torch.nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())
-
-
-def _capped(share: float, weights: int):  # noqa: ANN202 - a Cluster
-    cluster, _ = resolve_cluster(spec=SPEC)
-    return dataclasses.replace(cluster, devices=tuple(
-        # The caps are for tensors: no runtime reserve (the CUDA context) on top.
-        dataclasses.replace(d, memory_bytes=int(share * weights), reserved_bytes=0)
-        for d in cluster.devices))
-
-
-def _peaks(peaks: dict[str, int]) -> str:
-    return " / ".join(_mb(b) for b in peaks.values())
-
-
 def _overflow(peaks: dict[str, int], cap: int) -> str:
-    over = [f"{d} by {_mb(b - cap)} MB" for d, b in peaks.items() if b > cap]
+    over = [f"{d} by {mb(b - cap)} MB" for d, b in peaks.items() if b > cap]
     return "fits" if not over else "**overflows** " + ", ".join(over)
+
+
+def _offloads(device_map: dict[str, Any], otherwise: str) -> str:
+    """Where an accelerate map puts modules off the two GPUs, or ``otherwise``."""
+    places = sorted({str(v) for v in device_map.values()} - {"0", "1"})
+    return f"offloads to {', '.join(places)}" if places else otherwise
 
 
 def _accelerate_cell(planned, strategy: str, cap: int) -> str:  # noqa: ANN001 - a Plan
@@ -111,19 +95,18 @@ def _accelerate_cell(planned, strategy: str, cap: int) -> str:  # noqa: ANN001 -
     baseline = planned.baselines.get(strategy)
     if baseline is None or baseline.makespan_s is None:
         note = (found or {}).get("note") or "absent"
-        places = sorted({str(v) for v in (found or {}).get("map", {}).values()} - {"0", "1"})
-        return f"offloads to {', '.join(places)}" if places else note
+        return _offloads((found or {}).get("map", {}), note)
     ratio = baseline.makespan_s / planned.makespan_s
     return (f"{baseline.makespan_s * 1e3:.3f} ms ({ratio:.2f}x), "
-            f"{_peaks(dict(baseline.peak_bytes))}, {_overflow(dict(baseline.peak_bytes), cap)}")
+            f"{peaks(dict(baseline.peak_bytes))}, {_overflow(dict(baseline.peak_bytes), cap)}")
 
 
 def _row(name: str, share: float) -> tuple[str, Any]:
     """The table row of ``name`` at ``share``, and the plan (``None`` where none fits)."""
     model, inputs = MODELS[name]()
-    cap = int(share * _weights(model))
-    cluster = _capped(share, _weights(model))
-    head = f"| {name} | {share:.0%} ({_mb(cap)}) |"
+    cap = int(share * weight_bytes(model))
+    cluster = capped(SPEC, cap)
+    head = f"| {name} | {share:.0%} ({mb(cap)}) |"
     began = time.perf_counter()
     try:
         planned = plan_modules(model, inputs, devices=cluster, deterministic=True)
@@ -131,7 +114,7 @@ def _row(name: str, share: float) -> tuple[str, Any]:
         return head + f" no plan fits | | {time.perf_counter() - began:.2f} s | " + " | ".join(
             _accelerate_alone(model, inputs, cluster, cap)) + " |", None
     wall_s = time.perf_counter() - began
-    cells = [f"{planned.makespan_s * 1e3:.3f} ms", _peaks(dict(planned.schedule.peak_bytes)),
+    cells = [f"{planned.makespan_s * 1e3:.3f} ms", peaks(dict(planned.schedule.peak_bytes)),
              f"{wall_s:.2f} s",
              *(_accelerate_cell(planned, s, cap) for s in ACCELERATE_STRATEGIES)]
     return head + " " + " | ".join(cells) + " |", planned
@@ -144,12 +127,11 @@ def _accelerate_alone(model, inputs, cluster, cap: int) -> list[str]:  # noqa: A
     cells = []
     for found in accelerate_maps(model, traced.graph, cluster, no_split=traced.no_split):
         if found.device_of_op is None:
-            places = sorted({str(v) for v in found.device_map.values()} - {"0", "1"})
-            cells.append(f"offloads to {', '.join(places)}" if places else "absent")
+            cells.append(_offloads(found.device_map, "absent"))
             continue
         placement, _ = on_graph(problem, found.device_of_op)
         sim = simulate(problem, placement)
-        cells.append(f"{sim.makespan_s * 1e3:.3f} ms, {_peaks(dict(sim.peak_bytes))}, "
+        cells.append(f"{sim.makespan_s * 1e3:.3f} ms, {peaks(dict(sim.peak_bytes))}, "
                      f"{_overflow(dict(sim.peak_bytes), cap)}")
     return cells
 
@@ -210,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         machine_line() + f"; torch {torch.__version__}, transformers {transformers.__version__}"
         "; analytic costs, deterministic CP-SAT, the module default --time-limit.", "",
         "The models (random weights):", "",
-        *(f"- {name}: {WHERE[name]}; {_mb(_weights(MODELS[name]()[0]))} MB of weights."
+        *(f"- {name}: {WHERE[name]}; {mb(weight_bytes(MODELS[name]()[0]))} MB of weights."
           for name in MODELS), "",
         f"## Makespan and peak memory on {SPEC}, each device capped", "",
         "Each device capped at the share of the model's weights shown (MB), no runtime "
