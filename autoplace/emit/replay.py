@@ -105,6 +105,7 @@ def replay(
     launchers = problem.launchers
     clock = dict.fromkeys(launchers.values(), 0.0)  # each host's launching thread's time
     source_device = {h.id: device_of_segment[h.after] for h in program.handovers}
+    copied = _copy_times(schedule) if problem.cluster.shared else {}
     for index in sorted(runs):
         run, device = runs[index], device_of_segment[index]
         ready = max((arrival[w] for w in run.waits), default=0.0)
@@ -126,7 +127,7 @@ def replay(
         free[device] = end[index]
         for h in issued.get(index, ()):
             took = _handover_s(problem, device_of, node_of(h.value), device,
-                               by_torch[h.dst_device], schedule)
+                               by_torch[h.dst_device], copied)
             began = end[index]
             queued = (device in launchers) or (copy_streams and h.src_device.startswith("cuda"))
             if device in launchers:
@@ -151,17 +152,25 @@ def _input_arrival_s(problem: Problem, device_of: Mapping[str, str], node: str |
                default=0.0)
 
 
+def _copy_times(schedule: Schedule) -> dict[tuple[str, str], float]:
+    """The longest time a copy of each node's output to each device took in ``schedule``."""
+    took: dict[tuple[str, str], float] = {}
+    for t in schedule.transfers:
+        key = (t.src, t.dst_device)
+        took[key] = max(took.get(key, t.end_s - t.start_s), t.end_s - t.start_s)
+    return took
+
+
 def _handover_s(problem: Problem, device_of: Mapping[str, str], node: str | None, src: str,
-                dst: str, schedule: Schedule) -> float:
+                dst: str, copied: Mapping[tuple[str, str], float]) -> float:
     """The simulator's delay for ``node``'s value from ``src`` to ``dst``: the largest over its
     edges read on ``dst`` (``simulate.copies``); a value no edge carries (a parameter two
     devices share) costs the link's latency. Over a shared link (``Cluster.shared``) a copy's
-    time depends on every copy beside it, so it is the time the schedule's copy took there."""
+    time depends on every copy beside it, so it is the time the schedule's copy took there
+    (``copied``, by node and device: ``_copy_times``)."""
     if node is not None and problem.cluster.shared and problem.cluster.shared_on(src, dst):
-        took = [t.end_s - t.start_s for t in schedule.transfers
-                if t.src == node and t.dst_device == dst]
-        if took:
-            return max(took)
+        if (node, dst) in copied:
+            return copied[(node, dst)]
     if node is not None:
         delays = [problem.delay_s(e, src, dst) for e in problem.graph.out_edges(node)
                   if device_of[e.dst] == dst]
