@@ -154,6 +154,28 @@ def test_replay_matches_the_simulator_and_can_fail() -> None:
     assert slow.makespan_s == pytest.approx(10.0) and slow.error(schedule.makespan_s) > 0.05
 
 
+def test_replay_takes_a_shared_links_copies_from_the_schedule() -> None:
+    # a (cpu:0) -> b (cpu:1) and x (cpu:1) -> y (cpu:0) copy at once over one shared resource
+    # of 8 bytes/s: each 8-byte copy takes 2 s (1 s alone), as the simulator scheduled it.
+    import dataclasses
+
+    from autoplace.ir import SharedLink
+
+    cluster, _ = resolve_cluster(spec="2xcpu-thread")
+    cluster = dataclasses.replace(cluster, shared=(SharedLink(
+        name="sw", bandwidth_bytes_per_s=8.0, pairs=((CPU0, CPU1), (CPU1, CPU0))),))
+    nodes = tuple(OpNode(name=n, output_bytes=8) for n in "axby")
+    costs = Costs({n: {CPU0: 1.0, CPU1: 1.0} for n in "axby"})
+    problem = Problem(graph=OpGraph(nodes=nodes, edges=(Edge("a", "b", 8), Edge("x", "y", 8)),
+                                    outputs=("b", "y")), cluster=cluster, costs=costs)
+    schedule = simulate(problem, Placement(device_of={"a": CPU0, "x": CPU1, "b": CPU1,
+                                                      "y": CPU0}))
+    assert schedule.makespan_s == pytest.approx(1 + 2 + 1, rel=1e-3)
+    program = build_program([CPU0, CPU1, CPU1, CPU0], [[], [], ["a"], ["x"]], {"a": 0, "x": 1})
+    played = replay(program, [["a"], ["x"], ["b"], ["y"]], problem=problem, schedule=schedule)
+    assert played.makespan_s == pytest.approx(schedule.makespan_s)
+
+
 @pytest.mark.parametrize("example", ["mlp", "inception"])
 def test_replay_of_an_example_is_within_five_percent(example: str) -> None:
     from pathlib import Path
