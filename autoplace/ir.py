@@ -351,10 +351,14 @@ class Cluster:
 
     def rate_cap(self, src: str, dst: str) -> float:
         """The fastest a lone transfer from ``src`` to ``dst`` moves, in bytes/s: its link's
-        bandwidth, or a slower shared resource's it crosses."""
-        link = self._links[(src, dst)]
-        return min([link.bandwidth_bytes_per_s,
-                    *(r.bandwidth_bytes_per_s for r in self.shared_on(src, dst))])
+        bandwidth, or a slower shared resource's it crosses (worked out once per pair)."""
+        return self._rate_cap[(src, dst)]
+
+    @cached_property
+    def _rate_cap(self) -> dict[tuple[str, str], float]:
+        return {pair: min([link.bandwidth_bytes_per_s, *(r.bandwidth_bytes_per_s
+                                                         for r in self._crossed.get(pair, ()))])
+                for pair, link in self._links.items()}
 
     @cached_property
     def _links(self) -> dict[tuple[str, str], Link]:
@@ -385,9 +389,8 @@ class Cluster:
         zero on the same device."""
         if src == dst:
             return 0.0
-        if (src, dst) in self._crossed:  # alone on its shared resources; contention adds more
-            return self._links[(src, dst)].latency_s + nbytes / self.rate_cap(src, dst)
-        return self._links[(src, dst)].transfer_s(nbytes)
+        # Alone on any shared resource it crosses (``rate_cap``); contention adds more.
+        return self._links[(src, dst)].latency_s + nbytes / self._rate_cap[(src, dst)]
 
     @cached_property  # asked in every event loop and heuristic; the devices never change
     def names(self) -> tuple[str, ...]:
