@@ -172,16 +172,20 @@ class Copies:
         readers: set[str] = set()
         if not problem.cluster.shared:
             return devices, readers
+        shared_to: dict[str, list[Edge]] = {}  # by the reader's device: edges over Flows
+        plain_to: dict[str, list[Edge]] = {}  # ... and edges that share nothing
+        for e in problem.graph.out_edges(name):
+            split = shared_to if self.contended(e) else plain_to
+            split.setdefault(self.device_of[e.dst], []).append(e)
         for dst_dev, nbytes, _ in moved:
-            edges = [e for e in problem.graph.out_edges(name) if self.device_of[e.dst] == dst_dev]
-            shared = [e for e in edges if self.contended(e)]
+            shared = shared_to.get(dst_dev)
             if not shared:
                 continue
             by_bytes: dict[int, tuple[str, ...]] = {}
             for e in shared:
                 by_bytes[e.bytes] = (*by_bytes.get(e.bytes, ()), e.dst)
-            fixed = max((now + problem.delay_s(e, src_dev, dst_dev) for e in edges
-                         if not self.contended(e)), default=now)
+            fixed = max((now + problem.delay_s(e, src_dev, dst_dev)
+                         for e in plain_to.get(dst_dev, ())), default=now)
             cluster = problem.cluster
             self.open[(name, dst_dev)] = _Copy(
                 src=name, src_device=src_dev, dst_device=dst_dev, bytes=nbytes, start_s=now,
