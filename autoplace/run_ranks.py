@@ -173,7 +173,7 @@ def _compare(model_dir: Path, got: Mapping[str, torch.Tensor],
     model = load_model(model_dir, device_map=here)
     batches = [flat_inputs(model, a, kw) for a, kw in split_batch(*batch, count)]
     with torch.no_grad():
-        expected = run_pass(model, batches, Exchange(0, {}, {}, count), mine=None)
+        expected = run_pass(model, batches, Exchange(0, [], count), mine=None)
     pairs = []
     for name, values in expected.items():
         for k, value in enumerate(values):

@@ -125,7 +125,7 @@ def _one_process_s(out: Path, ids: torch.Tensor, count: int, repeats: int) -> fl
         with torch.no_grad():
             for i in range(repeats + 1):
                 began = time.perf_counter()
-                run_pass(model, batches, Exchange(0, {}, {}, count), mine=None)
+                run_pass(model, batches, Exchange(0, [], count), mine=None)
                 if i:
                     times.append(time.perf_counter() - began)
     finally:

@@ -167,8 +167,7 @@ def test_a_chains_outputs_reach_rank_0_through_its_exchange(monkeypatch):
         chain = chain_of(emitted, table, rank=rank, ranks=devices,
                          first=flat_inputs(emitted, (x,), {}), rows=8)
         assert chain is not None and chain.order == (0, 1)
-        exchange = Exchange(rank, {c.value: c for c in table},
-                            {c.value: i for i, c in enumerate(table)}, 3, device=device)
+        exchange = Exchange(rank, table, 3, device=device)
         got = gather_outputs(emitted, chain, merged if rank == 1 else None, exchange, count=3)
         if rank == 0:
             [values] = got.values()

@@ -288,14 +288,15 @@ class Exchange:
     (a send never blocks the rank), receives block until their value is in."""
 
     rank: int
-    crossings: Mapping[str, Crossing]
-    index: Mapping[str, int]
+    table: Sequence[Crossing]  # every value that crosses ranks (``crossings``)
     microbatches: int
     watchdog: Watchdog | None = None
     device: str = "cpu"  # where receives land (nccl moves CUDA tensors only)
 
     def __post_init__(self) -> None:
         self.pending: list[tuple[Any, int]] = []
+        self.crossings = {c.value: c for c in self.table}
+        self.index = {c.value: i for i, c in enumerate(self.table)}  # a value's tags follow it
 
     def tag(self, value: str, k: int) -> int:
         return self.index[value] * self.microbatches + k
@@ -467,9 +468,8 @@ def _run(model_dir: Path, options: argparse.Namespace, *, rank: int, ranks: Sequ
         if options.pipelining == "torch" and stages is None:
             raise EmitError("--pipelining torch needs ranks that form a chain of stages, M > 1 "
                             "and tensors cut along the batch; this plan's do not")
-        exchange = Exchange(rank, {c.value: c for c in table},
-                            {c.value: i for i, c in enumerate(table)}, options.microbatches,
-                            watchdog, here[mine] if backend == "nccl" else "cpu")
+        exchange = Exchange(rank, table, options.microbatches, watchdog,
+                            here[mine] if backend == "nccl" else "cpu")
         with worker_threads([here[mine]]):
             times, outputs = _passes(
                 (lambda: run_stages(model, batches, stages, exchange)) if stages is not None
