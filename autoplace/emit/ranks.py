@@ -146,15 +146,21 @@ def value_specs(model: torch.nn.Module, args: tuple[Any, ...],
     specs: dict[str, tuple[Any, Any, Any]] = {}
     with torch.no_grad():
         for seg in model.segment_info:
-            segment = getattr(model, f"seg{seg.index}")
-            outs = segment(*(_on(values[n], segment.device) for n in seg.inputs))
-            for name, out in zip(seg.outputs, outs):
-                values[name] = out
+            for name, out in zip(seg.outputs, _run_segment(model, seg, values)):
                 if isinstance(out, torch.Tensor):
                     specs[name] = (list(out.shape), str(out.dtype).removeprefix("torch."), None)
                 else:
                     specs[name] = (None, None, out)
     return specs
+
+
+def _run_segment(model: torch.nn.Module, seg: Any, values: dict[str, Any]) -> Sequence[Any]:
+    """Segment ``seg`` (a ``SegmentInfo``) of ``model`` run on its inputs from ``values``,
+    moved to its device; its outputs, which also go into ``values`` by name."""
+    segment = getattr(model, f"seg{seg.index}")
+    outs = segment(*(_on(values[n], segment.device) for n in seg.inputs))
+    values.update(zip(seg.outputs, outs))
+    return outs
 
 
 def _literal(value: Any) -> bool:
@@ -370,10 +376,7 @@ def run_pass(model: torch.nn.Module, batches: Sequence[list[Any]], exchange: Exc
             for n in seg.inputs:
                 if n not in values:  # from another rank: received once, read by every segment
                     values[n] = exchange.receive(n, k)
-            segment = getattr(model, f"seg{seg.index}")
-            outs = segment(*(_on(values[n], segment.device) for n in seg.inputs))
-            for name, out in zip(seg.outputs, outs):
-                values[name] = out
+            for name, out in zip(seg.outputs, _run_segment(model, seg, values)):
                 if name in exchange.crossings:
                     exchange.send(name, k, out)
         if exchange.rank == 0:
