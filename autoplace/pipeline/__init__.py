@@ -42,10 +42,8 @@ from autoplace.simulate import simulate
 from autoplace.simulate.schedules import microbatch_name
 from autoplace.solve import DEFAULT_TIME_LIMIT_S, SolveOptions, SolveResult, solve
 from autoplace.solve.accelerate import (
-    NOT_INSTALLED,
     AccelerateMap,
-    accelerate_available,
-    accelerate_maps,
+    accelerate_baselines,
     baselines_on,
     on_graph,
 )
@@ -181,10 +179,8 @@ def plan(
     else:
         forward = traced_problem(model, args, kwargs, cluster, trace, notes)
         problem = forward.problem
-        maps = accelerate_maps(model, forward.graph, problem.cluster) \
-            if accelerate_available() else ()
-        extra, accelerate_notes = baselines_on(problem, maps)
-        notes += accelerate_notes if accelerate_available() else [NOT_INSTALLED]
+        extra, accelerate_notes, maps = accelerate_baselines(model, forward.graph, problem)
+        notes += accelerate_notes
         if whatif:
             solved, fewer = solve_after_whatif(problem, options, extra_baselines=extra)
         else:

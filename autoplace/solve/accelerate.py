@@ -197,10 +197,12 @@ def baselines_on(problem: Problem, maps: Sequence[AccelerateMap]
     return placements, notes
 
 
-def accelerate_baselines(model: torch.nn.Module, graph: OpGraph,
-                         problem: Problem) -> tuple[dict[str, Placement], list[str]]:
+def accelerate_baselines(model: torch.nn.Module, graph: OpGraph, problem: Problem
+                         ) -> tuple[dict[str, Placement], list[str], tuple[AccelerateMap, ...]]:
     """accelerate's maps of ``model`` (traced as ``graph``) on ``problem``'s cluster, as
-    ``baselines_on`` ``problem``."""
+    ``baselines_on`` ``problem`` gives them, and the maps themselves (to score on another
+    problem of the same graph without making them again)."""
     if not accelerate_available():
-        return {}, [NOT_INSTALLED]
-    return baselines_on(problem, accelerate_maps(model, graph, problem.cluster))
+        return {}, [NOT_INSTALLED], ()
+    maps = accelerate_maps(model, graph, problem.cluster)
+    return (*baselines_on(problem, maps), maps)
