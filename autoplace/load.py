@@ -9,8 +9,10 @@ This runs the user's file: it is their code, executed with their privileges, exa
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
+import sysconfig
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +22,8 @@ import torch
 
 from autoplace.errors import ModelLoadError
 
-__all__ = ["LoadedModel", "load_model_file", "normalize_inputs"]
+__all__ = ["LoadedModel", "describe_failure", "load_model_file", "normalize_inputs",
+           "run_example"]
 
 _CONTRACT = (
     "define `build()` returning `(model, example_inputs)`, or module-level `model` and "
@@ -132,3 +135,53 @@ def load_model_file(path: str | Path) -> LoadedModel:
     return LoadedModel(model=model, args=args, kwargs=kwargs, name=path.stem, loss=loss,
                        targets=targets)
 
+
+
+# Frames in these folders are the libraries' (torch, Python's own), not the place to fix.
+_LIBRARY_DIRS = tuple(str(Path(p).resolve()) for p in {
+    Path(torch.__file__).parent, Path(__file__).parent, sysconfig.get_paths()["stdlib"]})
+
+
+def _user_frame(exc: BaseException) -> traceback.FrameSummary | None:
+    """The deepest frame of ``exc``'s traceback outside torch, autoplace and the standard
+    library: the line of the user's model (or of the library that defines it) that failed."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    outside = [f for f in frames if not str(Path(f.filename).resolve()).startswith(_LIBRARY_DIRS)]
+    return outside[-1] if outside else None
+
+
+_FIX_MODEL = ("The model does not run on its own example inputs, so there is nothing to plan "
+              "yet: fix the model or its example inputs (run it once with them: "
+              "`model(*example_inputs)`) and run again")
+
+
+def describe_failure(exc: BaseException, *, what: str, fix: str = _FIX_MODEL) -> str:
+    """One paragraph on ``exc`` raised while ``what`` ran: the exception, where it was raised in
+    the user's code (file, line, function and the line's text) and what to do (``fix``)."""
+    message = (str(exc).strip().splitlines() or [""])[0][:400]
+    frame = _user_frame(exc)
+    place = "" if frame is None else (
+        f" at {frame.filename}, line {frame.lineno}, in {frame.name}"
+        + (f" (`{frame.line.strip()}`)" if frame.line else ""))
+    return f"{what} raised {type(exc).__name__}{place}: {message}. {fix}"
+
+
+def run_example(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Run ``model`` once on its example inputs, as the user would, before any tracing: a model
+    that fails there gets a ``ModelLoadError`` naming the exception and the user's line, not a
+    tracer's message about another problem. Nothing changes: without gradients, and with the
+    random state and the buffers (batch norm's running statistics) restored afterwards. A model
+    on the meta device is not run (tracing checks it on meta tensors)."""
+    if any(t.is_meta for t in (*model.parameters(), *model.buffers())):
+        return
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            model(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - any failure of the user's model is theirs to fix
+        raise ModelLoadError(describe_failure(exc, what="the model, run on its example inputs,")
+                             ) from exc
+    finally:
+        with torch.no_grad(), contextlib.suppress(AttributeError, RuntimeError):
+            for name, saved in buffers.items():
+                model.get_buffer(name).copy_(saved)

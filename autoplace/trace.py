@@ -30,6 +30,7 @@ import torch.fx
 from autoplace.coarsen import VIEW_OPS
 from autoplace.errors import TraceError
 from autoplace.ir import Edge, OpGraph, OpNode
+from autoplace.load import run_example
 from autoplace.trace_count import (
     CountingInterpreter,
     count_ops,
@@ -89,26 +90,49 @@ def _module_path(node: torch.fx.Node) -> str:
     return ""
 
 
-# Loggers that narrate a failed export at length (the partial graph, the guard that failed).
-_EXPORT_LOGGERS = ("torch.export", "torch._export", "torch.fx.experimental.symbolic_shapes")
+class _TorchLogs(logging.Filter):
+    """Drops every record of torch's loggers and counts those of warning level and above."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.said: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name != "torch" and not record.name.startswith("torch."):
+            return True
+        if record.levelno >= logging.WARNING and all(r is not record for r in self.said):
+            self.said.append(record)  # once, though every handler it passes asks
+        return False
+
+    def note(self) -> str | None:
+        """The note that says torch had something to say, or ``None``."""
+        if not self.said:
+            return None
+        first = (self.said[0].getMessage().strip().splitlines() or [""])[0][:200]
+        return (f"torch logged {len(self.said)} warning(s) or error(s) while tracing, kept off "
+                f"the terminal (first, from {self.said[0].name}: {first!r})")
 
 
 @contextlib.contextmanager
-def _quiet_export() -> Iterator[None]:
-    """Silence what torch.export writes to stderr while it fails (it prints the partial fx graph
-    and logs warnings): autoplace reports the failure itself, as a fallback note or a
-    ``TraceError`` of one paragraph, and the dump would bury it."""
-    loggers = [logging.getLogger(name) for name in _EXPORT_LOGGERS]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.CRITICAL)
+def _quiet_torch(logs: _TorchLogs) -> Iterator[None]:
+    """Keep torch's loggers (and what torch.export prints to stderr while it fails: the partial
+    fx graph, a failed fake-tensor op's traceback) off the terminal while tracing: autoplace
+    reports a failure itself, as a fallback note or a ``TraceError`` of one paragraph, and the
+    dump would bury it. ``logs`` counts what was kept back, for a note. Every handler of torch's
+    loggers and the root logger's filter torch's records meanwhile; nothing else is touched."""
+    loggers = [logging.getLogger(), *(logging.getLogger(name) for name in list(
+        logging.Logger.manager.loggerDict) if name == "torch" or name.startswith("torch."))]
+    handlers = {id(h): h for logger in loggers for h in logger.handlers}
+    handlers = [*handlers.values(), *([logging.lastResort] if logging.lastResort else [])]
+    for handler in handlers:
+        handler.addFilter(logs)
     try:
         with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
             warnings.simplefilter("ignore")
             yield
     finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
+        for handler in handlers:
+            handler.removeFilter(logs)
 
 
 @contextlib.contextmanager
@@ -130,7 +154,7 @@ def _no_stack_traces() -> Iterator[None]:
 
 
 def _export(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.fx.GraphModule:
-    with _quiet_export(), _no_stack_traces():
+    with _no_stack_traces():
         exported = torch.export.export(model, args, kwargs, strict=False)
         return exported.module()
 
@@ -353,11 +377,33 @@ def trace_model(
     if meta:
         args, kwargs = to_meta(args), to_meta(kwargs)
         notes.append("parameters are on the meta device: traced and costed without weights")
+    else:
+        run_example(model, args, kwargs)  # a bug of the model's own is named as such, first
     device = "meta" if meta else "cpu"
+    logs = _TorchLogs()
+    with _quiet_torch(logs):
+        gm, tracer = _trace(model, args, kwargs, notes)
+        try:
+            interp = count_ops(gm, args, kwargs, device=device)
+        except Exception as exc:
+            raise TraceError(
+                f"the model traced with {tracer}, but running its graph on fake tensors to "
+                f"count FLOPs and shapes failed: {type(exc).__name__}: "
+                f"{(str(exc).strip().splitlines() or [''])[0][:300]}. Every op "
+                "must run without reading tensor values (no .item(), .tolist() or Python "
+                "branches on values, also inside functions wrapped with torch.fx.wrap)"
+            ) from exc
+    notes += [n for n in [logs.note()] if n]
+    graph = _build_graph(gm, interp, name=name)
+    return TracedModel(graph=graph, module=gm, tracer=tracer, notes=tuple(notes),
+                       has_meta_params=meta)
 
+
+def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, notes: list[str]
+           ) -> tuple[torch.fx.GraphModule, str]:
+    """The graph and the tracer that made it: torch.export, else torch.fx (with a note)."""
     try:
-        gm = _export(model, args, kwargs)
-        tracer = "export"
+        return _export(model, args, kwargs), "export"
     except Exception as export_exc:  # export raises many types; all mean "fall back"
         reason = f"{type(export_exc).__name__}: {str(export_exc).strip().splitlines()[0][:300]}"
         try:
@@ -368,19 +414,5 @@ def trace_model(
                 f"({type(fx_exc).__name__}: {str(fx_exc).strip().splitlines()[0][:300]}). "
                 + _advice(export_exc, fx_exc)
             ) from fx_exc
-        tracer = "fx"
         notes.append(f"torch.export failed, fell back to torch.fx.symbolic_trace: {reason}")
-
-    try:
-        interp = count_ops(gm, args, kwargs, device=device)
-    except Exception as exc:
-        raise TraceError(
-            f"the model traced with {tracer}, but running its graph on fake tensors to count "
-            f"FLOPs and shapes failed: {type(exc).__name__}: "
-            f"{(str(exc).strip().splitlines() or [''])[0][:300]}. Every op "
-            "must run without reading tensor values (no .item(), .tolist() or Python branches "
-            "on values, also inside functions wrapped with torch.fx.wrap)"
-        ) from exc
-    graph = _build_graph(gm, interp, name=name)
-    return TracedModel(graph=graph, module=gm, tracer=tracer, notes=tuple(notes),
-                       has_meta_params=meta)
+        return gm, "fx"

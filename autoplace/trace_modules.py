@@ -40,8 +40,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
-from autoplace.errors import TraceError
+from autoplace.errors import ModelLoadError, TraceError
 from autoplace.ir import Edge, OpGraph, OpNode
+from autoplace.load import describe_failure
 from autoplace.trace import to_meta
 from autoplace.trace_count import nbytes
 
@@ -256,8 +257,11 @@ def _traced_run(model: torch.nn.Module, found: dict[int, Unit], args: tuple,
         with _hooked(model, found, watch, records, order):
             output = _run(model, args, kwargs, watch)
     except Exception as exc:  # noqa: BLE001 - any failure of the user's model
-        raise TraceError(f"running the model once to trace its modules failed: "
-                         f"{type(exc).__name__}: {exc}") from exc
+        if any(p.is_meta for p in model.parameters()):
+            raise TraceError(f"running the model once on meta tensors to trace its modules "
+                             f"failed: {type(exc).__name__}: {exc}") from exc
+        raise ModelLoadError(describe_failure(exc, what="the model, run on its example inputs "
+                                              "to trace its modules,")) from exc
     return output, records, order
 
 

@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 import zoo
 
 import autoplace.errors
@@ -196,6 +197,76 @@ def test_a_trace_error_is_one_paragraph(model, tmp_path, capsys):
     assert err.strip().startswith("autoplace: error: "), err[:500]
     assert "\n" not in err.strip(), err[:2000]
     assert err.strip().endswith(("that traces", "torch.fx.wrap)"))
+
+
+# A plain bug: fc1 gives 8 features, fc2 takes 16. The model fails on its own inputs, eagerly.
+SHAPE_BUG = """
+    import torch
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(4, 8)
+            self.fc2 = nn.Linear(16, 2)
+
+        def forward(self, x):
+            h = torch.relu(self.fc1(x))
+            return self.fc2(h)
+
+    def build():
+        return Net(), (torch.randn(3, 4),)
+"""
+
+
+@pytest.mark.parametrize("granularity", ["op", "module"])
+def test_a_model_that_fails_on_its_own_inputs_is_named_with_its_line(granularity, tmp_path,
+                                                                      capfd):
+    # Before: 38 lines of torch's fake-tensor log (written to the terminal's file descriptor,
+    # which capsys does not see), then advice about .item() and branches on values.
+    path = _write(tmp_path, "shape_bug.py", SHAPE_BUG)
+    out = tmp_path / "o"
+    assert main(["plan", path, "--out", str(out), "--granularity", granularity]) == 2
+    err = capfd.readouterr().err.strip()
+    assert err.startswith("autoplace: error: the model, run on its example inputs"), err[:2000]
+    assert "\n" not in err, err[:2000]
+    assert f"{path}, line 13, in forward (`return self.fc2(h)`)" in err
+    assert "mat1 and mat2 shapes cannot be multiplied" in err
+    assert ".item()" not in err and "fake" not in err
+    assert not out.exists()
+
+
+def test_running_the_example_changes_no_state():
+    # run_example runs the model once before tracing: batch norm's running statistics and the
+    # random state must be as they were, or the plan's check compares another model.
+    from autoplace.load import run_example
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4),
+                                torch.nn.Dropout(0.5)).train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(8, 4) + 3.0
+    rng = torch.get_rng_state()
+    run_example(model, (x,), {})
+    assert torch.equal(torch.get_rng_state(), rng)
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), name
+
+
+def test_torch_logs_while_tracing_become_one_note(capfd):
+    # What torch logs while tracing is kept off the terminal, and a note says it had something
+    # to say.
+    import logging
+
+    from autoplace.trace import _quiet_torch, _TorchLogs
+
+    logs = _TorchLogs()
+    with _quiet_torch(logs):
+        logging.getLogger("torch._subclasses.fake_tensor").error("fake tensor dispatch failed")
+        logging.getLogger("autoplace.elsewhere").debug("not torch's")
+    assert "fake tensor dispatch failed" not in capfd.readouterr().err
+    assert "torch logged 1 warning(s) or error(s) while tracing" in logs.note()
+    assert "torch._subclasses.fake_tensor" in logs.note()
+    assert _TorchLogs().note() is None
 
 
 # ---------------------------------------------------------------------------------------------

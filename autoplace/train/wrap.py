@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from autoplace.errors import ModelLoadError
+from autoplace.load import describe_failure
 
 __all__ = ["LossModel", "loss_model", "training_targets"]
 
@@ -63,9 +64,12 @@ def loss_model(model: torch.nn.Module, loss: Callable[..., torch.Tensor] | None,
     try:
         value = wrapped(*args, targets=targets, **kwargs)
     except Exception as exc:
-        what = "the loss" if loss is not None else "the model"
-        raise ModelLoadError(f"{what} raised {type(exc).__name__} on the example inputs and "
-                             f"targets: {exc}") from exc
+        what = "the model and its loss" if loss is not None else "the model"
+        raise ModelLoadError(describe_failure(
+            exc, what=f"{what}, run on the example inputs and targets,",
+            fix="Fix the model, its loss or the example inputs and targets (run "
+                + ("`loss(model(*example_inputs), *example_targets)`" if loss is not None
+                   else "`model(*example_inputs)`") + " once) and run again")) from exc
     if not isinstance(value, torch.Tensor):
         raise ModelLoadError(f"a training plan needs a scalar loss, but the model returns a "
                              f"{type(value).__name__}: {NO_LOSS_HINT}")
