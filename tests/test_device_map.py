@@ -146,6 +146,18 @@ def test_device_map_loads_and_matches_the_original(name: str, tmp_path: Path) ->
         torch.testing.assert_close(dispatched(**inputs).logits, expected.logits)
 
 
+def test_a_module_plan_says_it_covers_a_pass_without_the_cache() -> None:
+    # As the op-level plan does (and the README promises): with use_cache on, the model is
+    # planned with it off, and a note says the plan covers one pass without the cache.
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=96,
+                                     n_positions=32, use_cache=True)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    planned = plan_modules(model, {"input_ids": torch.randint(0, 96, (2, 12))},
+                           devices="2xA100-40GB", time_limit_s=0.5, deterministic=True)
+    assert model.config.use_cache is False
+    assert any("without the key-value cache" in note for note in planned.notes), planned.notes
+
+
 def test_units_tie_and_cover_gpt2() -> None:
     # GPT-2's lm_head shares its weight with transformer.wte: the two units are colocated, and
     # the weight counts once (in wte), so the graph's bytes are the model's.

@@ -37,6 +37,7 @@ from autoplace.solve.accelerate import (
 )
 from autoplace.solve.baselines import DEFAULT_MIN_GAIN, check_min_gain
 from autoplace.solve.options import MODULE_TIME_LIMIT_S
+from autoplace.trace import cache_off
 from autoplace.trace_modules import INPUT, ModuleTrace, module_units, trace_modules
 
 __all__ = ["plan_modules"]
@@ -79,6 +80,7 @@ def plan_modules(
     notes: list[str] = [*found, MODULE_NOTE]
     args, kwargs = normalize_inputs(example_inputs, where="example_inputs")
     model.eval()
+    notes += [n for n in [cache_off(model, kwargs)] if n]  # as the op-level plan does
     if no_split is not None:
         _check_classes(model, no_split)
     tree = module_units(model, None if no_split is None else tuple(no_split))
