@@ -109,7 +109,8 @@ def test_cpu_spec(spec: str) -> None:
 
 
 def test_gpus_and_cpu_with_loose_spelling() -> None:
-    cluster = parse_device_spec(" cpu , 2 x a100_40gb ,H100")
+    # Case, '_' for '-' and spaces around entries are fine; spaces inside one are not (below).
+    cluster = parse_device_spec(" cpu , 2xa100_40gb ,H100")
     assert cluster.names == ("cpu", "cuda:0", "cuda:1", "cuda:2")
     assert [d.type for d in cluster.devices] == ["CPU", "A100-40GB", "A100-40GB", "H100-80GB"]
     k = kinds(cluster)
@@ -141,6 +142,56 @@ def test_malformed_specs(spec: str, message: str) -> None:
         # Every malformed typed entry lists the valid types.
         for name in catalog_names():
             assert name in str(info.value)
+
+
+SPEC_EXAMPLE = "write a count, an 'x' and a type, e.g. '2xA100-40GB'"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            "2*A100-40GB",
+            r"^device spec: entry 1 of '2\*A100-40GB' \(characters 1-11\): '2\*A100-40GB' joins "
+            r"the count and the type with '\*', not 'x': " + SPEC_EXAMPLE + "; valid device types",
+        ),
+        (
+            "cpu,2 x A100-40GB",
+            r"entry 2 of 'cpu,2 x A100-40GB' \(characters 5-17\): '2 x A100-40GB' has a space "
+            r"in it: " + SPEC_EXAMPLE,
+        ),
+        ("T4, 2x T4", r"entry 2 of 'T4, 2x T4' \(characters 5-9\): '2x T4' has a space in it: "
+                      r"write a count, an 'x' and a type, e.g. '2xT4'"),
+        ("2×T4", r"'2×T4' joins the count and the type with '×', not 'x': .* e\.g\. '2xT4'"),
+        ("x2A100-40GB", r"'x2A100-40GB' puts the count after the 'x': " + SPEC_EXAMPLE),
+        ("x2A100", r"'x2A100' puts the count after the 'x': .* e\.g\. '2xA100-40GB'"),
+        ("2A100-40GB", r"'2A100-40GB' has no 'x' between the count and the type: " + SPEC_EXAMPLE),
+        ("A100 40GB", r"'A100 40GB' has a space in it: write it without spaces, e\.g\. "
+                      r"'A100-40GB'"),
+        ("A100.40GB", r"'A100\.40GB' is not a device type: a type name has only letters, "
+                      r"digits, '-' and '_', e\.g\. 'A100-40GB'"),
+        ("2xA100/40GB", r"'A100/40GB' in '2xA100/40GB' is not a device type: .* 'A100-40GB'"),
+        ("cuda: 0", r"'cuda: 0' has a space in it: write it without spaces, e\.g\. 'cuda:0'"),
+        ("T4,0xA100-40GB", r"entry 2 of 'T4,0xA100-40GB' \(characters 4-14\): '0xA100-40GB' "
+                           r"asks for 0 devices"),
+        ("T4,,L4", r"empty entry 2 in device spec 'T4,,L4' \(a stray comma\?\)"),
+    ],
+)
+def test_loose_entries_are_refused_with_their_position(spec: str, message: str) -> None:
+    # An entry is exactly NxTYPE, TYPE, cpu or cuda:N: '2*A100-40GB' used to plan two A100s.
+    with pytest.raises(DeviceSpecError, match=message):
+        parse_device_spec(spec)
+
+
+def test_a_loose_spec_on_the_command_line_exits_2_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    argv = ["plan", str(EXAMPLES / "mlp.py"), "--devices", "2*A100-40GB", "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "entry 1 of '2*A100-40GB' (characters 1-11)" in err and "'2xA100-40GB'" in err, err
+    assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
 # --- Explicit torch devices ----------------------------------------------------------------------
@@ -384,6 +435,7 @@ torch_device = "cuda:7"
 [[links]]
 src = "box/cuda:0"
 dst = "cuda:2"
+kind = "pcie4"
 latency_s = 0
 """
     cluster = load_cluster_file(write(tmp_path, text))
@@ -461,6 +513,17 @@ def test_devices_alone_make_one_machine(tmp_path: Path) -> None:
         ("[hosts]\nname = 'a'\n", r"hosts: \{'name': 'a'\} is not an array of tables, written \["),
         ("[[hosts]]\nname = 'a'\ndevices = ['2xFOO']\n", r"unknown device type 'FOO'.*A100-40GB"),
         ("[[hosts]]\nname = 'a'\ndevices = ['cuda:0']\n", r"'cuda:0' names a GPU of this machine"),
+        (
+            "[[hosts]]\nname = 'a'\ndevices = ['T4', 'L4,2*T4']\n",
+            r"hosts\[0\]\.devices\[1\]: entry 2 of 'L4,2\*T4' \(characters 4-7\): '2\*T4' "
+            r"joins the count and the type with '\*', not 'x': write a count, an 'x' and a type, "
+            r"e\.g\. '2xT4'",
+        ),
+        (
+            "[[devices]]\ntype = 'A100 40GB'\n",
+            r"devices\[0\]: 'A100 40GB' is not a device type: a type name has only letters, .*"
+            r"e\.g\. 'A100-40GB'",
+        ),
         ("[[hosts]]\nname = 'a'\ndevices = []\n", r"defines no devices"),
         (
             "[[devices]]\ntype = 'T4'\nmemory_bytes = -1\n",
@@ -497,7 +560,19 @@ BACK = '[[links]]\nsrc = "node1/cuda:0"\ndst = "node0/cuda:0"\n'
             r"unknown device 'node9/cuda:0'; devices: node0/cuda:0",
         ),
         ('src = "node0/cuda:0"\ndst = "node0/cuda:0"\nlatency_s = 1e-6', r"the same device"),
-        (PAIR, r"overrides nothing"),
+        (
+            PAIR,
+            r"links\[0\] \(node0/cuda:0 - node1/cuda:0\) overrides nothing: add "
+            r"bandwidth_bytes_per_s, or a kind to take the link catalog's figures",
+        ),
+        (
+            # A latency alone used to keep the default link's bandwidth, relabelled 'custom'.
+            PAIR + "latency_s = 1e-6",
+            r"^cluster file .*cluster\.toml: links\[0\] \(node0/cuda:0 - node1/cuda:0\) gives no "
+            r"bandwidth_bytes_per_s and no kind, so its bandwidth is unknown: add "
+            r"bandwidth_bytes_per_s, or a kind to take the link catalog's figures \(this pair's "
+            r"default is kind = 'network', 12\.5 GB/s\); valid kinds: nvlink2, nvlink3, .*network",
+        ),
         (PAIR + 'kind = "nvlink9"', r"unknown link kind 'nvlink9'; valid kinds: nvlink2"),
         (
             PAIR + 'bandwidth_bytes_per_s = "fast"',
@@ -513,7 +588,7 @@ BACK = '[[links]]\nsrc = "node1/cuda:0"\ndst = "node0/cuda:0"\n'
             r"links\[0\]: Additional properties .*'speed' was unexpected.*allowed keys: src, dst",
         ),
         (
-            PAIR + "latency_s = 1e-6\n" + BACK + "latency_s = 2e-6",
+            PAIR + "bandwidth_bytes_per_s = 1e9\n" + BACK + "bandwidth_bytes_per_s = 2e9",
             r"links\[1\]: the link node1/cuda:0 -> node0/cuda:0 is already overridden by links\[0",
         ),
     ],
@@ -522,6 +597,43 @@ def test_malformed_link_overrides(tmp_path: Path, link: str, message: str) -> No
     path = write(tmp_path, TWO_HOSTS + "[[links]]\n" + link + "\n")
     with pytest.raises(DeviceSpecError, match=message):
         load_cluster_file(path)
+
+
+def test_a_link_with_a_kind_and_no_bandwidth_takes_the_kinds_figures_and_says_so(
+    tmp_path: Path,
+) -> None:
+    text = TWO_HOSTS + (
+        '[[links]]\nsrc = "node0/cuda:0"\ndst = "node1/cuda:0"\nkind = "pcie4"\n'
+        '[[links]]\nsrc = "node0/cuda:1"\ndst = "node1/cuda:1"\nkind = "pcie4"\n'
+        '[[links]]\nsrc = "node0/cuda:0"\ndst = "node0/cuda:1"\nkind = "pcie4"\nlatency_s = 3e-6\n'
+        '[[links]]\nsrc = "node1/cuda:0"\ndst = "node1/cuda:1"\nkind = "pcie3"\n'
+        "bandwidth_bytes_per_s = 9e9\n"
+    )
+    path = write(tmp_path, text)
+    cluster, notes = resolve_cluster(cluster_file=path)
+    pcie4 = get_link_kind("pcie4")
+    for a, b in [("node1/cuda:0", "node0/cuda:0"), ("node0/cuda:1", "node1/cuda:1")]:
+        link = cluster.link(a, b)
+        assert (link.bandwidth_bytes_per_s, link.latency_s, link.kind) == (
+            pcie4.bandwidth_bytes_per_s, pcie4.latency_s, "pcie4")
+    link = cluster.link("node0/cuda:1", "node0/cuda:0")
+    assert (link.bandwidth_bytes_per_s, link.latency_s) == (pcie4.bandwidth_bytes_per_s, 3e-6)
+    link = cluster.link("node1/cuda:0", "node1/cuda:1")  # a bandwidth given: no note
+    assert (link.bandwidth_bytes_per_s, link.latency_s, link.kind) == (9e9, 1e-5, "pcie3")
+    # One note per kind, naming each table that took the catalog's figures.
+    assert notes == [
+        f"cluster file {path}: links[0] (node0/cuda:0 - node1/cuda:0), links[1] "
+        "(node0/cuda:1 - node1/cuda:1) give no bandwidth_bytes_per_s: they take the link "
+        "catalog's figures for kind 'pcie4', 31.5 GB/s and 10 us latency; give "
+        "bandwidth_bytes_per_s (and latency_s) to use measured figures",
+        f"cluster file {path}: links[2] (node0/cuda:0 - node0/cuda:1) gives no "
+        "bandwidth_bytes_per_s: it takes the link catalog's bandwidth for kind 'pcie4', "
+        "31.5 GB/s, with its own latency_s; give bandwidth_bytes_per_s to use a measured figure",
+    ]
+    assert load_cluster_file(path) == cluster  # the Python API takes a list for the notes
+    mine: list[str] = []
+    load_cluster_file(path, notes=mine)
+    assert mine == notes
 
 
 def test_missing_cluster_file(tmp_path: Path) -> None:

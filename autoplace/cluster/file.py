@@ -5,7 +5,8 @@
 ``autoplace.formats.cluster`` documents the format, reads the TOML and checks every field's type
 and range against the schema; what is left here are the checks that need the device catalog or
 the devices already defined: device types and link kinds exist, a ``torch_device`` fits its
-device, host names are unique, a link names two distinct devices and overrides something, once.
+device, host names are unique, a link names two distinct devices, once, and says its bandwidth
+(its own, or its kind's from the link catalog, with a note).
 
 Read ``load_cluster_file``, then ``_device_entry`` and ``_link_overrides``.
 """
@@ -31,8 +32,12 @@ __all__ = ["load_cluster_file"]
 _LINK_FIGURES = ("kind", "bandwidth_bytes_per_s", "latency_s")
 
 
-def load_cluster_file(path: str | os.PathLike[str]) -> Cluster:
-    """The cluster the TOML file at ``path`` describes (``autoplace.formats.cluster``)."""
+def load_cluster_file(
+    path: str | os.PathLike[str], *, notes: list[str] | None = None
+) -> Cluster:
+    """The cluster the TOML file at ``path`` describes (``autoplace.formats.cluster``). What the
+    user should be told (a link that took its kind's catalog figures) is added to ``notes``."""
+    notes = [] if notes is None else notes
     where = f"cluster file {os.fspath(path)}"
     data = read_cluster_file(path)
     hosts: dict[str, list[Entry]] = {}
@@ -42,8 +47,9 @@ def load_cluster_file(path: str | os.PathLike[str]) -> Cluster:
         if name in hosts:
             raise DeviceSpecError(f"{at}: host name {name!r} is used twice")
         hosts[name] = []
-        for spec in table.get("devices", ()):
-            hosts[name] += parse_tokens(spec, where=f"{at}.devices", detected=None, notes=[])
+        for j, spec in enumerate(table.get("devices", ())):
+            hosts[name] += parse_tokens(spec, where=f"{at}.devices[{j}]", detected=None,
+                                        notes=notes)
         if "reserve_bytes" in table:
             hosts[name] = [replace(e, reserved_bytes=int(table["reserve_bytes"]))
                            for e in hosts[name]]
@@ -64,7 +70,7 @@ def load_cluster_file(path: str | os.PathLike[str]) -> Cluster:
     cluster = build_cluster(list(hosts.items()), where=where)
     device_name = _device_resolver(cluster, list(hosts))
     overrides = _link_overrides(data.get("links", ()), cluster=cluster,
-                                device_name=device_name, where=where)
+                                device_name=device_name, where=where, notes=notes)
     shared = shared_links(data, cluster=cluster, device_name=device_name, where=where)
     if not overrides and not shared:
         return cluster
@@ -140,21 +146,31 @@ def _device_resolver(cluster: Cluster, hosts: list[str]) -> Callable[..., str]:
 
 def _link_overrides(
     tables: Sequence[Mapping[str, Any]], *, cluster: Cluster, device_name: Callable[..., str],
-    where: str,
+    where: str, notes: list[str],
 ) -> dict[tuple[str, str], Link]:
+    """The links the ``[[links]]`` tables give. A table gives its bandwidth, or a kind whose
+    catalog figures it takes (one note per kind); a latency alone leaves the bandwidth unknown,
+    which is an error rather than a silent guess."""
     overrides: dict[tuple[str, str], Link] = {}
     first_at: dict[tuple[str, str], str] = {}
+    from_catalog: dict[tuple[str, bool], list[str]] = {}  # (kind, latency given) -> tables
     for i, table in enumerate(tables):
         at = f"{where}: links[{i}]"
         src = device_name(table["src"], at=at)
         dst = device_name(table["dst"], at=at)
         if src == dst:
             raise DeviceSpecError(f"{at}: src and dst are the same device {src!r}")
-        if not set(_LINK_FIGURES) & table.keys():
-            raise DeviceSpecError(
-                f"{at}: overrides nothing; give kind, bandwidth_bytes_per_s or latency_s"
-            )
+        label = f"links[{i}] ({src} - {dst})"
         base = cluster.link(src, dst)
+        if "kind" not in table and "bandwidth_bytes_per_s" not in table:
+            problem = ("gives no bandwidth_bytes_per_s and no kind, so its bandwidth is unknown"
+                       if set(_LINK_FIGURES) & table.keys() else "overrides nothing")
+            raise DeviceSpecError(
+                f"{where}: {label} {problem}: add bandwidth_bytes_per_s, or a kind to take the "
+                f"link catalog's figures (this pair's default is kind = {base.kind!r}, "
+                f"{_gb_per_s(base.bandwidth_bytes_per_s)}); valid kinds: "
+                f"{', '.join(link_kind_names())}"
+            )
         bandwidth, latency, kind = base.bandwidth_bytes_per_s, base.latency_s, "custom"
         if "kind" in table:
             kind = table["kind"].strip()
@@ -164,6 +180,8 @@ def _link_overrides(
                 )
             bandwidth = LINK_CATALOG[kind].bandwidth_bytes_per_s
             latency = LINK_CATALOG[kind].latency_s
+            if "bandwidth_bytes_per_s" not in table:
+                from_catalog.setdefault((kind, "latency_s" in table), []).append(label)
         bandwidth = float(table.get("bandwidth_bytes_per_s", bandwidth))
         latency = float(table.get("latency_s", latency))
         for a, b in [(src, dst), (dst, src)] if table.get("symmetric", True) else [(src, dst)]:
@@ -175,4 +193,20 @@ def _link_overrides(
                 src=a, dst=b, bandwidth_bytes_per_s=bandwidth, latency_s=latency, kind=kind
             )
             first_at[(a, b)] = f"links[{i}]"
+    for (kind, own_latency), labels in from_catalog.items():
+        spec = LINK_CATALOG[kind]
+        gives, takes = ("gives", "it takes") if len(labels) == 1 else ("give", "they take")
+        figures = (
+            f"bandwidth for kind {kind!r}, {_gb_per_s(spec.bandwidth_bytes_per_s)}, with its own "
+            "latency_s; give bandwidth_bytes_per_s to use a measured figure" if own_latency else
+            f"figures for kind {kind!r}, {_gb_per_s(spec.bandwidth_bytes_per_s)} and "
+            f"{spec.latency_s * 1e6:.3g} us latency; give bandwidth_bytes_per_s (and latency_s) "
+            "to use measured figures"
+        )
+        notes.append(f"{where}: {', '.join(labels)} {gives} no bandwidth_bytes_per_s: {takes} "
+                     f"the link catalog's {figures}")
     return overrides
+
+
+def _gb_per_s(bandwidth_bytes_per_s: float) -> str:
+    return f"{bandwidth_bytes_per_s / 1e9:.3g} GB/s"

@@ -4,7 +4,8 @@ or nothing) to the ``Cluster`` a plan is for, with notes for the user; and the c
 
 Every caller (``pipeline.plan``, ``autoplace plan``/``solve``/``profile``) goes through
 ``resolve_cluster``, so every note (a GPU costed as a catalog type it is not, the simulated
-devices chosen for lack of GPUs) reaches the plan and the terminal.
+devices chosen for lack of GPUs, a cluster file's link that took its kind's catalog figures)
+reaches the plan and the terminal.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def resolve_cluster(
     if cluster is not None:
         return cluster, []
     if cluster_file is not None:
-        return load_cluster_file(cluster_file), []
+        notes: list[str] = []
+        return load_cluster_file(cluster_file, notes=notes), notes
     found: Callable[[], Sequence[DetectedGPU]] = (
         detect.detect_gpus if gpus is None else (lambda: gpus)
     )

@@ -1,8 +1,11 @@
 """The device spec grammar: ``2xA100-40GB,cuda:1,cpu`` into device entries, not yet named.
 
-A device spec is a comma-separated list of entries:
+A device spec is a comma-separated list of entries, each exactly one of these. Spaces around an
+entry are dropped; a space inside one, or any other form (``2*A100-40GB``, ``x2A100``), is an
+error that names the entry, its position and what to write instead.
 
-* ``2xA100-40GB`` -- a count and a catalog type (``autoplace devices`` lists the types; case and
+* ``2xA100-40GB`` -- a count (1 or more), an ``x`` (or ``X``) and a catalog type (``autoplace
+  devices`` lists the types; a type name is letters, digits, ``-`` and ``_``, and case and
   ``-``/``_`` do not matter). ``A100-40GB`` alone means one. GPUs are named ``cuda:0``,
   ``cuda:1``, ... in spec order; they need not exist on this machine (the plan is simulated).
 * ``cpu`` -- the host CPU, named ``cpu`` (at most one).
@@ -11,7 +14,8 @@ A device spec is a comma-separated list of entries:
 * ``cuda:0`` -- a GPU on this machine, typed by ``detect.detect_gpus``. Such entries cannot be
   mixed with catalog GPU types, since both would claim the names ``cuda:N``.
 
-Read ``parse_tokens`` first (one spec into ``Entry`` values), then ``detected_entry`` (a GPU
+Read ``parse_tokens`` first (one spec into ``Entry`` values; ``_loose`` says what is wrong with an
+entry that is not one of these), then ``detected_entry`` (a GPU
 found here, costed as its catalog type or, when the catalog lacks it, the closest one, with a
 note). ``build.build_cluster`` names the entries and links them.
 """
@@ -56,7 +60,14 @@ CHOOSE_HINT = (
 THREAD_TYPE = "cpu-thread"
 
 CUDA_NAME = re.compile(r"cuda:(\d+)", re.IGNORECASE)
-_COUNTED = re.compile(r"(\d+)\s*[xX*]\s*(.*)")
+_COUNTED = re.compile(r"(\d+)[xX](.*)")
+# The catalog's lookup ignores every separator; a spec allows only the ones its names use, so
+# that '2*A100-40GB' or 'A100 40GB' is not read as something the user may not have meant.
+_TYPE_NAME = re.compile(r"[A-Za-z0-9_-]+")
+# What a count written some other way looks like: '2*T4', '2 x T4', '2T4'; and 'x2T4'.
+_LOOSE_COUNTED = re.compile(r"(\d+)\s*([xX]|[^\w\s]|)\s*([A-Za-z].*)")
+_COUNT_AFTER = re.compile(r"[xX*]\s*(\d+)\s*([A-Za-z].*)")
+_EXAMPLE_TYPE = "A100-40GB"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,16 +88,32 @@ def valid_types_hint() -> str:
 
 def lookup_type(type_name: str, *, token: str, where: str) -> DeviceType:
     """The catalog type ``type_name``; an error naming ``token`` and the valid types if none."""
+    device_type = _catalog_type(type_name)
+    if device_type is not None:
+        return device_type
+    context = "" if type_name == token else f" in {token!r}"
+    if not _TYPE_NAME.fullmatch(type_name):
+        fixed = _canonical(type_name) or _EXAMPLE_TYPE
+        raise DeviceSpecError(
+            f"{where}: {type_name!r}{context} is not a device type: a type name has only letters, "
+            f"digits, '-' and '_', e.g. {fixed!r}; {valid_types_hint()}"
+        )
+    hint = ""
+    if type_name[:1] in ("x", "X"):
+        hint = f" (a count goes before the 'x', e.g. '2x{_EXAMPLE_TYPE}')"
+    raise DeviceSpecError(
+        f"{where}: unknown device type {type_name!r}{context}{hint}; {valid_types_hint()}"
+    )
+
+
+def _catalog_type(type_name: str) -> DeviceType | None:
+    """The catalog type of a strictly written type name, or None."""
+    if not _TYPE_NAME.fullmatch(type_name):
+        return None
     try:
         return get_device_type(type_name)
     except UnknownDeviceTypeError:
-        hint = ""
-        if type_name[:1] in ("x", "X", "*"):
-            hint = " (a count goes before the 'x', e.g. '2xA100-40GB')"
-        context = "" if type_name == token else f" in {token!r}"
-        raise DeviceSpecError(
-            f"{where}: unknown device type {type_name!r}{context}{hint}; {valid_types_hint()}"
-        ) from None
+        return None
 
 
 def parse_tokens(
@@ -103,22 +130,28 @@ def parse_tokens(
     entries: list[Entry] = []
     typed_token = explicit_token = None
     gpus: Sequence[DetectedGPU] | None = None
-    for raw in spec.split(","):
+    start = 0  # of the entry in spec
+    for number, raw in enumerate(spec.split(","), start=1):
         token = raw.strip()
+        first = start + len(raw) - len(raw.lstrip()) + 1  # counted from 1, as an editor does
+        start += len(raw) + 1
         if not token:
-            raise DeviceSpecError(f"{where}: empty entry in device spec {spec!r} (a stray comma?)")
+            raise DeviceSpecError(
+                f"{where}: empty entry {number} in device spec {spec!r} (a stray comma?)"
+            )
+        at = f"{where}: entry {number} of {spec!r} (characters {first}-{first + len(token) - 1})"
         cuda = CUDA_NAME.fullmatch(token)
         if cuda is not None:
             if detected is None:
                 raise DeviceSpecError(
-                    f"{where}: {token!r} names a GPU of this machine, which a cluster file cannot; "
-                    f"name a catalog type instead, e.g. '2xA100-40GB'; {valid_types_hint()}"
+                    f"{at}: {token!r} names a GPU of this machine, which a cluster file cannot; "
+                    f"name a catalog type instead, e.g. '2x{_EXAMPLE_TYPE}'; {valid_types_hint()}"
                 )
             gpus = detected() if gpus is None else gpus
-            entries.append(detected_entry(int(cuda.group(1)), gpus, where=where, notes=notes))
+            entries.append(detected_entry(int(cuda.group(1)), gpus, where=at, notes=notes))
             explicit_token = explicit_token or token
             continue
-        typed = _typed_entries(token, where=where)
+        typed = _typed_entries(token, where=at)
         if typed[0].type.kind != "cpu":
             typed_token = typed_token or token
         entries.extend(typed)
@@ -136,16 +169,19 @@ def _typed_entries(token: str, *, where: str) -> list[Entry]:
     count, type_name = 1, token
     counted = _COUNTED.fullmatch(token)
     if counted is not None:
-        count, type_name = int(counted.group(1)), counted.group(2).strip()
+        count, type_name = int(counted.group(1)), counted.group(2)
         if not type_name:
             raise DeviceSpecError(
-                f"{where}: {token!r} has a count but no device type, e.g. '2xA100-40GB'; "
+                f"{where}: {token!r} has a count but no device type, e.g. '2x{_EXAMPLE_TYPE}'; "
                 f"{valid_types_hint()}"
             )
         if count < 1:
             raise DeviceSpecError(
                 f"{where}: {token!r} asks for 0 devices: use 1 or more; {valid_types_hint()}"
             )
+    loose = _loose(token, counted=counted is not None)
+    if loose is not None:
+        raise DeviceSpecError(f"{where}: {loose}; {valid_types_hint()}")
     device_type = lookup_type(type_name, token=token, where=where)
     if device_type.name == THREAD_TYPE:  # torch devices cpu:0, cpu:1, ...: build numbers them
         return [Entry(type=device_type, memory_bytes=device_type.memory_bytes, origin=token)
@@ -162,6 +198,42 @@ def _typed_entries(token: str, *, where: str) -> list[Entry]:
         )
         for _ in range(count)
     ]
+
+
+def _loose(token: str, *, counted: bool) -> str | None:
+    """What is wrong with a token that is loosely what the grammar allows, and what to write
+    instead; None for a token that is right, or wrong only in its type name."""
+    loose = _LOOSE_COUNTED.fullmatch(token)
+    if re.search(r"\s", token):
+        if loose is not None:
+            return f"{token!r} has a space in it: {_count_advice(loose[1], loose[3])}"
+        compact = re.sub(r"\s+", "", token)
+        fixed = compact if CUDA_NAME.fullmatch(compact) else _canonical(token) or _EXAMPLE_TYPE
+        return f"{token!r} has a space in it: write it without spaces, e.g. {fixed!r}"
+    if counted or _catalog_type(token) is not None:
+        return None
+    if loose is not None:
+        sep = loose[2]
+        problem = (f"joins the count and the type with {sep!r}, not 'x'" if sep
+                   else "has no 'x' between the count and the type")
+        return f"{token!r} {problem}: {_count_advice(loose[1], loose[3])}"
+    after = _COUNT_AFTER.fullmatch(token)
+    if after is not None:
+        return f"{token!r} puts the count after the 'x': {_count_advice(after[1], after[2])}"
+    return None
+
+
+def _count_advice(count: str, type_text: str) -> str:
+    """How to write a count of a type: with the user's own, where they are right."""
+    fixed = _canonical(type_text) if int(count) > 0 else None
+    example = f"{int(count)}x{fixed}" if fixed else f"2x{_EXAMPLE_TYPE}"
+    return f"write a count, an 'x' and a type, e.g. {example!r}"
+
+
+def _canonical(type_text: str) -> str | None:
+    """The catalog name of a type written with spaces or other separators, or None."""
+    found = _catalog_type(re.sub(r"[^A-Za-z0-9_]+", "-", type_text).strip("-"))
+    return None if found is None else found.name
 
 
 def detected_entry(

@@ -7,7 +7,8 @@ that name devices). The format::
 
     [[hosts]]
     name = "node0"
-    devices = ["2xA100-40GB", "cpu"]     # the spec syntax of --devices, catalog types only
+    devices = ["2xA100-40GB", "cpu"]     # the spec syntax of --devices ('2xTYPE', no spaces
+                                         # inside an entry), catalog types only
     reserve_bytes = 0                    # optional: what each device's runtime holds (below)
 
     [[hosts]]
@@ -26,9 +27,9 @@ that name devices). The format::
     [[links]]                            # optional: override the default link of a pair
     src = "node0/cuda:0"
     dst = "node1/cuda:0"
-    kind = "network"                     # optional: a link kind to start from (and its label)
-    bandwidth_bytes_per_s = 25e9         # optional
-    latency_s = 5e-6                     # optional
+    kind = "network"                     # a kind (its catalog figures, and its label),
+    bandwidth_bytes_per_s = 25e9         # or a bandwidth, or both: this wins over the kind's
+    latency_s = 5e-6                     # optional: default the kind's, else the pair's link's
     symmetric = true                     # the default: dst -> src gets the same figures
 
     [[shared]]                           # optional: any other shared resource
@@ -42,6 +43,11 @@ With one host, devices are named as in a spec (``cuda:0``, ``cpu``); with severa
 ``host/cuda:0`` (``torch_device`` stays ``cuda:0``). Devices on different hosts default to a
 ``network`` link. Two GPUs of one NVLink-capable type on one host are assumed to share an NVLink
 board (as in HGX/DGX systems): override the links of PCIe-only machines.
+
+A ``[[links]]`` table gives ``bandwidth_bytes_per_s``, or a ``kind`` from the link catalog
+(``cost_models.links``) whose bandwidth (and, unless given, latency) it then takes, with a note
+in the plan and on the terminal saying so; one with neither (a ``latency_s`` alone) is an error
+that lists the kinds. Without a kind the link is labelled ``custom``.
 
 Links are independent unless a NIC or ``[[shared]]`` says otherwise: transfers that cross one
 shared link at the same time divide its bandwidth, max-min fair (``autoplace.cluster.shared``,
