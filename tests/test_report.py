@@ -14,6 +14,7 @@ So the makespan is 4.0 ms; everything on cuda:0 would take 2.0 + 2.5 + 0.8 + 0.5
 
 from __future__ import annotations
 
+import colorsys
 import copy
 import json
 import re
@@ -420,21 +421,114 @@ def test_memory_chart_has_a_curve_and_a_capacity_line_per_device() -> None:
     assert [b["label"] for b in buttons] == ["zoom to usage", "show capacity"]
 
 
+def legend_colors(fig: dict[str, Any]) -> dict[str, str]:
+    """Each legend entry of a chart and its colour. A trace's marker colour must be one colour:
+    given a list, plotly's legend draws the first and a reader cannot tell the entries apart."""
+    colors = {t["name"]: t["marker"]["color"] for t in fig["data"]}
+    assert all(isinstance(c, str) for c in colors.values()), colors
+    return colors
+
+
+def assert_parts_have_distinct_colors(fig: dict[str, Any]) -> None:
+    """Every part of the peak-memory chart its own colour, the parts' hues 30 degrees apart or
+    more, and what is left a light grey."""
+    colors = legend_colors(fig)
+    assert len(set(colors.values())) == len(colors), colors
+    hls = {name: colorsys.rgb_to_hls(*(int(c[i:i + 2], 16) / 255 for i in (1, 3, 5)))
+           for name, c in colors.items()}
+    assert hls.pop("free")[1] > 0.85
+    assert all(s > 0.2 for _, _, s in hls.values()), colors  # a hue, not a grey
+    hues = [h * 360 for h, _, _ in hls.values()]
+    for i, a in enumerate(hues):
+        for b in hues[i + 1:]:
+            assert min(abs(a - b), 360 - abs(a - b)) >= 30, colors
+
+
+def test_every_part_of_the_peak_memory_chart_has_a_colour_of_its_own() -> None:
+    fig = figures(render_html(as_plan(make_plan())))["memory-peak"]
+    assert list(legend_colors(fig)) == ["runtime reserve", "parameters", "activations at peak",
+                                        "free"]
+    assert_parts_have_distinct_colors(fig)
+
+
+def _progress_plan(objective_s: float, **solver: Any) -> dict[str, Any]:
+    """The hand-built plan with CP-SAT's progress recorded, its last objective ``objective_s``
+    (the plan's simulated makespan is 4.0 ms)."""
+    plan = make_plan()
+    plan["solver"]["progress"] = [
+        {"t_s": 0.01, "objective_s": None, "bound_s": 3.0e-3},
+        {"t_s": 0.05, "objective_s": 4.4e-3, "bound_s": 3.0e-3},
+        {"t_s": 0.30, "objective_s": objective_s, "bound_s": 3.0e-3},
+    ]
+    plan["solver"]["objective_s"] = objective_s
+    plan["solver"].update(solver)
+    return plan
+
+
 def test_solver_progress_is_charted_when_recorded_and_noted_when_not() -> None:
     plan = make_plan()
     page = render_html(as_plan(plan))
     assert "progress" not in figures(page)
     assert parse(page).by_id("progress-missing")["text"] == "solver progress not recorded"
-    plan["solver"]["progress"] = [
-        {"t_s": 0.01, "objective_s": None, "bound_s": 3.0e-3},
-        {"t_s": 0.05, "objective_s": 4.4e-3, "bound_s": 3.4e-3},
-        {"t_s": 0.30, "objective_s": 4.0e-3, "bound_s": 3.6e-3},
-    ]
+    fig = figures(render_html(as_plan(_progress_plan(4.0e-3))))["progress"]
+    objective, bound, simulated = fig["data"]
+    assert objective["name"] == "CP-SAT's objective: its model's makespan"
+    assert bound["name"] == "CP-SAT's proven bound on its model's makespan"
+    assert simulated["name"] == "plan: simulated makespan (4.00 ms)"
+    assert objective["y"][:2] == pytest.approx([4.4, 4.0])  # ms
+    assert bound["y"][:3] == pytest.approx([3.0, 3.0, 3.0])
+    assert objective["x"][-1] == pytest.approx(0.42)  # held to the solver's end
+    assert simulated["y"] == pytest.approx([4.0, 4.0])
+
+
+def test_solver_progress_says_which_model_its_objective_is_of() -> None:
+    # CPUs, the folded graph solved whole: CP-SAT's model is the simulator's, and the plan
+    # meets its objective, so there is nothing to explain.
+    fig = figures(render_html(as_plan(_progress_plan(
+        4.0e-3, scope={"graph": "folded", "nodes": 4, "folded_nodes": 4}))))["progress"]
+    title = fig["layout"]["title"]
+    assert title["text"] == ("CP-SAT's objective: the makespan of its model of the folded "
+                             "graph (4 nodes)")
+    assert not title.get("subtitle", {}).get("text")
+    assert not fig["layout"].get("annotations")
+    # A coarsened graph: the curve is of 2 coarse nodes, the plan of the 4 folded ones, 1 ms
+    # above it.
+    fig = figures(render_html(as_plan(_progress_plan(
+        3.0e-3, scope={"graph": "coarsened", "nodes": 2, "folded_nodes": 4,
+                       "status": "OPTIMAL"}))))["progress"]
+    title = fig["layout"]["title"]
+    assert title["text"] == ("CP-SAT's objective: the makespan of its model of a coarsened "
+                             "graph (2 nodes of the folded graph's 4)")
+    assert title["subtitle"]["text"] == (
+        "The plan's simulated makespan, 4.00 ms, is 1.00 ms (33%) above CP-SAT's last "
+        "objective, 3.00 ms:<br>the plan is expanded to the folded graph's 4 nodes and "
+        "simulated node by node")
+    (gap,) = fig["layout"]["annotations"]
+    assert gap["text"] == "+1.00 ms"
+    (line,) = fig["layout"]["shapes"]
+    assert (line["y0"], line["y1"]) == pytest.approx((3.0, 4.0))
+
+
+def test_solver_progress_on_gpus_says_the_launcher_is_only_bounded() -> None:
+    # GPUs launched from one host thread: CP-SAT's model bounds the segment calls and
+    # handovers, the simulator schedules them, so the plan sits above CP-SAT's objective.
+    plan = _progress_plan(3.2e-3, scope={"graph": "folded", "nodes": 4, "folded_nodes": 4},
+                          name="balanced + local moves", status="FEASIBLE")
+    plan["host"] = {"call_s": {"cuda:0": 1e-5, "cuda:1": 1e-5},
+                    "handover_s": {"cuda:0": 2e-5, "cuda:1": 2e-5}}
     fig = figures(render_html(as_plan(plan)))["progress"]
-    by_name = {t["name"]: t for t in fig["data"]}
-    assert by_name["best solution"]["y"][:2] == pytest.approx([4.4, 4.0])  # ms
-    assert by_name["proven bound"]["y"][:3] == pytest.approx([3.0, 3.4, 3.6])
-    assert by_name["best solution"]["x"][-1] == pytest.approx(0.42)  # held to the solver's end
+    title = fig["layout"]["title"]
+    assert title["text"] == (
+        "CP-SAT's objective: the makespan of its model of the folded graph (4 nodes),<br>"
+        "which bounds the launcher's segment calls and handovers but does not schedule them")
+    assert title["subtitle"]["text"] == (
+        "The plan's simulated makespan, 4.00 ms, is 800 µs (25%) above CP-SAT's last "
+        "objective, 3.20 ms:<br>the simulator schedules the launcher's segment calls and "
+        "handovers on its host thread")
+    # Where the plan meets the objective, the chart says what the model is and no more.
+    plan["solver"]["progress"][-1]["objective_s"] = 4.0e-3
+    title = figures(render_html(as_plan(plan)))["progress"]["layout"]["title"]
+    assert "launcher" in title["text"] and not title["subtitle"]["text"]
 
 
 def test_whatif_table_lists_every_device_count() -> None:

@@ -3,10 +3,11 @@
 One function per chart, each returning a ``plotly.graph_objects.Figure`` that the page embeds as
 JSON and plotly.js draws: ``timeline_figure`` (Gantt per device, transfers, critical path; a
 training plan's drawn as blocks of one phase and micro-batch), ``memory_figure`` (bytes over
-time against capacity), ``peak_figure`` (peak as a share of capacity, split into its parts),
-``comparison_figure`` (plan and baselines side by side) and ``progress_figure``
-(the solver's best solution and bound over time). Text from the plan is HTML-escaped before it
-reaches plotly, whose labels accept a little HTML.
+time against capacity), ``peak_figure`` (peak as a share of capacity, split into its parts, a
+colour each), ``comparison_figure`` (plan and baselines side by side) and ``progress_figure``
+(CP-SAT's objective and bound over time, in its own model, against the plan's simulated value,
+and which model that is). Text from the plan is HTML-escaped before it reaches plotly, whose
+labels accept a little HTML.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from autoplace.report.units import (
 
 __all__ = [
     "PALETTE",
+    "PART_COLORS",
     "PHASE_COLORS",
     "comparison_figure",
     "device_colors",
@@ -46,6 +48,12 @@ CRITICAL = "#c0392b"
 # micro-batches back to back read as two blocks.
 PHASE_COLORS = {"forward": ("#4e79a7", "#a0cbe8"), "backward": ("#f28e2b", "#ffbe7d"),
                 "step": ("#59a14f", "#8cd17d")}
+# The parts a device's peak is stacked from (``peak_figure``): one Tableau 10 hue each, at
+# least 40 degrees of hue apart (the training step's two extra parts hatched too); what is
+# left, light grey.
+PART_COLORS = {"runtime reserve": "#edc948", "parameters": "#4e79a7", "gradients": "#e15759",
+               "optimizer state": "#b07aa1", "activations at peak": "#59a14f",
+               "free": "#eaeef2"}
 _PHASE_NAMES = {"forward": "forward", "backward": "backward", "step": "optimizer step"}
 # Idle time inside a block that the drawing hides: under 3 px of a ~1000 px axis.
 _MERGE_GAP = 0.003
@@ -335,34 +343,34 @@ def memory_figure(plan: Plan, timelines: Mapping[str, Sequence[tuple[float, int]
     return fig
 
 
-def peak_figure(ov: Overview, plan: Plan) -> Any:
-    """Each device's peak as a share of its capacity: parameters (and, in a training step,
-    gradients and optimizer state, hatched), activations at the peak, and what is left."""
+def peak_figure(ov: Overview) -> Any:
+    """Each device's peak as a share of its capacity, stacked by part, a colour per part
+    (``PART_COLORS``): runtime reserve, parameters (and, in a training step, gradients and
+    optimizer state, hatched), activations at the peak, and what is left."""
     go = _go()
     devices = [m["device"] for m in ov.memory]
     fig = go.Figure()
     parts = (
-        ("runtime reserve", "reserved_bytes", 1.0, ""),
-        ("parameters", "parameter_bytes", 0.8, ""),
-        *((("gradients", "gradient_bytes", 0.7, "/"),
-           ("optimizer state", "optimizer_state_bytes", 0.6, "x")) if ov.training else ()),
-        ("activations at peak", "activation_bytes", 0.45, ""),
+        ("runtime reserve", "reserved_bytes", ""),
+        ("parameters", "parameter_bytes", ""),
+        *((("gradients", "gradient_bytes", "/"),
+           ("optimizer state", "optimizer_state_bytes", "x")) if ov.training else ()),
+        ("activations at peak", "activation_bytes", ""),
     )
-    colors = device_colors(plan)
-    for label, key, opacity, hatch in parts:
+    for label, key, hatch in parts:
         values = [m[key] for m in ov.memory]
         fig.add_trace(go.Bar(
             name=label, orientation="h", y=[_e(d) for d in devices],
             x=[v / m["capacity_bytes"] * 100 for v, m in zip(values, ov.memory)],
-            marker=dict(color=[colors[d] for d in devices], opacity=opacity,
+            marker=dict(color=PART_COLORS[label], line=dict(color="#ffffff", width=0.5),
                         **({"pattern": dict(shape=hatch, fgcolor="#ffffff", solidity=0.3)}
                            if hatch else {})),
             customdata=[format_bytes(v) for v in values],
-            hovertemplate=label + ": %{customdata} (%{x:.2g}% of capacity)<extra></extra>"))
+            hovertemplate=label + ": %{customdata} (%{x:.2g}% of capacity)<extra>%{y}</extra>"))
     fig.add_trace(go.Bar(
         name="free", orientation="h", y=[_e(d) for d in devices],
         x=[max(100 - m["peak_bytes"] / m["capacity_bytes"] * 100, 0) for m in ov.memory],
-        marker=dict(color="#eaeef2"), hoverinfo="skip",
+        marker=dict(color=PART_COLORS["free"]), hoverinfo="skip",
         text=[f"peak {format_bytes(m['peak_bytes'])} of {format_bytes(m['capacity_bytes'])} "
               f"({format_share(m['fraction'])})" for m in ov.memory],
         textposition="inside", insidetextanchor="end", textfont=dict(color="#1f2328")))
@@ -433,21 +441,24 @@ def comparison_figure(ov: Overview) -> Any:
 
 
 def progress_figure(plan: Plan) -> Any | None:
-    """CP-SAT's best solution and proven bound against solver time, or ``None`` when the plan
-    did not record them."""
+    """CP-SAT's objective (its best solution so far, in its own model) and proven bound against
+    solver time, and the plan's value as the simulator scores it, dashed; or ``None`` when the
+    plan did not record them. The title says which model the curve is the objective of
+    (``_cpsat_model_lines``) and, where the plan sits above the curve's end, why
+    (``_above_objective_lines``): they are values of two models, not of one."""
     progress = plan.solver.progress  # (t_s, objective_s or None, bound_s)
     if not progress:
         return None
     go = _go()
-    values = [obj for _, obj, _ in progress if obj is not None]
-    values += [bound for _, _, bound in progress] + [plan.makespan_s]
-    unit, scale = time_unit(max(values))
-    t_end = max(plan.solver.wall_s or 0.0, progress[-1][0])
-    fig = go.Figure()
+    measure = _measure(plan)
     found = [(t, obj) for t, obj, _ in progress if obj is not None]
     bounds = [(t, bound) for t, _, bound in progress]
-    for name, points, color in (("best solution", found, _PLAN_COLOR),
-                                ("proven bound", bounds, "#59a14f")):
+    unit, scale = time_unit(max([v for _, v in found + bounds] + [plan.objective_s]))
+    t_end = max(plan.solver.wall_s or 0.0, progress[-1][0])
+    fig = go.Figure()
+    for name, points, color in (
+            (f"CP-SAT's objective: its model's {measure}", found, _PLAN_COLOR),
+            (f"CP-SAT's proven bound on its model's {measure}", bounds, "#59a14f")):
         if not points:
             continue
         xs = [t for t, _ in points] + [t_end]
@@ -457,9 +468,111 @@ def progress_figure(plan: Plan) -> Any | None:
             marker=dict(size=[6] * len(points) + [0]),
             hovertemplate=name + ": %{y:.4g} " + unit + " at %{x:.3g} s<extra></extra>"))
     fig.add_trace(go.Scatter(
-        name="plan (simulated)", x=[0, t_end], y=[plan.makespan_s * scale] * 2, mode="lines",
+        name=f"plan: simulated {measure} ({format_seconds(plan.objective_s)})", x=[0, t_end],
+        y=[plan.objective_s * scale] * 2, mode="lines",
         line=dict(color="#57606a", dash="dash", width=1), hoverinfo="skip"))
+    above = _above_objective_lines(plan, found[-1][1] if found else None)
+    shapes, annotations = [], []
+    if above:  # the distance, drawn where the curve ends: from the objective up to the plan
+        low, high = found[-1][1] * scale, plan.objective_s * scale
+        shapes.append(dict(type="line", xref="x", yref="y", x0=t_end, x1=t_end, y0=low,
+                           y1=high, line=dict(color="#57606a", width=1.5)))
+        annotations.append(dict(
+            xref="x", yref="y", x=t_end, y=(low + high) / 2, xanchor="right", xshift=-4,
+            showarrow=False, text=f"+{format_seconds(plan.objective_s - found[-1][1])}",
+            bgcolor="rgba(255,255,255,0.85)", font=dict(size=10, color="#57606a")))
+    model = _cpsat_model_lines(plan)
+    top_px = 60 + 18 * len(model) + 16 * len(above)  # the legend's row, then the title's lines
     fig.update_layout(**_layout(
-        height=300, xaxis=dict(title=dict(text="solver time (s)"), rangemode="tozero"),
-        yaxis=dict(title=dict(text=f"makespan ({unit})"))))
+        height=256 + top_px, margin=dict(l=110, r=24, t=top_px, b=48), shapes=shapes,
+        annotations=annotations,
+        title=dict(text="<br>".join(_e(line) for line in model),
+                   x=0, xref="paper", xanchor="left", y=0.97, yanchor="top",
+                   font=dict(size=13),
+                   subtitle=dict(text="<br>".join(_e(line) for line in above),
+                                 font=dict(size=11, color="#57606a"))),
+        xaxis=dict(title=dict(text="solver time (s)"), rangemode="tozero"),
+        yaxis=dict(title=dict(text=f"{measure} ({unit})"))))
     return fig
+
+
+def _measure(plan: Plan) -> str:
+    return "largest device load" if plan.objective == "throughput" else "makespan"
+
+
+def _plan_graph(plan: Plan) -> str:
+    return "the training step's graph" if plan.training is not None else "the folded graph"
+
+
+def _cpsat_model_lines(plan: Plan) -> list[str]:
+    """Which model CP-SAT's objective is of (``solve.cpsat``, ``solve.launcher``,
+    ``SolverRecord.scope``), a line for the graph, then one for each thing it leaves to the
+    simulator: ["CP-SAT's objective: the makespan of its model of the folded graph (34 nodes),",
+    "which bounds the launcher's segment calls and handovers but does not schedule them"]."""
+    scope = plan.solver.scope or {}
+    nodes = len(plan.problem.graph.nodes)
+    if scope.get("graph") == "coarsened":
+        graph = (f"a coarsened graph ({scope.get('nodes')} nodes of "
+                 f"{_plan_graph(plan)}'s {scope.get('folded_nodes', nodes)})")
+    else:
+        graph = f"{_plan_graph(plan)} ({scope.get('nodes', nodes)} nodes)"
+    first = f"CP-SAT's objective: the {_measure(plan)} of its model of {graph}"
+    looser = [model for model, _ in _only_bounded(plan)]
+    if not looser:
+        return [first]
+    return [first + ",", "which " + looser[0], *("and " + model for model in looser[1:])]
+
+
+def _only_bounded(plan: Plan) -> list[tuple[str, str]]:
+    """What the simulator schedules and CP-SAT's latency model only bounds or leaves free, each
+    as (what the model does, what the simulator does), in words that follow "which" and "the
+    simulator". (The throughput model's loads are the simulator's: ``simulate.loads``.)"""
+    if plan.objective == "throughput":
+        return []
+    problem, training = plan.problem, plan.training or {}
+    out = []
+    if problem.launchers:
+        out.append(("bounds the launcher's segment calls and handovers but does not schedule "
+                    "them", "schedules the launcher's segment calls and handovers on its host "
+                    "thread"))
+    if problem.cluster.shared:
+        out.append(("bounds the shared links by the bytes they carry",
+                    "shares each shared link's bandwidth among the copies on it"))
+    if problem.pipeline_schedule is not None and int(training.get("microbatches", 1)) > 1:
+        out.append(("leaves the micro-batches' order free", "runs each device's micro-batches "
+                    f"in {problem.pipeline_schedule} order"))
+    return out
+
+
+def _above_objective_lines(plan: Plan, objective_s: float | None) -> list[str]:
+    """Why the plan's simulated value sits above ``objective_s``, CP-SAT's last objective, a
+    line for the distance and one for each reason; none where it does not: ["The plan's
+    simulated makespan, 339 µs, is 49.0 µs (17%) above CP-SAT's last objective, 290 µs:", "the
+    simulator schedules the launcher's segment calls and handovers on its host thread"]."""
+    value_s = plan.objective_s
+    if objective_s is None or value_s <= objective_s * (1 + 1e-6) + 1e-12:
+        return []
+    scope = plan.solver.scope or {}
+    reasons: list[list[str]] = []  # each its lines
+    if scope.get("graph") == "coarsened":
+        reasons.append([f"the plan is expanded to {_plan_graph(plan)}'s "
+                        f"{scope.get('folded_nodes', len(plan.problem.graph.nodes))} nodes and "
+                        "simulated node by node"])
+    if (plan.min_gain or {}).get("single_device_chosen"):
+        reasons.append(["--min-gain kept the plan on one device"])
+    simulator = [does for _, does in _only_bounded(plan)]
+    if simulator:
+        reasons.append(["the simulator " + simulator[0], *("and " + d for d in simulator[1:])])
+    if not reasons:
+        # Otherwise the model times a placement as the simulator does; it bounds memory only
+        # (parameters plus the largest working set), so its own placement may overflow.
+        reasons.append([f"the plan ({plan.solver.name}) is the best placement that fits "
+                        "memory as the simulator counts it, which CP-SAT's model only bounds"])
+    for lines in reasons[:-1]:
+        lines[-1] += ";"
+    excess_s = value_s - objective_s
+    share = f" ({excess_s / objective_s:.0%})" if objective_s > 0 else ""
+    return [f"The plan's simulated {_measure(plan)}, {format_seconds(value_s)}, is "
+            f"{format_seconds(excess_s)}{share} above CP-SAT's last objective, "
+            f"{format_seconds(objective_s)}:",
+            *(line for lines in reasons for line in lines)]

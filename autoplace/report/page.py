@@ -70,7 +70,7 @@ def render_html(plan: Plan, ov: analysis.Overview | None = None) -> str:
     figures = {
         "timeline": charts.timeline_figure(plan, ov.critical_path),
         "memory": charts.memory_figure(plan, analysis.memory_timelines(plan), ov),
-        "memory-peak": charts.peak_figure(ov, plan),
+        "memory-peak": charts.peak_figure(ov),
         "comparison": charts.comparison_figure(ov),
         "progress": charts.progress_figure(plan),
     }
