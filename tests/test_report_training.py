@@ -12,15 +12,22 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import zoo
-from test_report import as_plan, make_plan
+from test_report import as_plan, assert_parts_have_distinct_colors, make_plan
 
-from autoplace.formats.plan import Plan, read_plan
+from autoplace.formats.plan import Plan, SolverRecord, read_plan
 from autoplace.pipeline import save
-from autoplace.report import format_bytes, render_html, render_markdown, summary_text
+from autoplace.report import (
+    format_bytes,
+    format_seconds,
+    render_html,
+    render_markdown,
+    summary_text,
+)
 from autoplace.report.analysis import schedule_blocks
 from autoplace.simulate.schedules import phase_of
 from autoplace.train.breakdown import BREAKDOWN_PARTS, memory_breakdown
@@ -104,6 +111,7 @@ def test_a_training_report_has_the_step_section_and_draws_the_schedule(adam: Pla
     peak = [t["name"] for t in _figure(html, "memory-peak")["data"]]
     assert peak == ["runtime reserve", "parameters", "gradients", "optimizer state",
                     "activations at peak", "free"]
+    assert_parts_have_distinct_colors(_figure(html, "memory-peak"))
 
     markdown = render_markdown(adam)
     assert "**Training step**: adam, 1 micro-batch (gpipe), 1 replica; training check skipped" \
@@ -111,7 +119,9 @@ def test_a_training_report_has_the_step_section_and_draws_the_schedule(adam: Pla
     assert "| device | parameters | gradients | optimizer state | activations |" in markdown
     text = summary_text(adam)
     assert "training step: adam, 1 micro-batch (gpipe), 1 replica" in text
-    assert re.search(r"^ device +parameters +gradients +optimizer state +activations", text,
+    # seven columns: two-word headers take two lines, so that the table fits 80 columns
+    assert re.search(r"^ +optimizer +runtime *$", text, re.M)
+    assert re.search(r"^ device +parameters +gradients +state +activations +reserve +peak", text,
                      re.M)
 
 
@@ -251,3 +261,27 @@ def test_a_step_of_micro_batches_adds_up_and_draws_each_one(microbatches: int,
     labels = {label for t in bars.values() for label in t["text"]}
     assert labels <= {f"{p}{k}" for p in "FB" for k in range(microbatches)} | {"step", ""}
     assert f"<b>Micro-batches (M):</b> {microbatches}" in html
+
+
+def test_solver_progress_of_a_step_of_micro_batches_says_what_its_model_leaves_free() -> None:
+    # The step's graph on two A100s: CP-SAT's model bounds the launcher and leaves the
+    # micro-batches' order free; the simulator schedules both (GPipe's order on each device),
+    # so a plan 25% above CP-SAT's objective names both.
+    plan = _split_microbatch_plan(2, "gpipe")
+    nodes = len(plan.problem.graph.nodes)
+    objective_s = plan.makespan_s / 1.25
+    plan = replace(plan, solver=SolverRecord(
+        name="cpsat", status="FEASIBLE", wall_s=1.0, objective_s=objective_s,
+        progress=((0.5, objective_s, objective_s / 2),),
+        scope={"graph": "folded", "nodes": nodes, "folded_nodes": nodes}))
+    title = _figure(render_html(plan), "progress")["layout"]["title"]
+    assert title["text"] == (
+        f"CP-SAT's objective: the makespan of its model of the training step's graph ({nodes} "
+        "nodes),<br>which bounds the launcher's segment calls and handovers but does not "
+        "schedule them<br>and leaves the micro-batches' order free")
+    makespan_s = plan.makespan_s
+    assert title["subtitle"]["text"] == (
+        f"The plan's simulated makespan, {format_seconds(makespan_s)}, is "
+        f"{format_seconds(makespan_s - objective_s)} (25%) above CP-SAT's last objective, "
+        f"{format_seconds(objective_s)}:<br>the simulator schedules the launcher's segment calls "
+        "and handovers on its host thread<br>and runs each device's micro-batches in gpipe order")

@@ -116,6 +116,10 @@ class SolverRecord:
     progress: tuple[tuple[float, float | None, float], ...] = ()
     steps: tuple[tuple[str, float], ...] = ()
     scope: Mapping[str, Any] | None = None
+    # The time limit the plan was given, and what of it the what-if rows took before this solve
+    # had the rest (``time_limit_s``); None where the plan did not record them.
+    budget_s: float | None = None
+    whatif_s: float | None = None
 
     @property
     def status_text(self) -> str:
@@ -137,6 +141,8 @@ class SolverRecord:
                 "steps": [{"step": step, "objective_s": value} for step, value in self.steps]}
         if self.scope is not None:
             data["scope"] = dict(self.scope)
+        data |= {k: v for k, v in (("budget_s", self.budget_s), ("whatif_s", self.whatif_s))
+                 if v is not None}
         return data
 
     @classmethod
@@ -146,7 +152,8 @@ class SolverRecord:
                    progress=tuple((p["t_s"], p["objective_s"], p["bound_s"])
                                   for p in data.get("progress") or ()),
                    steps=tuple((s["step"], s["objective_s"]) for s in data.get("steps") or ()),
-                   scope=dict(data["scope"]) if data.get("scope") is not None else None)
+                   scope=dict(data["scope"]) if data.get("scope") is not None else None,
+                   budget_s=data.get("budget_s"), whatif_s=data.get("whatif_s"))
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,12 @@ from autoplace.solve.accelerate import (
     baselines_on,
     on_graph,
 )
-from autoplace.solve.baselines import DEFAULT_MIN_GAIN, check_min_gain, prefer_single
+from autoplace.solve.baselines import (
+    DEFAULT_MIN_GAIN,
+    check_min_gain,
+    prefer_single,
+    split_gain,
+)
 from autoplace.solve.whatif import plan_row, solve_after_whatif, whatif_options, whatif_table
 from autoplace.train import TRAINING_NOTE, check_training, loss_model, training_targets
 from autoplace.train.precision import cast, cast_notes, check_dtype
@@ -209,6 +214,8 @@ def plan(
                        coarsening={"traced_ops": folded.traced_ops,
                                    "plan_nodes": len(problem.graph.nodes),
                                    "steps": [*folded.steps, *result.coarsening]})
+    planned = replace(planned, solver=replace(
+        planned.solver, budget_s=time_limit_s, whatif_s=fewer.spent_s if fewer else None))
     if pinned is not None:
         planned = replace(planned, pins=pinned)
     if mode == "training":
@@ -287,6 +294,7 @@ def _emit(planned: Plan, traced: Any, model: torch.nn.Module, args: tuple[Any, .
     planned, train_notes = check_step(planned, emitted, model, step, check_memory)
     return planned, notes + train_notes
 
+
 def solve_graph(
     problem: Problem,
     *,
@@ -309,14 +317,17 @@ def solve_graph(
     planned = _plan_of(result, problem, name=problem.graph.name, tracer="graph",
                        coarsening={"traced_ops": len(problem.graph.nodes),
                                    "plan_nodes": len(problem.graph.nodes), "steps": []})
-    return replace(planned, notes=(*notes, *result.notes), min_gain=gain)
+    return replace(planned, notes=(*notes, *result.notes), min_gain=gain,
+                   solver=replace(planned.solver, budget_s=time_limit_s))
 
 
 def _min_gain(result: SolveResult, min_gain: float) -> tuple[SolveResult, dict[str, Any]]:
     """The ``--min-gain`` policy (``baselines.prefer_single``) applied to a solve's result, and
     the record ``plan.json`` keeps of it."""
     chosen, why = prefer_single(result.schedule, result.baselines, result.objective, min_gain)
-    record = {"threshold": min_gain, "single_device_chosen": why is not None, "reason": why}
+    record = {"threshold": min_gain, "single_device_chosen": why is not None, "reason": why,
+              "split_devices": len(set(result.schedule.placement.device_of.values())),
+              "split_gain": split_gain(result.schedule, result.baselines, result.objective)}
     if why is None:
         return result, record
     return replace(result, schedule=chosen, notes=(*result.notes, why)), record

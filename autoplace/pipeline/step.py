@@ -188,7 +188,7 @@ def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: S
                      f"{single.makespan_s / step.solved.schedule.makespan_s:.2f}x the step")
     if len(counts) > 1:
         notes.append("data-parallel replicas: " + ", ".join(
-            f"R={o['replicas']} ({o['devices_per_replica']} device"
+            f"R={o['replicas']} (up to {o['devices_per_replica']} device"
             f"{'s' if o['devices_per_replica'] > 1 else ''} each) "
             + (f"{o['step_s'] * 1e3:.3f} ms" if "step_s" in o else "fits no device")
             + ("" if o["fits"] or "step_s" not in o else " (over memory)")

@@ -26,6 +26,7 @@ from typing import Any
 from autoplace.formats.plan import BaselineResult, Plan, SolverRecord, Verification
 from autoplace.ir import Device, OpNode, Transfer
 from autoplace.report.devicemap import DeviceMapFacts, device_map_facts
+from autoplace.report.units import format_seconds
 from autoplace.simulate import simulate
 from autoplace.simulate.schedules import phase_of
 from autoplace.train.breakdown import memory_breakdown
@@ -38,6 +39,7 @@ __all__ = [
     "PathStep",
     "TrainingFacts",
     "WhatIfRow",
+    "advice",
     "critical_path",
     "memory_timelines",
     "module_tree",
@@ -146,6 +148,7 @@ class Overview:
     pins: Mapping[str, Any] | None = None  # Plan.pins: modules pinned by hand
     pins_cost_s: float | None = None  # Plan.pins_cost_s
     device_map: DeviceMapFacts | None = None  # --granularity module: the device_map section
+    advice: str = ""  # what to do and why, in one sentence (``advice``): the summaries open with it
 
     @property
     def costs_text(self) -> str:
@@ -206,8 +209,58 @@ def overview(plan: Plan) -> Overview:
         memory=_memory_rows(plan), verification=plan.verification,
         whatif=_whatif_rows(plan), critical_path=tuple(critical_path(plan)),
         notes=plan.notes, training=training_facts(plan), device_map=device_map_facts(plan),
-        pins=plan.pins, pins_cost_s=plan.pins_cost_s,
+        pins=plan.pins, pins_cost_s=plan.pins_cost_s, advice=advice(plan),
     )
+
+
+def _kind_of(devices: Sequence[Device]) -> str:
+    """What to call ``devices`` in a sentence: GPU, CPU worker, or device."""
+    if all(d.torch_device.startswith("cuda") for d in devices):
+        return "GPU"
+    if all(d.torch_device.startswith("cpu:") for d in devices):
+        return "CPU worker"
+    return "device"
+
+
+def advice(plan: Plan) -> str:
+    """One sentence that says what to do with the plan and why: "Use one GPU (cuda:0): a split
+    over 2 gains 1.1%, under --min-gain 5%."; "Split over 2 GPUs (cuda:0, cuda:1): 1.32x
+    faster than cuda:0 alone, 14.5% from the lower bound." Read from the plan's own figures
+    (its placement, the --min-gain record, the speed-up and the gap), as every summary shows
+    them."""
+    cluster = plan.problem.cluster.devices
+    placed = set(plan.schedule.placement.device_of.values())
+    used = [d for d in cluster if d.name in placed]
+    kind = _kind_of(used)
+    names = ", ".join(d.name for d in used)
+    value = f"{'step' if plan.training is not None else 'makespan'} " \
+        f"{format_seconds(plan.objective_s)}"
+    replicas = int((plan.training or {}).get("replicas", 1))
+    lead = f"Train {replicas} data-parallel replicas, each on" if replicas > 1 else "Use"
+    if len(used) == 1:
+        gain = plan.min_gain or {}
+        if gain.get("single_device_chosen") and gain.get("split_gain") is not None:
+            why = (f"a split over {gain['split_devices']} gains {gain['split_gain']:.1%}, "
+                   f"under --min-gain {gain['threshold']:.0%}")
+        elif len(cluster) > 1:
+            why = f"no split over the {len(cluster)} devices was faster ({value})"
+        else:
+            why = value
+        return f"{lead} one {kind} ({names}): {why}."
+    speedup, single = plan.speedup_over_single, plan.best_single_device
+    if speedup is None or single is None:
+        why = "the model fits no single device" if not (plan.pins and len(set(
+            plan.pins.get("modules", {}).values())) > 1) else "the pins span several devices"
+        why += f" ({value})"
+    else:
+        why = f"{speedup:.2f}x faster than {single} alone"
+    if plan.gap is not None:
+        why += f", {plan.gap:.1%} from the lower bound"
+    idle = len(cluster) - len(used)
+    if idle:
+        why += f"; {idle} of the {len(cluster)} devices unused"
+    lead = "Split" if replicas == 1 else lead
+    return f"{lead} {'over ' if replicas == 1 else ''}{len(used)} {kind}s ({names}): {why}."
 
 
 def _memory_rows(plan: Plan) -> tuple[dict[str, Any], ...]:

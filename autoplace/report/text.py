@@ -10,10 +10,11 @@ from __future__ import annotations
 import io
 from typing import Any
 
-from autoplace.formats.plan import Plan
+from autoplace.formats.plan import Plan, SolverRecord
 from autoplace.pins import pin_list
 from autoplace.report.analysis import Overview, overview
 from autoplace.report.units import format_bytes, format_ratio, format_seconds, format_share
+from autoplace.solve.options import DEFAULT_TIME_LIMIT_S
 
 __all__ = ["print_summary", "summary_renderable", "summary_text"]
 
@@ -38,9 +39,22 @@ def gap_text(ov: Overview) -> str:
 
 def solver_text(ov: Overview) -> str:
     solver = ov.solver
-    limit = solver.time_limit_s
-    limit_text = f" (limit {format_seconds(limit)})" if limit else ""
-    return f"{solver.name}: {solver.status_text} in {format_seconds(solver.wall_s)}{limit_text}"
+    return f"{solver.name}: {solver.status_text} in {format_seconds(solver.wall_s)}" + (
+        f" ({limit})" if (limit := limit_text(solver)) else "")
+
+
+def limit_text(solver: SolverRecord) -> str:
+    """The time limit as the plan was given it, and how it was shared: "limit 10 s (the
+    default): 0.83 s to the what-if rows, 9.17 s to this solve"; where the plan did not record
+    what it was given, the solve's own limit."""
+    if solver.budget_s is None:
+        return f"limit {format_seconds(solver.time_limit_s)}" if solver.time_limit_s else ""
+    given = f"limit {solver.budget_s:g} s" + (
+        " (the default)" if solver.budget_s == DEFAULT_TIME_LIMIT_S else "")
+    if solver.whatif_s is None or solver.time_limit_s is None:
+        return given
+    return (f"{given}: {format_seconds(solver.whatif_s)} to the what-if rows, "
+            f"{format_seconds(solver.time_limit_s)} to this solve")
 
 
 def critical_text(ov: Overview) -> str:
@@ -111,10 +125,14 @@ def summary_renderable(plan: Plan | Overview) -> Any:
         facts.add_row("verification", Text(verified, style=style))
 
     def table(title: str, *columns: str) -> Table:
+        # A header of several words goes on two lines where the table is wide (cells never
+        # wrap), so that every table fits 80 columns.
+        wide = len(columns) > 5
         t = Table(title=title, title_justify="left", title_style="bold", box=box.SIMPLE_HEAD,
                   pad_edge=False)
         for i, name in enumerate(columns):
-            t.add_column(name, justify="right" if i else "left", no_wrap=True)
+            t.add_column(name.replace(" ", "\n", 1) if wide else name,
+                         justify="right" if i else "left", no_wrap=True)
         return t
 
     memory = table("memory", "device", "peak / capacity", "parameters", "runtime reserve")
@@ -133,6 +151,7 @@ def summary_renderable(plan: Plan | Overview) -> Any:
                           else c.missing_text,
                           format_ratio(c.speedup), c.fits_text)
     parts: list[Any] = [
+        Text(ov.advice, style="bold"),
         Text(f"autoplace plan for {ov.model} (objective: {ov.objective})", style="bold"),
         facts, Text(""), memory]
     if ov.training is not None:

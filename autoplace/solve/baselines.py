@@ -24,7 +24,7 @@ from autoplace.solve.registry import HEURISTICS
 from autoplace.solve.stages import stage_order
 
 __all__ = ["DEFAULT_MIN_GAIN", "Baselines", "best_baseline", "check_min_gain", "is_contiguous",
-           "prefer_single", "run_baselines", "run_within"]
+           "prefer_single", "run_baselines", "run_within", "split_gain"]
 
 
 def is_contiguous(problem: Problem, device_of: Mapping[str, str]) -> bool:
@@ -147,17 +147,24 @@ def prefer_single(schedule: Schedule, schedules: Mapping[str, Schedule | None], 
     """The best single device's schedule instead of ``schedule`` when ``schedule`` splits the
     model across devices and gains less than ``min_gain`` over it, with why; else
     ``schedule`` and ``None``."""
+    gain = split_gain(schedule, schedules, objective)
+    if gain is None or gain >= min_gain:
+        return schedule, None
+    single = schedules["single-device"]
+    device = next(iter(single.placement.device_of.values()), "?")
+    return single, (f"splitting across {len(set(schedule.placement.device_of.values()))} "
+                    f"devices ({schedule.objective_s(objective):.6g} s) gains {gain:.1%} over "
+                    f"{device} alone ({single.objective_s(objective):.6g} s), less than "
+                    f"--min-gain {min_gain:.0%}: the plan is the single device")
+
+
+def split_gain(schedule: Schedule, schedules: Mapping[str, Schedule | None],
+               objective: str) -> float | None:
+    """What ``schedule``, split over two or more devices, gains over the best single device
+    (0.05: 5% faster); ``None`` when it uses one device or no single device fits."""
     single = schedules.get("single-device")
     split_s = schedule.objective_s(objective)
     if (single is None or not single.feasible
             or len(set(schedule.placement.device_of.values())) < 2):
-        return schedule, None
-    single_s = single.objective_s(objective)
-    gain = single_s / split_s - 1 if split_s > 0 else 0.0
-    if gain >= min_gain:
-        return schedule, None
-    device = next(iter(single.placement.device_of.values()), "?")
-    return single, (f"splitting across {len(set(schedule.placement.device_of.values()))} "
-                    f"devices ({split_s:.6g} s) gains {gain:.1%} over {device} alone "
-                    f"({single_s:.6g} s), less than --min-gain {min_gain:.0%}: the plan is the "
-                    "single device")
+        return None
+    return single.objective_s(objective) / split_s - 1 if split_s > 0 else 0.0
