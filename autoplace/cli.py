@@ -12,6 +12,7 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 
 from autoplace.cluster import DEFAULT_SIMULATED_SPEC
 from autoplace.coarsen import DEFAULT_MAX_NODES
@@ -174,6 +175,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="devices to profile, e.g. cpu or cuda:0,cpu (default: cpu and the GPUs "
                     "found)")
     _cache_option(pr)
+    _quiet_option(pr)
 
     g = sub.add_parser(
         "solve", help="place a task graph given as JSON (no model to trace)",
@@ -254,10 +256,26 @@ def _cache_option(p: argparse.ArgumentParser) -> None:
                    "--no-cache measures everything again and keeps nothing)")
 
 
+def _quiet_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress display: by default a terminal shows on stderr the stage "
+                   "running and, while solving, the best plan and bound so far with the time "
+                   "left, erased before the summary (never shown when stderr is not a terminal)")
+
+
+def _progress(args: argparse.Namespace) -> AbstractContextManager[object]:
+    """The live display on stderr for the command's work (``autoplace.progress``): none with
+    ``--quiet`` or when stderr is not a terminal."""
+    from autoplace.progress import live_reporter, reporting
+
+    return reporting(None if args.quiet else live_reporter())
+
+
 def _solve_options(p: argparse.ArgumentParser) -> None:
     """The options ``plan`` and ``solve`` share: output and how to solve."""
     p.add_argument("--out", metavar="DIR", default="autoplace-out",
                    help="output directory, replaced atomically (default: ./autoplace-out)")
+    _quiet_option(p)
     p.add_argument("--time-limit", metavar="SECONDS", type=float, default=None,
                    help=f"solver time limit in seconds (default: {DEFAULT_TIME_LIMIT_S:g}; "
                    f"{MODULE_TIME_LIMIT_S:g} with --granularity module); an inference plan's "
@@ -294,6 +312,7 @@ def _cmd_solve(args: argparse.Namespace) -> int:
     from autoplace.formats.graph import load_graph_file
     from autoplace.formats.output import check_writable
     from autoplace.pipeline import save, solve_graph
+    from autoplace.progress import stage
     from autoplace.report import print_summary
 
     began = time.perf_counter()
@@ -304,11 +323,16 @@ def _cmd_solve(args: argparse.Namespace) -> int:
     cluster, notes = None, []
     if args.devices or args.cluster:  # otherwise the graph file's own devices
         cluster, notes = resolve_cluster(spec=args.devices, cluster_file=args.cluster)
-    problem = load_graph_file(args.graph_file, cluster=cluster)
-    result = solve_graph(problem, objective=args.objective, contiguous=args.contiguous,
-                         time_limit_s=_time_limit(args), solver=args.solver, seed=args.seed,
-                         deterministic=args.deterministic, notes=notes, min_gain=args.min_gain)
-    save(result, out)
+    with _progress(args):
+        stage("load")
+        problem = load_graph_file(args.graph_file, cluster=cluster)
+        stage("solve")
+        result = solve_graph(problem, objective=args.objective, contiguous=args.contiguous,
+                             time_limit_s=_time_limit(args), solver=args.solver, seed=args.seed,
+                             deterministic=args.deterministic, notes=notes,
+                             min_gain=args.min_gain)
+        stage("report")
+        save(result, out)
     print_summary(result)
     print(f"wrote {out}/plan.json and the report in {time.perf_counter() - began:.1f} s")
     return 0
@@ -325,6 +349,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from autoplace.formats.output import check_writable
     from autoplace.load import load_model_file
     from autoplace.pipeline import plan, save
+    from autoplace.progress import stage
     from autoplace.report import print_summary
 
     began = time.perf_counter()
@@ -341,22 +366,26 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     dtype = check_dtype(args.dtype)
     pins = _pins(args)
     out = check_writable(args.out)
-    loaded = load_model_file(args.model_file)
-    result = plan(loaded.model, loaded.kwargs or loaded.args,
-                  devices=args.devices, cluster_file=args.cluster,
-                  time_limit_s=_time_limit(args),
-                  solver=args.solver, max_nodes=args.max_nodes, emit=args.emit,
-                  verify=args.verify, check_memory=args.check_memory, seed=args.seed,
-                  name=loaded.name,
-                  objective=args.objective, contiguous=args.contiguous,
-                  deterministic=args.deterministic, profile=args.profile,
-                  cache=_cache(args) if args.profile else None, progress=args.profile,
-                  min_gain=args.min_gain, mode=args.mode, optimizer=args.optimizer,
-                  loss=loaded.loss, example_targets=loaded.targets,
-                  microbatches=args.microbatches, schedule=args.schedule,
-                  replicas=args.replicas, recompute=args.recompute, dtype=dtype,
-                  pins=pins or None, checkpoint=args.checkpoint)
-    save(result, out)
+    with _progress(args):
+        stage("load")
+        loaded = load_model_file(args.model_file)
+        result = plan(loaded.model, loaded.kwargs or loaded.args,
+                      devices=args.devices, cluster_file=args.cluster,
+                      time_limit_s=_time_limit(args),
+                      solver=args.solver, max_nodes=args.max_nodes, emit=args.emit,
+                      verify=args.verify, check_memory=args.check_memory, seed=args.seed,
+                      name=loaded.name,
+                      objective=args.objective, contiguous=args.contiguous,
+                      deterministic=args.deterministic, profile=args.profile,
+                      cache=_cache(args) if args.profile else None,
+                      progress=args.profile and not args.quiet,
+                      min_gain=args.min_gain, mode=args.mode, optimizer=args.optimizer,
+                      loss=loaded.loss, example_targets=loaded.targets,
+                      microbatches=args.microbatches, schedule=args.schedule,
+                      replicas=args.replicas, recompute=args.recompute, dtype=dtype,
+                      pins=pins or None, checkpoint=args.checkpoint)
+        stage("report")
+        save(result, out)
     print_summary(result)
     print(f"wrote {out}/plan.json, report.html, summary.md, summary.txt"
           + (", model/" if result.emitted is not None else "")
@@ -370,6 +399,7 @@ def _cmd_plan_modules(args: argparse.Namespace, began: float) -> int:
     from autoplace.load import load_model_file
     from autoplace.pipeline import save
     from autoplace.pipeline.modules import plan_modules
+    from autoplace.progress import stage
     from autoplace.report import print_summary
 
     if args.mode != "inference":
@@ -383,14 +413,17 @@ def _cmd_plan_modules(args: argparse.Namespace, began: float) -> int:
     check_min_gain(args.min_gain)
     pins = _pins(args)
     out = check_writable(args.out)
-    loaded = load_model_file(args.model_file)
-    result = plan_modules(loaded.model, loaded.kwargs or loaded.args, devices=args.devices,
-                          cluster_file=args.cluster, no_split=args.no_split,
-                          time_limit_s=_time_limit(args, MODULE_TIME_LIMIT_S),
-                          solver=args.solver, seed=args.seed, deterministic=args.deterministic,
-                          objective=args.objective, min_gain=args.min_gain, name=loaded.name,
-                          pins=pins or None)
-    save(result, out)
+    with _progress(args):
+        stage("load")
+        loaded = load_model_file(args.model_file)
+        result = plan_modules(loaded.model, loaded.kwargs or loaded.args, devices=args.devices,
+                              cluster_file=args.cluster, no_split=args.no_split,
+                              time_limit_s=_time_limit(args, MODULE_TIME_LIMIT_S),
+                              solver=args.solver, seed=args.seed,
+                              deterministic=args.deterministic, objective=args.objective,
+                              min_gain=args.min_gain, name=loaded.name, pins=pins or None)
+        stage("report")
+        save(result, out)
     print_summary(result)
     print(f"wrote {out}/device_map.json, plan.json, report.html, summary.md, summary.txt in "
           f"{time.perf_counter() - began:.1f} s")
@@ -407,6 +440,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     from autoplace.cluster import describe_present, inventory, present_devices, resolve_cluster
     from autoplace.load import load_model_file
     from autoplace.profile import profile_model
+    from autoplace.progress import stage
     from autoplace.trace import trace_model
 
     inv = inventory()
@@ -423,12 +457,15 @@ def _cmd_profile(args: argparse.Namespace) -> int:
             "for the devices you named with `autoplace plan`, which predicts them with the "
             "calibrated roofline where the profile cache has a fit for their kind")
     began = time.perf_counter()
-    loaded = load_model_file(args.model_file)
-    model = loaded.model.eval()
-    traced = trace_model(model, loaded.args, loaded.kwargs, name=loaded.name)
-    with _cache(args) as cache:
+    with _progress(args), _cache(args) as cache:
+        stage("load")
+        loaded = load_model_file(args.model_file)
+        model = loaded.model.eval()
+        stage("trace")
+        traced = trace_model(model, loaded.args, loaded.kwargs, name=loaded.name)
+        stage("profile")
         result = profile_model(traced, model, loaded.args, loaded.kwargs, cluster,
-                               cache=cache, progress=True, inv=inv)
+                               cache=cache, progress=not args.quiet, inv=inv)
     for line in inv.lines() + result.lines():
         print(line)
     for note in (*spec_notes, *result.notes):

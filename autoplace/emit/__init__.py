@@ -52,6 +52,7 @@ from autoplace.emit.saving import load_model, load_segments, save_model
 from autoplace.emit.training import verify_training
 from autoplace.emit.verification import ENFORCE_PEAK_DEFAULT, VerifyResult, check_peak, verify
 from autoplace.ir import Problem, Schedule
+from autoplace.progress import stage
 from autoplace.simulate.memory import start_order
 from autoplace.trace import TracedModel
 
@@ -136,6 +137,7 @@ def emit_and_verify(
         return emitted, {"status": "skipped", "max_abs_diff": None,
                          "detail": "parameters are on the meta device: the emitted model reads "
                          "its weights from the checkpoint when loaded; not verified"}, notes
+    stage("verify")
     # ``verify`` is looked up here, in this package, so that tests can replace it.
     outcome = verify(model, emitted, args, kwargs)
     detail = outcome.detail

@@ -38,6 +38,7 @@ from autoplace.load import normalize_inputs
 from autoplace.pins import Pins
 from autoplace.pipeline.forward import Tracing, traced_problem
 from autoplace.pipeline.step import Step, check_step, plan_step
+from autoplace.progress import phase, stage
 from autoplace.simulate import simulate
 from autoplace.simulate.schedules import microbatch_name
 from autoplace.solve import DEFAULT_TIME_LIMIT_S, SolveOptions, SolveResult, solve
@@ -184,6 +185,7 @@ def plan(
     else:
         forward = traced_problem(model, args, kwargs, cluster, trace, notes)
         problem = forward.problem
+        stage("solve")
         extra, accelerate_notes, maps = accelerate_baselines(model, forward.graph, problem)
         notes += accelerate_notes
         if whatif:
@@ -245,6 +247,7 @@ def unpinned_record(pins: Pins, free: Problem, maps: Sequence[AccelerateMap],
     (``free``, solved with the same options, accelerate's ``maps`` and ``--min-gain``, from
     ``starts``), which ``Plan.pins_cost_s`` compares the pinned plan with."""
     extra, _ = baselines_on(free, maps)
+    phase("the plan without the pins")
     unpinned, _ = _min_gain(solve(free, options=options, extra_baselines=extra, starts=starts),
                             min_gain)
     return {**pins.to_dict(), "unpinned_makespan_s": unpinned.schedule.makespan_s,
@@ -273,6 +276,7 @@ def _emit(planned: Plan, traced: Any, model: torch.nn.Module, args: tuple[Any, .
     original on the whole batch: its micro-batches in the plan's order, its replicas as
     processes (under DistributedDataParallel, or each running its micro-batches and then
     averaging the gradients, ``emit.ddp``)."""
+    stage("emit")
     problem, schedule, device_of_op = planned.problem, planned.schedule, planned.device_of_op
     count = step.microbatches if step is not None else 1
     if step is not None:

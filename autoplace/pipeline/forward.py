@@ -15,6 +15,7 @@ from autoplace.cost import analytic_cpu_note
 from autoplace.cost import costs as cost_nodes
 from autoplace.ir import Cluster, OpGraph, Problem
 from autoplace.pins import Pins, pin_costs, pins_note, resolve_pins
+from autoplace.progress import stage
 from autoplace.trace import trace_model
 
 __all__ = ["Forward", "Tracing", "traced_problem"]
@@ -52,6 +53,7 @@ def traced_problem(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[s
                     cluster: Cluster, how: Tracing, notes: list[str]) -> Forward:
     """Trace, profile (with ``how.profile``), cost and fold ``model`` on ``args``/``kwargs``:
     its forward problem on ``cluster`` (with the links measured here, when profiled)."""
+    stage("trace")
     traced = trace_model(model, args, kwargs, name=how.name)
     notes += traced.notes
     # Checked before profiling, which may take minutes: the pins need the ops and device names.
@@ -61,16 +63,19 @@ def traced_problem(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[s
         from autoplace.profile import open_cache, profile_model
 
         cache = how.cache if how.cache is not None else open_cache()
+        stage("profile")
         profiled = profile_model(traced, model, args, kwargs, cluster, cache=cache,
                                  progress=how.progress)
         notes += profiled.notes
         cluster = profiled.apply_links(cluster)
         graph = profiled.with_workspace(graph)
+    stage("cost")
     costs = cost_nodes(graph, cluster,
                        measured=profiled.measured() if profiled else None,
                        fits=profiled.fits if profiled else None,
                        launcher=profiled.launcher if profiled else None)
     notes += [n for n in [analytic_cpu_note(graph, cluster, costs)] if n]
+    stage("fold")
     unpinned = None
     if pins is not None:
         notes.append(pins_note(pins, cluster.names))

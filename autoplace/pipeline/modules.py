@@ -27,6 +27,7 @@ from autoplace.ir import Cluster, Problem
 from autoplace.load import normalize_inputs
 from autoplace.pins import pin_costs, pins_note, resolve_unit_pins
 from autoplace.pipeline import _min_gain, _plan_of, unpinned_record
+from autoplace.progress import stage
 from autoplace.solve import SolveOptions, solve
 from autoplace.solve.accelerate import (
     NOT_INSTALLED,
@@ -86,6 +87,7 @@ def plan_modules(
     tree = module_units(model, None if no_split is None else tuple(no_split))
     check_units_fit(tree.param_bytes, tree.tied, {u.name: u.cls for u in tree.found.values()},
                     cluster, tree.no_split)  # before running the model: a clear error at once
+    stage("trace")
     traced = trace_modules(model, args, kwargs, name=name, tree=tree)
     notes += traced.notes
     free = Problem(graph=traced.graph, cluster=cluster, costs=cost_nodes(traced.graph, cluster))
@@ -95,6 +97,7 @@ def plan_modules(
         graph=free.graph, cluster=cluster, costs=pin_costs(free.costs, resolved.device_of_op))
     if resolved is not None:
         notes.append(pins_note(resolved, cluster.names, "module nodes"))
+    stage("solve")
     found, maps = _accelerate(model, traced, cluster)
     extra, map_notes = baselines_on(problem, found)
     notes += map_notes if accelerate_available() else [NOT_INSTALLED]

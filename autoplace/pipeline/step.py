@@ -26,6 +26,7 @@ from autoplace.errors import AutoplaceError, InfeasibleError
 from autoplace.formats.plan import Plan
 from autoplace.ir import Cluster, Problem, Schedule
 from autoplace.pipeline.forward import Forward, Tracing, traced_problem
+from autoplace.progress import stage
 from autoplace.simulate.schedules import SCHEDULES, schedule_run
 from autoplace.solve import SolveOptions, SolveResult, solve
 from autoplace.solve.bounds import lower_bound_s
@@ -146,6 +147,7 @@ def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: S
         averaging = (_replica_averaging(forward.profiled, model, full, groups, how,
                                         microbatches=microbatches, notes=mine)
                      if r > 1 else None)
+        stage("solve")
         try:
             got = _solve_step(
                 with_measured_forward(forward.problem, measured), share, optimizer=optimizer,

@@ -32,6 +32,7 @@ from autoplace.profile.launcher import measure_launcher
 from autoplace.profile.links import measure_handover, measure_link
 from autoplace.profile.ops import DeviceProfile, Progress, profile_device
 from autoplace.profile.timing import Timer, is_thread_worker, threads_for
+from autoplace.progress import paused
 from autoplace.trace import TracedModel
 from cost_models.calibration import CalibrationFit
 
@@ -156,7 +157,7 @@ def _progress_bar(enabled: bool) -> Iterator[Any]:
         return
     bar = Progress(TextColumn("[bold]profiling[/] {task.description}"), BarColumn(),
                    MofNCompleteColumn(), console=console, transient=True)
-    with bar:
+    with paused(), bar:  # rich shows one live display at a time: the CLI's waits
         yield bar
 
 

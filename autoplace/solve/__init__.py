@@ -44,6 +44,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from autoplace import progress as display
 from autoplace.errors import InfeasibleError
 from autoplace.ir import Placement, Problem, Schedule, optimality_gap
 from autoplace.simulate import simulate
@@ -185,10 +186,13 @@ def solve(
     options = replace(options, **fields) if options is not None else SolveOptions(**fields)
     check_memory(problem)
     budget = Budget(options, clock=clock, stop=stop)
+    display.solving(None if options.deterministic else budget.remaining_s())
     if problem.launchers and options.objective == "latency":
         budget.keep_for_moves(LAUNCHER_MOVES_SHARE)
     state, interrupted = _start(problem, options, budget, extra_baselines)
     _add_starts(state, starts or {})
+    display.solver(state.best[1].objective_s(options.objective) if state.best else None,
+                   state.bound)
     if interrupted:
         if state.best is None:
             raise KeyboardInterrupt

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from ortools.sat.python import cp_model
 
 from autoplace.ir import Placement, Problem, Schedule
+from autoplace.progress import current_reporter
 from autoplace.solve.contention import add_shared_volume
 from autoplace.solve.launcher import add_launchers
 from autoplace.solve.stages import stage_order
@@ -89,9 +90,12 @@ class _Progress(cp_model.CpSolverSolutionCallback):
         self.solver = solver
         self.stop = stop
         self.stopped = False
+        self.shown = current_reporter()  # taken here: the callbacks run on CP-SAT's threads
 
     def _record(self) -> None:
         self.points.append((time.perf_counter() - self.began, self.objective, self.bound))
+        if self.shown is not None:
+            self.shown.solver(self.objective, self.bound)
         if self.stop is not None and not self.stopped and self.stop():
             self.stopped = True
             self.solver.stop_search()

@@ -27,6 +27,7 @@ from typing import Any
 
 from autoplace.errors import AutoplaceError
 from autoplace.ir import Cluster, Costs, Placement, Problem, SharedLink
+from autoplace.progress import phase
 from autoplace.solve import SolveOptions, SolveResult, solve
 from autoplace.solve.bounds import check_memory
 
@@ -116,6 +117,7 @@ def fewer_devices(problem: Problem, options: SolveOptions, *,
                 options.time_limit_s, max(MIN_ROW_S, left_s / to_solve)))
         to_solve -= 1
         limits_s += row_options.time_limit_s
+        phase(f"what-if on {len(devices)} of {len(names)} devices")
         try:
             result = solve(sub, options=row_options, starts=dict([best]) if best else None)
         except KeyboardInterrupt:
@@ -173,6 +175,7 @@ def solve_after_whatif(problem: Problem, options: SolveOptions, *,
     fewer = fewer_devices(problem, whatif_options(options), within_s=limit_s * WHATIF_SHARE)
     rest = replace(options, time_limit_s=max(limit_s - fewer.spent_s,
                                              limit_s * (1 - WHATIF_SHARE)))
+    phase(f"the plan on {len(problem.cluster.names)} devices")
     result = solve(problem, options=rest, extra_baselines=extra_baselines,
                    starts=dict([fewer.best]) if fewer.best else None,
                    stop=(lambda stage: True) if fewer.interrupted else None)
