@@ -2,12 +2,14 @@
 
 Takes an output directory of ``autoplace plan`` (``plan.json`` and ``model/``); loads the model
 with ``autoplace.emit.load_model`` onto the planned devices, those not on this machine remapped
-to the CPU (a note says so); runs it on the example inputs saved at emit time
+to the CPU; runs it on the example inputs saved at emit time
 (``model/inputs.safetensors``) or on a user's ``--inputs`` file, after ``warmup`` passes, for
 ``repeats`` timed passes; and measures its peak bytes per device on one more pass
 (``autoplace.emit.memory``, weights + live activations, as the plan counts them). Returns a
-``RunResult``: the median time against the plan's makespan, measured against predicted peak per
-device.
+``RunResult``: the median time against the plan's makespan where the model ran on the planned
+devices (elsewhere the time alone, and first a line that says which devices ran where),
+measured against predicted peak per device (bytes compare on any device), and the intra-op
+threads each device's segments ran on (a ``cpu-thread`` worker: one, as the plan profiled it).
 
 Every check on the user's files happens before anything is written: a directory that is not a
 plan, weights missing or corrupted, an inputs file whose tensors differ from the example's in
@@ -26,12 +28,13 @@ Read ``run_plan``, then ``save_outputs``, then ``train_plan``. ``--inputs`` file
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,16 +65,22 @@ TRAIN_TIMEOUT_S = 3600.0
 
 @dataclass(frozen=True)
 class RunResult:
-    """One ``autoplace run``: times in seconds, bytes per plan device name."""
+    """One ``autoplace run``: times in seconds, bytes per plan device name. ``predicted_s`` is
+    the plan's makespan, or ``None`` where planned devices ran on others here (``remapped``:
+    planned torch device -> where it ran), whose time says nothing of the plan's. ``threads``:
+    the intra-op threads each planned device's segments ran on, seen inside them (devices on
+    a GPU left out)."""
 
     measured_s: float
-    predicted_s: float
+    predicted_s: float | None
     times_s: tuple[float, ...]
     peak_bytes: Mapping[str, int]
     predicted_peak_bytes: Mapping[str, int]
     peak_method: str
     device_map: Mapping[str, str]
     inputs: str
+    remapped: Mapping[str, str] = field(default_factory=dict)
+    threads: Mapping[str, int] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     outputs: Any = field(default=None, repr=False, compare=False)
 
@@ -85,19 +94,24 @@ class RunResult:
             "times_s": list(self.times_s),
             "peak_method": self.peak_method,
             "device_map": dict(self.device_map),
+            "remapped": dict(self.remapped),
+            "threads": dict(self.threads),
             "inputs": self.inputs,
             "notes": list(self.notes),
         }
 
     def lines(self) -> list[str]:
-        """The terminal summary."""
-        ratio = self.measured_s / self.predicted_s if self.predicted_s > 0 else float("nan")
-        out = [f"inputs: {self.inputs}",
-               f"time: measured {self.measured_s * 1e3:.3f} ms (median of {len(self.times_s)}), "
-               f"predicted makespan {self.predicted_s * 1e3:.3f} ms (measured/predicted "
-               f"{ratio:.2f})",
-               f"peak memory per device ({self.peak_method} measurement, weights + live "
-               "activations):"]
+        """The terminal summary; first, where the devices differ from the plan's, that they do."""
+        time = (f"time: measured {self.measured_s * 1e3:.3f} ms (median of "
+                f"{len(self.times_s)})" + _against(self.measured_s, self.predicted_s,
+                                                    what="predicted makespan"))
+        out = [*_differ(self.remapped, what="time"), f"inputs: {self.inputs}", time,
+               *_threads_line(self.threads, what="its segments" if len(self.threads) == 1
+                              else "each device's segments"),
+               f"peak memory per {'planned ' if self.remapped else ''}device "
+               f"({self.peak_method} measurement, weights + live activations"
+               + ("; bytes do not depend on the device's speed, so they compare here too):"
+                  if self.remapped else "):")]
         for device, predicted in self.predicted_peak_bytes.items():
             measured = self.peak_bytes.get(device, 0)
             verdict = "within plan" if measured <= predicted else "ABOVE PLAN"
@@ -139,27 +153,26 @@ def run_plan(
 
     name_of = {d.torch_device: d.name for d in plan.problem.cluster.devices}
     here = local_device_map(sorted(name_of))
-    moved = sorted(k for k, v in here.items() if k != v)
+    remapped = _remapped(here)
     notes = []
     if plan.training is not None:
-        notes.append("a training plan: this times the forward pass (the loss) alone against the "
-                     "whole training step's predicted time; `--train STEPS` times the step")
-    if moved:
-        notes.append(f"{', '.join(moved)} not present here: run on cpu, so the time does not "
-                     "show the planned devices' speed; the memory is still counted per planned "
-                     "device")
+        notes.append("a training plan: this times the forward pass (the loss) alone"
+                     + ("" if remapped else " against the whole training step's predicted time")
+                     + "; `--train STEPS` times the step")
     model = load_model(model_dir, device_map=here)
-    times_s, outputs = _time(model, args, kwargs, warmup=warmup, repeats=repeats)
+    times_s, outputs, threads = _time(model, args, kwargs, warmup=warmup, repeats=repeats)
     measured = measure(model, args, kwargs)
     return RunResult(
         measured_s=statistics.median(times_s),
-        predicted_s=plan.makespan_s,
+        predicted_s=None if remapped else plan.makespan_s,
         times_s=tuple(times_s),
         peak_bytes={name_of.get(d, d): b for d, b in measured.peak_bytes.items()},
         predicted_peak_bytes=comparable_peak_bytes(plan.problem, plan.schedule),
         peak_method=measured.method,
         device_map=here,
         inputs=inputs,
+        remapped=remapped,
+        threads=threads,
         notes=tuple(notes),
         outputs=outputs,
     )
@@ -167,34 +180,73 @@ def run_plan(
 
 @dataclass(frozen=True)
 class TrainResult:
-    """``autoplace run --train``: the loss after each step, and the step times (seconds)."""
+    """``autoplace run --train``: the loss after each step, and the step times (seconds).
+    ``predicted_s`` and ``remapped`` as ``RunResult``'s. ``threads``, per planned device on a
+    CPU: the intra-op threads of the calling thread (a replica's, rank 0's), which runs the
+    update, and the backward where no worker thread does (worker threads run on one)."""
 
     losses: tuple[float, ...]
     times_s: tuple[float, ...]
     measured_s: float
-    predicted_s: float
+    predicted_s: float | None
     optimizer: str
     lr: float | None
     device_map: Mapping[str, str]
     notes: tuple[str, ...] = ()
     dtype: str = "float32"  # a half one: mixed precision (emit.optimizer.MasterWeights)
+    remapped: Mapping[str, str] = field(default_factory=dict)
+    threads: Mapping[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"losses": list(self.losses), "measured_s": self.measured_s,
                 "predicted_s": self.predicted_s, "times_s": list(self.times_s),
                 "optimizer": self.optimizer, "lr": self.lr, "dtype": self.dtype,
-                "device_map": dict(self.device_map), "notes": list(self.notes)}
+                "device_map": dict(self.device_map), "remapped": dict(self.remapped),
+                "threads": dict(self.threads), "notes": list(self.notes)}
 
     def lines(self) -> list[str]:
-        ratio = self.measured_s / self.predicted_s if self.predicted_s > 0 else float("nan")
-        return [f"trained {len(self.losses)} steps of {self.optimizer}"
+        return [*_differ(self.remapped, what="step time"),
+                f"trained {len(self.losses)} steps of {self.optimizer}"
                 + (f" (lr {self.lr:g})" if self.lr is not None else " (torch's defaults)"),
                 "losses: " + ", ".join(f"{v:.6g}" for v in self.losses),
                 f"step time: measured {self.measured_s * 1e3:.3f} ms (median of "
                 + (f"steps 2-{len(self.times_s)}" if len(self.times_s) > 1 else "1 step")
-                + f"), predicted {self.predicted_s * 1e3:.3f} ms "
-                f"(measured/predicted {ratio:.2f})",
+                + ")" + _against(self.measured_s, self.predicted_s, what="predicted"),
+                *_threads_line(self.threads, what="the step"),
                 *(f"note: {note}" for note in self.notes)]
+
+
+def _remapped(*device_maps: Mapping[str, str]) -> dict[str, str]:
+    """The planned torch devices that ran on another kind of device here (a GPU absent here,
+    on the CPU), and where: across ``device_maps`` (a replica's each). A replica's GPUs that
+    are other GPUs of the plan's kind (rank 1's ``cuda:0`` on ``cuda:2``) are not."""
+    return {planned: ran for m in device_maps for planned, ran in m.items()
+            if torch.device(planned).type != torch.device(ran).type}
+
+
+def _differ(remapped: Mapping[str, str], *, what: str) -> list[str]:
+    """The first line of a result whose devices differ from the plan's, else none."""
+    if not remapped:
+        return []
+    where = "; ".join(f"{', '.join(sorted(d for d in remapped if remapped[d] == ran))} ran on "
+                      f"{ran}" for ran in sorted(set(remapped.values())))
+    return [f"devices differ from the plan: {where} (not on this machine), so the {what} is "
+            "this machine's, not the planned devices', and is not compared with the plan's "
+            "prediction"]
+
+
+def _against(measured_s: float, predicted_s: float | None, *, what: str) -> str:
+    if predicted_s is None:
+        return ""
+    ratio = measured_s / predicted_s if predicted_s > 0 else float("nan")
+    return f", {what} {predicted_s * 1e3:.3f} ms (measured/predicted {ratio:.2f})"
+
+
+def _threads_line(threads: Mapping[str, int], *, what: str) -> list[str]:
+    if not threads:
+        return []
+    return ["threads: " + ", ".join(f"{d} {n}" for d, n in threads.items())
+            + f" (intra-op threads {what} ran on)"]
 
 
 def train_plan(directory: str | os.PathLike[str], *, steps: int, lr: float | None = None,
@@ -236,7 +288,7 @@ def train_plan(directory: str | os.PathLike[str], *, steps: int, lr: float | Non
                   plan.training["microbatch_loss"],
                   recompute=plan.training.get("recompute", ())) if count > 1 else None
     losses, times = [], []
-    with worker_threads(here.values()):
+    with worker_threads(here.values()) as threads:
         for _ in range(steps):
             began = time.perf_counter()
             optimizer.zero_grad()
@@ -251,17 +303,19 @@ def train_plan(directory: str | os.PathLike[str], *, steps: int, lr: float | Non
             times.append(time.perf_counter() - began)
             losses.append(float(loss.detach().to("cpu")))
     timed = times[1:] or times
-    moved = sorted(k for k, v in here.items() if k != v)
-    notes = [f"{', '.join(moved)} not present here: trained on cpu"] if moved else []
+    remapped = _remapped(here)
+    notes = []
     if dtype != "float32":
         notes.append(f"{dtype} mixed precision: float32 master weights"
                      + (f", {optimizer.skipped} of {steps} steps skipped for a gradient "
                         f"overflow, loss scale now {optimizer.loss_scale:g}"
                         if dtype == "float16" else ""))
     return TrainResult(losses=tuple(losses), times_s=tuple(times),
-                       measured_s=statistics.median(timed), predicted_s=plan.makespan_s,
+                       measured_s=statistics.median(timed),
+                       predicted_s=None if remapped else plan.makespan_s,
                        optimizer=plan.training["optimizer"], lr=lr, device_map=here,
-                       notes=tuple(notes), dtype=dtype)
+                       notes=tuple(notes), dtype=dtype, remapped=remapped,
+                       threads=_on_cpu(here, threads))
 
 
 def _train_replicas(plan: Plan, model_dir: Path,
@@ -282,19 +336,25 @@ def _train_replicas(plan: Plan, model_dir: Path,
                               *(["--lr", repr(lr)] if lr is not None else [])])
         report = json.loads(report_file.read_text())
     here = report["device_maps"][0]
-    moved = sorted({k for m in report["device_maps"] for k, v in m.items() if k != v})
+    remapped = _remapped(*report["device_maps"])
     count = report.get("microbatches", 1)
     notes = [f"{replicas} processes ran (torchrun, {report['backend']}), one per data-parallel "
              f"replica, each on {batch // replicas} of the batch of {batch}"
              + (f" in {count} micro-batches (the plan's {plan.training['schedule']} order), "
                 "the gradients all-reduced after them" if count > 1 else "")
              + ": the losses are their mean, the step times rank 0's; device_map is rank 0's"]
-    if moved:
-        notes.append(f"{', '.join(moved)} not present here for every replica: trained on cpu")
     return TrainResult(losses=tuple(report["losses"]), times_s=tuple(report["times_s"]),
-                       measured_s=report["measured_s"], predicted_s=plan.makespan_s,
+                       measured_s=report["measured_s"],
+                       predicted_s=None if remapped else plan.makespan_s,
                        optimizer=plan.training["optimizer"], lr=lr, device_map=here,
-                       notes=tuple(notes))
+                       notes=tuple(notes), remapped=remapped,
+                       threads=_on_cpu(here, report["threads"]))
+
+
+def _on_cpu(device_map: Mapping[str, str], threads: int) -> dict[str, int]:
+    """``threads`` for each planned device of ``device_map`` that ran on a CPU."""
+    return {planned: threads for planned, ran in device_map.items()
+            if torch.device(ran).type != "cuda"}
 
 
 def plan_and_model(directory: str | os.PathLike[str]) -> tuple[Plan, Path]:
@@ -320,7 +380,9 @@ def plan_and_model(directory: str | os.PathLike[str]) -> tuple[Plan, Path]:
 def _time(
     model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, warmup: int,
     repeats: int,
-) -> tuple[list[float], Any]:
+) -> tuple[list[float], Any, dict[str, int]]:
+    """The ``repeats`` timed passes' seconds after ``warmup`` untimed ones, the last outputs,
+    and the intra-op threads each planned device's segments ran on in the first pass."""
     devices = {torch.device(d) for d in model.devices}
     gpus = [d for d in devices if d.type == "cuda"]
 
@@ -335,13 +397,35 @@ def _time(
 
     with torch.no_grad():
         try:
-            for _ in range(warmup):
-                once()
-            runs = [once() for _ in range(repeats)]
+            with _threads_seen(model) as threads:
+                runs = [once()]
+            runs += [once() for _ in range(warmup + repeats - 1)]
         except (RuntimeError, TypeError, ValueError, IndexError) as error:
             raise EmitError(f"the emitted model failed on these inputs: {type(error).__name__}: "
                             f"{error}") from error
-    return [t for t, _ in runs], runs[-1][1]
+    return [t for t, _ in runs[warmup:]], runs[-1][1], threads
+
+
+@contextlib.contextmanager
+def _threads_seen(model: torch.nn.Module) -> Iterator[dict[str, int]]:
+    """Over the body, the intra-op threads that each planned device's segments run on, as
+    each sees them (``torch.get_num_threads()`` on the thread that runs it), segments on a GPU
+    left out: what the model did, whichever forward ran and however it was emitted."""
+    seen: dict[str, int] = {}
+    hooks = []
+    for seg in model.segment_info:
+        if torch.device(seg.device).type != "cuda":
+            def record(module: torch.nn.Module, inputs: Any, device: str = seg.planned_device
+                       ) -> None:
+                seen[device] = torch.get_num_threads()
+            hooks.append(getattr(model, f"seg{seg.index}").register_forward_pre_hook(record))
+    found: dict[str, int] = {}
+    try:
+        yield found
+    finally:
+        for hook in hooks:
+            hook.remove()
+        found.update(sorted(seen.items()))
 
 
 def save_outputs(outputs: Any, path: str | os.PathLike[str]) -> list[str]:

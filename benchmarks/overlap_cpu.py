@@ -9,6 +9,10 @@ worker. Then times, after warm-up, the original model on one torch thread and th
 alternating the two so that both see the same load, and reports the medians. The issue's target:
 the measured speed-up within 15% of the predicted one. The machine's load average is printed
 next to the figures: other processes on these cores take time from the workers.
+
+The baseline here is the original model on one thread, not the emitted one-worker plan, so a
+one-worker plan that does not run as planned goes unseen: ``benchmarks/threads_cpu.py`` runs
+both emitted plans as ``autoplace run`` does, each against its own prediction.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """The emitted model measured: ``autoplace.emit.memory`` (peak bytes per planned device, worked
 out by hand on tiny models), the memory check in verification, and ``autoplace run OUT/`` with
-its bad inputs (exit code 2, one paragraph naming the file and the tensor, nothing written)."""
+its bad inputs (exit code 2, one paragraph naming the file and the tensor, nothing written), on
+devices other than planned (no time against the plan's), and with ``cpu-thread`` workers (each
+on one intra-op thread, as planned, whoever calls the emitted model)."""
 
 from __future__ import annotations
 
@@ -16,13 +18,23 @@ import autoplace
 from autoplace.cli import main
 from autoplace.cluster import resolve_cluster
 from autoplace.coarsen import fold
-from autoplace.emit import emit_and_verify, emit_model, load_model, save_model
+from autoplace.emit import (
+    emit_and_verify,
+    emit_model,
+    load_model,
+    local_device_map,
+    save_model,
+)
+from autoplace.emit.codegen import runtime_namespace
+from autoplace.emit.device_map import intra_op_threads
 from autoplace.emit.memory import measure, measure_peak_bytes
+from autoplace.emit.saving import load_inputs
 from autoplace.emit.verification import check_peak
 from autoplace.errors import VerificationError
 from autoplace.formats.plan import read_plan
 from autoplace.ir import Cluster, Costs, Device, Link, Placement, Problem
 from autoplace.load import load_model_file
+from autoplace.run import run_plan
 from autoplace.simulate import simulate
 from autoplace.trace import trace_model
 
@@ -182,18 +194,30 @@ def planned(tmp_path_factory) -> Path:
     return out
 
 
-def test_run_prints_measured_against_predicted(planned, capsys):
+def test_run_on_other_devices_says_so_first_and_sets_no_time_against_the_plan(planned, capsys):
+    # An A100 plan run on this machine's CPU: the time is the CPU's, so no ratio to the A100s'
+    # prediction; the bytes per planned device still compare.
+    remapped = local_device_map(["cuda:0", "cuda:1"])
+    if remapped == {"cuda:0": "cuda:0", "cuda:1": "cuda:1"}:
+        pytest.skip("the planned GPUs are here: nothing is remapped")
+    moved = ", ".join(d for d, to in remapped.items() if to != d)
     assert main(["run", str(planned), "--warmup", "0", "--repeats", "2"]) == 0
-    out = capsys.readouterr().out
-    assert "predicted makespan" in out and "median of 2" in out
-    assert "cuda:0: measured" in out and "not present here: run on cpu" in out
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"devices differ from the plan: {moved} ran on cpu")
+    assert "median of 2" in "\n".join(lines) and "cuda:0: measured" in "\n".join(lines)
+    assert not any("measured/predicted" in line or "predicted makespan" in line
+                   for line in lines)
+    assert any(line.startswith("peak memory per planned device") for line in lines)
 
 
 def test_run_json_has_the_four_keys_and_they_match_the_plan(planned, capsys):
     assert main(["run", str(planned), "--json", "--repeats", "3"]) == 0
     data = json.loads(capsys.readouterr().out)
     plan = read_plan(planned)
-    assert data["predicted_s"] == pytest.approx(plan.makespan_s)
+    # predicted_s is null where the model ran on other devices than planned (``remapped``)
+    moved = {d: to for d, to in data["device_map"].items() if to != d}
+    assert data["remapped"] == moved
+    assert data["predicted_s"] == (None if moved else pytest.approx(plan.makespan_s))
     assert data["measured_s"] > 0 and len(data["times_s"]) == 3
     # The plan's peak less the runtime reserve, as verification compares it: neither
     # measurement sees the CUDA context.
@@ -328,3 +352,99 @@ def test_on_a_gpu_the_allocator_sees_at_least_the_tracked_storages():
     assert measure(emitted, (x,)).method == "allocator"
     # The allocator rounds each block up to 512 bytes; it never sees less than the storages.
     assert allocator.peak_bytes["cuda:0"] >= storage.peak_bytes["cuda:0"] == 3072
+
+
+# ---------------------------------------------------------------------------------------------
+# cpu-thread workers run on one intra-op thread, as the plan profiled them, in every path
+
+
+@pytest.fixture(scope="module")
+def one_worker(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("worker") / "out"
+    assert main(["plan", str(EXAMPLES / "mlp.py"), "--devices", "1xcpu-thread", "--out",
+                 str(out), "--time-limit", "1", "--no-profile"]) == 0
+    return out
+
+
+@pytest.fixture
+def two_threads():
+    """torch on two intra-op threads for the test (restored after): more than a worker's one."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield 2
+    torch.set_num_threads(before)
+
+
+def test_a_loaded_one_worker_model_runs_its_segments_on_one_thread(one_worker, two_threads):
+    # A user's own call, not `autoplace run`: the sequential forward of a plan of one
+    # cpu-thread worker (cpu:0) runs it on one intra-op thread, then gives torch's count back.
+    model = load_model(one_worker / "model")
+    assert model.runtime == "sequential" and set(model.devices) == {"cpu:0"}
+    seen: list[int] = []
+    for index in range(len(model.segment_info)):
+        getattr(model, f"seg{index}").register_forward_pre_hook(
+            lambda module, args: seen.append(torch.get_num_threads()))
+    args, kwargs = load_inputs(one_worker / "model")
+    with torch.no_grad():
+        model(*args, **kwargs)
+    assert seen and set(seen) == {1}
+    assert torch.get_num_threads() == two_threads
+    with pytest.raises(RuntimeError):  # a failing forward gives the count back too
+        model(torch.randn(3, 5))
+    assert torch.get_num_threads() == two_threads
+
+
+def test_run_on_the_planned_workers_compares_and_says_the_threads(one_worker, two_threads,
+                                                                    capsys):
+    result = run_plan(one_worker, warmup=0, repeats=2)
+    assert result.threads == {"cpu:0": 1} and result.remapped == {}
+    assert result.predicted_s == pytest.approx(read_plan(one_worker).makespan_s)
+    lines = result.lines()
+    assert lines[0].startswith("inputs: ")
+    assert any("measured/predicted" in line for line in lines)
+    assert "threads: cpu:0 1 (intra-op threads its segments ran on)" in lines
+    assert main(["run", str(one_worker), "--json", "--repeats", "1"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["threads"] == {"cpu:0": 1} and data["remapped"] == {}
+    assert data["predicted_s"] == pytest.approx(read_plan(one_worker).makespan_s)
+    assert torch.get_num_threads() == two_threads
+
+
+def test_the_host_cpu_runs_on_torch_s_count(two_threads):
+    # The host CPU (`cpu`, not a cpu-thread worker) is timed on torch's threads: left as it is.
+    emitted, x = _chain({"mul": "cpu", "add": "cpu", "mul_1": "cpu"})
+    seen: list[int] = []
+    emitted.seg0.register_forward_pre_hook(lambda m, a: seen.append(torch.get_num_threads()))
+    emitted(x)
+    assert seen == [two_threads]
+
+
+@pytest.mark.parametrize("devices", [["cpu:0"], ["cpu:0", "cpu:1"], ["cpu:0", "cuda:0"], ["cpu"],
+                                     ["cpu", "cpu:0"], ["cuda:0"]])
+def test_the_generated_forward_counts_threads_as_worker_threads_does(devices, two_threads):
+    # model.py cannot import autoplace: its _WorkerThreads keeps device_map's rule, GPUs aside
+    inside = runtime_namespace()["_WorkerThreads"]
+    with inside(*devices):
+        generated = torch.get_num_threads()
+    assert torch.get_num_threads() == two_threads
+    assert generated == intra_op_threads([d for d in devices if not d.startswith("cuda")])
+
+
+def test_run_train_on_other_devices_says_so_first_and_sets_no_time_against_the_plan(
+        tmp_path, capsys):
+    moved = {d: to for d, to in local_device_map(["cuda:0", "cuda:1"]).items() if to != d}
+    if not moved:
+        pytest.skip("the planned GPUs are here: nothing is remapped")
+    out = tmp_path / "out"
+    assert main(["plan", str(EXAMPLES / "mlp.py"), "--mode", "training", "--devices",
+                 "2xA100-40GB", "--out", str(out), "--time-limit", "1", "--no-profile"]) == 0
+    capsys.readouterr()
+    assert main(["run", str(out), "--train", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"devices differ from the plan: {', '.join(moved)} ran on cpu")
+    assert "the step time is this machine's" in lines[0]
+    assert not any("measured/predicted" in line for line in lines)
+    assert main(["run", str(out), "--train", "1", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["predicted_s"] is None and data["remapped"] == moved
+    assert set(data["threads"]) == {d for d, to in data["device_map"].items() if to == "cpu"}

@@ -4,8 +4,8 @@ A plan names the devices it was made for (``cuda:1``); the emitted model may run
 ``local_device_map`` keeps each planned device that is present here and sends the rest to the
 CPU (how the pipeline verifies a GPU plan on a laptop); ``remap`` applies a user's glob mapping
 (``{"cuda:*": "cpu"}``); ``check_device`` fails, with the mapping to pass, when a device is
-absent. ``worker_threads`` is the intra-op thread count of a process (or thread) that runs
-only ``cpu-thread`` workers (``is_thread_worker``).
+absent. ``intra_op_threads`` is the intra-op thread count of a process (or thread) that runs
+only ``cpu-thread`` workers (``is_thread_worker``): one; ``worker_threads`` runs a body on it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import torch
 
 from autoplace.errors import EmitError
 
-__all__ = ["check_device", "is_thread_worker", "local_device_map", "remap", "worker_threads"]
+__all__ = ["check_device", "intra_op_threads", "is_thread_worker", "local_device_map", "remap",
+           "worker_threads"]
 
 
 def local_device_map(torch_devices: Sequence[str]) -> dict[str, str]:
@@ -71,22 +72,29 @@ def is_thread_worker(torch_device: str) -> bool:
     return kind == "cpu" and bool(index)
 
 
+def intra_op_threads(torch_devices: Iterable[str]) -> int:
+    """The intra-op threads of a thread that runs only ``torch_devices``: one where every one
+    is a ``cpu-thread`` worker (``cpu:N``; the host CPU is ``cpu``), as the plan times such a
+    worker (``profile.timing.threads_for``, this for one device); else torch's count here."""
+    devices = list(torch_devices)
+    if devices and all(is_thread_worker(d) for d in devices):
+        return 1
+    return torch.get_num_threads()
+
+
 @contextlib.contextmanager
 def worker_threads(torch_devices: Iterable[str]) -> Iterator[int]:
-    """Run the body on one intra-op thread where every device of ``torch_devices`` is a
-    ``cpu-thread`` worker (``cpu:N``; the host CPU is ``cpu``), as the plan times such a
-    worker (``profile.timing.threads_for``, this for one device) and the runtime runs it
-    (``emit/runtime.py``); torch's count is restored afterwards. Elsewhere torch's own count.
+    """Run the body on ``intra_op_threads(torch_devices)`` threads, as the runtime runs a
+    worker (``emit/runtime.py``); torch's count is restored afterwards, also after an error.
     Yields the count in force. A whole step of such workers (autograd's backward on the
     calling thread, DDP's process) otherwise runs on torch's default of one thread per core,
     over cores the plan gives to the other workers."""
-    devices = list(torch_devices)
-    workers = bool(devices) and all(is_thread_worker(d) for d in devices)
     before = torch.get_num_threads()
-    if workers:
-        torch.set_num_threads(1)
+    count = intra_op_threads(torch_devices)
+    if count != before:
+        torch.set_num_threads(count)
     try:
-        yield torch.get_num_threads()
+        yield count
     finally:
-        if workers:
+        if count != before:
             torch.set_num_threads(before)

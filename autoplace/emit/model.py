@@ -5,7 +5,8 @@ device per compute node; output is a ``PartitionedModel`` whose children ``seg0`
 are device-contiguous ``GraphModule`` segments, called by a generated top-level forward that moves
 values between devices with explicit ``.to(device, non_blocking=False)`` copies; over several
 devices the model runs the threaded forward instead (``runtime.py``: GPUs launched from the
-caller's thread, a worker thread per CPU device).
+caller's thread, a worker thread per CPU device). Either way a ``cpu-thread`` worker's segments
+run on one intra-op thread, as the plan profiled them (``_under_worker_threads``).
 
 Read ``emit_model`` first: ``lower`` -> ``run_order`` -> ``assign_devices`` -> ``partition`` ->
 ``build_segment`` per segment -> ``_top_forward`` (which values each segment call must copy to
@@ -270,9 +271,21 @@ def _top_forward(
                             sources, origin=dict(lowered.origin))
     threaded = threaded_forward_source(signature=signature, bindings=bindings, calls=calls,
                                        program=program, result=result)
-    return forward_source(
-        signature=signature, bindings=bindings, calls=calls, result=result
-    ), threaded, program
+    sequential = forward_source(signature=signature, bindings=bindings, calls=calls,
+                                result=result)
+    first = {seg.planned_device: seg.index for seg in reversed(info)}  # one segment a device
+    return _under_worker_threads(sequential, sorted(first.values())), threaded, program
+
+
+def _under_worker_threads(source: str, segments: Sequence[int]) -> str:
+    """``source``, a generated ``def forward`` of one line's head, with its body under
+    ``_WorkerThreads`` (``runtime.py``) of ``segments``' devices: a ``cpu-thread`` worker's
+    segments run on one intra-op thread, as the plan profiled them, in the sequential forward
+    too, whether the model was emitted here or loaded (``model.py`` holds this source)."""
+    head, *body = source.rstrip("\n").splitlines()
+    devices = ", ".join(f"self.seg{index}.device" for index in segments)
+    return "\n".join([head, f"    with _WorkerThreads({devices}):",
+                      *(f"    {line}" if line else line for line in body)]) + "\n"
 
 
 def _with_frees(calls: Sequence[SegmentCall], *, keep: set[str]) -> list[SegmentCall]:

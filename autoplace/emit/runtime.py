@@ -23,7 +23,8 @@ that computes it, and its readers wait for that handover only, never for the hos
   (``torch.set_num_threads(1)``); a handover between them passes the tensor by reference (the
   threads share memory, so no byte is copied), and a worker waits on an event for the
   handovers its segments read. A worker runs under the caller's grad and inference modes (they
-  are thread-local).
+  are thread-local). The sequential forward runs such workers' segments on one intra-op thread
+  too (``_WorkerThreads``), on the caller's thread: a one-worker plan is what was planned.
 
 Read in this order: ``Program`` (the launch order as data: per planned device the segment runs,
 the handovers each run waits for, and the handovers it issues), ``build_program`` (from the
@@ -148,6 +149,27 @@ def build_program(
 RUNTIME_SOURCE = '''\
 import queue as _queue
 import threading as _threading
+
+
+class _WorkerThreads:
+    """The sequential forward's body, run on the caller's thread: on one intra-op thread where
+    the ``devices`` not on a GPU are all cpu-thread workers (``cpu:N``), as the plan profiled
+    them, torch's count restored after; elsewhere torch's count (the same rule as
+    ``autoplace.emit.device_map.intra_op_threads``, which this file cannot import)."""
+
+    def __init__(self, *devices):
+        on_cpu = [d for d in map(torch.device, devices) if d.type != "cuda"]
+        self.one = bool(on_cpu) and all(d.type == "cpu" and d.index is not None for d in on_cpu)
+        self.before = None
+
+    def __enter__(self):
+        self.before = torch.get_num_threads()
+        if self.one and self.before != 1:
+            torch.set_num_threads(1)
+
+    def __exit__(self, *exc_info):
+        if self.one and self.before != 1:
+            torch.set_num_threads(self.before)
 
 
 class _Failed(Exception):
