@@ -3,8 +3,8 @@
     python benchmarks/threads_cpu.py        # writes benchmarks/results/threads-cpu.md
 
 ``autoplace plan examples/inception.py --devices 1xcpu-thread --profile``, and the same for
-``2xcpu-thread`` (each op profiled on one torch thread, as a worker runs it); then ``autoplace run
-OUT --json`` of each, ``--rounds`` times, the two plans alternating so that both see the same
+``2xcpu-thread`` (each op profiled on one torch thread, as a worker runs it, into a fresh
+profile cache); then ``autoplace run OUT --json`` of each, ``--rounds`` times, the two plans alternating so that both see the same
 load, each run in a fresh process, as a user runs them. Per plan: the predicted makespan, the
 median of the runs' medians (and their range), measured / predicted (target: within 15%), and
 the intra-op threads each worker ran on (``run``'s ``threads``: one, as planned; a one-worker
@@ -34,9 +34,9 @@ SPECS = ("1xcpu-thread", "2xcpu-thread")
 TOLERANCE = 0.15
 
 
-def _autoplace(*argv: str) -> str:
+def _autoplace(*argv: str, env: dict[str, str] | None = None) -> str:
     return subprocess.run([sys.executable, "-m", "autoplace.cli", *argv], capture_output=True,
-                          text=True, check=True, cwd=ROOT).stdout
+                          text=True, check=True, cwd=ROOT, env=env).stdout
 
 
 def measure(example: str, *, rounds: int, repeats: int, warmup: int,
@@ -44,9 +44,13 @@ def measure(example: str, *, rounds: int, repeats: int, warmup: int,
     """Plan ``example`` for each of ``SPECS``, then run the emitted models in turn."""
     with tempfile.TemporaryDirectory() as tmp:
         outs = {spec: Path(tmp) / spec for spec in SPECS}
+        # A private profile cache: the ops are profiled now, under the load the runs see, not
+        # read from an earlier session's cache.
+        env = {**os.environ, "AUTOPLACE_CACHE_DIR": str(Path(tmp) / "cache")}
         for spec, out in outs.items():
             _autoplace("plan", str(ROOT / "examples" / f"{example}.py"), "--devices", spec,
-                       "--profile", "--time-limit", str(time_limit_s), "--out", str(out))
+                       "--profile", "--time-limit", str(time_limit_s), "--out", str(out),
+                       env=env)
         runs: dict[str, list[dict]] = {spec: [] for spec in SPECS}
         for _ in range(rounds):
             for spec, out in outs.items():
@@ -87,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         "# `autoplace run` on one and two cpu-thread workers, against the plan", "",
         f"`{command}` ({machine_line()}; load average {load_before:.2f} at the start, "
         f"{load_after:.2f} at the end). Each plan: `autoplace plan examples/{args.example}.py "
-        "--devices SPEC --profile` (each op profiled on one torch thread); then `autoplace run "
+        "--devices SPEC --profile` (each op profiled on one torch thread, into a fresh profile "
+        "cache); then `autoplace run "
         f"OUT --json --warmup {args.warmup} --repeats {args.repeats}` {args.rounds} times, the "
         "two plans alternating, each run in a fresh process. Measured: the median of the runs' "
         f"medians (their range). Target: within {TOLERANCE:.0%} of the prediction.", "",
