@@ -186,12 +186,17 @@ def test_examples_verify_with_the_memory_check_on(example):
 # autoplace run
 
 
-@pytest.fixture(scope="module")
-def planned(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("run") / "out"
-    assert main(["plan", str(EXAMPLES / "lenet.py"), "--devices", "2xA100-40GB", "--out",
+def _plan(tmp_path_factory, example: str, devices: str) -> Path:
+    """``autoplace plan examples/EXAMPLE --devices DEVICES`` into a fresh folder, quickly."""
+    out = tmp_path_factory.mktemp(example) / "out"
+    assert main(["plan", str(EXAMPLES / f"{example}.py"), "--devices", devices, "--out",
                  str(out), "--time-limit", "1", "--no-profile"]) == 0
     return out
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory) -> Path:
+    return _plan(tmp_path_factory, "lenet", "2xA100-40GB")
 
 
 def test_run_on_other_devices_says_so_first_and_sets_no_time_against_the_plan(planned, capsys):
@@ -360,10 +365,7 @@ def test_on_a_gpu_the_allocator_sees_at_least_the_tracked_storages():
 
 @pytest.fixture(scope="module")
 def one_worker(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("worker") / "out"
-    assert main(["plan", str(EXAMPLES / "mlp.py"), "--devices", "1xcpu-thread", "--out",
-                 str(out), "--time-limit", "1", "--no-profile"]) == 0
-    return out
+    return _plan(tmp_path_factory, "mlp", "1xcpu-thread")
 
 
 @pytest.fixture
