@@ -4,15 +4,15 @@
 
 ``autoplace plan examples/inception.py --devices 1xcpu-thread --profile``, and the same for
 ``2xcpu-thread`` (each op profiled on one torch thread, as a worker runs it, into a fresh
-profile cache); then ``autoplace run OUT --json`` of each, ``--rounds`` times, the two plans alternating so that both see the same
-load, each run in a fresh process, as a user runs them. Per plan: the predicted makespan, the
-median of the runs' medians (and their range), measured / predicted (target: within 15%), and
-the intra-op threads each worker ran on (``run``'s ``threads``: one, as planned; a one-worker
-plan ran on every core before). Then the two-worker plan's speed-up over the emitted one-worker
-plan, as a user would measure it, against the plans' (``overlap_cpu.py`` sets two workers
-against the original model on one thread). The 1-minute load average at the start and the
-end: other processes on these cores take time from the workers.
-"""
+profile cache); then ``autoplace run OUT --json`` of each, ``--rounds`` times, the two plans
+alternating so that both see the same load, each run in a fresh process, as a user runs them.
+Per plan: the predicted makespan, the median of the runs' medians (and their range), measured /
+predicted (target: within 15%), and the intra-op threads each worker ran on (``run``'s
+``threads``: one, as planned; a one-worker plan ran on every core before). Then the two-worker
+plan's speed-up over the emitted one-worker plan, as a user would measure it, against the plans'
+(``overlap_cpu.py`` sets two workers against the original model on one thread). The 1-minute
+load average at the start and the end: other processes on these cores take time from the
+workers."""
 
 from __future__ import annotations
 
