@@ -57,7 +57,7 @@ def test_the_solver_line_gives_the_limit_as_given_and_how_it_was_shared():
     text = summary_text(planned, width=200)
     line = next(line for line in text.splitlines() if line.startswith("solver"))
     assert re.search(r"\(limit 2 s: .+ to the what-if rows, .+ to this solve\)$", line), line
-    assert "(the default)" not in line
+    assert "the default" not in line
 
 
 def test_every_table_fits_80_columns_for_a_training_plan():

@@ -44,13 +44,13 @@ def solver_text(ov: Overview) -> str:
 
 
 def limit_text(solver: SolverRecord) -> str:
-    """The time limit as the plan was given it, and how it was shared: "limit 10 s (the
-    default): 0.83 s to the what-if rows, 9.17 s to this solve"; where the plan did not record
+    """The time limit as the plan was given it, and how it was shared: "limit 10 s, the
+    default: 0.83 s to the what-if rows, 9.17 s to this solve"; where the plan did not record
     what it was given, the solve's own limit."""
     if solver.budget_s is None:
         return f"limit {format_seconds(solver.time_limit_s)}" if solver.time_limit_s else ""
     given = f"limit {solver.budget_s:g} s" + (
-        " (the default)" if solver.budget_s == DEFAULT_TIME_LIMIT_S else "")
+        ", the default" if solver.budget_s == DEFAULT_TIME_LIMIT_S else "")
     if solver.whatif_s is None or solver.time_limit_s is None:
         return given
     return (f"{given}: {format_seconds(solver.whatif_s)} to the what-if rows, "
