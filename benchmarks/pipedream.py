@@ -5,12 +5,12 @@
 
 For each profile in ``../shared/benchdata/pipedream`` (or ``$AUTOPLACE_BENCHDATA/pipedream``)
 and each device count, the time per sample of PipeDream's dynamic program (Narayanan et al.,
-SOSP 2019, section 3.1; ``autoplace.solve.pipedream``), of autoplace's replicated plan
-(``autoplace.train.replicas.plan_replicas`` on ``autoplace.train.profiled.profile_step_problem``),
-of pure data parallelism and of one device, all scored by one rule
-(``autoplace.train.replicas.time_per_sample``; PipeDream's plans are re-scored by it and checked
-against the DP's own value). A sample is one minibatch of the batch the profile was taken with;
-times are in the profiles' unit, milliseconds.
+SOSP 2019, section 3.1; ``research.pipedream.partitioner``), of autoplace's replicated plan
+(``research.pipedream.replicas.plan_replicas`` on
+``research.pipedream.step_graph.profile_step_problem``), of pure data parallelism and of one
+device, all scored by one rule (``research.pipedream.replicas.time_per_sample``; PipeDream's
+plans are re-scored by it and checked against the DP's own value). A sample is one minibatch of
+the batch the profile was taken with; times are in the profiles' unit, milliseconds.
 """
 
 from __future__ import annotations
@@ -21,15 +21,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT)]  # benchdata and common; research
 
 import benchdata  # noqa: E402
 from common import RESULTS, machine_line, write_markdown  # noqa: E402
 
-from autoplace.formats.pipedream import read_profile  # noqa: E402
 from autoplace.ir import Problem  # noqa: E402
 from autoplace.solve import SolveOptions  # noqa: E402
-from autoplace.solve.pipedream import (  # noqa: E402
+from autoplace.train.graph import BACKWARD  # noqa: E402
+from cost_models.links import NETWORK_LATENCY_S  # noqa: E402
+from research.pipedream.partitioner import (  # noqa: E402
     PIPEDREAM_BANDWIDTH_BYTES_PER_S,
     Chain,
     PipelinePlan,
@@ -39,9 +41,8 @@ from autoplace.solve.pipedream import (  # noqa: E402
     pipedream,
     training_chain,
 )
-from autoplace.train.graph import BACKWARD  # noqa: E402
-from autoplace.train.profiled import profile_step_problem  # noqa: E402
-from autoplace.train.replicas import (  # noqa: E402
+from research.pipedream.profiles import read_profile  # noqa: E402
+from research.pipedream.replicas import (  # noqa: E402
     MAX_ROUNDS,
     MOVES_PER_UNIT,
     ReplicaPlanning,
@@ -49,14 +50,14 @@ from autoplace.train.replicas import (  # noqa: E402
     plan_replicas,
     time_per_sample,
 )
-from cost_models.links import NETWORK_LATENCY_S  # noqa: E402
+from research.pipedream.step_graph import profile_step_problem  # noqa: E402
 
 MS = 1e3  # seconds to the profiles' milliseconds
 
 NOTES = [
-    "- **One rule scores every column** (`autoplace.train.replicas.time_per_sample`). A plan "
-    "puts each layer, its forward and its backward, in a group of R devices that each run every "
-    "R-th sample. A group's time is `max(forward + backward compute, ring all-reduce of its "
+    "- **One rule scores every column** (`research.pipedream.replicas.time_per_sample`). A "
+    "plan puts each layer, its forward and its backward, in a group of R devices that each run "
+    "every R-th sample. A group's time is `max(forward + backward compute, ring all-reduce of its "
     "weights) / R`, the all-reduce `2 (R-1)/R * bytes / bandwidth + 2 (R-1) * latency` "
     "(`cost_models.ring_allreduce_s`). Two groups between which activations cross exchange, for "
     "each direction that carries any, one message of `latency + bytes / bandwidth` forward and "
@@ -73,12 +74,12 @@ NOTES = [
     "layer graph, so its groups need not be ranges (`1-6,8 x1`). Such a group may see a sample "
     "more than once: the rule counts steady-state throughput only, as PipeDream's model does, "
     "and PipeDream's runtime, a chain of stages, could not run such a plan as it is.",
-    "- **autoplace's plan** (`autoplace.train.replicas.plan_replicas`). Data parallelism first: "
-    "where it reaches the work bound (one device's time over the devices, which no plan beats "
-    "under the rule), it is the plan and nothing is solved. Otherwise, for each R dividing N "
-    "below N: the training graph (`autoplace.train.profiled`: a forward and a backward node per "
-    "layer, colocated; activations forward, gradients back) on N/R devices, each R times as "
-    "fast, is solved by autoplace's solver (`autoplace.solve.solve`, CP-SAT, objective "
+    "- **autoplace's plan** (`research.pipedream.replicas.plan_replicas`). Data parallelism "
+    "first: where it reaches the work bound (one device's time over the devices, which no plan "
+    "beats under the rule), it is the plan and nothing is solved. Otherwise, for each R dividing "
+    "N below N: the training graph (`research.pipedream.step_graph`: a forward and a backward "
+    "node per layer, colocated; activations forward, gradients back) on N/R devices, each R "
+    "times as fast, is solved by autoplace's solver (`autoplace.solve.solve`, CP-SAT, objective "
     "`throughput`: the busiest device's compute plus copies, a time limit per solve); that "
     "placement is then polished under the rule by local moves (a layer to another group; the "
     "best replicas for each group, which may differ between groups; two groups merged), and the "

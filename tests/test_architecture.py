@@ -1,6 +1,7 @@
 """The shape of the code, checked: modules a person reads in one sitting (at most 600 lines), no
 import cycle between modules (function-local imports included), `cost_models` never importing
-`autoplace`, and ruff clean with C90 (no function above complexity 15).
+`autoplace`, neither importing `research`, `autoplace.profile` never importing `autoplace.emit`,
+and ruff clean with C90 (no function above complexity 15).
 
 Read ``_modules`` and ``_imports`` first: they turn the source tree into the import graph the
 cycle and direction tests look at. Each failure names every offender, with its line numbers.
@@ -149,6 +150,19 @@ def test_cost_models_never_imports_autoplace() -> None:
                           for imported in names if imported.split(".")[0] == "autoplace"]
     assert not offenders, ("cost_models must not import autoplace (the dependency goes one way):"
                            "\n  " + "\n  ".join(offenders))
+
+
+def test_neither_package_imports_research() -> None:
+    assert (ROOT / "research" / "__init__.py").is_file()
+    offenders: list[str] = []
+    for path in _modules().values():
+        for node, _ in _walk(ast.parse(path.read_text(), filename=str(path))):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if node.level == 0 else [])
+            offenders += [f"{path.relative_to(ROOT).as_posix()}:{node.lineno} imports {imported}"
+                          for imported in names if imported.split(".")[0] == "research"]
+    assert not offenders, ("research/ is outside the wheel: autoplace and cost_models must not "
+                           "import it (it imports them):\n  " + "\n  ".join(offenders))
 
 
 def test_ruff_with_complexity_at_most_15_passes() -> None:

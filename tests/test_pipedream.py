@@ -1,5 +1,5 @@
-"""PipeDream's partitioner (``autoplace.solve.pipedream``) and its profile reader
-(``autoplace.formats.pipedream``).
+"""PipeDream's partitioner (``research.pipedream.partitioner``) and its profile reader
+(``research.pipedream.profiles``).
 
 Hand-worked chains first, on a network of 1 byte/s without latency unless a test says otherwise,
 so that bytes read as seconds; then the dynamic program against brute force over every split and
@@ -20,8 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autoplace.errors import AutoplaceError, DeviceSpecError, GraphError
-from autoplace.formats.pipedream import parse_profile, read_profile
-from autoplace.solve.pipedream import (
+from research.pipedream.partitioner import (
     Chain,
     TrainingCluster,
     data_parallel,
@@ -31,6 +30,7 @@ from autoplace.solve.pipedream import (
     stage_s,
     training_chain,
 )
+from research.pipedream.profiles import parse_profile, read_profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import benchdata  # noqa: E402

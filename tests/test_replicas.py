@@ -1,5 +1,5 @@
-"""Training plans with data-parallel replicas (``autoplace.train.replicas``) on the step graphs of
-profiled models (``autoplace.train.profiled``).
+"""Training plans with data-parallel replicas (``research.pipedream.replicas``) on the step graphs
+of profiled models (``research.pipedream.step_graph``).
 
 Hand-worked cases first, on a network of 1 byte/s without latency unless a test says otherwise,
 so that bytes read as seconds (and profile times, in milliseconds, read as thousandths); then the
@@ -20,11 +20,11 @@ from conftest import require
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoplace.formats.pipedream import parse_profile, read_profile
 from autoplace.solve import SolveOptions
-from autoplace.solve.pipedream import TrainingCluster, evaluate, pipedream, training_chain
-from autoplace.train.profiled import UNLIMITED_BYTES, profile_step_problem
-from autoplace.train.replicas import allocate_replicas, plan_replicas, time_per_sample
+from research.pipedream.partitioner import TrainingCluster, evaluate, pipedream, training_chain
+from research.pipedream.profiles import parse_profile, read_profile
+from research.pipedream.replicas import allocate_replicas, plan_replicas, time_per_sample
+from research.pipedream.step_graph import UNLIMITED_BYTES, profile_step_problem
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import benchdata  # noqa: E402

@@ -7,8 +7,6 @@ Read in this order:
 * ``graph``: task-graph JSON (``autoplace solve``) to a ``Problem``, checked against
   ``graph.schema.json``.
 * ``cluster``: cluster TOML files, checked against ``cluster.schema.json``.
-* ``pipedream``: PipeDream's per-layer training profiles (``graph.txt``), a plain text format
-  without a schema, for the training baselines of ``solve.pipedream``.
 * ``output``: writing an output directory, or a set of files, all at once or not at all.
 
 Nothing is re-exported here: import from the module, so that reading a graph does not import

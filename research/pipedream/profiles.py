@@ -13,7 +13,7 @@ Times are milliseconds per minibatch (the batch the profile was taken with), siz
 profiler's trace order; the lines come in any order. ``read_profile`` returns the layers in a
 topological order, stable in node-id order, as seconds and bytes; the file is read as it is
 (what PipeDream's optimizer drops before partitioning, the input and unused outputs, is
-``autoplace.solve.pipedream.training_chain``'s business).
+``research.pipedream.partitioner.training_chain``'s business).
 
 Every mistake in a file is a ``GraphError`` naming the file and the line (exit code 2).
 """

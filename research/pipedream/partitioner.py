@@ -10,7 +10,7 @@ times are per minibatch; memory is not modelled (PipeDream's memory check is off
 
 Read in this order:
 
-1. ``training_chain``: a PipeDream profile (``autoplace.formats.pipedream``) as PipeDream's own
+1. ``training_chain``: a PipeDream profile (``research.pipedream.profiles``) as PipeDream's own
    optimizer sees it (msr-fiddle/pipedream, ``optimizer/optimizer_graph_hierarchical.py``): the
    ``Input`` sources dropped (their forward time is data loading, not the model's work, and the
    input always enters at the first stage), unused ``__getitem__`` sinks dropped
@@ -37,9 +37,9 @@ from typing import Any
 import numpy as np
 
 from autoplace.errors import DeviceSpecError, GraphError
-from autoplace.formats.pipedream import Layer, Profile
 from cost_models.links import NETWORK_LATENCY_S
 from cost_models.roofline import ring_allreduce_s, transfer_time_s
+from research.pipedream.profiles import Layer, Profile
 
 __all__ = [
     "PIPEDREAM_BANDWIDTH_BYTES_PER_S",

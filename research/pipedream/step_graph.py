@@ -1,10 +1,10 @@
-"""Train: the training step of a profiled model (PipeDream's per-layer profiles) as a ``Problem``.
+"""The training step of a profiled model (PipeDream's per-layer profiles) as a ``Problem``.
 
-A PipeDream profile (``autoplace.formats.pipedream``) gives each layer's forward and backward
+A PipeDream profile (``research.pipedream.profiles``) gives each layer's forward and backward
 time for one minibatch, its weights and its output's bytes. ``profile_step_problem`` turns the
-layers PipeDream's optimizer partitions (``solve.pipedream.training_layers``: the input and
+layers PipeDream's optimizer partitions (``partitioner.training_layers``: the input and
 unused outputs dropped) into the graph of one training step, named and grouped as
-``train.graph.step_problem`` names and groups the step of a traced model:
+``autoplace.train.graph.step_problem`` names and groups the step of a traced model:
 
 * a layer ``f`` is the node ``f``: its forward time, its weights (``param_bytes`` and, all of
   them trained, ``trainable_bytes``), its output (``output_bytes``, the profile's activation);
@@ -15,10 +15,10 @@ unused outputs dropped) into the graph of one training step, named and grouped a
   free). The inputs autograd saves ride on ``f``'s own copies and add no transfer, so they get
   no edge of their own.
 
-``step_problem`` itself does not apply: it prices a backward as a factor of its forward and adds
-optimizer-step nodes priced by the roofline of catalog devices, where a profile measured every
-backward, and PipeDream's cost model (the baseline these problems are compared with) has no
-optimizer step.
+``autoplace.train.step_problem`` itself does not apply: it prices a backward as a factor of its
+forward and adds optimizer-step nodes priced by the roofline of catalog devices, where a profile
+measured every backward, and PipeDream's cost model (the baseline these problems are compared
+with) has no optimizer step.
 
 The devices are a ``TrainingCluster``'s: identical devices ``d0``, ``d1``, ... with no memory
 limit (PipeDream's optimizer does not check memory by default, and the profiles say nothing of
@@ -27,10 +27,10 @@ activations kept for backward), every pair joined by the cluster's network.
 
 from __future__ import annotations
 
-from autoplace.formats.pipedream import Profile
 from autoplace.ir import Cluster, Costs, Device, Edge, Link, OpGraph, OpNode, Problem
-from autoplace.solve.pipedream import TrainingCluster, training_layers
 from autoplace.train.graph import BACKWARD
+from research.pipedream.partitioner import TrainingCluster, training_layers
+from research.pipedream.profiles import Profile
 
 __all__ = ["PROFILED_DEVICE_TYPE", "UNLIMITED_BYTES", "profile_step_problem", "training_devices"]
 

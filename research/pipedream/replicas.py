@@ -1,11 +1,11 @@
-"""Train: data-parallel replicas of pipeline stages, the rule that times them, and the planner.
+"""Data-parallel replicas of pipeline stages, the rule that times them, and the planner.
 
 A replicated plan puts every node of a training step in a *group*, and gives each group ``r``
 identical devices that each run every ``r``-th sample: pipeline parallelism between groups,
 data parallelism inside one (PipeDream's hybrid, Narayanan et al., SOSP 2019). The step is a
 step graph on identical devices whose colocated units hold a layer each, its backward and
-optimizer-step nodes named as ``train.graph`` names them; so far it has run on
-``profile_step_problem``'s graphs of PipeDream's profiles only. Read in this order:
+optimizer-step nodes named as ``autoplace.train.graph`` names them; so far it has run on
+``step_graph.profile_step_problem``'s graphs of PipeDream's profiles only. Read in this order:
 
 1. ``time_per_sample``: **the rule**, PipeDream's cost model (section 3.1) for any placement, not
    only a chain of stages. A group's time per sample is ``max(compute, ring all-reduce of its
@@ -14,15 +14,15 @@ optimizer-step nodes named as ``train.graph`` names them; so far it has run on
    activations cross sends them, and their gradients come back the other way, one message each
    of ``latency + bytes / bandwidth`` (the paper's 2 C; a value read by several nodes of one
    group crosses once). The time per sample is the slowest group or link. On a chain of stages
-   in layer order it is ``solve.pipedream.evaluate``'s value (a test checks it), so PipeDream's
+   in layer order it is ``partitioner.evaluate``'s value (a test checks it), so PipeDream's
    plans and these are scored alike.
 2. ``allocate_replicas``: given what each group computes and holds, the replicas that minimise
    the slowest group (exact, by a threshold search), with as few devices as reach it.
-3. ``replica_problem``: one *shape* (replicas per group) as an ``ir.Problem`` for
-   ``solve.solve``: a device per group, its nodes ``r`` times faster. The solver's throughput
-   objective (the busiest device's compute plus copies, ``simulate.loads``) charges a copy to
-   both ends, where the rule puts it on the link, which overlaps compute: the problem is the
-   solver's model of the shape, and its plans are scored by the rule.
+3. ``replica_problem``: one *shape* (replicas per group) as an ``autoplace.ir.Problem`` for
+   ``autoplace.solve.solve``: a device per group, its nodes ``r`` times faster. The solver's
+   throughput objective (the busiest device's compute plus copies, ``autoplace.simulate.loads``)
+   charges a copy to both ends, where the rule puts it on the link, which overlaps compute: the
+   problem is the solver's model of the shape, and its plans are scored by the rule.
 4. ``plan_replicas``: the planner. Data parallelism first (one group on every device, no solve),
    done if it reaches the work bound (no plan beats one device's time over the devices). Then,
    for every uniform shape (N/R groups of R devices, R dividing N), CP-SAT solves the shape,
@@ -47,10 +47,10 @@ from dataclasses import dataclass, replace
 
 from autoplace.ir import Costs, Placement, Problem
 from autoplace.solve import SolveOptions, solve
-from autoplace.solve.pipedream import TrainingCluster
 from autoplace.train.graph import BACKWARD, STEP
-from autoplace.train.profiled import training_devices
 from cost_models.roofline import ring_allreduce_s, transfer_time_s
+from research.pipedream.partitioner import TrainingCluster
+from research.pipedream.step_graph import training_devices
 
 __all__ = ["MAX_ROUNDS", "MOVES_PER_UNIT", "Attempt", "ReplicaPlanning", "ReplicatedPlan",
            "allocate_replicas", "plan_replicas", "replica_problem", "time_per_sample"]
@@ -127,7 +127,7 @@ def _group_sums(rule: _Rule, assign: Sequence[int], groups: int
 
 def _stage_s(compute_s: float, weight_bytes: float, replicas: int,
              cluster: TrainingCluster) -> float:
-    """A group's time per sample, the paper's T: ``solve.pipedream.stage_s`` written again for
+    """A group's time per sample, the paper's T: ``partitioner.stage_s`` written again for
     plain numbers, because the search asks it for every group of every candidate move and the
     numpy call costs several times the arithmetic (the test of the rule against ``evaluate``
     compares the two, group by group)."""
