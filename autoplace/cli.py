@@ -438,6 +438,7 @@ def _cache(args: argparse.Namespace):  # noqa: ANN202 - autoplace.profile is imp
 
 def _cmd_profile(args: argparse.Namespace) -> int:
     from autoplace.cluster import describe_present, inventory, present_devices, resolve_cluster
+    from autoplace.emit.codegen import runtime_namespace
     from autoplace.load import load_model_file
     from autoplace.profile import profile_model
     from autoplace.progress import stage
@@ -465,7 +466,8 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         traced = trace_model(model, loaded.args, loaded.kwargs, name=loaded.name)
         stage("profile")
         result = profile_model(traced, model, loaded.args, loaded.kwargs, cluster,
-                               cache=cache, progress=not args.quiet, inv=inv)
+                               cache=cache, progress=not args.quiet, inv=inv,
+                               engine=runtime_namespace())
     for line in inv.lines() + result.lines():
         print(line)
     for note in (*spec_notes, *result.notes):

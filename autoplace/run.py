@@ -43,9 +43,9 @@ import safetensors.torch
 import torch
 from torch.utils import _pytree as pytree
 
+from autoplace.cluster.local import worker_threads
 from autoplace.emit import load_model, local_device_map
 from autoplace.emit.ddp import batch_size, replicas_of
-from autoplace.emit.device_map import worker_threads
 from autoplace.emit.memory import comparable_peak_bytes, measure
 from autoplace.emit.microbatch import split_batch, stepper
 from autoplace.emit.optimizer import MasterWeights
@@ -53,6 +53,7 @@ from autoplace.emit.replicas import launch_replicas
 from autoplace.emit.saving import load_inputs, read_inputs_file
 from autoplace.errors import AutoplaceError, EmitError, OutputError
 from autoplace.formats.plan import Plan, plan_path, read_plan
+from cost_models.units import format_bytes
 
 __all__ = ["TRAIN_TIMEOUT_S", "RunResult", "TrainResult", "plan_and_model", "read_inputs_file",
            "run_plan", "save_outputs", "train_plan"]
@@ -115,8 +116,8 @@ class RunResult:
         for device, predicted in self.predicted_peak_bytes.items():
             measured = self.peak_bytes.get(device, 0)
             verdict = "within plan" if measured <= predicted else "ABOVE PLAN"
-            out.append(f"  {device}: measured {_mib(measured)}, predicted {_mib(predicted)} "
-                       f"({verdict})")
+            out.append(f"  {device}: measured {format_bytes(measured)}, predicted "
+                       f"{format_bytes(predicted)} ({verdict})")
         out += [f"note: {note}" for note in self.notes]
         return out
 
@@ -457,7 +458,3 @@ def save_outputs(outputs: Any, path: str | os.PathLike[str]) -> list[str]:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return list(tensors)
-
-
-def _mib(nbytes: int) -> str:
-    return f"{nbytes / 2**20:.2f} MiB"

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from autoplace.emit.replicas import free_port
+from autoplace.cluster.local import free_port
 
 SIZES_MB = (1, 8, 55)
 

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, ROOT, machine_line, write_markdown  # noqa: E402
 
 from autoplace.cluster import device_key, inventory, resolve_cluster  # noqa: E402
+from autoplace.emit.codegen import runtime_namespace  # noqa: E402
 from autoplace.load import load_model_file  # noqa: E402
 from autoplace.profile import profile_model  # noqa: E402
 from autoplace.profile.cache import ProfileCache  # noqa: E402
@@ -62,7 +63,8 @@ def main() -> int:
             traced_of[name] = traced
             t0 = time.perf_counter()
             result = profile_model(traced, model, loaded.args, loaded.kwargs, cluster,
-                                   cache=cache, inv=inv, links=False)
+                                   cache=cache, inv=inv, links=False,
+                                   engine=runtime_namespace())
             (dp,) = result.devices
             if dp.whole_forward is None:
                 raise SystemExit(f"{name}: the whole forward pass was not timed: "

@@ -34,7 +34,7 @@ import torch.multiprocessing as mp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autoplace.emit.replicas import free_port  # noqa: E402
+from autoplace.cluster.local import free_port  # noqa: E402
 from benchmarks.common import RESULTS, machine_line, write_markdown  # noqa: E402
 
 MODES = ("alone", "side by side", "DDP")

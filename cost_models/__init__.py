@@ -3,6 +3,7 @@
 A lower layer than ``autoplace``: it never imports it (nor the solver, nor torch), so it can be
 used and tested on its own. Start with ``devices`` (the catalog of device types), then ``links``
 (link kinds and the default link between two device types), then ``roofline`` (the formulas).
+``units`` writes bytes and seconds for people, the one way every stage of ``autoplace`` does.
 """
 
 from __future__ import annotations

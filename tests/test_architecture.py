@@ -174,6 +174,18 @@ def test_ruff_with_complexity_at_most_15_passes() -> None:
     assert proc.returncode == 0, f"ruff check autoplace cost_models:\n{proc.stdout}{proc.stderr}"
 
 
+def test_profile_never_imports_the_emitter() -> None:
+    # The profiler measures; the emitter (the runtime library) is measured. What both need is
+    # in lower packages (cluster.local, train), and the runtime's engine is handed in.
+    graph = _import_graph(_modules())
+    offenders = [f"{' and '.join(graph.edges[name, target]['at'])} imports {target}"
+                 for name, target in graph.edges
+                 if name.split(".")[:2] == ["autoplace", "profile"]
+                 and target.split(".")[:2] == ["autoplace", "emit"]]
+    assert not offenders, ("autoplace.profile must not import autoplace.emit (move what both "
+                           "need below them, or hand it in):\n  " + "\n  ".join(offenders))
+
+
 # --- the graph builder itself, on a package made up for the test -----------------------------
 
 

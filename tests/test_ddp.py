@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from autoplace.cli import main
+from autoplace.cluster.local import worker_threads
 from autoplace.emit.ddp import (
-    _buckets,
     batch_size,
     replica_backend,
     replica_device_map,
@@ -31,13 +31,12 @@ from autoplace.emit.ddp import (
     shard,
     write_train_script,
 )
-from autoplace.emit.device_map import worker_threads
 from autoplace.emit.replicas import launch_replicas, verify_replicas
 from autoplace.errors import AutoplaceError, EmitError, VerificationError
 from autoplace.load import load_model_file
 from autoplace.pipeline import plan, save
 from autoplace.train import LossModel, training_targets
-from autoplace.train.dataparallel import BUCKET_BYTES
+from autoplace.train.dataparallel import BUCKET_BYTES, _buckets
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
@@ -294,7 +293,8 @@ def test_no_process_is_left_behind(tmp_path, script: str, error: type, match: st
 
 
 # Replicas of a micro-batched step: no DDP; each runs its micro-batches in the plan's order and
-# then averages the gradients (ddp.average_gradients). Each plan's own check starts a torchrun.
+# then averages the gradients (train.dataparallel.average_gradients, called through emit.ddp).
+# Each plan's own check starts a torchrun.
 
 
 def _micro_plan(schedule: str) -> Any:

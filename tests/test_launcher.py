@@ -184,9 +184,11 @@ def test_a_measured_launcher_replaces_the_catalog_estimates() -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_the_launcher_is_measured_on_a_gpu() -> None:
+    from autoplace.emit.codegen import runtime_namespace
     from autoplace.profile.launcher import measure_launcher
 
-    call_s, handover_s = measure_launcher("cuda:0", calls=100, rounds=3)
+    call_s, handover_s = measure_launcher("cuda:0", engine=runtime_namespace(), calls=100,
+                                          rounds=3)
     assert 0 <= call_s < 1e-3 and 0 < handover_s < 1e-3
 
 

@@ -23,9 +23,10 @@ import torch
 import zoo
 
 from autoplace.cli import main
+from autoplace.cluster.local import free_port
 from autoplace.emit import emit_model, load_model, save_model
 from autoplace.emit.ranks import Exchange, crossings, flat_inputs, value_specs, write_launch_script
-from autoplace.emit.replicas import free_port, launch_replicas
+from autoplace.emit.replicas import launch_replicas
 from autoplace.emit.stages import chain_of, gather_outputs
 from autoplace.errors import AutoplaceError, EmitError
 from autoplace.ir import Placement

@@ -17,6 +17,7 @@ import zoo
 import autoplace
 from autoplace.cli import main
 from autoplace.cluster import resolve_cluster
+from autoplace.cluster.local import intra_op_threads
 from autoplace.coarsen import fold
 from autoplace.emit import (
     emit_and_verify,
@@ -26,7 +27,6 @@ from autoplace.emit import (
     save_model,
 )
 from autoplace.emit.codegen import runtime_namespace
-from autoplace.emit.device_map import intra_op_threads
 from autoplace.emit.memory import measure, measure_peak_bytes
 from autoplace.emit.saving import load_inputs
 from autoplace.emit.verification import check_peak
@@ -424,7 +424,7 @@ def test_the_host_cpu_runs_on_torch_s_count(two_threads):
 @pytest.mark.parametrize("devices", [["cpu:0"], ["cpu:0", "cpu:1"], ["cpu:0", "cuda:0"], ["cpu"],
                                      ["cpu", "cpu:0"], ["cuda:0"]])
 def test_the_generated_forward_counts_threads_as_worker_threads_does(devices, two_threads):
-    # model.py cannot import autoplace: its _WorkerThreads keeps device_map's rule, GPUs aside
+    # model.py cannot import autoplace: its _WorkerThreads keeps cluster.local's rule, GPUs aside
     inside = runtime_namespace()["_WorkerThreads"]
     with inside(*devices):
         generated = torch.get_num_threads()

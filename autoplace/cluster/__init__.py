@@ -6,7 +6,8 @@ Read in this order: ``resolve`` (the one route, ``resolve_cluster``, and the cat
 their default links), ``file`` (a cluster file into a ``Cluster``; the format itself is
 ``autoplace.formats.cluster``) and ``detect`` (the one GPU detector, with the
 ``CUDA_VISIBLE_DEVICES`` rule, and the inventory the profiler uses). Device figures come from
-``cost_models``.
+``cost_models``. ``local`` is how the emitted model and the profiler run on this machine's
+devices (a ``cpu-thread`` worker's one intra-op thread, a free port for a rendezvous).
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from typing import Any
 
 from autoplace.ir import Cluster, Device
 from cost_models import get_device_type, match_gpu_name
+from cost_models.units import format_bytes
 
 __all__ = [
     "DetectedGPU",
@@ -88,11 +89,11 @@ class Inventory:
                f"{h.torch_threads} threads"]
         for g in self.gpus:
             free = ("" if g.memory_free_bytes is None
-                    else f", {g.memory_free_bytes / 2**30:.1f} GiB free")
+                    else f", {format_bytes(g.memory_free_bytes)} free")
             pcie = "" if g.pcie_gen is None else f", PCIe gen{g.pcie_gen} x{g.pcie_width}"
             nvlink = ("" if not g.nvlink_peers
                       else ", NVLink to " + ", ".join(f"cuda:{p}" for p in g.nvlink_peers))
-            out.append(f"cuda:{g.index}: {g.name}, {g.memory_bytes / 2**30:.1f} GiB"
+            out.append(f"cuda:{g.index}: {g.name}, {format_bytes(g.memory_bytes)}"
                        f"{free}{pcie}{nvlink}")
         if not self.gpus:
             out.append("no GPU found")

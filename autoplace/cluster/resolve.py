@@ -21,6 +21,7 @@ from autoplace.cluster.spec import CHOOSE_HINT, DEFAULT_SIMULATED_SPEC, detected
 from autoplace.errors import DeviceSpecError
 from autoplace.ir import Cluster
 from cost_models import catalog_table
+from cost_models.units import format_bytes
 
 __all__ = ["format_catalog", "resolve_cluster"]
 
@@ -99,6 +100,6 @@ def format_catalog(detected: Sequence[DetectedGPU]) -> str:
         for gpu in detected:
             matched = gpu.catalog_type or "not in the catalog"
             lines.append(
-                f"  cuda:{gpu.index}  {gpu.name}  {gpu.memory_bytes / 2**30:.1f} GiB  -> {matched}"
+                f"  cuda:{gpu.index}  {gpu.name}  {format_bytes(gpu.memory_bytes)}  -> {matched}"
             )
     return "\n".join(lines) + "\n"

@@ -33,6 +33,7 @@ import torch
 from safetensors import safe_open
 
 from autoplace.errors import EmitError, ModelLoadError
+from cost_models.units import format_bytes
 
 __all__ = [
     "INDEX_NAME",
@@ -406,8 +407,8 @@ def load_checkpoint(model: torch.nn.Module, path: str | os.PathLike[str]
                   if name not in keys and not t.is_meta}
         model.to("meta")  # its real buffers too: tracing wants one device
         return Referred(checkpoint, keys, extras), [
-            f"checkpoint {where} matches the model, but its {needed / 2**30:.2f} GiB are more "
-            f"than {_FIT_SHARE:.0%} of the {(available or 0) / 2**30:.2f} GiB available here: "
+            f"checkpoint {where} matches the model, but its {format_bytes(needed)} are more "
+            f"than {_FIT_SHARE:.0%} of the {format_bytes(available or 0)} available here: "
             "the model stays on the meta device: it is not verified, and its emitted model "
             "(inference only) reads the weights from the checkpoint when loaded"]
     fill_model(model, checkpoint, keys)

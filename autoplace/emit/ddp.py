@@ -11,7 +11,8 @@ backward. ``pipeline.save`` writes ``OUT/train.py`` (``write_train_script``), wh
    batch, all R shards; ``shard``, by the rule in ``batch_size``),
 2. loads ``OUT/model`` on its own devices (``replica_device_map``),
 3. wraps it in ``DistributedDataParallel`` and runs ``--steps`` steps of the plan's optimizer
-   (a replica of ``cpu-thread`` workers on one intra-op thread, ``device_map.worker_threads``);
+   (a replica of ``cpu-thread`` workers on one intra-op thread,
+   ``cluster.local.worker_threads``);
    rank 0 reports each step's loss (the mean over the replicas, which is the whole batch's loss
    for a loss that averages over the batch) and the step times.
 
@@ -19,13 +20,13 @@ With M > 1 micro-batches (``microbatching``: M, the shard's loss rule and the pl
 order, written into ``train.py``), step 3 runs no DDP: the plan's micro-batch step
 (``microbatch.train_step``) runs the segments directly, forwards of several micro-batches before
 their backwards, which DDP's hooks (armed by a forward through its wrapper) cannot follow.
-Once the step's backward is done, ``average_gradients`` all-reduces the gradients, bucket by
-bucket, and divides them by R: what ``train.dataparallel.with_allreduce`` charges (the
-all-reduce after the gradients are in, before the update). docs/training.md says more.
+Once the step's backward is done, ``train.dataparallel.average_gradients`` all-reduces the
+gradients, bucket by bucket, and divides them by R: what ``train.dataparallel.with_allreduce``
+charges (the all-reduce after the gradients are in, before the update). docs/training.md says more.
 
 ``replicas.py`` starts the R processes (``launch_replicas``) and checks them against the
 original model (``verify_replicas``). Read ``batch_size``, ``shard``, ``replica_device_map``,
-then ``replica_main``, ``_train`` and ``average_gradients``.
+then ``replica_main`` and ``_train``.
 """
 
 from __future__ import annotations
@@ -44,22 +45,22 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils import _pytree as pytree
 
-from autoplace.emit.device_map import local_device_map, worker_threads
+from autoplace.cluster.local import worker_threads
+from autoplace.emit.device_map import local_device_map
 from autoplace.emit.microbatch import Action, action_order, split_batch, train_step
 from autoplace.emit.microbatch import batch_size as cut_size
 from autoplace.emit.saving import load_inputs, load_model, planned_devices
-from autoplace.emit.training import _named, make_optimizer
+from autoplace.emit.training import _named
 from autoplace.errors import AutoplaceError, EmitError
 from autoplace.ir import Problem, Schedule
-from autoplace.train.dataparallel import BUCKET_BYTES
+from autoplace.train.dataparallel import average_gradients, ddp_replica
+from autoplace.train.graph import make_optimizer
 
-__all__ = ["INIT_TIMEOUT_S", "average_gradients", "batch_size", "ddp_replica", "microbatching",
-           "print_error", "replica_backend", "replica_device_map", "replica_exit", "replica_main",
-           "replicas_of", "shard", "write_train_script"]
+__all__ = ["INIT_TIMEOUT_S", "batch_size", "microbatching", "print_error", "replica_backend",
+           "replica_device_map", "replica_exit", "replica_main", "replicas_of", "shard",
+           "write_train_script"]
 
 # The rendezvous and every collective after it: a rank that died or never came makes the others
 # fail within this, rather than wait for ever.
@@ -317,12 +318,6 @@ def _train(model_dir: Path, *, optimizer: str, replicas: int, rank: int, steps: 
     return report, record | {"optimizer": optimizer, "replicas": replicas}
 
 
-def ddp_replica(model: torch.nn.Module) -> DistributedDataParallel:
-    """``model`` as the emitted replicas wrap it (``profile.allreduce`` times the same)."""
-    # Buckets as views of the gradients: no second copy of them (the plan holds one).
-    return DistributedDataParallel(model, device_ids=None, gradient_as_bucket_view=True)
-
-
 def _ddp_step(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Step:
     """A step's forward and backward of the shard under DistributedDataParallel, which
     averages the gradients across the replicas during the backward; the step returns the
@@ -355,35 +350,6 @@ def _microbatched_step(model: torch.nn.Module, args: tuple[Any, ...], kwargs: di
         return loss
 
     return step
-
-
-def average_gradients(params: Sequence[torch.Tensor]) -> None:
-    """Replace the gradient of each of ``params`` with its mean over the replicas (every rank
-    calls this, after its backward). The gradients that are set (the same on every rank: one
-    model, one graph) go in buckets (``_buckets``), each flattened, all-reduced (a sum),
-    divided by R and copied back, one bucket after another: a copy of one bucket is held at
-    a time, beyond what the plan counts."""
-    world = dist.get_world_size()
-    for bucket in _buckets([p.grad for p in params if p.grad is not None]):
-        flat = _flatten_dense_tensors(bucket)
-        dist.all_reduce(flat)
-        flat /= world
-        for grad, mean in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
-            grad.copy_(mean)
-
-
-def _buckets(grads: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
-    """``grads`` grouped by device and dtype, last first (the backward's order, as DDP fills
-    its buckets), cut into runs of at most ``BUCKET_BYTES`` (DDP's 25 MiB; a larger tensor is a
-    run of its own): the buckets ``train.dataparallel.allreduce_s`` charges."""
-    runs: dict[tuple[torch.device, torch.dtype], list[list[torch.Tensor]]] = {}
-    for grad in reversed(grads):
-        mine = runs.setdefault((grad.device, grad.dtype), [[]])
-        held = sum(g.numel() * g.element_size() for g in mine[-1])
-        if mine[-1] and held + grad.numel() * grad.element_size() > BUCKET_BYTES:
-            mine.append([])
-        mine[-1].append(grad)
-    return [run for mine in runs.values() for run in mine]
 
 
 def _steps(step: Step, model: torch.nn.Module, opt: torch.optim.Optimizer, *, steps: int,

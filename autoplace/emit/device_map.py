@@ -4,22 +4,20 @@ A plan names the devices it was made for (``cuda:1``); the emitted model may run
 ``local_device_map`` keeps each planned device that is present here and sends the rest to the
 CPU (how the pipeline verifies a GPU plan on a laptop); ``remap`` applies a user's glob mapping
 (``{"cuda:*": "cpu"}``); ``check_device`` fails, with the mapping to pass, when a device is
-absent. ``intra_op_threads`` is the intra-op thread count of a process (or thread) that runs
-only ``cpu-thread`` workers (``is_thread_worker``): one; ``worker_threads`` runs a body on it.
+absent. How a ``cpu-thread`` worker runs here (one intra-op thread) is
+``autoplace.cluster.local``'s, which the profiler shares.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
 from autoplace.errors import EmitError
 
-__all__ = ["check_device", "intra_op_threads", "is_thread_worker", "local_device_map", "remap",
-           "worker_threads"]
+__all__ = ["check_device", "local_device_map", "remap"]
 
 
 def local_device_map(torch_devices: Sequence[str]) -> dict[str, str]:
@@ -64,37 +62,3 @@ def check_device(device: str, *, planned: str) -> None:
         torch.empty(0, device=device)
     except (RuntimeError, AssertionError) as error:
         raise EmitError(f"{where} is not usable here ({error}); {hint}") from error
-
-
-def is_thread_worker(torch_device: str) -> bool:
-    """Whether ``torch_device`` is a ``cpu-thread`` worker (``cpu:N``; the host CPU is ``cpu``)."""
-    kind, _, index = torch_device.partition(":")
-    return kind == "cpu" and bool(index)
-
-
-def intra_op_threads(torch_devices: Iterable[str]) -> int:
-    """The intra-op threads of a thread that runs only ``torch_devices``: one where every one
-    is a ``cpu-thread`` worker (``cpu:N``; the host CPU is ``cpu``), as the plan times such a
-    worker (``profile.timing.threads_for``, this for one device); else torch's count here."""
-    devices = list(torch_devices)
-    if devices and all(is_thread_worker(d) for d in devices):
-        return 1
-    return torch.get_num_threads()
-
-
-@contextlib.contextmanager
-def worker_threads(torch_devices: Iterable[str]) -> Iterator[int]:
-    """Run the body on ``intra_op_threads(torch_devices)`` threads, as the runtime runs a
-    worker (``emit/runtime.py``); torch's count is restored afterwards, also after an error.
-    Yields the count in force. A whole step of such workers (autograd's backward on the
-    calling thread, DDP's process) otherwise runs on torch's default of one thread per core,
-    over cores the plan gives to the other workers."""
-    before = torch.get_num_threads()
-    count = intra_op_threads(torch_devices)
-    if count != before:
-        torch.set_num_threads(count)
-    try:
-        yield count
-    finally:
-        if count != before:
-            torch.set_num_threads(before)

@@ -1,6 +1,6 @@
-"""Emit: the optimizer a training plan's emitted model is stepped with: ``make_optimizer`` (by
-name, torch's defaults) and ``MasterWeights`` (that optimizer in the plan's precision), which
-the training check, the micro-batch step and ``autoplace run --train`` all step.
+"""Emit: the optimizer a training plan's emitted model is stepped with: ``MasterWeights``
+(``train.graph.make_optimizer``'s, by name with torch's defaults, in the plan's precision),
+which the training check, the micro-batch step and ``autoplace run --train`` all step.
 
 In float32 ``MasterWeights`` is ``make_optimizer``'s ``torch.optim`` optimizer over the
 parameters. Under mixed precision (a model cast to bfloat16 or float16, ``train.precision``)
@@ -22,31 +22,16 @@ row without one the scale doubles (``GradScaler``'s ``init_scale``, ``backoff_fa
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import torch
 
+from autoplace.train.graph import make_optimizer
 from autoplace.train.precision import check_dtype
 
-__all__ = ["GROWTH_INTERVAL", "INIT_SCALE", "MasterWeights", "make_optimizer"]
+__all__ = ["GROWTH_INTERVAL", "INIT_SCALE", "MasterWeights"]
 
 # torch.amp.GradScaler's defaults.
 INIT_SCALE, GROWTH_FACTOR, BACKOFF_FACTOR, GROWTH_INTERVAL = 2.0**16, 2.0, 0.5, 2000
-
-
-def make_optimizer(name: str, params: Any, lr: float | None = None) -> torch.optim.Optimizer:
-    """``name``'s ``torch.optim`` optimizer with torch's defaults (``lr`` if given), one tensor
-    at a time (``foreach=False``: the step graph's update temporaries are per tensor)."""
-    extra = {} if lr is None else {"lr": lr}
-    if name == "sgd":
-        return torch.optim.SGD(params, foreach=False, **extra)
-    if name == "sgd-momentum":
-        return torch.optim.SGD(params, momentum=0.9, foreach=False, **extra)
-    if name == "adam":
-        return torch.optim.Adam(params, foreach=False, **extra)
-    if name == "adamw":
-        return torch.optim.AdamW(params, foreach=False, **extra)
-    raise ValueError(f"unknown optimizer {name!r}")
 
 
 class MasterWeights:

@@ -45,8 +45,9 @@ import torch
 import torch.distributed as dist
 from torch.fx import _pytree as fx_pytree
 
+from autoplace.cluster.local import worker_threads
 from autoplace.emit.ddp import check_world, print_error, replica_backend
-from autoplace.emit.device_map import local_device_map, worker_threads
+from autoplace.emit.device_map import local_device_map
 from autoplace.emit.microbatch import batch_size, split_batch
 from autoplace.emit.saving import load_inputs, load_model, read_inputs_file
 from autoplace.emit.stages import chain_of, run_stages

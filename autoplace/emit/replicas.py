@@ -11,8 +11,9 @@ last lines of the processes' output.
 ``verify_replicas`` trains the replicas for a few steps with ``train.py --record`` and, in this
 process, a copy of the original model on the whole batch, and compares each step as
 ``training.verify_training`` compares a one-process emitted model, with its helpers: the loss
-(the replicas' mean), the gradients (DDP's averages, or ``ddp.average_gradients``' after a
-micro-batched step), the updated parameters (under Adam, where the update is well conditioned).
+(the replicas' mean), the gradients (DDP's averages, or
+``train.dataparallel.average_gradients``' after a micro-batched step), the updated parameters
+(under Adam, where the update is well conditioned).
 
 Read ``launch_replicas`` and ``_stop``, then ``verify_replicas`` and ``_compare``.
 """
@@ -23,7 +24,6 @@ import copy
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +35,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from autoplace import errors
+from autoplace.cluster.local import free_port
 from autoplace.emit.ddp import batch_size, write_train_script
 from autoplace.emit.model import PartitionedModel
 from autoplace.emit.saving import load_inputs, save_model
@@ -46,11 +47,11 @@ from autoplace.emit.training import (
     _compare_update,
     _known,
     _named,
-    make_optimizer,
 )
 from autoplace.errors import AutoplaceError, EmitError, VerificationError
+from autoplace.train.graph import make_optimizer
 
-__all__ = ["VERIFY_TIMEOUT_S", "free_port", "launch_replicas", "verify_replicas"]
+__all__ = ["VERIFY_TIMEOUT_S", "launch_replicas", "verify_replicas"]
 
 # verify_replicas: three steps of a model the one-process check has just trained in seconds;
 # nearly all of this is left for R processes to start, import torch and meet.
@@ -89,14 +90,6 @@ def launch_replicas(script: str | os.PathLike[str], *, replicas: int, argv: Sequ
     if code != 0:
         raise _failure(output, code=code, replicas=replicas, script=script, what=what)
     return output
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (the kernel's pick), for a rendezvous there
-    (torchrun's, or the benchmarks' processes')."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:

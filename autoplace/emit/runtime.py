@@ -155,7 +155,7 @@ class _WorkerThreads:
     """The sequential forward's body, run on the caller's thread: on one intra-op thread where
     the ``devices`` not on a GPU are all cpu-thread workers (``cpu:N``), as the plan profiled
     them, torch's count restored after; elsewhere torch's count (the same rule as
-    ``autoplace.emit.device_map.intra_op_threads``, which this file cannot import)."""
+    ``autoplace.cluster.local.intra_op_threads``, which this file cannot import)."""
 
     def __init__(self, *devices):
         on_cpu = [d for d in map(torch.device, devices) if d.type != "cuda"]

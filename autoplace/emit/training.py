@@ -24,10 +24,10 @@ import torch
 from torch.utils import _pytree as pytree
 
 from autoplace.emit.microbatch import split_batch
-from autoplace.emit.optimizer import MasterWeights, make_optimizer
+from autoplace.emit.optimizer import MasterWeights
 from autoplace.errors import VerificationError
 
-__all__ = ["TRAINING_STEPS", "make_optimizer", "tolerance", "verify_training"]
+__all__ = ["TRAINING_STEPS", "tolerance", "verify_training"]
 
 TRAINING_STEPS = 3
 # float16: steps the check may skip for an overflow (``MasterWeights``), beside the steps it

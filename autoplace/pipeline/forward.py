@@ -60,12 +60,13 @@ def traced_problem(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[s
     pins = resolve_pins(model, traced.graph, cluster, how.pins) if how.pins else None
     profiled, graph = None, traced.graph
     if how.profile:
+        from autoplace.emit.codegen import runtime_namespace
         from autoplace.profile import open_cache, profile_model
 
         cache = how.cache if how.cache is not None else open_cache()
         stage("profile")
         profiled = profile_model(traced, model, args, kwargs, cluster, cache=cache,
-                                 progress=how.progress)
+                                 progress=how.progress, engine=runtime_namespace())
         notes += profiled.notes
         cluster = profiled.apply_links(cluster)
         graph = profiled.with_workspace(graph)

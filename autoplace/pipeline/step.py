@@ -429,9 +429,9 @@ def _replica_averaging(profiled: Any, model: torch.nn.Module, cluster: Cluster,
                        notes: list[str]) -> float | None:
     """What averaging ``model``'s gradients across the ``groups`` adds to a step, measured
     with the replicas as processes of this host (``profile.allreduce``: under DDP, or with
-    micro-batches ``emit.ddp.average_gradients``), where every device of every group is a CPU
-    device profiled here; ``None`` elsewhere or when it cannot be measured (the ring formula
-    of ``train.dataparallel`` prices it then)."""
+    micro-batches ``train.dataparallel.average_gradients``), where every device of every group
+    is a CPU device profiled here; ``None`` elsewhere or when it cannot be measured (the ring
+    formula of ``train.dataparallel`` prices it then)."""
     if profiled is None:
         return None
     here = {dp.device: dp.device_key for dp in profiled.devices}

@@ -174,6 +174,7 @@ def profile_model(
     timer: Timer | None = None,
     inv: Inventory | None = None,
     in_situ: bool | None = None,
+    engine: Mapping[str, Any] | None = None,
 ) -> ProfileResult:
     """Profile ``traced`` on every device of ``cluster`` that is here, measure the links among
     them, refit calibration, and choose fits for the devices that are not here.
@@ -182,6 +183,9 @@ def profile_model(
     applies. Models whose parameters are on the meta device cannot run, so nothing is measured.
     Identical devices (two GPUs of one model) are measured once. ``in_situ``: see
     ``ops.profile_device`` (by default ops are timed where they run on the CPU, alone on GPUs).
+    ``engine``: the emitted runtime's engine (``emit.codegen.runtime_namespace()``), whose
+    launcher costs are measured on a GPU here (``launcher.measure_launcher``); without it they
+    are not, and the catalog's estimates apply.
     """
     began = time.perf_counter()
     inv = inv or inventory()
@@ -228,7 +232,7 @@ def profile_model(
                     f"{dp.whole_forward.median_s * 1e3:.3g} ms "
                     f"({_signed(dp.sum_s / dp.whole_forward.median_s - 1)})")
     measured_links = _links(present, inv, cache=cache, notes=notes) if links else ()
-    launched = _launcher(present, notes)
+    launched = _launcher(present, notes, engine)
     fits, fit_notes = fits_for(cluster, cache.get_fits())
     notes += fit_notes
     comparisons = []
@@ -246,14 +250,15 @@ def profile_model(
                          wall_s=time.perf_counter() - began)
 
 
-def _launcher(present: Sequence[Device], notes: list[str]) -> tuple[float, float] | None:
-    """The launcher's segment call and handover, measured on the first GPU here; they are the
-    host's, so they serve every GPU the plan launches from it."""
+def _launcher(present: Sequence[Device], notes: list[str],
+              engine: Mapping[str, Any] | None) -> tuple[float, float] | None:
+    """The launcher's segment call and handover, measured by ``engine`` on the first GPU here;
+    they are the host's, so they serve every GPU the plan launches from it."""
     gpu = next((d for d in present if d.torch_device.startswith("cuda")), None)
-    if gpu is None:
+    if gpu is None or engine is None:
         return None
     try:
-        call_s, handover_s = measure_launcher(gpu.torch_device)
+        call_s, handover_s = measure_launcher(gpu.torch_device, engine=engine)
     except Exception as exc:  # noqa: BLE001 - the catalog's estimates still apply
         notes.append(f"the launcher's costs could not be measured on {gpu.name} "
                      f"({type(exc).__name__}: {exc}); the catalog's estimates apply")

@@ -15,12 +15,13 @@ torchrun starts a CPU plan's replicas) each hold a stand-in module with paramete
 model's trainable shapes (in its order, so DDP's buckets are the model's), whose forward is the
 sum of every parameter (its backward writes every gradient, and nothing else); each round times
 a step of it without averaging, and one with the averaging the emitted replicas do (``ddp``:
-under ``DistributedDataParallel`` as ``emit.ddp`` wraps the model; ``buckets``: the
-micro-batched step's ``emit.ddp.average_gradients`` after the backward), the ranks lined up
-by a barrier before each. The cost is the median of the second less the median of the first,
-rank 0's (whose step times ``autoplace run --train`` reports). It is charged after the backward
-(``dataparallel.with_allreduce``): the stand-in's backward is too short to hide any of it, and
-on a host whose cores each run a replica gloo's threads take the core from the backward anyway.
+under ``DistributedDataParallel`` as ``emit.ddp`` wraps the model, ``ddp_replica``;
+``buckets``: the micro-batched step's ``average_gradients`` after the backward; both from
+``train.dataparallel``), the ranks lined up by a barrier before each. The cost is the median
+of the second less the median of the first, rank 0's (whose step times ``autoplace run
+--train`` reports). It is charged after the backward (``dataparallel.with_allreduce``): the
+stand-in's backward is too short to hide any of it, and on a host whose cores each run a
+replica gloo's threads take the core from the backward anyway.
 
 Kept in the profile cache (its ``forwards`` table, keyed ``allreduce:MODE:R=R:`` and a digest of
 the shapes, on the host's CPU key), so one measurement serves every plan of the model.
@@ -40,7 +41,9 @@ from pathlib import Path
 
 import torch
 
+from autoplace.cluster.local import free_port
 from autoplace.profile.cache import ProfileCache
+from autoplace.train.dataparallel import average_gradients, ddp_replica
 
 __all__ = ["MODES", "allreduce_s", "measure_allreduce_s"]
 
@@ -65,8 +68,6 @@ class _Gradients(torch.nn.Module):
 def _rounds(numels: list[int], mode: str, rounds: int) -> tuple[list[float], list[float]]:
     """Each round's step of the stand-in alone and with its gradients averaged, this rank's."""
     import torch.distributed as dist
-
-    from autoplace.emit.ddp import average_gradients, ddp_replica
 
     plain, averaged = _Gradients(numels), _Gradients(numels)
     run: torch.nn.Module = averaged
@@ -119,8 +120,6 @@ def measure_allreduce_s(numels: Sequence[int], *, replicas: int, mode: str = "dd
     the ``mode`` way (see the module's docstring); at least 0. Raises ``RuntimeError`` when
     the processes fail or take longer than ``timeout_s``."""
     import torch.multiprocessing as mp
-
-    from autoplace.emit.replicas import free_port
 
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; one of {', '.join(MODES)}")

@@ -2,9 +2,10 @@
 one segment call beyond its ops, and one handover.
 
 The runtime's own engine (``emit.runtime.RUNTIME_SOURCE``, as ``emit.codegen.runtime_namespace``
-loads it for every generated forward) is run, not a copy of it. A segment call is a run step as
-``_launch`` takes it (``_step`` on the segment's stream, the segment a one-op ``GraphModule``
-reading and storing its values), timed against the bare op. A handover is the engine's
+loads it for every generated forward) is run, not a copy of it; the caller hands it in, as the
+profiler does not import the emitter. A segment call is a run step as ``_launch`` takes it
+(``_step`` on the segment's stream, the segment a one-op ``GraphModule`` reading and storing
+its values), timed against the bare op. A handover is the engine's
 ``_hand_over`` followed by the reader's ``_wait``, to a second GPU where there is one (else
 between two streams of the one GPU, as between two planned devices that share it). Nothing is
 synchronised while the host is timed, as in the runtime; the medians of ``rounds`` batches are
@@ -15,7 +16,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -27,17 +29,15 @@ class _AddOne(torch.nn.Module):
         return x + 1
 
 
-def measure_launcher(torch_device: str, *, calls: int = 500,
+def measure_launcher(torch_device: str, *, engine: Mapping[str, Any], calls: int = 500,
                      rounds: int = 5) -> tuple[float, float]:
-    """``(segment call, handover)`` seconds of host time on CUDA device ``torch_device``."""
-    from autoplace.emit.codegen import runtime_namespace
-
+    """``(segment call, handover)`` seconds of host time on CUDA device ``torch_device``, run
+    by ``engine`` (the namespace ``emit.codegen.runtime_namespace()`` returns)."""
     device = torch.device(torch_device)
     # A handover copies to another GPU where there is one, as the runtime does between GPUs;
     # on one GPU it stays there, as between two planned devices that share it.
     others = [i for i in range(torch.cuda.device_count()) if i != device.index]
     target = torch.device("cuda", others[0]) if others else device
-    engine = runtime_namespace()
     x = torch.zeros(16, device=device)
     gm = torch.fx.symbolic_trace(_AddOne())
     call = engine["_Call"](1)

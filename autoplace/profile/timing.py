@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from autoplace.emit.device_map import is_thread_worker, worker_threads
+from autoplace.cluster.local import is_thread_worker, worker_threads
 
 __all__ = ["ClockTimer", "CudaEventTimer", "Measurement", "Timer", "is_stable",
            "is_thread_worker", "measure", "relative_spread", "threads_for", "timer_for"]
@@ -82,7 +82,7 @@ def timer_for(torch_device: str) -> Timer:
 @contextlib.contextmanager
 def threads_for(torch_device: str) -> Iterator[None]:
     """Time a ``cpu-thread`` worker as the emitted runtime runs it: torch on one intra-op thread
-    (restored afterwards); other devices as they are (``emit.device_map.worker_threads``)."""
+    (restored afterwards); other devices as they are (``cluster.local.worker_threads``)."""
     with worker_threads([torch_device]):
         yield
 

@@ -3,7 +3,7 @@
 
 A training plan's update nodes (``f@step``) are priced by the roofline of the traffic an
 update moves (``train.graph.Optimizer.traffic_bytes_per_param``: Adam 28 bytes a parameter).
-``torch.optim``'s one-tensor-at-a-time Adam (``emit.training.make_optimizer``) makes more
+``torch.optim``'s one-tensor-at-a-time Adam (``train.graph.make_optimizer``) makes more
 passes than that over each tensor (the two moments, the square root, the division and the
 step, each its own kernel) and pays Python's per-tensor work: on this machine's CPU workers it
 measured about 1.5x the roofline's time (``docs/training.md``, "Data-parallel replicas").
@@ -27,6 +27,7 @@ import torch
 
 from autoplace.profile.backward import model_copy_on
 from autoplace.profile.timing import threads_for, timer_for
+from autoplace.train.graph import make_optimizer
 
 __all__ = ["measure_update_s_per_byte"]
 
@@ -42,8 +43,6 @@ def measure_update_s_per_byte(model: torch.nn.Module, args: tuple[Any, ...],
     ``train.OPTIMIZERS``) of ``model`` (a ``train.LossModel``: its output is the loss) on
     ``torch_device``, each after a forward and backward pass on ``args``/``kwargs``, on a copy
     of the model; ``None`` for a model with nothing to train."""
-    from autoplace.emit.training import make_optimizer
-
     local, moved = model_copy_on(model, args, kwargs, torch_device)
     params = [p for p in local.parameters() if p.requires_grad]
     nbytes = sum(p.numel() * p.element_size() for p in params)

@@ -4,7 +4,7 @@ For every R that divides N, the devices form R alike groups of N/R (``replica_gr
 replica is placed on its group with 1/R of the batch, and R copies of it train under torch's
 ``DistributedDataParallel`` (``emit/ddp.py``), which averages the gradients across replicas;
 a replica of M > 1 micro-batches runs its step in the plan's order instead, and then averages
-the gradients with all-reduces of its own (``emit.ddp.average_gradients``), bucketed as DDP's.
+the gradients with all-reduces of its own (``average_gradients``), bucketed as DDP's.
 The step of one replica is the plan's graph; ``with_allreduce`` adds the gradients' all-reduce
 to it, where the simulator can time it:
 
@@ -30,9 +30,10 @@ to it, where the simulator can time it:
   gloo's latency at small sizes (LeNet, 1.7 MB: 1.9-3.4 ms measured, against 1.37 ms).
 
 Memory: DDP holds its buckets as views of the gradients (``gradient_as_bucket_view=True`` in
-``emit/ddp.py``), so a replica holds what the step graph of one replica holds; a micro-batched
+``ddp_replica``), so a replica holds what the step graph of one replica holds; a micro-batched
 replica holds one flattened bucket (at most ``BUCKET_BYTES``) beyond it while it all-reduces,
-before its update, which the plan does not count.
+before its update, which the plan does not count. ``ddp_replica`` and ``average_gradients``,
+last here, are that averaging as the replicas run it (``emit.ddp``) and the profiler times it.
 """
 
 from __future__ import annotations
@@ -40,12 +41,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+import torch
+import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch.nn.parallel import DistributedDataParallel
+
 from autoplace.ir import Cluster, Problem
 from autoplace.simulate.schedules import STEP
 from autoplace.train.graph import trained_bytes
 from cost_models import LINK_CATALOG, ring_allreduce_s
 
-__all__ = ["BUCKET_BYTES", "allreduce_s", "replica_groups", "with_allreduce"]
+__all__ = ["BUCKET_BYTES", "allreduce_s", "average_gradients", "ddp_replica", "replica_groups",
+           "with_allreduce"]
 
 BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel's default bucket_cap_mb
 
@@ -138,3 +145,38 @@ def with_allreduce(problem: Problem, cluster: Cluster,
                              for d, t in compute[name].items()}
     return replace(problem, costs=replace(problem.costs, compute_s=compute))
 
+
+def ddp_replica(model: torch.nn.Module) -> DistributedDataParallel:
+    """``model`` as the emitted replicas wrap it (``emit.ddp``; ``profile.allreduce`` times
+    the same)."""
+    # Buckets as views of the gradients: no second copy of them (the plan holds one).
+    return DistributedDataParallel(model, device_ids=None, gradient_as_bucket_view=True)
+
+
+def average_gradients(params: Sequence[torch.Tensor]) -> None:
+    """Replace the gradient of each of ``params`` with its mean over the replicas (every rank
+    calls this, after its backward). The gradients that are set (the same on every rank: one
+    model, one graph) go in buckets (``_buckets``), each flattened, all-reduced (a sum),
+    divided by R and copied back, one bucket after another: a copy of one bucket is held at
+    a time, beyond what the plan counts."""
+    world = dist.get_world_size()
+    for bucket in _buckets([p.grad for p in params if p.grad is not None]):
+        flat = _flatten_dense_tensors(bucket)
+        dist.all_reduce(flat)
+        flat /= world
+        for grad, mean in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
+            grad.copy_(mean)
+
+
+def _buckets(grads: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """``grads`` grouped by device and dtype, last first (the backward's order, as DDP fills
+    its buckets), cut into runs of at most ``BUCKET_BYTES`` (DDP's 25 MiB; a larger tensor is a
+    run of its own): the buckets ``allreduce_s`` charges."""
+    runs: dict[tuple[torch.device, torch.dtype], list[list[torch.Tensor]]] = {}
+    for grad in reversed(grads):
+        mine = runs.setdefault((grad.device, grad.dtype), [[]])
+        held = sum(g.numel() * g.element_size() for g in mine[-1])
+        if mine[-1] and held + grad.numel() * grad.element_size() > BUCKET_BYTES:
+            mine.append([])
+        mine[-1].append(grad)
+    return [run for mine in runs.values() for run in mine]

@@ -45,6 +45,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+import torch
+
 from autoplace.cost import costs as price
 from autoplace.cost import weakest_source
 from autoplace.errors import GraphError
@@ -52,8 +54,8 @@ from autoplace.ir import Costs, Edge, HostCosts, OpGraph, OpNode, Problem
 from autoplace.simulate.schedules import BACKWARD, SCHEDULES, STEP, microbatch_name, phase_of
 from autoplace.train.precision import element_bytes, update_of
 
-__all__ = ["OPTIMIZERS", "Optimizer", "microbatch_copies", "step_problem", "trained_bytes",
-           "training_memory"]
+__all__ = ["OPTIMIZERS", "Optimizer", "make_optimizer", "microbatch_copies", "step_problem",
+           "trained_bytes", "training_memory"]
 
 # Backward against forward, in time and in launches (see the module's docstring).
 BACKWARD_FACTOR = 2.0
@@ -91,6 +93,23 @@ OPTIMIZERS: Mapping[str, Optimizer] = {
         Optimizer("adamw", 8, 28, 14, 8),
     )
 }
+
+
+def make_optimizer(name: str, params: Any, lr: float | None = None) -> torch.optim.Optimizer:
+    """``name``'s ``torch.optim`` optimizer (a key of ``OPTIMIZERS``) with torch's defaults
+    (``lr`` if given), one tensor at a time (``foreach=False``: the step graph's update
+    temporaries are per tensor). The emitted model is stepped with it, and the profiler times
+    it (``profile.update``)."""
+    extra = {} if lr is None else {"lr": lr}
+    if name == "sgd":
+        return torch.optim.SGD(params, foreach=False, **extra)
+    if name == "sgd-momentum":
+        return torch.optim.SGD(params, momentum=0.9, foreach=False, **extra)
+    if name == "adam":
+        return torch.optim.Adam(params, foreach=False, **extra)
+    if name == "adamw":
+        return torch.optim.AdamW(params, foreach=False, **extra)
+    raise ValueError(f"unknown optimizer {name!r}")
 
 
 def step_problem(problem: Problem, optimizer: str = "adam",

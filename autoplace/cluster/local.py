@@ -1,0 +1,63 @@
+"""This machine as the processes and threads that run or measure a plan here use it: the
+``cpu-thread`` worker rule and its intra-op threads, and a free port for a rendezvous.
+
+A ``cpu-thread`` worker (torch device ``cpu:N``; the host CPU is ``cpu``) runs on one intra-op
+thread, as the plan times it: ``is_thread_worker`` tells one, ``intra_op_threads`` is the count
+of a thread that runs only such workers, ``worker_threads`` runs a body on it. The emitter
+(``emit``), ``autoplace run`` and the profiler (``profile.timing``) all apply this one rule; the
+generated model's ``_WorkerThreads`` (``emit/runtime.py``) keeps a copy, as it imports nothing
+of autoplace. ``free_port`` is a port for processes of this host to meet on (torchrun's, or the
+profiler's all-reduce ranks').
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Iterable, Iterator
+
+import torch
+
+__all__ = ["free_port", "intra_op_threads", "is_thread_worker", "worker_threads"]
+
+
+def is_thread_worker(torch_device: str) -> bool:
+    """Whether ``torch_device`` is a ``cpu-thread`` worker (``cpu:N``; the host CPU is ``cpu``)."""
+    kind, _, index = torch_device.partition(":")
+    return kind == "cpu" and bool(index)
+
+
+def intra_op_threads(torch_devices: Iterable[str]) -> int:
+    """The intra-op threads of a thread that runs only ``torch_devices``: one where every one
+    is a ``cpu-thread`` worker (``cpu:N``; the host CPU is ``cpu``), as the plan times such a
+    worker (``profile.timing.threads_for``, this for one device); else torch's count here."""
+    devices = list(torch_devices)
+    if devices and all(is_thread_worker(d) for d in devices):
+        return 1
+    return torch.get_num_threads()
+
+
+@contextlib.contextmanager
+def worker_threads(torch_devices: Iterable[str]) -> Iterator[int]:
+    """Run the body on ``intra_op_threads(torch_devices)`` threads, as the runtime runs a
+    worker (``emit/runtime.py``); torch's count is restored afterwards, also after an error.
+    Yields the count in force. A whole step of such workers (autograd's backward on the
+    calling thread, DDP's process) otherwise runs on torch's default of one thread per core,
+    over cores the plan gives to the other workers."""
+    before = torch.get_num_threads()
+    count = intra_op_threads(torch_devices)
+    if count != before:
+        torch.set_num_threads(count)
+    try:
+        yield count
+    finally:
+        if count != before:
+            torch.set_num_threads(before)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the kernel's pick), for a rendezvous there
+    (torchrun's, or the benchmarks' processes')."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
