@@ -278,8 +278,8 @@ def _solve_options(p: argparse.ArgumentParser) -> None:
     _quiet_option(p)
     p.add_argument("--time-limit", metavar="SECONDS", type=float, default=None,
                    help=f"solver time limit in seconds (default: {DEFAULT_TIME_LIMIT_S:g}; "
-                   f"{MODULE_TIME_LIMIT_S:g} with --granularity module); an inference plan's "
-                   "what-if rows on fewer devices take at most half of it")
+                   f"{MODULE_TIME_LIMIT_S:g} for plan --granularity module); plan's what-if "
+                   "rows on fewer devices (inference) take at most half of it")
     p.add_argument("--solver", choices=SOLVERS, default="cpsat",
                    help="cpsat (default) or one of the heuristics alone")
     p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default: 0)")

@@ -9,7 +9,7 @@ with ``--max-nodes 400``, the best baseline, the single device, the lower bound 
 speed-up over one device, the solver status, verification, and the wall time of the whole
 ``autoplace plan`` command (a fresh process, so Python and torch start-up are included).
 ``--sweep`` plans the examples whose folded graph is larger than the smallest value at each
-``--max-nodes`` value: the measurement the default is chosen from (README).
+``--max-nodes`` value: the measurement the default is chosen from (benchmarks/results/README.md).
 """
 
 from __future__ import annotations

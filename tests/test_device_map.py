@@ -147,7 +147,7 @@ def test_device_map_loads_and_matches_the_original(name: str, tmp_path: Path) ->
 
 
 def test_a_module_plan_says_it_covers_a_pass_without_the_cache() -> None:
-    # As the op-level plan does (and the README promises): with use_cache on, the model is
+    # As the op-level plan does (and docs/cli.md promises): with use_cache on, the model is
     # planned with it off, and a note says the plan covers one pass without the cache.
     config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=96,
                                      n_positions=32, use_cache=True)
