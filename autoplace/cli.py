@@ -438,7 +438,7 @@ def _cache(args: argparse.Namespace):  # noqa: ANN202 - autoplace.profile is imp
 
 def _cmd_profile(args: argparse.Namespace) -> int:
     from autoplace.cluster import describe_present, inventory, present_devices, resolve_cluster
-    from autoplace.emit.codegen import runtime_namespace
+    from autoplace.emit.codegen.source import runtime_namespace
     from autoplace.load import load_model_file
     from autoplace.profile import profile_model
     from autoplace.progress import stage

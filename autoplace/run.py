@@ -1,29 +1,18 @@
 """``autoplace run OUT/``: run an emitted model and set what it does beside what its plan says.
 
-Takes an output directory of ``autoplace plan`` (``plan.json`` and ``model/``); loads the model
-with ``autoplace.emit.load_model`` onto the planned devices, those not on this machine remapped
-to the CPU; runs it on the example inputs saved at emit time
-(``model/inputs.safetensors``) or on a user's ``--inputs`` file, after ``warmup`` passes, for
-``repeats`` timed passes; and measures its peak bytes per device on one more pass
-(``autoplace.emit.memory``, weights + live activations, as the plan counts them). Returns a
-``RunResult``: the median time against the plan's makespan where the model ran on the planned
-devices (elsewhere the time alone, and first a line that says which devices ran where),
-measured against predicted peak per device (bytes compare on any device), and the intra-op
-threads each device's segments ran on (a ``cpu-thread`` worker: one, as the plan profiled it).
-
-Every check on the user's files happens before anything is written: a directory that is not a
-plan, weights missing or corrupted, an inputs file whose tensors differ from the example's in
-name, shape or dtype each raise an ``AutoplaceError`` naming the file (and the tensor), and
-``save_outputs`` writes its file all at once (a temporary file renamed into place).
-
-``train_plan`` (``--train STEPS``) trains a ``--mode training`` plan's emitted model instead,
-with the plan's optimizer in the plan's precision (``emit.optimizer.MasterWeights``), and
-reports the losses and the step time against the plan's; a plan of R > 1 data-parallel
-replicas trains as R processes (``OUT/train.py`` under torchrun, ``autoplace.emit.replicas``),
-each on 1/R of the batch (in the plan's micro-batches, if any).
-
-Read ``run_plan``, then ``save_outputs``, then ``train_plan``. ``--inputs`` files are read by
-``emit.saving.read_inputs_file`` (re-exported here), which the ranks of ``launch.py`` use too.
+``run_plan`` loads ``OUT/model`` onto the planned devices (``autoplace.emit.load_model``; those not
+here remapped to the CPU) and runs it on the inputs saved at emit time
+(``model/inputs.safetensors``) or on a ``--inputs`` file (``emit.files.saving.read_inputs_file``):
+``warmup`` passes, ``repeats`` timed ones, and one more measuring each device's peak bytes
+(``autoplace.emit.check.memory``: weights and live activations, as the plan counts them). Its
+``RunResult`` sets the median time against the plan's makespan where the model ran on the planned
+devices (elsewhere the time stands alone), measured against predicted peaks, and each device's
+intra-op threads. ``train_plan`` (``--train STEPS``) trains a training plan's model with its
+optimizer in its precision (``emit.train.optimizer.MasterWeights``), R > 1 replicas as R processes
+on 1/R of the batch each (``OUT/train.py`` under torchrun, ``emit.distributed.replicas``). Every
+check of the user's files (not a plan, weights missing or corrupted, inputs unlike the example's)
+raises before anything is written; ``save_outputs`` writes its file all at once. Read ``run_plan``,
+``save_outputs``, ``train_plan``; for users, ``docs/cli.md`` ("autoplace run").
 """
 
 from __future__ import annotations
@@ -45,12 +34,12 @@ from torch.utils import _pytree as pytree
 
 from autoplace.cluster.local import worker_threads
 from autoplace.emit import load_model, local_device_map
-from autoplace.emit.ddp import batch_size, replicas_of
-from autoplace.emit.memory import comparable_peak_bytes, measure
-from autoplace.emit.microbatch import split_batch, stepper
-from autoplace.emit.optimizer import MasterWeights
-from autoplace.emit.replicas import launch_replicas
-from autoplace.emit.saving import load_inputs, read_inputs_file
+from autoplace.emit.check.memory import comparable_peak_bytes, measure
+from autoplace.emit.distributed.ddp import batch_size, replicas_of
+from autoplace.emit.distributed.replicas import launch_replicas
+from autoplace.emit.files.saving import load_inputs, read_inputs_file
+from autoplace.emit.train.microbatch import split_batch, stepper
+from autoplace.emit.train.optimizer import MasterWeights
 from autoplace.errors import AutoplaceError, EmitError, OutputError
 from autoplace.formats.plan import Plan, plan_path, read_plan
 from cost_models.units import format_bytes
@@ -194,7 +183,7 @@ class TrainResult:
     lr: float | None
     device_map: Mapping[str, str]
     notes: tuple[str, ...] = ()
-    dtype: str = "float32"  # a half one: mixed precision (emit.optimizer.MasterWeights)
+    dtype: str = "float32"  # a half one: mixed precision (emit.train.optimizer.MasterWeights)
     remapped: Mapping[str, str] = field(default_factory=dict)
     threads: Mapping[str, int] = field(default_factory=dict)
 

@@ -1,18 +1,16 @@
 """``autoplace run OUT/ --nproc N``: an inference plan run as N processes, checked and timed.
 
-Starts ``OUT/launch.py`` (``emit.ranks``) under ``python -m torch.distributed.run`` on
-127.0.0.1, one rank per planned device (``emit.replicas.launch_replicas``: a free port, a time
-limit, and torchrun and every rank stopped on a timeout or a failure), with rank 0 writing the
+Starts ``OUT/launch.py`` (``emit.distributed.ranks``) under ``python -m torch.distributed.run`` on
+127.0.0.1, one rank per planned device (``emit.distributed.replicas.launch_replicas``: a free port,
+a time limit, and torchrun and every rank stopped on a timeout or a failure), rank 0 writing the
 outputs and its pass times to a temporary directory. Then, in this process, runs the same
-micro-batches through the whole emitted model (segment by segment, the one-process semantics
-the plan verified against the original) and compares rank 0's outputs with
-``torch.testing.assert_close``. The predicted time per batch is the plan's makespan for one
-micro-batch, and for M micro-batches the simulator's makespan of M copies of the plan's graph,
-each device running them in GPipe's order (``pipelined_makespan_s``).
-
-Every check on the user's input happens before a process starts: a training plan, an output
-directory without ``launch.py``, an N that is not the plan's device count, an inputs file whose
-tensors are not M times the example's.
+micro-batches through the whole emitted model (segment by segment, the one-process semantics the
+plan verified against the original) and compares rank 0's outputs with
+``torch.testing.assert_close``. The prediction per batch is the plan's makespan for one
+micro-batch; for M, the simulator's makespan of M copies of the plan's graph, each device running
+them in GPipe's order (``pipelined_makespan_s``). Every check on the user's input (a training plan,
+no ``launch.py``, N not the plan's device count, inputs not M times the example's) comes before a
+process starts. Users: ``docs/multiprocess.md``.
 
 Read ``run_ranks``, then ``pipelined_makespan_s``.
 """
@@ -31,11 +29,11 @@ import safetensors.torch
 import torch
 
 from autoplace.emit import load_model, local_device_map
-from autoplace.emit.microbatch import split_batch
-from autoplace.emit.ranks import Exchange, flat_inputs, repeated, run_pass
-from autoplace.emit.replicas import launch_replicas
-from autoplace.emit.saving import load_inputs, planned_devices, read_inputs_file
-from autoplace.emit.verification import max_abs_diff
+from autoplace.emit.check.outputs import max_abs_diff
+from autoplace.emit.distributed.ranks import Exchange, flat_inputs, repeated, run_pass
+from autoplace.emit.distributed.replicas import launch_replicas
+from autoplace.emit.files.saving import load_inputs, planned_devices, read_inputs_file
+from autoplace.emit.train.microbatch import split_batch
 from autoplace.errors import AutoplaceError, EmitError, VerificationError
 from autoplace.formats.plan import Plan
 from autoplace.ir import Placement, Problem, Schedule

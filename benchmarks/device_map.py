@@ -31,7 +31,7 @@ import transformers
 from common import RESULTS, ROOT, capped, machine_line, mb, peaks, weight_bytes, write_markdown
 
 from autoplace.cost import costs
-from autoplace.emit.hf_device_map import remapped
+from autoplace.emit.files.hf_device_map import remapped
 from autoplace.errors import InfeasibleError
 from autoplace.ir import Problem
 from autoplace.pipeline.modules import plan_modules

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, ROOT, machine_line, write_markdown  # noqa: E402
 
 from autoplace.cluster import device_key, inventory, resolve_cluster  # noqa: E402
-from autoplace.emit.codegen import runtime_namespace  # noqa: E402
+from autoplace.emit.codegen.source import runtime_namespace  # noqa: E402
 from autoplace.load import load_model_file  # noqa: E402
 from autoplace.profile import profile_model  # noqa: E402
 from autoplace.profile.cache import ProfileCache  # noqa: E402

@@ -8,7 +8,7 @@ For every example (`examples/*.py`) and every corpus model (`examples/corpus/`, 
 `--no-check-memory` (a plan whose memory is exceeded is still written) and `--no-profile`
 (analytic costs: the profile cache on this machine does not change the table). Verification measures
 the emitted model's peak bytes per planned device (weights + live activations,
-`autoplace/emit/memory.py`; on this CPU-only machine by tracking tensor storages per segment)
+`autoplace/emit/check/memory.py`; on this CPU-only machine by tracking tensor storages per segment)
 and records them beside the plan's predicted peak in `plan.json` (`verification.peak_bytes`);
 this script reads that record. The target (issue 13, "Memory"): measured <= predicted on every
 device, with predicted / measured at most 1.3.
@@ -98,7 +98,8 @@ def table(rows: list[Row], *, time_limit_s: float) -> str:
         "`python benchmarks/memory_check.py`.",
         "",
         "Measured: the emitted model's weights + live activations per planned device over one "
-        "forward pass (`autoplace/emit/memory.py`, tensor storages tracked per segment, every "
+        "forward pass (`autoplace/emit/check/memory.py`, tensor storages tracked per segment, "
+        "every "
         "planned device run on this CPU). Predicted: the plan's peak for that device "
         "(`autoplace/simulate/memory.py`: resident parameters + live activations). Target: "
         f"measured <= predicted, predicted / measured <= {RATIO_TARGET}.",

@@ -44,9 +44,9 @@ sys.path.insert(0, str(ROOT))
 from autoplace.cli import main as autoplace  # noqa: E402
 from autoplace.cluster.local import free_port  # noqa: E402
 from autoplace.emit import load_model  # noqa: E402
-from autoplace.emit.ranks import Exchange, flat_inputs, run_pass  # noqa: E402
-from autoplace.emit.replicas import _descendants, _stop  # noqa: E402
-from autoplace.emit.saving import _read_meta  # noqa: E402
+from autoplace.emit.distributed.ranks import Exchange, flat_inputs, run_pass  # noqa: E402
+from autoplace.emit.distributed.replicas import _descendants, _stop  # noqa: E402
+from autoplace.emit.files.saving import _read_meta  # noqa: E402
 from autoplace.run_ranks import run_ranks  # noqa: E402
 from benchmarks.common import RESULTS, machine_line, write_markdown  # noqa: E402
 

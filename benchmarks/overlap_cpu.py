@@ -30,7 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autoplace.emit.replay import replay  # noqa: E402
+from autoplace.emit.check.replay import replay  # noqa: E402
 from autoplace.load import load_model_file  # noqa: E402
 from autoplace.pipeline import plan  # noqa: E402
 from benchmarks.common import RESULTS, machine_line, write_markdown  # noqa: E402
@@ -151,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         "The last row takes CPU time, which other processes on these cores do not inflate: the "
         "original's on one thread, and each segment's on its worker thread (median over the "
         "repeats), with the emitted program replayed on those durations "
-        "(`autoplace.emit.replay.replay(..., segment_s=...)`): what two free cores would take. "
+        "(`autoplace.emit.check.replay.replay(..., segment_s=...)`): what two free cores would "
+        "take. "
         f"The segments add up to {r['busy_s'] * 1e3:.2f} ms of CPU time.",
     ]
     code = write_markdown(args.out, lines)

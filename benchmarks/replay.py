@@ -5,7 +5,7 @@
 For each example and device set: plan in-process (analytic costs, ``profile=False``, so the
 table does not depend on this machine's load; the replay uses whatever costs the plan has), take
 the emitted model's ``program`` (per planned device: the segment runs, the handovers each waits
-for and those it issues), replay it with ``autoplace.emit.replay.replay`` and compare its
+for and those it issues), replay it with ``autoplace.emit.check.replay.replay`` and compare its
 makespan with the simulator's. The issue's target: within 5% on every example. A second replay
 queues each GPU's copies on its one copy stream even where the plan has no launcher.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autoplace.emit.replay import replay  # noqa: E402
+from autoplace.emit.check.replay import replay  # noqa: E402
 from autoplace.load import load_model_file  # noqa: E402
 from autoplace.pipeline import plan  # noqa: E402
 from benchmarks.common import RESULTS, machine_line, write_markdown  # noqa: E402
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.time_limit:g} s). The emitted model's `program` (every GPU's segments launched "
         "from one thread in the plan's launch order, each CPU worker's on a thread of its own, "
         "each waiting only for the handovers its segments read) replayed by "
-        "`autoplace.emit.replay.replay`, which charges the launcher by segment where the "
+        "`autoplace.emit.check.replay.replay`, which charges the launcher by segment where the "
         "simulator charges it by node; target: within "
         f"{TOLERANCE:.0%} of the simulated makespan.",
         "",

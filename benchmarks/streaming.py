@@ -73,7 +73,7 @@ def part(tmp: str, device: str) -> None:
     """Load only the segments planned on ``device``; print the figures as JSON."""
 
     from autoplace.emit import load_model
-    from autoplace.emit.saving import planned_devices
+    from autoplace.emit.files.saving import planned_devices
 
     before = _rss_bytes()
     directory = f"{tmp}/out/model"
@@ -103,7 +103,7 @@ def whole(tmp: str) -> None:
     import torch
 
     from autoplace.emit import load_model
-    from autoplace.emit.saving import planned_devices
+    from autoplace.emit.files.saving import planned_devices
 
     directory = f"{tmp}/out/model"
     model = load_model(directory, device_map={d: "cpu" for d in planned_devices(directory)})
@@ -155,7 +155,7 @@ def main() -> int:
         _run(command)
         plan_s = time.perf_counter() - began
         plan = json.loads((Path(tmp) / "out" / "plan.json").read_text())
-        from autoplace.emit.saving import planned_devices
+        from autoplace.emit.files.saving import planned_devices
 
         devices = sorted(set(planned_devices(Path(tmp) / "out" / "model")))
         parts = [json.loads(_run([__file__, "part", tmp, d]).strip().splitlines()[-1])

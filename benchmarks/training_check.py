@@ -9,9 +9,9 @@ is no slower), under GPipe and 1F1B with M = 1, 2 and 4 micro-batches, and as 2 
 replicas (2 gloo processes on 127.0.0.1; DistributedDataParallel with M = 1, and with M = 2 under
 GPipe and 1F1B each replica's micro-batches in the plan's order, then the gradients
 all-reduced), and with every device recomputing (GPipe, M = 4; 1F1B, M = 2, R = 2): the plan's
-own training check (``autoplace.emit.training.verify_training``,
-``emit.replicas.verify_replicas``), which trains the emitted model 3 steps beside the original
-on the whole batch on one device and compares the loss of every step, the gradients and the
+own training check (``autoplace.emit.check.training.verify_training``,
+``emit.distributed.replicas.verify_replicas``), which trains the emitted model 3 steps beside the
+original on the whole batch on one device and compares the loss of every step, the gradients and the
 updated parameters with ``torch.testing.assert_close``, and measures the emitted step's memory
 against the plan's. A failing check raises: a row that is written passed. Issue 14's
 correctness target.
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         "*recomputing on*: the devices whose segments run each micro-batch's forward again "
         "before its backward (`recompute='all'`; `auto` recomputes only where a placement "
         "overflows, and none here does). *memory*: the emitted step's peak (the second "
-        "step) measured per device (`emit.memory.measure_step`, one process, replica 0's "
+        "step) measured per device (`emit.check.memory.measure_step`, one process, replica 0's "
         "batch) over the plan's, the largest of the devices; the check fails above 1.", "",
         "| example | M | schedule | R | recomputing on | segments (devices) | losses, steps "
         "1-3 | largest loss difference | gradient | parameter | apart | "

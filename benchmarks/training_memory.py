@@ -7,7 +7,7 @@ weights (``tests/test_recompute.py``'s, 1024 samples), each planned for one Adam
 ``2xcpu-thread`` (analytic costs, ``--min-gain 0``, one replica) with one micro-batch, with 4
 under GPipe, and with 4 under GPipe recomputing on every device (``--recompute all``): the
 plan's training check measures the emitted model's second step per planned device
-(``autoplace.emit.memory.measure_step``: weights and optimizer state resident; gradients,
+(``autoplace.emit.check.memory.measure_step``: weights and optimizer state resident; gradients,
 activations, temporaries) and fails the plan where it exceeds the plan's peak less the
 runtime's reserve; this table gives both figures. A row that is written passed.
 """
@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.time_limit:g}`. Each row: `autoplace.plan(EXAMPLE, devices='2xcpu-thread', "
         "mode='training', optimizer='adam', min_gain=0, replicas=1, microbatches=M, "
         "schedule='gpipe', recompute=...)`; its training check measures the emitted model's "
-        "second step per planned device (`emit.memory.measure_step`: weights and Adam's state "
+        "second step per planned device (`emit.check.memory.measure_step`: weights and Adam's "
+        "state "
         "resident, then the tensor storages of gradients, activations and temporaries, the "
         "backward's charged to the device whose segment made the autograd node) and fails the "
         "plan above the plan's peak "

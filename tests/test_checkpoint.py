@@ -1,6 +1,7 @@
-"""Weights streamed from a checkpoint (``autoplace plan --checkpoint``, ``emit/checkpoint.py``):
-a tiny Llama saved with ``save_pretrained`` (one file, and sharded) plans, verifies and loads
-back from the checkpoint; a checkpoint that lacks tensors or holds wrong shapes is refused with
+"""Weights streamed from a checkpoint (``autoplace plan --checkpoint``,
+``emit/files/checkpoint.py``): a tiny Llama saved with ``save_pretrained`` (one file, and sharded)
+plans, verifies and loads back from the checkpoint; a checkpoint that lacks tensors or holds wrong
+shapes is refused with
 their names and nothing written; a changed checkpoint is refused at load; loading one segment
 reads only that segment's tensors."""
 
@@ -15,9 +16,9 @@ import safetensors.torch
 import torch
 
 from autoplace.cli import main
-from autoplace.emit import checkpoint as checkpoint_module
 from autoplace.emit import load_model
-from autoplace.emit.checkpoint import match, open_checkpoint
+from autoplace.emit.files import checkpoint as checkpoint_module
+from autoplace.emit.files.checkpoint import match, open_checkpoint
 from autoplace.errors import EmitError, ModelLoadError
 
 transformers = pytest.importorskip("transformers")

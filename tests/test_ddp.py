@@ -1,7 +1,7 @@
-"""Data-parallel replicas of a training plan (``autoplace.emit.ddp``, ``autoplace.emit.replicas``):
-R processes under torchrun on 127.0.0.1 (gloo), each on its shard of the batch (under DDP, or in
-micro-batches with the gradients averaged after them), checked against
-the original model trained on the whole batch in one process.
+"""Data-parallel replicas of a training plan (``autoplace.emit.distributed.ddp``,
+``autoplace.emit.distributed.replicas``): R processes under torchrun on 127.0.0.1 (gloo), each on
+its shard of the batch (under DDP, or in micro-batches with the gradients averaged after them),
+checked against the original model trained on the whole batch in one process.
 
 The plans are the examples' (``examples/mlp.py``, ``examples/lenet.py``) planned for one
 training step on two CPU workers, with ``training.replicas = 2`` set on the plan before saving
@@ -23,7 +23,7 @@ import torch
 
 from autoplace.cli import main
 from autoplace.cluster.local import worker_threads
-from autoplace.emit.ddp import (
+from autoplace.emit.distributed.ddp import (
     batch_size,
     replica_backend,
     replica_device_map,
@@ -31,7 +31,7 @@ from autoplace.emit.ddp import (
     shard,
     write_train_script,
 )
-from autoplace.emit.replicas import launch_replicas, verify_replicas
+from autoplace.emit.distributed.replicas import launch_replicas, verify_replicas
 from autoplace.errors import AutoplaceError, EmitError, VerificationError
 from autoplace.load import load_model_file
 from autoplace.pipeline import plan, save
@@ -186,7 +186,7 @@ _SAME_HALF = '''
 import sys
 from pathlib import Path
 
-import autoplace.emit.ddp as ddp
+import autoplace.emit.distributed.ddp as ddp
 
 right = ddp.shard
 ddp.shard = lambda inputs, *, rank, replicas: right(inputs, rank=0, replicas=replicas)
@@ -293,8 +293,8 @@ def test_no_process_is_left_behind(tmp_path, script: str, error: type, match: st
 
 
 # Replicas of a micro-batched step: no DDP; each runs its micro-batches in the plan's order and
-# then averages the gradients (train.dataparallel.average_gradients, called through emit.ddp).
-# Each plan's own check starts a torchrun.
+# then averages the gradients (train.dataparallel.average_gradients, called through
+# emit.distributed.ddp). Each plan's own check starts a torchrun.
 
 
 def _micro_plan(schedule: str) -> Any:
@@ -345,7 +345,7 @@ def test_run_train_runs_the_micro_batched_replicas(micro_out: Path, mlp: tuple,
 
 # train.py with each replica's gradients summed over the replicas, not averaged.
 _SUMMED = '''
-import autoplace.emit.ddp as ddp
+import autoplace.emit.distributed.ddp as ddp
 
 average = ddp.average_gradients
 
@@ -365,7 +365,7 @@ def test_the_check_fails_when_the_replicas_gradients_are_summed(micro_out: Path,
                                                                 tmp_path: Path) -> None:
     directory = _copy(micro_out, tmp_path)
     script = directory / "train.py"
-    line = "from autoplace.emit.ddp import replica_exit, replica_main\n"
+    line = "from autoplace.emit.distributed.ddp import replica_exit, replica_main\n"
     assert line in script.read_text()
     script.write_text(script.read_text().replace(line, line + _SUMMED))
     _, original, args, targets = mlp

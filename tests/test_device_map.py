@@ -23,7 +23,7 @@ from accelerate.utils import check_device_map, find_tied_parameters
 
 from autoplace.cli import main
 from autoplace.cluster import resolve_cluster
-from autoplace.emit.hf_device_map import remapped, uncovered
+from autoplace.emit.files.hf_device_map import remapped, uncovered
 from autoplace.errors import InfeasibleError
 from autoplace.formats.plan import read_plan
 from autoplace.pipeline import save

@@ -184,7 +184,7 @@ def test_a_measured_launcher_replaces_the_catalog_estimates() -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_the_launcher_is_measured_on_a_gpu() -> None:
-    from autoplace.emit.codegen import runtime_namespace
+    from autoplace.emit.codegen.source import runtime_namespace
     from autoplace.profile.launcher import measure_launcher
 
     call_s, handover_s = measure_launcher("cuda:0", engine=runtime_namespace(), calls=100,

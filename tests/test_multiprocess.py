@@ -1,9 +1,10 @@
 """More than one process: an inference plan run as one torchrun rank per planned device
-(``emit.ranks``, ``emit.stages``, ``autoplace run --nproc``), on gloo over 127.0.0.1.
+(``emit.distributed.ranks``, ``emit.distributed.stages``, ``autoplace run --nproc``), on gloo over
+127.0.0.1.
 
 The multi-process tests are few and bounded (each well under a minute here); every process they
-start is stopped (``emit.replicas.launch_replicas``) and the failure test checks that none is
-left."""
+start is stopped (``emit.distributed.replicas.launch_replicas``) and the failure test checks that
+none is left."""
 
 from __future__ import annotations
 
@@ -25,9 +26,15 @@ import zoo
 from autoplace.cli import main
 from autoplace.cluster.local import free_port
 from autoplace.emit import emit_model, load_model, save_model
-from autoplace.emit.ranks import Exchange, crossings, flat_inputs, value_specs, write_launch_script
-from autoplace.emit.replicas import launch_replicas
-from autoplace.emit.stages import chain_of, gather_outputs
+from autoplace.emit.distributed.ranks import (
+    Exchange,
+    crossings,
+    flat_inputs,
+    value_specs,
+    write_launch_script,
+)
+from autoplace.emit.distributed.replicas import launch_replicas
+from autoplace.emit.distributed.stages import chain_of, gather_outputs
 from autoplace.errors import AutoplaceError, EmitError
 from autoplace.ir import Placement
 from autoplace.run_ranks import pipelined_makespan_s
@@ -342,7 +349,7 @@ def _dead_pid() -> int:
 def test_at_the_last_barrier_a_gone_peer_is_lost_only_if_this_rank_stays(monkeypatch, through):
     # A peer through the last barrier may end before this rank returns from it: not lost when
     # this rank gets through within the grace; lost (named, exit 3) when it does not.
-    import autoplace.emit.ranks as ranks
+    import autoplace.emit.distributed.ranks as ranks
 
     said: list[str] = []
     exited = threading.Event()

@@ -1,6 +1,6 @@
 """Mixed precision (``--dtype``): the model cast before tracing, the step graph's bytes per
 parameter (ZeRO's 16 for Adam), the float32 master weights and float16's loss scale
-(``emit.optimizer.MasterWeights``), and the training check in a half dtype, which must still
+(``emit.train.optimizer.MasterWeights``), and the training check in a half dtype, which must still
 catch a wrong gradient or a missed update."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import torch
 from test_train import BATCH, PARAMS, WithLoss, _mlp
 from zoo import MLP
 
-import autoplace.emit.training as training
+import autoplace.emit.check.training as training
 from autoplace.cli import main
 from autoplace.cluster import resolve_cluster
 from autoplace.coarsen import fold
 from autoplace.cost import costs as cost_nodes
-from autoplace.emit.optimizer import GROWTH_INTERVAL, INIT_SCALE, MasterWeights
+from autoplace.emit.train.optimizer import GROWTH_INTERVAL, INIT_SCALE, MasterWeights
 from autoplace.errors import AutoplaceError, VerificationError
 from autoplace.ir import Problem
 from autoplace.pipeline import plan, save

@@ -12,7 +12,7 @@ Two families:
 2. The emitter, on random small ``nn.Module``s built from common layers: split across devices at
    random (and as planned), the emitted model, and the one saved and loaded back, must equal the
    original (``torch.testing.assert_close``); and, as planned, its measured peak bytes per
-   device (``autoplace.emit.memory``) stay at or below the plan's peak.
+   device (``autoplace.emit.check.memory``) stay at or below the plan's peak.
 
 Profiles are derandomized (the same examples on every run), so CI is stable.
 """

@@ -13,7 +13,7 @@ from test_schedules import _split
 from test_train import MLP, WithLoss, _forward_problem
 from torch import nn
 
-from autoplace.emit.microbatch import action_order, split_batch, train_step
+from autoplace.emit.train.microbatch import action_order, split_batch, train_step
 from autoplace.errors import AutoplaceError, InfeasibleError
 from autoplace.ir import Placement
 from autoplace.pipeline import plan, save
@@ -230,8 +230,8 @@ class Residual(nn.Module):
 
 def test_a_value_from_the_same_device_is_made_again_not_kept_and_the_gradients_agree() -> None:
     from autoplace.emit import emit_model
-    from autoplace.emit.memory import measure_step
-    from autoplace.emit.microbatch import Action
+    from autoplace.emit.check.memory import measure_step
+    from autoplace.emit.train.microbatch import Action
     from autoplace.trace import trace_model
     from autoplace.train import LossModel
 

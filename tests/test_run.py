@@ -1,6 +1,6 @@
-"""The emitted model measured: ``autoplace.emit.memory`` (peak bytes per planned device, worked
-out by hand on tiny models), the memory check in verification, and ``autoplace run OUT/`` with
-its bad inputs (exit code 2, one paragraph naming the file and the tensor, nothing written), on
+"""The emitted model measured: ``autoplace.emit.check.memory`` (peak bytes per planned device,
+worked out by hand on tiny models), the memory check in verification, and ``autoplace run OUT/``
+with its bad inputs (exit code 2, one paragraph naming the file and the tensor, nothing written), on
 devices other than planned (no time against the plan's), and with ``cpu-thread`` workers (each
 on one intra-op thread, as planned, whoever calls the emitted model)."""
 
@@ -26,10 +26,10 @@ from autoplace.emit import (
     local_device_map,
     save_model,
 )
-from autoplace.emit.codegen import runtime_namespace
-from autoplace.emit.memory import measure, measure_peak_bytes
-from autoplace.emit.saving import load_inputs
-from autoplace.emit.verification import check_peak
+from autoplace.emit.check.memory import measure, measure_peak_bytes
+from autoplace.emit.check.outputs import check_peak
+from autoplace.emit.codegen.source import runtime_namespace
+from autoplace.emit.files.saving import load_inputs
 from autoplace.errors import VerificationError
 from autoplace.formats.plan import read_plan
 from autoplace.ir import Cluster, Costs, Device, Link, Placement, Problem
@@ -323,7 +323,7 @@ def test_plan_with_check_memory_fails_above_the_plan_and_writes_nothing(
     # A measurement far above every device's figure (1 TiB of activations), whatever the plan
     # says today: the check fails the plan, exit 2, nothing written.
     import autoplace.emit as emit
-    from autoplace.emit.memory import PeakMeasurement
+    from autoplace.emit.check.memory import PeakMeasurement
 
     real = emit.measure
 

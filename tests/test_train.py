@@ -17,7 +17,7 @@ from zoo import MLP  # the seed tutorial's MLP: 784-256-128-10
 from autoplace.cluster import resolve_cluster
 from autoplace.coarsen import fold
 from autoplace.cost import costs as cost_nodes
-from autoplace.emit.training import verify_training
+from autoplace.emit.check.training import verify_training
 from autoplace.errors import GraphError, VerificationError
 from autoplace.ir import Placement, Problem
 from autoplace.run import train_plan
@@ -390,7 +390,7 @@ def test_optimizer_state_that_fits_nowhere_says_what_a_step_holds() -> None:
 
 def test_the_first_step_s_memory_is_measured_per_device_and_checked_against_the_plan() -> None:
     from autoplace.emit import check_step_memory
-    from autoplace.emit.memory import measure_step, weight_bytes
+    from autoplace.emit.check.memory import measure_step, weight_bytes
 
     model, args, kwargs, targets = _mlp()
     emitted = _split(model, args, kwargs, targets)

@@ -1,23 +1,18 @@
 """The device spec grammar: ``2xA100-40GB,cuda:1,cpu`` into device entries, not yet named.
 
-A device spec is a comma-separated list of entries, each exactly one of these. Spaces around an
-entry are dropped; a space inside one, or any other form (``2*A100-40GB``, ``x2A100``), is an
-error that names the entry, its position and what to write instead.
-
-* ``2xA100-40GB`` -- a count (1 or more), an ``x`` (or ``X``) and a catalog type (``autoplace
-  devices`` lists the types; a type name is letters, digits, ``-`` and ``_``, and case and
-  ``-``/``_`` do not matter). ``A100-40GB`` alone means one. GPUs are named ``cuda:0``,
-  ``cuda:1``, ... in spec order; they need not exist on this machine (the plan is simulated).
-* ``cpu`` -- the host CPU, named ``cpu`` (at most one).
-* ``2xcpu-thread`` -- worker threads of this machine's CPU, named ``cpu:0``, ``cpu:1``, ...;
-  the emitted model runs each one's segments in its own thread (``emit/runtime.py``).
-* ``cuda:0`` -- a GPU on this machine, typed by ``detect.detect_gpus``. Such entries cannot be
-  mixed with catalog GPU types, since both would claim the names ``cuda:N``.
+A spec is a comma-separated list of entries (spaces around one dropped), each one of: ``NxTYPE`` (a
+count of 1 or more, ``x`` or ``X``, a catalog type; ``TYPE`` alone is one; GPUs named ``cuda:0``,
+``cuda:1``, ... in spec order, simulated), ``cpu`` (the host CPU, at most one), ``Nxcpu-thread``
+(worker threads of this CPU, ``cpu:0``, ...; ``emit/codegen/runtime.py`` runs each one's segments
+on its own thread) or ``cuda:N`` (a GPU on this machine, typed by ``detect.detect_gpus``; not mixed
+with catalog GPU types, which would claim the same names). A type name is letters, digits, ``-``
+and ``_``, case and ``-``/``_`` not mattering. Any other form (``2*A100-40GB``, ``x2A100``, a space
+inside an entry) is an error naming the entry, its position and what to write instead. For users:
+``docs/cli.md`` ("Devices").
 
 Read ``parse_tokens`` first (one spec into ``Entry`` values; ``_loose`` says what is wrong with an
-entry that is not one of these), then ``detected_entry`` (a GPU
-found here, costed as its catalog type or, when the catalog lacks it, the closest one, with a
-note). ``build.build_cluster`` names the entries and links them.
+entry that is not one of these), then ``detected_entry`` (a GPU found here, costed as its catalog
+type or, lacking it, the closest one, with a note). ``build.build_cluster`` names and links them.
 """
 
 from __future__ import annotations

@@ -1,31 +1,18 @@
-"""Emit stage: cut the traced model along the plan into device segments, run, save and verify it.
+"""Emit stage: cut the traced model along the plan into device segments, run, save and check it.
 
 Input is the traced fx module and a device per op (from the plan); output is a
-``PartitionedModel`` whose segments ``seg0``, ``seg1``, ... each run on one device, called by a
-generated forward that copies values between devices explicitly: in order from the caller's
-thread, or, over several devices, by the runtime that runs the schedule (``runtime``: GPUs
-launched from the caller's thread, a worker thread per CPU device).
+``PartitionedModel`` whose segments ``seg0``, ``seg1``, ... each run on one device. Read
+``emit_and_verify`` (below: the stage as the pipeline runs it), then the parts, each importing
+only those listed before it:
 
-Read in this order:
-1. ``emit_and_verify`` (below): the stage as the pipeline runs it, from a solved plan.
-2. ``model.emit_model``: the whole cut, which calls, in order,
-   ``lower.lower`` (the graph segments are cut from), ``segment`` (which ops form which
-   segment, in which order), ``fxgraph.build_segment`` (each segment as a ``GraphModule``),
-   ``codegen`` (the source of the top-level forward and of ``model.py``) and ``runtime`` (the
-   threaded forward and its ``program`` as data); ``replay`` plays the program against the
-   simulator.
-3. ``device_map``: where planned devices run here (``local_device_map``, glob remaps).
-4. ``saving``: ``save_model`` and ``load_model`` (``model.py``, ``weights.safetensors``,
-   ``meta.json``), ``load_segments`` (given segments' weights, one at a time, onto their
-   devices); ``checkpoint``: weights read from the user's safetensors checkpoint instead.
-5. ``verification.verify``: ``torch.testing.assert_close`` against the original model; then
-   ``memory.measure`` (peak bytes per planned device while the emitted model runs) and
-   ``verification.check_peak`` (no device above the plan's figure).
-6. ``train_emitted`` (below) and ``training.verify_training``: a training plan's emitted model
-   trained beside the original.
-7. ``ddp`` (what each process of a plan's data-parallel replicas runs: ``train.py``) and
-   ``replicas`` (``launch_replicas``, and ``verify_replicas``: the replicas trained beside the
-   original on the whole batch).
+1. ``device_map``: where planned devices run on this machine (``local_device_map``, remaps).
+2. ``codegen/``: the cut (``codegen.model.emit_model``), the generated source and the runtime.
+3. ``files/``: ``save_model`` and ``load_model``, the user's checkpoint, Hugging Face maps.
+4. ``train/``: a training step of M micro-batches, and the optimizer with master weights.
+5. ``check/``: outputs against the original, measured memory, the program replayed, training.
+6. ``distributed/``: what runs under torchrun (``OUT/train.py``, ``OUT/launch.py``).
+
+``train_emitted`` and ``check_step_memory`` (below) check a training plan's emitted model.
 """
 
 from __future__ import annotations
@@ -36,21 +23,21 @@ from typing import Any
 
 import torch
 
-from autoplace.emit.ddp import write_train_script
-from autoplace.emit.device_map import local_device_map
-from autoplace.emit.memory import (
+from autoplace.emit.check.memory import (
     PeakMeasurement,
     comparable_peak_bytes,
     measure,
     measure_peak_bytes,
     measure_step,
 )
-from autoplace.emit.model import PartitionedModel, SegmentInfo, emit_model
-from autoplace.emit.replay import replay
-from autoplace.emit.replicas import verify_replicas
-from autoplace.emit.saving import load_model, load_segments, save_model
-from autoplace.emit.training import verify_training
-from autoplace.emit.verification import ENFORCE_PEAK_DEFAULT, VerifyResult, check_peak, verify
+from autoplace.emit.check.outputs import ENFORCE_PEAK_DEFAULT, VerifyResult, check_peak, verify
+from autoplace.emit.check.replay import replay
+from autoplace.emit.check.training import verify_training
+from autoplace.emit.codegen.model import PartitionedModel, SegmentInfo, emit_model
+from autoplace.emit.device_map import local_device_map
+from autoplace.emit.distributed.ddp import write_train_script
+from autoplace.emit.distributed.replicas import verify_replicas
+from autoplace.emit.files.saving import load_model, load_segments, save_model
 from autoplace.ir import Problem, Schedule
 from autoplace.progress import stage
 from autoplace.simulate.memory import start_order
@@ -192,7 +179,7 @@ def check_step_memory(emitted: PartitionedModel, run: Callable[[Any], Any], *,
                       optimizer: str, dtype: str = "float32", problem: Problem,
                       schedule: Schedule,
                       check_memory: bool | None = None) -> tuple[dict[str, Any], str]:
-    """A training step's peak per planned device (``memory.measure_step``: ``run(charge)``,
+    """A training step's peak per planned device (``check.memory.measure_step``: ``run(charge)``,
     the step's forward and backward on this thread, then ``optimizer``'s update, after one
     step unmeasured) against the step plan's (``problem``, ``schedule``), failing above it
     with ``check_memory`` (``None``: ``ENFORCE_PEAK_DEFAULT``). ``emitted``'s weights and
@@ -210,7 +197,7 @@ def train_emitted(emitted: PartitionedModel, model: torch.nn.Module, args: tuple
                   optimizer: str, emitted_step: Callable[..., torch.Tensor] | None = None,
                   dtype: str = "float32", microbatches: int = 1,
                   rule: str | None = "mean") -> dict[str, Any]:
-    """``training.verify_training`` of ``emitted`` against ``model`` (a ``train.LossModel``),
+    """``check.training.verify_training`` of ``emitted`` against ``model`` (a ``train.LossModel``),
     leaving ``emitted``'s weights as they were (what ``save_model`` writes is untrained)."""
     with _untrained(emitted):
         return verify_training(emitted, model, args, kwargs, targets, optimizer=optimizer,

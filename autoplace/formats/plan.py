@@ -161,7 +161,7 @@ class Verification:
     """The emitted model run against the original: ``passed``, ``failed`` or ``skipped``.
 
     ``peak_bytes`` maps each device to its measured and predicted peak
-    (``{"measured_bytes", "predicted_bytes"}``, ``autoplace.emit.memory``); ``memory_status``
+    (``{"measured_bytes", "predicted_bytes"}``, ``autoplace.emit.check.memory``); ``memory_status``
     is ``within``, ``exceeded`` (recorded with the check off) or ``not measured``."""
 
     status: str = "skipped"
@@ -215,7 +215,7 @@ class Plan:
     # The --min-gain policy: its threshold, whether it chose the single device, and why.
     min_gain: Mapping[str, Any] | None = None
     # A training plan's step (``autoplace.train``): its optimizer and the training check of the
-    # emitted model (``emit.training.verify_training``). None for an inference plan.
+    # emitted model (``emit.check.training.verify_training``). None for an inference plan.
     training: Mapping[str, Any] | None = None
     # Modules pinned by hand (``autoplace.pins``): the pins, the ops they fixed, and the plan
     # the model gets without them (``unpinned_makespan_s``, ``unpinned_objective_s``).

@@ -27,9 +27,9 @@ import autoplace.report as report
 from autoplace.cluster import resolve_cluster
 from autoplace.coarsen import DEFAULT_MAX_NODES
 from autoplace.emit import emit_and_verify
-from autoplace.emit.checkpoint import load_checkpoint
-from autoplace.emit.ddp import microbatching, replicas_of, write_train_script
-from autoplace.emit.ranks import write_launch_script
+from autoplace.emit.distributed.ddp import microbatching, replicas_of, write_train_script
+from autoplace.emit.distributed.ranks import write_launch_script
+from autoplace.emit.files.checkpoint import load_checkpoint
 from autoplace.errors import EmitError, PinError
 from autoplace.formats.output import atomic_output_dir
 from autoplace.formats.plan import BaselineResult, Plan, SolverRecord, Verification
@@ -119,11 +119,11 @@ def plan(
     model followed by ``loss(outputs, *example_targets)`` (or, without ``loss``, the model's
     own scalar loss) is traced, and each forward node gets a colocated backward and optimizer
     step. The emitted model computes the loss; verifying it also trains it beside the original
-    (``emit.training.verify_training``: losses, gradients and parameters after 3 steps).
+    (``emit.check.training.verify_training``: losses, gradients and parameters after 3 steps).
     With ``microbatches`` M > 1 the batch is cut into M micro-batches
-    (``emit.microbatch.split_batch``), one micro-batch is traced, and the step runs M of them
+    (``emit.train.microbatch.split_batch``), one micro-batch is traced, and the step runs M of them
     in ``schedule``'s order: ``gpipe``, ``1f1b`` or ``auto`` (each solved with half the time,
-    the faster kept); the emitted model runs them so (``emit.microbatch.train_step``).
+    the faster kept); the emitted model runs them so (``emit.train.microbatch.train_step``).
     ``replicas`` (``auto``, or a whole number R): data-parallel replicas of the step, each
     placed on its group of the devices with its shard of the batch and the gradients'
     all-reduce (``train.dataparallel``); ``auto`` plans every R the devices, the batch and
@@ -134,7 +134,7 @@ def plan(
 
     ``dtype`` (``float32``, ``bfloat16``, ``float16``): a copy of the model and the floating
     example inputs and targets are cast to it before tracing (``train.precision``); a training
-    plan in a half dtype is mixed precision (``emit.optimizer.MasterWeights``), one replica.
+    plan in a half dtype is mixed precision (``emit.train.optimizer.MasterWeights``), one replica.
 
     ``pins`` (``{"model.layers.0": "cuda:1", "lm_head": "cpu", "0": 0}``: module paths as in
     ``model.named_modules()`` to devices, an integer being the i-th GPU as in a Hugging Face
@@ -143,7 +143,7 @@ def plan(
     says what they cost. Inference plans only.
 
     ``checkpoint`` (a safetensors file, or a directory ``save_pretrained`` wrote): the model's
-    weights, loaded into it before tracing (``emit.checkpoint.load_checkpoint``: every tensor
+    weights, loaded into it before tracing (``emit.files.checkpoint.load_checkpoint``: every tensor
     checked first, the missing and mis-shaped named); the emitted model refers to the
     checkpoint instead of holding a copy, and ``load_model`` reads each segment's tensors
     from it onto its device.
@@ -275,7 +275,7 @@ def _emit(planned: Plan, traced: Any, model: torch.nn.Module, args: tuple[Any, .
     ``kwargs``: one micro-batch of one replica's shard), and then it is trained beside the
     original on the whole batch: its micro-batches in the plan's order, its replicas as
     processes (under DistributedDataParallel, or each running its micro-batches and then
-    averaging the gradients, ``emit.ddp``)."""
+    averaging the gradients, ``emit.distributed.ddp``)."""
     stage("emit")
     problem, schedule, device_of_op = planned.problem, planned.schedule, planned.device_of_op
     count = step.microbatches if step is not None else 1
@@ -386,8 +386,8 @@ def save(plan: Plan, directory: str | os.PathLike[str]) -> Path:
 
 
 def _launch_script(plan: Plan, directory: Path) -> None:
-    """``launch.py``, one process per device (``emit.ranks``), for an inference plan of two or
-    more devices that each have a torch device of their own and an example to run. The values
+    """``launch.py``, one process per device (``emit.distributed.ranks``), for an inference plan of
+    two or more devices that each have a torch device of their own and an example to run. The values
     crossing ranks are sized by one pass of the emitted model, so a model emitted without its
     weights (a checkpoint too large to load here) gets none."""
     devices = plan.problem.cluster.devices

@@ -60,7 +60,7 @@ def traced_problem(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[s
     pins = resolve_pins(model, traced.graph, cluster, how.pins) if how.pins else None
     profiled, graph = None, traced.graph
     if how.profile:
-        from autoplace.emit.codegen import runtime_namespace
+        from autoplace.emit.codegen.source import runtime_namespace
         from autoplace.profile import open_cache, profile_model
 
         cache = how.cache if how.cache is not None else open_cache()

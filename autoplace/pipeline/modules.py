@@ -20,7 +20,7 @@ import torch
 
 from autoplace.cluster import resolve_cluster
 from autoplace.cost import costs as cost_nodes
-from autoplace.emit.hf_device_map import check_units_fit, device_map, uncovered
+from autoplace.emit.files.hf_device_map import check_units_fit, device_map, uncovered
 from autoplace.errors import EmitError, ModelLoadError
 from autoplace.formats.plan import Plan
 from autoplace.ir import Cluster, Problem

@@ -12,8 +12,9 @@ from typing import Any, TypeVar
 import torch
 
 from autoplace.emit import check_step_memory, train_emitted
-from autoplace.emit.ddp import REPLICA_SHARDS, microbatching
-from autoplace.emit.microbatch import (
+from autoplace.emit.distributed.ddp import REPLICA_SHARDS, microbatching
+from autoplace.emit.distributed.replicas import verify_replicas
+from autoplace.emit.train.microbatch import (
     action_order,
     batch_size,
     loss_rule,
@@ -21,7 +22,6 @@ from autoplace.emit.microbatch import (
     stepper,
     train_step,
 )
-from autoplace.emit.replicas import verify_replicas
 from autoplace.errors import AutoplaceError, InfeasibleError
 from autoplace.formats.plan import Plan
 from autoplace.ir import Cluster, Problem, Schedule
@@ -213,7 +213,7 @@ def _replica_counts(model: torch.nn.Module, whole: Batch, cluster: Cluster,
     count = len(cluster.devices)
     wanted = [int(replicas)] if asked else [r for r in range(1, count + 1) if count % r == 0]
     if dtype != "float32" and any(r > 1 for r in wanted):
-        # train.py (emit/ddp.py) steps a float32 optimizer: its replicas would need
+        # train.py (emit/distributed/ddp.py) steps a float32 optimizer: its replicas would need
         # MasterWeights and, for float16, one loss scale agreed on by every rank.
         if asked:
             raise AutoplaceError(f"data-parallel replicas in {dtype} (mixed precision) are not "
@@ -475,8 +475,8 @@ def check_step(planned: Plan, emitted: Any, model: torch.nn.Module, step: Step,
     """Train ``emitted`` (a training plan's model) beside the original ``model`` on the whole
     batch: its micro-batches in the plan's order, its replicas as processes (under
     DistributedDataParallel, or each running its micro-batches and then averaging the
-    gradients, ``emit.ddp``); then measure its step's memory (``_step_memory``). The plan
-    with ``training.check`` filled in, and the notes."""
+    gradients, ``emit.distributed.ddp``); then measure its step's memory (``_step_memory``). The
+    plan with ``training.check`` filled in, and the notes."""
     notes: list[str] = []
     count = step.microbatches
     args, kwargs = step.whole

@@ -183,7 +183,7 @@ def profile_model(
     applies. Models whose parameters are on the meta device cannot run, so nothing is measured.
     Identical devices (two GPUs of one model) are measured once. ``in_situ``: see
     ``ops.profile_device`` (by default ops are timed where they run on the CPU, alone on GPUs).
-    ``engine``: the emitted runtime's engine (``emit.codegen.runtime_namespace()``), whose
+    ``engine``: the emitted runtime's engine (``emit.codegen.source.runtime_namespace()``), whose
     launcher costs are measured on a GPU here (``launcher.measure_launcher``); without it they
     are not, and the catalog's estimates apply.
     """

@@ -1,30 +1,18 @@
 """Profile: what averaging the gradients across data-parallel replicas adds to a step, measured
 where the replicas are processes of this host (``measure_allreduce_s``, ``allreduce_s``).
 
-The plan prices the all-reduce of replicas by the ring formula over a link
-(``train.dataparallel``). Between processes of one host (CPU workers' replicas: gloo over
-127.0.0.1) that formula, even with a measured bandwidth, misses what the step pays: DDP's own
-work per step (its hooks, its buckets, the reducer's bookkeeping, waking gloo's threads, the
-ranks waiting for each other) and gloo's latency at small sizes, which is neither steady nor
-small (a 1 MB all-reduce measured 0.9 to 4.6 ms, ``benchmarks/gloo_allreduce.py``; LeNet's
-step under DDP took about 2.5 ms more than alone, against the 1.37 ms the ring formula charged,
-``benchmarks/results/training-cpu.md``).
-
-Measured instead, for the model's own gradients: R processes (one intra-op thread each, as
-torchrun starts a CPU plan's replicas) each hold a stand-in module with parameters of the
-model's trainable shapes (in its order, so DDP's buckets are the model's), whose forward is the
-sum of every parameter (its backward writes every gradient, and nothing else); each round times
-a step of it without averaging, and one with the averaging the emitted replicas do (``ddp``:
-under ``DistributedDataParallel`` as ``emit.ddp`` wraps the model, ``ddp_replica``;
-``buckets``: the micro-batched step's ``average_gradients`` after the backward; both from
-``train.dataparallel``), the ranks lined up by a barrier before each. The cost is the median
-of the second less the median of the first, rank 0's (whose step times ``autoplace run
---train`` reports). It is charged after the backward (``dataparallel.with_allreduce``): the
-stand-in's backward is too short to hide any of it, and on a host whose cores each run a
-replica gloo's threads take the core from the backward anyway.
-
-Kept in the profile cache (its ``forwards`` table, keyed ``allreduce:MODE:R=R:`` and a digest of
-the shapes, on the host's CPU key), so one measurement serves every plan of the model.
+The plan prices the replicas' all-reduce by the ring formula (``train.dataparallel``); between
+processes of one host (CPU workers' replicas: gloo over 127.0.0.1) that misses DDP's own work per
+step and gloo's latency at small sizes (``docs/design-notes.md``, "profile"). Measured instead, for
+the model's own gradients: R processes (one intra-op thread each, as torchrun starts a CPU plan's
+replicas) each hold a stand-in module with the model's trainable shapes in its order (so DDP's
+buckets are the model's), whose backward writes every gradient and nothing else. Each round, the
+ranks lined up by a barrier, times a step without averaging and one averaging the ``mode`` way
+(``ddp``: under ``DistributedDataParallel``, ``ddp_replica``; ``buckets``: the micro-batched step's
+``average_gradients``; both ``train.dataparallel``): the cost is rank 0's median of the second less
+that of the first, charged after the backward (``dataparallel.with_allreduce``). Kept in the
+profile cache (``forwards`` table, keyed ``allreduce:MODE:R=R:`` and a digest of the shapes, on the
+host's CPU key); ``docs/training.md``.
 """
 
 from __future__ import annotations

@@ -1,16 +1,15 @@
 """What the emitted runtime's launcher thread pays on a GPU here, measured (``ir.HostCosts``):
 one segment call beyond its ops, and one handover.
 
-The runtime's own engine (``emit.runtime.RUNTIME_SOURCE``, as ``emit.codegen.runtime_namespace``
-loads it for every generated forward) is run, not a copy of it; the caller hands it in, as the
-profiler does not import the emitter. A segment call is a run step as ``_launch`` takes it
-(``_step`` on the segment's stream, the segment a one-op ``GraphModule`` reading and storing
-its values), timed against the bare op. A handover is the engine's
-``_hand_over`` followed by the reader's ``_wait``, to a second GPU where there is one (else
+The runtime's own engine (``emit.codegen.runtime.RUNTIME_SOURCE``, as
+``emit.codegen.source.runtime_namespace`` loads it for every generated forward) is run, not a copy
+of it; the caller hands it in, as the profiler does not import the emitter. A segment call is a run
+step as ``_launch`` takes it (``_step`` on the segment's stream, the segment a one-op
+``GraphModule`` reading and storing its values), timed against the bare op. A handover is the
+engine's ``_hand_over`` followed by the reader's ``_wait``, to a second GPU where there is one (else
 between two streams of the one GPU, as between two planned devices that share it). Nothing is
 synchronised while the host is timed, as in the runtime; the medians of ``rounds`` batches are
-returned.
-"""
+returned."""
 
 from __future__ import annotations
 
@@ -32,7 +31,7 @@ class _AddOne(torch.nn.Module):
 def measure_launcher(torch_device: str, *, engine: Mapping[str, Any], calls: int = 500,
                      rounds: int = 5) -> tuple[float, float]:
     """``(segment call, handover)`` seconds of host time on CUDA device ``torch_device``, run
-    by ``engine`` (the namespace ``emit.codegen.runtime_namespace()`` returns)."""
+    by ``engine`` (the namespace ``emit.codegen.source.runtime_namespace()`` returns)."""
     device = torch.device(torch_device)
     # A handover copies to another GPU where there is one, as the runtime does between GPUs;
     # on one GPU it stays there, as between two planned devices that share it.

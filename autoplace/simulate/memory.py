@@ -21,7 +21,7 @@ def start_order(graph: OpGraph, start: Mapping[str, float],
 
 
 class Cuts:
-    """Where ``emit.segment.partition`` cuts the emitted segments: where the device changes,
+    """Where ``emit.codegen.segment.partition`` cuts the emitted segments: where the device changes,
     after a node whose value another device reads, and before a node that reads a value computed
     on another device (unless the segment so far reads no computed value: an ``arange`` waits
     with its consumer). Model inputs are placeholders in the emitted graph, not ops: reading
@@ -53,7 +53,7 @@ def segment_spans(
 ) -> tuple[dict[str, int], dict[str, float], dict[str, float]]:
     """Each node's emitted segment: its index, when it starts and when it ends. The emitted
     model runs the nodes in ``launch_order``, or in order of start without one
-    (``emit._op_order``'s key), and cuts segments as ``emit.segment.partition`` does
+    (``emit._op_order``'s key), and cuts segments as ``emit.codegen.segment.partition`` does
     (``Cuts``). A segment's inputs stay referenced until its call returns, so a cut keeps a
     value read across it alive until the later segment ends, where one segment would free it
     after its reader."""

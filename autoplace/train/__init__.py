@@ -1,22 +1,18 @@
-"""Training: what one training step of a model costs, as a graph the solver and the simulator
-already take.
+"""Training: what one training step costs, as a graph the solver and the simulator already take.
 
 ``step_problem`` turns a forward problem (a traced model whose only output is its scalar loss,
-costed and folded) into the step's problem: each forward node gets a backward node and, where it
-holds parameters, an optimizer-step node, all three colocated (as in the training graphs of
-Tarnawski et al., NeurIPS 2020); see ``graph.py`` for the rules and the sources of every
-formula. The optimizers and their state bytes are in ``OPTIMIZERS``.
-
-``autoplace.plan(mode="training")`` traces ``LossModel`` (the model and its loss, ``wrap.py``),
-plans the step, and trains the emitted model beside the original
-(``autoplace.emit.training``); ``autoplace run --train`` trains it. With micro-batches the step
-graph holds one copy of the forward and backward per micro-batch, run in GPipe's or 1F1B's
-order (``simulate.schedules``); ``dataparallel.py`` weighs data-parallel replicas (of a
-micro-batched step too) and charges their gradients' all-reduce; ``recompute.py`` builds the
-step of a placement whose devices recompute their activations in the backward.
-``precision.py``: ``--dtype``, the model cast to bfloat16 or float16 before tracing and
-trained in mixed precision (float32 master weights, ``emit.optimizer.MasterWeights``). Not yet
-here: replicas of a mixed-precision step.
+costed and folded) into the step's: each forward node gets a backward node and, where it holds
+parameters, an optimizer-step node, all three colocated (as in Tarnawski et al.'s training graphs,
+NeurIPS 2020). ``graph.py`` has the rules and every formula's source; ``OPTIMIZERS``, the
+optimizers and their state bytes. ``autoplace.plan(mode="training")`` traces ``LossModel`` (model
+and loss, ``wrap.py``), plans the step and trains the emitted model beside the original
+(``autoplace.emit.check.training``); ``autoplace run --train`` trains it. With micro-batches the
+step holds a forward and backward per micro-batch, in GPipe's or 1F1B's order
+(``simulate.schedules``); ``dataparallel.py`` weighs data-parallel replicas (micro-batched too) and
+charges their all-reduce; ``recompute.py`` builds the step where devices recompute activations in
+the backward; ``precision.py`` is ``--dtype``: the model cast to bfloat16 or float16 before
+tracing, trained in mixed precision (float32 masters, ``emit.train.optimizer.MasterWeights``). Not
+yet here: replicas of a mixed-precision step. Users: ``docs/training.md``.
 """
 
 from autoplace.errors import AutoplaceError

@@ -1,39 +1,18 @@
 """Train: R data-parallel replicas of a training step's placement, over N devices.
 
-For every R that divides N, the devices form R alike groups of N/R (``replica_groups``), each
-replica is placed on its group with 1/R of the batch, and R copies of it train under torch's
-``DistributedDataParallel`` (``emit/ddp.py``), which averages the gradients across replicas;
-a replica of M > 1 micro-batches runs its step in the plan's order instead, and then averages
-the gradients with all-reduces of its own (``average_gradients``), bucketed as DDP's.
-The step of one replica is the plan's graph; ``with_allreduce`` adds the gradients' all-reduce
-to it, where the simulator can time it:
-
-* the groups are alike: the same device types, memories and links inside each
-  (``replica_groups``), so that every replica's step takes what the planned one's does;
-* each device ``d`` of the replica all-reduces the gradients it holds with the devices that
-  play ``d``'s part in the other replicas, by a ring (``cost_models.ring_allreduce_s``: ``2
-  (R - 1) / R * bytes / bandwidth + 2 (R - 1) * latency``, over the ring's slowest link; CPU
-  worker threads' replicas are processes, which all-reduce through gloo over 127.0.0.1);
-* the all-reduce of a tensor's gradient is charged to its update (``f@step``), which runs after
-  that gradient is in (of every micro-batch) and keeps its device busy meanwhile: DDP starts
-  each bucket's all-reduce as soon as its gradients are ready and overlaps it with the
-  backward, so on one device this bounds the step from above; a micro-batched replica
-  all-reduces once its whole backward is done, as charged. A replica over several devices
-  all-reduces through one process group, bucket after bucket, where this charge lets each
-  device's run beside the others': no bound there;
-* DDP all-reduces buckets of about 25 MiB (``bucket_cap_mb``), not each tensor: a tensor pays the
-  ring's latency in proportion to its share of a bucket (at most once).
-* where every replica is a process of this host on CPU devices profiled here, the averaging
-  is measured instead (``profile.allreduce``: DDP's whole cost per step for the model's
-  gradients, or the micro-batched step's buckets'), and each update is charged its tensor's
-  share of it by bytes: the ring formula with a measured bandwidth missed DDP's own work and
-  gloo's latency at small sizes (LeNet, 1.7 MB: 1.9-3.4 ms measured, against 1.37 ms).
-
-Memory: DDP holds its buckets as views of the gradients (``gradient_as_bucket_view=True`` in
-``ddp_replica``), so a replica holds what the step graph of one replica holds; a micro-batched
-replica holds one flattened bucket (at most ``BUCKET_BYTES``) beyond it while it all-reduces,
-before its update, which the plan does not count. ``ddp_replica`` and ``average_gradients``,
-last here, are that averaging as the replicas run it (``emit.ddp``) and the profiler times it.
+For each R dividing N, ``replica_groups`` makes R alike groups of N/R devices (same types,
+memories, links); one replica is placed on a group with 1/R of the batch, and R copies train under
+``DistributedDataParallel`` (``ddp_replica``; ``emit.distributed.ddp``) or, with M > 1
+micro-batches, run the plan's step and average the gradients themselves (``average_gradients``,
+bucketed as DDP's). ``with_allreduce`` charges each tensor's all-reduce to its update ``f@step``: a
+ring over the devices playing its device's part in the replicas (``cost_models.ring_allreduce_s``:
+``2 (R - 1) / R * bytes / bandwidth + 2 (R - 1) * latency`` over the slowest link; CPU workers'
+replicas: gloo over 127.0.0.1), its latency paid by the tensor's share of a DDP bucket
+(``BUCKET_BYTES``); or, where every replica is a process of this host on profiled CPU devices, the
+measured averaging (``profile.allreduce``) shared by bytes. DDP overlaps buckets with the backward,
+so on a replica of one device this bounds the step from above (not on several: one process group,
+bucket after bucket). Memory: DDP's buckets are views of the gradients; a micro-batched replica's
+flattened bucket is not counted. Rules and figures: ``docs/training.md``.
 """
 
 from __future__ import annotations
@@ -147,8 +126,8 @@ def with_allreduce(problem: Problem, cluster: Cluster,
 
 
 def ddp_replica(model: torch.nn.Module) -> DistributedDataParallel:
-    """``model`` as the emitted replicas wrap it (``emit.ddp``; ``profile.allreduce`` times
-    the same)."""
+    """``model`` as the emitted replicas wrap it (``emit.distributed.ddp``; ``profile.allreduce``
+    times the same)."""
     # Buckets as views of the gradients: no second copy of them (the plan holds one).
     return DistributedDataParallel(model, device_ids=None, gradient_as_bucket_view=True)
 

@@ -1,22 +1,18 @@
-"""Train: a training step priced at what was measured of it on the device: its optimizer
-updates (``profile.update``), in place of the roofline ``train.graph`` prices them at, and its
-forward pass (``profile.backward``), in place of the sum of its ops timed one by one.
+"""Train: a step priced at what was measured of it on the device: its optimizer updates
+(``profile.update``), in place of ``train.graph``'s roofline, and its forward pass
+(``profile.backward``), in place of the sum of its ops timed one by one.
 
-``with_measured_forward`` scales every forward node's time on a device with a measurement so
-that they add up to the whole forward pass measured there with autograd recording (one ratio
-per device: the split among the nodes stays the one-by-one times'); the backward, a factor of
-the forward (``train.graph``), follows. ``with_measured_updates`` sets each update node
-``f@step``'s time on a device with a measurement to the measured seconds per byte of trainable
-parameters times ``f``'s trainable bytes; elsewhere (and where the node may not run) its time
-stays as it was. Applied before ``dataparallel.with_allreduce``, which adds the all-reduce to
-the same nodes.
-
-``after_backward`` orders the updates as the emitted step runs them on CPU workers: autograd's
-whole backward, then ``optimizer.step()``, which updates one tensor after another on the calling
-thread (``run.train_plan``, ``emit.ddp``'s replicas). Without it the simulator lets one device's
-updates run beside another device's backward and beside its updates: LeNet over two workers,
-predicted 10.16 ms, measured 12.46 (``benchmarks/results/training-cpu-one-replica.md`` before
-this ordering), its update 1.4 ms of the step.
+``with_measured_forward`` scales the forward nodes' times on a device with a measurement so that
+they add up to the whole forward pass measured there with autograd recording (one ratio per device:
+the split among the nodes stays the one-by-one times'); the backward, a factor of the forward
+(``train.graph``), follows. ``with_measured_updates`` sets each update node ``f@step``'s time on
+such a device to the measured seconds per trainable byte times ``f``'s trainable bytes (elsewhere,
+and where the node may not run, its time stays). Both come before ``dataparallel.with_allreduce``,
+which adds the all-reduce to the same nodes. ``after_backward`` orders the updates as the emitted
+step runs them on CPU workers: autograd's whole backward, then ``optimizer.step()``, one tensor
+after another on the calling thread (``run.train_plan``, ``emit.distributed.ddp``'s replicas),
+where the simulator would otherwise run one device's updates beside another's backward and beside
+its updates (``docs/training.md``, "The updates after the whole backward").
 """
 
 from __future__ import annotations

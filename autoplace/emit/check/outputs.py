@@ -5,7 +5,7 @@ and compares them (leaf by leaf when the emitted model returns a flat tuple); a 
 ``VerificationError`` with the largest absolute difference.
 
 ``check_peak`` compares the emitted model's measured peak bytes per planned device
-(``autoplace.emit.memory``) with the plan's figure for that device: the plan's memory must be an
+(``check.memory``) with the plan's figure for that device: the plan's memory must be an
 upper bound, so a measurement above it raises ``VerificationError`` (or, with ``enforce=False``,
 is recorded as ``exceeded``).
 """

@@ -1,37 +1,18 @@
 """Emit: measure an emitted model's peak memory per *planned* device while it runs.
 
-The plan's memory figure for a device (``autoplace.simulate``) is its resident parameters plus its
-live activations at their peak. ``measure_peak_bytes`` measures the same two things on the emitted
-model, on one forward pass without gradients, so that verification can fail a plan whose
-figure is below what its model needs:
+The plan's memory figure for a device (``autoplace.simulate``) is its resident parameters plus
+its live activations at their peak. ``measure_peak_bytes`` measures the same two things on the
+emitted model, on one forward pass without gradients, so that verification can fail a plan whose
+figure is below what its model needs: the bytes of the distinct tensor storages each segment
+holds, on its planned device, and every storage an op allocates, on the planned device of the
+segment running when it was allocated, until its last reference is dropped (a value copied to
+another planned device counts there from the copy on). ``method="allocator"`` (every segment on
+its own CUDA device) reads ``torch.cuda.max_memory_allocated`` instead. ``measure_step`` does
+the same for a training step. docs/design-notes.md ("emit") says what is counted and how.
 
-* **weights**: the bytes of the distinct tensor storages (parameters and buffers) each segment
-  holds, counted on the segment's planned device (a storage shared by segments counts once, on
-  the first);
-* **activations**: every tensor storage an op allocates while the model runs, counted on the
-  planned device of the segment running when it was allocated, from that moment until its last
-  reference is dropped. A value copied to another planned device (the generated forward's
-  ``.to(...)``; model inputs too) counts on the receiving device from the copy on; on a machine
-  where both devices are the CPU the copy would not happen, so it is made (a ``clone``) while
-  measuring and charged to the device of the segment that reads it. A copy onto the device the
-  tensor is already on (a CPU input read by a CPU segment) is charged nowhere, as ``.to`` makes
-  none. Model outputs stay alive to the end, as the simulator has them.
-
-Not counted: memory an op uses only inside its kernel (workspace), allocator rounding, and the
-runtime's own reserve (the CUDA context). ``method="allocator"`` (the default when every segment
-runs on its own CUDA device) reads ``torch.cuda.max_memory_allocated`` per device instead, which
-includes workspace and rounding but not the context.
-
-How activations are tracked (``method="storage"``): a ``TorchDispatchMode`` sees every aten op
-below autograd, so the ops inside composite ops too; an output whose schema says it does not
-alias an input, and whose storage is not already known, is a new allocation. Each storage is
-held by a ``StorageWeakRef`` (torch.multiprocessing's C++ weak reference) and polled before
-every op: an expired one was freed. Forward pre- and post-hooks on ``seg0..segN`` say which
-segment runs; a ``TorchFunctionMode`` catches ``Tensor.to`` outside segments (the copies).
-Segments run in other threads cannot be seen by these thread-local modes: measuring such a
-model raises instead of reporting a figure that is too low.
-
-Read ``measure_peak_bytes``, then ``_Tracker`` (the two modes and the hooks) and ``_replay``.
+Read ``measure_peak_bytes``, then ``_Tracker`` (a ``TorchDispatchMode`` below autograd, a
+``TorchFunctionMode`` for ``Tensor.to``, hooks on ``seg0..segN``) and ``_replay``. Segments run
+in other threads are invisible to these thread-local modes: measuring such a model raises.
 """
 
 from __future__ import annotations
@@ -114,7 +95,7 @@ def measure(
     elif method == "storage":
         # Storage tracking sees the ops of this thread only (a dispatch mode is per thread), so
         # a threaded emitted model is measured running its segments in order on this thread:
-        # same segments, same order per device (runtime.py's workers follow it too).
+        # same segments, same order per device (codegen.runtime's workers follow it too).
         tracker = _Tracker(emitted, planned)
         with _sequential(emitted), tracker:
             with torch.no_grad():
@@ -201,7 +182,7 @@ def measure_step(emitted: torch.nn.Module, run: Callable[[Charge], Any], *,
     temporaries, charged to its parameters' device. In a half ``dtype`` the update is mixed
     precision's (``optimizer.MasterWeights``), whose float32 masters are resident too. The
     weights are updated twice."""
-    from autoplace.emit.optimizer import MasterWeights
+    from autoplace.emit.train.optimizer import MasterWeights
 
     planned, _ = _devices(emitted)
     seen: set[int] = set()

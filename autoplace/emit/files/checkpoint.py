@@ -1,22 +1,18 @@
 """Emit: weights that stay in the user's checkpoint instead of a second copy beside the model.
 
-A checkpoint is a safetensors file, or a directory as ``save_pretrained`` writes it: one
-``model.safetensors``, or shards listed by ``model.safetensors.index.json``. Only headers are
-read to plan: ``open_checkpoint`` lists every tensor's file, shape and dtype. ``match`` pairs
-each of the model's tensors (every name of a tied tensor: ``save_pretrained`` keeps one of
-``lm_head.weight`` and ``model.embed_tokens.weight``) with its checkpoint key, and names the
-missing and mis-shaped ones before anything is traced or written. Buffers the checkpoint lacks
-(rotary ``inv_freq``, which ``save_pretrained`` does not save) are taken as the model computed
-them when it was built, and ``save_model`` writes them, being small, to the emitted model's own
-``weights.safetensors``. ``fill_model`` loads the checkpoint into the user's model (meta tensors
-materialised on the CPU) so that the emitted model can be verified against it. ``references``
-is what ``meta.json`` records, ``check_unchanged`` compares a checkpoint with it at load time
-(sizes and modification times, and the index's SHA-256: hashing gigabytes on every load is not
-cheap), and ``read_segment`` loads one segment's tensors straight onto its device.
+A checkpoint is a safetensors file, or a directory as ``save_pretrained`` writes it (one
+``model.safetensors``, or shards listed by ``model.safetensors.index.json``). Only headers are
+read to plan: ``open_checkpoint`` lists every tensor's file, shape and dtype; ``match`` pairs
+each of the model's tensors (every name of a tied one) with its checkpoint key and names the
+missing and mis-shaped ones before anything is traced or written; buffers the checkpoint lacks
+(rotary ``inv_freq``) are taken as the model computed them. ``fill_model`` loads the checkpoint
+into the user's model so that the emitted model can be verified against it. ``references`` is
+what ``meta.json`` records, ``check_unchanged`` compares a checkpoint with it at load time, and
+``read_segment`` loads one segment's tensors straight onto its device.
 
-``load_checkpoint`` is what ``autoplace.plan`` calls. Read ``Checkpoint``,
-``open_checkpoint``, ``match``, ``fill_model``, ``load_checkpoint``, then ``references``,
-``check_unchanged`` and ``read_segment``.
+``load_checkpoint`` is what ``autoplace.plan`` calls. Read ``Checkpoint``, ``open_checkpoint``,
+``match``, ``fill_model``, ``load_checkpoint``, then ``references``, ``check_unchanged`` and
+``read_segment``.
 """
 
 from __future__ import annotations

@@ -2,18 +2,15 @@
 
 ``launch_replicas`` runs ``OUT/train.py`` (``ddp.write_train_script``) as R processes under
 ``python -m torch.distributed.run`` on 127.0.0.1 and a free port, within a time limit. On a
-timeout, an interrupt or an error here it stops torchrun and every worker it started (the
-workers lead process groups of their own: stopping torchrun's group alone would leave them
-running); when a worker fails, torchrun stops the others, and the error raised here is the
-worker's own (the ``autoplace: error:`` line ``ddp.replica_main`` prints) or, for a crash, the
-last lines of the processes' output.
+timeout, an interrupt or an error here it stops torchrun and every worker it started (they lead
+process groups of their own); when a worker fails, the error raised here is the worker's own
+(the ``autoplace: error:`` line ``ddp.replica_main`` prints) or, for a crash, the last lines of
+the processes' output.
 
 ``verify_replicas`` trains the replicas for a few steps with ``train.py --record`` and, in this
 process, a copy of the original model on the whole batch, and compares each step as
-``training.verify_training`` compares a one-process emitted model, with its helpers: the loss
-(the replicas' mean), the gradients (DDP's averages, or
-``train.dataparallel.average_gradients``' after a micro-batched step), the updated parameters
-(under Adam, where the update is well conditioned).
+``check.training.verify_training`` does, with its helpers: the loss (the replicas' mean), the
+gradients and the updated parameters (under Adam, where the update is well conditioned).
 
 Read ``launch_replicas`` and ``_stop``, then ``verify_replicas`` and ``_compare``.
 """
@@ -36,10 +33,7 @@ from torch.utils import _pytree as pytree
 
 from autoplace import errors
 from autoplace.cluster.local import free_port
-from autoplace.emit.ddp import batch_size, write_train_script
-from autoplace.emit.model import PartitionedModel
-from autoplace.emit.saving import load_inputs, save_model
-from autoplace.emit.training import (
+from autoplace.emit.check.training import (
     TRAINING_STEPS,
     _all_trained,
     _apart,
@@ -48,6 +42,9 @@ from autoplace.emit.training import (
     _known,
     _named,
 )
+from autoplace.emit.codegen.model import PartitionedModel
+from autoplace.emit.distributed.ddp import batch_size, write_train_script
+from autoplace.emit.files.saving import load_inputs, save_model
 from autoplace.errors import AutoplaceError, EmitError, VerificationError
 from autoplace.train.graph import make_optimizer
 
@@ -59,8 +56,9 @@ VERIFY_TIMEOUT_S = 300.0
 # The lines of the processes' output a crash's error quotes (a traceback's end and torchrun's
 # summary of the failed ranks).
 _TAIL_LINES = 25
-# The directory that holds this autoplace package: the workers import the same one.
-_ROOT = Path(__file__).resolve().parents[2]
+# The directory that holds this autoplace package (autoplace/emit/distributed/ is three
+# levels below it): the workers import the same one.
+_ROOT = Path(__file__).resolve().parents[3]
 
 
 def launch_replicas(script: str | os.PathLike[str], *, replicas: int, argv: Sequence[str],

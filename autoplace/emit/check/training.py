@@ -8,8 +8,8 @@ original and on the emitted model, from the same weights, and compares the loss 
 then the gradients and the updated parameters, with ``torch.testing.assert_close``. Under Adam
 the parameters are compared where the update is well conditioned (``_conditioned``); the
 others are set to the original's before the next step (``_resync``), and the record counts
-them. A model in a half dtype (mixed precision) is stepped by ``optimizer.MasterWeights`` on
-both sides, its losses compared with that dtype's ``tolerance``, its gradients against the
+them. A model in a half dtype (mixed precision) is stepped by ``train.optimizer.MasterWeights``
+on both sides, its losses compared with that dtype's ``tolerance``, its gradients against the
 original's in float32 (``_against_float32``), and each step from the same float32 masters.
 """
 
@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from autoplace.emit.microbatch import split_batch
-from autoplace.emit.optimizer import MasterWeights
+from autoplace.emit.train.microbatch import split_batch
+from autoplace.emit.train.optimizer import MasterWeights
 from autoplace.errors import VerificationError
 
 __all__ = ["TRAINING_STEPS", "tolerance", "verify_training"]

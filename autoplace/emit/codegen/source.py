@@ -24,8 +24,8 @@ from typing import Any
 import torch
 import torch.fx
 
-from autoplace.emit.lower import fetch
-from autoplace.emit.runtime import RUNTIME_SOURCE
+from autoplace.emit.codegen.lower import fetch
+from autoplace.emit.codegen.runtime import RUNTIME_SOURCE
 from autoplace.errors import EmitError
 
 __all__ = [
@@ -291,7 +291,7 @@ def model_source(
     ``forward`` is the sequential forward's source and ``threaded`` the threaded runtime's, if
     any: both are kept (``forward_sequential``, ``forward_threaded``) and ``runtime`` says which
     one ``forward`` runs, so a loaded model can still run its segments in order on one thread
-    (memory measurement needs that: ``memory.py``)."""
+    (memory measurement needs that: ``check.memory``)."""
     count = len(planned_devices)
     placement = ", ".join(f"seg{i} on {device}" for i, device in enumerate(planned_devices))
     header = (

@@ -1,14 +1,15 @@
-"""Emit: the runtime's program (``runtime.Program``) played back under the plan's costs, to hold
-against the simulator: the check that the emitted launch order realises the simulated schedule
-(``emit_and_verify`` notes a replay more than ``REPLAY_TOLERANCE`` off, and
-``benchmarks/replay.py`` tabulates every example)."""
+"""Emit: the runtime's program (``codegen.runtime.Program``) played back under the plan's costs, to
+hold against the simulator: the check that the emitted launch order realises the simulated
+schedule (``emit_and_verify`` notes a replay more than ``REPLAY_TOLERANCE`` off, and
+``benchmarks/replay.py`` tabulates every example).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from autoplace.emit.runtime import Handover, Program, Run
+from autoplace.emit.codegen.runtime import Handover, Program, Run
 from autoplace.ir import Problem, Schedule
 
 __all__ = ["Replay", "replay"]

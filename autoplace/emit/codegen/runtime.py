@@ -1,36 +1,18 @@
-"""Emit: the runtime that runs a plan's schedule over several devices, and its replay.
+"""Emit: the runtime that runs a plan's schedule over several devices, and its program as data.
 
-The sequential forward (``codegen.forward_source``) calls the segments one after another from
-the caller's thread, so device B waits on the host while device A works. The runtime here runs
-the schedule instead: every value another device reads is handed over right after the segment
-that computes it, and its readers wait for that handover only, never for the host.
+The sequential forward (``source.forward_source``) calls the segments one after another from
+the caller's thread; the runtime here hands every value another device reads over right after
+the segment that computes it, and its readers wait for that handover only, never for the host.
+On CUDA devices the caller's thread launches every GPU's segments in the plan's launch order
+(``Schedule.launch_order``), each planned device on a stream of its own, handovers on the
+producer's copy stream, waited for through events; the simulator charges this one thread's work
+(``ir.HostCosts``). Every other device (``cpu-thread`` workers, ``cpu:0``, ...) gets a worker
+thread that runs its segments in the plan's order on one intra-op thread, tensors handed over by
+reference. docs/design-notes.md ("emit") says why one launching thread.
 
-* On CUDA devices nothing waits on the host at all: the caller's thread launches every GPU's
-  segments itself, in the plan's launch order (``Schedule.launch_order``), each planned device
-  on a stream of its own (so two planned devices that share one GPU still overlap), after the
-  caller's stream. A handover is issued on the producing device's copy stream behind the
-  producer, received on an idle stream of the destination, and the reader's stream waits on the
-  copy's event (``torch.cuda.Stream``, ``Event.record``/``Stream.wait_event``); the caller's
-  stream waits for every device's before the forward returns. One launching thread, not one
-  per GPU: a GPU run of the earlier thread-per-GPU design (``benchmarks/results/
-  gpu-fidelity.md``) was 3x slower than eager, its thread handovers costing more than they
-  overlapped. The simulator charges this thread's work (``ir.HostCosts``: launches, segment
-  calls, handovers) where it is paid, on the one thread. This path is written to that design
-  and reviewed; this machine has no GPU to test it
-  (``test_cuda_devices_launched_from_one_thread_match_the_original`` runs where one is).
-* Every other device (``cpu-thread`` workers, torch devices ``cpu:0``, ``cpu:1``, ...) gets a
-  worker thread that runs its own segments in the plan's order on one intra-op thread
-  (``torch.set_num_threads(1)``); a handover between them passes the tensor by reference (the
-  threads share memory, so no byte is copied), and a worker waits on an event for the
-  handovers its segments read. A worker runs under the caller's grad and inference modes (they
-  are thread-local). The sequential forward runs such workers' segments on one intra-op thread
-  too (``_WorkerThreads``), on the caller's thread: a one-worker plan is what was planned.
-
-Read in this order: ``Program`` (the launch order as data: per planned device the segment runs,
-the handovers each run waits for, and the handovers it issues), ``build_program`` (from the
-emitted segments) and ``threaded_forward_source`` (the generated forward that runs a program, with
-``RUNTIME_SOURCE``, the engine, which imports only torch and the standard library);
-``replay.py`` plays the program back under the plan's costs, which must match the simulator.
+Read ``Program`` (per planned device the segment runs, the handovers each waits for and issues),
+``build_program``, then ``threaded_forward_source`` and ``RUNTIME_SOURCE`` (the engine, which
+imports only torch and the standard library); ``check.replay`` plays a program back.
 """
 
 from __future__ import annotations
@@ -142,7 +124,7 @@ def build_program(
                    origin=dict(origin or {}))
 
 
-# The engine, written into the generated source after codegen's helpers (it uses no name from
+# The engine, written into the generated source after source.py's helpers (it uses no name from
 # autoplace). Workers are daemon threads kept on the model between calls (starting a thread per
 # call would cost more than a small segment); a failure in one worker releases every waiter and
 # is raised in the caller.
@@ -372,7 +354,7 @@ def _run_program(model, program, functions, call):
 
 
 class SegmentCallLike(Protocol):
-    """What ``threaded_forward_source`` reads of a ``codegen.SegmentCall`` (not imported:
+    """What ``threaded_forward_source`` reads of a ``source.SegmentCall`` (not imported:
     codegen writes this module's engine into ``model.py``)."""
 
     index: int

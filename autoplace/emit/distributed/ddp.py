@@ -1,32 +1,18 @@
 """Emit: a training plan's data-parallel replicas, as each of their processes runs them.
 
-A training plan with ``training.replicas`` R > 1 places one replica (its graph and emitted
-model are one replica's, on 1/R of the batch); R copies of it train under torch's
-``DistributedDataParallel``, one process each, and DDP averages their gradients during the
-backward. ``pipeline.save`` writes ``OUT/train.py`` (``write_train_script``), which runs under
-``torchrun --nproc-per-node R OUT/train.py --steps N``: each process (rank r of R) calls
-``replica_main``, which
+A training plan with ``training.replicas`` R > 1 places one replica (on 1/R of the batch); R
+copies of it train, one process each. ``pipeline.save`` writes ``OUT/train.py``
+(``write_train_script``), run as ``torchrun --nproc-per-node R OUT/train.py --steps N``: each
+process (rank r of R) calls ``replica_main``, which takes its shard of the example batch in
+``OUT/model/inputs.safetensors`` (``shard``, by the rule in ``batch_size``), loads ``OUT/model``
+on its own devices (``replica_device_map``) and runs ``--steps`` steps of the plan's optimizer
+under ``DistributedDataParallel``; rank 0 reports each step's loss (the replicas' mean) and the
+step times. With M > 1 micro-batches no DDP: the plan's micro-batch step
+(``train.microbatch.train_step``) runs the segments directly, and then
+``train.dataparallel.average_gradients`` all-reduces the gradients and divides them by R, as
+the plan charges it. docs/training.md says more; ``replicas`` starts and checks the processes.
 
-1. takes its shard of the example batch saved in ``OUT/model/inputs.safetensors`` (the whole
-   batch, all R shards; ``shard``, by the rule in ``batch_size``),
-2. loads ``OUT/model`` on its own devices (``replica_device_map``),
-3. wraps it in ``DistributedDataParallel`` and runs ``--steps`` steps of the plan's optimizer
-   (a replica of ``cpu-thread`` workers on one intra-op thread,
-   ``cluster.local.worker_threads``);
-   rank 0 reports each step's loss (the mean over the replicas, which is the whole batch's loss
-   for a loss that averages over the batch) and the step times.
-
-With M > 1 micro-batches (``microbatching``: M, the shard's loss rule and the plan's action
-order, written into ``train.py``), step 3 runs no DDP: the plan's micro-batch step
-(``microbatch.train_step``) runs the segments directly, forwards of several micro-batches before
-their backwards, which DDP's hooks (armed by a forward through its wrapper) cannot follow.
-Once the step's backward is done, ``train.dataparallel.average_gradients`` all-reduces the
-gradients, bucket by bucket, and divides them by R: what ``train.dataparallel.with_allreduce``
-charges (the all-reduce after the gradients are in, before the update). docs/training.md says more.
-
-``replicas.py`` starts the R processes (``launch_replicas``) and checks them against the
-original model (``verify_replicas``). Read ``batch_size``, ``shard``, ``replica_device_map``,
-then ``replica_main`` and ``_train``.
+Read ``batch_size``, ``shard``, ``replica_device_map``, then ``replica_main`` and ``_train``.
 """
 
 from __future__ import annotations
@@ -48,11 +34,11 @@ import torch.distributed as dist
 from torch.utils import _pytree as pytree
 
 from autoplace.cluster.local import worker_threads
+from autoplace.emit.check.training import _named
 from autoplace.emit.device_map import local_device_map
-from autoplace.emit.microbatch import Action, action_order, split_batch, train_step
-from autoplace.emit.microbatch import batch_size as cut_size
-from autoplace.emit.saving import load_inputs, load_model, planned_devices
-from autoplace.emit.training import _named
+from autoplace.emit.files.saving import load_inputs, load_model, planned_devices
+from autoplace.emit.train.microbatch import Action, action_order, split_batch, train_step
+from autoplace.emit.train.microbatch import batch_size as cut_size
 from autoplace.errors import AutoplaceError, EmitError
 from autoplace.ir import Problem, Schedule
 from autoplace.train.dataparallel import average_gradients, ddp_replica
@@ -163,7 +149,7 @@ prints the loss of each step (the mean over the replicas) and the median step ti
 import sys
 from pathlib import Path
 
-from autoplace.emit.ddp import replica_exit, replica_main
+from autoplace.emit.distributed.ddp import replica_exit, replica_main
 
 # M > 1 micro-batches a replica: M, the shard's loss rule and the plan's order of the segments'
 # forwards and backwards, each [segment, micro-batch, phase]. None: one batch, under DDP.

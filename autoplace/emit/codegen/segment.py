@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 import torch.fx
 
-from autoplace.emit.lower import COMPUTE_OPS, Lowered
+from autoplace.emit.codegen.lower import COMPUTE_OPS, Lowered
 from autoplace.errors import EmitError
 
 __all__ = ["assign_devices", "later_uses", "owners", "partition", "run_order"]

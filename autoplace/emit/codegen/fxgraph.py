@@ -1,6 +1,6 @@
 """Emit: each segment as an fx ``GraphModule`` that runs wherever it is loaded.
 
-``build_segment`` copies one segment's nodes (from ``autoplace.emit.segment``) into a new graph
+``build_segment`` copies one segment's nodes (from ``segment``) into a new graph
 whose inputs are the values it receives, whose outputs are the values others read, and which
 holds its own copy of the tensors it owns. Every device argument is rewritten to read the
 segment's ``device`` attribute (``_device_rewrite`` says which arguments those are), so a segment
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from autoplace.emit.lower import COMPUTE_OPS, fetch
+from autoplace.emit.codegen.lower import COMPUTE_OPS, fetch
 from autoplace.errors import EmitError
 
 __all__ = ["build_segment"]

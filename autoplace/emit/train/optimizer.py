@@ -1,22 +1,17 @@
-"""Emit: the optimizer a training plan's emitted model is stepped with: ``MasterWeights``
-(``train.graph.make_optimizer``'s, by name with torch's defaults, in the plan's precision),
-which the training check, the micro-batch step and ``autoplace run --train`` all step.
+"""Emit: ``MasterWeights``, the optimizer a training plan's emitted model is stepped with.
 
-In float32 ``MasterWeights`` is ``make_optimizer``'s ``torch.optim`` optimizer over the
-parameters. Under mixed precision (a model cast to bfloat16 or float16, ``train.precision``)
-it keeps a float32 *master* copy of each trained parameter on the parameter's device and steps
-the same optimizer over the masters: the half gradient is copied into the master's ``.grad``
-as float32, the master updated, and the half parameter set from it (Micikevicius et al.,
-"Mixed Precision Training", ICLR 2018, section 3.1; Megatron-LM's
-``Float16OptimizerWithFloat16Params``). Tensor by tensor, so that one float32 gradient at a
-time exists (``train.precision.update_of`` counts it as workspace), and ZeRO's 16 bytes per
-Adam parameter hold.
+``train.graph.make_optimizer``'s optimizer, by name with torch's defaults, in the plan's
+precision; the training check, the micro-batch step and ``autoplace run --train`` all step it.
+In float32 it is that ``torch.optim`` optimizer over the parameters. Under mixed precision
+(``train.precision``) it keeps a float32 *master* copy of each trained parameter on its device
+and steps the optimizer over the masters: the half gradient copied into the master's ``.grad``,
+the master updated, the half parameter set from it, tensor by tensor, so that one float32
+gradient exists at a time (Micikevicius et al., "Mixed Precision Training", ICLR 2018, section
+3.1; Megatron-LM's ``Float16OptimizerWithFloat16Params``).
 
-float16 also scales the loss, as ``torch.amp.GradScaler`` does by default: the backward starts
-from ``loss_scale`` (initially 2**16), the master gradients are divided by it; a step whose
-half gradients hold an inf or a nan is skipped and the scale halved, and after 2000 steps in a
-row without one the scale doubles (``GradScaler``'s ``init_scale``, ``backoff_factor``,
-``growth_factor`` and ``growth_interval``). bfloat16 has float32's range: no scaling.
+float16 also scales the loss as ``torch.amp.GradScaler`` does by default (``init_scale`` 2**16,
+``backoff_factor``, ``growth_factor``, ``growth_interval`` 2000): a step whose half gradients
+hold an inf or a nan is skipped and the scale halved. bfloat16 has float32's range: no scaling.
 """
 
 from __future__ import annotations

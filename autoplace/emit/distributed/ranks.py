@@ -1,23 +1,16 @@
 """Emit: an inference plan run as one process per planned device (``OUT/launch.py``).
 
 ``pipeline.save`` writes ``OUT/launch.py`` for an inference plan of two or more devices
-(``write_launch_script``); it runs under ``torchrun --nproc-per-node N OUT/launch.py``, rank r
-playing the plan's r-th device (``ranks_of``: the cluster's devices in order). Each rank
-(``rank_main``):
+(``write_launch_script``), run as ``torchrun --nproc-per-node N OUT/launch.py``, rank r playing
+the plan's r-th device (``ranks_of``). Each rank (``rank_main``) meets the others (gloo on CPUs,
+nccl where every rank is a GPU, with a timeout) and starts a ``Watchdog`` that ends it once a
+peer's process is gone; loads only its own segments' weights; and runs each pass (``run_pass``):
+per micro-batch its segments in the emitted order, each cross-rank input received into a buffer
+shaped as the plan's example gave it (``Crossing``), each value another rank reads sent as soon
+as it is made, the outputs to rank 0. Every rank walks the same order and never waits on a send,
+so passes cannot deadlock. Where the ranks form a chain and M > 1, ``stages`` runs GPipe through
+``torch.distributed.pipelining`` instead. ``run_ranks.py`` starts the ranks and checks them.
 
-1. meets the others (``init_process_group``, gloo on CPUs, nccl where every rank is a GPU, with
-   a timeout: a peer that never comes is an error naming the rendezvous) and starts a watchdog
-   (``Watchdog``) that ends the rank, naming the lost rank, once a peer's process is gone;
-2. loads only its own segments' weights (``load_model(devices=...)``);
-3. runs each pass (``run_pass``): for each micro-batch, its segments in the emitted order, each
-   cross-rank input received into a buffer allocated from the shapes the plan's example gave
-   (``Crossing``; tags tell values and micro-batches apart), each value another rank reads sent
-   (``isend``) as soon as it is made; the model's outputs go to rank 0. Every rank walks the
-   same order and never waits on a send, so the passes cannot deadlock. Where the ranks form a
-   chain of stages and M > 1, ``stages.py`` runs the GPipe schedule of
-   ``torch.distributed.pipelining`` instead.
-
-``run_ranks.py`` (``autoplace run --nproc N``) starts the ranks and checks their outputs.
 Read ``Crossing``, ``crossings``, ``value_specs``, then ``rank_main``, ``run_pass`` and
 ``Watchdog``.
 """
@@ -46,11 +39,11 @@ import torch.distributed as dist
 from torch.fx import _pytree as fx_pytree
 
 from autoplace.cluster.local import worker_threads
-from autoplace.emit.ddp import check_world, print_error, replica_backend
 from autoplace.emit.device_map import local_device_map
-from autoplace.emit.microbatch import batch_size, split_batch
-from autoplace.emit.saving import load_inputs, load_model, read_inputs_file
-from autoplace.emit.stages import chain_of, run_stages
+from autoplace.emit.distributed.ddp import check_world, print_error, replica_backend
+from autoplace.emit.distributed.stages import chain_of, run_stages
+from autoplace.emit.files.saving import load_inputs, load_model, read_inputs_file
+from autoplace.emit.train.microbatch import batch_size, split_batch
 from autoplace.errors import AutoplaceError, EmitError
 
 __all__ = ["INIT_TIMEOUT_S", "Crossing", "Watchdog", "crossings", "flat_inputs", "rank_main",
@@ -195,8 +188,8 @@ runs this and checks the outputs.
 import sys
 from pathlib import Path
 
-from autoplace.emit.ddp import replica_exit
-from autoplace.emit.ranks import rank_main
+from autoplace.emit.distributed.ddp import replica_exit
+from autoplace.emit.distributed.ranks import rank_main
 
 # Rank r runs the segments planned on RANKS[r] (NAMES[r] in the plan).
 RANKS = {ranks!r}

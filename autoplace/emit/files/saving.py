@@ -1,19 +1,17 @@
 """Emit: save an emitted model to a directory and load it back, without pickle.
 
-``save_model`` writes ``model.py`` (source from ``autoplace.emit.codegen``; imports torch and the
+``save_model`` writes ``model.py`` (source from ``codegen.source``; imports torch and the
 standard library only), ``weights.safetensors`` (every segment's tensors under
 ``seg<i>.<name>``; with a checkpoint, only those it does not hold), ``meta.json`` (planned
-devices, node names, pytree specs, the weights' SHA-256, and for a model planned with a
-checkpoint, ``emit.checkpoint.references``: which checkpoint key and file each segment tensor
-is read from) and, when the model carries its example inputs (``example_inputs``, set by
-``emit_and_verify``), ``inputs.safetensors``: each tensor input under its name from
-``input_names`` (``args.0``, ``kwargs.input_ids``), with the structure and any non-tensor
-inputs in ``meta.json``. ``load_model`` checks ``meta.json`` and the weights' hash, imports only
+devices, node names, pytree specs, the weights' SHA-256, and with a checkpoint
+``checkpoint.references``: the key and file each segment tensor is read from) and, when the
+model carries its example inputs (``example_inputs``, set by ``emit_and_verify``),
+``inputs.safetensors`` (each tensor input under its ``input_names`` name, ``args.0``,
+``kwargs.input_ids``). ``load_model`` checks ``meta.json`` and the weights' hash, imports only
 allow-listed modules for the pytree specs, executes ``model.py``, and loads each segment's
-tensors (``load_segments``: from ``weights.safetensors`` and the checkpoint, one segment at a
-time, straight onto its ``device_map``-remapped device); ``load_inputs`` reads the example
-inputs back. Read ``save_model``, ``_weights``, ``_inputs``, ``_dump_spec``, then
-``load_model``, ``load_segments``, ``_read_meta`` and ``load_inputs``.
+tensors one segment at a time onto its ``device_map``-remapped device (``load_segments``);
+``load_inputs`` reads the example inputs back. Read ``save_model``, ``_weights``, ``_inputs``,
+``_dump_spec``, then ``load_model``, ``load_segments``, ``_read_meta`` and ``load_inputs``.
 """
 
 from __future__ import annotations
@@ -32,21 +30,21 @@ import torch
 from safetensors import safe_open
 from torch.utils import _pytree as pytree
 
-from autoplace.emit.checkpoint import (
-    check_unchanged,
-    read_segment,
-    references,
-    safetensors_device,
-    sha256_of,
-)
-from autoplace.emit.codegen import (
+from autoplace.emit.codegen.model import PartitionedModel, SegmentInfo
+from autoplace.emit.codegen.source import (
     MODEL_CLASS_NAME,
     class_source,
     merge_globals,
     model_source,
 )
 from autoplace.emit.device_map import check_device, remap
-from autoplace.emit.model import PartitionedModel, SegmentInfo
+from autoplace.emit.files.checkpoint import (
+    check_unchanged,
+    read_segment,
+    references,
+    safetensors_device,
+    sha256_of,
+)
 from autoplace.errors import AutoplaceError, EmitError, OutputError
 
 __all__ = ["input_names", "load_inputs", "load_model", "load_segments", "planned_devices",

@@ -2,23 +2,17 @@
 
 The emitted model of a training plan with micro-batches computes the loss of one micro-batch.
 A step (``train_step``) runs each segment's forward and backward of each micro-batch as its own
-*action*, in the order the plan's schedule starts them (``action_order``: the simulated start of
-the first plan node of each action, GPipe's or 1F1B's per-device order,
-``simulate.schedules``), so that it holds what the plan holds. A segment's inputs from another
-segment enter it detached (a leaf that needs a gradient, as ``torch.distributed.pipelining``'s
-stages take them), so its backward is its own: ``torch.autograd.backward`` on its outputs with
-the gradients its readers' backwards gave them, which leaves the gradients of its inputs on
-those leaves for their producers. Parameters accumulate their gradient over the micro-batches
-in ``.grad``, and the caller steps the optimizer once.
-
-The loss of the batch is the mean (or the sum) of the micro-batches' losses (``loss_rule``
-checks which on the example); each micro-batch's backward starts from ``1/M`` (or 1), times
-float16's loss scale.
+*action*, in the order the plan's schedule starts them (``action_order``: GPipe's or 1F1B's
+per-device order, ``simulate.schedules``), so that it holds what the plan holds. A segment's
+inputs from another segment enter it detached (as ``torch.distributed.pipelining``'s stages take
+them), so its backward is its own; parameters accumulate their gradient over the micro-batches,
+and the caller steps the optimizer once. The batch's loss is the mean (or the sum, ``loss_rule``)
+of the micro-batches' losses; each backward starts from ``1/M`` (or 1), times float16's scale.
 
 ``split_batch`` cuts the example inputs and targets into micro-batches (and, for data-parallel
-replicas, ``ddp.py``, into shards): the batch size is the first dimension of the first tensor
-among the inputs (``batch_size``), and every tensor whose first dimension has that size is cut
-along it; the others are passed whole to every part.
+replicas, ``distributed.ddp``, into shards): the batch size is the first dimension of the first
+tensor among the inputs (``batch_size``), and every tensor whose first dimension has that size
+is cut along it; the others are passed whole to every part.
 """
 
 from __future__ import annotations
@@ -37,7 +31,7 @@ import torch
 from torch.fx import _pytree as fx_pytree
 from torch.utils import _pytree as pytree
 
-from autoplace.emit.saving import input_names
+from autoplace.emit.files.saving import input_names
 from autoplace.errors import AutoplaceError, EmitError
 from autoplace.ir import Problem, Schedule
 from autoplace.simulate.schedules import phase_of
@@ -214,7 +208,7 @@ def train_step(model: torch.nn.Module, batches: Sequence[Batch], order: Sequence
 
     With ``threads`` (by default, where every segment is on a CPU device and there are
     several), each planned device runs its own actions in that order on a worker thread of
-    one intra-op thread, as the threaded forward does (``runtime.py``), waiting for the
+    one intra-op thread, as the threaded forward does (``codegen.runtime``), waiting for the
     actions each one needs: autograd runs a CPU backward on the thread that calls it, so the
     devices' backwards overlap as their forwards do. Otherwise the caller's thread runs every
     action (GPU work is queued asynchronously, so GPUs still overlap)."""

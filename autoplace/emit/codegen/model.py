@@ -2,27 +2,16 @@
 
 Input is a ``torch.fx.GraphModule`` (from ``torch.export`` or ``torch.fx.symbolic_trace``) and a
 device per compute node; output is a ``PartitionedModel`` whose children ``seg0``, ``seg1``, ...
-are device-contiguous ``GraphModule`` segments, called by a generated top-level forward that moves
-values between devices with explicit ``.to(device, non_blocking=False)`` copies; over several
-devices the model runs the threaded forward instead (``runtime.py``: GPUs launched from the
-caller's thread, a worker thread per CPU device). Either way a ``cpu-thread`` worker's segments
-run on one intra-op thread, as the plan profiled them (``_under_worker_threads``).
+are device-contiguous ``GraphModule`` segments, called by a generated top-level forward that
+moves values between devices with explicit ``.to(device, non_blocking=False)`` copies; over
+several devices the model runs the threaded forward instead (``runtime``). Either way a
+``cpu-thread`` worker's segments run on one intra-op thread, as the plan profiled them
+(``_under_worker_threads``).
 
 Read ``emit_model`` first: ``lower`` -> ``run_order`` -> ``assign_devices`` -> ``partition`` ->
 ``build_segment`` per segment -> ``_top_forward`` (which values each segment call must copy to
-its device) -> ``PartitionedModel``.
-
-Rules worth knowing:
-- Nodes missing from ``device_of``: a compute node takes the device of its first producer that has
-  one, else of its first consumer; a parameter/buffer (``get_attr``) lives in the segment of its
-  first consumer and is passed (and copied, if needed) to later segments on other devices; model
-  inputs are copied to every device that consumes them.
-- ``call_module`` nodes (symbolic_trace) are inlined by tracing the module, so every segment is
-  plain ``get_attr`` + ``call_function``/``call_method``; a module's training flag is baked in.
-- A tensor reached under several names (tied weights) gets one name, so it is stored once.
-- torch.export's ``_guards_fn`` input check is dropped: segments do not re-check input shapes.
-- Every device argument is rewritten to read the segment's ``device`` attribute, so a segment
-  runs where it was loaded, after any ``device_map`` remap.
+its device) -> ``PartitionedModel``. Each step's rules (a device for nodes the plan names none
+for, where a parameter lives, tied weights, device arguments) are in its own docstring.
 """
 
 from __future__ import annotations
@@ -35,7 +24,11 @@ import torch
 import torch.fx
 from torch.utils import _pytree as pytree
 
-from autoplace.emit.codegen import (
+from autoplace.emit.codegen.fxgraph import build_segment
+from autoplace.emit.codegen.lower import Lowered, lower
+from autoplace.emit.codegen.runtime import Program, build_program, threaded_forward_source
+from autoplace.emit.codegen.segment import assign_devices, later_uses, owners, partition, run_order
+from autoplace.emit.codegen.source import (
     SegmentCall,
     compile_forward,
     forward_source,
@@ -43,10 +36,6 @@ from autoplace.emit.codegen import (
     signature_source,
 )
 from autoplace.emit.device_map import check_device, remap
-from autoplace.emit.fxgraph import build_segment
-from autoplace.emit.lower import Lowered, lower
-from autoplace.emit.runtime import Program, build_program, threaded_forward_source
-from autoplace.emit.segment import assign_devices, later_uses, owners, partition, run_order
 from autoplace.errors import EmitError
 
 __all__ = ["PartitionedModel", "SegmentInfo", "emit_model"]
@@ -108,7 +97,7 @@ class PartitionedModel(torch.nn.Module):
         self._in_spec = in_spec
         self._out_spec = out_spec
         self._forward = compile_forward(forward_source)
-        # The threaded runtime (emit/runtime.py): GPUs launched from the caller's thread, a
+        # The threaded runtime (emit/codegen/runtime.py): GPUs launched from the caller's thread, a
         # worker thread per CPU device, running the ``program``; ``runtime`` picks which forward
         # runs.
         self.program = program
