@@ -1,27 +1,18 @@
 """Coarsen a traced graph to a size CP-SAT solves quickly, keeping what matters for placement.
 
-Three steps, each applied only while the graph is still larger than ``max_nodes`` (the first is
-always applied, since it loses nothing; ``fold`` applies it alone):
+Three steps, each only while the graph is larger than ``max_nodes`` (the first always, since it
+loses nothing; ``fold`` applies it alone): 1. **fold** free nodes (views, metadata checks) that
+have a single producer into it; 2. **group by module**: merge consecutive runs of a topological
+order that belong to one module, deepest module level first; 3. **chunk**, as a last resort:
+consecutive runs of equal length. None creates a cycle (a node whose only input is ``u``
+contracted into ``u``; a run of a topological order); modules are what a person would place.
 
-1. **fold** nodes that cost nothing (views, metadata checks) and have a single producer into
-   that producer. Contracting a node whose only input comes from ``u`` into ``u`` cannot create a
-   cycle.
-2. **group by module**: walk the groups in topological order and merge consecutive runs that
-   belong to the same module, at the deepest module level first and shallower levels after.
-   Merging a run of consecutive nodes of a topological order never creates a cycle, and modules
-   (an attention block, one branch of an Inception block) are what a person would place.
-3. **chunk**: as a last resort, merge consecutive runs of equal length.
-
-A group never grows past ``max_group_bytes`` of parameters, so coarsening cannot make a model
-unplaceable. Each coarse node's ``ops`` lists the traced ops it stands for; expanding a plan back
-is reading those lists. Costs of a group are the sums of its members' costs, and an edge between
-groups carries each producer's output once. A group's ``workspace_bytes`` is its internal peak
-(``_internal_peak``): what its members hold while it runs beyond the outputs it passes on, so the
-simulator's memory stays an upper bound of the ops run one by one.
-
-The pipeline plans on the **folded** graph (``fold``: lossless, so a makespan, a bound or a
-memory figure on it holds for the traced graph) and hands the solver ``coarsen``'s smaller
-graph only as an aid.
+A group stays within ``max_group_bytes`` of parameters, so coarsening cannot make a model
+unplaceable. Its ``ops`` list the traced ops it stands for (expanding a plan reads them), its
+costs are its members' sums, an edge carries each producer's output once, and its
+``workspace_bytes`` is its internal peak beyond what it passes on (``_internal_peak``), so the
+simulator's memory stays an upper bound. The pipeline plans on the folded graph (lossless, so
+its figures hold for the traced graph); ``coarsen``'s smaller graph only aids the solver.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
-"""The errors autoplace raises on bad input, in one small hierarchy.
-
-Every error a user can cause is an ``AutoplaceError``; the CLI prints its message as one paragraph
-and exits with code 2. A message says what was wrong, the numbers involved, and what to do.
+"""The errors autoplace raises on bad input, in one small hierarchy (``docs/errors.md`` says what
+to do about each). Every one is an ``AutoplaceError``: the CLI prints its message as one
+paragraph and exits with code 2. A message says what was wrong, the numbers, and what to do.
 
     AutoplaceError
     ├── ModelLoadError      the model file is missing, malformed, or raised while running
     ├── TraceError          neither torch.export nor torch.fx could trace the model
-    ├── DeviceSpecError     an unknown device type, a malformed --devices spec or cluster file,
-    │                       or no device here to profile
+    ├── DeviceSpecError     a bad device type, --devices spec or cluster file; nothing to profile
     ├── GraphError          a task graph that is not a DAG, or names unknown nodes
     ├── PinError            a pin (--pin, --pin-map) names an unknown module or device, or
     │                       contradicts another pin

@@ -4,17 +4,15 @@ A pin names a module as ``model.named_modules()`` does (``model.layers.0``; ``0`
 ``nn.Sequential``) and a device of the cluster: its name (``cuda:1``), its torch device, or as
 in a Hugging Face ``device_map`` an integer (the i-th GPU) or ``"cpu"``. Pins come from
 ``--pin MODULE=DEVICE`` (``parse_pins``), a partial ``device_map`` JSON (``read_pin_map``), or
-``autoplace.plan(..., pins={...})``; ``merge_pins`` joins them.
+``autoplace.plan(..., pins={...})``; ``merge_pins`` joins them (``docs/cli.md``, "Pins").
 
 ``resolve_pins`` turns them into a device for each traced op (the op's module is the pinned one
-or inside it; the deepest pinned module wins, as in a ``device_map``), and extends each pin to
-the op's colocation group (tied weights). ``resolve_unit_pins`` does the same for a
-module-level graph (``--granularity module``), where a node is a module kept whole: a pin inside
-it pins it whole, and pins that would split it are an error. ``pin_costs`` applies that to
-the costs the way a task graph's ``"pinned"`` does (``formats.graph``): every other device's
-time becomes infinite.
-So every later stage (folding, coarsening, the solvers, the baselines, the bounds and the memory
-diagnosis) sees pins as the devices a node may run on, and a later grouping inherits them.
+or inside it; the deepest pinned module wins, as in a ``device_map``), extended to the op's
+colocation group (tied weights); ``resolve_unit_pins`` does the same for a module-level graph
+(``--granularity module``), where a pin inside a module kept whole pins it whole and pins that
+would split it are an error. ``pin_costs`` then makes every other device's time infinite, as a
+task graph's ``"pinned"`` does (``formats.graph``), so every later stage (folding, coarsening,
+solvers, baselines, bounds, the memory diagnosis) sees pins as the devices a node may run on.
 """
 
 from __future__ import annotations

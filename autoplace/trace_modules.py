@@ -1,30 +1,18 @@
 """Trace a model at module granularity: one ``OpNode`` per placeable module, for a Hugging Face
-``device_map`` (``--granularity module``).
+``device_map`` (``--granularity module``; ``docs/architecture.md``, "Stage 1, trace").
 
-A device_map places whole modules, so the graph it is planned on has one node per *unit*: a
-module kept whole (an instance of a no-split class, ``model._no_split_modules`` by default, or a
-module without children, or one that owns parameters or buffers itself beside its children:
-kept whole here, a simplification, where accelerate may name such a module's own tensors one by
-one), found by walking the module tree from the root and stopping at the first unit on every
-path. Read ``units`` first, then ``module_units`` (what the tree alone says: bytes and tied
-groups, enough to refuse a unit no device holds before anything runs), then ``trace_modules``.
-
-Instead of torch.export (seconds for GPT-2 here), the model runs once, eagerly, under
-``torch.no_grad`` with a forward pre-hook and hook on every unit and a ``TorchDispatchMode``
-that sees every aten op. Each tensor an op makes is tagged with where its data came from: the
-unit running, or outside any unit (the glue of a parent's ``forward``: an add of two
-embeddings, a residual) the union of its inputs' sources. A unit's inputs' sources are its
-in-edges, with the bytes it read; its FLOPs are ``torch.utils.flop_counter``'s formulas over
-its ops (the registry ``FlopCounterMode`` uses); its workspace is the most bytes its ops held
-alive at once beyond what it held at entry, freed tensors counted out through ``weakref``.
-Glue ops cost nothing here: they are a few elementwise ops beside the units' matmuls, and
-accelerate runs them wherever their inputs are. The run is real (a model on the meta device
-runs on meta tensors instead, which works where its forward never reads a tensor's value).
-
-Each parameter and buffer is counted once, in the first unit that owns it; units sharing one
-(tied embeddings: GPT-2's ``wte`` and ``lm_head``) form a colocation group. A unit called twice
-(T5's shared embedding) is one node with both calls' FLOPs; an edge that would run backwards
-(a unit fed by one first called after it) is dropped, and a note says how many.
+A node is a *unit*, a module kept whole: an instance of a no-split class
+(``model._no_split_modules`` by default), a module without children, or one owning parameters or
+buffers beside its children (kept whole: a simplification, where accelerate may name its own
+tensors one by one), found by walking the module tree from the root to the first unit on every
+path. The model runs once, eagerly (torch.export takes seconds for GPT-2), under ``torch.no_grad``
+with hooks on every unit and a ``TorchDispatchMode`` that tags each tensor an aten op makes with
+its source: the unit running, or outside any unit (a parent's glue) its inputs' sources. A unit's
+in-edges are its inputs' sources and bytes; its FLOPs ``torch.utils.flop_counter``'s formulas; its
+workspace the most bytes its ops held alive beyond what it held at entry (``weakref``). Glue costs
+nothing (accelerate runs it where its inputs are); units sharing a tensor (GPT-2's ``wte``,
+``lm_head``) are colocated. Read ``units``, ``module_units`` (the tree alone: bytes, tied groups,
+enough to refuse a unit no device holds before anything runs), then ``trace_modules``.
 """
 
 from __future__ import annotations

@@ -1,31 +1,18 @@
 """Calibrated roofline: per device type, per op family efficiencies fitted to measurements.
 
-The analytic roofline assumes every kernel reaches the datasheet peaks: an op takes
-``launches * overhead + max(flops / peak, bytes / bandwidth)``. Real kernels reach a fraction of
-each peak, and the fraction depends on the kind of op (a matmul gets closer to the FLOP peak than
-a pooling window gets, an embedding lookup is far from the bandwidth bound) and on the hardware
-and threads that run it. Calibration keeps the roofline's form and fits its three numbers per
-device type and op family:
+Kernels reach a fraction of the peaks the analytic roofline assumes, so its numbers are fitted:
 
     t = launches * overhead[family]
         + max(compute_factor[family] * flops / peak, memory_factor[family] * bytes / bandwidth)
 
-``1 / compute_factor`` is the family's efficiency against the FLOP peak and ``1 / memory_factor``
-against the bandwidth, the "percent of peak" of e.g. Paleo (H. Qi, E. Sparks, A. Talwalkar,
-"Paleo: A Performance Model for Deep Neural Networks", ICLR 2017), one for each side of the
-roofline; ``overhead`` is the fixed cost of one kernel (dispatch, thread wake-up, launch), which
-is what small ops are made of. Factors are at least 1: no kernel beats the datasheet.
-
-The fit minimises the squared relative error of each op, weighted by the square root of its time
-so that the ops that dominate a model's total count more than the many tiny ones, without letting
-one op decide. For a given ratio ``memory_factor / compute_factor`` the law is linear in
-``overhead`` and ``compute_factor``, a least-squares problem with two bounds solved exactly; the
-ratio is searched on a logarithmic grid (``_RATIOS``). A family with fewer than
-``MIN_FAMILY_SAMPLES`` ops uses the law fitted to all of them, and a family whose ops all lack
-one side (no FLOPs counted, say) takes that side's factor from the law fitted to all.
-
-Read ``op_family`` (op name -> family), ``Sample`` and ``CalibrationFit``, then ``fit`` and
-``CalibrationFit.op_time_s``. Pure Python and numpy: no torch, nothing from ``autoplace``.
+``1 / compute_factor`` and ``1 / memory_factor`` are efficiencies against each side of the
+roofline, Paleo's "percent of peak" (H. Qi, E. Sparks, A. Talwalkar, "Paleo: A Performance Model
+for Deep Neural Networks", ICLR 2017); ``overhead`` is one kernel's fixed cost; factors are at
+least 1. The fit minimises each op's squared relative error weighted by the square root of its
+time, exactly for each factor ratio of a grid (``_RATIOS``); a family short of
+``MIN_FAMILY_SAMPLES`` ops, or missing a side, borrows from the law fitted to all (the details:
+``docs/profiling.md``, "Calibration"). Read ``op_family``, ``Sample``, ``CalibrationFit``, then
+``fit``, ``CalibrationFit.op_time_s``. Pure Python and numpy: no torch, nothing from autoplace.
 """
 
 from __future__ import annotations

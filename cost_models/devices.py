@@ -1,26 +1,18 @@
-"""Device types: what one accelerator (or a host CPU) can do, from public datasheets.
+"""Device types: what one accelerator (or a host CPU) can do, from public datasheets, each cited.
 
-Read ``DeviceType`` first (the fields and the ``peak_flops_for`` fallback rules), then the catalog
-``DEVICE_CATALOG``, its lookup ``get_device_type``, ``match_gpu_name`` (driver-reported names to
-catalog names) and ``catalog_table``. Every figure in the catalog names its source.
+Read ``DeviceType`` (its fields, ``peak_flops_for``'s fallbacks), then ``DEVICE_CATALOG``,
+``get_device_type``, ``match_gpu_name`` (a driver's name to the catalog's) and ``catalog_table``.
 
-Conventions, so entries compare like for like:
-
-* ``float32`` is the FP32 *non-tensor* (CUDA core) peak: PyTorch leaves TF32 matmuls off by
-  default (``torch.backends.cuda.matmul.allow_tf32 = False`` since 1.12), so plain float32 work
-  runs on CUDA cores. ``tfloat32`` is there for callers that turn TF32 on.
-* ``float16``/``bfloat16``/``int8``/``tfloat32`` are *dense* tensor-core peaks. NVIDIA's
-  datasheets since Ampere print the 2:4-sparsity figure next to (or instead of) the dense one; where
-  only the sparse figure is printed we halve it, and say so.
-* ``float64`` is the FP64 tensor-core peak where the chip has one (cuBLAS uses it for DGEMM on
-  A100/H100), else the FP64 CUDA-core peak.
-* ``memory_bytes`` is the nominal size nvidia-smi shows (A100-40GB: 40 GiB), not what is left
-  after the CUDA context; the H200 is the exception noted at its entry.
-* ``launch_overhead_s`` is an *estimate* of PyTorch eager's per-kernel dispatch and launch cost
-  (a few microseconds on GPUs), not a datasheet figure.
-* ``reserved_bytes`` is the memory the runtime holds before any tensor: on a GPU the CUDA context
-  with every module loaded plus one cuBLAS workspace (``GPU_RUNTIME_RESERVE_BYTES``, sources at
-  the constant), on a CPU nothing. A plan charges it as resident; a cluster file overrides it.
+Conventions, so entries compare like for like (reasons: ``docs/cli.md``): ``float32`` is the FP32
+*non-tensor* (CUDA core) peak, PyTorch leaving TF32 matmuls off by default (``tfloat32``: for
+callers turning it on); ``float16``, ``bfloat16``, ``int8`` and ``tfloat32`` are *dense*
+tensor-core peaks (a 2:4-sparsity figure, where the datasheet prints only that, halved and said
+so); ``float64`` is the FP64 tensor-core peak where the chip has one, else the CUDA-core peak;
+``memory_bytes`` is the nominal size nvidia-smi shows (the H200 is noted at its entry);
+``launch_overhead_s`` is an *estimate* of PyTorch eager's per-kernel cost; ``reserved_bytes`` is
+what the runtime holds before any tensor: on a GPU the CUDA context (every module loaded) plus one
+cuBLAS workspace (``GPU_RUNTIME_RESERVE_BYTES``, sources at the constant), on a CPU nothing,
+charged as resident.
 """
 
 from __future__ import annotations

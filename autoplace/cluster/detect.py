@@ -1,23 +1,18 @@
 """What is here: the host CPU and the GPUs (name, memory, free memory, PCIe link, NVLink peers),
 found once for every caller (``autoplace devices``, device specs naming ``cuda:N``, the default
-cluster and the profiler), and which plan devices can be profiled.
+cluster and the profiler), and which plan devices can be profiled (``docs/profiling.md``).
 
-GPUs are read from NVML (``pynvml``, package ``nvidia-ml-py``, the optional ``gpu`` extra) when
-it is installed, a driver answers and its numbering provably matches CUDA's; otherwise from
-torch; otherwise there are none. Every extra NVML query (free memory, PCIe, NVLink) may fail on
-some driver or GPU (topology queries on a single-GPU VM, NVLink on PCIe cards): a failure leaves
-that field empty and is never reported, since a machine without NVIDIA hardware (CI, laptops) is
-the ordinary case.
-
-**The ``CUDA_VISIBLE_DEVICES`` rule** (the one torch follows, since ``cuda:N`` in a plan is
-torch's name): only the listed GPUs exist, renumbered from 0 in the listed order, so
-``CUDA_VISIBLE_DEVICES=2,3`` makes NVML's GPUs 2 and 3 ``cuda:0`` and ``cuda:1``; an empty value
-hides every GPU. Entries NVML cannot map (UUIDs, MIG names, out-of-range indices) are left to
-torch, which asks CUDA itself.
+GPUs come from NVML (``pynvml``, package ``nvidia-ml-py``, the optional ``gpu`` extra) when it
+is installed, a driver answers and its numbering provably matches CUDA's; else from torch; else
+there are none. An extra NVML query (free memory, PCIe, NVLink) that fails on some driver or GPU
+leaves its field empty, unreported: a machine without NVIDIA hardware (CI, laptops) is the
+ordinary case. ``CUDA_VISIBLE_DEVICES`` follows torch's rule (``cuda:N`` in a plan is torch's
+name): only the listed GPUs exist, renumbered from 0 in the listed order (``2,3`` makes NVML's
+GPUs 2 and 3 ``cuda:0`` and ``cuda:1``), an empty value hides every GPU, and entries NVML cannot
+map (UUIDs, MIG names, out-of-range indices) are left to torch, which asks CUDA itself.
 
 Read ``detect_gpus`` first, then ``inventory`` (the host too, for the profiler), ``device_key``
-(how the profile cache names a device) and ``present_devices`` (which devices of a cluster are
-here).
+(how the profile cache names a device) and ``present_devices`` (which cluster devices are here).
 """
 
 from __future__ import annotations

@@ -1,62 +1,15 @@
 """The cluster file: a TOML description of hosts, devices and links, read and checked against
 ``cluster.schema.json`` (JSON Schema, draft 2020-12) before anything is built from it.
 
-Read ``read_cluster_file``; ``autoplace.cluster.file`` turns what it returns into a ``Cluster``
-and makes the checks a schema cannot (device types and link kinds from the catalog, link ends
-that name devices). The format::
+The format, every table with what each field defaults to, how devices are named and linked by
+default, ``reserve_bytes`` and shared links, is documented in ``docs/cli.md`` ("Cluster files",
+"Shared links"); the schema beside this module states every field.
 
-    [[hosts]]
-    name = "node0"
-    devices = ["2xA100-40GB", "cpu"]     # the spec syntax of --devices ('2xTYPE', no spaces
-                                         # inside an entry), catalog types only
-    reserve_bytes = 0                    # optional: what each device's runtime holds (below)
-
-    [[hosts]]
-    name = "node1"
-    devices = ["A100-40GB"]
-    nic_bandwidth_bytes_per_s = 25e9     # optional: its NIC. Transfers leaving node1 share
-                                         # nic-out:node1, those entering it nic-in:node1
-
-    [[devices]]                          # optional: one device with overrides
-    host = "node1"                       # a [[hosts]] name; omit it when there are no [[hosts]]
-    type = "A100-80GB"
-    torch_device = "cuda:1"              # optional: default is the host's next free cuda:N
-    memory_bytes = 75_000_000_000        # optional: default is the catalog's
-    reserve_bytes = 1_000_000_000        # optional: default is the type's, see below
-
-    [[links]]                            # optional: override the default link of a pair
-    src = "node0/cuda:0"
-    dst = "node1/cuda:0"
-    kind = "network"                     # a kind (its catalog figures, and its label),
-    bandwidth_bytes_per_s = 25e9         # or a bandwidth, or both: this wins over the kind's
-    latency_s = 5e-6                     # optional: default the kind's, else the pair's link's
-    symmetric = true                     # the default: dst -> src gets the same figures
-
-    [[shared]]                           # optional: any other shared resource
-    name = "pcie-switch0"
-    bandwidth_bytes_per_s = 16e9
-    devices = ["node0/cuda:0", "node0/cuda:1"]  # transfers between these and other devices
-    # hosts = ["node0"]                  # or a host's devices; or pairs, both ways unless
-    # pairs = [["node0/cuda:0", "node1/cuda:0"]]  # symmetric = false
-
-With one host, devices are named as in a spec (``cuda:0``, ``cpu``); with several,
-``host/cuda:0`` (``torch_device`` stays ``cuda:0``). Devices on different hosts default to a
-``network`` link. Two GPUs of one NVLink-capable type on one host are assumed to share an NVLink
-board (as in HGX/DGX systems): override the links of PCIe-only machines.
-
-A ``[[links]]`` table gives ``bandwidth_bytes_per_s``, or a ``kind`` from the link catalog
-(``cost_models.links``) whose bandwidth (and, unless given, latency) it then takes, with a note
-in the plan and on the terminal saying so; one with neither (a ``latency_s`` alone) is an error
-that lists the kinds. Without a kind the link is labelled ``custom``.
-
-Links are independent unless a NIC or ``[[shared]]`` says otherwise: transfers that cross one
-shared link at the same time divide its bandwidth, max-min fair (``autoplace.cluster.shared``,
-``simulate.contention``). A name that is not a device or host of the file is an error.
-
-``reserve_bytes`` is memory the runtime holds before any tensor (the CUDA context, cuBLAS's
-workspace), charged as resident: by default ``cost_models.devices.GPU_RUNTIME_RESERVE_BYTES``
-(about 668 MiB) on a GPU, 0 on a CPU; a host's value applies to the devices of its spec list.
-To plan for tensors alone in a capped ``memory_bytes``, set it to 0.
+Read ``read_cluster_file`` (the TOML parsed, then ``schema_problems``: each problem named by its
+path, the first ``_SHOWN_PROBLEMS`` shown; then what JSON Schema cannot say, ``_non_finite``).
+``autoplace.cluster.file`` turns what it returns into a ``Cluster`` and makes the checks a schema
+cannot (device types and link kinds from the catalog, link ends that name devices);
+``autoplace.cluster.shared`` builds its NICs and ``[[shared]]`` tables.
 """
 
 from __future__ import annotations

@@ -1,28 +1,18 @@
 """Task graphs from JSON: placement for graphs that do not come from tracing a PyTorch model
 (another framework, a profiler, a benchmark). ``autoplace solve graph.json`` reads one.
 
-The format (``docs/graph-format.md`` has the full description and an example; the JSON Schema
-``graph.schema.json`` beside this module states every field)::
-
-    {"name": "g",
-     "devices": [{"name": "gpu0", "type": "A100", "memory_bytes": 40e9}, ...],   # optional
-     "links": [{"src": "gpu0", "dst": "gpu1", "bandwidth_bytes_per_s": 3e11,
-                "latency_s": 1e-5}],                 # or "default_link": {bandwidth, latency}
-     "nodes": [{"name": "a", "compute_s": {"A100": 0.002, "gpu1": null},
-                "memory_bytes": 1000, "output_bytes": 4096, "pinned": "gpu0", "module": ""}],
-     "edges": [{"src": "a", "dst": "b", "bytes": 4096}, {"src": "b", "dst": "c",
-                "transfer_s": 0.001}],
-     "colocate": [["a", "c"]],
-     "outputs": ["c"]}
-
-``compute_s`` is keyed by device name or device type (a name wins); ``null`` marks a device the
-node cannot run on. Nodes may come in any order: they are sorted topologically, and a cycle is an
-error naming the nodes on it. Devices come from the file or, when given, from ``--devices`` /
-``--cluster`` (which replace the file's).
+The format (devices, links or a default link, nodes with their times per device name or type,
+edges by bytes or a fixed ``transfer_s``, colocation groups, outputs) is documented, with an
+example and every check, in ``docs/graph-format.md``; the JSON Schema ``graph.schema.json``
+beside this module states every field. ``compute_s`` is keyed by device name or device type (a
+name wins), ``null`` marking a device the node cannot run on; nodes come in any order and are
+sorted topologically (a cycle is an error naming its nodes); ``--devices`` / ``--cluster``, when
+given, replace the file's devices.
 
 Read ``problem_from_dict`` first: the schema check (each error names the JSON path of the bad
 field and what was expected), then the checks a schema cannot state (unique names, edges and
-groups naming nodes that exist, a time for every device, no cycle), then the ``Problem``.
+groups naming nodes that exist, a time for every device, no cycle), then the ``Problem``;
+``load_graph_file`` reads a file into it.
 """
 
 from __future__ import annotations

@@ -2,19 +2,15 @@
 autograd on a device that is here (``measure_backward_factor``), and the forward pass itself as
 training runs it (``measure_training_passes``).
 
-A training plan's backward nodes take ``factor`` times their forward node's time
-(``train.graph``). Without a measurement the factor is 2, the FLOP count's (Kaplan et al.,
-2020); with one it is this model's own on that device: the whole forward pass (with autograd
-recording, as in training) and the whole forward and backward pass are timed, one of each per
-round, and the factor is the median over the rounds of the backward's share over the
-forward's. One factor per device, applied to every node: the per-op split of the backward is
-not measured.
-
-The same rounds give the whole forward pass with autograd recording (the median), which a
-training step's forward nodes are scaled to (``train.updates.with_measured_forward``): the ops
-timed one by one in the model (``profile.ops``) add up short of it (GPT-2 on a CPU worker: 120
-against 143 ms without autograd, more with it, which records what the backward needs), and the
-backward, a factor of it, with them.
+A training plan's backward nodes take ``factor`` times their forward node's time (``train.graph``):
+2 without a measurement, the FLOP count's (Kaplan et al., 2020); with one, this model's own on that
+device. The whole forward pass (autograd recording, as in training) and the whole forward and
+backward pass are timed, one of each per round, and the factor is the median over the rounds of the
+backward's share over the forward's: one per device, applied to every node (the per-op split of the
+backward is not measured). The same rounds' median forward pass is what a step's forward nodes are
+scaled to (``train.updates.with_measured_forward``): the ops timed one by one (``profile.ops``) add
+up short of the pass, more so of one that records for autograd; the backward, a factor of them,
+follows. Figures: ``docs/training.md``, "Formulas and their sources".
 """
 
 from __future__ import annotations

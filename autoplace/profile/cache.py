@@ -4,21 +4,15 @@ Where: ``$AUTOPLACE_CACHE_DIR/profile.sqlite3`` when that variable is set, else
 ``$XDG_CACHE_HOME/autoplace/profile.sqlite3``, else ``~/.cache/autoplace/profile.sqlite3``
 (``default_cache_path``). ``--no-cache`` uses a private in-memory database instead.
 
-An op's time is keyed by its signature (target, input shapes and dtypes, the other
-arguments), the device it ran on (``autoplace.cluster.device_key``: the GPU's name, or the CPU's
-model and thread count) and the torch version, so one measurement serves every model and run that
-has the same op. A model's whole forward pass, measured for comparison, is kept too, keyed by the
-signatures of all its ops in order; so is, in the same table, what averaging a model's gradients
-across data-parallel replicas adds to a step (``profile.allreduce``, keyed ``allreduce:...``).
-Measurements from another torch version are never used (kernels change between releases); the
-cache says how many there are.
-
-Two processes may profile at once: the database runs in WAL mode with a busy timeout (opening
-is retried while the other process sets the file up), each write is one short transaction, and
-rows are only ever inserted or replaced whole. A file that is not a readable database, or one of
-an older schema, is moved aside and rebuilt, with a note (one of a newer schema is left alone and
-the run keeps its measurements in memory); any later database error turns the cache into an
-in-memory one for the rest of the run, with a note. The cache never fails a plan.
+An op's time is keyed by its signature (target, input shapes and dtypes, other arguments), its
+device (``autoplace.cluster.device_key``: the GPU's name, or the CPU's model and thread count) and
+the torch version; a model's whole forward pass by all its ops' signatures, and in that table
+too the replicas' gradient averaging (``profile.allreduce``, keyed ``allreduce:...``). Another
+torch version's rows are never used, only counted. Two processes may profile at once (WAL mode,
+a busy timeout, opening retried, one short transaction per write, rows replaced whole). An
+unreadable file, or an older schema, is moved aside and rebuilt; a newer schema is left alone
+and the run keeps its measurements in memory, as after any later database error; each with a
+note. The cache never fails a plan. For users: ``docs/profiling.md``, "The profile cache".
 """
 
 from __future__ import annotations

@@ -1,27 +1,18 @@
 """Time every op of a traced model on one device, and the whole model's forward pass.
 
-Read ``profile_device``: it walks the traced fx graph once in topological order on the device,
-with the example inputs, so every op meets real values of the traced shapes and dtypes (token ids
-stay valid indices, masks stay masks). At each op it looks the op's signature up in the cache;
-values are freed after their last use, so memory stays about that of one forward pass. On a miss
-the op is timed in one of two ways:
+Read ``profile_device``: one walk of the traced fx graph in topological order on the device,
+with the example inputs (real values of the traced shapes and dtypes), each op's signature looked
+up in the cache, values freed after their last use (about one forward pass's memory). A miss:
 
-- **in situ** (the CPU): after the walk, ``_time_in_situ`` walks the graph again several times
-  the same way and times each op where it runs, between its neighbours (``Timer.per_call_s`` of
-  one call). An op timed over and over on its own finds its inputs, weights and output buffer
-  hot in the core's caches and its output memory already mapped; inside the model it does not,
-  and on this repository's CPU the isolated times summed fell 6-20% short of the whole forward
-  pass, while the in-situ ones came within 6% (``benchmarks/results/profile.md``,
-  ``docs/profiling.md``). The emitted model runs the same ops in the same order, so in-situ
-  times are what it pays.
-- **in isolation** (GPUs): ``timing.measure`` (warm-up, repeated until the median is stable)
-  with CUDA events, plus the allocator's peak for its transient workspace (the CPU allocator
-  keeps no peak statistics). An op that fails when timed alone is timed together with the op
-  before it (which produces fresh inputs each time) and the earlier op's time subtracted; the
-  result says so.
-
-An op that cannot run at all here stops the walk: later ops keep the best costs available. The
-whole forward pass is timed once per model and device and cached with the ops.
+- **in situ** on the CPU: ``_time_in_situ`` walks the graph again several times the same way
+  and times one call of each op where it runs, between its neighbours (``Timer.per_call_s``).
+  An op timed alone finds its data hot in the caches and its output memory mapped, so isolated
+  times summed fell short of the whole pass; the emitted model runs the same ops in the same
+  order, so in-situ times are what it pays (``docs/profiling.md``, "In situ, not in isolation");
+- **in isolation** on GPUs: ``timing.measure`` with CUDA events, plus the allocator's peak for
+  the op's workspace; an op that fails alone is timed after the op before it, that time
+  subtracted. An op that cannot run here stops the walk (later ops keep the best costs there
+  are); the whole forward pass is timed once per model and device and cached with the ops.
 """
 
 from __future__ import annotations

@@ -1,20 +1,17 @@
 """Profile: what the optimizer's update of a model's parameters takes, measured through
 ``torch.optim`` on a device that is here (``measure_update_s_per_byte``).
 
-A training plan's update nodes (``f@step``) are priced by the roofline of the traffic an
-update moves (``train.graph.Optimizer.traffic_bytes_per_param``: Adam 28 bytes a parameter).
-``torch.optim``'s one-tensor-at-a-time Adam (``train.graph.make_optimizer``) makes more
-passes than that over each tensor (the two moments, the square root, the division and the
-step, each its own kernel) and pays Python's per-tensor work: on this machine's CPU workers it
-measured about 1.5x the roofline's time (``docs/training.md``, "Data-parallel replicas").
-Measured instead: the update of all of the model's trainable parameters (a copy), timed as a
-training step runs it, right after a forward and backward pass of the model on the example
-batch (which leave the parameters and the optimizer's state out of the caches, and the
-allocator's memory as a step does: LeNet's Adam update measured 1.1 ms repeated alone, 2.4 ms
-in the step), one intra-op thread on a ``cpu-thread`` worker, the median of the rounds; per
-byte of trainable parameters, which ``train.updates.with_measured_updates`` multiplies by each
-update node's bytes. One figure per device, applied to every update on it: the per-tensor
-split is not measured.
+A training plan's update nodes (``f@step``) are priced by the roofline of the traffic an update
+moves (``train.graph.Optimizer.traffic_bytes_per_param``: Adam 28 bytes a parameter), which
+``torch.optim``'s one-tensor-at-a-time Adam (``train.graph.make_optimizer``) exceeds: a kernel per
+operation (the two moments, the square root, the division, the step) and Python's work per tensor
+(about 1.5x the roofline on this machine's CPU workers: ``docs/training.md``). Measured instead:
+the update of a copy of all the model's trainable parameters, timed as a step runs it, right after
+a forward and backward pass on the example batch (which leave the caches and the allocator as a
+step does; ``docs/design-notes.md``, "profile"), one intra-op thread on a ``cpu-thread`` worker,
+the median of the rounds, per byte of trainable parameters: ``train.updates.with_measured_updates``
+multiplies it by each update node's bytes. One figure per device, applied to every update on it:
+the per-tensor split is not measured.
 """
 
 from __future__ import annotations

@@ -1,17 +1,15 @@
 """The report stage: a ``Plan`` turned into a page and summaries people read.
 
 Everything here works from the plan alone, so a report can be re-rendered from a plan file
-without re-tracing or re-solving (``autoplace report OUT/plan.json`` reads it with
-``autoplace.formats.plan.read_plan``). Read in this order:
-
-* ``units``: the human units every number is shown in.
-* ``analysis``: what the report says, as data (summary facts, critical path, memory over time,
-  module tree; for a training plan, the step's facts, its memory by part from
-  ``autoplace.train.breakdown`` and its schedule as blocks of one phase and micro-batch).
-* ``charts``: the plotly figures (timeline, memory, comparison, solver progress).
-* ``text``: the ``rich`` terminal summary and ``summary.txt``.
-* ``page``: the Jinja2 templates in ``autoplace/templates`` filled in: ``report.html`` and
-  ``summary.md``; ``write_report`` writes all three files, together or not at all.
+without re-tracing or re-solving (``autoplace report OUT/plan.json``, through
+``autoplace.formats.plan.read_plan``). Read in this order: ``units`` (the human units every
+number is shown in); ``analysis`` (what the report says, as data: summary facts, critical path,
+memory over time, module tree; for a training plan, the step's facts, its memory by part from
+``autoplace.train.breakdown`` and its schedule as blocks of one phase and micro-batch);
+``charts`` (the plotly figures: timeline, memory, comparison, solver progress); ``text`` (the
+``rich`` terminal summary and ``summary.txt``); ``page`` (the Jinja2 templates in
+``autoplace/templates`` filled in: ``report.html`` and ``summary.md``; ``write_report`` writes
+all three files, together or not at all).
 
 The renderers trust the plan's numbers; checking the timing invariants (durations, no overlap,
 transfer delays) is the simulator's job, not the report's.

@@ -1,49 +1,18 @@
 """The one event-driven simulator: every placement, the solver's or a baseline's, is scored here.
 
-Model (the same one ``plan.json`` documents, so anyone can re-check a plan):
-
-* a device runs one node at a time, for ``costs.compute_s[node][device]`` seconds;
-* a node starts once every input has arrived on its device: an input read over edge ``(u, v)``
-  from another device arrives ``latency_s + edge bytes / bandwidth`` (or the edge's fixed
-  ``transfer_s``) after ``u`` ends (a link alone is not shared: transfers overlap each other
-  and compute). ``u``'s output is copied once to each other device that reads it, with the
-  largest of those edges' bytes and times. Where the cluster names shared resources
-  (``Cluster.shared``: NICs, PCIe switches), copies that cross one at the same time share its
-  bandwidth, max-min fair, and arrive later (``contention``);
-* with ``Placement.order`` each device runs its nodes in exactly that order; without it a device
-  that falls idle starts its ready node of highest upward rank (list scheduling, as HEFT ranks);
-  a training step of several micro-batches (``Problem.pipeline_schedule``) runs each device in
-  its schedule's order instead (``schedules.py``: GPipe, 1F1B).
-
-Where ``costs.host`` gives devices a launcher (GPUs: one host thread launches all their work),
-the schedule is timed again in ``launch.launched``: the launcher pays each node's launches, each
-segment call and each handover in one launch order, a node starts no earlier than its launch
-begins, and copies queue on their device's copy stream. ``Schedule.launch_order`` keeps that
-order, and the emitted model launches in it.
-
-Memory on a device is its resident bytes (the runtime's reserve, ``Device.reserved_bytes``, plus
-parameters) plus live activations, as the emitted model holds them (``memory.memory``). The
-emitted model runs the nodes in launch order (in order of start without a launcher), one segment
-per run of nodes on one device, cut also around values that cross devices (``memory.Cuts``); it
-frees each value right after the segment call that last reads it or the copy that last reads it,
-and a segment's inputs stay referenced until it returns. So a node's output (less its
-``view_bytes``: views of parameters, or an expanded view's size beyond its base) is allocated
-when the node starts and freed once the segments of its readers on its device have ended, its last
-outgoing transfer is done, and the first segment reading it on each other device has started
-(the copy is made then; the last such segment for a node of several outputs, a folded group
-whose values are copied one by one and may be views of one storage); a copy received from
-another device lives from the transfer's start until the segment of its last reader there ends;
-a node's ``workspace_bytes`` are held while it runs; the model's inputs and outputs live to the
-end (the caller holds them).
-
-For pipelined execution (the ``throughput`` objective) each device's **load** per pass is its
-compute plus its communication, as PipeDream and Tarnawski et al. (NeurIPS 2020) define it: a
-node whose output leaves its device pays the copy's time once on its own device (the longest
-copy, when it goes to several) and once on each device that receives it; a device with
-``charges_transfers=False`` (a host CPU, in their model) pays no communication.
-
-Read ``simulate`` first, then ``_run`` (the event loop), ``launch.launched`` and ``memory.memory``;
-``validate`` re-checks a schedule independently.
+The model is the one ``plan.json`` documents, so anyone can re-check a plan; its rules are written
+out in ``docs/concepts.md``, "The simulator's rules". In short: a device runs one node at a time; a
+node starts once its inputs have arrived (``latency_s + bytes / bandwidth``, or an edge's
+``transfer_s``, after the producer ends; one copy per other device that reads it; copies crossing a
+shared resource split it max-min fair, ``contention``); a device runs its nodes in
+``Placement.order``, else its ready node of highest upward rank (list scheduling, as HEFT ranks),
+or in a training step's schedule (``schedules``: GPipe, 1F1B); where ``costs.host`` gives devices a
+launcher, ``launch.launched`` times the schedule again with it; memory is the resident bytes plus
+values live as the emitted model holds them (``memory``). For pipelined execution a device's
+**load** is its compute plus its communication, as PipeDream and Tarnawski et al. (NeurIPS 2020)
+define it (``loads``; each copy paid by both ends, no communication on a device with
+``charges_transfers=False``). Read ``simulate`` first, then ``_run`` (the event loop),
+``launch.launched`` and ``memory.memory``; ``validate`` re-checks a schedule independently.
 """
 
 from __future__ import annotations

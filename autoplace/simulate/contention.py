@@ -1,24 +1,18 @@
 """Simulate: transfers that share a resource (``ir.SharedLink``: a host's NIC, a PCIe switch).
 
-The model, exact and event-driven like the rest of the simulator:
+Exact and event-driven like the rest of the simulator (``docs/cli.md``, "Shared links"): a copy (a
+node's output to another device, ``simulate.copies``) moves its bytes from its start (its
+producer's end, or when its launcher issues it) at its **max-min fair share** of the shared
+resources it crosses (progressive filling: Bertsekas & Gallager, *Data Networks*, 2nd ed., section
+6.5.2), capped by its own link's bandwidth: a copy crossing two gets the smaller share, leaving the
+rest of the other to its copies. Rates change only when a copy starts or finishes on a shared
+resource, so between those events every rate is constant and every time exact. An edge reading
+``b`` of the copy's bytes arrives the link's latency (paid once) after ``b`` bytes have moved:
+alone, ``latency + b / min(bandwidth, shared bandwidths)``, ``Cluster.transfer_s``. A copy crossing
+no shared resource, or an edge with a fixed ``transfer_s``, shares nothing and keeps its time.
 
-* a copy (a node's output to another device, ``simulate.copies``) moves its bytes from its
-  start (its producer's end, or when its launcher issues it); while it crosses shared resources
-  its rate is its **max-min fair share** of them (progressive filling: Bertsekas & Gallager,
-  *Data Networks*, 2nd ed., section 6.5.2), capped by its own link's bandwidth. So two equal
-  copies on one NIC each get half of it; a copy crossing two NICs gets the smaller share, and
-  what it leaves of the other goes to the copies there. Rates change only when a copy starts
-  or finishes moving bytes on a shared resource, so between those events every copy moves at a
-  constant rate and every time below is exact (up to floating point);
-* an edge that reads ``b`` of the copy's bytes arrives the link's latency after the copy has
-  moved ``b`` bytes (latency once, at the end): alone on its resources that is the link's
-  ``latency + b / min(bandwidth, shared bandwidths)``, ``Cluster.transfer_s``;
-* a copy that crosses no shared resource, and an edge with a fixed ``transfer_s`` (a measured
-  time), share nothing and take their time as before: a cluster without shared links gives the
-  schedules it always gave.
-
-Read ``Flows`` (the fair-share clock), then ``Copies`` (what ``_run`` drives) and ``replay``
-(the same rule over copies whose start times are known: ``validate``, ``launch.launched``).
+Read ``Flows`` (the fair-share clock), then ``Copies`` (what ``_run`` drives) and ``replay`` (the
+same rule over copies whose start times are known: ``validate``, ``launch.launched``).
 """
 
 from __future__ import annotations

@@ -1,22 +1,18 @@
 """Simulate: the order each device runs a training step's micro-batches in (GPipe, 1F1B).
 
-A training step of M micro-batches (``train.step_problem``) names its nodes by phase and
-micro-batch: ``f#k`` is forward node ``f`` of micro-batch ``k``, ``f@backward#k`` its backward,
-and ``f@step`` the one optimizer update of ``f``'s parameters, after every micro-batch's
-gradient is in (``phase_of`` reads a name). Each device then runs whole micro-batches, one
-block at a time: the block ``F_k`` is the device's forward nodes of micro-batch ``k``, ``B_k``
-its backward nodes, each in the graph's (topological) order, and its optimizer updates come
-last (``optimizer.step()`` after the last backward). The blocks' order is the schedule:
+A step of M micro-batches (``train.step_problem``) names its nodes by phase and micro-batch:
+``f#k`` is forward node ``f`` of micro-batch ``k``, ``f@backward#k`` its backward, ``f@step`` the
+one update of ``f``'s parameters after every micro-batch's gradient is in (``phase_of`` reads a
+name). A device runs whole blocks: ``F_k``, its forward nodes of micro-batch ``k``, and ``B_k``,
+its backward nodes, each in the graph's order; its updates come last. The blocks' order is the
+schedule (``docs/training.md``, "Micro-batches and schedules"):
 
-* **GPipe** (Huang et al., NeurIPS 2019): ``F_0 .. F_{M-1}, B_0 .. B_{M-1}``. Every device's
-  order is a subsequence of one topological order of the whole step, so it never deadlocks;
-  every micro-batch's activations are alive at once.
+* **GPipe** (Huang et al., NeurIPS 2019): ``F_0 .. F_{M-1}, B_0 .. B_{M-1}``, a subsequence of one
+  topological order of the step on every device, so it never deadlocks;
 * **1F1B** (PipeDream-Flush, Narayanan et al., ICML 2021; ``torch.distributed.pipelining``'s
-  ``Schedule1F1B``): a device with ``h`` devices after it on the longest chain of devices its
-  forward values flow through runs ``w = min(M, h)`` warm-up forwards, then alternates
-  ``F_{w+i}, B_i``, then the last ``w`` backwards: at most ``w + 1`` micro-batches' activations
-  are alive on it. This needs the devices to form stages: where forward values flow both ways
-  between two devices (their graph has a cycle) the placement runs GPipe's order instead.
+  ``Schedule1F1B``): ``w = min(M, h)`` warm-up forwards (``h``: the devices after it on the longest
+  chain its forward values flow through), then ``F_{w+i}, B_i`` by turns, then the last ``w``
+  backwards. Where forward values flow both ways between two devices, GPipe's order.
 """
 
 from __future__ import annotations

@@ -1,40 +1,18 @@
 """Solve for a placement: baselines first, then CP-SAT hinted with the best of them.
 
-``solve`` runs every baseline heuristic through the simulator, hints CP-SAT with the best
-feasible one, simulates CP-SAT's answer, and keeps whichever is best, so the returned plan is never
-worse than any baseline on the same simulator. When the simulator finds activations overflowing a
-device that CP-SAT's memory model allowed, the set of nodes placed there is cut off (a no-good:
-they may not all share that device again) and CP-SAT runs again. The lower bound is the best of
-the analytic bounds and the first CP-SAT run's own (later runs carry cuts, so their bounds are not
-bounds of the real problem); a CP-SAT bound above a plan the simulator accepts is dropped.
+``solve`` runs every baseline heuristic (``HEURISTICS``, ``docs/concepts.md``) through the
+simulator, hints CP-SAT with the best feasible one, simulates CP-SAT's answer and keeps the best,
+so the plan is never worse than a baseline on the same simulator. Where the simulator finds a
+device overflowing that CP-SAT's memory model allowed, the nodes placed there are cut off (a
+no-good) and CP-SAT runs again. The lower bound is the best of the analytic bounds and the first
+CP-SAT run's (later runs carry cuts); a CP-SAT bound above a plan the simulator accepts is dropped.
+All it reports is of ``problem``, the full (folded) graph (CP-SAT's bound only when it solved that
+graph whole); ``SolverInfo.scope`` says which graph CP-SAT solved.
 
-Baselines (``HEURISTICS``, each also a CP-SAT hint): accelerate-style sequential and balanced
-fill, insertion-based HEFT, Baechi's memory-aware m-ETF and m-SCT, the exact dynamic program
-over contiguous splits of a topological order (two orders: the graph's, and one that keeps
-colocation groups together), the exact dynamic program over all contiguous splits (chains of
-ideals, Tarnawski et al.; for graphs with few ideals), and the DP's variant over colocation
-groups (pipeline stages of training graphs). Solvers are chosen by name (``SOLVERS``);
-``cpsat`` is the default, the others return the corresponding heuristic's plan.
-
-Read ``solve`` first: it runs the steps below in order, each of which may end the solve.
-
-1. ``_start``: the baselines (``baselines.run_within``) and the analytic bound;
-2. ``_heuristic``: ``--solver`` names a heuristic: its plan, as it is;
-3. ``_baseline_at_bound``: a baseline meets the lower bound, so it is optimal;
-4. ``_solve_exact``: the CP-SAT rounds with memory no-goods (``_cpsat_rounds``), a check of
-   CP-SAT's bound (``_check_bound``) and the choice between CP-SAT and the best baseline
-   (``_choose``);
-5. ``_solve_large``: graphs over ``max_nodes`` (at most ``EXACT_MAX_NODES``): coarsen,
-   CP-SAT, expand; then CP-SAT on the full graph warm-started, where the exact model takes it,
-   else local moves (``large.py``); all scored on the full graph.
-
-Everything the result reports is of ``problem``, the full graph (the pipeline hands in the
-folded traced graph): the baselines, the bound (the analytic bounds, and CP-SAT's only when
-CP-SAT solved this graph whole) and the status (``OPTIMAL`` only when optimal for this graph).
-``SolverInfo.scope`` says which graph CP-SAT solved and, on a coarsened one, its status there.
-
-The steps share one ``_SolveState``; ``_interrupted`` turns it into the result after Ctrl-C. The
-time each step gets comes from the solve's one ``Budget`` (``options.py``).
+Read ``solve``; its steps, in order, each may end the solve: ``_start`` (the baselines and the
+analytic bound), ``_heuristic`` (``--solver`` names one), ``_baseline_at_bound``, ``_solve_exact``
+(``_cpsat_rounds``, ``_check_bound``, ``_choose``), ``_solve_large`` (over ``max_nodes``:
+``large.py``). They share a ``_SolveState`` (``_interrupted``: after Ctrl-C) and a ``Budget``.
 """
 
 from __future__ import annotations

@@ -1,24 +1,18 @@
 """Hugging Face accelerate's own device maps as baselines: the tool a user would pick instead.
 
-accelerate's ``infer_auto_device_map`` assigns whole modules to devices by parameter size alone,
-filling GPU 0, then GPU 1, ... (``device_map="sequential"``), or first capping each GPU at an
-even share with ``get_balanced_memory`` (``device_map="balanced"``); transformers' own
-``from_pretrained`` does exactly this (``transformers.integrations.accelerate._get_device_map``).
-Here it is called with the plan's devices and memory limits and with ``no_split_module_classes``
-from the model (``model._no_split_modules`` for transformers models), and its map is turned into
-a placement that the simulator scores like every other baseline.
+accelerate's ``infer_auto_device_map`` assigns whole modules to devices by parameter size, filling
+GPU 0, then 1, ... (``device_map="sequential"``), or first capping each GPU at an even share with
+``get_balanced_memory`` (``"balanced"``), as transformers' ``from_pretrained`` does
+(``transformers.integrations.accelerate._get_device_map``). Given the plan's devices, memory limits
+and the model's ``_no_split_modules``, its map becomes a placement the simulator scores like any
+baseline: each op on the device of the longest key prefixing its module path; an op no key covers
+(a parent's glue, which accelerate's hooks run where its inputs are) where its first input is, and
+one with no input (an ``arange``) on the map's first device, where accelerate's top hook moves
+inputs. A map offloading to a ``cpu`` or ``disk`` the cluster lacks is reported, not used.
 
 Read ``accelerate_maps`` (accelerate's maps, each op's device), then ``on_graph`` (the same on a
 coarsened graph) and ``accelerate_baselines`` (both, for ``solve``'s ``extra_baselines``).
-
-How a map becomes a placement: each op goes to the device of the map key that is the longest
-prefix of its module path. An op of a module no key covers (the glue code of a parent's
-``forward``, run where its inputs are under accelerate's hooks) goes where its first input is;
-one with no input (a placeholder, an ``arange``) goes to the map's first device, where
-accelerate's top-level hook moves the inputs. A map that offloads to ``cpu`` or ``disk`` when
-the cluster has no such device is not a baseline here: it is reported as such, with why.
-accelerate is optional (the ``examples`` and ``dev`` extras): without it there are no such
-baselines, and a note says so.
+accelerate is optional (the ``examples``, ``dev`` extras): without it, a note.
 """
 
 from __future__ import annotations

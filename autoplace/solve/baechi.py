@@ -1,34 +1,18 @@
 """Baechi's memory-aware list schedulers, m-ETF and m-SCT: baselines and hints for CP-SAT.
 
-Jeon, Cai, Shetty, Kang, Gupta, "Baechi: fast device placement of machine learning graphs",
-SoCC 2020, makes two classic list schedulers memory-aware:
+Jeon, Cai, Shetty, Kang, Gupta, "Baechi: fast device placement of machine learning graphs", SoCC
+2020, makes two list schedulers memory-aware: **m-ETF**, earliest task first (Hwang, Chow, Anger,
+Lee, SIAM J. Comput. 18(2), 1989), and **m-SCT**, small communication times (Hanen and Munier,
+Discrete Appl. Math. 1995: ETF that keeps a device for the *favourite child* of the node it just
+ran unless another node is *urgent*; both rules: ``docs/concepts.md``, "Baselines"). Memory as in
+Baechi: a node's candidates are the devices where its colocation group's parameters and
+``heuristics.activation_reserve`` fit (the first placed fixes the group's device); none: ``None``.
 
-* **m-ETF**, earliest task first (Hwang, Chow, Anger, Lee, SIAM J. Comput. 18(2), 1989): at each
-  step, of all pairs (ready node, device) take the one that can start earliest, the node's data
-  arriving over ``Problem.delay_s`` and the device free after what it already runs; ties go to
-  the node of highest static level (upward rank), as in Hwang et al.
-* **m-SCT**, small communication times (Hanen and Munier, Discrete Appl. Math. 1995): ETF plus
-  *favourite children*. Each node has at most one favourite child, each node at most one
-  favourite parent; a device that has just run a node whose favourite child is ready, and can
-  start it earliest, keeps itself for that child: another node may take the device first only
-  if it is *urgent*, i.e. its data would by then have reached every device, so waiting gains it
-  nothing. That keeps the communication the favourite edge would cost off the critical path.
-
-Memory-awareness, as in Baechi and ``heuristics.heft``: a device is a candidate for a node only
-if the node's colocation group's parameters, plus the activation reserve
-(``heuristics.activation_reserve``), still fit on it; the first member placed fixes the device of
-the whole group. A ready node left with no candidate makes the scheduler return ``None``.
-
-Simplification (m-SCT): Baechi picks favourite children by solving Hanen and Munier's linear
-relaxation (cvxopt with MOSEK) and rounding it at 0.5. Here a greedy matching does the same job
-without an LP solver: edges with non-zero communication, in decreasing order of the longest path
-through them (mean compute, mean communication), the first that keeps "one favourite child per
-parent, one favourite parent per child" wins. The LP's makespan objective rewards zeroing
-exactly those edges first; the rounding step loses the LP's guarantee anyway.
-
-Read ``m_etf`` and ``m_sct``, then ``_list_schedule`` (one loop for both); ``favourite_children``
-is the greedy matching. The loop keeps every ready node's earliest start on every device in a
-numpy array, so one step is a handful of vector operations over nodes x devices.
+Read ``m_etf`` and ``m_sct``, then ``_list_schedule`` (one loop for both, on numpy arrays of nodes
+x devices) and ``favourite_children``: a greedy matching, not Baechi's LP (why:
+``docs/design-notes.md``, "solve"), over edges with non-zero communication in decreasing order of
+the longest path through them (mean compute, mean communication), the first that keeps one
+favourite child per parent and one favourite parent per child winning.
 """
 
 from __future__ import annotations

@@ -1,26 +1,18 @@
 """CP-SAT: the shared links (``Cluster.shared``: NICs, PCIe switches) in the exact model.
 
-The simulator shares a resource's bandwidth max-min fair among the copies on it at the same
-time (``simulate.contention``). The model keeps a **relaxation** of that rule, so that its
-optimum, and so its bound, stays a lower bound on every schedule the simulator can produce:
+The simulator shares a resource's bandwidth max-min fair among the copies on it at once
+(``simulate.contention``). The model keeps a **relaxation** of that rule, so that its optimum, and
+so its bound, stays a lower bound on every schedule the simulator can produce:
 
-* a copy alone moves at most its link's bandwidth and each resource's it crosses: the delays
-  the model charges are ``Cluster.transfer_s``, which takes the smaller;
-* a resource moves at most its bandwidth: the bytes of copies that cross ``r`` inside a time
-  window, divided by ``r``'s bandwidth, fit in that window (``add_shared_volume``: all copies
-  within the makespan, one node's copies out, one node's inputs in). Those bytes all move in the
-  window at a total rate of at most ``r``'s bandwidth, whatever the sharing, the latencies,
-  and the other resources a copy crosses (they only slow it further).
+* a copy alone moves at most its link's bandwidth and each resource's it crosses: the delays the
+  model charges are ``Cluster.transfer_s``, which takes the smaller;
+* a resource moves at most its bandwidth: the bytes of copies crossing ``r`` inside a time window,
+  over ``r``'s bandwidth, fit in that window (``add_shared_volume``: all copies within the
+  makespan, one node's copies out, one node's inputs in), whatever the sharing and latencies.
 
-Why not serialise each resource's copies (a ``NoOverlap`` of intervals of ``bytes / bandwidth``
-per copy, the classic way to model a shared link)? It is not a relaxation of fair sharing once
-copies start at different times: copy A of ``10 R`` bytes starts at 0 and copy B of ``R`` bytes
-at 1 on a resource of bandwidth ``R``; fair sharing ends B at 3 and A at 11, while no order of two
-unbroken intervals inside those windows exists (A's 10 s overlap [1, 3] wherever they sit). A
-serialised model can then prove a "bound" above a schedule the simulator achieves. The argument
-that processor sharing finishes each copy no earlier than running them one at a time in order
-of completion holds only when the copies start together (and, with caps below the resource's
-bandwidth, not even then), so the volume bound is what the model claims.
+Serialising each resource's copies (a ``NoOverlap`` of ``bytes / bandwidth`` intervals, the classic
+model of a shared link) is no relaxation of fair sharing once copies start at different times: it
+can prove a "bound" above a schedule the simulator achieves (``docs/design-notes.md``, "solve").
 """
 
 from __future__ import annotations

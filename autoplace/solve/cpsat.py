@@ -1,28 +1,17 @@
 """The exact placement model in OR-Tools CP-SAT, built in the order of OR-Tools' flexible job-shop
 sample: data, variables, constraints, objective, solve, read back.
 
-Variables: ``x[n, d]`` (node ``n`` runs on device ``d``), ``start[n]``, ``end[n]``, and for every
-``(n, d)`` an optional interval present iff ``x[n, d]``. Constraints:
+Variables: ``x[n, d]`` (node ``n`` on device ``d``), ``start[n]``, ``end[n]``, an optional interval
+per ``(n, d)`` present iff ``x[n, d]``. Constraints: one device per node (``add_exactly_one``); no
+overlap on a device (``add_no_overlap`` of its intervals); an edge ``u -> v``'s transfer delay,
+``start[v] >= end[u] + sum_d1 c(d1, d2) * x[u, d1]`` for each device ``d2`` of ``v``, enforced by
+``x[v, d2]`` (exact: one ``x[u, d1]`` is true); memory (resident parameters plus an activation
+allowance); the caller's no-good cuts; colocation; shared links (``contention.add_shared_volume``);
+symmetry between identical devices. Each in full: ``docs/architecture.md``, "Stage 4, solve".
 
-* every node on exactly one device (``add_exactly_one``);
-* nodes on one device do not overlap (``add_no_overlap`` of its optional intervals);
-* an edge ``u -> v`` delays ``v`` by the transfer time of the link between their devices: for each
-  device ``d2`` of ``v``, ``start[v] >= end[u] + sum_d1 c(d1, d2) * x[u, d1]`` enforced by
-  ``x[v, d2]`` — linear and exact, since exactly one ``x[u, d1]`` is true;
-* resident parameters plus an activation allowance fit each device's capacity;
-* no-good cuts from the caller: a set of nodes the simulator found overflowing a device may not
-  all sit on that device (nor on any device identical to it) again;
-* colocated nodes share a device;
-* the copies crossing a shared link (``Cluster.shared``) fit its bandwidth within the makespan
-  (``contention.add_shared_volume``: a relaxation of the simulator's fair sharing);
-* identical devices are interchangeable, so node ``i`` (in topological order) may use only the
-  first ``i + 1`` devices of each class of identical devices (symmetry breaking).
-
-Objective: the makespan. Times are integers in units of a quantum: the coarsest of 1 s, 1 ms and
-1 us in which every duration and delay is a whole number (the model is then exact), else
-``TIME_QUANTUM_S`` with durations rounded
-up, so a schedule of the integer model is feasible in seconds, and the returned order is re-scored
-by the simulator in exact seconds.
+Objective: the makespan, in integer ticks of the coarsest of 1 s, 1 ms and 1 us in which every
+duration and delay is whole (then exact), else of ``TIME_QUANTUM_S`` with durations rounded up, so
+a schedule of the integer model is feasible in seconds; the simulator re-scores the order.
 """
 
 from __future__ import annotations

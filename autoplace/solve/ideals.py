@@ -1,27 +1,18 @@
 """The exact dynamic program over contiguous splits of a DAG: chains of ideals (Tarnawski,
 Phanishayee, Devanur, Mahajan, Nina Paravecino; NeurIPS 2020, section 4).
 
-A split of a DAG into stages that run one after another, no path leaving a stage and coming
-back, is a chain of ideals ``{} = I0 <= I1 <= ... <= Ik = V`` (an ideal is closed under
-predecessors), stage ``t`` being ``It - I(t-1)`` on the ``t``-th device in cluster order. The DP
-over every ideal ``J`` and device ``t``::
-
-    best[t][J] = min over ideals I <= J of  combine(best[t-1][I], load_t(J - I))
-
-with ``combine`` the max (``throughput``: the largest load) or the sum (``latency``: a proxy, as
-in ``partition.contiguous_dp``) is exact among all contiguous splits, where
-``partition.contiguous_dp`` is exact only among the splits of one topological order. Its cost is
-the number of ideals squared, which grows exponentially with the graph's width, so it runs only
-up to ``max_ideals`` ideals and returns ``None`` above.
-
-Units are colocation groups. When the groups' quotient graph has a cycle (a training graph: a
-layer's forward and backward op share a group), ideals are taken over the quotient's edges that
-go forward in ``partition.grouped_order`` (in a training graph, the forward edges), as the
-authors' DP for training does; stages are then contiguous over the forward graph only.
-
-A segment's load is ``simulate.loads`` exactly: its compute on the device, plus (where the
-device charges transfers) for each node in it the longest of its edges leaving the segment, and
-for each node outside it the longest of its edges into the segment.
+A split of a DAG into stages that run one after another, no path leaving a stage and coming back,
+is a chain of ideals ``{} = I0 <= I1 <= ... <= Ik = V`` (an ideal is closed under predecessors),
+stage ``t`` being ``It - I(t-1)`` on the ``t``-th device in cluster order. The DP ``best[t][J] =
+min over ideals I <= J of combine(best[t-1][I], load_t(J - I))``, ``combine`` the max
+(``throughput``: the largest load) or the sum (``latency``: a proxy) is exact among all contiguous
+splits, ``partition.contiguous_dp`` only among one topological order's. It costs the number of
+ideals squared, exponential in the graph's width, so above ``max_ideals`` it returns ``None``.
+Units are colocation groups. Where their quotient graph has a cycle (a training graph: a layer's
+forward and backward in one group), ideals follow the quotient's edges that go forward in
+``partition.grouped_order`` (the forward edges), as the authors' DP for training does. A segment's
+load is exactly ``simulate.loads``': its compute, plus (where the device charges transfers) each
+member's longest edge out of it and each outside node's longest into it.
 """
 
 from __future__ import annotations

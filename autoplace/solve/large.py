@@ -1,19 +1,16 @@
 """Graphs larger than CP-SAT solves whole: coarsen, solve, expand, then refine on the full graph.
 
-The full graph is the folded one (``coarsen.fold``); the coarse graph is only an aid to CP-SAT,
-and every number the solve keeps is the simulator's on the full graph. Multilevel, in order:
+The full graph is the folded one (``coarsen.fold``); the coarse graph is only an aid to CP-SAT, and
+every number the solve keeps is the simulator's on the full graph. Multilevel, in order:
 
-1. **coarsen** the graph (``autoplace.coarsen``: consecutive runs of the topological order, by
-   module where there are modules) to ``max_nodes``;
+1. **coarsen** to ``max_nodes`` (``autoplace.coarsen``: runs of a topological order, by module);
 2. **solve** the coarse problem with CP-SAT, hinted with the best baseline projected onto it;
-3. **expand** the coarse placement back to the full graph (every member on its group's device)
-   and simulate it there;
+3. **expand** the coarse placement and simulate it;
 4. **refine** on the full graph: where the exact model takes it (``EXACT_MAX_NODES``), CP-SAT
-   on the whole graph warm-started with the best plan so far (the solve's ``_solve_exact``);
-   otherwise
-5. **local moves** (``improve``) on the full graph, scored by the one simulator: move a
-   colocation group from a node that decides the objective (on the critical path, or on the
-   busiest device) to another device, keep the move when the simulated objective drops.
+   warm-started with the best plan so far (the solve's ``_solve_exact``); otherwise
+5. **local moves** (``improve``), scored by the one simulator: a colocation group of a node that
+   decides the objective (on the critical path, or on the busiest device) moved to another device,
+   kept when the simulated objective drops.
 
 Each step's objective on the full graph is recorded, so a plan says what every step gained.
 """

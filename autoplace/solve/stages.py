@@ -1,24 +1,18 @@
 """Pipeline stages over colocation groups: the split ``contiguous_dp`` cannot make.
 
-``partition.contiguous_dp`` never cuts between a colocation group's first and last member in
-topological order. In a training graph the forward and backward op of a layer share a
-parameter (one group) and sit at the two ends of every topological order, so it finds no cut at
-all. ``group_dp`` instead orders the *groups* (by their first member, or spectrally: by the
-Fiedler vector of the traffic between them, so that groups that talk a lot sit close), and cuts
-that order into consecutive segments, one device each: the pipeline stages people build by hand
-for training (PipeDream, Narayanan et al., SOSP 2019; layer ``i``'s forward and backward on one
-stage).
-
-A segment's load does not depend on any order: its compute, plus a copy's time once for every
-node in it whose output is read outside it, plus once for every outside node it reads from (as
-``simulate.loads``; a node's copy time is its longest out-edge's delay, exact when all of a
-node's copies cost the same, as in profiled graphs). The loads of all O(m^2) segments of m
-groups are built incrementally, each extension touching only the added node's edges; the DP over
-devices in cluster order is then O(k m^2) with numpy. Exact among these splits; the simulator
-scores the result. ``max_groups`` bounds the quadratic work: above it, ``None``.
-
-``stage_order`` says whether a placement is such a chain of stages, and in which order of the
-devices (``solve.is_contiguous``; CP-SAT's stage ranks are hinted with it).
+``partition.contiguous_dp`` never cuts inside a colocation group's span in topological order, and a
+training graph's layer has its forward and backward (one group: they share a parameter) at the two
+ends of every such order: no cut. ``group_dp`` instead orders the *groups* (by first member, or by
+the Fiedler vector of the traffic between them, so that groups that talk a lot sit close) and cuts
+that order into consecutive segments, one device each: the pipeline stages people build by hand for
+training (PipeDream, Narayanan et al., SOSP 2019; layer ``i``'s forward and backward on one stage).
+A segment's load, as ``simulate.loads``, depends on no order: its compute, plus a copy's time once
+for each member read outside it and once for each outside node it reads (a node's copy time is its
+longest out-edge's delay, exact when all its copies cost the same, as in profiled graphs). The
+O(m^2) segments' loads are built incrementally (an extension touches only the added node's edges),
+the DP over devices in cluster order is O(k m^2) with numpy, exact among these splits; above
+``max_groups``, ``None``. ``stage_order`` says whether a placement is such a chain of stages, and
+in which device order (``solve.is_contiguous``; CP-SAT's stage ranks are hinted with it).
 """
 
 from __future__ import annotations

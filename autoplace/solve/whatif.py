@@ -1,21 +1,18 @@
 """What if the plan had fewer devices: the makespan on the first 1, 2, ... of the given devices.
 
-Each prefix of the cluster's device list is a smaller ``Problem`` (same graph, the devices and
-links among them, their costs) solved again with a short time limit, so a row is the best plan
-that quick solve found: an upper bound on what those devices can do. A prefix the model does not
-fit gives ``makespan_s`` ``None`` and the reason. Each row's solve starts from the best plan of
-the rows before it (a plan on fewer devices is a plan on more), so the rows never get worse as
-devices are added.
+Each prefix of the cluster's device list is a smaller ``Problem`` (same graph, those devices, their
+links and costs) solved again with a short time limit, so a row is the best plan that quick solve
+found: an upper bound on what those devices can do. A prefix the model does not fit gives
+``makespan_s`` ``None`` and the reason. Each row's solve starts from the best plan of the rows
+before it (a plan on fewer devices is one on more): rows never worsen as devices are added.
 
-``fewer_devices`` solves the rows short of the whole device set. The pipeline runs it before the
-plan's own solve, within ``WHATIF_SHARE`` of the time limit, and hands the best row's plan to
-that solve as a start: the plan is never worse than a row of its own what-if table, and the
-table costs no time beyond the limit. ``whatif_table`` is every row, the whole set's solved
-again unless ``full`` (the plan) is given.
-
-The rows go into ``plan.json`` as ``whatif`` (``[{"devices", "makespan_s", "objective_s",
-"status", "detail", "wall_s"}]``, ``objective_s`` being the value under the plan's objective:
-the makespan, or the largest device load) for the report's what-if table.
+``fewer_devices`` solves the rows short of the whole set; the pipeline runs it before the plan's
+own solve, within ``WHATIF_SHARE`` of the time limit, and hands the best row's plan to that solve
+as a start, so the plan is never worse than a row of its own table, at no time beyond the limit.
+``whatif_table`` is every row, the whole set's solved again unless ``full`` (the plan) is given.
+The rows go into ``plan.json`` as ``whatif`` (``devices``, ``makespan_s``, ``objective_s``: the
+value under the plan's objective, ``status``, ``detail``, ``wall_s``) for the report's table
+(``docs/concepts.md``, "The what-if table").
 """
 
 from __future__ import annotations

@@ -1,41 +1,18 @@
 """Train: the graph of one training step, built from the forward graph (``step_problem``).
 
-The forward problem is a traced model whose only output is its scalar loss, costed and folded
-(the pipeline's ``Problem``). For each forward node ``f`` the step graph has:
-
-* ``f`` itself. Autograd keeps what ``f`` saves for backward until ``f``'s backward runs: its
-  output and, for a folded node, its members' intermediates, whose peak the forward node already
-  counts as workspace (``coarsen``); the step graph adds that workspace to ``f``'s output, so
-  the simulator keeps it alive until the backward (an upper bound: every member's intermediate
-  saved at once).
-* ``f@backward``, where ``f``'s output needs a gradient: ``f`` holds trainable parameters
-  (``OpNode.trainable_bytes``: not buffers, not frozen parameters) or reads a value that needs
-  one, and the loss depends on ``f``. It reads what ``f`` read and ``f``'s
-  output (all that autograd may save: a ReLU keeps only its output, a matmul only its inputs,
-  so this bounds memory from above), and the gradient of ``f``'s output from the backward of
-  each reader; it outputs the gradients of ``f``'s inputs that need one.
-  Its time is twice ``f``'s on every device (or a factor measured through autograd,
-  ``profile.backward``), its kernel launches twice ``f``'s (at most its time): the backward
-  pass of a matmul or a convolution does twice the forward's FLOPs (the gradient of the input
-  and of the weight; Kaplan et al., "Scaling Laws for Neural Language
-  Models", 2020, section 2.1: about 6N FLOPs per token in total against 2N forward), and a
-  memory-bound op's backward reads the output's gradient and the saved tensors and writes the
-  inputs' gradients, about twice the forward's traffic. Its workspace is the forward's plus
-  the parameters' fresh gradients (autograd makes each before adding it into ``.grad``).
-* ``f@step``, where ``f`` holds trainable parameters: the optimizer's update of them. It
-  holds the parameters' gradients (PyTorch keeps ``.grad`` from the backward to the next
-  ``zero_grad``, so counting them for the whole step bounds memory from above) and the
-  optimizer's state (``Optimizer.state_bytes_per_param``) resident, and runs after
-  ``f@backward`` (with several micro-batches, after every micro-batch's, and last on its
-  device: ``simulate.schedules``); its workspace is the update's temporaries. Its time is
-  the roofline's for its memory traffic (``Optimizer.traffic_bytes_per_param``) plus one
-  launch: the update is memory-bound.
-
-``f``, ``f@backward`` and ``f@step`` share a device (colocated, as in the training graphs of
-Tarnawski et al., NeurIPS 2020), and so the weight update is charged to the device that holds
-the weight. Parameters are of the plan's dtype (``precision.py``): float32 (4 bytes each) by
-default; under mixed precision (bfloat16, float16) the update also holds a float32 master copy
-of each parameter (``precision.update_of``), and a gradient is of the parameter's dtype.
+From a forward problem (a traced model whose only output is its scalar loss), each forward node
+``f`` keeps what autograd saves for it until its backward (its workspace added to its output, an
+upper bound). Where its output needs a gradient (it holds ``OpNode.trainable_bytes`` or reads a
+value that needs one, and the loss depends on it), ``f@backward`` reads ``f``'s inputs, output and
+readers' gradients and takes twice ``f``'s time and launches, or the factor ``profile.backward``
+measured (a backward does twice the forward's FLOPs: Kaplan et al., "Scaling Laws for Neural
+Language Models", 2020, section 2.1). Where ``f`` holds trainable parameters, ``f@step`` is their
+update: gradients and optimizer state (``Optimizer.state_bytes_per_param``) resident, after every
+``f@backward``, priced at the roofline of its traffic (``Optimizer.traffic_bytes_per_param``) plus
+one launch. The three are colocated (as in Tarnawski et al.'s training graphs, NeurIPS 2020), so an
+update runs where its weight is. Parameters are of the plan's dtype (``precision.py``); under mixed
+precision an update also holds a float32 master (``precision.update_of``). Each rule and figure
+with its source: ``docs/training.md``.
 """
 
 from __future__ import annotations

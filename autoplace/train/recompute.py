@@ -1,36 +1,18 @@
-"""Train: recomputation per stage, the step graph of a placement whose devices recompute their
-activations in the backward instead of keeping them (``with_recompute``).
+"""Train: the step graph where devices recompute activations in the backward (``with_recompute``).
 
-A device that recomputes (GPipe's re-materialisation, Huang et al., NeurIPS 2019, section 2.3;
-``torch.utils.checkpoint`` on a stage) keeps, of each micro-batch's forward, only the values
-its stage received (its inputs) and frees everything else as inference does; when that
-micro-batch's backward comes, it runs the stage's forward again with autograd on and then the
-backward. Per micro-batch in flight it holds the stage's inputs instead of everything the
-backward needs, and for the one micro-batch in its backward, the stage's activations: GPipe's
-activation memory falls from ``M x (the stage's activations)`` to ``M x (its inputs) + one
-micro-batch's activations``, at the cost of one more forward of the stage per micro-batch
-(about a third more compute: the backward costs two forwards).
-
-In the step graph of M micro-batches (``train.graph``), for each forward node ``f#k`` on a
-recomputing device whose output needs a gradient:
-
-* ``f#k`` keeps its output only until its forward readers are done (the step graph had added
-  the node's workspace, its members' intermediates, to its output, for the backward: that is
-  taken off again);
-* ``f@recompute#k``, on the same device, runs ``f`` again: its output and workspace are what
-  the backward reads, its time is ``f``'s forward time. It reads the recomputed value of an
-  input made on its own device (``g@recompute#k``), and the kept value of an input made on
-  another device (``g#k``, the copy the stage received: the simulator copies a value once to
-  each device, and holds the copy until its last reader there has run);
-* the backward nodes read ``f@recompute#k`` where they read ``f#k``, on ``f``'s device.
-
-``simulate.schedules`` runs ``@recompute`` nodes in their micro-batch's backward block, before
-its backward nodes. Which nodes recompute depends on the placement (an input from the same
-device is recomputed, one from another is kept), so the graph is built for a placement.
-``recompute_all`` is the same graph with every device recomputing and every input recomputed
-wherever it was made, which needs no placement: the problem the solver takes when the step
-fits only with recomputation (its memory is close to the real one, its time pessimistic: a
-stage's recomputation waits for the recomputation of the stages before it).
+A recomputing device (GPipe's re-materialisation, Huang et al., NeurIPS 2019, section 2.3;
+``torch.utils.checkpoint`` on a stage) keeps, of each micro-batch's forward, only its stage's
+inputs, and runs the stage's forward again with autograd just before that micro-batch's backward:
+one more forward per micro-batch for activations of M times the stage's inputs plus one
+micro-batch's (``docs/training.md``, "Recomputation"). In the step graph of M micro-batches
+(``train.graph``), for each forward node ``f#k`` on such a device whose output needs a gradient:
+``f#k`` keeps its output only until its forward readers are done (the workspace added for the
+backward comes off); ``f@recompute#k``, on the same device, runs ``f``'s forward time and makes
+what the backward reads, reading the recomputed value of an input made on its own device
+(``g@recompute#k``) and the kept copy of one received from another (``g#k``); the backward nodes
+read ``f@recompute#k``, which ``simulate.schedules`` runs in its micro-batch's backward block. The
+graph depends on the placement; ``recompute_all`` needs none (every device recomputing, every input
+recomputed wherever made: memory close to the real one, time pessimistic).
 """
 
 from __future__ import annotations

@@ -1,29 +1,18 @@
-"""PipeDream's partitioner, a baseline for training plans, with the two plans it is measured
-against: pure data parallelism and one device.
+"""PipeDream's partitioner: a baseline for training plans, beside data parallelism and one device.
 
-The partitioner is the dynamic program of Narayanan et al., "PipeDream: Generalized Pipeline
-Parallelism for DNN Training", SOSP 2019, section 3.1: split a chain of layers into pipeline
-stages, replicate each stage over some of N identical devices (data parallelism inside a
-stage), and minimise the time per sample of the slowest stage or stage boundary. A "sample" is
-one input of the pipeline: here one minibatch of the batch size the profile was taken with, so
-times are per minibatch; memory is not modelled (PipeDream's memory check is off by default).
+The dynamic program of Narayanan et al., "PipeDream: Generalized Pipeline Parallelism for DNN
+Training", SOSP 2019, section 3.1: split a chain of layers into pipeline stages, each replicated
+over some of N identical devices, minimising the time per sample (one minibatch of the profile's
+batch) of the slowest stage or boundary; no memory check (PipeDream's is off by default). Read:
 
-Read in this order:
-
-1. ``training_chain``: a PipeDream profile (``research.pipedream.profiles``) as PipeDream's own
-   optimizer sees it (msr-fiddle/pipedream, ``optimizer/optimizer_graph_hierarchical.py``): the
-   ``Input`` sources dropped (their forward time is data loading, not the model's work, and the
-   input always enters at the first stage), unused ``__getitem__`` sinks dropped
-   (``training_layers``), the layers in a topological order. The released optimizer splits
-   between antichains of the graph, which for a chain are its layers; here every split is a
-   prefix of one topological order (the trace order), with the bytes of every activation
-   crossing the cut charged at the boundary.
-2. ``TrainingCluster``: N identical devices behind one network (bandwidth, latency).
-3. The paper's cost terms: ``stage_s`` (T, with weight synchronisation W a ring all-reduce,
-   ``cost_models.ring_allreduce_s``), ``boundary_s`` (2 C).
-4. ``evaluate``: stages (layer ranges and replicas) to a ``PipelinePlan``, the one place a time
-   per sample is computed; ``pipedream`` (the dynamic program), ``data_parallel`` and
-   ``one_device`` all return what it computes.
+1. ``training_chain``: a profile as PipeDream's optimizer sees it (msr-fiddle/pipedream,
+   ``optimizer/optimizer_graph_hierarchical.py``): ``Input`` sources (data loading) and unused
+   ``__getitem__`` sinks dropped (``training_layers``); it splits between antichains (on a chain:
+   layers), here a split is a prefix of the trace order, every activation crossing it charged;
+2. ``TrainingCluster``: N identical devices behind one network (bandwidth, latency);
+3. the paper's terms: ``stage_s`` (T, with W a ring all-reduce) and ``boundary_s`` (2 C);
+4. ``evaluate`` (stages to a ``PipelinePlan``: the one place a time per sample is computed) for
+   ``pipedream`` (the DP), ``data_parallel`` and ``one_device``.
 """
 
 from __future__ import annotations

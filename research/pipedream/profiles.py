@@ -7,15 +7,12 @@ The format (msr-fiddle/pipedream, ``graph/graph.py``; the files in
         activation_size=822083584.000, parameter_size=0.000         (on one line)
     \tnode1 -- node4
 
-Times are milliseconds per minibatch (the batch the profile was taken with), sizes are bytes:
-``activation_size`` is the layer's output (a layer with several outputs lists each,
-``[6291456.0; 131072.0]``, and they are summed), ``parameter_size`` its weights. Node ids are the
-profiler's trace order; the lines come in any order. ``read_profile`` returns the layers in a
-topological order, stable in node-id order, as seconds and bytes; the file is read as it is
-(what PipeDream's optimizer drops before partitioning, the input and unused outputs, is
-``research.pipedream.partitioner.training_chain``'s business).
-
-Every mistake in a file is a ``GraphError`` naming the file and the line (exit code 2).
+Times are milliseconds per minibatch (the profile's batch), sizes bytes: ``activation_size`` the
+layer's output (several outputs, ``[6291456.0; 131072.0]``, summed), ``parameter_size`` its
+weights. Node ids are the profiler's trace order; lines come in any order. ``read_profile`` returns
+the layers in a topological order, stable in node-id order, in seconds and bytes, the file as it is
+(``partitioner.training_chain`` drops what PipeDream's optimizer drops). Every mistake in a file is
+a ``GraphError`` naming the file and the line (exit code 2).
 """
 
 from __future__ import annotations

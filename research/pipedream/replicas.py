@@ -1,41 +1,18 @@
 """Data-parallel replicas of pipeline stages, the rule that times them, and the planner.
 
-A replicated plan puts every node of a training step in a *group*, and gives each group ``r``
-identical devices that each run every ``r``-th sample: pipeline parallelism between groups,
-data parallelism inside one (PipeDream's hybrid, Narayanan et al., SOSP 2019). The step is a
-step graph on identical devices whose colocated units hold a layer each, its backward and
-optimizer-step nodes named as ``autoplace.train.graph`` names them; so far it has run on
-``step_graph.profile_step_problem``'s graphs of PipeDream's profiles only. Read in this order:
+A replicated plan puts every node of a training step (``step_graph.profile_step_problem``'s, of
+PipeDream's profiles) in a *group* of ``r`` identical devices that each run every ``r``-th sample:
+pipeline parallelism between groups, data parallelism inside one (PipeDream's hybrid, Narayanan et
+al., SOSP 2019). Rule and search in full: ``benchmarks/results/pipedream.md``. Read in this order:
 
-1. ``time_per_sample``: **the rule**, PipeDream's cost model (section 3.1) for any placement, not
-   only a chain of stages. A group's time per sample is ``max(compute, ring all-reduce of its
-   weights over its r devices) / r`` (the paper's T; compute is forward plus backward, the
-   all-reduce ``cost_models.ring_allreduce_s``); between two groups, every direction in which
-   activations cross sends them, and their gradients come back the other way, one message each
-   of ``latency + bytes / bandwidth`` (the paper's 2 C; a value read by several nodes of one
-   group crosses once). The time per sample is the slowest group or link. On a chain of stages
-   in layer order it is ``partitioner.evaluate``'s value (a test checks it), so PipeDream's
-   plans and these are scored alike.
-2. ``allocate_replicas``: given what each group computes and holds, the replicas that minimise
-   the slowest group (exact, by a threshold search), with as few devices as reach it.
-3. ``replica_problem``: one *shape* (replicas per group) as an ``autoplace.ir.Problem`` for
-   ``autoplace.solve.solve``: a device per group, its nodes ``r`` times faster. The solver's
-   throughput objective (the busiest device's compute plus copies, ``autoplace.simulate.loads``)
-   charges a copy to both ends, where the rule puts it on the link, which overlaps compute: the
-   problem is the solver's model of the shape, and its plans are scored by the rule.
-4. ``plan_replicas``: the planner. Data parallelism first (one group on every device, no solve),
-   done if it reaches the work bound (no plan beats one device's time over the devices). Then,
-   for every uniform shape (N/R groups of R devices, R dividing N), CP-SAT solves the shape,
-   ``_polish`` improves its plan under the rule (a layer moved to another group, the best
-   replicas for the groups, two groups merged), and the polished shape is solved again with
-   the polished plan as a hint, while that improves; and the polish also starts from every
-   layer in one group of the shape (no solve). The plan is the best of all, on the fewest
-   devices that keep its time.
-
-The rule, like PipeDream's model and Tarnawski et al.'s max-load, counts steady-state throughput
-only. A group that is not a range of layers (autoplace places the layer graph, not a chain) may
-see a sample more than once; PipeDream's runtime runs a chain of stages and could not run such a
-plan as it is.
+1. ``time_per_sample``: **the rule**, PipeDream's cost model (section 3.1) for any placement:
+   ``max(compute, ring all-reduce of the weights) / r`` per group (the paper's T,
+   ``cost_models.ring_allreduce_s``), messages between groups (2 C); the slowest sets the time (on
+   a chain of stages, ``partitioner.evaluate``'s);
+2. ``allocate_replicas``: the replicas per group minimising the slowest (exact, threshold search);
+3. ``replica_problem``: a *shape* (replicas per group) as the solver's ``Problem``;
+4. ``plan_replicas``: data parallelism, else CP-SAT per uniform shape, polished under the rule
+   (``_polish``) and re-solved while that improves; the best, on the fewest devices.
 """
 
 from __future__ import annotations

@@ -1,28 +1,17 @@
 """The training step of a profiled model (PipeDream's per-layer profiles) as a ``Problem``.
 
-A PipeDream profile (``research.pipedream.profiles``) gives each layer's forward and backward
-time for one minibatch, its weights and its output's bytes. ``profile_step_problem`` turns the
-layers PipeDream's optimizer partitions (``partitioner.training_layers``: the input and
-unused outputs dropped) into the graph of one training step, named and grouped as
-``autoplace.train.graph.step_problem`` names and groups the step of a traced model:
-
-* a layer ``f`` is the node ``f``: its forward time, its weights (``param_bytes`` and, all of
-  them trained, ``trainable_bytes``), its output (``output_bytes``, the profile's activation);
-* and the node ``f@backward``: its backward time; it outputs the gradients of its inputs;
-* ``f`` and ``f@backward`` are colocated (the layer's weights live on one device);
-* an edge ``f -> g`` carries ``f``'s activation forward, ``g@backward -> f@backward`` its
-  gradient back (as many bytes), and ``f -> f@backward`` what autograd saves (colocated, so
-  free). The inputs autograd saves ride on ``f``'s own copies and add no transfer, so they get
-  no edge of their own.
-
-``autoplace.train.step_problem`` itself does not apply: it prices a backward as a factor of its
-forward and adds optimizer-step nodes priced by the roofline of catalog devices, where a profile
-measured every backward, and PipeDream's cost model (the baseline these problems are compared
-with) has no optimizer step.
-
-The devices are a ``TrainingCluster``'s: identical devices ``d0``, ``d1``, ... with no memory
-limit (PipeDream's optimizer does not check memory by default, and the profiles say nothing of
-activations kept for backward), every pair joined by the cluster's network.
+``profile_step_problem`` turns the layers PipeDream's optimizer partitions
+(``partitioner.training_layers``) into one training step's graph, named and grouped as
+``autoplace.train.graph.step_problem`` does a traced model's: a layer ``f`` is the node ``f``
+(forward time; weights as ``param_bytes`` and, all trained, ``trainable_bytes``; its activation as
+``output_bytes``) and ``f@backward`` (backward time; outputs its inputs' gradients), colocated. An
+edge ``f -> g`` carries the activation forward, ``g@backward -> f@backward`` its gradient back (as
+many bytes), ``f -> f@backward`` what autograd saves (colocated, so free; saved inputs ride on
+``f``'s own copies). ``step_problem`` itself does not apply: it prices a backward as a factor of
+its forward and adds optimizer-step nodes at catalog rooflines, where a profile measured every
+backward and PipeDream's cost model has no optimizer step. The devices are a ``TrainingCluster``'s:
+identical ``d0``, ``d1``, ... with no memory limit (PipeDream's optimizer checks none by default;
+the profiles say nothing of activations kept for backward), every pair joined by its network.
 """
 
 from __future__ import annotations
