@@ -1,8 +1,8 @@
 """autoplace: automatic device placement for PyTorch models.
 
-The pipeline, one module per stage: ``trace`` -> ``cost`` -> ``coarsen`` -> ``solve`` (scored by
-``simulate``) -> ``emit`` -> ``report``; ``ir`` holds the data every stage shares and
-``pipeline.plan`` wires them together.
+The pipeline, one module or package per stage: ``trace`` -> ``profile`` (``profile.cost``) ->
+``fold`` -> ``solve`` (scored by ``simulate``) -> ``emit`` -> ``report``; ``ir`` holds the data
+every stage shares, ``pipeline.plan`` wires them together and ``cli`` is the command line.
 """
 
 from __future__ import annotations

@@ -22,12 +22,12 @@ import time
 
 from common import RESULTS, ROOT, capped, machine_line, mb, peaks, weight_bytes, write_markdown
 
-from autoplace.cost import costs
 from autoplace.errors import InfeasibleError
 from autoplace.ir import Placement, Problem
 from autoplace.pipeline import plan
+from autoplace.profile.cost import costs
 from autoplace.simulate import simulate
-from autoplace.solve.accelerate import ACCELERATE_STRATEGIES, accelerate_maps
+from autoplace.solve.baselines.accelerate import ACCELERATE_STRATEGIES, accelerate_maps
 from autoplace.trace import trace_model
 
 # name -> (example file, keyword arguments to its build()). examples/gpt2.py as it stands is

@@ -39,8 +39,8 @@ from typing import TypeVar
 import networkx as nx
 
 from autoplace.errors import AutoplaceError
-from autoplace.graphs import cycle_text, find_cycle, longest_path_length
 from autoplace.ir import Cluster, Costs, Device, Edge, Link, OpGraph, OpNode, Placement, Problem
+from autoplace.ir.graphs import cycle_text, find_cycle, longest_path_length
 
 __all__ = [
     "BENCHDATA_ENV",

@@ -44,10 +44,10 @@ from autoplace.ir import (  # noqa: E402
     Problem,
     optimality_gap,
 )
-from autoplace.load import load_model_file  # noqa: E402
 from autoplace.pipeline.forward import Tracing, traced_problem  # noqa: E402
 from autoplace.simulate import simulate, validate  # noqa: E402
 from autoplace.solve import solve  # noqa: E402
+from autoplace.trace.load import load_model_file  # noqa: E402
 from benchmarks.common import RESULTS, machine_line, write_markdown  # noqa: E402
 
 EXAMPLES = ("gpt2", "inception", "branches")

@@ -30,15 +30,15 @@ import torch
 import transformers
 from common import RESULTS, ROOT, capped, machine_line, mb, peaks, weight_bytes, write_markdown
 
-from autoplace.cost import costs
 from autoplace.emit.files.hf_device_map import remapped
 from autoplace.errors import InfeasibleError
 from autoplace.ir import Problem
 from autoplace.pipeline.modules import plan_modules
+from autoplace.profile.cost import costs
 from autoplace.simulate import simulate
-from autoplace.solve.accelerate import ACCELERATE_STRATEGIES, accelerate_maps, on_graph
+from autoplace.solve.baselines.accelerate import ACCELERATE_STRATEGIES, accelerate_maps, on_graph
 from autoplace.solve.options import MODULE_TIME_LIMIT_S
-from autoplace.trace_modules import trace_modules
+from autoplace.trace.modules import trace_modules
 
 SPEC = "2xA100-40GB"
 SHARES = (0.6, 0.65, 0.7, 0.8, 0.9)

@@ -28,12 +28,12 @@ from common import RESULTS, ROOT, machine_line, write_markdown  # noqa: E402
 
 from autoplace.cluster import device_key, inventory, resolve_cluster  # noqa: E402
 from autoplace.emit.codegen.source import runtime_namespace  # noqa: E402
-from autoplace.load import load_model_file  # noqa: E402
 from autoplace.profile import profile_model  # noqa: E402
 from autoplace.profile.cache import ProfileCache  # noqa: E402
 from autoplace.profile.calibrate import compare, fit_from_records  # noqa: E402
 from autoplace.profile.links import measure_link  # noqa: E402
 from autoplace.trace import trace_model  # noqa: E402
+from autoplace.trace.load import load_model_file  # noqa: E402
 
 EXAMPLES = ("mlp", "lenet", "inception", "gpt2")
 

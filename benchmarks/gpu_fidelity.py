@@ -35,8 +35,8 @@ import autoplace  # noqa: E402
 from autoplace.cluster import resolve_cluster  # noqa: E402
 from autoplace.emit import load_model  # noqa: E402
 from autoplace.errors import InfeasibleError  # noqa: E402
-from autoplace.load import load_model_file  # noqa: E402
 from autoplace.profile import open_cache  # noqa: E402
+from autoplace.trace.load import load_model_file  # noqa: E402
 
 EXAMPLES = ("inception", "gpt2")
 CAPS = (0.6, 0.7, 0.8, 0.9)  # shares of the one-GPU plan's memory tried, tightest first

@@ -13,7 +13,7 @@ thread each, as each torchrun rank runs) joined pairwise by ``gloo-loopback`` li
   and the same 4 sequences run as 4 micro-batches (``autoplace run --nproc W --microbatches 4
   --inputs``), in GPipe's order.
 
-Each row is ``autoplace.run_ranks.run_ranks`` (what ``autoplace run OUT --nproc W`` does): the
+Each row is ``autoplace.cli.run_ranks.run_ranks`` (what ``autoplace run OUT --nproc W`` does): the
 measured time per batch (rank 0's median pass) against the predicted one (the plan's makespan;
 for M = 4 the simulator's makespan of 4 copies under GPipe), and rank 0's outputs compared
 with the original model's logits on the 4 sequences (``assert_close``). Then the failure test:
@@ -42,12 +42,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autoplace.cli import main as autoplace  # noqa: E402
+from autoplace.cli.run_ranks import run_ranks  # noqa: E402
 from autoplace.cluster.local import free_port  # noqa: E402
 from autoplace.emit import load_model  # noqa: E402
 from autoplace.emit.distributed.ranks import Exchange, flat_inputs, run_pass  # noqa: E402
 from autoplace.emit.distributed.replicas import _descendants, _stop  # noqa: E402
 from autoplace.emit.files.saving import _read_meta  # noqa: E402
-from autoplace.run_ranks import run_ranks  # noqa: E402
 from benchmarks.common import RESULTS, machine_line, write_markdown  # noqa: E402
 
 SEQUENCES = 4

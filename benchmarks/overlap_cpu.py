@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autoplace.emit.check.replay import replay  # noqa: E402
-from autoplace.load import load_model_file  # noqa: E402
 from autoplace.pipeline import plan  # noqa: E402
+from autoplace.trace.load import load_model_file  # noqa: E402
 from benchmarks.common import RESULTS, machine_line, write_markdown  # noqa: E402
 
 TOLERANCE = 0.15

@@ -41,8 +41,8 @@ CASES = ((1, "gpipe", 1, "auto"), (2, "gpipe", 1, "auto"), (2, "1f1b", 1, "auto"
 
 def check(example: str, microbatches: int, schedule: str, replicas: int, recompute: str, *,
           time_limit_s: float, dtype: str = "float32") -> dict:
-    from autoplace.load import load_model_file
     from autoplace.pipeline import plan
+    from autoplace.trace.load import load_model_file
 
     loaded = load_model_file(ROOT / "examples" / f"{example}.py")
     began = time.perf_counter()

@@ -39,7 +39,7 @@ def _model(example: str):
         torch.manual_seed(0)
         return (Deep(), (torch.randn(1024, 128),), lambda out, t: F.cross_entropy(out, t),
                 (torch.randint(0, 10, (1024,)),))
-    from autoplace.load import load_model_file
+    from autoplace.trace.load import load_model_file
 
     loaded = load_model_file(ROOT / "examples" / f"{example}.py")
     return loaded.model, loaded.kwargs or loaded.args, loaded.loss, loaded.targets

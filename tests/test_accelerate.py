@@ -1,5 +1,5 @@
-"""accelerate's device maps as baselines (``autoplace.solve.accelerate``), and the plan notes
-that come with the costs (``cost.analytic_cpu_note``)."""
+"""accelerate's device maps as baselines (``autoplace.solve.baselines.accelerate``), and the plan
+notes that come with the costs (``cost.analytic_cpu_note``)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import torch
 from torch import nn
 
 from autoplace.cluster import resolve_cluster
-from autoplace.cost import analytic_cpu_note, costs
 from autoplace.pipeline import plan
+from autoplace.profile.cost import analytic_cpu_note, costs
 from autoplace.simulate import simulate
-from autoplace.solve.accelerate import accelerate_maps, on_graph
+from autoplace.solve.baselines.accelerate import accelerate_maps, on_graph
 from autoplace.trace import trace_model
 
 pytest.importorskip("accelerate")

@@ -15,8 +15,8 @@ from autoplace.cli import main
 from autoplace.emit import load_model
 from autoplace.formats.plan import Plan
 from autoplace.formats.plan_check import validate_plan_dict
-from autoplace.load import load_model_file
 from autoplace.simulate import validate
+from autoplace.trace.load import load_model_file
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

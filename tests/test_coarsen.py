@@ -7,8 +7,8 @@ import torch
 import zoo
 
 from autoplace.cluster import resolve_cluster
-from autoplace.coarsen import coarsen
-from autoplace.cost import analytic_costs
+from autoplace.fold import coarsen
+from autoplace.profile.cost import analytic_costs
 from autoplace.trace import trace_model
 
 
@@ -65,7 +65,7 @@ def test_parameter_budget_limits_groups():
 
 
 def test_fold_is_coarsen_without_a_budget():
-    from autoplace.coarsen import fold
+    from autoplace.fold import fold
 
     traced = _traced_gpt2(n_layer=1)
     cluster = resolve_cluster(spec="2xA100-40GB")[0]
@@ -136,7 +136,7 @@ def _folded(views: list[tuple[str, str, int, str, int]], read: list[str]) -> obj
     """The node a's views fold into: x (input) -> a (an op, 200 bytes) -> ``views`` (name,
     target, bytes, the value it reads, its number of outputs; free, so folded behind a) -> an
     op outside the node reading each of ``read``."""
-    from autoplace.coarsen import fold
+    from autoplace.fold import fold
     from autoplace.ir import Costs, Edge, OpGraph, OpNode
 
     size = {"x": 40, "a": 200} | {name: nbytes for name, _, nbytes, _, _ in views}

@@ -354,7 +354,7 @@ def test_whatif_keeps_the_shared_links_among_the_devices_it_keeps():
 def test_placement_independent_dps_charge_the_slowest_shared_resource():
     # A lone copy into c crosses a 25 B/s switch, slower than every link (100 B/s): the copy
     # time the contiguous-split and ideal DPs charge before they know the ends is that one's.
-    from autoplace.solve.partition import slowest_delay_s
+    from autoplace.solve.baselines.partition import slowest_delay_s
 
     slow = SharedLink(name="switch", bandwidth_bytes_per_s=25.0, pairs=(("a", "c"),))
     problem = _problem((slow,))

@@ -33,8 +33,8 @@ from autoplace.emit.distributed.ddp import (
 )
 from autoplace.emit.distributed.replicas import launch_replicas, verify_replicas
 from autoplace.errors import AutoplaceError, EmitError, VerificationError
-from autoplace.load import load_model_file
 from autoplace.pipeline import plan, save
+from autoplace.trace.load import load_model_file
 from autoplace.train import LossModel, training_targets
 from autoplace.train.dataparallel import BUCKET_BYTES, _buckets
 

@@ -29,7 +29,7 @@ from autoplace.formats.plan import read_plan
 from autoplace.pipeline import save
 from autoplace.pipeline.modules import plan_modules
 from autoplace.report import render_html, render_markdown, summary_text
-from autoplace.trace_modules import trace_modules
+from autoplace.trace.modules import trace_modules
 
 
 def _gpt2():

@@ -239,7 +239,7 @@ def test_a_model_that_fails_on_its_own_inputs_is_named_with_its_line(granularity
 def test_running_the_example_changes_no_state():
     # run_example runs the model once before tracing: batch norm's running statistics and the
     # random state must be as they were, or the plan's check compares another model.
-    from autoplace.load import run_example
+    from autoplace.trace.load import run_example
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4),
                                 torch.nn.Dropout(0.5)).train()

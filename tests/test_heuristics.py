@@ -1,8 +1,9 @@
 """The heuristics: hand-worked cases, then properties on random graphs.
 
-Covers m-ETF and m-SCT (``solve.baechi``), balanced fill and the contiguous DP
-(``solve.partition``). Every plan they return must run in the simulator with colocation kept,
-nodes only where they can run, and resident parameters plus the activation reserve within memory.
+Covers m-ETF and m-SCT (``solve.baselines.baechi``), balanced fill and the contiguous DP
+(``solve.baselines.partition``). Every plan they return must run in the simulator with colocation
+kept, nodes only where they can run, and resident parameters plus the activation reserve within
+memory.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from hypothesis import strategies as st
 from autoplace.errors import AutoplaceError
 from autoplace.ir import Cluster, Costs, Placement, Problem
 from autoplace.simulate import loads, simulate, validate
-from autoplace.solve.baechi import favourite_children, m_etf, m_sct
-from autoplace.solve.heuristics import activation_reserve, heft, sequential_fill
-from autoplace.solve.partition import balanced_fill, contiguous_dp
+from autoplace.solve.baselines.baechi import favourite_children, m_etf, m_sct
+from autoplace.solve.baselines.heuristics import activation_reserve, heft, sequential_fill
+from autoplace.solve.baselines.partition import balanced_fill, contiguous_dp
 
 HEURISTICS = {
     "m_etf": m_etf,
@@ -317,7 +318,7 @@ def test_group_dp_loads_match_the_simulator_and_brute_force():
     # (fi, bi) share a parameter. contiguous_dp cannot cut it at all (f0 and b0 are at the two
     # ends of every topological order); group_dp cuts between layers.
     from autoplace.simulate import loads
-    from autoplace.solve.stages import _segment_comm, group_dp
+    from autoplace.solve.baselines.stages import _segment_comm, group_dp
 
     times = {"f0": 3, "f1": 2, "f2": 4, "b2": 5, "b1": 3, "b0": 4}
     edges = [("f0", "f1", 100), ("f1", "f2", 100), ("f2", "b2", 100), ("b2", "b1", 100),

@@ -1,4 +1,5 @@
-"""Contiguous splits of a DAG: ``partition.grouped_order`` and the ideal DP (``solve.ideals``).
+"""Contiguous splits of a DAG: ``partition.grouped_order`` and the ideal DP
+(``solve.baselines.ideals``).
 
 The ideal DP is checked against brute force: every placement of a tiny DAG whose device sets form
 a chain of stages (``solve.is_contiguous``), within memory.
@@ -19,9 +20,9 @@ from autoplace.errors import AutoplaceError
 from autoplace.ir import Costs, Problem
 from autoplace.simulate import loads
 from autoplace.solve import HEURISTICS, is_contiguous
-from autoplace.solve.heuristics import NotRun, activation_reserve
-from autoplace.solve.ideals import ideal_dp
-from autoplace.solve.partition import contiguous_dp, contiguous_split, grouped_order
+from autoplace.solve.baselines.heuristics import NotRun, activation_reserve
+from autoplace.solve.baselines.ideals import ideal_dp
+from autoplace.solve.baselines.partition import contiguous_dp, contiguous_split, grouped_order
 
 
 def _weights_first() -> Problem:

@@ -7,8 +7,8 @@ import networkx as nx
 import pytest
 
 from autoplace.errors import GraphError
-from autoplace.graphs import find_cycle, longest_path_length, topological_order
 from autoplace.ir import Edge, OpGraph, OpNode
+from autoplace.ir.graphs import find_cycle, longest_path_length, topological_order
 
 
 def _graph(edges: list[Edge]) -> OpGraph:

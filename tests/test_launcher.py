@@ -163,7 +163,7 @@ def test_optimal_means_the_plan_meets_its_bound_under_the_launcher(call, handove
 
 def test_a_measured_launcher_replaces_the_catalog_estimates() -> None:
     from autoplace.cluster import resolve_cluster
-    from autoplace.cost import costs
+    from autoplace.profile.cost import costs
     from autoplace.trace import trace_model
     from cost_models.devices import GPU_HANDOVER_S, GPU_SEGMENT_CALL_S
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from autoplace.errors import ModelLoadError
-from autoplace.load import load_model_file
+from autoplace.trace.load import load_model_file
 
 
 def _write(tmp_path, body: str):

@@ -11,12 +11,12 @@ import torch
 import torch.nn.functional as F
 from test_train import MLP, _gpt2, _lenet, _mlp
 
+from autoplace.cli.run import run_plan, train_plan
 from autoplace.cluster import resolve_cluster
 from autoplace.emit.check.training import verify_training
 from autoplace.emit.train.microbatch import Action, action_order, loss_rule, split_batch, train_step
 from autoplace.errors import AutoplaceError, EmitError, VerificationError
 from autoplace.pipeline import plan, save
-from autoplace.run import run_plan, train_plan
 from autoplace.simulate import validate
 from autoplace.simulate.schedules import phase_of
 from autoplace.train import LossModel

@@ -24,6 +24,7 @@ import torch
 import zoo
 
 from autoplace.cli import main
+from autoplace.cli.run_ranks import pipelined_makespan_s
 from autoplace.cluster.local import free_port
 from autoplace.emit import emit_model, load_model, save_model
 from autoplace.emit.distributed.ranks import (
@@ -37,7 +38,6 @@ from autoplace.emit.distributed.replicas import launch_replicas
 from autoplace.emit.distributed.stages import chain_of, gather_outputs
 from autoplace.errors import AutoplaceError, EmitError
 from autoplace.ir import Placement
-from autoplace.run_ranks import pipelined_makespan_s
 from autoplace.simulate import simulate
 from autoplace.trace import trace_model
 

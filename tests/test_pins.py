@@ -1,4 +1,4 @@
-"""Manual pins mixed with automatic placement (``autoplace.pins``, ``--pin``, ``--pin-map``):
+"""Manual pins mixed with automatic placement (``autoplace.solve.pins``, ``--pin``, ``--pin-map``):
 the tutorial's MLP (784-256-128-10, ``examples/mlp.py``) with its first layer pinned to one
 device and its last to the other, as the TensorFlow tutorial splits it by hand."""
 
@@ -15,12 +15,12 @@ from torch import nn
 
 import autoplace
 from autoplace.cli import main
-from autoplace.coarsen import coarsen, fold
-from autoplace.cost import costs as cost_nodes
 from autoplace.errors import InfeasibleError, PinError
+from autoplace.fold import coarsen, fold
 from autoplace.formats.plan import read_plan
 from autoplace.ir import Cluster, Device, Link, Problem
-from autoplace.pins import merge_pins, parse_pins, pin_costs, resolve_pins
+from autoplace.profile.cost import costs as cost_nodes
+from autoplace.solve.pins import merge_pins, parse_pins, pin_costs, resolve_pins
 from autoplace.trace import trace_model
 
 MLP = str(Path(__file__).resolve().parents[1] / "examples" / "mlp.py")

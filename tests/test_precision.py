@@ -14,14 +14,14 @@ from zoo import MLP
 
 import autoplace.emit.check.training as training
 from autoplace.cli import main
+from autoplace.cli.run import train_plan
 from autoplace.cluster import resolve_cluster
-from autoplace.coarsen import fold
-from autoplace.cost import costs as cost_nodes
 from autoplace.emit.train.optimizer import GROWTH_INTERVAL, INIT_SCALE, MasterWeights
 from autoplace.errors import AutoplaceError, VerificationError
+from autoplace.fold import fold
 from autoplace.ir import Problem
 from autoplace.pipeline import plan, save
-from autoplace.run import train_plan
+from autoplace.profile.cost import costs as cost_nodes
 from autoplace.simulate.schedules import STEP
 from autoplace.trace import trace_model
 from autoplace.train import check_dtype, step_problem, training_memory

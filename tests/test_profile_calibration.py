@@ -10,10 +10,10 @@ import random
 import pytest
 
 from autoplace.cluster import resolve_cluster
-from autoplace.cost import costs, node_family, op_short_name, weakest_source
 from autoplace.ir import Edge, OpGraph, OpNode
 from autoplace.profile.cache import OpRecord
 from autoplace.profile.calibrate import fit_from_records, fits_for
+from autoplace.profile.cost import costs, node_family, op_short_name, weakest_source
 from autoplace.profile.links import fit_alpha_beta
 from cost_models import get_device_type
 from cost_models.calibration import CalibrationFit, Sample, fit, op_family, roofline_terms

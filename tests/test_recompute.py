@@ -13,11 +13,11 @@ from test_schedules import _split
 from test_train import MLP, WithLoss, _forward_problem
 from torch import nn
 
+from autoplace.cli.run import train_plan
 from autoplace.emit.train.microbatch import action_order, split_batch, train_step
 from autoplace.errors import AutoplaceError, InfeasibleError
 from autoplace.ir import Placement
 from autoplace.pipeline import plan, save
-from autoplace.run import train_plan
 from autoplace.simulate import simulate, validate
 from autoplace.simulate.schedules import phase_of
 from autoplace.train import check_training, step_problem

@@ -18,7 +18,7 @@ from conftest import require
 from report_browser import HeadlessChromium, available
 
 import autoplace
-from autoplace.load import load_model_file
+from autoplace.trace.load import load_model_file
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 NAMES = ("mlp", "lenet", "inception", "gpt2")

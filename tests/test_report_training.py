@@ -210,10 +210,10 @@ def _split_microbatch_plan(microbatches: int, schedule: str) -> Plan:
     import torch.nn.functional as F
 
     from autoplace.cluster import resolve_cluster
-    from autoplace.coarsen import fold
-    from autoplace.cost import costs
+    from autoplace.fold import fold
     from autoplace.formats.plan import SolverRecord
     from autoplace.ir import Placement, Problem
+    from autoplace.profile.cost import costs
     from autoplace.simulate import simulate
     from autoplace.trace import trace_model
     from autoplace.train import LossModel, step_problem

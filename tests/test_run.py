@@ -16,9 +16,9 @@ import zoo
 
 import autoplace
 from autoplace.cli import main
+from autoplace.cli.run import run_plan
 from autoplace.cluster import resolve_cluster
 from autoplace.cluster.local import intra_op_threads
-from autoplace.coarsen import fold
 from autoplace.emit import (
     emit_and_verify,
     emit_model,
@@ -31,12 +31,12 @@ from autoplace.emit.check.outputs import check_peak
 from autoplace.emit.codegen.source import runtime_namespace
 from autoplace.emit.files.saving import load_inputs
 from autoplace.errors import VerificationError
+from autoplace.fold import fold
 from autoplace.formats.plan import read_plan
 from autoplace.ir import Cluster, Costs, Device, Link, Placement, Problem
-from autoplace.load import load_model_file
-from autoplace.run import run_plan
 from autoplace.simulate import simulate
 from autoplace.trace import trace_model
+from autoplace.trace.load import load_model_file
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

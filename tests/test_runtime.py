@@ -181,7 +181,7 @@ def test_replay_takes_a_shared_links_copies_from_the_schedule() -> None:
 def test_replay_of_an_example_is_within_five_percent(example: str) -> None:
     from pathlib import Path
 
-    from autoplace.load import load_model_file
+    from autoplace.trace.load import load_model_file
 
     loaded = load_model_file(Path(__file__).parents[1] / "examples" / f"{example}.py")
     planned = plan(loaded.model, loaded.kwargs or loaded.args, devices="2xA100-40GB",

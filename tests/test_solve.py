@@ -16,10 +16,10 @@ from autoplace.errors import AutoplaceError, InfeasibleError
 from autoplace.ir import Costs, Placement
 from autoplace.simulate import simulate, validate
 from autoplace.solve import Budget, SolveOptions, is_contiguous, options, solve
+from autoplace.solve.baselines.heuristics import heft, sequential_fill
+from autoplace.solve.baselines.stages import stage_order
 from autoplace.solve.bounds import lower_bound_s
 from autoplace.solve.cpsat import solve_cpsat
-from autoplace.solve.heuristics import heft, sequential_fill
-from autoplace.solve.stages import stage_order
 from autoplace.solve.whatif import WHATIF_TIME_LIMIT_S, whatif_options
 
 

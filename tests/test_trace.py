@@ -7,7 +7,7 @@ import torch
 import zoo
 
 import autoplace.trace as trace_mod
-import autoplace.trace_count as trace_count
+import autoplace.trace.count as trace_count
 from autoplace.errors import TraceError
 from autoplace.trace import trace_model
 

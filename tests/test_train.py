@@ -14,13 +14,13 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from zoo import MLP  # the seed tutorial's MLP: 784-256-128-10
 
+from autoplace.cli.run import train_plan
 from autoplace.cluster import resolve_cluster
-from autoplace.coarsen import fold
-from autoplace.cost import costs as cost_nodes
 from autoplace.emit.check.training import verify_training
 from autoplace.errors import GraphError, VerificationError
+from autoplace.fold import fold
 from autoplace.ir import Placement, Problem
-from autoplace.run import train_plan
+from autoplace.profile.cost import costs as cost_nodes
 from autoplace.simulate import simulate, validate
 from autoplace.solve import solve
 from autoplace.trace import trace_model
@@ -156,7 +156,7 @@ def test_a_model_that_returns_no_scalar_loss_is_refused() -> None:
 
 
 def _lenet() -> tuple[nn.Module, tuple, dict, tuple]:
-    from autoplace.load import load_model_file
+    from autoplace.trace.load import load_model_file
 
     loaded = load_model_file(Path(__file__).parent.parent / "examples" / "lenet.py")
     targets = (torch.randint(0, 10, (loaded.args[0].shape[0],)),)

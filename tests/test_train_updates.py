@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from zoo import MLP
 
 from autoplace.cluster import resolve_cluster
-from autoplace.coarsen import fold
-from autoplace.cost import costs as cost_nodes
+from autoplace.fold import fold
 from autoplace.ir import Problem
+from autoplace.profile.cost import costs as cost_nodes
 from autoplace.profile.update import measure_update_s_per_byte
 from autoplace.solve.whatif import restrict
 from autoplace.trace import trace_model

@@ -26,8 +26,8 @@ from typing import Any
 
 from autoplace.errors import AutoplaceError, DeviceSpecError, GraphError
 from autoplace.formats.schema import json_path, schema_errors
-from autoplace.graphs import topological_order
 from autoplace.ir import Cluster, Costs, Device, Edge, Link, OpGraph, OpNode, Problem
+from autoplace.ir.graphs import topological_order
 
 __all__ = ["graph_problems", "load_graph_file", "problem_from_dict"]
 

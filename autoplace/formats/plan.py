@@ -217,7 +217,7 @@ class Plan:
     # A training plan's step (``autoplace.train``): its optimizer and the training check of the
     # emitted model (``emit.check.training.verify_training``). None for an inference plan.
     training: Mapping[str, Any] | None = None
-    # Modules pinned by hand (``autoplace.pins``): the pins, the ops they fixed, and the plan
+    # Modules pinned by hand (``autoplace.solve.pins``): the pins, the ops they fixed, and the plan
     # the model gets without them (``unpinned_makespan_s``, ``unpinned_objective_s``).
     pins: Mapping[str, Any] | None = None
     # --granularity module: the Hugging Face device_map and accelerate's (pipeline/modules.py)

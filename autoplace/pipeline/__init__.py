@@ -25,36 +25,36 @@ import torch
 import autoplace.emit
 import autoplace.report as report
 from autoplace.cluster import resolve_cluster
-from autoplace.coarsen import DEFAULT_MAX_NODES
 from autoplace.emit import emit_and_verify
 from autoplace.emit.distributed.ddp import microbatching, replicas_of, write_train_script
 from autoplace.emit.distributed.ranks import write_launch_script
 from autoplace.emit.files.checkpoint import load_checkpoint
 from autoplace.errors import EmitError, PinError
+from autoplace.fold import DEFAULT_MAX_NODES
 from autoplace.formats.output import atomic_output_dir
 from autoplace.formats.plan import BaselineResult, Plan, SolverRecord, Verification
 from autoplace.ir import Cluster, Placement, Problem
-from autoplace.load import normalize_inputs
-from autoplace.pins import Pins
 from autoplace.pipeline.forward import Tracing, traced_problem
 from autoplace.pipeline.step import Step, check_step, plan_step
 from autoplace.progress import phase, stage
 from autoplace.simulate import simulate
 from autoplace.simulate.schedules import microbatch_name
 from autoplace.solve import DEFAULT_TIME_LIMIT_S, SolveOptions, SolveResult, solve
-from autoplace.solve.accelerate import (
-    AccelerateMap,
-    accelerate_baselines,
-    baselines_on,
-    on_graph,
-)
 from autoplace.solve.baselines import (
     DEFAULT_MIN_GAIN,
     check_min_gain,
     prefer_single,
     split_gain,
 )
+from autoplace.solve.baselines.accelerate import (
+    AccelerateMap,
+    accelerate_baselines,
+    baselines_on,
+    on_graph,
+)
+from autoplace.solve.pins import Pins
 from autoplace.solve.whatif import plan_row, solve_after_whatif, whatif_options, whatif_table
+from autoplace.trace.load import normalize_inputs
 from autoplace.train import TRAINING_NOTE, check_training, loss_model, training_targets
 from autoplace.train.precision import cast, cast_notes, check_dtype
 
@@ -139,7 +139,7 @@ def plan(
     ``pins`` (``{"model.layers.0": "cuda:1", "lm_head": "cpu", "0": 0}``: module paths as in
     ``model.named_modules()`` to devices, an integer being the i-th GPU as in a Hugging Face
     ``device_map``) fixes those modules' ops and parameters to those devices; the solver places
-    the rest (``autoplace.pins``). The model is also solved without them, and ``Plan.pins``
+    the rest (``autoplace.solve.pins``). The model is also solved without them, and ``Plan.pins``
     says what they cost. Inference plans only.
 
     ``checkpoint`` (a safetensors file, or a directory ``save_pretrained`` wrote): the model's

@@ -10,12 +10,12 @@ from typing import Any
 
 import torch
 
-from autoplace.coarsen import fold
-from autoplace.cost import analytic_cpu_note
-from autoplace.cost import costs as cost_nodes
+from autoplace.fold import fold
 from autoplace.ir import Cluster, OpGraph, Problem
-from autoplace.pins import Pins, pin_costs, pins_note, resolve_pins
+from autoplace.profile.cost import analytic_cpu_note
+from autoplace.profile.cost import costs as cost_nodes
 from autoplace.progress import stage
+from autoplace.solve.pins import Pins, pin_costs, pins_note, resolve_pins
 from autoplace.trace import trace_model
 
 __all__ = ["Forward", "Tracing", "traced_problem"]
@@ -30,7 +30,7 @@ class Tracing:
     profile: bool
     cache: Any
     progress: bool
-    # Modules fixed to devices by hand (``autoplace.pins``): module path -> device.
+    # Modules fixed to devices by hand (``autoplace.solve.pins``): module path -> device.
     pins: Mapping[str, str | int] | None = None
 
 

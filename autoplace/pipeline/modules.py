@@ -19,27 +19,27 @@ from typing import Any
 import torch
 
 from autoplace.cluster import resolve_cluster
-from autoplace.cost import costs as cost_nodes
 from autoplace.emit.files.hf_device_map import check_units_fit, device_map, uncovered
 from autoplace.errors import EmitError, ModelLoadError
 from autoplace.formats.plan import Plan
 from autoplace.ir import Cluster, Problem
-from autoplace.load import normalize_inputs
-from autoplace.pins import pin_costs, pins_note, resolve_unit_pins
 from autoplace.pipeline import _min_gain, _plan_of, unpinned_record
+from autoplace.profile.cost import costs as cost_nodes
 from autoplace.progress import stage
 from autoplace.solve import SolveOptions, solve
-from autoplace.solve.accelerate import (
+from autoplace.solve.baselines import DEFAULT_MIN_GAIN, check_min_gain
+from autoplace.solve.baselines.accelerate import (
     NOT_INSTALLED,
     AccelerateMap,
     accelerate_available,
     accelerate_maps,
     baselines_on,
 )
-from autoplace.solve.baselines import DEFAULT_MIN_GAIN, check_min_gain
 from autoplace.solve.options import MODULE_TIME_LIMIT_S
+from autoplace.solve.pins import pin_costs, pins_note, resolve_unit_pins
 from autoplace.trace import cache_off
-from autoplace.trace_modules import INPUT, ModuleTrace, module_units, trace_modules
+from autoplace.trace.load import normalize_inputs
+from autoplace.trace.modules import INPUT, ModuleTrace, module_units, trace_modules
 
 __all__ = ["plan_modules"]
 

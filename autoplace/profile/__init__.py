@@ -2,7 +2,7 @@
 them, and calibrate the roofline for the devices that are not.
 
 Part of the pipeline's cost stage: ``autoplace.pipeline.plan`` calls ``profile_model`` after
-tracing when asked to (``--profile``), and ``autoplace.cost.costs`` then takes each node's
+tracing when asked to (``--profile``), and ``autoplace.profile.cost.costs`` then takes each node's
 measured time where there is one, a calibrated one where a fit exists, and the analytic roofline
 otherwise. ``autoplace profile`` runs this stage alone.
 
@@ -58,7 +58,7 @@ class ProfileResult:
     wall_s: float = 0.0
 
     def measured(self) -> dict[str, dict[str, float]]:
-        """``measured[node][device]`` seconds, for ``autoplace.cost.costs``."""
+        """``measured[node][device]`` seconds, for ``autoplace.profile.cost.costs``."""
         out: dict[str, dict[str, float]] = {}
         for dp in self.devices:
             for node, op in dp.ops.items():

@@ -103,7 +103,7 @@ def compare(graph: OpGraph, measured: Mapping[str, float], fitted: CalibrationFi
             device: str, device_type: str) -> Comparison | None:
     """Each measured node of ``graph`` (``measured[node]`` seconds) against the calibrated
     prediction for it."""
-    from autoplace.cost import node_family
+    from autoplace.profile.cost import node_family
 
     dtype_ = get_device_type(device_type)
     total_measured = total_predicted = 0.0

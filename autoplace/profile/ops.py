@@ -29,9 +29,9 @@ from typing import Any
 import torch
 import torch.fx
 
-from autoplace.cost import node_family
 from autoplace.ir import Device
 from autoplace.profile.cache import OpRecord, ProfileCache
+from autoplace.profile.cost import node_family
 from autoplace.profile.timing import (
     Measurement,
     Timer,
@@ -41,7 +41,7 @@ from autoplace.profile.timing import (
     timer_for,
 )
 from autoplace.trace import TracedModel
-from autoplace.trace_count import flat_inputs, value_bytes
+from autoplace.trace.count import flat_inputs, value_bytes
 
 __all__ = ["DeviceProfile", "OpProfile", "op_signature", "profile_device"]
 

@@ -233,8 +233,9 @@ def advice(plan: Plan) -> str:
     used = [d for d in cluster if d.name in placed]
     kind = _kind_of(used)
     names = ", ".join(d.name for d in used)
-    value = f"{'step' if plan.training is not None else 'makespan'} " \
-        f"{format_seconds(plan.objective_s)}"
+    label = ("step" if plan.training is not None else
+             "largest device load" if plan.objective == "throughput" else "makespan")
+    value = f"{label} {format_seconds(plan.objective_s)}"
     replicas = int((plan.training or {}).get("replicas", 1))
     lead = f"Train {replicas} data-parallel replicas, each on" if replicas > 1 else "Use"
     if len(used) == 1:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoplace.formats.plan import Plan
-from autoplace.solve.accelerate import covering_key, device_keys
+from autoplace.solve.baselines.accelerate import covering_key, device_keys
 
 __all__ = ["DeviceMapFacts", "MapColumn", "device_map_facts"]
 

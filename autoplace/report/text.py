@@ -11,10 +11,10 @@ import io
 from typing import Any
 
 from autoplace.formats.plan import Plan, SolverRecord
-from autoplace.pins import pin_list
 from autoplace.report.analysis import Overview, overview
 from autoplace.report.units import format_bytes, format_ratio, format_seconds, format_share
 from autoplace.solve.options import DEFAULT_TIME_LIMIT_S
+from autoplace.solve.pins import pin_list
 
 __all__ = ["print_summary", "summary_renderable", "summary_text"]
 

@@ -22,9 +22,9 @@ import math
 import numpy as np
 
 from autoplace.errors import InfeasibleError
-from autoplace.graphs import longest_path_length
 from autoplace.ir import Problem
-from autoplace.solve.heuristics import group_devices
+from autoplace.ir.graphs import longest_path_length
+from autoplace.solve.baselines.heuristics import group_devices
 
 __all__ = ["check_memory", "launch_release_s", "lower_bound_s"]
 

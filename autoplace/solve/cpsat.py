@@ -26,9 +26,9 @@ from ortools.sat.python import cp_model
 
 from autoplace.ir import Placement, Problem, Schedule
 from autoplace.progress import current_reporter
+from autoplace.solve.baselines.stages import stage_order
 from autoplace.solve.contention import add_shared_volume
 from autoplace.solve.launcher import add_launchers
-from autoplace.solve.stages import stage_order
 
 __all__ = ["TIME_QUANTUM_S", "CpSatResult", "node_activation_bytes", "solve_cpsat"]
 

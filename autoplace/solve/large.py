@@ -1,9 +1,9 @@
 """Graphs larger than CP-SAT solves whole: coarsen, solve, expand, then refine on the full graph.
 
-The full graph is the folded one (``coarsen.fold``); the coarse graph is only an aid to CP-SAT, and
+The full graph is the folded one (``fold.fold``); the coarse graph is only an aid to CP-SAT, and
 every number the solve keeps is the simulator's on the full graph. Multilevel, in order:
 
-1. **coarsen** to ``max_nodes`` (``autoplace.coarsen``: runs of a topological order, by module);
+1. **coarsen** to ``max_nodes`` (``autoplace.fold``: runs of a topological order, by module);
 2. **solve** the coarse problem with CP-SAT, hinted with the best baseline projected onto it;
 3. **expand** the coarse placement and simulate it;
 4. **refine** on the full graph: where the exact model takes it (``EXACT_MAX_NODES``), CP-SAT
@@ -21,11 +21,11 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from autoplace.coarsen import Coarsened, coarsen
+from autoplace.fold import Coarsened, coarsen
 from autoplace.ir import Placement, Problem, Schedule
 from autoplace.simulate import simulate
+from autoplace.solve.baselines.heuristics import group_devices, majority_devices
 from autoplace.solve.cpsat import CpSatResult, node_activation_bytes, solve_cpsat
-from autoplace.solve.heuristics import group_devices, majority_devices
 
 __all__ = ["EXACT_MAX_NODES", "LargeResult", "coarse_solve", "improve"]
 

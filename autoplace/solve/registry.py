@@ -11,11 +11,11 @@ from collections.abc import Callable
 
 from autoplace.errors import AutoplaceError
 from autoplace.ir import Placement, Problem
-from autoplace.solve.baechi import m_etf, m_sct
-from autoplace.solve.heuristics import heft, sequential_fill
-from autoplace.solve.ideals import ideal_dp
-from autoplace.solve.partition import balanced_fill, contiguous_split
-from autoplace.solve.stages import stage_dp
+from autoplace.solve.baselines.baechi import m_etf, m_sct
+from autoplace.solve.baselines.heuristics import heft, sequential_fill
+from autoplace.solve.baselines.ideals import ideal_dp
+from autoplace.solve.baselines.partition import balanced_fill, contiguous_split
+from autoplace.solve.baselines.stages import stage_dp
 
 __all__ = ["HEURISTICS", "OBJECTIVES", "SOLVERS", "get_solver"]
 

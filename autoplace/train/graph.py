@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
-from autoplace.cost import costs as price
-from autoplace.cost import weakest_source
 from autoplace.errors import GraphError
 from autoplace.ir import Costs, Edge, HostCosts, OpGraph, OpNode, Problem
+from autoplace.profile.cost import costs as price
+from autoplace.profile.cost import weakest_source
 from autoplace.simulate.schedules import BACKWARD, SCHEDULES, STEP, microbatch_name, phase_of
 from autoplace.train.precision import element_bytes, update_of
 

@@ -21,8 +21,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import replace
 
-from autoplace.cost import weakest_source
 from autoplace.ir import Edge, Problem
+from autoplace.profile.cost import weakest_source
 from autoplace.simulate.schedules import STEP, phase_of
 from autoplace.train.graph import trained_bytes
 

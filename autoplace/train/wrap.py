@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from autoplace.errors import ModelLoadError
-from autoplace.load import describe_failure
+from autoplace.trace.load import describe_failure
 
 __all__ = ["LossModel", "loss_model", "training_targets"]
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autoplace.errors import AutoplaceError, GraphError
-from autoplace.graphs import topological_order
+from autoplace.ir.graphs import topological_order
 
 __all__ = ["Layer", "Profile", "parse_profile", "read_profile"]
 

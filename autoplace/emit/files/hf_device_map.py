@@ -3,9 +3,9 @@
 The format is the one ``transformers``' ``from_pretrained(..., device_map=...)`` and
 accelerate's ``dispatch_model`` take: keys are module names (``""`` for the whole model), values
 a GPU index (an ``int``, the ``N`` of ``cuda:N``) or ``"cpu"``. A planned device is named by its
-index among the cluster's GPUs (as accelerate's own maps name them, ``solve.accelerate``), so on
-a machine with those GPUs the map loads as planned; ``remapped`` turns every device into one
-(``"cpu"``) to load it on a machine without them.
+index among the cluster's GPUs (as accelerate's own maps name them,
+``solve.baselines.accelerate``), so on a machine with those GPUs the map loads as planned;
+``remapped`` turns every device into one (``"cpu"``) to load it on a machine without them.
 
 Read ``device_map`` (the plan's map, every name a unit goes by), then ``uncovered`` (the
 parameters and buffers no key covers: none, or it is a bug) and ``check_units_fit`` (the error
@@ -21,7 +21,7 @@ from networkx.utils import UnionFind
 
 from autoplace.errors import InfeasibleError
 from autoplace.ir import Cluster
-from autoplace.solve.accelerate import covering_key, device_keys
+from autoplace.solve.baselines.accelerate import covering_key, device_keys
 
 __all__ = ["check_units_fit", "device_map", "remapped", "uncovered"]
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from autoplace.ir import Placement, Problem
 from autoplace.simulate import upward_rank
-from autoplace.solve.heuristics import (
+from autoplace.solve.baselines.heuristics import (
     _group_bytes,
     activation_reserve,
     group_devices,

@@ -3,7 +3,8 @@
 
 ``main(argv)`` returns the exit code: 0 on success, 2 for any ``AutoplaceError`` (bad input, a
 model that does not fit, an unwritable output directory), printed as one paragraph with no
-traceback, and 130 on Ctrl-C.
+traceback, and 130 on Ctrl-C. ``autoplace run`` lives beside it: ``run.py`` (one process) and
+``run_ranks.py`` (``--nproc``, a process per device).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 
 from autoplace.cluster import DEFAULT_SIMULATED_SPEC
-from autoplace.coarsen import DEFAULT_MAX_NODES
 from autoplace.errors import AutoplaceError
+from autoplace.fold import DEFAULT_MAX_NODES
 from autoplace.simulate.schedules import SCHEDULES
 from autoplace.solve import DEFAULT_TIME_LIMIT_S, OBJECTIVES, SOLVERS
 from autoplace.solve.baselines import DEFAULT_MIN_GAIN, check_min_gain
@@ -235,7 +236,7 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
                    "measured_s, predicted_s, times_s, and the details)")
     u.add_argument("--save-outputs", metavar="FILE.safetensors",
                    help="write the model's output tensors (output, output.0, output.NAME, ...)")
-    # More than one process (autoplace/run_ranks.py, docs/multiprocess.md).
+    # More than one process (autoplace/cli/run_ranks.py, docs/multiprocess.md).
     u.add_argument("--nproc", type=int, metavar="N",
                    help="run an inference plan as N processes on this machine, one per planned "
                    "device (OUT/launch.py under torchrun, gloo on 127.0.0.1, nccl on GPUs): "
@@ -339,18 +340,18 @@ def _cmd_solve(args: argparse.Namespace) -> int:
 
 
 def _pins(args: argparse.Namespace) -> dict[str, str | int]:
-    """``--pin`` and ``--pin-map`` together, checked (``autoplace.pins``)."""
-    from autoplace.pins import merge_pins, parse_pins, read_pin_map
+    """``--pin`` and ``--pin-map`` together, checked (``autoplace.solve.pins``)."""
+    from autoplace.solve.pins import merge_pins, parse_pins, read_pin_map
 
     return merge_pins(parse_pins(args.pin), read_pin_map(args.pin_map) if args.pin_map else None)
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from autoplace.formats.output import check_writable
-    from autoplace.load import load_model_file
     from autoplace.pipeline import plan, save
     from autoplace.progress import stage
     from autoplace.report import print_summary
+    from autoplace.trace.load import load_model_file
 
     began = time.perf_counter()
     if args.devices and args.cluster:
@@ -396,11 +397,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_plan_modules(args: argparse.Namespace, began: float) -> int:
     """``plan --granularity module``: a Hugging Face device_map (``pipeline.modules``)."""
     from autoplace.formats.output import check_writable
-    from autoplace.load import load_model_file
     from autoplace.pipeline import save
     from autoplace.pipeline.modules import plan_modules
     from autoplace.progress import stage
     from autoplace.report import print_summary
+    from autoplace.trace.load import load_model_file
 
     if args.mode != "inference":
         raise AutoplaceError("--granularity module plans inference (a device_map places a "
@@ -439,10 +440,10 @@ def _cache(args: argparse.Namespace):  # noqa: ANN202 - autoplace.profile is imp
 def _cmd_profile(args: argparse.Namespace) -> int:
     from autoplace.cluster import describe_present, inventory, present_devices, resolve_cluster
     from autoplace.emit.codegen.source import runtime_namespace
-    from autoplace.load import load_model_file
     from autoplace.profile import profile_model
     from autoplace.progress import stage
     from autoplace.trace import trace_model
+    from autoplace.trace.load import load_model_file
 
     inv = inventory()
     everything_here = ",".join(["cpu", *(f"cuda:{g.index}" for g in inv.gpus)])
@@ -507,7 +508,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     import json
 
-    from autoplace.run import run_plan, save_outputs, train_plan
+    from autoplace.cli.run import run_plan, save_outputs, train_plan
 
     if args.train is None and args.lr is not None:
         raise AutoplaceError("--lr goes with --train STEPS (the learning rate of that training)")
@@ -540,7 +541,7 @@ def _run_ranks(args: argparse.Namespace) -> int:
     """``autoplace run OUT --nproc N``."""
     import json
 
-    from autoplace.run_ranks import run_ranks
+    from autoplace.cli.run_ranks import run_ranks
 
     if args.train is not None or args.save_outputs:
         raise AutoplaceError("--nproc runs an inference plan and checks its outputs: it takes "
@@ -564,6 +565,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("autoplace: interrupted", file=sys.stderr)
         return 130
 
-
-if __name__ == "__main__":
-    sys.exit(main())

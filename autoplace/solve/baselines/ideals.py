@@ -24,8 +24,8 @@ import networkx as nx
 import numpy as np
 
 from autoplace.ir import Placement, Problem
-from autoplace.solve.heuristics import NotRun, activation_reserve
-from autoplace.solve.partition import grouped_order, slowest_delay_s
+from autoplace.solve.baselines.heuristics import NotRun, activation_reserve
+from autoplace.solve.baselines.partition import grouped_order, slowest_delay_s
 
 __all__ = ["ideal_dp"]
 

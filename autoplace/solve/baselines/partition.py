@@ -25,7 +25,7 @@ import numpy as np
 from autoplace.errors import AutoplaceError
 from autoplace.ir import Edge, Placement, Problem
 from autoplace.simulate import simulate
-from autoplace.solve.heuristics import (
+from autoplace.solve.baselines.heuristics import (
     _group_bytes,
     activation_reserve,
     group_devices,

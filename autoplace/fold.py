@@ -21,8 +21,9 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from autoplace.cost import op_short_name, weakest_source
 from autoplace.ir import Costs, Edge, OpGraph, OpNode
+from autoplace.profile.cost import op_short_name, weakest_source
+from autoplace.trace import VIEW_OPS
 
 __all__ = ["DEFAULT_MAX_NODES", "Coarsened", "coarsen", "fold"]
 
@@ -108,16 +109,6 @@ def _merge_runs(
             merged.append(list(group))
         last_key = k
     return merged
-
-
-# Ops whose output is always a view of their input, never a copy (``trace.SHAPE_ONLY_OPS`` also
-# holds ops that launch nothing yet may copy: ``reshape`` or ``flatten`` of a tensor they cannot
-# view, ``contiguous``, ``lift_fresh_copy``; and ``getitem``, a copy when it indexes a tensor).
-VIEW_OPS = frozenset({
-    "view", "_unsafe_view", "view_as", "t", "transpose", "permute", "expand", "expand_as",
-    "slice", "select", "narrow", "unsqueeze", "squeeze", "alias", "detach", "as_strided",
-    "split", "split_with_sizes", "chunk", "unbind",
-})
 
 
 def _storages(graph: OpGraph, members: Sequence[str]) -> dict[str, tuple[str, ...]]:

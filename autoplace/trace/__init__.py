@@ -8,7 +8,8 @@ group. Nothing here allocates real memory for activations, so models whose param
 meta device trace too.
 
 The fx ``GraphModule`` is returned beside the IR only so that the emit stage can split it; no
-other stage looks at it.
+other stage looks at it. Beside this module: ``load.py`` (the user's model file, run on its
+example inputs), ``count.py`` (the counting pass) and ``modules.py`` (module granularity).
 """
 
 from __future__ import annotations
@@ -27,11 +28,9 @@ from typing import Any
 import torch
 import torch.fx
 
-from autoplace.coarsen import VIEW_OPS
 from autoplace.errors import TraceError
 from autoplace.ir import Edge, OpGraph, OpNode
-from autoplace.load import run_example
-from autoplace.trace_count import (
+from autoplace.trace.count import (
     CountingInterpreter,
     count_ops,
     flat_inputs,
@@ -40,9 +39,10 @@ from autoplace.trace_count import (
     tensors,
     value_bytes,
 )
+from autoplace.trace.load import run_example
 
-__all__ = ["CACHE_NOTE", "SHAPE_ONLY_OPS", "TracedModel", "cache_off", "flat_inputs", "to_meta",
-           "trace_model"]
+__all__ = ["CACHE_NOTE", "SHAPE_ONLY_OPS", "VIEW_OPS", "TracedModel", "cache_off", "flat_inputs",
+           "to_meta", "trace_model"]
 
 # Ops that launch no kernel and move no bytes: views, metadata checks, and eval-mode dropout.
 # They cost nothing on any device, and coarsening folds them into their producer.
@@ -56,6 +56,15 @@ SHAPE_ONLY_OPS = frozenset(
         "_guards_fn",
     }
 )
+
+# Ops whose output is always a view of their input, never a copy (``SHAPE_ONLY_OPS`` also
+# holds ops that launch nothing yet may copy: ``reshape`` or ``flatten`` of a tensor they cannot
+# view, ``contiguous``, ``lift_fresh_copy``; and ``getitem``, a copy when it indexes a tensor).
+VIEW_OPS = frozenset({
+    "view", "_unsafe_view", "view_as", "t", "transpose", "permute", "expand", "expand_as",
+    "slice", "select", "narrow", "unsqueeze", "squeeze", "alias", "detach", "as_strided",
+    "split", "split_with_sizes", "chunk", "unbind",
+})
 
 
 @dataclass(frozen=True)

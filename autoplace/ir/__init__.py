@@ -21,7 +21,7 @@ import networkx as nx
 from networkx.utils import UnionFind
 
 from autoplace.errors import DeviceSpecError, GraphError
-from autoplace.graphs import cycle_text, find_cycle
+from autoplace.ir.graphs import cycle_text, find_cycle
 
 __all__ = [
     "Cluster",
@@ -55,7 +55,7 @@ class OpNode:
     ``output_bytes``. ``workspace_bytes`` is what
     it needs while it runs beyond its inputs and outputs: an op's scratch memory as profiled on
     a GPU (``torch.cuda.max_memory_allocated`` above inputs and outputs), or a coarse group's
-    internal peak (its members' intermediates, see ``autoplace.coarsen``). ``flops`` and
+    internal peak (its members' intermediates, see ``autoplace.fold``). ``flops`` and
     ``bytes_accessed`` feed the analytic cost model; ``launches`` counts kernels.
     """
 

@@ -30,9 +30,9 @@ from torch.utils.flop_counter import flop_registry
 
 from autoplace.errors import ModelLoadError, TraceError
 from autoplace.ir import Edge, OpGraph, OpNode
-from autoplace.load import describe_failure
 from autoplace.trace import to_meta
-from autoplace.trace_count import nbytes
+from autoplace.trace.count import nbytes
+from autoplace.trace.load import describe_failure
 
 __all__ = ["INPUT", "ModuleTrace", "Unit", "Units", "module_units", "trace_modules", "units"]
 
@@ -94,7 +94,7 @@ class _Record:
 
 def _tensors(value: Any) -> list[torch.Tensor]:
     """The tensors in a module's arguments or result, through any container torch's pytree
-    knows (``trace_count.tensors`` walks lists, tuples and dicts only)."""
+    knows (``count.tensors`` walks lists, tuples and dicts only)."""
     return [v for v in tree_flatten(value)[0] if isinstance(v, torch.Tensor)]
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import safetensors.torch
 import torch
 
+from autoplace.cli.run import plan_and_model
 from autoplace.emit import load_model, local_device_map
 from autoplace.emit.check.outputs import max_abs_diff
 from autoplace.emit.distributed.ranks import Exchange, flat_inputs, repeated, run_pass
@@ -37,7 +38,6 @@ from autoplace.emit.train.microbatch import split_batch
 from autoplace.errors import AutoplaceError, EmitError, VerificationError
 from autoplace.formats.plan import Plan
 from autoplace.ir import Placement, Problem, Schedule
-from autoplace.run import plan_and_model
 from autoplace.simulate import simulate
 from autoplace.simulate.schedules import microbatch_name
 from autoplace.train.graph import microbatch_copies

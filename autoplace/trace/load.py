@@ -138,8 +138,9 @@ def load_model_file(path: str | Path) -> LoadedModel:
 
 
 # Frames in these folders are the libraries' (torch, Python's own), not the place to fix.
+# ``parents[1]`` is the autoplace package (this module is ``autoplace/trace/load.py``).
 _LIBRARY_DIRS = tuple(str(Path(p).resolve()) for p in {
-    Path(torch.__file__).parent, Path(__file__).parent, sysconfig.get_paths()["stdlib"]})
+    Path(torch.__file__).parent, Path(__file__).parents[1], sysconfig.get_paths()["stdlib"]})
 
 
 def _user_frame(exc: BaseException) -> traceback.FrameSummary | None:

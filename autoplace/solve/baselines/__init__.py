@@ -1,5 +1,5 @@
 """The baselines: every heuristic of ``HEURISTICS``, the best single device and the caller's
-``extra`` placements (accelerate's device maps, ``solve/accelerate.py``), each scored by the
+``extra`` placements (accelerate's device maps, ``accelerate.py``), each scored by the
 simulator. They are the plans CP-SAT must beat, its hints, and the report's comparison rows. A
 heuristic that does not apply at this size raises ``NotRun``: it is listed as not run, with why,
 not as a placement that does not fit.
@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from autoplace.errors import AutoplaceError
 from autoplace.ir import Placement, Problem, Schedule
 from autoplace.simulate import simulate
-from autoplace.solve.heuristics import NotRun, single_device
+from autoplace.solve.baselines.heuristics import NotRun, single_device
+from autoplace.solve.baselines.stages import stage_order
 from autoplace.solve.options import Budget, SolveOptions
 from autoplace.solve.registry import HEURISTICS
-from autoplace.solve.stages import stage_order
 
 __all__ = ["DEFAULT_MIN_GAIN", "Baselines", "best_baseline", "check_min_gain", "is_contiguous",
            "prefer_single", "run_baselines", "run_within", "split_gain"]

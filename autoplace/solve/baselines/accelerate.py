@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from autoplace.ir import Cluster, OpGraph, Placement, Problem
-from autoplace.solve.heuristics import majority_devices
+from autoplace.solve.baselines.heuristics import majority_devices
 
 __all__ = ["ACCELERATE_STRATEGIES", "AccelerateMap", "accelerate_available",
            "NOT_INSTALLED", "accelerate_baselines", "accelerate_maps", "baselines_on",

@@ -24,8 +24,8 @@ import numpy as np
 
 from autoplace.ir import Placement, Problem
 from autoplace.simulate import simulate
-from autoplace.solve.heuristics import activation_reserve
-from autoplace.solve.partition import slowest_delay_s
+from autoplace.solve.baselines.heuristics import activation_reserve
+from autoplace.solve.baselines.partition import slowest_delay_s
 
 __all__ = ["group_dp", "stage_dp", "stage_order"]
 

@@ -28,7 +28,7 @@ import torch
 
 from autoplace.errors import PinError
 from autoplace.ir import Cluster, Costs, OpGraph
-from autoplace.solve.accelerate import covering_key, device_keys
+from autoplace.solve.baselines.accelerate import covering_key, device_keys
 
 __all__ = ["Pins", "merge_pins", "parse_pins", "pin_costs", "pin_list", "read_pin_map",
            "resolve_pins", "resolve_unit_pins"]
@@ -100,7 +100,8 @@ def _add(pins: dict[str, str | int], module: str, device: str | int, *, where: s
 
 def _device_name(device: str | int, cluster: Cluster) -> str:
     """The cluster name of a pin's device: a name, a torch device, or the i-th GPU, numbered
-    as device_map.json and accelerate's maps number them (``solve.accelerate.device_keys``)."""
+    as device_map.json and accelerate's maps number them
+    (``solve.baselines.accelerate.device_keys``)."""
     gpus = [name for key, name in device_keys(cluster).items() if isinstance(key, int)]
     if isinstance(device, int):
         if 0 <= device < len(gpus):
