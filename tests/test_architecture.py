@@ -25,6 +25,9 @@ PACKAGES = ("autoplace", "cost_models")
 MAX_MODULE_LINES = 600
 MAX_COMPLEXITY = 15
 MAX_CYCLES_SHOWN = 50  # a tangle has exponentially many; the first few name its modules
+MAX_LOOSE_MODULES = 5
+MAX_FOLDER_LINES = 3500
+MAX_DOCSTRING_LINES = 15
 
 
 @dataclass(frozen=True)
@@ -138,31 +141,55 @@ def test_no_import_cycle_between_modules() -> None:
         + "\n".join(f"  {_describe(graph, cycle)}" for cycle in cycles))
 
 
-def test_cost_models_never_imports_autoplace() -> None:
+def _imports_of(top: str, *, within: str = "") -> list[str]:
+    """Every absolute import of package ``top`` in our modules whose dotted name starts with
+    ``within``, function-local ones included, as ``path:line imports name``."""
     offenders: list[str] = []
     for name, path in _modules().items():
-        if not name.startswith("cost_models"):
+        if not name.startswith(within):
             continue
         for node, _ in _walk(ast.parse(path.read_text(), filename=str(path))):
             names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if node.level == 0 else [])
             offenders += [f"{path.relative_to(ROOT).as_posix()}:{node.lineno} imports {imported}"
-                          for imported in names if imported.split(".")[0] == "autoplace"]
+                          for imported in names if imported.split(".")[0] == top]
+    return offenders
+
+
+def test_cost_models_never_imports_autoplace() -> None:
+    offenders = _imports_of("autoplace", within="cost_models")
     assert not offenders, ("cost_models must not import autoplace (the dependency goes one way):"
                            "\n  " + "\n  ".join(offenders))
 
 
 def test_neither_package_imports_research() -> None:
     assert (ROOT / "research" / "__init__.py").is_file()
-    offenders: list[str] = []
-    for path in _modules().values():
-        for node, _ in _walk(ast.parse(path.read_text(), filename=str(path))):
-            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if node.level == 0 else [])
-            offenders += [f"{path.relative_to(ROOT).as_posix()}:{node.lineno} imports {imported}"
-                          for imported in names if imported.split(".")[0] == "research"]
+    offenders = _imports_of("research")
     assert not offenders, ("research/ is outside the wheel: autoplace and cost_models must not "
                            "import it (it imports them):\n  " + "\n  ".join(offenders))
+
+
+def test_the_tree_reads_as_its_stages() -> None:
+    # At most five loose modules at autoplace's top (the rest are stages, packages named for
+    # their verb), and no package folder over 3,500 lines of its own modules.
+    loose = sorted(p.name for p in (ROOT / "autoplace").glob("*.py"))
+    assert len(loose) <= MAX_LOOSE_MODULES, f"loose modules at autoplace/'s top: {loose}"
+    folders: dict[str, int] = {}
+    for path in _modules().values():
+        folder = path.parent.relative_to(ROOT).as_posix()
+        folders[folder] = folders.get(folder, 0) + len(path.read_text().splitlines())
+    over = {f: n for f, n in folders.items() if n > MAX_FOLDER_LINES}
+    assert not over, f"package folders over {MAX_FOLDER_LINES} lines of their own modules: {over}"
+
+
+def test_module_docstrings_say_what_in_at_most_15_lines() -> None:
+    # What the module does, in what order to read it, its sources; history goes to
+    # docs/design-notes.md or the commit log.
+    long = {path.relative_to(ROOT).as_posix(): len(doc.splitlines())
+            for path in _modules().values()
+            if (doc := ast.get_docstring(ast.parse(path.read_text()), clean=False))
+            and len(doc.splitlines()) > MAX_DOCSTRING_LINES}
+    assert not long, f"module docstrings over {MAX_DOCSTRING_LINES} lines: {long}"
 
 
 def test_ruff_with_complexity_at_most_15_passes() -> None:
