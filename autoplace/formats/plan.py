@@ -106,7 +106,8 @@ class SolverRecord:
     ``status`` is of the plan's own graph (``OPTIMAL`` only when proven optimal for it);
     ``scope`` says which graph CP-SAT solved (``{"graph": "folded" | "coarsened", "nodes",
     "folded_nodes"}``, and on a coarsened graph CP-SAT's ``status`` there); ``status_text`` is
-    how every summary shows the two."""
+    how every summary shows the two. ``solve.solve`` returns this record and the plan keeps it,
+    one record from the solver to ``plan.json``."""
 
     name: str
     status: str

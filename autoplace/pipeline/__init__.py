@@ -11,7 +11,6 @@ model by training it.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as _dt
 import json
 import os
@@ -32,7 +31,7 @@ from autoplace.emit.files.checkpoint import load_checkpoint
 from autoplace.errors import EmitError, PinError
 from autoplace.fold import DEFAULT_MAX_NODES
 from autoplace.formats.output import atomic_output_dir
-from autoplace.formats.plan import BaselineResult, Plan, SolverRecord, Verification
+from autoplace.formats.plan import BaselineResult, Plan, Verification
 from autoplace.ir import Cluster, Placement, Problem
 from autoplace.pipeline.forward import Tracing, traced_problem
 from autoplace.pipeline.step import Step, check_step, plan_step
@@ -343,8 +342,7 @@ def _plan_of(result: SolveResult, problem: Problem, *, name: str, tracer: str,
         problem=problem,
         schedule=result.schedule,
         lower_bound_s=result.lower_bound_s,
-        solver=SolverRecord(**{f.name: getattr(result.solver, f.name)
-                               for f in dataclasses.fields(result.solver)}),
+        solver=result.solver,
         baselines={k: BaselineResult.of(v) for k, v in result.baselines.items()}
         | {k: BaselineResult.of(None, not_run=why) for k, why in result.not_run.items()},
         best_single_device=result.best_single_device,

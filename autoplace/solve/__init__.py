@@ -7,7 +7,7 @@ device overflowing that CP-SAT's memory model allowed, the nodes placed there ar
 no-good) and CP-SAT runs again. The lower bound is the best of the analytic bounds and the first
 CP-SAT run's (later runs carry cuts); a CP-SAT bound above a plan the simulator accepts is dropped.
 All it reports is of ``problem``, the full (folded) graph (CP-SAT's bound only when it solved that
-graph whole); ``SolverInfo.scope`` says which graph CP-SAT solved.
+graph whole); ``SolverRecord.scope`` says which graph CP-SAT solved.
 
 Read ``solve``; its steps, in order, each may end the solve: ``_start`` (the baselines and the
 analytic bound), ``_heuristic`` (``--solver`` names one), ``_baseline_at_bound``, ``_solve_exact``
@@ -24,6 +24,7 @@ from typing import Any
 
 from autoplace import progress as display
 from autoplace.errors import InfeasibleError
+from autoplace.formats.plan import SolverRecord
 from autoplace.ir import Placement, Problem, Schedule, optimality_gap
 from autoplace.simulate import simulate
 from autoplace.solve.baselines import best_baseline, is_contiguous, run_baselines, run_within
@@ -49,7 +50,6 @@ __all__ = [
     "Budget",
     "SolveOptions",
     "SolveResult",
-    "SolverInfo",
     "TIME_QUANTUM_S",
     "get_solver",
     "is_contiguous",
@@ -59,24 +59,9 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class SolverInfo:
-    name: str
-    status: str
-    wall_s: float
-    objective_s: float | None
-    time_limit_s: float
-    progress: tuple[tuple[float, float | None, float], ...] = ()
-    steps: tuple[tuple[str, float], ...] = ()
-    # Which graph CP-SAT solved: {"graph": "folded" | "coarsened", "nodes", "folded_nodes"} and,
-    # when coarsened, "status": CP-SAT's status on the coarsened graph.
-    scope: Mapping[str, Any] | None = None
-    # Its JSON form is the plan's ``SolverRecord`` (formats/plan.py), built field for field.
-
-
-@dataclass(frozen=True)
 class SolveResult:
     schedule: Schedule
-    solver: SolverInfo
+    solver: SolverRecord
     lower_bound_s: float
     baselines: Mapping[str, Schedule | None]
     best_single_device: str | None
@@ -126,12 +111,12 @@ class _SolveState:
             or is_contiguous(self.problem, schedule.placement.device_of))
 
     def info(self, name: str, status: str, objective_s: float | None, *,
-             progress: tuple = (), steps: tuple = ()) -> SolverInfo:
-        return SolverInfo(name=name, status=status, wall_s=self.budget.elapsed_s(),
-                          objective_s=objective_s, time_limit_s=self.options.time_limit_s,
-                          progress=progress, steps=steps)
+             progress: tuple = (), steps: tuple = ()) -> SolverRecord:
+        return SolverRecord(name=name, status=status, wall_s=self.budget.elapsed_s(),
+                            objective_s=objective_s, time_limit_s=self.options.time_limit_s,
+                            progress=progress, steps=steps)
 
-    def result(self, chosen: Schedule, info: SolverInfo) -> SolveResult:
+    def result(self, chosen: Schedule, info: SolverRecord) -> SolveResult:
         return SolveResult(schedule=chosen, solver=replace(info, scope=dict(self.scope)),
                            lower_bound_s=self.bound,
                            baselines=self.baselines, best_single_device=self.best_single,
@@ -299,9 +284,9 @@ def _solve_exact(state: _SolveState, activation: Mapping[str, int],
         state.notes.append("CP-SAT's model bounds the launcher's segment calls and handovers "
                            "but does not schedule them; its OPTIMAL is for that model, so the "
                            "plan is FEASIBLE, with the gap to its bound")
-    info = SolverInfo(name=name, status=status, wall_s=wall_s,
-                      objective_s=rounds.cp_objective, time_limit_s=state.options.time_limit_s,
-                      progress=tuple(rounds.progress), steps=steps)
+    info = SolverRecord(name=name, status=status, wall_s=wall_s,
+                        objective_s=rounds.cp_objective, time_limit_s=state.options.time_limit_s,
+                        progress=tuple(rounds.progress), steps=steps)
     return state.result(chosen, info)
 
 
@@ -519,6 +504,7 @@ def _interrupted(state: _SolveState, chosen: Schedule, name: str, *, progress: t
     state.notes.append(f"interrupted (Ctrl-C) after {wall_s:.1f} s: the plan ({name}) is the "
                        "best found so far"
                        + (", and it meets the lower bound: optimal" if optimal else ""))
-    info = SolverInfo(name=name, status="INTERRUPTED", wall_s=wall_s, objective_s=cp_objective,
-                      time_limit_s=state.options.time_limit_s, progress=progress, steps=steps)
+    info = SolverRecord(name=name, status="INTERRUPTED", wall_s=wall_s,
+                        objective_s=cp_objective, time_limit_s=state.options.time_limit_s,
+                        progress=progress, steps=steps)
     return state.result(chosen, info)
