@@ -43,6 +43,7 @@ __all__ = [
     "critical_path",
     "memory_timelines",
     "module_tree",
+    "no_speedup_reason",
     "overview",
     "schedule_blocks",
     "training_facts",
@@ -213,6 +214,13 @@ def overview(plan: Plan) -> Overview:
     )
 
 
+def no_speedup_reason(pins: Mapping[str, Any] | None) -> str:
+    """Why a plan has no speed-up over one device (``pins``: the plan's pins record)."""
+    if pins is not None and len(set(pins["modules"].values())) > 1:
+        return "the pins span several devices"
+    return "the model fits no single device"
+
+
 def _kind_of(devices: Sequence[Device]) -> str:
     """What to call ``devices`` in a sentence: GPU, CPU worker, or device."""
     if all(d.torch_device.startswith("cuda") for d in devices):
@@ -250,9 +258,7 @@ def advice(plan: Plan) -> str:
         return f"{lead} one {kind} ({names}): {why}."
     speedup, single = plan.speedup_over_single, plan.best_single_device
     if speedup is None or single is None:
-        why = "the model fits no single device" if not (plan.pins and len(set(
-            plan.pins.get("modules", {}).values())) > 1) else "the pins span several devices"
-        why += f" ({value})"
+        why = f"{no_speedup_reason(plan.pins)} ({value})"
     else:
         why = f"{speedup:.2f}x faster than {single} alone"
     if plan.gap is not None:

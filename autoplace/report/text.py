@@ -11,7 +11,7 @@ import io
 from typing import Any
 
 from autoplace.formats.plan import Plan, SolverRecord
-from autoplace.report.analysis import Overview, overview
+from autoplace.report.analysis import Overview, no_speedup_reason, overview
 from autoplace.report.units import format_bytes, format_ratio, format_seconds, format_share
 from autoplace.solve.options import DEFAULT_TIME_LIMIT_S
 from autoplace.solve.pins import pin_list
@@ -19,16 +19,9 @@ from autoplace.solve.pins import pin_list
 __all__ = ["print_summary", "summary_renderable", "summary_text"]
 
 
-def no_speedup_reason(ov: Overview) -> str:
-    """Why a plan has no speed-up over one device."""
-    if ov.pins is not None and len(set(ov.pins["modules"].values())) > 1:
-        return "the pins span several devices"
-    return "the model fits no single device"
-
-
 def speedup_text(ov: Overview) -> str:
     if ov.speedup_over_single is None or ov.best_single_device is None:
-        return f"n/a ({no_speedup_reason(ov)})"
+        return f"n/a ({no_speedup_reason(ov.pins)})"
     return (f"{format_ratio(ov.speedup_over_single)} over the best single device "
             f"({ov.best_single_device}, {format_seconds(ov.best_single_s)})")
 
