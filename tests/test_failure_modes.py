@@ -252,6 +252,25 @@ def test_running_the_example_changes_no_state():
         assert torch.equal(value, before[name]), name
 
 
+def test_the_example_runs_once_before_tracing_and_not_again_after_the_loss_check(monkeypatch):
+    # Inference: tracing runs the model on its inputs first. Training: the loss check has run
+    # it already, so tracing (once per replica count) does not run it again.
+    import autoplace.trace
+    from autoplace.pipeline import plan
+
+    calls = []
+    real = autoplace.trace.run_example
+    monkeypatch.setattr("autoplace.trace.run_example",
+                        lambda *args: calls.append(1) or real(*args))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    plan(model, (torch.randn(4, 8),), devices="2xA100-40GB", time_limit_s=0.5, emit=False)
+    assert len(calls) == 1
+    plan(model, (torch.randn(4, 8),), devices="2xA100-40GB", time_limit_s=0.5, emit=False,
+         mode="training", loss=torch.nn.functional.cross_entropy,
+         example_targets=(torch.tensor([0, 1, 0, 1]),))
+    assert len(calls) == 1
+
+
 def test_torch_logs_while_tracing_become_one_note(capfd):
     # What torch logs while tracing is kept off the terminal, and a note says it had something
     # to say.

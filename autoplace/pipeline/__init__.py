@@ -168,7 +168,10 @@ def plan(
     model.eval()
     model, (args, kwargs, example_targets) = cast(model, (args, kwargs, example_targets), dtype)
     notes += cast_notes(dtype, training=mode == "training")
-    trace = Tracing(name=name, profile=profile, cache=cache, progress=progress, pins=pins)
+    # A training step's loss check (train.loss_model, below) runs the model on its inputs, so
+    # tracing does not run it once more per replica count.
+    trace = Tracing(name=name, profile=profile, cache=cache, progress=progress, pins=pins,
+                    checked=mode == "training")
     fewer = None  # the inference what-if rows, solved before the plan
     pinned = None  # with pins, the pins and the plan without them
     if mode == "training":

@@ -32,6 +32,9 @@ class Tracing:
     progress: bool
     # Modules fixed to devices by hand (``autoplace.solve.pins``): module path -> device.
     pins: Mapping[str, str | int] | None = None
+    # The model has run on its inputs already (a training step's loss check), so tracing need
+    # not run it first.
+    checked: bool = False
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,7 @@ def traced_problem(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[s
     """Trace, profile (with ``how.profile``), cost and fold ``model`` on ``args``/``kwargs``:
     its forward problem on ``cluster`` (with the links measured here, when profiled)."""
     stage("trace")
-    traced = trace_model(model, args, kwargs, name=how.name)
+    traced = trace_model(model, args, kwargs, name=how.name, checked=how.checked)
     notes += traced.notes
     # Checked before profiling, which may take minutes: the pins need the ops and device names.
     pins = resolve_pins(model, traced.graph, cluster, how.pins) if how.pins else None

@@ -373,12 +373,14 @@ def trace_model(
     kwargs: dict | None = None,
     *,
     name: str = "model",
+    checked: bool = False,
 ) -> TracedModel:
     """Trace ``model`` on the example inputs into an ``OpGraph``.
 
-    The model is traced as it is (call ``model.eval()`` first for inference). When its
-    parameters are on the meta device the example inputs are moved there too, so that nothing is
-    allocated.
+    The model is traced as it is (call ``model.eval()`` first for inference). It is first run
+    once on the inputs (``load.run_example``) unless ``checked``: the caller has run it on them
+    already. When its parameters are on the meta device the example inputs are moved there too,
+    so that nothing is allocated.
     """
     kwargs = dict(kwargs or {})
     notes: list[str] = [n for n in [cache_off(model, kwargs)] if n]
@@ -386,7 +388,7 @@ def trace_model(
     if meta:
         args, kwargs = to_meta(args), to_meta(kwargs)
         notes.append("parameters are on the meta device: traced and costed without weights")
-    else:
+    elif not checked:
         run_example(model, args, kwargs)  # a bug of the model's own is named as such, first
     device = "meta" if meta else "cpu"
     logs = _TorchLogs()
