@@ -1,15 +1,32 @@
 """autoplace: automatic device placement for PyTorch models.
 
-The pipeline, one module or package per stage: ``trace`` -> ``profile`` (``profile.cost``) ->
-``fold`` -> ``solve`` (scored by ``simulate``) -> ``emit`` -> ``report``; ``ir`` holds the data
-every stage shares, ``pipeline.plan`` wires them together and ``cli`` is the command line.
+``plan(model, example_inputs, Config(...))`` returns ``Planned(plan, model)``; ``save`` writes
+them. The pipeline, one module or package per stage: ``trace`` -> ``profile``
+(``profile.cost``) -> ``fold`` -> ``solve`` (scored by ``simulate``) -> ``emit`` -> ``report``;
+``ir`` holds the data every stage shares, ``config`` what a plan is told, ``pipeline`` wires
+the stages together and ``cli`` is the command line.
 """
 
 from __future__ import annotations
 
 from autoplace._version import __version__
+from autoplace.config import (
+    Config,
+    Cost,
+    Devices,
+    DType,
+    Emit,
+    Granularity,
+    Mode,
+    Objective,
+    PipelineSchedule,
+    Recompute,
+    Solve,
+    Training,
+)
 from autoplace.errors import (
     AutoplaceError,
+    ConfigError,
     DeviceSpecError,
     EmitError,
     GraphError,
@@ -34,37 +51,50 @@ from autoplace.ir import (
     Schedule,
     SharedLink,
 )
-from autoplace.pipeline import plan, save
-from autoplace.pipeline.modules import plan_modules
+from autoplace.pipeline import Planned, plan, save, solve_graph
 from autoplace.simulate import simulate, validate
 
 __all__ = [
     "AutoplaceError",
     "Cluster",
+    "Config",
+    "ConfigError",
+    "Cost",
     "Costs",
+    "DType",
     "Device",
     "DeviceSpecError",
+    "Devices",
     "Edge",
+    "Emit",
     "EmitError",
+    "Granularity",
     "GraphError",
     "InfeasibleError",
     "Link",
+    "Mode",
     "ModelLoadError",
+    "Objective",
     "OpGraph",
     "OpNode",
     "OutputError",
     "PinError",
+    "PipelineSchedule",
     "Placement",
     "Plan",
+    "Planned",
     "Problem",
+    "Recompute",
     "Schedule",
     "SharedLink",
+    "Solve",
     "TraceError",
+    "Training",
     "VerificationError",
     "__version__",
     "plan",
-    "plan_modules",
     "save",
     "simulate",
+    "solve_graph",
     "validate",
 ]

@@ -21,13 +21,13 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from autoplace.config.defaults import DEFAULT_MAX_NODES
 from autoplace.ir import Costs, Edge, OpGraph, OpNode
 from autoplace.profile.cost import op_short_name, weakest_source
 from autoplace.trace import VIEW_OPS
 
 __all__ = ["DEFAULT_MAX_NODES", "Coarsened", "coarsen", "fold"]
 
-DEFAULT_MAX_NODES = 120
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ import time
 
 from common import RESULTS, ROOT, capped, machine_line, mb, peaks, weight_bytes, write_markdown
 
+from autoplace.config import Config, Emit, Solve
 from autoplace.errors import InfeasibleError
 from autoplace.ir import Placement, Problem
 from autoplace.pipeline import plan
@@ -72,8 +73,15 @@ def _row(name: str, spec: str, share: float, time_limit_s: float) -> str:
     cluster = capped(spec, cap)
     head = f"| {name} | {spec} | {share:.0%} ({mb(cap)}) |"
     try:
-        planned = plan(model, inputs, devices=cluster, time_limit_s=time_limit_s, emit=False,
-                       whatif=False, deterministic=True, seed=0)
+        planned = plan(
+            model,
+            inputs,
+            Config(
+                devices=cluster,
+                solve=Solve(time_limit_s=time_limit_s, whatif=False, deterministic=True, seed=0),
+                emit=Emit(model=False),
+            ),
+        ).plan
     except InfeasibleError:
         return head + " no plan fits | | " + " | ".join(
             _accelerate_alone(model, inputs, cluster)) + " |"

@@ -3,7 +3,7 @@
 For GPT-2, a Llama-style model and T5 as examples/gpt2.py, llama.py and t5.py build them, and a
 BERT and a Mixtral (small transformers configs built here; random weights, nothing downloaded),
 on 2xA100-40GB with each device capped at a share of the model's weights, this plans the model
-with ``--granularity module`` (``pipeline.modules.plan_modules``, analytic costs) and reads, from
+with ``--granularity module`` (``Config(granularity="module")``, analytic costs) and reads, from
 the same plan, accelerate's ``infer_auto_device_map`` maps (sequential and balanced, with the same
 no-split classes), all scored by the one simulator with activations counted: makespan, peak
 memory per device, and whether and where a map overflows. It times planning on the
@@ -30,14 +30,15 @@ import torch
 import transformers
 from common import RESULTS, ROOT, capped, machine_line, mb, peaks, weight_bytes, write_markdown
 
+from autoplace.config import Config, Solve  # noqa: E402
+from autoplace.config.defaults import MODULE_TIME_LIMIT_S
 from autoplace.emit.files.hf_device_map import remapped
 from autoplace.errors import InfeasibleError
 from autoplace.ir import Problem
-from autoplace.pipeline.modules import plan_modules
+from autoplace.pipeline import plan  # noqa: E402
 from autoplace.profile.cost import costs
 from autoplace.simulate import simulate
 from autoplace.solve.baselines.accelerate import ACCELERATE_STRATEGIES, accelerate_maps, on_graph
-from autoplace.solve.options import MODULE_TIME_LIMIT_S
 from autoplace.trace.modules import trace_modules
 
 SPEC = "2xA100-40GB"
@@ -109,7 +110,8 @@ def _row(name: str, share: float) -> tuple[str, Any]:
     head = f"| {name} | {share:.0%} ({mb(cap)}) |"
     began = time.perf_counter()
     try:
-        planned = plan_modules(model, inputs, devices=cluster, deterministic=True)
+        planned = plan(model, inputs, Config(devices=cluster, granularity="module",
+                                              solve=Solve(deterministic=True))).plan
     except InfeasibleError:
         return head + f" no plan fits | | {time.perf_counter() - began:.2f} s | " + " | ".join(
             _accelerate_alone(model, inputs, cluster, cap)) + " |", None
@@ -205,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         "map is not a placement on these two GPUs.", "",
         "| model | cap | plan makespan | plan peak MB | plan wall time | "
         + " | ".join(ACCELERATE_STRATEGIES) + " |", "|---|---|---:|---|---:|---|---|", *rows,
-        "", "\"plan wall time\": `plan_modules` after the model is built: the module trace "
+        "", "\"plan wall time\": `autoplace.plan` at module granularity after the model is "
+        "built: the module trace "
         "(one forward pass with hooks), costs, accelerate's maps, the solve (CP-SAT's time limit "
         f"{MODULE_TIME_LIMIT_S:g} s) and the map; imports not included: importing torch, "
         f"transformers and autoplace's pipeline in a fresh interpreter took {import_s:.1f} s. "

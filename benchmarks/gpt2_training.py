@@ -43,16 +43,29 @@ def plan_one(microbatches: int, replicas: str | int, *, time_limit_s: float,
              dtype: str = "float32"):
     import torch
 
+    from autoplace.config import Config, Cost, Emit, Solve, Training
     from autoplace.pipeline import plan
 
     example = _example()
     model, inputs = example.build(batch=BATCH, seq=SEQ)
     targets = torch.randint(0, 8000, (BATCH, SEQ), generator=torch.Generator().manual_seed(1))
     began = time.perf_counter()
-    planned = plan(model, inputs, devices=DEVICES, time_limit_s=time_limit_s, whatif=False,
-                   profile=False, emit=False, mode="training", optimizer="adamw",
-                   loss=example.loss, example_targets=(targets,), microbatches=microbatches,
-                   replicas=replicas, name="gpt2", dtype=dtype)
+    planned = plan(
+        model,
+        inputs,
+        Config(
+            devices=DEVICES,
+            mode="training",
+            name="gpt2",
+            dtype=dtype,
+            solve=Solve(time_limit_s=time_limit_s, whatif=False),
+            cost=Cost(profile=False),
+            training=Training(optimizer="adamw", microbatches=microbatches, replicas=replicas),
+            emit=Emit(model=False),
+        ),
+        loss=example.loss,
+        example_targets=(targets,),
+    ).plan
     return planned, time.perf_counter() - began
 
 

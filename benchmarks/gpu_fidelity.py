@@ -33,6 +33,7 @@ from common import ROOT, machine_line, write_markdown  # noqa: E402
 
 import autoplace  # noqa: E402
 from autoplace.cluster import resolve_cluster  # noqa: E402
+from autoplace.config import Config, Cost, Solve
 from autoplace.emit import load_model  # noqa: E402
 from autoplace.errors import InfeasibleError  # noqa: E402
 from autoplace.profile import open_cache  # noqa: E402
@@ -84,9 +85,16 @@ def _to(value, device: str):  # noqa: ANN001, ANN202
 
 
 def _plan(example: str, model, loaded, cluster, time_limit_s: float):  # noqa: ANN001, ANN202
-    return autoplace.plan(model, loaded.kwargs or loaded.args, devices=cluster,
-                          time_limit_s=time_limit_s, profile=True, cache=open_cache(),
-                          whatif=False, name=example, min_gain=0.0)
+    return autoplace.plan(
+        model,
+        loaded.kwargs or loaded.args,
+        Config(
+            devices=cluster,
+            name=example,
+            solve=Solve(time_limit_s=time_limit_s, whatif=False, min_gain=0.0),
+            cost=Cost(profile=True, cache=open_cache()),
+        ),
+    )
 
 
 def _capped(example: str, model, loaded, cluster, one_peak: int,  # noqa: ANN001, ANN202
@@ -111,12 +119,13 @@ def run(example: str, devices: str, device: str, out: Path, *, warmup: int, repe
     cluster, notes = resolve_cluster(spec=devices)
     share = None
     if cap_of is None:
-        planned = _plan(example, model, loaded, cluster, time_limit_s)
+        result = _plan(example, model, loaded, cluster, time_limit_s)
     else:
-        planned, share = _capped(example, model, loaded, cluster, cap_of, time_limit_s)
+        result, share = _capped(example, model, loaded, cluster, cap_of, time_limit_s)
+    planned = result.plan
     used = sorted(set(planned.schedule.placement.device_of.values()))
     target = out / f"{example}-{len(cluster.devices)}{'' if share is None else '-capped'}"
-    autoplace.save(planned, target)
+    autoplace.save(planned, target, result.model)
     mapping = {d.torch_device: device for d in cluster.devices}
     emitted = load_model(target / "model", device_map=mapping)
     args = _to(tuple(loaded.args), device)

@@ -30,6 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from autoplace.config import Config, Cost, Solve  # noqa: E402
 from autoplace.emit.check.replay import replay  # noqa: E402
 from autoplace.pipeline import plan  # noqa: E402
 from autoplace.trace.load import load_model_file  # noqa: E402
@@ -47,9 +48,17 @@ def _time_s(fn, *args) -> float:
 def measure(example: str, *, repeats: int, warmup: int, time_limit_s: float) -> dict:
     """Plan ``example`` on two cpu-thread workers and time it against one thread."""
     loaded = load_model_file(ROOT / "examples" / f"{example}.py")
-    planned = plan(loaded.model, loaded.kwargs or loaded.args, devices="2xcpu-thread",
-                   profile=True, time_limit_s=time_limit_s, whatif=False, name=example)
-    emitted, model, args = planned.emitted, loaded.model.eval(), loaded.args
+    planned, emitted = plan(
+        loaded.model,
+        loaded.kwargs or loaded.args,
+        Config(
+            devices="2xcpu-thread",
+            name=example,
+            solve=Solve(time_limit_s=time_limit_s, whatif=False),
+            cost=Cost(profile=True),
+        ),
+    )
+    model, args = loaded.model.eval(), loaded.args
     if emitted.runtime != "threaded":
         raise SystemExit(f"{example}: the plan uses one worker; nothing overlaps")
     before = torch.get_num_threads()

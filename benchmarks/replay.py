@@ -20,6 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from autoplace.config import Config, Cost, Solve  # noqa: E402
 from autoplace.emit.check.replay import replay  # noqa: E402
 from autoplace.pipeline import plan  # noqa: E402
 from autoplace.trace.load import load_model_file  # noqa: E402
@@ -35,9 +36,16 @@ def replay_row(example: str, devices: str, *, time_limit_s: float) -> dict:
     loaded = load_model_file(ROOT / "examples" / f"{example}.py")
     inputs = loaded.kwargs or loaded.args
     began = time.perf_counter()
-    planned = plan(loaded.model, inputs, devices=devices, time_limit_s=time_limit_s,
-                   whatif=False, profile=False, name=example)
-    emitted = planned.emitted
+    planned, emitted = plan(
+        loaded.model,
+        inputs,
+        Config(
+            devices=devices,
+            name=example,
+            solve=Solve(time_limit_s=time_limit_s, whatif=False),
+            cost=Cost(profile=False),
+        ),
+    )
     played = replay(emitted.program, [s.nodes for s in emitted.segment_info],
                     problem=planned.problem, schedule=planned.schedule)
     queued = replay(emitted.program, [s.nodes for s in emitted.segment_info],

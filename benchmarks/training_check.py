@@ -41,18 +41,34 @@ CASES = ((1, "gpipe", 1, "auto"), (2, "gpipe", 1, "auto"), (2, "1f1b", 1, "auto"
 
 def check(example: str, microbatches: int, schedule: str, replicas: int, recompute: str, *,
           time_limit_s: float, dtype: str = "float32") -> dict:
+    from autoplace.config import Config, Cost, Solve, Training
     from autoplace.pipeline import plan
     from autoplace.trace.load import load_model_file
 
     loaded = load_model_file(ROOT / "examples" / f"{example}.py")
     began = time.perf_counter()
-    planned = plan(loaded.model, loaded.kwargs or loaded.args, devices="2xcpu-thread",
-                   time_limit_s=time_limit_s, whatif=False, profile=False, min_gain=0.0,
-                   mode="training", optimizer="adam", loss=loaded.loss,
-                   example_targets=loaded.targets, microbatches=microbatches,
-                   schedule=schedule if microbatches > 1 else "auto", replicas=replicas,
-                   recompute=recompute, name=example, dtype=dtype)
-    training, emitted = planned.training, planned.emitted
+    planned, emitted = plan(
+        loaded.model,
+        loaded.kwargs or loaded.args,
+        Config(
+            devices="2xcpu-thread",
+            mode="training",
+            name=example,
+            dtype=dtype,
+            solve=Solve(time_limit_s=time_limit_s, whatif=False, min_gain=0.0),
+            cost=Cost(profile=False),
+            training=Training(
+                optimizer="adam",
+                microbatches=microbatches,
+                schedule=schedule if microbatches > 1 else "auto",
+                replicas=replicas,
+                recompute=recompute,
+            ),
+        ),
+        loss=loaded.loss,
+        example_targets=loaded.targets,
+    )
+    training = planned.training
     record = training["check"]
     return {"example": example, "microbatches": microbatches, "schedule": schedule,
             "ran": training["schedule"],

@@ -46,16 +46,31 @@ def _model(example: str):
 
 
 def measure(example: str, microbatches: int, recompute: str, *, time_limit_s: float) -> dict:
+    from autoplace.config import Config, Cost, Solve, Training
     from autoplace.pipeline import plan
 
     model, inputs, loss, targets = _model(example)
     began = time.perf_counter()
-    planned = plan(model, inputs, devices="2xcpu-thread", time_limit_s=time_limit_s,
-                   whatif=False, profile=False, min_gain=0.0, mode="training",
-                   optimizer="adam", loss=loss, example_targets=targets,
-                   microbatches=microbatches,
-                   schedule="gpipe" if microbatches > 1 else "auto", replicas=1,
-                   recompute=recompute if microbatches > 1 else "auto", name=example)
+    planned = plan(
+        model,
+        inputs,
+        Config(
+            devices="2xcpu-thread",
+            mode="training",
+            name=example,
+            solve=Solve(time_limit_s=time_limit_s, whatif=False, min_gain=0.0),
+            cost=Cost(profile=False),
+            training=Training(
+                optimizer="adam",
+                microbatches=microbatches,
+                schedule="gpipe" if microbatches > 1 else "auto",
+                replicas=1,
+                recompute=recompute if microbatches > 1 else "auto",
+            ),
+        ),
+        loss=loss,
+        example_targets=targets,
+    ).plan
     check = planned.training["check"]
     return {"example": example, "microbatches": microbatches,
             "recompute": planned.training.get("recompute", []),

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from autoplace.cluster import resolve_cluster
+from autoplace.config import Config, Emit, Solve
 from autoplace.pipeline import plan
 from autoplace.profile.cost import analytic_cpu_note, costs
 from autoplace.simulate import simulate
@@ -79,8 +80,15 @@ def test_plan_beats_accelerate_on_the_same_simulator():
     # and predicted alike), so 0.8x, used before the simulator held values read across a
     # cross-device segment cut, was too little.
     cluster = _capped("2xA100-40GB", int(0.82 * weights))
-    planned = plan(model, inputs, devices=cluster, time_limit_s=3, emit=False, whatif=False,
-                   min_gain=0.0)
+    planned = plan(
+        model,
+        inputs,
+        Config(
+            devices=cluster,
+            solve=Solve(time_limit_s=3, whatif=False, min_gain=0.0),
+            emit=Emit(model=False),
+        ),
+    ).plan
     names = {"accelerate-sequential", "accelerate-balanced"} & set(planned.baselines)
     assert names, planned.notes
     assert any(planned.baselines[n].feasible for n in names)

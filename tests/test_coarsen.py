@@ -7,6 +7,7 @@ import torch
 import zoo
 
 from autoplace.cluster import resolve_cluster
+from autoplace.config import Config, Solve
 from autoplace.fold import coarsen
 from autoplace.profile.cost import analytic_costs
 from autoplace.trace import trace_model
@@ -110,7 +111,11 @@ def test_a_view_read_outside_its_node_keeps_the_whole_base_alive():
     from autoplace.pipeline import plan
 
     model, x = zoo.LastRow().eval(), torch.randn(4, 32, 64)
-    planned = plan(model, (x,), devices="cpu", time_limit_s=1, whatif=False, name="last_row")
+    planned = plan(
+        model,
+        (x,),
+        Config(devices="cpu", name="last_row", solve=Solve(time_limit_s=1, whatif=False)),
+    ).plan
     node = next(n for n in planned.problem.graph.nodes if "select" in n.ops)
     assert node.output_bytes == 4 * 32 * 256 * 4
     peak = planned.verification.peak_bytes["cpu"]
@@ -124,7 +129,11 @@ def test_a_view_of_a_parameter_allocates_nothing():
     from autoplace.pipeline import plan
 
     model, x = zoo.ExpertMatmul().eval(), torch.randn(4, 8, 32)
-    planned = plan(model, (x,), devices="cpu", time_limit_s=1, whatif=False, name="experts")
+    planned = plan(
+        model,
+        (x,),
+        Config(devices="cpu", name="experts", solve=Solve(time_limit_s=1, whatif=False)),
+    ).plan
     node = next(n for n in planned.problem.graph.nodes if "transpose" in n.ops)
     assert node.view_bytes == node.output_bytes == 4 * 64 * 32 * 4
     peak = planned.verification.peak_bytes["cpu"]

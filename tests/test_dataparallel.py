@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from test_train import MLP, WithLoss, _forward_problem
 
 from autoplace.cluster import resolve_cluster
-from autoplace.errors import AutoplaceError
+from autoplace.config import Config, Cost, Emit, Solve, Training
+from autoplace.errors import ConfigError
 from autoplace.ir import Cluster, Device, Link
 from autoplace.pipeline import plan
 from autoplace.simulate.schedules import STEP
@@ -64,12 +65,13 @@ def test_each_update_pays_its_share_of_the_ring_all_reduce(microbatches: int) ->
     assert with_allreduce(one, cluster, [cluster.names]) is one
 
 
-def _mlp_plan(**extra):
+def _mlp_plan(devices: str, *, emit: bool = True, **training):
     torch.manual_seed(0)
     x, y = torch.randn(64, 784), torch.randint(0, 10, (64,))
-    return plan(MLP(), (x,), time_limit_s=2, whatif=False, profile=False, min_gain=0.0,
-                mode="training", optimizer="adam", loss=F.cross_entropy,
-                example_targets=(y,), **extra)
+    config = Config(devices=devices, mode="training",
+                    solve=Solve(time_limit_s=2, whatif=False, min_gain=0.0),
+                    training=Training(optimizer="adam", **training), emit=Emit(model=emit))
+    return plan(MLP(), (x,), config, loss=F.cross_entropy, example_targets=(y,)).plan
 
 
 def test_the_planner_times_every_replica_count_and_keeps_the_fastest() -> None:
@@ -97,13 +99,13 @@ def test_replicas_that_cannot_be_are_said_or_refused() -> None:
     planned = _mlp_plan(devices="2xA100-40GB,1xT4-16GB", emit=False)
     assert [o["replicas"] for o in planned.training["replica_options"]] == [1]
     assert any("3 data-parallel replicas not considered" in n for n in planned.notes)
-    with pytest.raises(AutoplaceError, match="--replicas 3: the 3 devices do not form 3 alike"):
+    with pytest.raises(ConfigError, match="training.replicas=3: the 3 devices do not form 3 alike"):
         _mlp_plan(devices="2xA100-40GB,1xT4-16GB", emit=False, replicas=3)
     # each replica's shard of 32 does not divide into 3 micro-batches
-    with pytest.raises(AutoplaceError, match=r"--replicas 2 --microbatches 3: each replica's "
-                       r"shard: the batch of 32 .* does not divide into 3 micro-batches"):
+    with pytest.raises(ConfigError, match=r"training.replicas=2 training.microbatches=3: each "
+                       r"replica's shard: the batch of 32 .* does not divide into 3 micro-batches"):
         _mlp_plan(devices="2xA100-40GB", emit=False, replicas=2, microbatches=3)
-    with pytest.raises(AutoplaceError, match="--replicas must be auto or a whole number"):
+    with pytest.raises(ConfigError, match="training.replicas must be auto or a whole number"):
         _mlp_plan(devices="2xA100-40GB", emit=False, replicas=0)
 
 
@@ -111,9 +113,20 @@ def test_auto_keeps_the_replica_counts_whose_shards_divide_into_the_micro_batche
     # a batch of 12 in 4 micro-batches: R=1 (3 each); R=2's shards of 6 and R=4's of 3 do not
     torch.manual_seed(0)
     x, y = torch.randn(12, 784), torch.randint(0, 10, (12,))
-    planned = plan(MLP(), (x,), devices="4xA100-40GB", time_limit_s=1, whatif=False,
-                   profile=False, emit=False, mode="training", optimizer="adam",
-                   loss=F.cross_entropy, example_targets=(y,), microbatches=4)
+    planned = plan(
+        MLP(),
+        (x,),
+        Config(
+            devices="4xA100-40GB",
+            mode="training",
+            solve=Solve(time_limit_s=1, whatif=False),
+            cost=Cost(profile=False),
+            training=Training(optimizer="adam", microbatches=4),
+            emit=Emit(model=False),
+        ),
+        loss=F.cross_entropy,
+        example_targets=(y,),
+    ).plan
     assert [o["replicas"] for o in planned.training["replica_options"]] == [1]
     for r, rows in ((2, 6), (4, 3)):
         assert any(n.startswith(f"{r} data-parallel replicas not considered: each replica's "
@@ -127,10 +140,20 @@ def test_auto_keeps_the_replica_counts_whose_shards_divide_into_the_micro_batche
 def test_a_summed_loss_is_not_replicated_because_ddp_averages_gradients() -> None:
     torch.manual_seed(0)
     x, y = torch.randn(64, 784), torch.randint(0, 10, (64,))
-    planned = plan(MLP(), (x,), devices="2xA100-40GB", time_limit_s=1, whatif=False,
-                   profile=False, emit=False, mode="training", optimizer="sgd",
-                   loss=lambda out, t: F.cross_entropy(out, t, reduction="sum"),
-                   example_targets=(y,))
+    planned = plan(
+        MLP(),
+        (x,),
+        Config(
+            devices="2xA100-40GB",
+            mode="training",
+            solve=Solve(time_limit_s=1, whatif=False),
+            cost=Cost(profile=False),
+            training=Training(optimizer="sgd"),
+            emit=Emit(model=False),
+        ),
+        loss=lambda out, t: F.cross_entropy(out, t, reduction="sum"),
+        example_targets=(y,),
+    ).plan
     assert planned.training["replicas"] == 1
     assert any("2 data-parallel replicas not considered: the loss is the sum" in n
                for n in planned.notes)

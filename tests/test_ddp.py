@@ -23,6 +23,7 @@ import torch
 
 from autoplace.cli import main
 from autoplace.cluster.local import worker_threads
+from autoplace.config import Config, Cost, Solve, Training
 from autoplace.emit.distributed.ddp import (
     batch_size,
     replica_backend,
@@ -47,10 +48,20 @@ def _plan(name: str) -> tuple[Any, LossModel, tuple, tuple]:
     loaded = load_model_file(EXAMPLES / f"{name}.py")
     targets = training_targets(loaded.targets)
     # Two replicas of one device each, checked by the plan (verify_replicas) as by the tests.
-    planned = plan(loaded.model, loaded.args, devices="2xcpu-thread", time_limit_s=1,
-                   whatif=False, min_gain=0.0, mode="training", optimizer="adam",
-                   loss=loaded.loss, example_targets=targets, profile=False, replicas=2)
-    assert planned.training["replicas"] == 2
+    planned = plan(
+        loaded.model,
+        loaded.args,
+        Config(
+            devices="2xcpu-thread",
+            mode="training",
+            solve=Solve(time_limit_s=1, whatif=False, min_gain=0.0),
+            cost=Cost(profile=False),
+            training=Training(optimizer="adam", replicas=2),
+        ),
+        loss=loaded.loss,
+        example_targets=targets,
+    )
+    assert planned.plan.training["replicas"] == 2
     return planned, LossModel(loaded.model, loaded.loss), loaded.args, targets
 
 
@@ -144,17 +155,17 @@ def test_cpu_workers_run_on_one_intra_op_thread_and_other_devices_as_torch_has_t
 @pytest.mark.parametrize("name", ["mlp", "lenet"])
 def test_replicas_train_as_the_original_does_on_the_whole_batch(name: str, mlp: tuple) -> None:
     planned, original, args, targets = mlp if name == "mlp" else _plan(name)
-    before = planned.emitted.example_inputs
-    record = verify_replicas(planned.emitted, original, args, {}, targets, optimizer="adam",
+    before = planned.model.example_inputs
+    record = verify_replicas(planned.model, original, args, {}, targets, optimizer="adam",
                              replicas=2)
     assert record["status"] == "passed" and record["replicas"] == 2 and record["steps"] == 3
     # The original's losses here are the plan's check's: the same whole-batch training.
     assert record["original_losses"] == pytest.approx(
-        planned.training["check"]["original_losses"], rel=1e-6)
+        planned.plan.training["check"]["original_losses"], rel=1e-6)
     torch.testing.assert_close(torch.tensor(record["losses"]),
                                torch.tensor(record["original_losses"]))
     assert record["losses"][-1] < record["losses"][0]
-    assert planned.emitted.example_inputs is before  # saved with the batch, then put back
+    assert planned.model.example_inputs is before  # saved with the batch, then put back
     assert not any(p.grad is not None for p in original.parameters())
 
 
@@ -164,9 +175,9 @@ def test_run_train_runs_the_replicas_and_gives_the_whole_batch_s_losses(out, mlp
     assert main(["run", str(out), "--train", "3", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     torch.testing.assert_close(torch.tensor(result["losses"]),
-                               torch.tensor(mlp[0].training["check"]["original_losses"]))
+                               torch.tensor(mlp[0].plan.training["check"]["original_losses"]))
     assert len(result["times_s"]) == 3 and result["measured_s"] > 0
-    assert result["predicted_s"] == mlp[0].makespan_s and result["optimizer"] == "adam"
+    assert result["predicted_s"] == mlp[0].plan.makespan_s and result["optimizer"] == "adam"
     assert any("2 processes ran (torchrun, gloo)" in note for note in result["notes"])
 
 
@@ -301,10 +312,19 @@ def _micro_plan(schedule: str) -> Any:
     """The MLP planned as 2 replicas on two CPU workers, each on 32 rows in 2 micro-batches
     of 16 run in ``schedule``'s order; the plan's check has trained them (verify_replicas)."""
     loaded = load_model_file(EXAMPLES / "mlp.py")
-    return plan(loaded.model, loaded.args, devices="2xcpu-thread", time_limit_s=1,
-                whatif=False, min_gain=0.0, mode="training", optimizer="adam",
-                loss=loaded.loss, example_targets=training_targets(loaded.targets),
-                profile=False, replicas=2, microbatches=2, schedule=schedule)
+    return plan(
+        loaded.model,
+        loaded.args,
+        Config(
+            devices="2xcpu-thread",
+            mode="training",
+            solve=Solve(time_limit_s=1, whatif=False, min_gain=0.0),
+            cost=Cost(profile=False),
+            training=Training(optimizer="adam", replicas=2, microbatches=2, schedule=schedule),
+        ),
+        loss=loaded.loss,
+        example_targets=training_targets(loaded.targets),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -323,14 +343,14 @@ def test_micro_batched_replicas_pass_the_plan_s_check(schedule: str, micro_out: 
         script = (micro_out / "train.py").read_text()
         assert "MICROBATCHES = {'count': 2," in script and "'loss': 'mean'" in script
     else:
-        training = _micro_plan(schedule).training
+        training = _micro_plan(schedule).plan.training
     assert (training["replicas"], training["microbatches"], training["schedule"],
             training["microbatch_loss"]) == (2, 2, schedule, "mean")
     check = training["check"]
     assert check["status"] == "passed" and check["replicas"] == 2 and check["steps"] == 3
     # the whole batch's losses: those of the one-process DDP plan's check (M=1)
     torch.testing.assert_close(torch.tensor(check["losses"]),
-                               torch.tensor(mlp[0].training["check"]["original_losses"]))
+                               torch.tensor(mlp[0].plan.training["check"]["original_losses"]))
 
 
 def test_run_train_runs_the_micro_batched_replicas(micro_out: Path, mlp: tuple,
@@ -338,7 +358,7 @@ def test_run_train_runs_the_micro_batched_replicas(micro_out: Path, mlp: tuple,
     assert main(["run", str(micro_out), "--train", "2", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     torch.testing.assert_close(torch.tensor(result["losses"]),
-                               torch.tensor(mlp[0].training["check"]["original_losses"][:2]))
+                               torch.tensor(mlp[0].plan.training["check"]["original_losses"][:2]))
     assert len(result["times_s"]) == 2 and result["measured_s"] > 0 and result["predicted_s"] > 0
     assert any("in 2 micro-batches (the plan's gpipe order)" in n for n in result["notes"])
 

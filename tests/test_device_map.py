@@ -23,11 +23,11 @@ from accelerate.utils import check_device_map, find_tied_parameters
 
 from autoplace.cli import main
 from autoplace.cluster import resolve_cluster
+from autoplace.config import Config, Solve
 from autoplace.emit.files.hf_device_map import remapped, uncovered
 from autoplace.errors import InfeasibleError
 from autoplace.formats.plan import read_plan
-from autoplace.pipeline import save
-from autoplace.pipeline.modules import plan_modules
+from autoplace.pipeline import plan, save
 from autoplace.report import render_html, render_markdown, summary_text
 from autoplace.trace.modules import trace_modules
 
@@ -83,6 +83,14 @@ def _capped(share: float, weights: int, spec: str = "2xA100-40GB"):
         dataclasses.replace(d, memory_bytes=cap, reserved_bytes=0) for d in cluster.devices))
 
 
+def _modules(model: torch.nn.Module, inputs: dict, devices, *, time_limit_s: float = 1.0,
+             deterministic: bool = True):
+    """``model`` planned module by module on ``devices``: the plan (``--granularity module``)."""
+    config = Config(devices=devices, granularity="module",
+                    solve=Solve(time_limit_s=time_limit_s, deterministic=deterministic))
+    return plan(model, inputs, config).plan
+
+
 def _split_cluster(model: torch.nn.Module, inputs: dict, share: float = 0.7):
     """Two GPUs each capped at ``share`` of what the model needs on one device (weights, the
     largest workspace, every module's outputs): at 70% the plan must use both."""
@@ -111,8 +119,7 @@ def test_device_map_loads_and_matches_the_original(name: str, tmp_path: Path) ->
     model, inputs = _build(name)
     with torch.no_grad():
         expected = model(**inputs)
-    planned = plan_modules(model, inputs, devices=_split_cluster(model, inputs),
-                           time_limit_s=1.0, deterministic=True)
+    planned = _modules(model, inputs, _split_cluster(model, inputs))
     mapping = planned.device_map["map"]
     assert set(mapping.values()) == {0, 1}, mapping
     check_device_map(model, mapping)  # raises if any parameter or buffer is left out
@@ -152,8 +159,8 @@ def test_a_module_plan_says_it_covers_a_pass_without_the_cache() -> None:
     config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=96,
                                      n_positions=32, use_cache=True)
     model = transformers.GPT2LMHeadModel(config).eval()
-    planned = plan_modules(model, {"input_ids": torch.randint(0, 96, (2, 12))},
-                           devices="2xA100-40GB", time_limit_s=0.5, deterministic=True)
+    planned = _modules(model, {"input_ids": torch.randint(0, 96, (2, 12))}, "2xA100-40GB",
+                       time_limit_s=0.5)
     assert model.config.use_cache is False
     assert any("without the key-value cache" in note for note in planned.notes), planned.notes
 
@@ -181,8 +188,7 @@ def test_t5_shared_embedding_covers_every_alias() -> None:
     # T5's encoder.embed_tokens and decoder.embed_tokens are the module `shared` under two more
     # names: the map names all three, and the one unit runs twice (encoder, then decoder).
     model, inputs = _build("t5")
-    planned = plan_modules(model, inputs, devices=_split_cluster(model, inputs),
-                           time_limit_s=1.0, deterministic=True)
+    planned = _modules(model, inputs, _split_cluster(model, inputs))
     mapping = planned.device_map["map"]
     assert mapping["shared"] == mapping["encoder.embed_tokens"] == mapping[
         "decoder.embed_tokens"]
@@ -195,7 +201,7 @@ def test_no_split_module_too_big_is_a_clear_error(tmp_path: Path, capsys) -> Non
     model, inputs = _build("llama")
     with pytest.raises(InfeasibleError,
                        match=r"'model.layers.0' needs 37,120 bytes .*LlamaDecoderLayer"):
-        plan_modules(model, inputs, devices=_capped(1.0, 30_000))
+        _modules(model, inputs, _capped(1.0, 30_000), deterministic=False)
     # The command line: a Llama whose one decoder layer (width 16,384, MLP 65,536: 4 * 16,384^2
     # + 3 * 16,384 * 65,536 + 2 * 16,384 float32 values, 17,180,000,256 bytes) outgrows a
     # T4-16GB, built on the meta device (no memory) and run there.
@@ -225,8 +231,7 @@ def test_report_shows_where_accelerates_map_overflows(tmp_path: Path) -> None:
     # by weights and overflows it once activations count; the plan fits. The report, read
     # back from plan.json, says which device and by how much.
     model, inputs = _build("llama")
-    planned = plan_modules(model, inputs, devices=_split_cluster(model, inputs, 0.8),
-                           time_limit_s=1.0, deterministic=True)
+    planned = _modules(model, inputs, _split_cluster(model, inputs, 0.8))
     save(planned, tmp_path / "out")
     again = read_plan(tmp_path / "out" / "plan.json")
     sequential = again.baselines["accelerate-sequential"]

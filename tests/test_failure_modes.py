@@ -19,7 +19,9 @@ import zoo
 
 import autoplace.errors
 from autoplace.cli import main
-from autoplace.errors import AutoplaceError
+from autoplace.cli.flags import FLAGS
+from autoplace.config import Config, Emit, Solve
+from autoplace.errors import AutoplaceError, ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -85,7 +87,10 @@ TOO_BIG_GRAPH = {
 
 # error class -> (argv, pattern the message must match). "{x}" fields are filled per test.
 ERROR_CASES = {
-    "AutoplaceError": (["plan", MLP, "--time-limit", "0"], r"time limit must be positive"),
+    "AutoplaceError": (["plan", MLP, "--mode", "training", "--microbatches", "3"],
+                       r"does not divide into 3 micro-batches"),
+    "ConfigError": (["plan", MLP, "--time-limit", "0"],
+                    r"--time-limit must be a positive number of seconds, got 0"),
     "ModelLoadError": (["plan", "{tmp}/missing.py"], r"does not exist.*define `build\(\)`"),
     "TraceError": (["plan", str(EXAMPLES / "corpus" / "early_exit.py")],
                    r"torch\.export failed.*torch\.fx\.symbolic_trace failed too.*torch\.cond"),
@@ -118,7 +123,9 @@ def raised(monkeypatch):
 
     def record(self, *args):
         original(self, *args)
-        seen.append((type(self).__name__, str(self)))
+        # a ConfigError is printed with the flags' names (cli.flags)
+        shown = self.render(FLAGS) if isinstance(self, ConfigError) else str(self)
+        seen.append((type(self).__name__, shown))
 
     monkeypatch.setattr(AutoplaceError, "__init__", record)
     return seen
@@ -263,11 +270,24 @@ def test_the_example_runs_once_before_tracing_and_not_again_after_the_loss_check
     monkeypatch.setattr("autoplace.trace.run_example",
                         lambda *args: calls.append(1) or real(*args))
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
-    plan(model, (torch.randn(4, 8),), devices="2xA100-40GB", time_limit_s=0.5, emit=False)
+    plan(
+        model,
+        (torch.randn(4, 8),),
+        Config(devices="2xA100-40GB", solve=Solve(time_limit_s=0.5), emit=Emit(model=False)),
+    )
     assert len(calls) == 1
-    plan(model, (torch.randn(4, 8),), devices="2xA100-40GB", time_limit_s=0.5, emit=False,
-         mode="training", loss=torch.nn.functional.cross_entropy,
-         example_targets=(torch.tensor([0, 1, 0, 1]),))
+    plan(
+        model,
+        (torch.randn(4, 8),),
+        Config(
+            devices="2xA100-40GB",
+            mode="training",
+            solve=Solve(time_limit_s=0.5),
+            emit=Emit(model=False),
+        ),
+        loss=torch.nn.functional.cross_entropy,
+        example_targets=(torch.tensor([0, 1, 0, 1]),),
+    )
     assert len(calls) == 1
 
 
@@ -306,7 +326,7 @@ def _raise(exc: type[BaseException]):
 # (command, what crashes): stages that run before anything is written, and the writers.
 CRASHES = [
     ("plan", "autoplace.pipeline.forward.trace_model"),
-    ("plan", "autoplace.pipeline.solve_after_whatif"),
+    ("plan", "autoplace.pipeline.inference.solve_after_whatif"),
     ("plan", "autoplace.emit.verify"),
     ("plan", "autoplace.report.write_report"),
     ("plan", "autoplace.emit.save_model"),

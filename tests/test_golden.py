@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from autoplace.cli import main
+from autoplace.config import Solve
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -143,6 +144,6 @@ def test_benchmark_graph_plan_unchanged(name: str) -> None:
     else:
         problem = _graph_problem(kind, source)
     objective = "throughput" if option in ("throughput", "contiguous") else "latency"
-    planned = solve_graph(problem, objective=objective, contiguous=option == "contiguous",
-                          time_limit_s=4.0, deterministic=True)
+    planned = solve_graph(problem, Solve(objective=objective, contiguous=option == "contiguous",
+                                         time_limit_s=4.0, deterministic=True))
     _check(f"graph-{name}", planned.to_dict())

@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from autoplace.config import Solve
 from autoplace.errors import GraphError, InfeasibleError
 from autoplace.formats.graph import load_graph_file, problem_from_dict
 from autoplace.pipeline import solve_graph
@@ -49,7 +50,7 @@ def test_a_graph_file_becomes_a_sorted_problem(tmp_path):
 
 def test_solving_a_graph_file_gives_a_checked_plan():
     p = problem_from_dict(GRAPH)
-    plan = solve_graph(p, time_limit_s=5)
+    plan = solve_graph(p, Solve(time_limit_s=5))
     assert validate(p, plan.schedule) == []
     # c must run on g1. a, b on g0 and c, d on g1: a 0-1, b 1-11 (+1 s copy), c 2-12, d 12-13.
     assert plan.makespan_s == pytest.approx(13.0)
@@ -93,7 +94,7 @@ def test_bad_graphs_are_named(change, message):
 def test_a_node_no_device_can_hold_is_named():
     data = _with(nodes=[{"name": "a", "compute_s": {"G": 1}, "memory_bytes": 1500}], edges=[])
     with pytest.raises(InfeasibleError, match=r"node 'a' needs.*short"):
-        solve_graph(problem_from_dict(data), time_limit_s=2)
+        solve_graph(problem_from_dict(data), Solve(time_limit_s=2))
 
 
 def test_a_colocation_group_that_cannot_fit_together_is_named():
@@ -101,7 +102,7 @@ def test_a_colocation_group_that_cannot_fit_together_is_named():
                         {"name": "b", "compute_s": {"G": 1}, "memory_bytes": 600}],
                  edges=[], colocate=[["a", "b"]])
     with pytest.raises(InfeasibleError, match=r"colocation group \['a', 'b'\].*short"):
-        solve_graph(problem_from_dict(data), time_limit_s=2)
+        solve_graph(problem_from_dict(data), Solve(time_limit_s=2))
 
 
 def test_not_json_and_missing_file_are_clear(tmp_path):

@@ -16,6 +16,7 @@ import zoo
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from autoplace.config import Solve
 from autoplace.errors import AutoplaceError
 from autoplace.ir import Costs, Problem
 from autoplace.simulate import loads
@@ -192,7 +193,7 @@ def test_ideal_dp_past_its_limit_is_reported_as_not_run_not_as_unfit():
     from autoplace.report import render_html, render_markdown, summary_text
 
     p = zoo.problem([(f"n{i}", 1, 0) for i in range(10)], [], zoo.cluster(2))
-    plan = solve_graph(p, time_limit_s=2, deterministic=True)
+    plan = solve_graph(p, Solve(time_limit_s=2, deterministic=True))
     why = "more than 600 ideals (the graph has 10 units)"
     assert plan.baselines["ideal-dp"] == BaselineResult(makespan_s=None, feasible=False,
                                                         not_run=why)

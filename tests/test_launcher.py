@@ -9,6 +9,7 @@ import pytest
 import torch
 from zoo import TwoBranch, chain, cluster, fork_join
 
+from autoplace.config import Config, Emit, Solve
 from autoplace.formats.plan import read_plan
 from autoplace.ir import HostCosts, Placement, Problem
 from autoplace.pipeline import plan, save
@@ -136,10 +137,18 @@ def test_a_node_is_released_once_the_thread_has_launched_its_ancestors() -> None
 
 
 def test_plan_json_keeps_the_launcher_and_re_simulates_the_same(tmp_path) -> None:
-    planned = plan(TwoBranch(), (torch.randn(8, 16),), devices="2xA100-40GB",
-                   time_limit_s=1, whatif=False, verify=False, min_gain=0.0)
-    assert planned.problem.costs.host is not None
+    planned = plan(
+        TwoBranch(),
+        (torch.randn(8, 16),),
+        Config(
+            devices="2xA100-40GB",
+            solve=Solve(time_limit_s=1, whatif=False, min_gain=0.0),
+            emit=Emit(verify=False),
+        ),
+    )
     save(planned, tmp_path)
+    planned = planned.plan
+    assert planned.problem.costs.host is not None
     again = read_plan(tmp_path)
     assert again.problem.costs.host == planned.problem.costs.host
     assert again.schedule.launch_order == planned.schedule.launch_order

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from test_train import MLP, _gpt2, _lenet, _mlp
 
 from autoplace.cli.run import run_plan, train_plan
 from autoplace.cluster import resolve_cluster
+from autoplace.config import Config, Emit, Solve, Training
 from autoplace.emit.check.training import verify_training
 from autoplace.emit.train.microbatch import Action, action_order, loss_rule, split_batch, train_step
 from autoplace.errors import AutoplaceError, EmitError, VerificationError
@@ -22,13 +24,15 @@ from autoplace.simulate.schedules import phase_of
 from autoplace.train import LossModel
 
 
-def _plan(build, microbatches: int, schedule: str, **extra):
+def _plan(build, microbatches: int, schedule: str, *, devices: Any = "2xcpu-thread",
+          verify: bool = True, **training):
     model, args, kwargs, targets = build()
-    extra.setdefault("devices", "2xcpu-thread")
-    return plan(model.model, args or kwargs, time_limit_s=2,
-                whatif=False, min_gain=0.0, mode="training", optimizer="adam",
-                loss=model.loss, example_targets=targets, profile=False,
-                microbatches=microbatches, schedule=schedule, **extra)
+    config = Config(devices=devices, mode="training",
+                    solve=Solve(time_limit_s=2, whatif=False, min_gain=0.0),
+                    training=Training(optimizer="adam", microbatches=microbatches,
+                                      schedule=schedule, **training),
+                    emit=Emit(verify=verify))
+    return plan(model.model, args or kwargs, config, loss=model.loss, example_targets=targets)
 
 
 def _small_threads(memory_bytes: int):
@@ -45,7 +49,7 @@ def _small_threads(memory_bytes: int):
 ], ids=["mlp-2-gpipe", "mlp-4-1f1b", "lenet-2-1f1b", "lenet-4-gpipe", "gpt2-2-1f1b"])
 def test_a_micro_batched_split_trains_as_the_original_on_the_whole_batch(
         build, microbatches: int, schedule: str, memory: int | None) -> None:
-    planned = _plan(build, microbatches, schedule,
+    planned, emitted = _plan(build, microbatches, schedule,
                     **({"devices": _small_threads(memory)} if memory else {}))
     training = planned.training
     assert training["microbatches"] == microbatches
@@ -58,7 +62,7 @@ def test_a_micro_batched_split_trains_as_the_original_on_the_whole_batch(
     assert check["status"] == "passed" and len(check["losses"]) == 3
     torch.testing.assert_close(torch.tensor(check["losses"]),
                                torch.tensor(check["original_losses"]))
-    assert len(set(planned.emitted.planned_devices)) == 2  # the split is real
+    assert len(set(emitted.planned_devices)) == 2  # the split is real
     assert validate(planned.problem, planned.schedule) == []
     forwards = {phase_of(n.name)[2] for n in planned.problem.graph.nodes
                 if phase_of(n.name)[1] == "forward"}
@@ -66,8 +70,8 @@ def test_a_micro_batched_split_trains_as_the_original_on_the_whole_batch(
 
 
 def test_run_train_cuts_the_saved_batch_as_the_plan_did(tmp_path) -> None:
-    planned = _plan(_mlp, 4, "1f1b")
-    save(planned, tmp_path)
+    planned, emitted = _plan(_mlp, 4, "1f1b")
+    save(planned, tmp_path, emitted)
     trained = train_plan(tmp_path, steps=3)
     torch.testing.assert_close(torch.tensor(trained.losses),
                                torch.tensor(planned.training["check"]["original_losses"]))
@@ -78,8 +82,7 @@ def test_run_train_cuts_the_saved_batch_as_the_plan_did(tmp_path) -> None:
 
 
 def test_the_order_follows_the_schedule_and_a_wrong_one_or_scale_fails_the_check() -> None:
-    planned = _plan(_mlp, 4, "1f1b", verify=False)
-    emitted = planned.emitted
+    planned, emitted = _plan(_mlp, 4, "1f1b", verify=False)
     model, args, kwargs, targets = _mlp()  # the planned model and batch, built again
     order = action_order(emitted, planned.problem, planned.schedule, 4)
     # 1F1B on the first of two stages: a warm-up forward, then one backward, one forward

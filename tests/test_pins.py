@@ -15,6 +15,7 @@ from torch import nn
 
 import autoplace
 from autoplace.cli import main
+from autoplace.config import Config, Emit, Solve
 from autoplace.errors import InfeasibleError, PinError
 from autoplace.fold import coarsen, fold
 from autoplace.formats.plan import read_plan
@@ -41,13 +42,20 @@ def test_pinned_first_and_last_layers_are_emitted_there_and_verify():
     model, x = _mlp()
     # On identical devices the chain is best on one device (a split only adds copies), so
     # pinning its two ends apart costs the plan something.
-    planned = autoplace.plan(model, (x,), devices="2xA100-40GB", time_limit_s=2,
-                             whatif=False, pins={"0": "cuda:0", "4": 1})
+    planned, emitted = autoplace.plan(
+        model,
+        (x,),
+        Config(
+            devices="2xA100-40GB",
+            pins={"0": "cuda:0", "4": 1},
+            solve=Solve(time_limit_s=2, whatif=False),
+        ),
+    )
     assert planned.verification.status == "passed"
     device_of_op = planned.device_of_op
     assert device_of_op["linear"] == "cuda:0" and device_of_op["linear_2"] == "cuda:1"
-    assert _segment_device(planned.emitted, "linear") == "cuda:0"
-    assert _segment_device(planned.emitted, "linear_2") == "cuda:1"
+    assert _segment_device(emitted, "linear") == "cuda:0"
+    assert _segment_device(emitted, "linear_2") == "cuda:1"
     pins = planned.pins
     assert pins["modules"] == {"0": "cuda:0", "4": "cuda:1"}
     unpinned = pins["unpinned_objective_s"]
@@ -125,13 +133,29 @@ def test_pins_that_overflow_a_device_name_it_and_the_bytes_short():
     with pytest.raises(InfeasibleError,
                        match=r"only on cuda:0 .* need 0\.00 GiB \(935424 bytes\).*"
                              r"\(35424 bytes\) short"):
-        autoplace.plan(model, (x,), devices=_two_devices(900_000), time_limit_s=1,
-                       whatif=False, emit=False, pins={"0": "cuda:0", "2": "cuda:0"})
+        autoplace.plan(
+            model,
+            (x,),
+            Config(
+                devices=_two_devices(900_000),
+                pins={"0": "cuda:0", "2": "cuda:0"},
+                solve=Solve(time_limit_s=1, whatif=False),
+                emit=Emit(model=False),
+            ),
+        )
     # One pinned node larger than its device: the existing diagnosis, naming it.
     with pytest.raises(InfeasibleError, match=r"node 'linear' .* cuda:0 .*\(303840 bytes\) "
                                               "short"):
-        autoplace.plan(model, (x,), devices=_two_devices(500_000), time_limit_s=1,
-                       whatif=False, emit=False, pins={"0": "cuda:0"})
+        autoplace.plan(
+            model,
+            (x,),
+            Config(
+                devices=_two_devices(500_000),
+                pins={"0": "cuda:0"},
+                solve=Solve(time_limit_s=1, whatif=False),
+                emit=Emit(model=False),
+            ),
+        )
 
 
 def test_coarsening_keeps_pins_apart():
@@ -180,8 +204,8 @@ def test_the_unpinned_solve_starts_from_the_pinned_plan():
     # A pinned plan is a plan without pins too: carried onto the unpinned graph it simulates the
     # same, so the unpinned solve, which starts from it, can never make pins look like a gain.
     from autoplace.cluster import resolve_cluster
-    from autoplace.pipeline import _carried
     from autoplace.pipeline.forward import Tracing, traced_problem
+    from autoplace.pipeline.inference import _carried
     from autoplace.simulate import simulate
     from autoplace.solve import solve
 

@@ -9,6 +9,7 @@ import torch
 import zoo
 
 import autoplace
+from autoplace.config import Config, Emit, Solve
 from autoplace.emit import load_model
 from autoplace.ir import Cluster, Device, Link
 
@@ -26,14 +27,16 @@ def test_model_too_big_for_one_device_is_split_and_still_equal(tmp_path):
     torch.manual_seed(0)
     model = zoo.TwoLayer()
     x = torch.randn(1, 8)
-    plan = autoplace.plan(model, (x,), devices=_tiny_cluster(800), time_limit_s=5)
+    plan, emitted = autoplace.plan(
+        model, (x,), Config(devices=_tiny_cluster(800), solve=Solve(time_limit_s=5))
+    )
     assert plan.baselines["single-device"].makespan_s is None
     assert set(plan.schedule.placement.device_of.values()) == {"cuda:0", "cuda:1"}
     assert all(p <= 800 for p in plan.schedule.peak_bytes.values())
     assert plan.verification.status == "passed"
-    assert len(plan.emitted.segments) == 2
+    assert len(emitted.segments) == 2
 
-    autoplace.save(plan, tmp_path / "out")
+    autoplace.save(plan, tmp_path / "out", emitted)
     again = autoplace.Plan.load(tmp_path / "out")
     assert again.to_dict()["nodes"] == plan.to_dict()["nodes"]
     assert again.makespan_s == plan.makespan_s and again.lower_bound_s == plan.lower_bound_s
@@ -48,8 +51,11 @@ def test_model_too_big_for_one_device_is_split_and_still_equal(tmp_path):
 
 def test_device_of_op_covers_every_traced_op():
     model = zoo.TiedLM()
-    plan = autoplace.plan(model, (torch.randint(0, 50, (2, 5)),), devices="2xA100-40GB",
-                          time_limit_s=5)
+    plan, emitted = autoplace.plan(
+        model,
+        (torch.randint(0, 50, (2, 5)),),
+        Config(devices="2xA100-40GB", solve=Solve(time_limit_s=5)),
+    )
     ops = plan.device_of_op
     assert sum(len(n.ops) for n in plan.problem.graph.nodes) == len(ops)
     # The tied embedding and output projection are on one device.
@@ -60,12 +66,15 @@ def test_device_of_op_covers_every_traced_op():
 
 def test_saving_over_an_existing_plan_replaces_it(tmp_path):
     model = zoo.TwoLayer()
-    plan = autoplace.plan(model, (torch.randn(1, 8),), devices="2xA100-40GB", time_limit_s=2,
-                          verify=False)
+    plan, emitted = autoplace.plan(
+        model,
+        (torch.randn(1, 8),),
+        Config(devices="2xA100-40GB", solve=Solve(time_limit_s=2), emit=Emit(verify=False)),
+    )
     out = tmp_path / "out"
     out.mkdir()
     (out / "stale.txt").write_text("old")
-    autoplace.save(plan, out)
+    autoplace.save(plan, out, emitted)
     assert not (out / "stale.txt").exists()
     assert json.loads((out / "plan.json").read_text())["verification"]["status"] == "skipped"
 
@@ -94,8 +103,11 @@ def test_plan_is_on_the_folded_graph_whatever_max_nodes(tmp_path):
             return self.a(x).view(-1) + self.b(x).view(-1)
 
     torch.manual_seed(0)
-    plan = autoplace.plan(Branches(), (torch.randn(512, 256),), devices="2xA100-40GB",
-                          time_limit_s=3, max_nodes=2, whatif=False)
+    plan, emitted = autoplace.plan(
+        Branches(),
+        (torch.randn(512, 256),),
+        Config(devices="2xA100-40GB", solve=Solve(time_limit_s=3, max_nodes=2, whatif=False)),
+    )
     graph = plan.problem.graph
     assert plan.coarsening["plan_nodes"] == len(graph.nodes)
     assert plan.solver.scope["folded_nodes"] == len(graph.nodes)
@@ -104,7 +116,7 @@ def test_plan_is_on_the_folded_graph_whatever_max_nodes(tmp_path):
         if baseline.feasible:
             assert plan.makespan_s <= baseline.makespan_s + 1e-12
     assert plan.verification.status == "passed"
-    autoplace.save(plan, tmp_path / "out")
+    autoplace.save(plan, tmp_path / "out", emitted)
     data = json.loads((tmp_path / "out" / "plan.json").read_text())
     assert data["solver"]["scope"] == dict(plan.solver.scope)
     assert autoplace.Plan.load(tmp_path / "out").solver.scope == plan.solver.scope

@@ -16,6 +16,7 @@ import autoplace.emit.check.training as training
 from autoplace.cli import main
 from autoplace.cli.run import train_plan
 from autoplace.cluster import resolve_cluster
+from autoplace.config import Config, Cost, Emit, Solve, Training
 from autoplace.emit.train.optimizer import GROWTH_INTERVAL, INIT_SCALE, MasterWeights
 from autoplace.errors import AutoplaceError, VerificationError
 from autoplace.fold import fold
@@ -75,8 +76,8 @@ def test_the_step_holds_zero_s_bytes_per_parameter(optimizer: str, dtype: str,
 def test_dtype_names_and_a_bad_one() -> None:
     assert [check_dtype(d) for d in ("fp32", "bf16", "FP16", "torch.bfloat16", "half")] == [
         "float32", "bfloat16", "float16", "bfloat16", "float16"]
-    with pytest.raises(AutoplaceError, match="--dtype must be one of float32, bfloat16, "
-                       "float16 .*got 'int8'"):
+    with pytest.raises(AutoplaceError, match="dtype must be one of float32, bfloat16, "
+                       "float16, got 'int8'"):
         check_dtype("int8")
 
 
@@ -120,12 +121,15 @@ def test_bfloat16_keeps_an_update_smaller_than_its_precision_in_the_master() -> 
     assert weight.item() == torch.tensor(0.99).to(torch.bfloat16).item() != 1.0
 
 
-def _plan(dtype: str, microbatches: int, devices: Any = "2xcpu-thread", **extra):
+def _plan(dtype: str, microbatches: int, devices: Any = "2xcpu-thread", *,
+          objective: str = "latency", verify: bool = True, replicas: int | str = "auto"):
     model, args, kwargs, targets = _mlp()
-    return plan(model.model, args, devices=devices, time_limit_s=2, whatif=False,
-                min_gain=0.0, mode="training", optimizer="adam", loss=model.loss,
-                example_targets=targets, profile=False, microbatches=microbatches,
-                dtype=dtype, **extra)
+    config = Config(devices=devices, mode="training", dtype=dtype,
+                    solve=Solve(time_limit_s=2, whatif=False, min_gain=0.0, objective=objective),
+                    training=Training(optimizer="adam", microbatches=microbatches,
+                                      replicas=replicas),
+                    emit=Emit(verify=verify))
+    return plan(model.model, args, config, loss=model.loss, example_targets=targets)
 
 
 @pytest.mark.parametrize(("dtype", "microbatches"), [
@@ -135,7 +139,7 @@ def test_a_split_mlp_trains_in_mixed_precision_as_the_original(dtype: str,
     original = _mlp()[0].model
     # One micro-batch's step is kept on one CPU worker for its latency (its updates follow the
     # whole backward, as the emitted step runs them); the busiest worker's load splits it.
-    planned = _plan(dtype, microbatches, objective="throughput")
+    planned, emitted = _plan(dtype, microbatches, objective="throughput")
     assert original.fc1.weight.dtype == torch.float32  # the caller's model is not cast
     training = planned.training
     assert training["dtype"] == dtype and training["replicas"] == 1
@@ -144,16 +148,16 @@ def test_a_split_mlp_trains_in_mixed_precision_as_the_original(dtype: str,
     assert len(check["losses"]) == 3 + check["skipped_steps"]
     if (dtype, microbatches) == ("float16", 1):  # the MLP's gradient overflows under 2**16
         assert check["skipped_steps"] == 1 and check["losses"][0] == check["losses"][1]
-    assert len(set(planned.emitted.planned_devices)) == 2  # the split is real
-    assert {p.dtype for p in planned.emitted.parameters()} == {getattr(torch, dtype)}
+    assert len(set(emitted.planned_devices)) == 2  # the split is real
+    assert {p.dtype for p in emitted.parameters()} == {getattr(torch, dtype)}
     assert any("float32 master weights" in n for n in planned.notes)
     holders = [n for n in planned.problem.graph.nodes if n.name.endswith(STEP)]
     assert sum(n.param_bytes for n in holders) == pytest.approx(COUNT * 14, abs=len(holders))
 
 
 def test_run_train_steps_the_plan_s_precision(tmp_path) -> None:
-    planned = _plan("float16", 2)
-    save(planned, tmp_path)
+    planned, emitted = _plan("float16", 2)
+    save(planned, tmp_path, emitted)
     trained = train_plan(tmp_path, steps=4)
     check = planned.training["check"]
     # the same micro-batches, optimizer and loss scale as the check's emitted model
@@ -167,8 +171,7 @@ def test_run_train_steps_the_plan_s_precision(tmp_path) -> None:
 
 def test_the_check_in_half_precision_still_fails_a_wrong_gradient_or_a_missed_update(
         monkeypatch) -> None:
-    planned = _plan("bfloat16", 1, verify=False)
-    emitted = planned.emitted
+    planned, emitted = _plan("bfloat16", 1, verify=False)
     model, args, kwargs, targets = _mlp()
     model, (args, targets) = cast(model, (args, targets), "bfloat16")
     untrained = {k: v.clone() for k, v in emitted.state_dict().items()}
@@ -208,14 +211,23 @@ def test_the_check_in_half_precision_still_fails_a_wrong_gradient_or_a_missed_up
 
 
 def test_replicas_in_a_half_dtype_are_not_built_yet() -> None:
-    with pytest.raises(AutoplaceError, match="replicas in bfloat16 .*--replicas 1"):
+    with pytest.raises(AutoplaceError, match="replicas in bfloat16 .*training.replicas=1 or "
+                       "dtype='float32'"):
         _plan("bfloat16", 1, replicas=2)
 
 
 def test_an_inference_plan_in_bfloat16_runs_the_cast_model() -> None:
     model, args, _, _ = _mlp()
-    planned = plan(model.model, args, devices="2xcpu-thread", time_limit_s=2, whatif=False,
-                   profile=False, dtype="bf16")
+    planned = plan(
+        model.model,
+        args,
+        Config(
+            devices="2xcpu-thread",
+            dtype="bf16",
+            solve=Solve(time_limit_s=2, whatif=False),
+            cost=Cost(profile=False),
+        ),
+    ).plan
     assert planned.verification.status == "passed"
     assert {n.dtype for n in planned.problem.graph.nodes if n.param_bytes} == {"bfloat16"}
     assert sum(n.param_bytes for n in planned.problem.graph.nodes) == COUNT * 2

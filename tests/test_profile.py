@@ -19,6 +19,7 @@ from torch import nn
 
 from autoplace.cli import main
 from autoplace.cluster import HostInfo, Inventory, inventory, present_devices, resolve_cluster
+from autoplace.config import Config, Cost, Devices, Emit, Solve
 from autoplace.formats.plan_check import validate_plan_dict
 from autoplace.ir import Cluster
 from autoplace.pipeline import plan
@@ -354,14 +355,30 @@ def test_plan_for_devices_not_here_completes_with_analytic_costs(tmp_path, capsy
 def test_a_measured_cpu_calibrates_the_cpu_when_it_is_not_profiled(tmp_path):
     cache = open_cache(path=str(tmp_path / "c.sqlite3"))
     model, x = zoo.TwoLayer(), torch.randn(4, 8)
-    plan(model, (x,), devices="cpu", profile=True, cache=cache, emit=False, whatif=False,
-         time_limit_s=1)
+    plan(
+        model,
+        (x,),
+        Config(
+            devices="cpu",
+            solve=Solve(whatif=False, time_limit_s=1),
+            cost=Cost(profile=True, cache=cache),
+            emit=Emit(model=False),
+        ),
+    )
     # The same CPU, planned remotely (another host): not profiled, calibrated from the fit.
     cluster_file = tmp_path / "c.toml"
     cluster_file.write_text('[[hosts]]\nname = "a"\ndevices = ["cpu"]\n'
                             '[[hosts]]\nname = "b"\ndevices = ["T4"]\n')
-    result = plan(zoo.TwoLayer(), (x,), cluster_file=str(cluster_file), profile=True,
-                  cache=cache, emit=False, whatif=False, time_limit_s=1)
+    result = plan(
+        zoo.TwoLayer(),
+        (x,),
+        Config(
+            devices=Devices(file=str(cluster_file)),
+            solve=Solve(whatif=False, time_limit_s=1),
+            cost=Cost(profile=True, cache=cache),
+            emit=Emit(model=False),
+        ),
+    ).plan
     data = result.to_dict()
     sources = {s for n in data["nodes"] if n["launches"] for s in n["cost_sources"].values()}
     assert sources == {"calibrated", "analytic"}

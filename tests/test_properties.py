@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import autoplace
+from autoplace.config import Config, Emit, Solve
 from autoplace.emit import emit_model, load_model, measure_peak_bytes, save_model
 from autoplace.errors import InfeasibleError
 from autoplace.ir import Costs, HostCosts, Placement
@@ -401,12 +402,18 @@ def test_random_modules_split_at_random_emit_a_model_equal_to_the_original(tmp_p
 @given(random_models)
 def test_random_modules_planned_end_to_end_verify(model_x):
     model, x = model_x
-    plan = autoplace.plan(model, (x,), devices="2xA100-40GB,1xT4-16GB", time_limit_s=1,
-                          whatif=False, deterministic=True)
+    plan, emitted = autoplace.plan(
+        model,
+        (x,),
+        Config(
+            devices="2xA100-40GB,1xT4-16GB",
+            solve=Solve(time_limit_s=1, whatif=False, deterministic=True),
+        ),
+    )
     assert plan.verification.status == "passed"
     assert validate(plan.problem, plan.schedule) == []
     with torch.no_grad():
-        torch.testing.assert_close(plan.emitted(x), model(x))
+        torch.testing.assert_close(emitted(x), model(x))
 
 
 @settings(max_examples=10, deadline=None, derandomize=True,
@@ -414,9 +421,16 @@ def test_random_modules_planned_end_to_end_verify(model_x):
 @given(random_models)
 def test_random_modules_measured_peak_within_the_plan(model_x):
     model, x = model_x
-    plan = autoplace.plan(model, (x,), devices="2xA100-40GB,1xT4-16GB", time_limit_s=1,
-                          whatif=False, deterministic=True, check_memory=False)
-    measured = measure_peak_bytes(plan.emitted, (x,))
+    plan, emitted = autoplace.plan(
+        model,
+        (x,),
+        Config(
+            devices="2xA100-40GB,1xT4-16GB",
+            solve=Solve(time_limit_s=1, whatif=False, deterministic=True),
+            emit=Emit(check_memory=False),
+        ),
+    )
+    measured = measure_peak_bytes(emitted, (x,))
     name_of = {d.torch_device: d.name for d in plan.problem.cluster.devices}
     for device, nbytes in measured.items():
         name = name_of[device]

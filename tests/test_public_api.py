@@ -10,10 +10,21 @@ def test_exported_members():
         "AutoplaceError", "Cluster", "Costs", "Device", "DeviceSpecError", "Edge", "EmitError",
         "GraphError", "InfeasibleError", "Link", "ModelLoadError", "OpGraph", "OpNode",
         "OutputError", "PinError", "Placement", "Plan", "Problem", "Schedule", "TraceError",
-        "VerificationError", "__version__", "plan", "plan_modules", "save", "simulate", "validate",
+        "VerificationError", "__version__", "plan", "save", "simulate", "validate",
+        "solve_graph", "Planned", "ConfigError",
+        # the configuration: its sections and the choices of its fixed-valued options
+        "Config", "Devices", "Solve", "Cost", "Training", "Emit",
+        "Mode", "Objective", "Granularity", "PipelineSchedule", "Recompute", "DType",
     }
     for name in autoplace.__all__:
         assert hasattr(autoplace, name), name
+
+
+def test_plan_takes_the_model_its_inputs_and_one_configuration():
+    import inspect
+
+    parameters = inspect.signature(autoplace.plan).parameters
+    assert list(parameters) == ["model", "example_inputs", "config", "loss", "example_targets"]
 
 
 def test_errors_form_one_hierarchy():

@@ -13,14 +13,16 @@ from test_schedules import _split
 from test_train import MLP, WithLoss, _forward_problem
 from torch import nn
 
+from autoplace.cli.flags import FLAGS
 from autoplace.cli.run import train_plan
+from autoplace.config import Config, Emit, Solve, Training
 from autoplace.emit.train.microbatch import action_order, split_batch, train_step
-from autoplace.errors import AutoplaceError, InfeasibleError
+from autoplace.errors import ConfigError, InfeasibleError
 from autoplace.ir import Placement
 from autoplace.pipeline import plan, save
 from autoplace.simulate import simulate, validate
 from autoplace.simulate.schedules import phase_of
-from autoplace.train import check_training, step_problem
+from autoplace.train import step_problem
 from autoplace.train.recompute import recompute_all, recomputed_nodes, with_recompute
 
 
@@ -123,10 +125,13 @@ def _deep_plan(recompute: str, memory_bytes: int | None = 3_000_000, **extra):
     torch.manual_seed(0)
     x, y = torch.randn(1024, 128), torch.randint(0, 10, (1024,))
     devices = _small_threads(memory_bytes) if memory_bytes else "2xcpu-thread"
-    return plan(Deep(), (x,), devices=devices, time_limit_s=3, whatif=False, min_gain=0.0,
-                mode="training", optimizer="adam", loss=lambda out, t: F.cross_entropy(out, t),
-                example_targets=(y,), profile=False, microbatches=4, schedule="gpipe",
-                recompute=recompute, **extra)
+    config = Config(devices=devices, mode="training",
+                    solve=Solve(time_limit_s=3, whatif=False, min_gain=0.0),
+                    training=Training(optimizer="adam", microbatches=4, schedule="gpipe",
+                                      recompute=recompute),
+                    emit=Emit(**extra))
+    return plan(Deep(), (x,), config, loss=lambda out, t: F.cross_entropy(out, t),
+                example_targets=(y,))
 
 
 def test_a_step_that_fits_only_with_recomputation_is_planned_so_and_trains_as_the_original(
@@ -134,7 +139,7 @@ def test_a_step_that_fits_only_with_recomputation_is_planned_so_and_trains_as_th
     # 3 MB a device: every placement overflows with GPipe's four micro-batches held
     with pytest.raises(InfeasibleError, match="--recompute all"):
         _deep_plan("off", verify=False)
-    planned = _deep_plan("auto")
+    planned, emitted = _deep_plan("auto")
     assert planned.training["recompute"]  # some device recomputes
     assert planned.schedule.feasible and validate(planned.problem, planned.schedule) == []
     assert any("@recompute" in n.name for n in planned.problem.graph.nodes)
@@ -145,7 +150,7 @@ def test_a_step_that_fits_only_with_recomputation_is_planned_so_and_trains_as_th
             assert planned.makespan_s <= base.makespan_s * (1 + 1e-9), name
     # the lower bound is the analytic one of the graph without recomputation: below the plan
     assert planned.lower_bound_s <= planned.makespan_s
-    save(planned, tmp_path)
+    save(planned, tmp_path, emitted)
     assert json.loads((tmp_path / "plan.json").read_text())["training"]["recompute"] == list(
         planned.training["recompute"])
     assert "recomputing on " + planned.training["recompute"][0] in (
@@ -156,25 +161,26 @@ def test_a_step_that_fits_only_with_recomputation_is_planned_so_and_trains_as_th
 
 
 def test_recompute_auto_keeps_the_plain_step_where_it_fits_and_all_costs_time() -> None:
-    plain = _deep_plan("auto", None, verify=False)
+    plain, _ = _deep_plan("auto", None, verify=False)
     assert plain.training["recompute"] == []
     assert not any("@recompute" in n.name for n in plain.problem.graph.nodes)
-    every = _deep_plan("all", None, verify=False)
+    every, _ = _deep_plan("all", None, verify=False)
     assert sorted(every.training["recompute"]) == sorted(set(
         every.schedule.placement.device_of.values()))
     assert every.makespan_s > plain.makespan_s
 
 
 def test_recompute_needs_micro_batches_and_a_known_choice() -> None:
-    with pytest.raises(AutoplaceError, match="--microbatches"):
-        check_training("training", "adam", 1, "auto", "auto", "all")
-    with pytest.raises(AutoplaceError, match="auto, off, all"):
-        check_training("training", "adam", 2, "auto", "auto", "sometimes")
+    with pytest.raises(ConfigError, match=r"training\.microbatches=") as raised:
+        Training(microbatches=1, recompute="all")
+    assert "--microbatches M" in raised.value.render(FLAGS)  # the command line names its flag
+    with pytest.raises(ConfigError, match="auto, off, all"):
+        Training(microbatches=2, recompute="sometimes")
 
 
 def test_a_recomputing_segment_gives_the_gradients_a_keeping_one_does() -> None:
-    planned = _deep_plan("off", None, verify=False)
-    model, problem, schedule = planned.emitted, planned.problem, planned.schedule
+    planned, emitted = _deep_plan("off", None, verify=False)
+    model, problem, schedule = emitted, planned.problem, planned.schedule
     torch.manual_seed(0)
     x, y = torch.randn(1024, 128), torch.randint(0, 10, (1024,))
     batches = split_batch((x,), {"targets": (y,)}, 4)
@@ -193,7 +199,7 @@ def test_the_emitted_step_holds_less_when_it_recomputes_and_within_the_plan_eith
 ) -> None:
     measured = {}
     for recompute in ("off", "all"):
-        check = _deep_plan(recompute, None).training["check"]
+        check = _deep_plan(recompute, None).plan.training["check"]
         assert check["memory_status"] == "within"
         peaks = check["peak_bytes"]
         assert all(v["measured_bytes"] <= v["predicted_bytes"] for v in peaks.values())
@@ -206,11 +212,11 @@ def test_replicas_of_a_recomputing_step_recompute_in_their_processes_too(tmp_pat
     from test_microbatch import _plan
     from test_train import _mlp
 
-    planned = _plan(_mlp, 2, "gpipe", replicas=2, recompute="all")
+    planned, emitted = _plan(_mlp, 2, "gpipe", replicas=2, recompute="all")
     training = planned.training
     assert training["replicas"] == 2 and training["recompute"]
     assert training["check"]["status"] == "passed"  # 2 gloo processes against the original
-    save(planned, tmp_path)
+    save(planned, tmp_path, emitted)
     assert f"'recompute': {list(training['recompute'])!r}" in (tmp_path / "train.py").read_text()
 
 

@@ -18,6 +18,7 @@ from conftest import require
 from report_browser import HeadlessChromium, available
 
 import autoplace
+from autoplace.config import Config, Emit, Solve
 from autoplace.trace.load import load_model_file
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -36,10 +37,18 @@ def reports(tmp_path_factory) -> dict[str, Path]:
     out = {}
     for name in NAMES:
         loaded = load_model_file(EXAMPLES / f"{name}.py")
-        plan = autoplace.plan(loaded.model, loaded.kwargs or loaded.args,
-                              devices="2xA100-40GB,1xT4", time_limit_s=1, emit=False,
-                              name=loaded.name)
-        out[name] = autoplace.save(plan, tmp_path_factory.mktemp(name) / "out") / "report.html"
+        plan, emitted = autoplace.plan(
+            loaded.model,
+            loaded.kwargs or loaded.args,
+            Config(
+                devices="2xA100-40GB,1xT4",
+                name=loaded.name,
+                solve=Solve(time_limit_s=1),
+                emit=Emit(model=False),
+            ),
+        )
+        out[name] = autoplace.save(plan, tmp_path_factory.mktemp(name) / "out",
+                                   emitted) / "report.html"
     return out
 
 

@@ -15,6 +15,7 @@ import torch
 import zoo
 
 import autoplace
+from autoplace.config import Config, Emit, Solve
 from autoplace.formats.plan_check import validate_plan_dict
 from autoplace.solve import SolveOptions, solve
 from autoplace.solve.whatif import (
@@ -55,17 +56,25 @@ def test_devices_the_model_does_not_fit_give_no_makespan_and_the_reason() -> Non
 
 def test_plan_records_the_whatif_rows(tmp_path) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
-    plan = autoplace.plan(model, (torch.randn(2, 8),), devices="2xA100-40GB,1xT4",
-                          time_limit_s=2, emit=False)
+    plan, emitted = autoplace.plan(
+        model,
+        (torch.randn(2, 8),),
+        Config(devices="2xA100-40GB,1xT4", solve=Solve(time_limit_s=2), emit=Emit(model=False)),
+    )
     assert [len(r["devices"]) for r in plan.whatif] == [1, 2, 3]
-    autoplace.save(plan, tmp_path / "out")
+    autoplace.save(plan, tmp_path / "out", emitted)
     data = json.loads((tmp_path / "out" / "plan.json").read_text())
     validate_plan_dict(data)
     assert data["whatif"][-1]["makespan_s"] == data["makespan_s"]
     assert data["makespan_s"] <= min(r["makespan_s"] for r in data["whatif"])
     assert (tmp_path / "out" / "summary.md").read_text().count("| 3: cuda:0, cuda:1, cuda:2") == 1
-    assert not autoplace.plan(model, (torch.randn(2, 8),), devices="2xA100-40GB",
-                              time_limit_s=1, emit=False, whatif=False).whatif
+    assert not autoplace.plan(
+        model,
+        (torch.randn(2, 8),),
+        Config(
+            devices="2xA100-40GB", solve=Solve(time_limit_s=1, whatif=False), emit=Emit(model=False)
+        ),
+    ).plan.whatif
 
 
 def test_rows_follow_the_plans_objective() -> None:

@@ -19,6 +19,7 @@ from autoplace.cli import main
 from autoplace.cli.run import run_plan
 from autoplace.cluster import resolve_cluster
 from autoplace.cluster.local import intra_op_threads
+from autoplace.config import Config, Emit, Solve
 from autoplace.emit import (
     emit_and_verify,
     emit_model,
@@ -105,8 +106,15 @@ def test_check_peak_fails_above_the_plan_and_records_when_not_enforced():
 
 def test_a_plan_records_measured_and_predicted_peak_per_device():
     loaded = load_model_file(EXAMPLES / "lenet.py")
-    plan = autoplace.plan(loaded.model, loaded.args, devices="2xA100-40GB", time_limit_s=1,
-                          whatif=False, check_memory=False)
+    plan, emitted = autoplace.plan(
+        loaded.model,
+        loaded.args,
+        Config(
+            devices="2xA100-40GB",
+            solve=Solve(time_limit_s=1, whatif=False),
+            emit=Emit(check_memory=False),
+        ),
+    )
     recorded = plan.verification.peak_bytes
     assert set(recorded) == {d.name for d in plan.problem.cluster.devices}
     for device, entry in recorded.items():
@@ -177,8 +185,15 @@ def test_a_node_whose_outputs_are_copied_at_different_times_is_within_the_plan()
 @pytest.mark.parametrize("example", ["mlp", "lenet", "inception"])
 def test_examples_verify_with_the_memory_check_on(example):
     loaded = load_model_file(EXAMPLES / f"{example}.py")
-    plan = autoplace.plan(loaded.model, loaded.args, devices="2xA100-40GB", time_limit_s=2,
-                          whatif=False, check_memory=True)
+    plan, emitted = autoplace.plan(
+        loaded.model,
+        loaded.args,
+        Config(
+            devices="2xA100-40GB",
+            solve=Solve(time_limit_s=2, whatif=False),
+            emit=Emit(check_memory=True),
+        ),
+    )
     assert plan.verification.memory_status == "within"
 
 
@@ -312,9 +327,16 @@ def test_run_rejects_zero_repeats(planned, capsys):
 
 def test_a_model_with_torch_cond_is_measured_through_its_branch():
     loaded = load_model_file(EXAMPLES / "corpus" / "cond_branch.py")
-    plan = autoplace.plan(loaded.model, loaded.kwargs or loaded.args, devices="2xA100-40GB",
-                          time_limit_s=1, whatif=False, check_memory=False)
-    found = measure(plan.emitted, loaded.args, loaded.kwargs)
+    plan, emitted = autoplace.plan(
+        loaded.model,
+        loaded.kwargs or loaded.args,
+        Config(
+            devices="2xA100-40GB",
+            solve=Solve(time_limit_s=1, whatif=False),
+            emit=Emit(check_memory=False),
+        ),
+    )
+    found = measure(emitted, loaded.args, loaded.kwargs)
     assert sum(found.activation_peak_bytes.values()) > 0
 
 

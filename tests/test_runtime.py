@@ -18,6 +18,7 @@ from zoo import TwoBranch, by_module
 
 from autoplace.cluster import resolve_cluster
 from autoplace.cluster.detect import device_key, inventory
+from autoplace.config import Config, Solve
 from autoplace.emit import emit_model, load_model, save_model
 from autoplace.emit.check.replay import replay
 from autoplace.emit.codegen.runtime import Handover, Program, Run, build_program
@@ -184,9 +185,11 @@ def test_replay_of_an_example_is_within_five_percent(example: str) -> None:
     from autoplace.trace.load import load_model_file
 
     loaded = load_model_file(Path(__file__).parents[1] / "examples" / f"{example}.py")
-    planned = plan(loaded.model, loaded.kwargs or loaded.args, devices="2xA100-40GB",
-                   time_limit_s=2, whatif=False, name=example)
-    emitted = planned.emitted
+    planned, emitted = plan(
+        loaded.model,
+        loaded.kwargs or loaded.args,
+        Config(devices="2xA100-40GB", name=example, solve=Solve(time_limit_s=2, whatif=False)),
+    )
     played = replay(emitted.program, [s.nodes for s in emitted.segment_info],
                     problem=planned.problem, schedule=planned.schedule)
     assert played.error(planned.makespan_s) <= 0.05

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from autoplace.config import Config, Emit, Solve
 from autoplace.formats.graph import load_graph_file
 from autoplace.pipeline import plan, solve_graph
 from autoplace.report import render_markdown, summary_text
@@ -23,8 +24,8 @@ DIAMOND = ROOT / "examples" / "graphs" / "diamond.json"
 
 
 def _diamond(min_gain: float):
-    return solve_graph(load_graph_file(DIAMOND), time_limit_s=2, deterministic=True,
-                       min_gain=min_gain)
+    return solve_graph(load_graph_file(DIAMOND),
+                       Solve(time_limit_s=2, deterministic=True, min_gain=min_gain))
 
 
 def test_a_split_under_min_gain_says_use_one_device_and_why():
@@ -49,8 +50,15 @@ def test_a_split_says_how_much_faster_and_how_far_from_the_bound():
 def test_the_solver_line_gives_the_limit_as_given_and_how_it_was_shared():
     # 2 s given: the what-if row (the first device) runs first, the plan's solve has the rest.
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-    planned = plan(model, (torch.randn(4, 8),), devices="2xA100-40GB", time_limit_s=2.0,
-                   emit=False, deterministic=True)
+    planned = plan(
+        model,
+        (torch.randn(4, 8),),
+        Config(
+            devices="2xA100-40GB",
+            solve=Solve(time_limit_s=2.0, deterministic=True),
+            emit=Emit(model=False),
+        ),
+    ).plan
     solver = planned.solver
     assert solver.budget_s == 2.0 and solver.whatif_s is not None
     assert solver.time_limit_s == pytest.approx(2.0 - solver.whatif_s)
@@ -64,10 +72,18 @@ def test_every_table_fits_80_columns_for_a_training_plan():
     # The training step's memory table has seven columns: its headers were cut at 80 columns
     # ("dev...", "paramet...").
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
-    planned = plan(model, (torch.randn(4, 8),), devices="2xA100-40GB", time_limit_s=1.0,
-                   emit=False, mode="training", deterministic=True,
-                   loss=torch.nn.functional.cross_entropy,
-                   example_targets=(torch.tensor([0, 1, 0, 1]),))
+    planned = plan(
+        model,
+        (torch.randn(4, 8),),
+        Config(
+            devices="2xA100-40GB",
+            mode="training",
+            solve=Solve(time_limit_s=1.0, deterministic=True),
+            emit=Emit(model=False),
+        ),
+        loss=torch.nn.functional.cross_entropy,
+        example_targets=(torch.tensor([0, 1, 0, 1]),),
+    ).plan
     text = summary_text(planned, width=80)
     assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
     for header in ("device", "parameters", "gradients", "optimizer", "activations", "reserve",

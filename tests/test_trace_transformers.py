@@ -8,6 +8,7 @@ import torch
 import zoo
 
 import autoplace
+from autoplace.config import Config, Solve
 from autoplace.errors import TraceError
 from autoplace.trace import trace_model
 
@@ -25,8 +26,11 @@ def _tiny_llama() -> torch.nn.Module:
 
 def test_llama_with_default_cache_plans_without_it_and_says_so():
     model = _tiny_llama()
-    plan = autoplace.plan(model, {"input_ids": torch.randint(0, 128, (1, 8))},
-                          devices="2xA100-40GB", time_limit_s=2, whatif=False)
+    plan = autoplace.plan(
+        model,
+        {"input_ids": torch.randint(0, 128, (1, 8))},
+        Config(devices="2xA100-40GB", solve=Solve(time_limit_s=2, whatif=False)),
+    ).plan
     assert plan.tracer == "export"
     assert plan.verification.status == "passed"
     assert model.config.use_cache is False

@@ -16,6 +16,7 @@ from zoo import MLP  # the seed tutorial's MLP: 784-256-128-10
 
 from autoplace.cli.run import train_plan
 from autoplace.cluster import resolve_cluster
+from autoplace.config import Config, Cost, Emit, Solve, Training
 from autoplace.emit.check.training import verify_training
 from autoplace.errors import GraphError, VerificationError
 from autoplace.fold import fold
@@ -223,16 +224,26 @@ def test_a_training_plan_end_to_end(tmp_path, monkeypatch) -> None:
     torch.manual_seed(0)
     x, y = torch.randn(BATCH, 784), torch.randint(0, 10, (BATCH,))
     mlp = MLP()
-    planned = plan(mlp, (x,), devices="2xcpu-thread", time_limit_s=2, whatif=False,
-                   min_gain=0.0, mode="training", optimizer="adamw", loss=F.cross_entropy,
-                   example_targets=(y,), profile=False, replicas=1)
+    planned, emitted = plan(
+        mlp,
+        (x,),
+        Config(
+            devices="2xcpu-thread",
+            mode="training",
+            solve=Solve(time_limit_s=2, whatif=False, min_gain=0.0),
+            cost=Cost(profile=False),
+            training=Training(optimizer="adamw", replicas=1),
+        ),
+        loss=F.cross_entropy,
+        example_targets=(y,),
+    )
     assert planned.training["optimizer"] == "adamw"
     check = planned.training["check"]
     assert check["status"] == "passed" and check["losses"] == pytest.approx(
         check["original_losses"])
     assert sum(n.name.endswith("@backward") for n in planned.problem.graph.nodes) == 6
     assert validate(planned.problem, planned.schedule) == []
-    save(planned, tmp_path)
+    save(planned, tmp_path, emitted)
     again = read_plan(tmp_path)  # checked against the schema
     assert again.training == planned.training
     # The saved weights are the untrained ones: the check trained the emitted model, then
@@ -301,9 +312,18 @@ def test_an_unused_parameter_does_not_fail_the_training_check() -> None:
 
     torch.manual_seed(0)
     x, y = torch.randn(BATCH, 784), torch.randint(0, 10, (BATCH,))
-    planned = plan(WithUnusedHead(), (x,), devices="2xcpu-thread", time_limit_s=1,
-                   whatif=False, profile=False, min_gain=0.0, mode="training",
-                   loss=F.cross_entropy, example_targets=(y,))
+    planned, emitted = plan(
+        WithUnusedHead(),
+        (x,),
+        Config(
+            devices="2xcpu-thread",
+            mode="training",
+            solve=Solve(time_limit_s=1, whatif=False, min_gain=0.0),
+            cost=Cost(profile=False),
+        ),
+        loss=F.cross_entropy,
+        example_targets=(y,),
+    )
     assert planned.training["check"]["status"] == "passed"
 
 
@@ -312,8 +332,16 @@ def test_a_tied_weight_s_second_reader_gets_a_backward() -> None:
 
     torch.manual_seed(0)
     a, b = torch.randint(0, 50, (4, 8)), torch.randint(0, 50, (4, 8))
-    planned = plan(TiedTwice(), (a, b), devices="cpu", time_limit_s=1, whatif=False,
-                   profile=False, mode="training")
+    planned, emitted = plan(
+        TiedTwice(),
+        (a, b),
+        Config(
+            devices="cpu",
+            mode="training",
+            solve=Solve(time_limit_s=1, whatif=False),
+            cost=Cost(profile=False),
+        ),
+    )
     graph = planned.problem.graph
     embeddings = [n.name for n in graph.nodes if n.targets and "embedding" in n.targets[0]]
     assert len(embeddings) == 2
@@ -347,9 +375,19 @@ def test_frozen_parameters_and_buffers_get_no_gradient_or_optimizer_state() -> N
     mlp.fc1.requires_grad_(False)  # fine-tuning the last two layers
     mlp.register_buffer("scale", torch.ones(10))
     x, y = torch.randn(BATCH, 784), torch.randint(0, 10, (BATCH,))
-    planned = plan(mlp, (x,), devices="cpu", time_limit_s=1, whatif=False, profile=False,
-                   mode="training", optimizer="adam", loss=F.cross_entropy,
-                   example_targets=(y,))
+    planned, emitted = plan(
+        mlp,
+        (x,),
+        Config(
+            devices="cpu",
+            mode="training",
+            solve=Solve(time_limit_s=1, whatif=False),
+            cost=Cost(profile=False),
+            training=Training(optimizer="adam"),
+        ),
+        loss=F.cross_entropy,
+        example_targets=(y,),
+    )
     graph = planned.problem.graph
     steps = [n for n in graph.nodes if n.name.endswith("@step")]
     trained = (256 * 128 + 128 + 128 * 10 + 10) * 4
@@ -376,11 +414,31 @@ def test_optimizer_state_that_fits_nowhere_says_what_a_step_holds() -> None:
     small = dataclasses.replace(cluster, devices=tuple(
         dataclasses.replace(d, memory_bytes=1_500_000, reserved_bytes=0)
         for d in cluster.devices))
-    plan(MLP(), (x,), devices=small, time_limit_s=1, whatif=False, profile=False, emit=False)
+    plan(
+        MLP(),
+        (x,),
+        Config(
+            devices=small,
+            solve=Solve(time_limit_s=1, whatif=False),
+            cost=Cost(profile=False),
+            emit=Emit(model=False),
+        ),
+    )
     with pytest.raises(InfeasibleError) as error:
-        plan(MLP(), (x,), devices=small, time_limit_s=1, whatif=False, profile=False,
-             emit=False, mode="training", optimizer="adam", loss=F.cross_entropy,
-             example_targets=(y,))
+        plan(
+            MLP(),
+            (x,),
+            Config(
+                devices=small,
+                mode="training",
+                solve=Solve(time_limit_s=1, whatif=False),
+                cost=Cost(profile=False),
+                training=Training(optimizer="adam"),
+                emit=Emit(model=False),
+            ),
+            loss=F.cross_entropy,
+            example_targets=(y,),
+        )
     message = str(error.value)
     assert f"{PARAMS} bytes of gradients and {2 * PARAMS} bytes of adam state" in message
     assert "optimizer with less state (sgd, sgd-momentum)" in message

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from zoo import MLP
 
 from autoplace.cluster import resolve_cluster
+from autoplace.config import Config, Cost, Emit, Solve, Training
 from autoplace.fold import fold
 from autoplace.ir import Problem
 from autoplace.profile.cost import costs as cost_nodes
@@ -128,10 +129,20 @@ def test_a_profiled_plan_charges_the_update_measured_and_says_so(tmp_path) -> No
     from autoplace.profile import open_cache
 
     model, args, kwargs = _loss_model()
-    planned = plan(model.model, args, devices="2xcpu-thread", time_limit_s=1, whatif=False,
-                   min_gain=0.0, mode="training", optimizer="adam", loss=F.cross_entropy,
-                   example_targets=kwargs["targets"], profile=True, emit=False, replicas=2,
-                   cache=open_cache(path=str(tmp_path / "c.sqlite3")))
+    planned = plan(
+        model.model,
+        args,
+        Config(
+            devices="2xcpu-thread",
+            mode="training",
+            solve=Solve(time_limit_s=1, whatif=False, min_gain=0.0),
+            cost=Cost(profile=True, cache=open_cache(path=str(tmp_path / "c.sqlite3"))),
+            training=Training(optimizer="adam", replicas=2),
+            emit=Emit(model=False),
+        ),
+        loss=F.cross_entropy,
+        example_targets=kwargs["targets"],
+    ).plan
     (note,) = [n for n in planned.notes if n.startswith("adam update measured")]
     assert any(n.startswith("forward measured whole, with autograd recording: ")
                for n in planned.notes)

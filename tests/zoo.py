@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from autoplace.config import Config, Cost, Emit, Solve, Training
 from autoplace.ir import Cluster, Costs, Device, Edge, Link, OpGraph, OpNode, Problem
 
 
@@ -265,6 +266,17 @@ def mlp_training_plan(optimizer: str = "adam", *, device_bytes: int | None = Non
         devices = dataclasses.replace(devices, devices=tuple(
             dataclasses.replace(d, memory_bytes=d.reserved_bytes + device_bytes)
             for d in devices.devices))
-    return plan(MLP(), (x,), devices=devices, time_limit_s=2, deterministic=True,
-                whatif=False, profile=False, emit=False, mode="training", optimizer=optimizer,
-                loss=F.cross_entropy, example_targets=(y,), replicas=1)
+    return plan(
+        MLP(),
+        (x,),
+        Config(
+            devices=devices,
+            mode="training",
+            solve=Solve(time_limit_s=2, deterministic=True, whatif=False),
+            cost=Cost(profile=False),
+            training=Training(optimizer=optimizer, replicas=1),
+            emit=Emit(model=False),
+        ),
+        loss=F.cross_entropy,
+        example_targets=(y,),
+    ).plan

@@ -16,14 +16,16 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 
 from autoplace.cluster import DEFAULT_SIMULATED_SPEC
-from autoplace.errors import AutoplaceError
-from autoplace.fold import DEFAULT_MAX_NODES
-from autoplace.simulate.schedules import SCHEDULES
-from autoplace.solve import DEFAULT_TIME_LIMIT_S, OBJECTIVES, SOLVERS
-from autoplace.solve.baselines import DEFAULT_MIN_GAIN, check_min_gain
-from autoplace.solve.options import MODULE_TIME_LIMIT_S
-from autoplace.train import MODES, OPTIMIZERS, check_dtype, check_training
-from autoplace.train.recompute import RECOMPUTE_CHOICES
+from autoplace.config import Granularity, Mode, Objective, PipelineSchedule, Recompute
+from autoplace.config.defaults import (
+    DEFAULT_MAX_NODES,
+    DEFAULT_MIN_GAIN,
+    DEFAULT_TIME_LIMIT_S,
+    MODULE_TIME_LIMIT_S,
+)
+from autoplace.errors import AutoplaceError, ConfigError
+from autoplace.solve import SOLVERS
+from autoplace.train import OPTIMIZERS
 
 __all__ = ["main"]
 
@@ -41,7 +43,7 @@ Automatic device placement for PyTorch models.
 
 def _replicas(text: str) -> int | str:
     """``--replicas``: a whole number, or the text as given (``auto``; anything else is
-    refused by ``train.check_training``, with the plan's other errors)."""
+    refused by ``config.Training``, with the plan's other errors)."""
     return int(text) if text.isdigit() else text
 
 
@@ -85,7 +87,7 @@ def _parser() -> argparse.ArgumentParser:
                    "upper bound, autoplace.emit.ENFORCE_PEAK_DEFAULT)")
     p.add_argument("--emit", action=argparse.BooleanOptionalAction, default=True,
                    help="write the partitioned model to OUT/model (default: on)")
-    p.add_argument("--mode", choices=MODES, default="inference",
+    p.add_argument("--mode", choices=tuple(Mode), default="inference",
                    help="inference: one forward pass (default); training: one training step "
                    "of one batch, forward, backward and optimizer step, each layer's three on "
                    "one device. The model file defines loss(outputs, *targets) and "
@@ -114,17 +116,17 @@ def _parser() -> argparse.ArgumentParser:
                    "N devices with 1/R of the batch; auto (default) plans every R that divides "
                    "the devices into alike groups and keeps the fastest step, the gradients' "
                    "all-reduce included")
-    p.add_argument("--schedule", choices=("auto", *SCHEDULES), default="auto",
+    p.add_argument("--schedule", choices=tuple(PipelineSchedule), default="auto",
                    help="with --microbatches: the order each device runs the micro-batches "
                    "in: gpipe (every forward, then every backward), 1f1b (one forward, one "
                    "backward, after a warm-up; fewer activations held), or auto (default: "
                    "solve both with half the time each, keep the faster step)")
-    p.add_argument("--recompute", choices=RECOMPUTE_CHOICES, default="auto",
+    p.add_argument("--recompute", choices=tuple(Recompute), default="auto",
                    help="with --microbatches: recompute each micro-batch's forward in its "
                    "backward on a device, keeping only the inputs it received, at the cost of "
                    "one more forward: auto (default) where a placement overflows a device "
                    "without it, all on every device, off never")
-    p.add_argument("--granularity", choices=("op", "module"), default="op",
+    p.add_argument("--granularity", choices=tuple(Granularity), default="op",
                    help="op: place every traced op and emit the partitioned model (default); "
                    "module: place whole modules and write OUT/device_map.json, a Hugging Face "
                    "device_map that from_pretrained(..., device_map=...) and accelerate's "
@@ -284,7 +286,7 @@ def _solve_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--solver", choices=SOLVERS, default="cpsat",
                    help="cpsat (default) or one of the heuristics alone")
     p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default: 0)")
-    p.add_argument("--objective", choices=OBJECTIVES, default="latency",
+    p.add_argument("--objective", choices=tuple(Objective), default="latency",
                    help="latency: minimise the makespan of one pass (default); throughput: "
                    "minimise the busiest device's load (compute plus copies sent and received) "
                    "for pipelined execution")
@@ -303,13 +305,9 @@ def _solve_options(p: argparse.ArgumentParser) -> None:
                    "measures again)")
 
 
-def _time_limit(args: argparse.Namespace, default_s: float = DEFAULT_TIME_LIMIT_S) -> float:
-    """``--time-limit``, or the command's default where it was not given."""
-    return default_s if args.time_limit is None else args.time_limit
-
-
 def _cmd_solve(args: argparse.Namespace) -> int:
-    from autoplace.cluster import resolve_cluster
+    from autoplace.cli.flags import solve_of
+    from autoplace.config import Devices
     from autoplace.formats.graph import load_graph_file
     from autoplace.formats.output import check_writable
     from autoplace.pipeline import save, solve_graph
@@ -317,21 +315,16 @@ def _cmd_solve(args: argparse.Namespace) -> int:
     from autoplace.report import print_summary
 
     began = time.perf_counter()
-    if args.devices and args.cluster:
-        raise AutoplaceError("pass either --devices or --cluster, not both")
-    check_min_gain(args.min_gain)
+    devices, solving = Devices(spec=args.devices, file=args.cluster), solve_of(args)
     out = check_writable(args.out)
     cluster, notes = None, []
     if args.devices or args.cluster:  # otherwise the graph file's own devices
-        cluster, notes = resolve_cluster(spec=args.devices, cluster_file=args.cluster)
+        cluster, notes = devices.resolve()
     with _progress(args):
         stage("load")
         problem = load_graph_file(args.graph_file, cluster=cluster)
         stage("solve")
-        result = solve_graph(problem, objective=args.objective, contiguous=args.contiguous,
-                             time_limit_s=_time_limit(args), solver=args.solver, seed=args.seed,
-                             deterministic=args.deterministic, notes=notes,
-                             min_gain=args.min_gain)
+        result = solve_graph(problem, solving, notes=notes)
         stage("report")
         save(result, out)
     print_summary(result)
@@ -339,14 +332,11 @@ def _cmd_solve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pins(args: argparse.Namespace) -> dict[str, str | int]:
-    """``--pin`` and ``--pin-map`` together, checked (``autoplace.solve.pins``)."""
-    from autoplace.solve.pins import merge_pins, parse_pins, read_pin_map
-
-    return merge_pins(parse_pins(args.pin), read_pin_map(args.pin_map) if args.pin_map else None)
-
-
 def _cmd_plan(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from autoplace.cli.flags import config_of
+    from autoplace.config import Granularity
     from autoplace.formats.output import check_writable
     from autoplace.pipeline import plan, save
     from autoplace.progress import stage
@@ -354,80 +344,24 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from autoplace.trace.load import load_model_file
 
     began = time.perf_counter()
-    if args.devices and args.cluster:
-        raise AutoplaceError("pass either --devices or --cluster, not both")
-    if args.granularity == "module":
-        return _cmd_plan_modules(args, began)
-    if args.no_split:
-        raise AutoplaceError("--no-split goes with --granularity module (the classes a "
-                             "device_map keeps whole)")
-    check_min_gain(args.min_gain)
-    check_training(args.mode, args.optimizer, args.microbatches, args.schedule, args.replicas,
-                   args.recompute)
-    dtype = check_dtype(args.dtype)
-    pins = _pins(args)
+    config = config_of(args)
     out = check_writable(args.out)
+    module = config.granularity == Granularity.MODULE
+    if config.cost.profile and not module:
+        config = replace(config, cost=replace(config.cost, cache=_cache(args)))
     with _progress(args):
         stage("load")
         loaded = load_model_file(args.model_file)
-        result = plan(loaded.model, loaded.kwargs or loaded.args,
-                      devices=args.devices, cluster_file=args.cluster,
-                      time_limit_s=_time_limit(args),
-                      solver=args.solver, max_nodes=args.max_nodes, emit=args.emit,
-                      verify=args.verify, check_memory=args.check_memory, seed=args.seed,
-                      name=loaded.name,
-                      objective=args.objective, contiguous=args.contiguous,
-                      deterministic=args.deterministic, profile=args.profile,
-                      cache=_cache(args) if args.profile else None,
-                      progress=args.profile and not args.quiet,
-                      min_gain=args.min_gain, mode=args.mode, optimizer=args.optimizer,
-                      loss=loaded.loss, example_targets=loaded.targets,
-                      microbatches=args.microbatches, schedule=args.schedule,
-                      replicas=args.replicas, recompute=args.recompute, dtype=dtype,
-                      pins=pins or None, checkpoint=args.checkpoint)
+        planned = plan(loaded.model, loaded.kwargs or loaded.args,
+                       replace(config, name=loaded.name), loss=loaded.loss,
+                       example_targets=loaded.targets)
         stage("report")
-        save(result, out)
-    print_summary(result)
-    print(f"wrote {out}/plan.json, report.html, summary.md, summary.txt"
-          + (", model/" if result.emitted is not None else "")
+        save(planned.plan, out, planned.model)
+    print_summary(planned.plan)
+    written = ("device_map.json, plan.json" if module else "plan.json") + (
+        ", report.html, summary.md, summary.txt")
+    print(f"wrote {out}/{written}" + (", model/" if planned.model is not None else "")
           + f" in {time.perf_counter() - began:.1f} s")
-    return 0
-
-
-def _cmd_plan_modules(args: argparse.Namespace, began: float) -> int:
-    """``plan --granularity module``: a Hugging Face device_map (``pipeline.modules``)."""
-    from autoplace.formats.output import check_writable
-    from autoplace.pipeline import save
-    from autoplace.pipeline.modules import plan_modules
-    from autoplace.progress import stage
-    from autoplace.report import print_summary
-    from autoplace.trace.load import load_model_file
-
-    if args.mode != "inference":
-        raise AutoplaceError("--granularity module plans inference (a device_map places a "
-                             "model for its forward pass): drop --mode training, or plan at "
-                             "op granularity")
-    if args.checkpoint:
-        raise AutoplaceError("--checkpoint goes with op granularity (the emitted model reads "
-                             "it): a device_map is loaded with the checkpoint by "
-                             "from_pretrained(PATH, device_map=...); drop --checkpoint")
-    check_min_gain(args.min_gain)
-    pins = _pins(args)
-    out = check_writable(args.out)
-    with _progress(args):
-        stage("load")
-        loaded = load_model_file(args.model_file)
-        result = plan_modules(loaded.model, loaded.kwargs or loaded.args, devices=args.devices,
-                              cluster_file=args.cluster, no_split=args.no_split,
-                              time_limit_s=_time_limit(args, MODULE_TIME_LIMIT_S),
-                              solver=args.solver, seed=args.seed,
-                              deterministic=args.deterministic, objective=args.objective,
-                              min_gain=args.min_gain, name=loaded.name, pins=pins or None)
-        stage("report")
-        save(result, out)
-    print_summary(result)
-    print(f"wrote {out}/device_map.json, plan.json, report.html, summary.md, summary.txt in "
-          f"{time.perf_counter() - began:.1f} s")
     return 0
 
 
@@ -558,6 +492,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                "devices": _cmd_devices, "report": _cmd_report, "run": _cmd_run}[args.command]
     try:
         return command(args)
+    except ConfigError as exc:  # named by its flag, as the user wrote it
+        from autoplace.cli.flags import FLAGS
+
+        print(f"autoplace: error: {exc.render(FLAGS)}", file=sys.stderr)
+        return 2
     except AutoplaceError as exc:
         print(f"autoplace: error: {exc}", file=sys.stderr)
         return 2

@@ -192,9 +192,8 @@ class Plan:
     """A placement with everything needed to check, report and run it.
 
     The fields are data and round-trip through ``plan.json``; the properties are derived from
-    them, here and nowhere else. ``emitted``, the partitioned model ``autoplace.plan`` built
-    (an ``autoplace.emit`` object), is not plan data: it travels beside the plan so that
-    ``autoplace.save`` can write ``model/``, and is neither compared nor written to JSON.
+    them, here and nowhere else. The partitioned model ``autoplace.plan`` emits is not plan
+    data: it is returned beside the plan (``pipeline.Planned``).
     """
 
     problem: Problem
@@ -224,7 +223,6 @@ class Plan:
     # --granularity module: the Hugging Face device_map and accelerate's (pipeline/modules.py)
     device_map: Mapping[str, Any] | None = None
     autoplace_version: str = __version__
-    emitted: Any = field(default=None, compare=False, repr=False)
 
     # ---- derived
 

@@ -1,15 +1,17 @@
-"""The pipeline's first stages for a model: trace -> profile -> cost -> fold, its forward problem
-(``traced_problem``), which ``plan`` solves (inference) or turns into a training step's
-(``step.py``)."""
+"""The pipeline's first stages for a model: load (``load``: its checkpoint, mode and dtype), then
+trace -> profile -> cost -> fold, its forward problem (``traced_problem``), which ``plan``
+solves (``inference.py``) or turns into a training step's (``training.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from autoplace.config import Config, Mode
+from autoplace.emit.files.checkpoint import Referred, load_checkpoint
 from autoplace.fold import fold
 from autoplace.ir import Cluster, OpGraph, Problem
 from autoplace.profile.cost import analytic_cpu_note
@@ -17,8 +19,40 @@ from autoplace.profile.cost import costs as cost_nodes
 from autoplace.progress import stage
 from autoplace.solve.pins import Pins, pin_costs, pins_note, resolve_pins
 from autoplace.trace import trace_model
+from autoplace.trace.load import normalize_inputs
+from autoplace.train.precision import cast, cast_notes
 
-__all__ = ["Forward", "Tracing", "traced_problem"]
+__all__ = ["Forward", "Loaded", "Tracing", "load", "traced_problem"]
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """The model as it is planned: its weights from the ``checkpoint`` (where one was given),
+    in ``eval()`` mode, cast to the plan's dtype, with its example ``args``, ``kwargs`` and
+    (training) ``targets`` so cast, and the ``loss`` of its outputs and targets (training; none:
+    the model returns its loss)."""
+
+    model: torch.nn.Module
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    targets: Any = ()
+    loss: Callable[..., torch.Tensor] | None = None
+    checkpoint: Referred | None = None
+
+
+def load(model: torch.nn.Module, example_inputs: Any, config: Config, notes: list[str], *,
+         loss: Callable[..., torch.Tensor] | None = None, example_targets: Any = ()) -> Loaded:
+    """Stage "load": the model and its examples as ``config`` plans them (``Loaded``)."""
+    args, kwargs = normalize_inputs(example_inputs, where="example_inputs")
+    source = None
+    if config.checkpoint is not None:
+        source, found = load_checkpoint(model, config.checkpoint)
+        notes += found
+    model.eval()
+    model, (args, kwargs, targets) = cast(model, (args, kwargs, example_targets), config.dtype)
+    notes += cast_notes(config.dtype, training=config.mode == Mode.TRAINING)
+    return Loaded(model=model, args=args, kwargs=kwargs, targets=targets, loss=loss,
+                  checkpoint=source)
 
 
 @dataclass(frozen=True)
@@ -35,6 +69,11 @@ class Tracing:
     # The model has run on its inputs already (a training step's loss check), so tracing need
     # not run it first.
     checked: bool = False
+
+    @classmethod
+    def of(cls, config: Config, *, checked: bool = False) -> Tracing:
+        return cls(name=config.name, profile=config.cost.profile, cache=config.cost.cache,
+                   progress=config.cost.progress, pins=config.pins, checked=checked)
 
 
 @dataclass(frozen=True)

@@ -12,22 +12,21 @@ analytic (``cost_models``' roofline per module: its FLOPs and the bytes it reads
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 import torch
 
-from autoplace.cluster import resolve_cluster
+from autoplace.config import Config
 from autoplace.emit.files.hf_device_map import check_units_fit, device_map, uncovered
 from autoplace.errors import EmitError, ModelLoadError
 from autoplace.formats.plan import Plan
 from autoplace.ir import Cluster, Problem
-from autoplace.pipeline import _min_gain, _plan_of, unpinned_record
+from autoplace.pipeline.record import min_gain, plan_of, unpinned_record
 from autoplace.profile.cost import costs as cost_nodes
 from autoplace.progress import stage
-from autoplace.solve import SolveOptions, solve
-from autoplace.solve.baselines import DEFAULT_MIN_GAIN, check_min_gain
+from autoplace.solve import solve
 from autoplace.solve.baselines.accelerate import (
     NOT_INSTALLED,
     AccelerateMap,
@@ -35,7 +34,6 @@ from autoplace.solve.baselines.accelerate import (
     accelerate_maps,
     baselines_on,
 )
-from autoplace.solve.options import MODULE_TIME_LIMIT_S
 from autoplace.solve.pins import pin_costs, pins_note, resolve_unit_pins
 from autoplace.trace import cache_off
 from autoplace.trace.load import normalize_inputs
@@ -49,35 +47,18 @@ MODULE_NOTE = ("--granularity module: whole modules placed, costed analytically 
                "dispatch_model's device_map), no partitioned model is emitted or verified")
 
 
-def plan_modules(
-    model: torch.nn.Module,
-    example_inputs: Any,
-    *,
-    devices: str | Cluster | None = None,
-    cluster_file: str | None = None,
-    no_split: Sequence[str] | None = None,
-    time_limit_s: float = MODULE_TIME_LIMIT_S,
-    solver: str = "cpsat",
-    seed: int = 0,
-    deterministic: bool = False,
-    objective: str = "latency",
-    min_gain: float = DEFAULT_MIN_GAIN,
-    name: str = "model",
-    pins: Mapping[str, str | int] | None = None,
-) -> Plan:
-    """Plan ``model`` module by module on ``devices`` (as ``pipeline.plan`` takes them) and
-    return the ``Plan`` with its ``device_map``. ``no_split``: module classes kept whole
-    (default: ``model._no_split_modules``). Raises ``InfeasibleError`` naming the module when
-    one kept whole fits no device. ``pins`` (as ``pipeline.plan`` takes them, a partial
-    ``device_map`` say) fix those modules' nodes to those devices (``pins.resolve_unit_pins``:
-    a pin inside a module kept whole pins it whole); the solver places the rest, the model is
-    also solved without them, and ``Plan.pins`` says what they cost."""
-    check_min_gain(min_gain)
-    options = SolveOptions(time_limit_s=time_limit_s, seed=seed, deterministic=deterministic,
-                           objective=objective, solver=solver)
-    cluster, found = resolve_cluster(spec=devices if isinstance(devices, str) else None,
-                                     cluster=devices if isinstance(devices, Cluster) else None,
-                                     cluster_file=cluster_file)
+def plan_modules(model: torch.nn.Module, example_inputs: Any, config: Config) -> Plan:
+    """Plan ``model`` module by module as ``config`` says (``autoplace.plan`` with
+    ``granularity="module"`` calls this) and return the ``Plan`` with its ``device_map``.
+    ``config.no_split``: module classes kept whole (default: ``model._no_split_modules``).
+    Raises ``InfeasibleError`` naming the module when one kept whole fits no device.
+    ``config.pins`` (a partial ``device_map``, say) fix those modules' nodes to those devices
+    (``pins.resolve_unit_pins``: a pin inside a module kept whole pins it whole); the solver
+    places the rest, the model is also solved without them, and ``Plan.pins`` says what they
+    cost."""
+    options, threshold, no_split, pins = (config.solve.options(), config.solve.min_gain,
+                                          config.no_split, config.pins)
+    cluster, found = config.devices.resolve()
     notes: list[str] = [*found, MODULE_NOTE]
     args, kwargs = normalize_inputs(example_inputs, where="example_inputs")
     model.eval()
@@ -88,7 +69,7 @@ def plan_modules(
     check_units_fit(tree.param_bytes, tree.tied, {u.name: u.cls for u in tree.found.values()},
                     cluster, tree.no_split)  # before running the model: a clear error at once
     stage("trace")
-    traced = trace_modules(model, args, kwargs, name=name, tree=tree)
+    traced = trace_modules(model, args, kwargs, name=config.name, tree=tree)
     notes += traced.notes
     free = Problem(graph=traced.graph, cluster=cluster, costs=cost_nodes(traced.graph, cluster))
     resolved = resolve_unit_pins(model, traced.graph, cluster, pins, {
@@ -101,9 +82,9 @@ def plan_modules(
     found, maps = _accelerate(model, traced, cluster)
     extra, map_notes = baselines_on(problem, found)
     notes += map_notes if accelerate_available() else [NOT_INSTALLED]
-    result, gain = _min_gain(solve(problem, options=options, extra_baselines=extra), min_gain)
+    result, gain = min_gain(solve(problem, options=options, extra_baselines=extra), threshold)
     notes += result.notes
-    planned = _plan_of(result, problem, name=name, tracer="modules",
+    planned = plan_of(result, problem, name=config.name, tracer="modules",
                        coarsening={"traced_ops": len(traced.graph.nodes) - 1,
                                    "plan_nodes": len(traced.graph.nodes), "steps": []})
     mapping = device_map({n: u.aliases for n, u in traced.units.items()},
@@ -114,7 +95,7 @@ def plan_modules(
                         f"{', '.join(missing[:3])}: please report this")
     return replace(planned, notes=tuple(notes), min_gain=gain,
                    pins=None if resolved is None else unpinned_record(
-                       resolved, free, found, options, min_gain), device_map={
+                       resolved, free, found, options, threshold), device_map={
         "granularity": "module", "no_split": list(traced.no_split), "map": mapping,
         "input_device": result.schedule.placement.device_of[INPUT], "accelerate": maps})
 

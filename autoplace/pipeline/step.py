@@ -22,7 +22,7 @@ from autoplace.emit.train.microbatch import (
     stepper,
     train_step,
 )
-from autoplace.errors import AutoplaceError, InfeasibleError
+from autoplace.errors import AutoplaceError, ConfigError, InfeasibleError
 from autoplace.formats.plan import Plan
 from autoplace.ir import Cluster, Problem, Schedule
 from autoplace.pipeline.forward import Forward, Tracing, traced_problem
@@ -216,8 +216,8 @@ def _replica_counts(model: torch.nn.Module, whole: Batch, cluster: Cluster,
         # train.py (emit/distributed/ddp.py) steps a float32 optimizer: its replicas would need
         # MasterWeights and, for float16, one loss scale agreed on by every rank.
         if asked:
-            raise AutoplaceError(f"data-parallel replicas in {dtype} (mixed precision) are not "
-                                 "built yet: use --replicas 1 or --dtype float32")
+            raise ConfigError(f"data-parallel replicas in {dtype} (mixed precision) are not "
+                              "built yet: use {training.replicas=1} or {dtype=float32}")
         notes.append(f"data-parallel replicas in {dtype} (mixed precision) are not built yet: "
                      "one replica over every device (R=1)")
         wanted = [1]
@@ -246,8 +246,8 @@ def _replica_counts(model: torch.nn.Module, whole: Batch, cluster: Cluster,
         if why is None:
             kept.append((r, groups))
         elif asked:
-            cut = f" --microbatches {microbatches}" if microbatches > 1 else ""
-            raise AutoplaceError(f"--replicas {r}{cut}: {why}")
+            cut = f" {{training.microbatches={microbatches}}}" if microbatches > 1 else ""
+            raise ConfigError(f"{{training.replicas={r}}}{cut}: {why}")
         else:
             notes.append(f"{r} data-parallel replicas not considered: {why}")
     return kept

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from autoplace.config.defaults import DEFAULT_TIME_LIMIT_S
 from autoplace.errors import AutoplaceError
 from autoplace.solve.registry import OBJECTIVES, get_solver
 
@@ -34,11 +35,9 @@ __all__ = [
     "StopCheck",
 ]
 
-DEFAULT_TIME_LIMIT_S = 10.0
-# --granularity module (pipeline/modules.py): the module graph has tens of nodes (a layer, an
-# embedding, a head each), which CP-SAT proves optimal well inside a second, and a device_map is
-# asked for interactively.
-MODULE_TIME_LIMIT_S = 1.0
+# MODULE_TIME_LIMIT_S (--granularity module, pipeline/modules.py): the module graph has tens of
+# nodes (a layer, an embedding, a head each), which CP-SAT proves optimal well inside a second,
+# and a device_map is asked for interactively.
 
 # --- How the time limit is shared (wall mode unless said otherwise)
 # The baselines may use half the limit at most: the rest is CP-SAT's, which improves on them.

@@ -21,14 +21,12 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from autoplace.errors import AutoplaceError
+from autoplace.config.choices import DType, choice
 
 __all__ = ["DTYPES", "MASTER_BYTES", "Update", "cast", "cast_notes", "check_dtype",
            "element_bytes", "update_of"]
 
-DTYPES = ("float32", "bfloat16", "float16")
-_ALIASES = {"fp32": "float32", "float": "float32", "bf16": "bfloat16", "fp16": "float16",
-            "half": "float16"}
+DTYPES = tuple(DType)
 # The float32 master copy of a parameter under mixed precision (ZeRO, section 3.1: "fp32
 # copy of the parameters", 4 bytes of its K = 12 for Adam; the other 8 are the moments).
 MASTER_BYTES = 4
@@ -36,13 +34,9 @@ MASTER_BYTES = 4
 
 def check_dtype(dtype: str) -> str:
     """``dtype`` as one of ``DTYPES`` (``fp32``, ``bf16``, ``fp16``, ``half`` and
-    ``torch.bfloat16`` are accepted); raises ``AutoplaceError`` listing them otherwise."""
-    name = str(dtype).strip().lower().removeprefix("torch.")
-    name = _ALIASES.get(name, name)
-    if name not in DTYPES:
-        raise AutoplaceError(f"--dtype must be one of {', '.join(DTYPES)} (or fp32, bf16, "
-                             f"fp16), got {dtype!r}")
-    return name
+    ``torch.bfloat16`` are accepted, ``config.DType``); a ``ConfigError`` listing them
+    otherwise."""
+    return choice(DType, dtype, "dtype").value
 
 
 def element_bytes(dtype: str) -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from autoplace.errors import AutoplaceError
+from autoplace.config.defaults import DEFAULT_MIN_GAIN
 from autoplace.ir import Placement, Problem, Schedule
 from autoplace.simulate import simulate
 from autoplace.solve.baselines.heuristics import NotRun, single_device
@@ -23,7 +23,7 @@ from autoplace.solve.baselines.stages import stage_order
 from autoplace.solve.options import Budget, SolveOptions
 from autoplace.solve.registry import HEURISTICS
 
-__all__ = ["DEFAULT_MIN_GAIN", "Baselines", "best_baseline", "check_min_gain", "is_contiguous",
+__all__ = ["DEFAULT_MIN_GAIN", "Baselines", "best_baseline", "is_contiguous",
            "prefer_single", "run_baselines", "run_within", "split_gain"]
 
 
@@ -122,24 +122,6 @@ def best_baseline(schedules: Mapping[str, Schedule | None],
     schedule = schedules[name]
     assert schedule is not None
     return name, schedule
-
-
-# Splitting must beat the best single device by this fraction, or the plan is that device. 5%:
-# the run-to-run noise of a measured forward pass (``benchmarks/noise.py``: the standard
-# deviation of round medians was 2.8% to 7.6% for the MLP and 6.2% to 13% for GPT-2 on the shared
-# 2-core development machine). A smaller predicted gain could not be told apart by measuring,
-# and one device needs no copies, no second device and no emitted split.
-DEFAULT_MIN_GAIN = 0.05
-
-
-def check_min_gain(min_gain: float) -> float:
-    """``min_gain`` if it is a fraction in [0, 1); otherwise a clear error."""
-    if not 0 <= min_gain < 1:
-        raise AutoplaceError(
-            f"--min-gain must be a fraction in [0, 1), got {min_gain:g}: it is the smallest gain "
-            "over the best single device worth splitting for (0.05: split only when at least "
-            "5% faster; 0: whenever faster)")
-    return min_gain
 
 
 def prefer_single(schedule: Schedule, schedules: Mapping[str, Schedule | None], objective: str,

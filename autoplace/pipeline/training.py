@@ -1,0 +1,125 @@
+"""The stages of a training plan, the same as an inference plan's with a step's graph: the model
+and its loss traced, the step (replicas, micro-batches, schedules, recomputation) solved
+(``Training.solve``, ``step.plan_step``), recorded with its ``training`` record, its forward
+emitted (``Training.emitting``) and then trained beside the original (``Training.check``,
+``step.check_step``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from autoplace.config import Config
+from autoplace.formats.plan import Plan
+from autoplace.ir import Cluster, Placement, Problem
+from autoplace.pipeline.emitting import Emitting
+from autoplace.pipeline.forward import Forward, Loaded, Tracing
+from autoplace.pipeline.record import min_gain, plan_of
+from autoplace.pipeline.step import Step, check_step, plan_step
+from autoplace.simulate import simulate
+from autoplace.simulate.schedules import microbatch_name
+from autoplace.solve import SolveResult
+from autoplace.solve.whatif import whatif_options, whatif_table
+from autoplace.train import TRAINING_NOTE, loss_model, training_targets
+
+__all__ = ["Solved", "Training"]
+
+
+@dataclass(frozen=True)
+class Solved:
+    """A training step solved: the ``step`` (with the single device's graph where
+    ``--min-gain`` chose it) and its ``result`` after ``--min-gain`` (``gain``, its record)."""
+
+    step: Step
+    result: SolveResult
+    gain: dict[str, Any]
+    model: torch.nn.Module  # the model and its loss (``train.LossModel``)
+
+    @property
+    def forward(self) -> Forward:
+        return self.step.forward
+
+    @property
+    def problem(self) -> Problem:
+        return self.step.problem
+
+
+@dataclass(frozen=True)
+class Training:
+    """A training plan's stages, for ``config``."""
+
+    config: Config
+
+    def solve(self, loaded: Loaded, cluster: Cluster, notes: list[str]) -> Solved:
+        """Stages trace, cost, fold and solve for the step of the model and its loss (which
+        runs the model on its inputs: tracing need not run it again)."""
+        targets = training_targets(loaded.targets)
+        model = loss_model(loaded.model, loaded.loss, loaded.args, loaded.kwargs, targets)
+        notes.append(TRAINING_NOTE)
+        training = self.config.training
+        step = plan_step(model, (loaded.args, {**loaded.kwargs, "targets": targets}), cluster,
+                         self.config.solve.options(), Tracing.of(self.config, checked=True),
+                         optimizer=training.optimizer, microbatches=training.microbatches,
+                         schedule=training.schedule, replicas=training.replicas,
+                         recompute=training.recompute, dtype=self.config.dtype, notes=notes)
+        result, gain = min_gain(step.solved, self.config.solve.min_gain)
+        if result.schedule is not step.solved.schedule and step.single:
+            # the single device chosen, with its own recomputing graph
+            step = replace(step, problem=step.single.problem, recompute=step.single.devices)
+        return Solved(step=step, result=result, gain=gain, model=model)
+
+    def record(self, solved: Solved, notes: list[str]) -> Plan:
+        """The plan, with its ``training`` record (its check to come) and what-if table."""
+        step, result, folded = solved.step, solved.result, solved.forward.folded
+        planned = plan_of(result, step.problem, name=self.config.name,
+                          tracer=step.forward.traced.tracer,
+                          coarsening={"traced_ops": folded.traced_ops,
+                                      "plan_nodes": len(step.problem.graph.nodes),
+                                      "steps": [*folded.steps, *result.coarsening]},
+                          budget_s=self.config.solve.time_limit_s)
+        notes += result.notes
+        scaling = None
+        if self.config.solve.whatif and step.recompute:
+            notes.append("no what-if table: the recomputing step's graph is its placement's")
+        elif self.config.solve.whatif and result.solver.status != "INTERRUPTED":
+            scaling = whatif_table(step.problem, full=result,
+                                   options=whatif_options(self.config.solve.options()))
+        planned = replace(planned, training=step.record(self.config.training.optimizer,
+                                                        result.schedule),
+                          whatif=scaling, min_gain=solved.gain)
+        if step.problem.pipeline_schedule != planned.training["schedule"] and (
+                step.microbatches > 1):
+            notes.append("1F1B's order needs the devices to form stages, and these feed each "
+                         "other both ways (a tied weight read at both ends, say): the step "
+                         "runs GPipe's order")
+        return planned
+
+    def emitting(self, planned: Plan, solved: Solved, loaded: Loaded) -> Emitting:
+        """The step's forward nodes (of micro-batch 0, of replica 0) as placed: backward and
+        optimizer steps follow them (autograd and ``torch.optim`` run where the forward ran
+        and the weights live). Its outputs and memory are checked on one micro-batch of one
+        replica's shard."""
+        step = solved.step
+        forward = step.forward.problem
+        many = step.microbatches > 1
+        device_of = {n.name: planned.schedule.placement.device_of[
+            microbatch_name(n.name, 0) if many else n.name] for n in forward.graph.nodes}
+        args, kwargs = step.batches[0]
+        return Emitting(problem=forward,
+                        schedule=simulate(forward, Placement(device_of=device_of)),
+                        device_of_op={op: device_of[n.name] for n in forward.graph.nodes
+                                      for op in n.ops},
+                        args=args, kwargs=kwargs, model=solved.model)
+
+    def check(self, planned: Plan, emitted: Any, solved: Solved, notes: list[str]) -> Plan:
+        """The emitted model trained beside the original on the whole batch: its
+        micro-batches in the plan's order, its replicas as processes (``step.check_step``)."""
+        emitted.example_inputs = solved.step.whole  # `autoplace run --train` cuts it again
+        if not self.config.emit.verify:
+            return planned
+        checked, found = check_step(planned, emitted, solved.model, solved.step,
+                                    self.config.emit.check_memory)
+        notes += found
+        return checked
