@@ -32,6 +32,7 @@ from autoplace.errors import EmitError, PinError
 from autoplace.fold import DEFAULT_MAX_NODES
 from autoplace.formats.output import atomic_output_dir
 from autoplace.formats.plan import BaselineResult, Plan, Verification
+from autoplace.formats.records import Coarsening, MinGain, PinsRecord, ProfileRecord
 from autoplace.ir import Cluster, Placement, Problem
 from autoplace.pipeline.forward import Tracing, traced_problem
 from autoplace.pipeline.step import Step, check_step, plan_step
@@ -215,16 +216,16 @@ def plan(
     if whatif and recomputing:
         notes.append("no what-if table: the recomputing step's graph is its placement's")
     planned = _plan_of(result, problem, name=name, tracer=traced.tracer,
-                       coarsening={"traced_ops": folded.traced_ops,
-                                   "plan_nodes": len(problem.graph.nodes),
-                                   "steps": [*folded.steps, *result.coarsening]})
+                       coarsening=Coarsening(traced_ops=folded.traced_ops,
+                                             plan_nodes=len(problem.graph.nodes),
+                                             steps=(*folded.steps, *result.coarsening)))
     planned = replace(planned, solver=replace(
         planned.solver, budget_s=time_limit_s, whatif_s=fewer.spent_s if fewer else None))
     if pinned is not None:
         planned = replace(planned, pins=pinned)
     if mode == "training":
         planned = replace(planned, training=step.record(optimizer, result.schedule))
-        if step.problem.pipeline_schedule != planned.training["schedule"] and (
+        if step.problem.pipeline_schedule != planned.training.schedule and (
                 step.microbatches > 1):
             notes.append("1F1B's order needs the devices to form stages, and these feed each "
                          "other both ways (a tied weight read at both ends, say): the step "
@@ -240,11 +241,11 @@ def plan(
             # train.LossModel holds the model as ``model``
             planned.emitted.checkpoint = source.under("model.") if mode == "training" else source
     return replace(planned, notes=tuple(notes), whatif=scaling, min_gain=gain,
-                   profile=profiled.to_dict() if profiled else None)
+                   profile=ProfileRecord.from_dict(profiled.to_dict()) if profiled else None)
 
 def unpinned_record(pins: Pins, free: Problem, maps: Sequence[AccelerateMap],
                     options: SolveOptions, min_gain: float,
-                    starts: Mapping[str, Placement] | None = None) -> dict[str, Any]:
+                    starts: Mapping[str, Placement] | None = None) -> PinsRecord:
     """``plan.json``'s ``pins`` record: the ``pins`` and the plan the model gets without them
     (``free``, solved with the same options, accelerate's ``maps`` and ``--min-gain``, from
     ``starts``), which ``Plan.pins_cost_s`` compares the pinned plan with."""
@@ -252,8 +253,9 @@ def unpinned_record(pins: Pins, free: Problem, maps: Sequence[AccelerateMap],
     phase("the plan without the pins")
     unpinned, _ = _min_gain(solve(free, options=options, extra_baselines=extra, starts=starts),
                             min_gain)
-    return {**pins.to_dict(), "unpinned_makespan_s": unpinned.schedule.makespan_s,
-            "unpinned_objective_s": unpinned.objective_s}
+    return PinsRecord(modules=dict(pins.modules), ops=len(pins.device_of_op),
+                      unpinned_makespan_s=unpinned.schedule.makespan_s,
+                      unpinned_objective_s=unpinned.objective_s)
 
 
 def _carried(onto: Problem, problem: Problem, solved: SolveResult) -> dict[str, Placement]:
@@ -321,26 +323,26 @@ def solve_graph(
                            objective=objective, contiguous=contiguous, solver=solver)
     result, gain = _min_gain(solve(problem, options=options), min_gain)
     planned = _plan_of(result, problem, name=problem.graph.name, tracer="graph",
-                       coarsening={"traced_ops": len(problem.graph.nodes),
-                                   "plan_nodes": len(problem.graph.nodes), "steps": []})
+                       coarsening=Coarsening(traced_ops=len(problem.graph.nodes),
+                                             plan_nodes=len(problem.graph.nodes)))
     return replace(planned, notes=(*notes, *result.notes), min_gain=gain,
                    solver=replace(planned.solver, budget_s=time_limit_s))
 
 
-def _min_gain(result: SolveResult, min_gain: float) -> tuple[SolveResult, dict[str, Any]]:
+def _min_gain(result: SolveResult, min_gain: float) -> tuple[SolveResult, MinGain]:
     """The ``--min-gain`` policy (``baselines.prefer_single``) applied to a solve's result, and
     the record ``plan.json`` keeps of it."""
     chosen, why = prefer_single(result.schedule, result.baselines, result.objective, min_gain)
-    record = {"threshold": min_gain, "single_device_chosen": why is not None, "reason": why,
-              "split_devices": len(set(result.schedule.placement.device_of.values())),
-              "split_gain": split_gain(result.schedule, result.baselines, result.objective)}
+    record = MinGain(threshold=min_gain, single_device_chosen=why is not None, reason=why,
+                     split_devices=len(set(result.schedule.placement.device_of.values())),
+                     split_gain=split_gain(result.schedule, result.baselines, result.objective))
     if why is None:
         return result, record
     return replace(result, schedule=chosen, notes=(*result.notes, why)), record
 
 
 def _plan_of(result: SolveResult, problem: Problem, *, name: str, tracer: str,
-             coarsening: Mapping[str, Any]) -> Plan:
+             coarsening: Coarsening) -> Plan:
     return Plan(
         problem=problem,
         schedule=result.schedule,
@@ -372,13 +374,13 @@ def save(plan: Plan, directory: str | os.PathLike[str]) -> Path:
         report.write_report(tmp, plan)
         if plan.device_map is not None:  # --granularity module: the Hugging Face device_map
             (tmp / "device_map.json").write_text(
-                json.dumps(plan.device_map["map"], indent=1) + "\n")
+                json.dumps(dict(plan.device_map.map), indent=1) + "\n")
         if plan.emitted is not None:
             autoplace.emit.save_model(plan.emitted, tmp / "model")
             if replicas_of(plan.training) > 1:  # their torchrun entry point
-                write_train_script(tmp, optimizer=plan.training["optimizer"],
+                write_train_script(tmp, optimizer=plan.training.optimizer,
                                    replicas=replicas_of(plan.training),
-                                   groups=plan.training.get("replica_torch_devices"),
+                                   groups=plan.training.replica_torch_devices,
                                    microbatches=microbatching(plan.training, plan.emitted,
                                                               plan.problem, plan.schedule))
             _launch_script(plan, tmp)

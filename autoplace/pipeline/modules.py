@@ -22,6 +22,7 @@ from autoplace.cluster import resolve_cluster
 from autoplace.emit.files.hf_device_map import check_units_fit, device_map, uncovered
 from autoplace.errors import EmitError, ModelLoadError
 from autoplace.formats.plan import Plan
+from autoplace.formats.records import AccelerateMapRecord, Coarsening, DeviceMapRecord
 from autoplace.ir import Cluster, Problem
 from autoplace.pipeline import _min_gain, _plan_of, unpinned_record
 from autoplace.profile.cost import costs as cost_nodes
@@ -104,8 +105,8 @@ def plan_modules(
     result, gain = _min_gain(solve(problem, options=options, extra_baselines=extra), min_gain)
     notes += result.notes
     planned = _plan_of(result, problem, name=name, tracer="modules",
-                       coarsening={"traced_ops": len(traced.graph.nodes) - 1,
-                                   "plan_nodes": len(traced.graph.nodes), "steps": []})
+                       coarsening=Coarsening(traced_ops=len(traced.graph.nodes) - 1,
+                                             plan_nodes=len(traced.graph.nodes)))
     mapping = device_map({n: u.aliases for n, u in traced.units.items()},
                          result.schedule.placement.device_of, cluster)
     missing = uncovered(model, mapping)
@@ -114,9 +115,9 @@ def plan_modules(
                         f"{', '.join(missing[:3])}: please report this")
     return replace(planned, notes=tuple(notes), min_gain=gain,
                    pins=None if resolved is None else unpinned_record(
-                       resolved, free, found, options, min_gain), device_map={
-        "granularity": "module", "no_split": list(traced.no_split), "map": mapping,
-        "input_device": result.schedule.placement.device_of[INPUT], "accelerate": maps})
+                       resolved, free, found, options, min_gain), device_map=DeviceMapRecord(
+        map=mapping, no_split=tuple(traced.no_split), accelerate=maps,
+        input_device=result.schedule.placement.device_of[INPUT]))
 
 
 def _check_classes(model: torch.nn.Module, no_split: Sequence[str]) -> None:
@@ -130,10 +131,11 @@ def _check_classes(model: torch.nn.Module, no_split: Sequence[str]) -> None:
 
 
 def _accelerate(model: torch.nn.Module, traced: ModuleTrace, cluster: Cluster
-                ) -> tuple[tuple[AccelerateMap, ...], dict[str, Any]]:
+                ) -> tuple[tuple[AccelerateMap, ...], dict[str, AccelerateMapRecord]]:
     """accelerate's maps (with the same no-split classes), and the maps themselves for the
     report (with the reason where one is not a placement here)."""
     if not accelerate_available():
         return (), {}
     found = accelerate_maps(model, traced.graph, cluster, no_split=traced.no_split)
-    return found, {m.name: {"map": dict(m.device_map), "note": m.note} for m in found}
+    return found, {m.name: AccelerateMapRecord(map=dict(m.device_map), note=m.note)
+                   for m in found}
