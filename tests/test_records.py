@@ -9,9 +9,11 @@ import json
 from typing import Any
 
 import pytest
+import torch
 from test_report import make_plan
 
-from autoplace.formats.plan import Plan
+from autoplace.emit.check.outputs import verify
+from autoplace.formats.plan import Plan, Verification
 from autoplace.formats.plan_check import validate_plan_dict
 from autoplace.formats.records import (
     Coarsening,
@@ -143,3 +145,11 @@ def test_a_plan_without_coarsening_writes_an_empty_entry() -> None:
     plan = Plan.from_dict(data)
     assert plan.coarsening is None and plan.to_dict()["coarsening"] == {}
 
+
+def test_verify_returns_the_plan_s_verification_record() -> None:
+    model = torch.nn.Linear(4, 2)
+    found = verify(model, model, (torch.ones(3, 4),), {})
+    assert isinstance(found, Verification)
+    assert (found.status, found.max_abs_diff, found.memory_status) == (
+        "passed", 0.0, "not measured")
+    assert found.detail.startswith("1 tensor output(s) match")

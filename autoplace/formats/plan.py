@@ -170,7 +170,9 @@ class SolverRecord:
 
 @dataclass(frozen=True)
 class Verification:
-    """The emitted model run against the original: ``passed``, ``failed`` or ``skipped``.
+    """The emitted model run against the original: ``passed``, ``failed`` or ``skipped``. The one
+    record of it, from ``emit.check.outputs.verify`` (its outputs) and ``emit.emit_and_verify``
+    (its memory) to ``plan.json``.
 
     ``peak_bytes`` maps each device to its measured and predicted peak
     (``{"measured_bytes", "predicted_bytes"}``, ``autoplace.emit.check.memory``); ``memory_status``

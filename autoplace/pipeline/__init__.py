@@ -31,7 +31,7 @@ from autoplace.emit.files.checkpoint import load_checkpoint
 from autoplace.errors import EmitError, PinError
 from autoplace.fold import DEFAULT_MAX_NODES
 from autoplace.formats.output import atomic_output_dir
-from autoplace.formats.plan import BaselineResult, Plan, Verification
+from autoplace.formats.plan import BaselineResult, Plan
 from autoplace.formats.records import Coarsening, MinGain, PinsRecord, ProfileRecord
 from autoplace.ir import Cluster, Placement, Problem
 from autoplace.pipeline.forward import Tracing, traced_problem
@@ -293,7 +293,7 @@ def _emit(planned: Plan, traced: Any, model: torch.nn.Module, args: tuple[Any, .
         traced, model, args, kwargs, problem=problem, schedule=schedule,
         device_of_op=device_of_op, check_outputs=verify, check_memory=check_memory,
         meta_weights=meta_weights)
-    planned = replace(planned, emitted=emitted, verification=Verification.from_dict(verification))
+    planned = replace(planned, emitted=emitted, verification=verification)
     if step is None or emitted is None:
         return planned, notes
     emitted.example_inputs = step.whole  # `autoplace run --train` cuts the whole batch again

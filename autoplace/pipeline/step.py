@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import torch
 
 from autoplace.emit import check_step_memory, train_emitted
+from autoplace.emit.check.outputs import PeakCheck
 from autoplace.emit.distributed.ddp import REPLICA_SHARDS, microbatching
 from autoplace.emit.distributed.replicas import verify_replicas
 from autoplace.emit.train.microbatch import (
@@ -506,14 +507,16 @@ def check_step(planned: Plan, emitted: Any, model: torch.nn.Module, step: Step,
     notes.append(f"training check passed: {check['steps']} {precision}{optimizer} {how}of the "
                  "emitted model give the original's losses "
                  f"({', '.join(f'{v:.6g}' for v in check['losses'])}), gradients and parameters")
-    memory, detail = _step_memory(emitted, planned, step, check_memory, optimizer=optimizer)
-    notes.append(f"training step memory: {detail}")
-    checked = TrainingCheck.from_dict(check | memory)
+    peak = _step_memory(emitted, planned, step, check_memory, optimizer=optimizer)
+    notes.append(f"training step memory: {peak.detail}")
+    measured = peak.method is not None  # else no peaks to keep
+    checked = replace(TrainingCheck.from_dict(check), memory_status=peak.status,
+                      peak_bytes=peak.peak_bytes if measured else None, peak_method=peak.method)
     return replace(planned, training=replace(training, check=checked)), notes
 
 
 def _step_memory(emitted: Any, planned: Plan, step: Step, check_memory: bool | None, *,
-                 optimizer: str) -> tuple[dict[str, Any], str]:
+                 optimizer: str) -> PeakCheck:
     """The emitted step's peak per device, measured in this process on replica 0's batch
     (``emit.check_step_memory``) against the plan's: its micro-batches in the plan's order on
     this thread, or (one micro-batch) the loss's ``backward()``."""
