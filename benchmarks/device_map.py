@@ -92,11 +92,11 @@ def _offloads(device_map: dict[str, Any], otherwise: str) -> str:
 
 
 def _accelerate_cell(planned, strategy: str, cap: int) -> str:  # noqa: ANN001 - a Plan
-    found = planned.device_map["accelerate"].get(strategy)
+    found = planned.device_map.accelerate.get(strategy)
     baseline = planned.baselines.get(strategy)
     if baseline is None or baseline.makespan_s is None:
-        note = (found or {}).get("note") or "absent"
-        return _offloads((found or {}).get("map", {}), note)
+        note = (found.note if found is not None else None) or "absent"
+        return _offloads(found.map if found is not None else {}, note)
     ratio = baseline.makespan_s / planned.makespan_s
     return (f"{baseline.makespan_s * 1e3:.3f} ms ({ratio:.2f}x), "
             f"{peaks(dict(baseline.peak_bytes))}, {_overflow(dict(baseline.peak_bytes), cap)}")
@@ -142,7 +142,7 @@ def _check(name: str, planned: Any) -> str:
     """The plan's map loaded as a user would: ``from_pretrained`` with every device remapped
     to the CPU, its logits against the original's."""
     model, inputs = MODELS[name]()
-    mapping = planned.device_map["map"]
+    mapping = planned.device_map.map
     with torch.no_grad():
         expected = model.eval()(**inputs).logits
     with tempfile.TemporaryDirectory() as tmp:
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             row, planned = _row(name, share)
             rows.append(row)
             print(row, file=sys.stderr)
-            if planned is not None and len(set(planned.device_map["map"].values())) > 1:
+            if planned is not None and len(set(planned.device_map.map.values())) > 1:
                 split = split or planned
         checks.append(_check(name, split) if split is not None
                       else f"| {name} | | no plan splits the model | |")

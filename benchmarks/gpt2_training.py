@@ -87,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     for m, r in runs:
         planned, wall = plan_one(m, r, time_limit_s=args.time_limit, dtype=args.dtype)
         rows.append((m, r, planned, wall))
-        print(m, r, planned.makespan_s, planned.training["schedule"],
-              planned.training["replicas"], flush=True)
+        print(m, r, planned.makespan_s, planned.training.schedule,
+              planned.training.replicas, flush=True)
     best = min(rows, key=lambda row: row[2].makespan_s)
     lines = [
         f"# GPT-2 training on {DEVICES} with AdamW, batch {BATCH}"
@@ -118,24 +118,24 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for m, r, planned, wall in rows:
         t = planned.training
-        options = "; ".join(f"R={o['replicas']}: {o['step_s'] * 1e3:.3f}"
-                            for o in t["replica_options"] if "step_s" in o)
+        options = "; ".join(f"R={o.replicas}: {o.step_s * 1e3:.3f}"
+                            for o in t.replica_options or () if o.step_s is not None)
         schedules = [n for n in planned.notes if n.startswith("schedule:")]
         if schedules:
             options += "; " + schedules[0].removeprefix("schedule: ")
         used = sorted(set(planned.schedule.placement.device_of.values()))
         peaks = ", ".join(f"{planned.schedule.peak_bytes[d] / 1e6:.0f}" for d in used)
-        lines.append(f"| M={m}, R={r} | {t['replicas']} | {t['microbatches']} | "
-                     f"{t['schedule'] if t['microbatches'] > 1 else '-'} | "
+        lines.append(f"| M={m}, R={r} | {t.replicas} | {t.microbatches} | "
+                     f"{t.schedule if t.microbatches > 1 else '-'} | "
                      f"{planned.makespan_s * 1e3:.3f} | {options} | {', '.join(used)} | {peaks} | "
                      f"{wall:.1f} |")
     m, r, planned, _ = best
     t = planned.training
     parts = memory_breakdown(planned.problem, planned.schedule)
     lines += [
-        "", f"**The plan:** R = {t['replicas']} replica(s) of "
-        f"{len(planned.problem.cluster.devices)} GPU(s), M = {t['microbatches']}"
-        + (f", {t['schedule']}" if t["microbatches"] > 1 else "")
+        "", f"**The plan:** R = {t.replicas} replica(s) of "
+        f"{len(planned.problem.cluster.devices)} GPU(s), M = {t.microbatches}"
+        + (f", {t.schedule}" if t.microbatches > 1 else "")
         + f": {planned.makespan_s * 1e3:.3f} ms per step of {BATCH} sequences. Its memory per "
         "device (of one replica; every replica holds the same), in MB:", "",
         "| device | runtime reserve | parameters | gradients | AdamW state"

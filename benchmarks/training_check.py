@@ -69,22 +69,22 @@ def check(example: str, microbatches: int, schedule: str, replicas: int, recompu
         example_targets=loaded.targets,
     )
     training = planned.training
-    record = training["check"]
+    record = training.check
     return {"example": example, "microbatches": microbatches, "schedule": schedule,
-            "ran": training["schedule"],
+            "ran": training.schedule,
             "replicas": replicas, "segments": len(emitted.segment_info),
-            "devices": sorted(set(emitted.planned_devices)), "status": record["status"],
-            "losses": record["losses"], "original": record["original_losses"],
-            "loss_diff": max(abs(a - b) for a, b in zip(record["losses"],
-                                                          record["original_losses"])),
-            "grad_diff": record["max_abs_diff_gradients"],
-            "param_diff": record["max_abs_diff_parameters"],
-            "apart": record.get("ill_conditioned_elements", 0),
-            "recompute": training.get("recompute", []),
+            "devices": sorted(set(emitted.planned_devices)), "status": record.status,
+            "losses": list(record.losses), "original": list(record.original_losses),
+            "loss_diff": max(abs(a - b) for a, b in zip(record.losses,
+                                                          record.original_losses)),
+            "grad_diff": record.max_abs_diff_gradients,
+            "param_diff": record.max_abs_diff_parameters,
+            "apart": record.ill_conditioned_elements or 0,
+            "recompute": list(training.recompute or ()),
             "memory": max((v["measured_bytes"] / v["predicted_bytes"]
-                           for v in record.get("peak_bytes", {}).values()
+                           for v in (record.peak_bytes or {}).values()
                            if v["predicted_bytes"]), default=None),
-            "skipped": record.get("skipped_steps", 0),
+            "skipped": record.skipped_steps or 0,
             "step_ms": planned.makespan_s * 1e3, "wall_s": time.perf_counter() - began}
 
 

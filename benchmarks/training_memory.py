@@ -71,10 +71,10 @@ def measure(example: str, microbatches: int, recompute: str, *, time_limit_s: fl
         loss=loss,
         example_targets=targets,
     ).plan
-    check = planned.training["check"]
+    check = planned.training.check
     return {"example": example, "microbatches": microbatches,
-            "recompute": planned.training.get("recompute", []),
-            "status": check["memory_status"], "peaks": check["peak_bytes"],
+            "recompute": list(planned.training.recompute or ()),
+            "status": check.memory_status, "peaks": check.peak_bytes,
             "wall_s": time.perf_counter() - began}
 
 

@@ -76,13 +76,13 @@ def _mlp_plan(devices: str, *, emit: bool = True, **training):
 
 def test_the_planner_times_every_replica_count_and_keeps_the_fastest() -> None:
     planned = _mlp_plan(devices="4xA100-40GB", emit=False)
-    options = planned.training["replica_options"]
-    assert [o["replicas"] for o in options] == [1, 2, 4]
-    best = min(options, key=lambda o: o["step_s"])
-    assert planned.training["replicas"] == best["replicas"]
-    assert planned.makespan_s == pytest.approx(best["step_s"])
+    options = planned.training.replica_options
+    assert [o.replicas for o in options] == [1, 2, 4]
+    best = min(options, key=lambda o: o.step_s)
+    assert planned.training.replicas == best.replicas
+    assert planned.makespan_s == pytest.approx(best.step_s)
     # the plan is one replica's: its devices are the first group's
-    r = planned.training["replicas"]
+    r = planned.training.replicas
     assert len(planned.problem.cluster.devices) == 4 // r
     assert any("data-parallel replicas: R=1" in n and f"R={r} kept" in n
                for n in planned.notes)
@@ -97,7 +97,7 @@ def test_the_planner_times_every_replica_count_and_keeps_the_fastest() -> None:
 def test_replicas_that_cannot_be_are_said_or_refused() -> None:
     # a batch of 64 does not divide into 3 replicas; the devices into 3 groups of alike ones
     planned = _mlp_plan(devices="2xA100-40GB,1xT4-16GB", emit=False)
-    assert [o["replicas"] for o in planned.training["replica_options"]] == [1]
+    assert [o.replicas for o in planned.training.replica_options] == [1]
     assert any("3 data-parallel replicas not considered" in n for n in planned.notes)
     with pytest.raises(ConfigError, match="training.replicas=3: the 3 devices do not form 3 alike"):
         _mlp_plan(devices="2xA100-40GB,1xT4-16GB", emit=False, replicas=3)
@@ -127,14 +127,14 @@ def test_auto_keeps_the_replica_counts_whose_shards_divide_into_the_micro_batche
         loss=F.cross_entropy,
         example_targets=(y,),
     ).plan
-    assert [o["replicas"] for o in planned.training["replica_options"]] == [1]
+    assert [o.replicas for o in planned.training.replica_options] == [1]
     for r, rows in ((2, 6), (4, 3)):
         assert any(n.startswith(f"{r} data-parallel replicas not considered: each replica's "
                                 f"shard: the batch of {rows} ") for n in planned.notes)
     # a batch of 64 in 2 micro-batches: every R, the micro-batched replicas among them
     planned = _mlp_plan(devices="4xA100-40GB", emit=False, microbatches=2, schedule="gpipe")
-    assert [o["replicas"] for o in planned.training["replica_options"]] == [1, 2, 4]
-    assert planned.training["microbatches"] == 2
+    assert [o.replicas for o in planned.training.replica_options] == [1, 2, 4]
+    assert planned.training.microbatches == 2
 
 
 def test_a_summed_loss_is_not_replicated_because_ddp_averages_gradients() -> None:
@@ -154,7 +154,7 @@ def test_a_summed_loss_is_not_replicated_because_ddp_averages_gradients() -> Non
         loss=lambda out, t: F.cross_entropy(out, t, reduction="sum"),
         example_targets=(y,),
     ).plan
-    assert planned.training["replicas"] == 1
+    assert planned.training.replicas == 1
     assert any("2 data-parallel replicas not considered: the loss is the sum" in n
                for n in planned.notes)
 

@@ -34,6 +34,7 @@ from autoplace.emit.distributed.ddp import (
 )
 from autoplace.emit.distributed.replicas import launch_replicas, verify_replicas
 from autoplace.errors import AutoplaceError, EmitError, VerificationError
+from autoplace.formats.plan import read_plan
 from autoplace.pipeline import plan, save
 from autoplace.trace.load import load_model_file
 from autoplace.train import LossModel, training_targets
@@ -61,7 +62,7 @@ def _plan(name: str) -> tuple[Any, LossModel, tuple, tuple]:
         loss=loaded.loss,
         example_targets=targets,
     )
-    assert planned.plan.training["replicas"] == 2
+    assert planned.plan.training.replicas == 2
     return planned, LossModel(loaded.model, loaded.loss), loaded.args, targets
 
 
@@ -161,7 +162,7 @@ def test_replicas_train_as_the_original_does_on_the_whole_batch(name: str, mlp: 
     assert record["status"] == "passed" and record["replicas"] == 2 and record["steps"] == 3
     # The original's losses here are the plan's check's: the same whole-batch training.
     assert record["original_losses"] == pytest.approx(
-        planned.plan.training["check"]["original_losses"], rel=1e-6)
+        planned.plan.training.check.original_losses, rel=1e-6)
     torch.testing.assert_close(torch.tensor(record["losses"]),
                                torch.tensor(record["original_losses"]))
     assert record["losses"][-1] < record["losses"][0]
@@ -175,7 +176,7 @@ def test_run_train_runs_the_replicas_and_gives_the_whole_batch_s_losses(out, mlp
     assert main(["run", str(out), "--train", "3", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     torch.testing.assert_close(torch.tensor(result["losses"]),
-                               torch.tensor(mlp[0].plan.training["check"]["original_losses"]))
+                               torch.tensor(mlp[0].plan.training.check.original_losses))
     assert len(result["times_s"]) == 3 and result["measured_s"] > 0
     assert result["predicted_s"] == mlp[0].plan.makespan_s and result["optimizer"] == "adam"
     assert any("2 processes ran (torchrun, gloo)" in note for note in result["notes"])
@@ -339,18 +340,18 @@ def micro_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_micro_batched_replicas_pass_the_plan_s_check(schedule: str, micro_out: Path,
                                                       mlp: tuple) -> None:
     if schedule == "gpipe":  # the saved plan's record
-        training = json.loads((micro_out / "plan.json").read_text())["training"]
+        training = read_plan(micro_out).training
         script = (micro_out / "train.py").read_text()
         assert "MICROBATCHES = {'count': 2," in script and "'loss': 'mean'" in script
     else:
         training = _micro_plan(schedule).plan.training
-    assert (training["replicas"], training["microbatches"], training["schedule"],
-            training["microbatch_loss"]) == (2, 2, schedule, "mean")
-    check = training["check"]
-    assert check["status"] == "passed" and check["replicas"] == 2 and check["steps"] == 3
+    assert (training.replicas, training.microbatches, training.schedule,
+            training.microbatch_loss) == (2, 2, schedule, "mean")
+    check = training.check
+    assert check.status == "passed" and check.replicas == 2 and check.steps == 3
     # the whole batch's losses: those of the one-process DDP plan's check (M=1)
-    torch.testing.assert_close(torch.tensor(check["losses"]),
-                               torch.tensor(mlp[0].plan.training["check"]["original_losses"]))
+    torch.testing.assert_close(torch.tensor(check.losses),
+                               torch.tensor(mlp[0].plan.training.check.original_losses))
 
 
 def test_run_train_runs_the_micro_batched_replicas(micro_out: Path, mlp: tuple,
@@ -358,7 +359,7 @@ def test_run_train_runs_the_micro_batched_replicas(micro_out: Path, mlp: tuple,
     assert main(["run", str(micro_out), "--train", "2", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     torch.testing.assert_close(torch.tensor(result["losses"]),
-                               torch.tensor(mlp[0].plan.training["check"]["original_losses"][:2]))
+                               torch.tensor(mlp[0].plan.training.check.original_losses[:2]))
     assert len(result["times_s"]) == 2 and result["measured_s"] > 0 and result["predicted_s"] > 0
     assert any("in 2 micro-batches (the plan's gpipe order)" in n for n in result["notes"])
 

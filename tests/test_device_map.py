@@ -120,7 +120,7 @@ def test_device_map_loads_and_matches_the_original(name: str, tmp_path: Path) ->
     with torch.no_grad():
         expected = model(**inputs)
     planned = _modules(model, inputs, _split_cluster(model, inputs))
-    mapping = planned.device_map["map"]
+    mapping = planned.device_map.map
     assert set(mapping.values()) == {0, 1}, mapping
     check_device_map(model, mapping)  # raises if any parameter or buffer is left out
     assert uncovered(model, mapping) == []
@@ -141,7 +141,7 @@ def test_device_map_loads_and_matches_the_original(name: str, tmp_path: Path) ->
     save(planned, tmp_path / "out")
     written = json.loads((tmp_path / "out" / "device_map.json").read_text())
     assert written == mapping
-    assert read_plan(tmp_path / "out" / "plan.json").device_map["map"] == mapping
+    assert read_plan(tmp_path / "out" / "plan.json").device_map.map == mapping
 
     model.save_pretrained(tmp_path / "saved")
     loaded = type(model).from_pretrained(tmp_path / "saved", device_map=remapped(written))
@@ -189,7 +189,7 @@ def test_t5_shared_embedding_covers_every_alias() -> None:
     # names: the map names all three, and the one unit runs twice (encoder, then decoder).
     model, inputs = _build("t5")
     planned = _modules(model, inputs, _split_cluster(model, inputs))
-    mapping = planned.device_map["map"]
+    mapping = planned.device_map.map
     assert mapping["shared"] == mapping["encoder.embed_tokens"] == mapping[
         "decoder.embed_tokens"]
 
@@ -271,7 +271,7 @@ def test_cli_writes_the_device_map_and_takes_no_split(tmp_path: Path, capsys) ->
     mapping = json.loads((out / "device_map.json").read_text())
     assert "transformer.h.0.mlp" in mapping and "transformer.h.0" not in mapping
     assert "transformer.h.0.attn.c_attn" in mapping
-    assert read_plan(out / "plan.json").device_map["no_split"] == ["GPT2MLP"]
+    assert read_plan(out / "plan.json").device_map.no_split == ("GPT2MLP",)
     assert "device_map.json" in capsys.readouterr().out
     # a class the model does not use is refused, naming the classes it does use
     assert main(["plan", str(model_file), "--granularity", "module", "--no-split", "GPT2Blok",
@@ -309,12 +309,12 @@ def test_pin_map_at_module_granularity_fixes_those_modules(tmp_path: Path, capsy
     assert mapping["transformer.h.0"] == 0 and mapping["transformer.h.1"] == 1
     assert {"transformer.wpe", "transformer.ln_f"} <= set(mapping)
     plan = read_plan(out / "plan.json")
-    assert plan.pins["modules"] == {"transformer.wte": "cuda:1", "transformer.h.0": "cuda:0",
+    assert plan.pins.modules == {"transformer.wte": "cuda:1", "transformer.h.0": "cuda:0",
                                     "transformer.h.1.mlp": "cuda:1"}
-    assert plan.pins["ops"] == 4  # wte, lm_head (tied), h.0, h.1
+    assert plan.pins.ops == 4  # wte, lm_head (tied), h.0, h.1
     # What the pins cost, against the module plan solved without them: the pinned plan
     # crosses devices twice where the unpinned one needs no copy at all.
-    assert plan.pins_cost_s == pytest.approx(plan.objective_s - plan.pins["unpinned_objective_s"])
+    assert plan.pins_cost_s == pytest.approx(plan.objective_s - plan.pins.unpinned_objective_s)
     assert plan.pins_cost_s > 0
     data = json.loads((out / "plan.json").read_text())
     assert data["pins"]["cost_s"] == pytest.approx(plan.pins_cost_s)

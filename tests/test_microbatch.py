@@ -52,16 +52,16 @@ def test_a_micro_batched_split_trains_as_the_original_on_the_whole_batch(
     planned, emitted = _plan(build, microbatches, schedule,
                     **({"devices": _small_threads(memory)} if memory else {}))
     training = planned.training
-    assert training["microbatches"] == microbatches
+    assert training.microbatches == microbatches
     if build is _gpt2:  # its tied embedding is read at both ends: no stages for 1F1B
-        assert training["schedule"] == "gpipe"
+        assert training.schedule == "gpipe"
         assert any("runs GPipe's order" in n for n in planned.notes)
     else:
-        assert training["schedule"] == schedule
-    check = training["check"]
-    assert check["status"] == "passed" and len(check["losses"]) == 3
-    torch.testing.assert_close(torch.tensor(check["losses"]),
-                               torch.tensor(check["original_losses"]))
+        assert training.schedule == schedule
+    check = training.check
+    assert check.status == "passed" and len(check.losses) == 3
+    torch.testing.assert_close(torch.tensor(check.losses),
+                               torch.tensor(check.original_losses))
     assert len(set(emitted.planned_devices)) == 2  # the split is real
     assert validate(planned.problem, planned.schedule) == []
     forwards = {phase_of(n.name)[2] for n in planned.problem.graph.nodes
@@ -74,7 +74,7 @@ def test_run_train_cuts_the_saved_batch_as_the_plan_did(tmp_path) -> None:
     save(planned, tmp_path, emitted)
     trained = train_plan(tmp_path, steps=3)
     torch.testing.assert_close(torch.tensor(trained.losses),
-                               torch.tensor(planned.training["check"]["original_losses"]))
+                               torch.tensor(planned.training.check.original_losses))
     assert trained.predicted_s == planned.makespan_s
     # `autoplace run OUT` times the forward the model was traced on: one micro-batch
     ran = run_plan(tmp_path, warmup=0, repeats=1)

@@ -57,8 +57,8 @@ def test_pinned_first_and_last_layers_are_emitted_there_and_verify():
     assert _segment_device(emitted, "linear") == "cuda:0"
     assert _segment_device(emitted, "linear_2") == "cuda:1"
     pins = planned.pins
-    assert pins["modules"] == {"0": "cuda:0", "4": "cuda:1"}
-    unpinned = pins["unpinned_objective_s"]
+    assert pins.modules == {"0": "cuda:0", "4": "cuda:1"}
+    unpinned = pins.unpinned_objective_s
     assert unpinned < planned.makespan_s and planned.pins_cost_s == pytest.approx(
         planned.makespan_s - unpinned)
     assert any("pinned by hand: 0 -> cuda:0, 4 -> cuda:1" in n for n in planned.notes)
@@ -85,7 +85,7 @@ def test_cli_pins_and_pin_map_report_what_they_cost(tmp_path: Path):
     for name in ("summary.txt", "report.html"):
         assert "the pins span several devices" in (out / name).read_text(), name
     # plan.json passes its schema and reads back with the pins.
-    assert read_plan(out / "plan.json").pins["modules"] == {"0": "cuda:0", "4": "cuda:1"}
+    assert read_plan(out / "plan.json").pins.modules == {"0": "cuda:0", "4": "cuda:1"}
 
 
 @pytest.mark.parametrize(("argv", "pattern"), [

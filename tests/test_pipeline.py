@@ -109,7 +109,7 @@ def test_plan_is_on_the_folded_graph_whatever_max_nodes(tmp_path):
         Config(devices="2xA100-40GB", solve=Solve(time_limit_s=3, max_nodes=2, whatif=False)),
     )
     graph = plan.problem.graph
-    assert plan.coarsening["plan_nodes"] == len(graph.nodes)
+    assert plan.coarsening.plan_nodes == len(graph.nodes)
     assert plan.solver.scope["folded_nodes"] == len(graph.nodes)
     assert all(n.name in plan.schedule.placement.device_of for n in graph.nodes)
     for baseline in plan.baselines.values():

@@ -142,12 +142,12 @@ def test_a_split_mlp_trains_in_mixed_precision_as_the_original(dtype: str,
     planned, emitted = _plan(dtype, microbatches, objective="throughput")
     assert original.fc1.weight.dtype == torch.float32  # the caller's model is not cast
     training = planned.training
-    assert training["dtype"] == dtype and training["replicas"] == 1
-    check = training["check"]
-    assert check["status"] == "passed" and check["dtype"] == dtype
-    assert len(check["losses"]) == 3 + check["skipped_steps"]
+    assert training.dtype == dtype and training.replicas == 1
+    check = training.check
+    assert check.status == "passed" and check.dtype == dtype
+    assert len(check.losses) == 3 + check.skipped_steps
     if (dtype, microbatches) == ("float16", 1):  # the MLP's gradient overflows under 2**16
-        assert check["skipped_steps"] == 1 and check["losses"][0] == check["losses"][1]
+        assert check.skipped_steps == 1 and check.losses[0] == check.losses[1]
     assert len(set(emitted.planned_devices)) == 2  # the split is real
     assert {p.dtype for p in emitted.parameters()} == {getattr(torch, dtype)}
     assert any("float32 master weights" in n for n in planned.notes)
@@ -159,10 +159,10 @@ def test_run_train_steps_the_plan_s_precision(tmp_path) -> None:
     planned, emitted = _plan("float16", 2)
     save(planned, tmp_path, emitted)
     trained = train_plan(tmp_path, steps=4)
-    check = planned.training["check"]
+    check = planned.training.check
     # the same micro-batches, optimizer and loss scale as the check's emitted model
-    assert check["skipped_steps"] == 0 and len(check["losses"]) == 3
-    torch.testing.assert_close(torch.tensor(trained.losses[:3]), torch.tensor(check["losses"]))
+    assert check.skipped_steps == 0 and len(check.losses) == 3
+    torch.testing.assert_close(torch.tensor(trained.losses[:3]), torch.tensor(check.losses))
     assert any("float16 mixed precision" in n for n in trained.notes)
     assert trained.to_dict()["dtype"] == "float16"
     assert "adam in float16 mixed precision, 2 micro-batches" in (

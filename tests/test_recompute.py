@@ -140,10 +140,10 @@ def test_a_step_that_fits_only_with_recomputation_is_planned_so_and_trains_as_th
     with pytest.raises(InfeasibleError, match="--recompute all"):
         _deep_plan("off", verify=False)
     planned, emitted = _deep_plan("auto")
-    assert planned.training["recompute"]  # some device recomputes
+    assert planned.training.recompute  # some device recomputes
     assert planned.schedule.feasible and validate(planned.problem, planned.schedule) == []
     assert any("@recompute" in n.name for n in planned.problem.graph.nodes)
-    assert planned.training["check"]["status"] == "passed"
+    assert planned.training.check.status == "passed"
     # never worse than a baseline, each simulated with recomputation where it overflows
     for name, base in planned.baselines.items():
         if base.feasible:
@@ -152,20 +152,20 @@ def test_a_step_that_fits_only_with_recomputation_is_planned_so_and_trains_as_th
     assert planned.lower_bound_s <= planned.makespan_s
     save(planned, tmp_path, emitted)
     assert json.loads((tmp_path / "plan.json").read_text())["training"]["recompute"] == list(
-        planned.training["recompute"])
-    assert "recomputing on " + planned.training["recompute"][0] in (
+        planned.training.recompute)
+    assert "recomputing on " + planned.training.recompute[0] in (
         tmp_path / "summary.txt").read_text()
     trained = train_plan(tmp_path, steps=2)
     torch.testing.assert_close(torch.tensor(trained.losses),
-                               torch.tensor(planned.training["check"]["original_losses"][:2]))
+                               torch.tensor(planned.training.check.original_losses[:2]))
 
 
 def test_recompute_auto_keeps_the_plain_step_where_it_fits_and_all_costs_time() -> None:
     plain, _ = _deep_plan("auto", None, verify=False)
-    assert plain.training["recompute"] == []
+    assert plain.training.recompute == ()
     assert not any("@recompute" in n.name for n in plain.problem.graph.nodes)
     every, _ = _deep_plan("all", None, verify=False)
-    assert sorted(every.training["recompute"]) == sorted(set(
+    assert sorted(every.training.recompute) == sorted(set(
         every.schedule.placement.device_of.values()))
     assert every.makespan_s > plain.makespan_s
 
@@ -199,9 +199,9 @@ def test_the_emitted_step_holds_less_when_it_recomputes_and_within_the_plan_eith
 ) -> None:
     measured = {}
     for recompute in ("off", "all"):
-        check = _deep_plan(recompute, None).plan.training["check"]
-        assert check["memory_status"] == "within"
-        peaks = check["peak_bytes"]
+        check = _deep_plan(recompute, None).plan.training.check
+        assert check.memory_status == "within"
+        peaks = check.peak_bytes
         assert all(v["measured_bytes"] <= v["predicted_bytes"] for v in peaks.values())
         measured[recompute] = {d: v["measured_bytes"] for d, v in peaks.items()}
     # GPipe's four micro-batches: about 40% less on each device, measured
@@ -214,10 +214,10 @@ def test_replicas_of_a_recomputing_step_recompute_in_their_processes_too(tmp_pat
 
     planned, emitted = _plan(_mlp, 2, "gpipe", replicas=2, recompute="all")
     training = planned.training
-    assert training["replicas"] == 2 and training["recompute"]
-    assert training["check"]["status"] == "passed"  # 2 gloo processes against the original
+    assert training.replicas == 2 and training.recompute
+    assert training.check.status == "passed"  # 2 gloo processes against the original
     save(planned, tmp_path, emitted)
-    assert f"'recompute': {list(training['recompute'])!r}" in (tmp_path / "train.py").read_text()
+    assert f"'recompute': {list(training.recompute)!r}" in (tmp_path / "train.py").read_text()
 
 
 class Residual(nn.Module):

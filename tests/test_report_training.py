@@ -212,6 +212,7 @@ def _split_microbatch_plan(microbatches: int, schedule: str) -> Plan:
     from autoplace.cluster import resolve_cluster
     from autoplace.fold import fold
     from autoplace.formats.plan import SolverRecord
+    from autoplace.formats.records import TrainingRecord
     from autoplace.ir import Placement, Problem
     from autoplace.profile.cost import costs
     from autoplace.simulate import simulate
@@ -232,8 +233,8 @@ def _split_microbatch_plan(microbatches: int, schedule: str) -> Plan:
                 lower_bound_s=0.0, solver=SolverRecord(name="test", status="FEASIBLE",
                                                        wall_s=0.0),
                 baselines={}, best_single_device=None,
-                training={"optimizer": "adam", "microbatches": microbatches,
-                          "schedule": schedule, "check": {"status": "skipped"}})
+                training=TrainingRecord(optimizer="adam", microbatches=microbatches,
+                                        schedule=schedule))
 
 
 @pytest.mark.parametrize("microbatches, schedule", [(2, "gpipe"), (4, "1f1b")])

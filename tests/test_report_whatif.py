@@ -40,18 +40,18 @@ def test_makespan_for_one_two_and_three_devices() -> None:
     problem = zoo.fork_join(zoo.cluster(3))
     full = solve(problem, time_limit_s=5)
     rows = whatif_table(problem, full=full, time_limit_s=2)
-    assert [r["devices"] for r in rows] == [["d0"], ["d0", "d1"], ["d0", "d1", "d2"]]
-    assert [r["makespan_s"] for r in rows] == pytest.approx([22, 13, 13])
-    assert rows[-1]["detail"] == "the plan" and rows[-1]["makespan_s"] == full.schedule.makespan_s
-    assert all(r["status"] in ("OPTIMAL", "FEASIBLE") for r in rows)
+    assert [r.devices for r in rows] == [("d0",), ("d0", "d1"), ("d0", "d1", "d2")]
+    assert [r.makespan_s for r in rows] == pytest.approx([22, 13, 13])
+    assert rows[-1].detail == "the plan" and rows[-1].makespan_s == full.schedule.makespan_s
+    assert all(r.status in ("OPTIMAL", "FEASIBLE") for r in rows)
 
 
 def test_devices_the_model_does_not_fit_give_no_makespan_and_the_reason() -> None:
     problem = zoo.chain(zoo.cluster(3), params=600)
     rows = whatif_table(problem, time_limit_s=2)
-    assert [r["makespan_s"] is None for r in rows] == [True, True, False]
-    assert rows[0]["status"] == "INFEASIBLE" and "byte" in rows[0]["detail"]
-    assert rows[2]["makespan_s"] == pytest.approx(5)  # 3 x 1 s of work, 2 x 1 s of transfers
+    assert [r.makespan_s is None for r in rows] == [True, True, False]
+    assert rows[0].status == "INFEASIBLE" and "byte" in rows[0].detail
+    assert rows[2].makespan_s == pytest.approx(5)  # 3 x 1 s of work, 2 x 1 s of transfers
 
 
 def test_plan_records_the_whatif_rows(tmp_path) -> None:
@@ -61,7 +61,7 @@ def test_plan_records_the_whatif_rows(tmp_path) -> None:
         (torch.randn(2, 8),),
         Config(devices="2xA100-40GB,1xT4", solve=Solve(time_limit_s=2), emit=Emit(model=False)),
     )
-    assert [len(r["devices"]) for r in plan.whatif] == [1, 2, 3]
+    assert [len(r.devices) for r in plan.whatif] == [1, 2, 3]
     autoplace.save(plan, tmp_path / "out", emitted)
     data = json.loads((tmp_path / "out" / "plan.json").read_text())
     validate_plan_dict(data)
@@ -82,9 +82,9 @@ def test_rows_follow_the_plans_objective() -> None:
     # 11 s each, plus the copies each device sends and receives).
     problem = zoo.fork_join(zoo.cluster(2))
     rows = whatif_table(problem, time_limit_s=2, objective="throughput")
-    assert rows[0]["objective_s"] == pytest.approx(22)
-    assert 11 <= rows[1]["objective_s"] < 22
-    assert rows[1]["makespan_s"] >= rows[1]["objective_s"]
+    assert rows[0].objective_s == pytest.approx(22)
+    assert 11 <= rows[1].objective_s < 22
+    assert rows[1].makespan_s >= rows[1].objective_s
 
 
 def test_a_start_is_the_plan_to_beat_without_being_a_baseline(monkeypatch) -> None:
@@ -113,9 +113,9 @@ def test_rows_start_from_the_rows_before_and_keep_within_their_share() -> None:
     problem = zoo.fork_join(zoo.cluster(4))
     options = whatif_options(SolveOptions(time_limit_s=2, deterministic=True))
     fewer = fewer_devices(problem, options, within_s=0.3)
-    assert [len(r["devices"]) for r in fewer.rows] == [1, 2, 3]
+    assert [len(r.devices) for r in fewer.rows] == [1, 2, 3]
     assert fewer.spent_s == pytest.approx(0.3)
-    spans = [r["makespan_s"] for r in fewer.rows]
+    spans = [r.makespan_s for r in fewer.rows]
     assert spans == sorted(spans, reverse=True) and spans[1:] == pytest.approx([13, 13])
     assert fewer.best is not None and fewer.best[0] == "what-if on 2 devices"
 
@@ -123,7 +123,7 @@ def test_rows_start_from_the_rows_before_and_keep_within_their_share() -> None:
 def test_the_plan_is_never_worse_than_a_row_and_says_what_the_rows_took() -> None:
     problem = zoo.fork_join(zoo.cluster(3))
     result, fewer = solve_after_whatif(problem, SolveOptions(time_limit_s=2, deterministic=True))
-    assert result.objective_s <= min(r["objective_s"] for r in fewer.rows)
+    assert result.objective_s <= min(r.objective_s for r in fewer.rows)
     assert result.solver.time_limit_s == pytest.approx(2 - fewer.spent_s)
     assert any(n.startswith("the what-if rows (the first 1 to 2 devices) took") for n in
                result.notes)

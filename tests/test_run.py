@@ -98,9 +98,8 @@ def test_check_peak_fails_above_the_plan_and_records_when_not_enforced():
                    enforce=True)
     kept = check_peak({"d0": 10, "d1": 2048}, {"d0": 10, "d1": 1000}, method="storage",
                       enforce=False)
-    assert kept.status == "exceeded"
-    assert kept.to_dict()["peak_bytes"]["d1"] == {"measured_bytes": 2048,
-                                                  "predicted_bytes": 1000}
+    assert kept.status == "exceeded" and kept.method == "storage"
+    assert kept.peak_bytes["d1"] == {"measured_bytes": 2048, "predicted_bytes": 1000}
     assert check_peak({"d0": 10}, {"d0": 10}, method="storage", enforce=True).status == "within"
 
 
@@ -149,7 +148,7 @@ def test_a_value_read_across_a_cut_made_for_a_remote_input_is_within_the_plan():
                                          check_outputs=True, check_memory=True)
     assert [seg.nodes for seg in emitted.segment_info if "add_1" in seg.nodes] == [
         ("add_1", "repeat")]
-    measured = record["peak_bytes"]["cuda:0"]
+    measured = record.peak_bytes["cuda:0"]
     assert measured["measured_bytes"] <= measured["predicted_bytes"]
 
 
@@ -178,7 +177,7 @@ def test_a_node_whose_outputs_are_copied_at_different_times_is_within_the_plan()
     _, record, _ = emit_and_verify(traced, zoo.SlicedRead(), (x,), {}, problem=problem,
                                    schedule=schedule, device_of_op=device_of_op,
                                    check_outputs=True, check_memory=True)
-    measured = record["peak_bytes"]["cpu:0"]
+    measured = record.peak_bytes["cpu:0"]
     assert measured["measured_bytes"] <= measured["predicted_bytes"]
 
 

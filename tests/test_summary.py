@@ -31,8 +31,8 @@ def _diamond(min_gain: float):
 def test_a_split_under_min_gain_says_use_one_device_and_why():
     planned = _diamond(0.9)
     first = summary_text(planned, width=80).splitlines()[0]
-    gain = planned.min_gain["split_gain"]
-    assert planned.min_gain["single_device_chosen"] and 0.1 < gain < 0.9
+    gain = planned.min_gain.split_gain
+    assert planned.min_gain.single_device_chosen and 0.1 < gain < 0.9
     assert first == (f"Use one device (gpu0): a split over 2 gains {gain:.1%}, under "
                      "--min-gain 90%."), first
     assert f"**{first}**" in render_markdown(planned)

@@ -237,10 +237,10 @@ def test_a_training_plan_end_to_end(tmp_path, monkeypatch) -> None:
         loss=F.cross_entropy,
         example_targets=(y,),
     )
-    assert planned.training["optimizer"] == "adamw"
-    check = planned.training["check"]
-    assert check["status"] == "passed" and check["losses"] == pytest.approx(
-        check["original_losses"])
+    assert planned.training.optimizer == "adamw"
+    check = planned.training.check
+    assert check.status == "passed" and check.losses == pytest.approx(
+        check.original_losses)
     assert sum(n.name.endswith("@backward") for n in planned.problem.graph.nodes) == 6
     assert validate(planned.problem, planned.schedule) == []
     save(planned, tmp_path, emitted)
@@ -262,7 +262,7 @@ def test_a_training_plan_end_to_end(tmp_path, monkeypatch) -> None:
     assert threads == [1, 1, 1] and torch.get_num_threads() == before
     assert trained.optimizer == "adamw" and trained.predicted_s == planned.makespan_s
     torch.testing.assert_close(torch.tensor(trained.losses),
-                               torch.tensor(check["original_losses"]))
+                               torch.tensor(check.original_losses))
     assert len(trained.times_s) == 3 and trained.measured_s > 0
 
 
@@ -324,7 +324,7 @@ def test_an_unused_parameter_does_not_fail_the_training_check() -> None:
         loss=F.cross_entropy,
         example_targets=(y,),
     )
-    assert planned.training["check"]["status"] == "passed"
+    assert planned.training.check.status == "passed"
 
 
 def test_a_tied_weight_s_second_reader_gets_a_backward() -> None:
@@ -397,7 +397,7 @@ def test_frozen_parameters_and_buffers_get_no_gradient_or_optimizer_state() -> N
     frozen = (784 * 256 + 256) * 4
     assert any(note.startswith(f"{frozen} bytes of parameters and buffers are not trained")
                for note in planned.notes)
-    assert planned.training["check"]["status"] == "passed"
+    assert planned.training.check.status == "passed"
 
 
 def test_optimizer_state_that_fits_nowhere_says_what_a_step_holds() -> None:

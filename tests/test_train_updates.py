@@ -157,7 +157,7 @@ def test_a_profiled_plan_charges_the_update_measured_and_says_so(tmp_path) -> No
     (said,) = [n for n in planned.notes if n.startswith("gradients averaged across 2 replicas")]
     numels = [p.numel() for p in model.parameters()]
     cache = open_cache(path=str(tmp_path / "c.sqlite3"))
-    key = planned.profile["devices"][0]["device_key"]
+    key = planned.profile.devices[0]["device_key"]
     seconds, cached = allreduce_s(numels, replicas=2, mode="ddp", cache=cache, device_key=key)
     assert cached and 0 < seconds < 1.0 and f"{seconds * 1e3:.3f} ms a step" in said
 

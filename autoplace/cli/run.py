@@ -135,7 +135,7 @@ def run_plan(
         args, kwargs = example
         inputs = f"the example inputs ({model_dir / 'inputs.safetensors'})"
         replicas = replicas_of(plan.training)
-        count = (plan.training or {}).get("microbatches", 1)
+        count = (plan.training.microbatches or 1) if plan.training is not None else 1
         if replicas * count > 1:  # the whole batch is saved; the model takes one part of it
             args, kwargs = split_batch(*split_batch(args, kwargs, replicas)[0], count)[0]
             inputs += (f", the first of {replicas} replicas' shards" if replicas > 1 else "") \
@@ -263,10 +263,10 @@ def train_plan(directory: str | os.PathLike[str], *, steps: int, lr: float | Non
     args, kwargs = example
     here = local_device_map(sorted({d.torch_device for d in plan.problem.cluster.devices}))
     model = load_model(model_dir, device_map=here)
-    dtype = plan.training.get("dtype", "float32")
-    optimizer = MasterWeights(plan.training["optimizer"], model.parameters(), dtype=dtype, lr=lr)
+    dtype = plan.training.dtype or "float32"
+    optimizer = MasterWeights(plan.training.optimizer, model.parameters(), dtype=dtype, lr=lr)
     devices = [torch.device(d) for d in set(model.devices) if d.startswith("cuda")]
-    count = plan.training.get("microbatches", 1)
+    count = plan.training.microbatches or 1
     # Micro-batches run segment by segment in the plan's order (each CPU worker's actions on
     # its own thread); one batch runs the model's forward and autograd's backward, which
     # measured faster on this machine's CPU workers (GPT-2 on 2xcpu-thread in 59 segments,
@@ -275,8 +275,8 @@ def train_plan(directory: str | os.PathLike[str], *, steps: int, lr: float | Non
     # workers on one intra-op thread, as the plan times them (torch's default here, one per
     # core, took the other worker's core).
     run = stepper(model, plan.problem, plan.schedule, split_batch(args, kwargs, count),
-                  plan.training["microbatch_loss"],
-                  recompute=plan.training.get("recompute", ())) if count > 1 else None
+                  plan.training.microbatch_loss,
+                  recompute=plan.training.recompute or ()) if count > 1 else None
     losses, times = [], []
     with worker_threads(here.values()) as threads:
         for _ in range(steps):
@@ -303,7 +303,7 @@ def train_plan(directory: str | os.PathLike[str], *, steps: int, lr: float | Non
     return TrainResult(losses=tuple(losses), times_s=tuple(times),
                        measured_s=statistics.median(timed),
                        predicted_s=None if remapped else plan.makespan_s,
-                       optimizer=plan.training["optimizer"], lr=lr, device_map=here,
+                       optimizer=plan.training.optimizer, lr=lr, device_map=here,
                        notes=tuple(notes), dtype=dtype, remapped=remapped,
                        threads=_on_cpu(here, threads))
 
@@ -330,13 +330,13 @@ def _train_replicas(plan: Plan, model_dir: Path,
     count = report.get("microbatches", 1)
     notes = [f"{replicas} processes ran (torchrun, {report['backend']}), one per data-parallel "
              f"replica, each on {batch // replicas} of the batch of {batch}"
-             + (f" in {count} micro-batches (the plan's {plan.training['schedule']} order), "
+             + (f" in {count} micro-batches (the plan's {plan.training.schedule} order), "
                 "the gradients all-reduced after them" if count > 1 else "")
              + ": the losses are their mean, the step times rank 0's; device_map is rank 0's"]
     return TrainResult(losses=tuple(report["losses"]), times_s=tuple(report["times_s"]),
                        measured_s=report["measured_s"],
                        predicted_s=None if remapped else plan.makespan_s,
-                       optimizer=plan.training["optimizer"], lr=lr, device_map=here,
+                       optimizer=plan.training.optimizer, lr=lr, device_map=here,
                        notes=tuple(notes), remapped=remapped,
                        threads=_on_cpu(here, report["threads"]))
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -30,7 +31,7 @@ from autoplace.emit.check.memory import (
     measure_peak_bytes,
     measure_step,
 )
-from autoplace.emit.check.outputs import ENFORCE_PEAK_DEFAULT, VerifyResult, check_peak, verify
+from autoplace.emit.check.outputs import ENFORCE_PEAK_DEFAULT, PeakCheck, check_peak, verify
 from autoplace.emit.check.replay import replay
 from autoplace.emit.check.training import verify_training
 from autoplace.emit.codegen.model import PartitionedModel, SegmentInfo, emit_model
@@ -38,6 +39,7 @@ from autoplace.emit.device_map import local_device_map
 from autoplace.emit.distributed.ddp import write_train_script
 from autoplace.emit.distributed.replicas import verify_replicas
 from autoplace.emit.files.saving import load_model, load_segments, save_model
+from autoplace.formats.plan import Verification
 from autoplace.ir import Problem, Schedule
 from autoplace.progress import stage
 from autoplace.simulate.memory import start_order
@@ -47,7 +49,6 @@ __all__ = [
     "ENFORCE_PEAK_DEFAULT",
     "PartitionedModel",
     "SegmentInfo",
-    "VerifyResult",
     "check_step_memory",
     "emit_and_verify",
     "emit_model",
@@ -79,10 +80,10 @@ def emit_and_verify(
     check_outputs: bool,
     check_memory: bool | None = None,
     meta_weights: bool = False,
-) -> tuple[PartitionedModel | None, dict[str, Any], list[str]]:
+) -> tuple[PartitionedModel | None, Verification, list[str]]:
     """Emit ``traced`` as the plan places it and, with ``check_outputs``, verify it against
-    ``model`` on ``args``/``kwargs``: ``(emitted model or None, the plan's verification record,
-    notes)``.
+    ``model`` on ``args``/``kwargs``: ``(emitted model or None, verification, notes)``, the
+    verification being the plan's record (``formats.plan.Verification``).
 
     Verifying also measures the emitted model's peak bytes per device and records them beside
     the plan's (``peak_bytes``); a measurement above the plan's figure raises
@@ -96,8 +97,8 @@ def emit_and_verify(
     """
     notes: list[str] = []
     if traced.has_meta_params and not meta_weights:
-        return None, {"status": "skipped", "max_abs_diff": None,
-                      "detail": "parameters are on the meta device: no weights to emit or run"}, [
+        return None, Verification(
+            detail="parameters are on the meta device: no weights to emit or run"), [
             "the partitioned model was not emitted: the parameters are on the meta device"]
     torch_device = {d.name: d.torch_device for d in problem.cluster.devices}
     device_of = {op: torch_device[dev] for op, dev in device_of_op.items()}
@@ -118,24 +119,23 @@ def emit_and_verify(
                      f"{played.makespan_s * 1e6:.1f} us against the simulator's "
                      f"{schedule.makespan_s * 1e6:.1f} us: the makespan may not hold as emitted")
     if not check_outputs:
-        return emitted, {"status": "skipped", "max_abs_diff": None,
-                         "detail": "verification disabled (--no-verify)"}, notes
+        return emitted, Verification(detail="verification disabled (--no-verify)"), notes
     if traced.has_meta_params:
-        return emitted, {"status": "skipped", "max_abs_diff": None,
-                         "detail": "parameters are on the meta device: the emitted model reads "
-                         "its weights from the checkpoint when loaded; not verified"}, notes
+        return emitted, Verification(
+            detail="parameters are on the meta device: the emitted model reads its weights "
+            "from the checkpoint when loaded; not verified"), notes
     stage("verify")
     # ``verify`` is looked up here, in this package, so that tests can replace it.
     outcome = verify(model, emitted, args, kwargs)
     detail = outcome.detail
     if moved:
         detail += " (planned devices remapped to cpu)"
-    record = {"status": outcome.status, "max_abs_diff": outcome.max_abs_diff}
-    memory, memory_detail = _check_memory(emitted, lambda: measure(emitted, args, kwargs),
-                                          problem=problem, schedule=schedule,
-                                          enforce=ENFORCE_PEAK_DEFAULT if check_memory is None
-                                          else check_memory)
-    return emitted, record | memory | {"detail": f"{detail}; {memory_detail}"}, notes
+    peak = _check_memory(emitted, lambda: measure(emitted, args, kwargs), problem=problem,
+                         schedule=schedule,
+                         enforce=ENFORCE_PEAK_DEFAULT if check_memory is None else check_memory)
+    return emitted, replace(outcome, detail=f"{detail}; {peak.detail}",
+                            memory_status=peak.status, peak_bytes=peak.peak_bytes,
+                            peak_method=peak.method), notes
 
 
 def _check_memory(
@@ -145,21 +145,20 @@ def _check_memory(
     problem: Problem,
     schedule: Schedule,
     enforce: bool,
-) -> tuple[dict[str, Any], str]:
+) -> PeakCheck:
     """Measure the emitted model's peak per planned device (``measuring()``) and check it
     against the plan's."""
     name_of: dict[str, str] = {}
     for device in problem.cluster.devices:
         if device.torch_device in name_of:
-            return {"memory_status": "not measured"}, (
+            return PeakCheck(status="not measured", detail=(
                 f"memory not measured: {name_of[device.torch_device]} and {device.name} are "
-                f"both {device.torch_device}, so their segments cannot be told apart")
+                f"both {device.torch_device}, so their segments cannot be told apart"))
         name_of[device.torch_device] = device.name
     measured = measuring()
     by_name = {name_of[d]: b for d, b in measured.peak_bytes.items()}
-    checked = check_peak(by_name, comparable_peak_bytes(problem, schedule),
-                         method=measured.method, enforce=enforce)
-    return checked.to_dict() | {"peak_method": measured.method}, checked.detail
+    return check_peak(by_name, comparable_peak_bytes(problem, schedule),
+                      method=measured.method, enforce=enforce)
 
 
 def _op_order(module: torch.fx.GraphModule, problem: Problem, schedule: Schedule) -> list[str]:
@@ -178,7 +177,7 @@ def _op_order(module: torch.fx.GraphModule, problem: Problem, schedule: Schedule
 def check_step_memory(emitted: PartitionedModel, run: Callable[[Any], Any], *,
                       optimizer: str, dtype: str = "float32", problem: Problem,
                       schedule: Schedule,
-                      check_memory: bool | None = None) -> tuple[dict[str, Any], str]:
+                      check_memory: bool | None = None) -> PeakCheck:
     """A training step's peak per planned device (``check.memory.measure_step``: ``run(charge)``,
     the step's forward and backward on this thread, then ``optimizer``'s update, after one
     step unmeasured) against the step plan's (``problem``, ``schedule``), failing above it

@@ -7,10 +7,11 @@ re-tracing: ``read_plan(dir).problem`` is the exact problem that was solved, and
 beside this module (``SCHEMA_VERSION``).
 
 Read in this order: the records a plan holds (``BaselineResult``, ``SolverRecord``,
-``Verification``), then ``Plan`` (its fields are data; its properties derive everything else,
-each in one place), its JSON form (``to_dict`` / ``from_dict``), and ``read_plan``, which checks a
-file against the schema (``plan_check``) before building the plan. Writing a plan with its report
-and model is the pipeline's job (``autoplace.pipeline.save``), not this module's.
+``Verification``; its other parts are in ``records``), then ``Plan`` (its fields are data; its
+properties derive everything else, each in one place), its JSON form (``to_dict`` /
+``from_dict``), and ``read_plan``, which checks a file against the schema (``plan_check``) before
+building the plan. Writing a plan with its report and model is the pipeline's job
+(``autoplace.pipeline.save``), not this module's.
 """
 
 from __future__ import annotations
@@ -19,14 +20,23 @@ import datetime as _dt
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from autoplace._version import __version__
 from autoplace.errors import AutoplaceError, OutputError
 from autoplace.formats.plan_check import count_problems, plan_problems
+from autoplace.formats.records import (
+    Coarsening,
+    DeviceMapRecord,
+    MinGain,
+    PinsRecord,
+    ProfileRecord,
+    TrainingRecord,
+    WhatIfRecord,
+)
 from autoplace.ir import (
     Cluster,
     Costs,
@@ -55,6 +65,7 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -159,7 +170,9 @@ class SolverRecord:
 
 @dataclass(frozen=True)
 class Verification:
-    """The emitted model run against the original: ``passed``, ``failed`` or ``skipped``.
+    """The emitted model run against the original: ``passed``, ``failed`` or ``skipped``. The one
+    record of it, from ``emit.check.outputs.verify`` (its outputs) and ``emit.emit_and_verify``
+    (its memory) to ``plan.json``.
 
     ``peak_bytes`` maps each device to its measured and predicted peak
     (``{"measured_bytes", "predicted_bytes"}``, ``autoplace.emit.check.memory``); ``memory_status``
@@ -206,22 +219,23 @@ class Plan:
     objective: str = "latency"
     contiguous: bool = False
     tracer: str = "graph"
-    coarsening: Mapping[str, Any] = field(default_factory=dict)
+    # None (written as ``{}``) where the plan does not say how its graph was made.
+    coarsening: Coarsening | None = None
     verification: Verification | None = field(default_factory=Verification)
     notes: tuple[str, ...] = ()
     created: str = ""
-    whatif: tuple[Mapping[str, Any], ...] | None = None
-    profile: Mapping[str, Any] | None = None
+    whatif: tuple[WhatIfRecord, ...] | None = None
+    profile: ProfileRecord | None = None
     # The --min-gain policy: its threshold, whether it chose the single device, and why.
-    min_gain: Mapping[str, Any] | None = None
+    min_gain: MinGain | None = None
     # A training plan's step (``autoplace.train``): its optimizer and the training check of the
     # emitted model (``emit.check.training.verify_training``). None for an inference plan.
-    training: Mapping[str, Any] | None = None
+    training: TrainingRecord | None = None
     # Modules pinned by hand (``autoplace.solve.pins``): the pins, the ops they fixed, and the plan
     # the model gets without them (``unpinned_makespan_s``, ``unpinned_objective_s``).
-    pins: Mapping[str, Any] | None = None
+    pins: PinsRecord | None = None
     # --granularity module: the Hugging Face device_map and accelerate's (pipeline/modules.py)
-    device_map: Mapping[str, Any] | None = None
+    device_map: DeviceMapRecord | None = None
     autoplace_version: str = __version__
 
     # ---- derived
@@ -275,7 +289,7 @@ class Plan:
         without pins."""
         if self.pins is None:
             return None
-        return self.objective_s - self.pins["unpinned_objective_s"]
+        return self.objective_s - self.pins.unpinned_objective_s
 
     def with_verification(self, verification: Verification) -> Plan:
         return replace(self, verification=verification)
@@ -322,17 +336,18 @@ class Plan:
                                 "reserved_bytes": d.reserved_bytes,
                                 "timeline": [list(p) for p in s.memory_timeline[d.name]]}
                        for d in cluster.devices},
-            "coarsening": dict(self.coarsening),
+            "coarsening": {} if self.coarsening is None else self.coarsening.to_dict(),
             "notes": list(self.notes),
             "created": self.created or _dt.datetime.now(_dt.UTC).isoformat(),
             "autoplace_version": self.autoplace_version,
         } | ({} if self.verification is None else {"verification": self.verification.to_dict()}) \
-          | ({} if self.whatif is None else {"whatif": [dict(row) for row in self.whatif]}) \
-          | ({} if self.profile is None else {"profile": dict(self.profile)}) \
-          | ({} if self.min_gain is None else {"min_gain": dict(self.min_gain)}) \
-          | ({} if self.training is None else {"training": dict(self.training)}) \
-          | ({} if self.pins is None else {"pins": {**self.pins, "cost_s": self.pins_cost_s}}) \
-          | ({} if self.device_map is None else {"device_map": dict(self.device_map)})
+          | ({} if self.whatif is None else {"whatif": [row.to_dict() for row in self.whatif]}) \
+          | ({} if self.profile is None else {"profile": self.profile.to_dict()}) \
+          | ({} if self.min_gain is None else {"min_gain": self.min_gain.to_dict()}) \
+          | ({} if self.training is None else {"training": self.training.to_dict()}) \
+          | ({} if self.pins is None
+             else {"pins": {**self.pins.to_dict(), "cost_s": self.pins_cost_s}}) \
+          | ({} if self.device_map is None else {"device_map": self.device_map.to_dict()})
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
@@ -340,7 +355,7 @@ class Plan:
         checks files). Derived entries (``max_load_s``, ``speedup_over_single``, the solver's
         ``gap``, ...) are not read: the plan derives them again."""
         problem = _problem_from(data)
-        verification = data.get("verification")
+        verification, coarsening = data.get("verification"), data.get("coarsening")
         best_single = data.get("best_single_device") or {}
         return cls(
             problem=problem, schedule=_schedule_from(data), lower_bound_s=data["lower_bound_s"],
@@ -350,15 +365,17 @@ class Plan:
             best_single_device=best_single.get("device"),
             model=data.get("model", "model"), objective=data.get("objective", "latency"),
             contiguous=data.get("contiguous", False),
-            tracer=data.get("tracer", "graph"), coarsening=data.get("coarsening", {}),
+            tracer=data.get("tracer", "graph"),
+            coarsening=Coarsening.from_dict(coarsening) if coarsening else None,
             verification=Verification.from_dict(verification) if verification else None,
             notes=tuple(data.get("notes", ())), created=data.get("created", ""),
-            whatif=tuple(data["whatif"]) if "whatif" in data else None,
-            profile=data.get("profile"), min_gain=data.get("min_gain"),
-            training=data.get("training"),
-            pins=({k: v for k, v in data["pins"].items() if k != "cost_s"}
-                  if "pins" in data else None),
-            device_map=data.get("device_map"),
+            whatif=(tuple(WhatIfRecord.from_dict(row) for row in data["whatif"])
+                    if "whatif" in data else None),
+            profile=_part(ProfileRecord.from_dict, data, "profile"),
+            min_gain=_part(MinGain.from_dict, data, "min_gain"),
+            training=_part(TrainingRecord.from_dict, data, "training"),
+            pins=_part(PinsRecord.from_dict, data, "pins"),  # its derived cost_s is not read
+            device_map=_part(DeviceMapRecord.from_dict, data, "device_map"),
             autoplace_version=data.get("autoplace_version", __version__),
         )
 
@@ -366,6 +383,11 @@ class Plan:
     def load(cls, path: str | os.PathLike[str]) -> Plan:
         """``read_plan(path)``: a checked ``plan.json``, or the directory holding one."""
         return read_plan(path)
+
+
+def _part(read: Callable[[Mapping[str, Any]], R], data: Mapping[str, Any], key: str) -> R | None:
+    """``data[key]`` read (by a record's ``from_dict``), ``None`` where the plan has none."""
+    return read(data[key]) if data.get(key) is not None else None
 
 
 def _graph_dict(problem: Problem, s: Schedule) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from autoplace.emit.distributed.ranks import write_launch_script
 from autoplace.errors import EmitError
 from autoplace.formats.output import atomic_output_dir
 from autoplace.formats.plan import Plan
+from autoplace.formats.records import Coarsening, ProfileRecord
 from autoplace.ir import Problem
 from autoplace.pipeline.emitting import emit_plan
 from autoplace.pipeline.forward import load
@@ -89,7 +90,8 @@ def plan(model: torch.nn.Module, example_inputs: Any, config: Config | None = No
                                       if config.mode == Mode.TRAINING else loaded.checkpoint)
     profiled = solved.forward.profiled
     return Planned(replace(planned, notes=tuple(notes),
-                           profile=profiled.to_dict() if profiled else None), emitted)
+                           profile=ProfileRecord.from_dict(profiled.to_dict()) if profiled
+                           else None), emitted)
 
 
 def solve_graph(problem: Problem, solving: Solve | None = None, *,
@@ -100,8 +102,8 @@ def solve_graph(problem: Problem, solving: Solve | None = None, *,
     solving = Solve() if solving is None else solving
     result, gain = min_gain(solve(problem, options=solving.options()), solving.min_gain)
     planned = plan_of(result, problem, name=problem.graph.name, tracer="graph",
-                      coarsening={"traced_ops": len(problem.graph.nodes),
-                                  "plan_nodes": len(problem.graph.nodes), "steps": []},
+                      coarsening=Coarsening(traced_ops=len(problem.graph.nodes),
+                                            plan_nodes=len(problem.graph.nodes)),
                       budget_s=solving.options().time_limit_s)
     return replace(planned, notes=(*notes, *result.notes), min_gain=gain)
 
@@ -124,13 +126,13 @@ def save(plan: Plan | Planned, directory: str | os.PathLike[str],
         report.write_report(tmp, plan)
         if plan.device_map is not None:  # --granularity module: the Hugging Face device_map
             (tmp / "device_map.json").write_text(
-                json.dumps(plan.device_map["map"], indent=1) + "\n")
+                json.dumps(dict(plan.device_map.map), indent=1) + "\n")
         if model is not None:
             autoplace.emit.save_model(model, tmp / "model")
             if replicas_of(plan.training) > 1:  # their torchrun entry point
-                write_train_script(tmp, optimizer=plan.training["optimizer"],
+                write_train_script(tmp, optimizer=plan.training.optimizer,
                                    replicas=replicas_of(plan.training),
-                                   groups=plan.training.get("replica_torch_devices"),
+                                   groups=plan.training.replica_torch_devices,
                                    microbatches=microbatching(plan.training, model,
                                                               plan.problem, plan.schedule))
             _launch_script(plan, model, tmp)

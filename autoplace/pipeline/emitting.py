@@ -13,7 +13,7 @@ import torch
 
 from autoplace.config import Emit
 from autoplace.emit import PartitionedModel, emit_and_verify
-from autoplace.formats.plan import Plan, Verification
+from autoplace.formats.plan import Plan
 from autoplace.ir import Problem, Schedule
 from autoplace.progress import stage
 from autoplace.trace import TracedModel
@@ -46,4 +46,4 @@ def emit_plan(planned: Plan, traced: TracedModel, what: Emitting, how: Emit,
         schedule=what.schedule, device_of_op=what.device_of_op, check_outputs=how.verify,
         check_memory=how.check_memory, meta_weights=what.meta_weights)
     notes += emit_notes
-    return replace(planned, verification=Verification.from_dict(verification)), emitted
+    return replace(planned, verification=verification), emitted

@@ -11,6 +11,7 @@ from typing import Any
 
 from autoplace.config import Config
 from autoplace.formats.plan import Plan
+from autoplace.formats.records import Coarsening, MinGain, PinsRecord
 from autoplace.ir import Cluster, Placement, Problem
 from autoplace.pipeline.emitting import Emitting
 from autoplace.pipeline.forward import Forward, Loaded, Tracing, traced_problem
@@ -31,9 +32,9 @@ class Solved:
 
     forward: Forward
     result: SolveResult
-    gain: dict[str, Any]
+    gain: MinGain
     fewer: FewerDevices | None = None
-    pins: dict[str, Any] | None = None
+    pins: PinsRecord | None = None
 
     @property
     def problem(self) -> Problem:
@@ -75,9 +76,9 @@ class Inference:
         notes += result.notes
         planned = plan_of(result, solved.problem, name=self.config.name,
                           tracer=solved.forward.traced.tracer,
-                          coarsening={"traced_ops": folded.traced_ops,
-                                      "plan_nodes": len(solved.problem.graph.nodes),
-                                      "steps": [*folded.steps, *result.coarsening]},
+                          coarsening=Coarsening(traced_ops=folded.traced_ops,
+                                                plan_nodes=len(solved.problem.graph.nodes),
+                                                steps=(*folded.steps, *result.coarsening)),
                           budget_s=self.config.solve.time_limit_s,
                           whatif_s=fewer.spent_s if fewer else None)
         scaling = None

@@ -22,6 +22,7 @@ from autoplace.config import Config
 from autoplace.emit.files.hf_device_map import check_units_fit, device_map, uncovered
 from autoplace.errors import EmitError, ModelLoadError
 from autoplace.formats.plan import Plan
+from autoplace.formats.records import AccelerateMapRecord, Coarsening, DeviceMapRecord
 from autoplace.ir import Cluster, Problem
 from autoplace.pipeline.record import min_gain, plan_of, unpinned_record
 from autoplace.profile.cost import costs as cost_nodes
@@ -85,8 +86,8 @@ def plan_modules(model: torch.nn.Module, example_inputs: Any, config: Config) ->
     result, gain = min_gain(solve(problem, options=options, extra_baselines=extra), threshold)
     notes += result.notes
     planned = plan_of(result, problem, name=config.name, tracer="modules",
-                       coarsening={"traced_ops": len(traced.graph.nodes) - 1,
-                                   "plan_nodes": len(traced.graph.nodes), "steps": []})
+                      coarsening=Coarsening(traced_ops=len(traced.graph.nodes) - 1,
+                                            plan_nodes=len(traced.graph.nodes)))
     mapping = device_map({n: u.aliases for n, u in traced.units.items()},
                          result.schedule.placement.device_of, cluster)
     missing = uncovered(model, mapping)
@@ -95,9 +96,9 @@ def plan_modules(model: torch.nn.Module, example_inputs: Any, config: Config) ->
                         f"{', '.join(missing[:3])}: please report this")
     return replace(planned, notes=tuple(notes), min_gain=gain,
                    pins=None if resolved is None else unpinned_record(
-                       resolved, free, found, options, threshold), device_map={
-        "granularity": "module", "no_split": list(traced.no_split), "map": mapping,
-        "input_device": result.schedule.placement.device_of[INPUT], "accelerate": maps})
+                       resolved, free, found, options, threshold), device_map=DeviceMapRecord(
+        map=mapping, no_split=tuple(traced.no_split), accelerate=maps,
+        input_device=result.schedule.placement.device_of[INPUT]))
 
 
 def _check_classes(model: torch.nn.Module, no_split: Sequence[str]) -> None:
@@ -111,10 +112,11 @@ def _check_classes(model: torch.nn.Module, no_split: Sequence[str]) -> None:
 
 
 def _accelerate(model: torch.nn.Module, traced: ModuleTrace, cluster: Cluster
-                ) -> tuple[tuple[AccelerateMap, ...], dict[str, Any]]:
+                ) -> tuple[tuple[AccelerateMap, ...], dict[str, AccelerateMapRecord]]:
     """accelerate's maps (with the same no-split classes), and the maps themselves for the
     report (with the reason where one is not a placement here)."""
     if not accelerate_available():
         return (), {}
     found = accelerate_maps(model, traced.graph, cluster, no_split=traced.no_split)
-    return found, {m.name: {"map": dict(m.device_map), "note": m.note} for m in found}
+    return found, {m.name: AccelerateMapRecord(map=dict(m.device_map), note=m.note)
+                   for m in found}

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import torch
 
 from autoplace.emit import check_step_memory, train_emitted
+from autoplace.emit.check.outputs import PeakCheck
 from autoplace.emit.distributed.ddp import REPLICA_SHARDS, microbatching
 from autoplace.emit.distributed.replicas import verify_replicas
 from autoplace.emit.train.microbatch import (
@@ -24,6 +25,7 @@ from autoplace.emit.train.microbatch import (
 )
 from autoplace.errors import AutoplaceError, ConfigError, InfeasibleError
 from autoplace.formats.plan import Plan
+from autoplace.formats.records import ReplicaOption, TrainingCheck, TrainingRecord
 from autoplace.ir import Cluster, Problem, Schedule
 from autoplace.pipeline.forward import Forward, Tracing, traced_problem
 from autoplace.progress import stage
@@ -86,7 +88,7 @@ class Step:
     recompute: tuple[str, ...] = ()
     single: Recomputed | None = None
     dtype: str = "float32"
-    options: tuple[dict[str, Any], ...] = ()
+    options: tuple[ReplicaOption, ...] = ()
 
     @property
     def replicas(self) -> int:
@@ -96,22 +98,21 @@ class Step:
     def microbatches(self) -> int:
         return len(self.batches)
 
-    def record(self, optimizer: str, schedule: Schedule) -> dict[str, Any]:
-        """``plan.json``'s ``training`` object (its check still to run) for the plan's
+    def record(self, optimizer: str, schedule: Schedule) -> TrainingRecord:
+        """The plan's ``training`` record (its check still to run) for the plan's
         ``schedule``: the order it runs, which is GPipe's where 1F1B was asked of devices that
         feed each other both ways (``simulate.schedules.schedule_run``)."""
-        return {"optimizer": optimizer, "dtype": self.dtype, "layers_mode": "eval",
-                "microbatches": self.microbatches,
-                "schedule": schedule_run(self.problem.graph, schedule.placement.device_of,
-                                         self.problem.pipeline_schedule or "gpipe"),
-                "replicas": self.replicas,
-                "recompute": list(self.recompute),
-                **({"microbatch_loss": self.rule} if self.microbatches > 1 else {}),
-                **({"replica_groups": [list(g) for g in self.groups],
-                    "replica_torch_devices": [list(g) for g in self.torch_groups]}
-                   if self.replicas > 1 else {}),
-                "replica_options": [dict(o) for o in self.options],
-                "check": {"status": "skipped"}}
+        several = self.replicas > 1
+        return TrainingRecord(
+            optimizer=optimizer, dtype=self.dtype, layers_mode="eval",
+            microbatches=self.microbatches,
+            schedule=schedule_run(self.problem.graph, schedule.placement.device_of,
+                                  self.problem.pipeline_schedule or "gpipe"),
+            replicas=self.replicas, recompute=self.recompute,
+            microbatch_loss=self.rule if self.microbatches > 1 else None,
+            replica_groups=self.groups if several else None,
+            replica_torch_devices=self.torch_groups if several else None,
+            replica_options=self.options, check=TrainingCheck(status="skipped"))
 
 
 def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: SolveOptions,
@@ -169,9 +170,9 @@ def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: S
     best = min(found, key=lambda r: (not found[r][0].solved.schedule.feasible,
                                      found[r][0].solved.schedule.makespan_s))
     table = tuple(
-        {"replicas": r, "devices_per_replica": len(groups[0]),
-         **({"step_s": found[r][0].solved.schedule.makespan_s,
-             "fits": found[r][0].solved.schedule.feasible} if r in found else {"fits": False})}
+        ReplicaOption(replicas=r, devices_per_replica=len(groups[0]),
+                      step_s=found[r][0].solved.schedule.makespan_s if r in found else None,
+                      fits=r in found and found[r][0].solved.schedule.feasible)
         for r, groups in counts)
     step, mine = found[best]
     frozen = sum(n.param_bytes - n.trainable_bytes for n in step.forward.problem.graph.nodes)
@@ -190,10 +191,10 @@ def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: S
                      f"{single.makespan_s / step.solved.schedule.makespan_s:.2f}x the step")
     if len(counts) > 1:
         notes.append("data-parallel replicas: " + ", ".join(
-            f"R={o['replicas']} (up to {o['devices_per_replica']} device"
-            f"{'s' if o['devices_per_replica'] > 1 else ''} each) "
-            + (f"{o['step_s'] * 1e3:.3f} ms" if "step_s" in o else "fits no device")
-            + ("" if o["fits"] or "step_s" not in o else " (over memory)")
+            f"R={o.replicas} (up to {o.devices_per_replica} device"
+            f"{'s' if o.devices_per_replica > 1 else ''} each) "
+            + (f"{o.step_s * 1e3:.3f} ms" if o.step_s is not None else "fits no device")
+            + ("" if o.fits or o.step_s is None else " (over memory)")
             for o in table) + f" per step; R={best} kept, the fastest step that fits")
     notes.append("accelerate's device maps are inference maps: not among a training plan's "
                  "baselines")
@@ -477,19 +478,21 @@ def check_step(planned: Plan, emitted: Any, model: torch.nn.Module, step: Step,
     DistributedDataParallel, or each running its micro-batches and then averaging the
     gradients, ``emit.distributed.ddp``); then measure its step's memory (``_step_memory``). The
     plan with ``training.check`` filled in, and the notes."""
+    training = planned.training
+    assert training is not None  # a training plan's
     notes: list[str] = []
     count = step.microbatches
     args, kwargs = step.whole
     inputs = {k: v for k, v in kwargs.items() if k != "targets"}
-    optimizer = planned.training["optimizer"]
+    optimizer = training.optimizer
     if step.replicas > 1:
         check = verify_replicas(emitted, model, args, inputs, kwargs["targets"],
                                 optimizer=optimizer, replicas=step.replicas,
                                 groups=step.torch_groups,
-                                microbatches=microbatching(planned.training, emitted,
+                                microbatches=microbatching(training, emitted,
                                                            planned.problem, planned.schedule))
         how = (f"steps of {step.replicas} data-parallel replicas (one process each, "
-               + (f"{count} micro-batches ({planned.training['schedule']}) each, the gradients "
+               + (f"{count} micro-batches ({training.schedule}) each, the gradients "
                   "all-reduced after them) " if count > 1 else "DistributedDataParallel) "))
     else:
         # micro-batches: segment by segment, in the plan's order
@@ -498,19 +501,22 @@ def check_step(planned: Plan, emitted: Any, model: torch.nn.Module, step: Step,
         check = train_emitted(emitted, model, args, inputs, kwargs["targets"],
                               optimizer=optimizer, emitted_step=run, dtype=step.dtype,
                               microbatches=count, rule=step.rule)
-        how = (f"steps of {count} micro-batches ({planned.training['schedule']}) "
+        how = (f"steps of {count} micro-batches ({training.schedule}) "
                if count > 1 else "steps ")
     precision = f"{step.dtype} mixed-precision " if step.dtype != "float32" else ""
     notes.append(f"training check passed: {check['steps']} {precision}{optimizer} {how}of the "
                  "emitted model give the original's losses "
                  f"({', '.join(f'{v:.6g}' for v in check['losses'])}), gradients and parameters")
-    memory, detail = _step_memory(emitted, planned, step, check_memory)
-    notes.append(f"training step memory: {detail}")
-    return replace(planned, training={**planned.training, "check": check | memory}), notes
+    peak = _step_memory(emitted, planned, step, check_memory, optimizer=optimizer)
+    notes.append(f"training step memory: {peak.detail}")
+    measured = peak.method is not None  # else no peaks to keep
+    checked = replace(TrainingCheck.from_dict(check), memory_status=peak.status,
+                      peak_bytes=peak.peak_bytes if measured else None, peak_method=peak.method)
+    return replace(planned, training=replace(training, check=checked)), notes
 
 
-def _step_memory(emitted: Any, planned: Plan, step: Step,
-                 check_memory: bool | None) -> tuple[dict[str, Any], str]:
+def _step_memory(emitted: Any, planned: Plan, step: Step, check_memory: bool | None, *,
+                 optimizer: str) -> PeakCheck:
     """The emitted step's peak per device, measured in this process on replica 0's batch
     (``emit.check_step_memory``) against the plan's: its micro-batches in the plan's order on
     this thread, or (one micro-batch) the loss's ``backward()``."""
@@ -528,6 +534,6 @@ def _step_memory(emitted: Any, planned: Plan, step: Step,
             loss.backward()
             return loss.detach()
 
-    return check_step_memory(emitted, run, optimizer=planned.training["optimizer"],
+    return check_step_memory(emitted, run, optimizer=optimizer,
                              dtype=step.dtype, problem=planned.problem,
                              schedule=planned.schedule, check_memory=check_memory)

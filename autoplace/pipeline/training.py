@@ -13,6 +13,7 @@ import torch
 
 from autoplace.config import Config
 from autoplace.formats.plan import Plan
+from autoplace.formats.records import Coarsening, MinGain
 from autoplace.ir import Cluster, Placement, Problem
 from autoplace.pipeline.emitting import Emitting
 from autoplace.pipeline.forward import Forward, Loaded, Tracing
@@ -34,7 +35,7 @@ class Solved:
 
     step: Step
     result: SolveResult
-    gain: dict[str, Any]
+    gain: MinGain
     model: torch.nn.Module  # the model and its loss (``train.LossModel``)
 
     @property
@@ -75,9 +76,9 @@ class Training:
         step, result, folded = solved.step, solved.result, solved.forward.folded
         planned = plan_of(result, step.problem, name=self.config.name,
                           tracer=step.forward.traced.tracer,
-                          coarsening={"traced_ops": folded.traced_ops,
-                                      "plan_nodes": len(step.problem.graph.nodes),
-                                      "steps": [*folded.steps, *result.coarsening]},
+                          coarsening=Coarsening(traced_ops=folded.traced_ops,
+                                                plan_nodes=len(step.problem.graph.nodes),
+                                                steps=(*folded.steps, *result.coarsening)),
                           budget_s=self.config.solve.time_limit_s)
         notes += result.notes
         scaling = None
@@ -89,7 +90,7 @@ class Training:
         planned = replace(planned, training=step.record(self.config.training.optimizer,
                                                         result.schedule),
                           whatif=scaling, min_gain=solved.gain)
-        if step.problem.pipeline_schedule != planned.training["schedule"] and (
+        if step.problem.pipeline_schedule != planned.training.schedule and (
                 step.microbatches > 1):
             notes.append("1F1B's order needs the devices to form stages, and these feed each "
                          "other both ways (a tied weight read at both ends, say): the step "

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autoplace.formats.plan import BaselineResult, Plan, SolverRecord, Verification
+from autoplace.formats.records import PinsRecord
 from autoplace.ir import Device, OpNode, Transfer
 from autoplace.report.devicemap import DeviceMapFacts, device_map_facts
 from autoplace.report.units import format_seconds
@@ -146,7 +147,7 @@ class Overview:
     notes: tuple[str, ...] = field(default_factory=tuple)
     profiled_devices: tuple[str, ...] = ()
     training: TrainingFacts | None = None  # None for an inference plan
-    pins: Mapping[str, Any] | None = None  # Plan.pins: modules pinned by hand
+    pins: PinsRecord | None = None  # Plan.pins: modules pinned by hand
     pins_cost_s: float | None = None  # Plan.pins_cost_s
     device_map: DeviceMapFacts | None = None  # --granularity module: the device_map section
     advice: str = ""  # what to do and why, in one sentence (``advice``): the summaries open with it
@@ -205,8 +206,7 @@ def overview(plan: Plan) -> Overview:
         speedup_over_single=plan.speedup_over_single, comparisons=tuple(comparisons),
         lower_bound_s=plan.lower_bound_s, gap=plan.gap, solver=plan.solver,
         cost_sources=tuple(sorted(sources.items(), key=lambda kv: (-kv[1], kv[0]))),
-        profiled_devices=tuple(dp["device"] for dp in
-                               (plan.profile or {}).get("devices", ())),
+        profiled_devices=plan.profile.device_names if plan.profile is not None else (),
         memory=_memory_rows(plan), verification=plan.verification,
         whatif=_whatif_rows(plan), critical_path=tuple(critical_path(plan)),
         notes=plan.notes, training=training_facts(plan), device_map=device_map_facts(plan),
@@ -214,9 +214,9 @@ def overview(plan: Plan) -> Overview:
     )
 
 
-def no_speedup_reason(pins: Mapping[str, Any] | None) -> str:
+def no_speedup_reason(pins: PinsRecord | None) -> str:
     """Why a plan has no speed-up over one device (``pins``: the plan's pins record)."""
-    if pins is not None and len(set(pins["modules"].values())) > 1:
+    if pins is not None and len(set(pins.modules.values())) > 1:
         return "the pins span several devices"
     return "the model fits no single device"
 
@@ -244,13 +244,13 @@ def advice(plan: Plan) -> str:
     label = ("step" if plan.training is not None else
              "largest device load" if plan.objective == "throughput" else "makespan")
     value = f"{label} {format_seconds(plan.objective_s)}"
-    replicas = int((plan.training or {}).get("replicas", 1))
+    replicas = int(plan.training.replicas or 1) if plan.training is not None else 1
     lead = f"Train {replicas} data-parallel replicas, each on" if replicas > 1 else "Use"
     if len(used) == 1:
-        gain = plan.min_gain or {}
-        if gain.get("single_device_chosen") and gain.get("split_gain") is not None:
-            why = (f"a split over {gain['split_devices']} gains {gain['split_gain']:.1%}, "
-                   f"under --min-gain {gain['threshold']:.0%}")
+        gain = plan.min_gain
+        if gain is not None and gain.single_device_chosen and gain.split_gain is not None:
+            why = (f"a split over {gain.split_devices} gains {gain.split_gain:.1%}, "
+                   f"under --min-gain {gain.threshold:.0%}")
         elif len(cluster) > 1:
             why = f"no split over the {len(cluster)} devices was faster ({value})"
         else:
@@ -294,13 +294,13 @@ def training_facts(plan: Plan) -> TrainingFacts | None:
     training = plan.training
     if training is None:
         return None
-    return TrainingFacts(optimizer=training["optimizer"],
-                         microbatches=int(training.get("microbatches", 1)),
-                         schedule=training.get("schedule", "gpipe"),
-                         replicas=int(training.get("replicas", 1)),
-                         dtype=training.get("dtype", "float32"),
-                         check=(training.get("check") or {}).get("status", "skipped"),
-                         recompute=tuple(training.get("recompute", ())))
+    return TrainingFacts(optimizer=training.optimizer,
+                         microbatches=int(training.microbatches or 1),
+                         schedule=training.schedule or "gpipe",
+                         replicas=int(training.replicas or 1),
+                         dtype=training.dtype or "float32",
+                         check=training.check.status,
+                         recompute=tuple(training.recompute or ()))
 
 
 def _whatif_rows(plan: Plan) -> tuple[WhatIfRow, ...] | None:
@@ -311,20 +311,15 @@ def _whatif_rows(plan: Plan) -> tuple[WhatIfRow, ...] | None:
     types = {d.name: d.type for d in cluster.devices}
     all_devices = list(cluster.names)
 
-    def value(row: Mapping[str, Any]) -> float | None:
-        if plan.objective != "throughput":
-            return row.get("makespan_s")
-        return row.get("objective_s", row.get("makespan_s"))
-
-    first = value(rows[0]) if rows else None
+    first = rows[0].value_s(plan.objective) if rows else None
     out = []
     for row in rows:
-        v = value(row)
+        v = row.value_s(plan.objective)
         out.append(WhatIfRow(
-            devices=tuple(row["devices"]), types=tuple(types.get(d, "?") for d in row["devices"]),
-            makespan_s=row.get("makespan_s"), value_s=v, status=row.get("status", ""),
-            detail=row.get("detail", ""), speedup_over_first=first / v if first and v else None,
-            is_plan=list(row["devices"]) == all_devices))
+            devices=row.devices, types=tuple(types.get(d, "?") for d in row.devices),
+            makespan_s=row.makespan_s, value_s=v, status=row.status,
+            detail=row.detail, speedup_over_first=first / v if first and v else None,
+            is_plan=list(row.devices) == all_devices))
     return tuple(out)
 
 

@@ -529,7 +529,7 @@ def _only_bounded(plan: Plan) -> list[tuple[str, str]]:
     simulator". (The throughput model's loads are the simulator's: ``simulate.loads``.)"""
     if plan.objective == "throughput":
         return []
-    problem, training = plan.problem, plan.training or {}
+    problem, training = plan.problem, plan.training
     out = []
     if problem.launchers:
         out.append(("bounds the launcher's segment calls and handovers but does not schedule "
@@ -538,7 +538,8 @@ def _only_bounded(plan: Plan) -> list[tuple[str, str]]:
     if problem.cluster.shared:
         out.append(("bounds the shared links by the bytes they carry",
                     "shares each shared link's bandwidth among the copies on it"))
-    if problem.pipeline_schedule is not None and int(training.get("microbatches", 1)) > 1:
+    if (problem.pipeline_schedule is not None and training is not None
+            and int(training.microbatches or 1) > 1):
         out.append(("leaves the micro-batches' order free", "runs each device's micro-batches "
                     f"in {problem.pipeline_schedule} order"))
     return out
@@ -558,7 +559,7 @@ def _above_objective_lines(plan: Plan, objective_s: float | None) -> list[str]:
         reasons.append([f"the plan is expanded to {_plan_graph(plan)}'s "
                         f"{scope.get('folded_nodes', len(plan.problem.graph.nodes))} nodes and "
                         "simulated node by node"])
-    if (plan.min_gain or {}).get("single_device_chosen"):
+    if plan.min_gain is not None and plan.min_gain.single_device_chosen:
         reasons.append(["--min-gain kept the plan on one device"])
     simulator = [does for _, does in _only_bounded(plan)]
     if simulator:

@@ -81,18 +81,18 @@ def device_map_facts(plan: Plan) -> DeviceMapFacts | None:
     capacity = {d.name: d.memory_bytes for d in cluster.devices}
     s = plan.schedule
     columns = [MapColumn(PLAN, s.makespan_s, dict(s.peak_bytes), _over(s.peak_bytes, capacity))]
-    maps = {PLAN: plan.device_map["map"]}
-    for name, found in plan.device_map.get("accelerate", {}).items():
-        maps[name] = found["map"]
+    maps = {PLAN: plan.device_map.map}
+    for name, found in plan.device_map.accelerate.items():
+        maps[name] = found.map
         b = plan.baselines.get(name)
         if b is None or b.makespan_s is None:
-            columns.append(MapColumn(name, None, {}, (), note=found.get("note") or "absent"))
+            columns.append(MapColumn(name, None, {}, (), note=found.note or "absent"))
             continue
         columns.append(MapColumn(name, b.makespan_s, dict(b.peak_bytes),
                                  _over(b.peak_bytes, capacity)))
     names = device_keys(cluster)
     rows: list[MapRow] = []
-    for module in plan.device_map["map"]:
+    for module in plan.device_map.map:
         devices = tuple(_device_of(m, module, names) for m in maps.values())
         if rows and rows[-1].devices == devices:
             last = rows[-1]
@@ -100,4 +100,4 @@ def device_map_facts(plan: Plan) -> DeviceMapFacts | None:
         else:
             rows.append(MapRow(module, module, 1, devices))
     return DeviceMapFacts(columns=tuple(columns), rows=tuple(rows),
-                          no_split=tuple(plan.device_map.get("no_split", ())))
+                          no_split=plan.device_map.no_split)

@@ -73,9 +73,9 @@ def pins_text(ov: Overview) -> str | None:
     plan (2.61 ms)"``, for a plan with pins."""
     if ov.pins is None or ov.pins_cost_s is None:
         return None
-    free_s = ov.pins["unpinned_objective_s"]
+    free_s = ov.pins.unpinned_objective_s
     share = f" ({ov.pins_cost_s / free_s:.0%})" if free_s > 0 else ""
-    return (f"{pin_list(ov.pins['modules'])}: pins cost {format_seconds(ov.pins_cost_s)}"
+    return (f"{pin_list(ov.pins.modules)}: pins cost {format_seconds(ov.pins_cost_s)}"
             f"{share} against the unpinned plan ({format_seconds(free_s)})")
 
 

@@ -44,9 +44,6 @@ class Pins:
     modules: Mapping[str, str]
     device_of_op: Mapping[str, str]
 
-    def to_dict(self) -> dict[str, object]:
-        return {"modules": dict(self.modules), "ops": len(self.device_of_op)}
-
 
 def parse_pins(texts: Iterable[str]) -> dict[str, str | int]:
     """``["model.layers.0=cuda:1", "lm_head=cpu"]`` as a mapping; a module given twice with

@@ -10,9 +10,9 @@ before it (a plan on fewer devices is one on more): rows never worsen as devices
 own solve, within ``WHATIF_SHARE`` of the time limit, and hands the best row's plan to that solve
 as a start, so the plan is never worse than a row of its own table, at no time beyond the limit.
 ``whatif_table`` is every row, the whole set's solved again unless ``full`` (the plan) is given.
-The rows go into ``plan.json`` as ``whatif`` (``devices``, ``makespan_s``, ``objective_s``: the
-value under the plan's objective, ``status``, ``detail``, ``wall_s``) for the report's table
-(``docs/concepts.md``, "The what-if table").
+Each row is a ``WhatIfRecord`` (``devices``, ``makespan_s``, ``objective_s``: the value under
+the plan's objective, ``status``, ``detail``, ``wall_s``): ``plan.json``'s ``whatif``, the
+report's table (``docs/concepts.md``, "The what-if table").
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from autoplace.errors import AutoplaceError
+from autoplace.formats.records import WhatIfRecord
 from autoplace.ir import Cluster, Costs, Placement, Problem, SharedLink
 from autoplace.progress import phase
 from autoplace.solve import SolveOptions, SolveResult, solve
@@ -79,7 +80,7 @@ class FewerDevices:
     wall time); ``solved``: how many rows a solve ran for (the others' devices cannot hold the
     model); ``interrupted``: Ctrl-C stopped them, the rows after it not run."""
 
-    rows: tuple[dict[str, Any], ...]
+    rows: tuple[WhatIfRecord, ...]
     best: tuple[str, Placement] | None = None
     spent_s: float = 0.0
     solved: int = 0
@@ -98,15 +99,15 @@ def fewer_devices(problem: Problem, options: SolveOptions, *,
     fits = [_restricted(problem, devices) for devices in prefixes]
     planned = to_solve = sum(sub is not None for sub, _ in fits)
     row_options = options
-    rows: list[dict[str, Any]] = []
+    rows: list[WhatIfRecord] = []
     best: tuple[str, Placement] | None = None
     best_s = float("inf")
     began, limits_s = time.perf_counter(), 0.0
     for devices, (sub, why) in zip(prefixes, fits):
         row_began = time.perf_counter()
         if sub is None:
-            rows.append({"devices": list(devices), "makespan_s": None, "status": "INFEASIBLE",
-                         "detail": why, "wall_s": time.perf_counter() - row_began})
+            rows.append(WhatIfRecord(devices=devices, makespan_s=None, status="INFEASIBLE",
+                                     detail=why or "", wall_s=time.perf_counter() - row_began))
             continue
         if within_s is not None:
             left_s = within_s - _spent(options, began, limits_s)
@@ -121,12 +122,12 @@ def fewer_devices(problem: Problem, options: SolveOptions, *,
             return FewerDevices(tuple(rows), best, _spent(options, began, limits_s),
                                 planned - to_solve, True)
         except AutoplaceError as exc:  # no plan within memory found in the time
-            rows.append({"devices": list(devices), "makespan_s": None, "status": "INFEASIBLE",
-                         "detail": str(exc), "wall_s": time.perf_counter() - row_began})
+            rows.append(WhatIfRecord(devices=devices, makespan_s=None, status="INFEASIBLE",
+                                     detail=str(exc), wall_s=time.perf_counter() - row_began))
             continue
-        rows.append({"devices": list(devices), "makespan_s": result.schedule.makespan_s,
-                     "objective_s": result.objective_s, "status": result.solver.status,
-                     "detail": "", "wall_s": time.perf_counter() - row_began})
+        rows.append(WhatIfRecord(devices=devices, makespan_s=result.schedule.makespan_s,
+                                 objective_s=result.objective_s, status=result.solver.status,
+                                 wall_s=time.perf_counter() - row_began))
         if result.solver.status == "INTERRUPTED":
             return FewerDevices(tuple(rows), best, _spent(options, began, limits_s),
                                 planned - to_solve, True)
@@ -153,11 +154,11 @@ def _spent(options: SolveOptions, began: float, limits_s: float) -> float:
     return limits_s if options.deterministic else time.perf_counter() - began
 
 
-def plan_row(problem: Problem, full: SolveResult) -> dict[str, Any]:
+def plan_row(problem: Problem, full: SolveResult) -> WhatIfRecord:
     """The last row: the plan, on every device of ``problem``."""
-    return {"devices": list(problem.cluster.names), "makespan_s": full.schedule.makespan_s,
-            "objective_s": full.objective_s, "status": full.solver.status,
-            "detail": "the plan", "wall_s": full.solver.wall_s}
+    return WhatIfRecord(devices=problem.cluster.names, makespan_s=full.schedule.makespan_s,
+                        objective_s=full.objective_s, status=full.solver.status,
+                        detail="the plan", wall_s=full.solver.wall_s)
 
 
 def solve_after_whatif(problem: Problem, options: SolveOptions, *,
@@ -196,7 +197,7 @@ def whatif_table(
     full: SolveResult | None = None,
     options: SolveOptions | None = None,
     **fields: Any,
-) -> tuple[dict[str, Any], ...]:
+) -> tuple[WhatIfRecord, ...]:
     """Every row, smallest first, each solved with ``options`` (``whatif_options`` of the
     plan's), or with ``SolveOptions`` fields given as keywords (``time_limit_s`` defaults to
     ``WHATIF_TIME_LIMIT_S``). ``full``, the result already found for every device, stands in
@@ -214,7 +215,7 @@ def whatif_table(
     try:
         full = solve(problem, options=options, starts=dict([fewer.best]) if fewer.best else None)
     except AutoplaceError as exc:
-        return (*fewer.rows, {"devices": list(problem.cluster.names), "makespan_s": None,
-                              "status": "INFEASIBLE", "detail": str(exc),
-                              "wall_s": time.perf_counter() - began})
-    return (*fewer.rows, {**plan_row(problem, full), "detail": ""})
+        return (*fewer.rows, WhatIfRecord(devices=problem.cluster.names, makespan_s=None,
+                                          status="INFEASIBLE", detail=str(exc),
+                                          wall_s=time.perf_counter() - began))
+    return (*fewer.rows, replace(plan_row(problem, full), detail=""))

@@ -2,7 +2,8 @@
 
 ``verify`` runs both models without gradients on the same inputs, brings the outputs to the CPU
 and compares them (leaf by leaf when the emitted model returns a flat tuple); a mismatch raises
-``VerificationError`` with the largest absolute difference.
+``VerificationError`` with the largest absolute difference. A match is the plan's
+``Verification`` record, its memory still to be measured.
 
 ``check_peak`` compares the emitted model's measured peak bytes per planned device
 (``check.memory``) with the plan's figure for that device: the plan's memory must be an
@@ -14,31 +15,21 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 from torch.utils import _pytree as pytree
 
 from autoplace.errors import VerificationError
+from autoplace.formats.plan import Verification
 
-__all__ = ["ENFORCE_PEAK_DEFAULT", "PeakCheck", "VerifyResult", "check_peak", "max_abs_diff",
-           "verify"]
+__all__ = ["ENFORCE_PEAK_DEFAULT", "PeakCheck", "check_peak", "max_abs_diff", "verify"]
 
 # Whether a measured peak above the plan's figure fails verification by default: on, since the
 # plan's figure is an upper bound (frees after last use, group and op workspace, the simulator's
 # segment spans); ``--no-check-memory`` records the measurement without failing.
 ENFORCE_PEAK_DEFAULT = True
-
-
-@dataclass(frozen=True)
-class VerifyResult:
-    """What ``verify`` found; it raises instead of returning a failure, so ``status`` is
-    always ``"passed"``. ``detail`` is the line the report shows."""
-
-    status: Literal["passed"]
-    max_abs_diff: float
-    detail: str
 
 
 @contextlib.contextmanager
@@ -62,8 +53,9 @@ def verify(
     *,
     rtol: float | None = None,
     atol: float | None = None,
-) -> VerifyResult:
-    """Run both models without gradients and compare their outputs on the CPU.
+) -> Verification:
+    """Run both models without gradients and compare their outputs on the CPU: the plan's
+    ``Verification``, ``passed`` (a mismatch raises), with the line the report shows.
 
     ``rtol``/``atol`` go to ``torch.testing.assert_close`` (give both or neither). An emitted
     model saved with flat outputs is compared leaf by leaf.
@@ -97,7 +89,7 @@ def verify(
     tensors = sum(isinstance(leaf, torch.Tensor) for leaf in expected_leaves)
     tolerance = "default tolerances" if rtol is None else f"rtol={rtol}, atol={atol}"
     detail = f"{tensors} tensor output(s) match with {tolerance}; max abs diff {diff:.3g}"
-    return VerifyResult(status="passed", max_abs_diff=diff, detail=detail)
+    return Verification(status="passed", detail=detail, max_abs_diff=diff)
 
 
 def _to_cpu(value: Any) -> Any:
@@ -126,16 +118,15 @@ def max_abs_diff(expected: list[Any], actual: list[Any]) -> float:
 
 @dataclass(frozen=True)
 class PeakCheck:
-    """Measured against predicted peak bytes per plan device: ``within`` when no measurement
-    exceeds its prediction, ``exceeded`` otherwise (only returned when not enforced)."""
+    """Measured against predicted peak bytes per plan device (``{"measured_bytes",
+    "predicted_bytes"}``), measured by ``method``: ``within`` when no measurement exceeds its
+    prediction, ``exceeded`` otherwise (only returned when not enforced), or ``not measured``
+    (no ``method``, no ``peak_bytes``). ``detail`` is the line that says which."""
 
-    status: Literal["within", "exceeded"]
-    peak_bytes: Mapping[str, Mapping[str, int]]
+    status: Literal["within", "exceeded", "not measured"]
     detail: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"memory_status": self.status,
-                "peak_bytes": {d: dict(v) for d, v in self.peak_bytes.items()}}
+    peak_bytes: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    method: str | None = None
 
 
 def check_peak(
@@ -154,7 +145,7 @@ def check_peak(
         ratios = [v["predicted_bytes"] / v["measured_bytes"] for v in table.values()
                   if v["measured_bytes"]]
         worst = f"; predicted/measured at least {min(ratios):.2f}" if ratios else ""
-        return PeakCheck(status="within", peak_bytes=table,
+        return PeakCheck(status="within", peak_bytes=table, method=method,
                          detail=f"measured peak memory within the plan on every device{worst}")
     listed = ", ".join(f"{d} measured {_size(v['measured_bytes'])} > planned "
                        f"{_size(v['predicted_bytes'])}" for d, v in over.items())
@@ -165,7 +156,7 @@ def check_peak(
                "to record the measurement without failing")
     if enforce:
         raise VerificationError(message)
-    return PeakCheck(status="exceeded", peak_bytes=table,
+    return PeakCheck(status="exceeded", peak_bytes=table, method=method,
                      detail=f"memory exceeds the plan (not enforced): {listed}")
 
 

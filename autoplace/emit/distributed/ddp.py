@@ -40,6 +40,7 @@ from autoplace.emit.files.saving import load_inputs, load_model, planned_devices
 from autoplace.emit.train.microbatch import Action, action_order, split_batch, train_step
 from autoplace.emit.train.microbatch import batch_size as cut_size
 from autoplace.errors import AutoplaceError, EmitError
+from autoplace.formats.records import TrainingRecord
 from autoplace.ir import Problem, Schedule
 from autoplace.train.dataparallel import average_gradients, ddp_replica
 from autoplace.train.graph import make_optimizer
@@ -59,12 +60,12 @@ Groups = Sequence[Sequence[str]]
 Step = Callable[[], torch.Tensor]  # a step's forward and backward, gradients averaged: the loss
 
 
-def replicas_of(training: Mapping[str, Any] | None) -> int:
+def replicas_of(training: TrainingRecord | None) -> int:
     """A plan's ``training.replicas``: 1 when absent (and for an inference plan)."""
-    return int((training or {}).get("replicas", 1))
+    return int(training.replicas or 1) if training is not None else 1
 
 
-def microbatching(training: Mapping[str, Any] | None, model: torch.nn.Module,
+def microbatching(training: TrainingRecord | None, model: torch.nn.Module,
                   problem: Problem, schedule: Schedule) -> dict[str, Any] | None:
     """What each replica of a plan with ``training.microbatches`` M > 1 needs to run its step
     in the plan's order, as ``train.py`` holds it: ``count`` (M), ``loss`` (how the shard's
@@ -73,14 +74,13 @@ def microbatching(training: Mapping[str, Any] | None, model: torch.nn.Module,
     (``microbatch.action_order``), each ``[segment, micro-batch, phase]``, and ``recompute``,
     the planned devices whose segments recompute (``training.recompute``). ``None`` for one
     micro-batch: DDP runs that step."""
-    training = training or {}
-    count = int(training.get("microbatches", 1))
-    if count == 1:
+    count = training.microbatches if training is not None else None
+    if training is None or count is None or count == 1:
         return None
     order = action_order(model, problem, schedule, count)
-    return {"count": count, "loss": training["microbatch_loss"],
+    return {"count": count, "loss": training.microbatch_loss,
             "order": [[a.segment, a.microbatch, a.phase] for a in order],
-            "recompute": list(training.get("recompute", ()))}
+            "recompute": list(training.recompute or ())}
 
 
 def batch_size(inputs: Inputs, *, replicas: int) -> int:
