@@ -25,7 +25,7 @@ import torch
 import torch.fx
 
 from autoplace.emit.codegen.lower import fetch
-from autoplace.emit.codegen.runtime import RUNTIME_SOURCE
+from autoplace.emit.codegen.threaded import RUNTIME_SOURCE
 from autoplace.errors import EmitError
 
 __all__ = [

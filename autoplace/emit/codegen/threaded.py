@@ -1,8 +1,5 @@
-"""Emit: the runtime that runs a plan's schedule over several devices, and its program as data.
+"""Emit: the threaded runtime's forward, and the engine that runs its program.
 
-The sequential forward (``source.forward_source``) calls the segments one after another from
-the caller's thread; the runtime here hands every value another device reads over right after
-the segment that computes it, and its readers wait for that handover only, never for the host.
 On CUDA devices the caller's thread launches every GPU's segments in the plan's launch order
 (``Schedule.launch_order``), each planned device on a stream of its own, handovers on the
 producer's copy stream, waited for through events; the simulator charges this one thread's work
@@ -10,118 +7,19 @@ producer's copy stream, waited for through events; the simulator charges this on
 thread that runs its segments in the plan's order on one intra-op thread, tensors handed over by
 reference. docs/design-notes.md ("emit") says why one launching thread.
 
-Read ``Program`` (per planned device the segment runs, the handovers each waits for and issues),
-``build_program``, then ``threaded_forward_source`` and ``RUNTIME_SOURCE`` (the engine, which
-imports only torch and the standard library); ``check.replay`` plays a program back.
+Read ``threaded_forward_source`` (the forward that runs a ``runtime.program.Program``) and
+``RUNTIME_SOURCE`` (the engine, which imports only torch and the standard library).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
-from autoplace.errors import EmitError
+from autoplace.emit.runtime.program import Program, Run
 
-__all__ = [
-    "RUNTIME_SOURCE",
-    "Handover",
-    "Program",
-    "Run",
-    "SegmentCallLike",
-    "build_program",
-    "threaded_forward_source",
-]
-
-
-@dataclass(frozen=True)
-class Handover:
-    """Value ``value`` (a segment output) handed from ``src_device`` to ``dst_device``, issued
-    right after segment ``after`` ends; ``id`` is the event its readers wait for."""
-
-    id: int
-    value: str
-    after: int
-    src_device: str
-    dst_device: str
-
-
-@dataclass(frozen=True)
-class Run:
-    """Segment ``segment`` run by its device's worker once ``waits`` (handover ids) are done;
-    ``inputs_from_caller`` are the model inputs it moves to its device itself."""
-
-    segment: int
-    waits: tuple[int, ...]
-    inputs_from_caller: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Program:
-    """What the threaded runtime does, as data: per worker (a planned torch device) the steps it
-    takes in order, each a ``Run`` or a ``Handover`` it issues."""
-
-    workers: Mapping[str, tuple[Run | Handover, ...]]
-    handovers: tuple[Handover, ...]
-    origin: Mapping[str, str] = field(default_factory=dict)  # value -> traced op it came from
-
-    def to_dict(self) -> dict[str, Any]:
-        def step(s: Run | Handover) -> dict[str, Any]:
-            if isinstance(s, Run):
-                return {"run": s.segment, "waits": list(s.waits),
-                        "inputs_from_caller": list(s.inputs_from_caller)}
-            return {"handover": s.id, "value": s.value, "to": s.dst_device}
-        return {device: [step(s) for s in steps] for device, steps in self.workers.items()}
-
-
-def build_program(
-    planned_devices: Sequence[str],
-    inputs: Sequence[Sequence[str]],
-    source_of: Mapping[str, int | None],
-    *,
-    origin: Mapping[str, str] | None = None,
-) -> Program:
-    """The program of segments ``0..n-1``: ``planned_devices[i]`` runs segment ``i``, which
-    reads ``inputs[i]``; ``source_of[value]`` is the segment that computes a value (``None``
-    for the caller's inputs).
-
-    Each worker's runs keep the segments' order, a topological order of the schedule, so no
-    worker waits for a handover that a later step of its own must issue: the program cannot
-    deadlock. A value goes to each other device once, however many segments there read it.
-    """
-    handovers: dict[tuple[str, str], Handover] = {}
-    issued: dict[int, list[Handover]] = {}
-    runs: list[Run] = []
-    for index, (device, names) in enumerate(zip(planned_devices, inputs, strict=True)):
-        waits: list[int] = []
-        caller: list[str] = []
-        for name in names:
-            source = source_of.get(name)
-            if source is None:
-                caller.append(name)
-                continue
-            if source >= index:
-                raise EmitError(f"segment {index} reads {name!r} from segment {source}, which "
-                                "runs later: the segment order is not topological")
-            if planned_devices[source] == device:
-                continue
-            key = (name, device)
-            if key not in handovers:
-                handovers[key] = Handover(id=len(handovers), value=name, after=source,
-                                          src_device=planned_devices[source], dst_device=device)
-                issued.setdefault(source, []).append(handovers[key])
-            waits.append(handovers[key].id)
-        runs.append(Run(segment=index, waits=tuple(dict.fromkeys(waits)),
-                        inputs_from_caller=tuple(caller)))
-    workers: dict[str, list[Run | Handover]] = {}
-    for run in runs:
-        steps = workers.setdefault(planned_devices[run.segment], [])
-        steps.append(run)
-        steps.extend(issued.get(run.segment, ()))
-    return Program(workers={d: tuple(s) for d, s in workers.items()},
-                   handovers=tuple(sorted(handovers.values(), key=lambda h: h.id)),
-                   origin=dict(origin or {}))
+__all__ = ["RUNTIME_SOURCE", "SegmentCallLike", "threaded_forward_source"]
 
 
 # The engine, written into the generated source after source.py's helpers (it uses no name from
