@@ -7,7 +7,7 @@ Input is the traced fx module and a device per op (from the plan); output is a
 only those listed before it:
 
 1. ``device_map``: where planned devices run on this machine (``local_device_map``, remaps).
-2. ``runtime/``: the threaded runtime's program, as data (``runtime.program``).
+2. ``runtime/``: the engine generated models import, and the threaded runtime's program.
 3. ``codegen/``: the cut (``codegen.model.emit_model``), the generated source and forwards.
 4. ``files/``: ``save_model`` and ``load_model``, the user's checkpoint, Hugging Face maps.
 5. ``train/``: a training step of M micro-batches, and the optimizer with master weights.

@@ -269,7 +269,7 @@ def _top_forward(
 
 def _under_worker_threads(source: str, segments: Sequence[int]) -> str:
     """``source``, a generated ``def forward`` of one line's head, with its body under
-    ``_WorkerThreads`` (``runtime.py``) of ``segments``' devices: a ``cpu-thread`` worker's
+    ``_WorkerThreads`` (``runtime.engine``) of ``segments``' devices: a ``cpu-thread`` worker's
     segments run on one intra-op thread, as the plan profiled them, in the sequential forward
     too, whether the model was emitted here or loaded (``model.py`` holds this source)."""
     head, *body = source.rstrip("\n").splitlines()
