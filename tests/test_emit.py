@@ -14,6 +14,8 @@ import copy
 import json
 import logging
 import math
+import subprocess
+import sys
 import weakref
 from pathlib import Path
 
@@ -23,6 +25,7 @@ import torch
 from zoo import TwoBranch, by_module
 
 import autoplace.emit
+import autoplace.emit.runtime.engine
 from autoplace.emit import (
     PartitionedModel,
     emit_model,
@@ -410,7 +413,22 @@ def test_save_load_round_trip_equals_in_memory_model(mlp, tmp_path):
     )
 
 
-def test_generated_source_is_plain_torch(mlp, tmp_path):
+def _import_roots(source: str) -> tuple[set[str], set[str]]:
+    """The top-level packages ``source`` imports absolutely, and the modules it imports
+    relatively (``from ._runtime import ...``), function-local imports included."""
+    roots: set[str] = set()
+    relative: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            relative.add(node.module or "")
+        elif isinstance(node, ast.ImportFrom):
+            roots.add((node.module or "").split(".")[0])
+    return roots, relative
+
+
+def test_generated_source_imports_only_torch_the_stdlib_and_the_engine_beside_it(mlp, tmp_path):
     _, _, gm, device_of = mlp
     save_model(emit_model(gm, device_of, device_map=CPU), tmp_path)
     source = (tmp_path / "model.py").read_text()
@@ -419,13 +437,51 @@ def test_generated_source_is_plain_torch(mlp, tmp_path):
     assert (
         "class Segment0(torch.nn.Module)" in source and "class Segment1(torch.nn.Module)" in source
     )
-    roots = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            roots |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            roots.add((node.module or "").split(".")[0])
-    assert roots <= {"torch", "math", "queue", "threading"}  # the last two: emit/codegen/runtime.py
+    allowed = {"torch"} | set(sys.stdlib_module_names)
+    roots, relative = _import_roots(source)
+    assert roots <= allowed and relative == {"_runtime"}, (roots, relative)
+    # The one file beside it is autoplace's engine, as it is, importing torch and the stdlib only
+    # (never autoplace): a saved model/ runs where autoplace is not installed.
+    engine = (tmp_path / "_runtime.py").read_text()
+    assert engine == Path(autoplace.emit.runtime.engine.__file__).read_text()
+    roots, relative = _import_roots(engine)
+    assert roots <= allowed and not relative, (roots, relative)
+    assert "autoplace" not in roots
+
+
+def test_a_saved_model_is_a_package_that_runs_without_autoplace(mlp, tmp_path):
+    model, x, gm, device_of = mlp
+    save_model(emit_model(gm, device_of, device_map=CPU), tmp_path / "model")
+    safetensors.torch.save_file({"x": x}, str(tmp_path / "x.safetensors"))
+    script = """
+import json, sys
+sys.modules["autoplace"] = None  # any import of autoplace fails
+import safetensors.torch, torch
+from torch.utils import _pytree as pytree
+from model.model import AutoplacedModel
+meta = json.loads(open("model/meta.json").read())
+built = AutoplacedModel(["cpu", "cpu"], in_spec=pytree.treespec_loads(meta["in_spec"]),
+                        out_spec=pytree.treespec_loads(meta["out_spec"]))
+built.load_state_dict(safetensors.torch.load_file("model/weights.safetensors"), assign=True)
+x = safetensors.torch.load_file("x.safetensors")["x"]
+with torch.no_grad():
+    safetensors.torch.save_file({"y": built(x)}, "y.safetensors")
+"""
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with torch.no_grad():
+        expected = model(x)
+    torch.testing.assert_close(safetensors.torch.load_file(tmp_path / "y.safetensors")["y"],
+                               expected)
+
+
+def test_a_model_missing_its_engine_file_says_so(mlp, tmp_path):
+    _, _, gm, device_of = mlp
+    save_model(emit_model(gm, device_of, device_map=CPU), tmp_path)
+    (tmp_path / "_runtime.py").unlink()
+    with pytest.raises(EmitError, match="missing _runtime.py"):
+        load_model(tmp_path, device_map=CPU)
 
 
 def test_tied_weights_are_stored_once_and_stay_tied(tmp_path):
@@ -584,6 +640,7 @@ def test_saved_files_live_where_asked(mlp, tmp_path):
     save_model(emit_model(gm, device_of, device_map=CPU), target)
     assert {p.name for p in Path(target).iterdir()} == {
         "model.py",
+        "_runtime.py",
         "weights.safetensors",
         "meta.json",
     }

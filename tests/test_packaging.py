@@ -1,7 +1,7 @@
 """Packaging: `python -m build` makes a wheel and an sdist that carry the package data (plan
-schema, report templates, vendored plotly.js) and the licence (`License-Expression: Apache-2.0`,
-the LICENSE file), and the wheel, installed into a fresh virtual environment, gives a working
-`autoplace --help` and `autoplace plan` on an example.
+schema, report and script templates, vendored plotly.js) and the licence
+(`License-Expression: Apache-2.0`, the LICENSE file), and the wheel, installed into a fresh
+virtual environment, gives a working `autoplace --help` and `autoplace plan` on an example.
 
 The fresh environment sees the site-packages of the environment running the tests (a `.pth` file
 lists them), so torch and the other dependencies are there without a download (the wheel is
@@ -36,6 +36,8 @@ DATA_FILES = (
     "autoplace/templates/report.css",
     "autoplace/templates/report.js",
     "autoplace/templates/summary.md.j2",
+    "autoplace/templates/launch.py.tmpl",
+    "autoplace/templates/train.py.tmpl",
     "autoplace/templates/vendor/plotly-basic.min.js",
     "autoplace/templates/vendor/plotly.js-LICENSE.txt",
 )
@@ -125,3 +127,4 @@ def test_the_wheel_installs_into_a_fresh_venv_and_plans(dist, tmp_path):
     assert data["makespan_s"] > 0
     assert "Plotly" in (out / "report.html").read_text()  # the vendored plotly.js came along
     assert (out / "model" / "weights.safetensors").is_file()
+    assert (out / "model" / "_runtime.py").is_file()  # the engine, copied from the wheel

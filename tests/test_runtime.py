@@ -1,5 +1,5 @@
-"""Tests for the threaded runtime (``autoplace.emit.codegen.runtime``) and the ``cpu-thread``
-devices.
+"""Tests for the threaded runtime (``autoplace.emit.runtime``, ``autoplace.emit.codegen.threaded``)
+and the ``cpu-thread`` devices.
 
 The emitted model's ``program`` is checked by hand on a two-branch model, run on worker threads
 (one per planned device, each on one torch thread) against the original with
@@ -21,7 +21,7 @@ from autoplace.cluster.detect import device_key, inventory
 from autoplace.config import Config, Solve
 from autoplace.emit import emit_model, load_model, save_model
 from autoplace.emit.check.replay import replay
-from autoplace.emit.codegen.runtime import Handover, Program, Run, build_program
+from autoplace.emit.runtime.program import Handover, Program, Run, build_program
 from autoplace.ir import Costs, Edge, OpGraph, OpNode, Placement, Problem
 from autoplace.pipeline import plan
 from autoplace.profile.links import measure_handover

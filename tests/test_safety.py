@@ -1,5 +1,6 @@
-"""Loading a plan or an emitted model never runs code other than the generated ``model.py`` the
-user asked to run: plan files are JSON, weights are safetensors, and nothing is unpickled.
+"""Loading a plan or an emitted model never runs code other than the generated ``model.py`` (and
+the engine saved beside it, ``_runtime.py``) the user asked to run: plan files are JSON, weights
+are safetensors, and nothing is unpickled.
 
 Each test plants a payload that would create a marker file if it ever ran (a pickle's
 ``__reduce__``, a module's import) and checks that autoplace refuses the input and the marker

@@ -5,7 +5,7 @@ A ``cpu-thread`` worker (torch device ``cpu:N``; the host CPU is ``cpu``) runs o
 thread, as the plan times it: ``is_thread_worker`` tells one, ``intra_op_threads`` is the count of a
 thread that runs only such workers, ``worker_threads`` runs a body on it. The emitter (``emit``),
 ``autoplace run`` and the profiler (``profile.timing``) all apply this one rule; the generated
-model's ``_WorkerThreads`` (``emit/codegen/runtime.py``) keeps a copy, as it imports nothing of
+model's ``WorkerThreads`` (``emit/runtime/engine.py``) keeps a copy, as it imports nothing of
 autoplace. ``free_port`` is a port for processes of this host to meet on (torchrun's, or the
 profiler's all-reduce ranks').
 """
@@ -40,7 +40,7 @@ def intra_op_threads(torch_devices: Iterable[str]) -> int:
 @contextlib.contextmanager
 def worker_threads(torch_devices: Iterable[str]) -> Iterator[int]:
     """Run the body on ``intra_op_threads(torch_devices)`` threads, as the runtime runs a
-    worker (``emit/codegen/runtime.py``); torch's count is restored afterwards, also after an error.
+    worker (``emit/runtime/engine.py``); torch's count is restored afterwards, also after an error.
     Yields the count in force. A whole step of such workers (autograd's backward on the
     calling thread, DDP's process) otherwise runs on torch's default of one thread per core,
     over cores the plan gives to the other workers."""

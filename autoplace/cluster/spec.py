@@ -3,7 +3,7 @@
 A spec is a comma-separated list of entries (spaces around one dropped), each one of: ``NxTYPE`` (a
 count of 1 or more, ``x`` or ``X``, a catalog type; ``TYPE`` alone is one; GPUs named ``cuda:0``,
 ``cuda:1``, ... in spec order, simulated), ``cpu`` (the host CPU, at most one), ``Nxcpu-thread``
-(worker threads of this CPU, ``cpu:0``, ...; ``emit/codegen/runtime.py`` runs each one's segments
+(worker threads of this CPU, ``cpu:0``, ...; ``emit/runtime/engine.py`` runs each one's segments
 on its own thread) or ``cuda:N`` (a GPU on this machine, typed by ``detect.detect_gpus``; not mixed
 with catalog GPU types, which would claim the same names). A type name is letters, digits, ``-``
 and ``_``, case and ``-``/``_`` not mattering. Any other form (``2*A100-40GB``, ``x2A100``, a space

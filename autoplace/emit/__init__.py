@@ -2,17 +2,17 @@
 
 Input is the traced fx module and a device per op (from the plan); output is a
 ``PartitionedModel`` whose segments ``seg0``, ``seg1``, ... each run on one device. Read
-``emit_and_verify`` (below: the stage as the pipeline runs it), then the parts, each importing
+``emit_and_verify`` (below: the stage as the pipeline runs it; ``train_emitted`` and
+``check_step_memory`` check a training plan's emitted model), then the parts, each importing
 only those listed before it:
 
 1. ``device_map``: where planned devices run on this machine (``local_device_map``, remaps).
-2. ``codegen/``: the cut (``codegen.model.emit_model``), the generated source and the runtime.
-3. ``files/``: ``save_model`` and ``load_model``, the user's checkpoint, Hugging Face maps.
-4. ``train/``: a training step of M micro-batches, and the optimizer with master weights.
-5. ``check/``: outputs against the original, measured memory, the program replayed, training.
-6. ``distributed/``: what runs under torchrun (``OUT/train.py``, ``OUT/launch.py``).
-
-``train_emitted`` and ``check_step_memory`` (below) check a training plan's emitted model.
+2. ``runtime/``: the engine generated models import, and the threaded runtime's program.
+3. ``codegen/``: the cut (``codegen.model.emit_model``), the generated source and forwards.
+4. ``files/``: ``save_model`` and ``load_model``, the user's checkpoint, Hugging Face maps.
+5. ``train/``: a training step of M micro-batches, and the optimizer with master weights.
+6. ``check/``: outputs against the original, measured memory, the program replayed, training.
+7. ``distributed/``: what runs under torchrun (``OUT/train.py``, ``OUT/launch.py``).
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """What the emitted runtime's launcher thread pays on a GPU here, measured (``ir.HostCosts``):
 one segment call beyond its ops, and one handover.
 
-The runtime's own engine (``emit.codegen.runtime.RUNTIME_SOURCE``, as
-``emit.codegen.source.runtime_namespace`` loads it for every generated forward) is run, not a copy
-of it; the caller hands it in, as the profiler does not import the emitter. A segment call is a run
-step as ``_launch`` takes it (``_step`` on the segment's stream, the segment a one-op
-``GraphModule`` reading and storing its values), timed against the bare op. A handover is the
-engine's ``_hand_over`` followed by the reader's ``_wait``, to a second GPU where there is one (else
+The runtime's own engine (``emit.runtime.engine``, as ``emit.codegen.source.runtime_namespace``
+binds it for every generated forward) is run, not a copy of it; the caller hands it in, as the
+profiler does not import the emitter. A segment call is a ``RunStep`` as ``_launch`` takes it
+(``run_step`` on the segment's stream, the segment a one-op ``GraphModule`` reading and storing
+its values), timed against the bare op. A handover is the engine's ``hand_over`` of a
+``HandoverStep`` followed by the reader's ``wait``, to a second GPU where there is one (else
 between two streams of the one GPU, as between two planned devices that share it). Nothing is
 synchronised while the host is timed, as in the runtime; the medians of ``rounds`` batches are
 returned."""
@@ -44,13 +44,14 @@ def measure_launcher(torch_device: str, *, engine: Mapping[str, Any], calls: int
     streams: dict = {}
     run = torch.cuda.Stream(device)
     reader = torch.cuda.Stream(target)
-    hand = ("send", 0, "x", target, ("x", "reader"), ())
-    wait = ("run", 0, (0,), ())
+    hand = engine["_HandoverStep"](handover=0, value="x", target=target, key=("x", "reader"))
+    wait = engine["_RunStep"](segment=0, waits=(0,))
+    step = engine["_RunStep"](segment=0)
     functions = {0: lambda: call.values.__setitem__("y", gm(call.values["x"]))}
 
-    def segment() -> None:  # a run step as ``_launch`` takes it: on its stream, via ``_step``
+    def segment() -> None:  # a run step as ``_launch`` takes it: on its stream, via ``run_step``
         with torch.cuda.stream(run):
-            engine["_step"](call, ("run", 0, (), ()), functions, device, streams)
+            engine["_run_step"](call, step, functions, device, streams)
 
     def bare() -> None:
         call.values["y"] = call.values["x"] + 1

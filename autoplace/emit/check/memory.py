@@ -95,7 +95,7 @@ def measure(
     elif method == "storage":
         # Storage tracking sees the ops of this thread only (a dispatch mode is per thread), so
         # a threaded emitted model is measured running its segments in order on this thread:
-        # same segments, same order per device (codegen.runtime's workers follow it too).
+        # same segments, same order per device (the threaded runtime's workers follow it too).
         tracker = _Tracker(emitted, planned)
         with _sequential(emitted), tracker:
             with torch.no_grad():

@@ -1,4 +1,4 @@
-"""Emit: the runtime's program (``codegen.runtime.Program``) played back under the plan's costs, to
+"""Emit: the runtime's program (``runtime.program.Program``) played back under the plan's costs, to
 hold against the simulator: the check that the emitted launch order realises the simulated
 schedule (``emit_and_verify`` notes a replay more than ``REPLAY_TOLERANCE`` off, and
 ``benchmarks/replay.py`` tabulates every example).
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from autoplace.emit.codegen.runtime import Handover, Program, Run
+from autoplace.emit.runtime.program import Handover, Program, Run
 from autoplace.ir import Problem, Schedule
 
 __all__ = ["Replay", "replay"]

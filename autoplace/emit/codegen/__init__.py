@@ -3,6 +3,6 @@
 Read in the order ``model.emit_model`` calls them: ``lower`` (the graph segments are cut from),
 ``segment`` (which ops form which segment, in which order), ``fxgraph`` (each segment as a
 ``GraphModule``), ``source`` (the Python source of the forward and of ``model.py``, importing
-only torch and the standard library) and ``runtime`` (the engine that runs the plan's schedule
-over several devices, and its launch order as data, ``Program``); then ``model`` itself.
+only torch, the standard library and ``runtime.engine``) and ``threaded`` (the forward that runs
+the plan's schedule over several devices, ``runtime.program.Program``); then ``model`` itself.
 """

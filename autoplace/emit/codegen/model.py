@@ -4,7 +4,7 @@ Input is a ``torch.fx.GraphModule`` (from ``torch.export`` or ``torch.fx.symboli
 device per compute node; output is a ``PartitionedModel`` whose children ``seg0``, ``seg1``, ...
 are device-contiguous ``GraphModule`` segments, called by a generated top-level forward that
 moves values between devices with explicit ``.to(device, non_blocking=False)`` copies; over
-several devices the model runs the threaded forward instead (``runtime``). Either way a
+several devices the model runs the threaded forward instead (``threaded``). Either way a
 ``cpu-thread`` worker's segments run on one intra-op thread, as the plan profiled them
 (``_under_worker_threads``).
 
@@ -26,7 +26,6 @@ from torch.utils import _pytree as pytree
 
 from autoplace.emit.codegen.fxgraph import build_segment
 from autoplace.emit.codegen.lower import Lowered, lower
-from autoplace.emit.codegen.runtime import Program, build_program, threaded_forward_source
 from autoplace.emit.codegen.segment import assign_devices, later_uses, owners, partition, run_order
 from autoplace.emit.codegen.source import (
     SegmentCall,
@@ -35,7 +34,9 @@ from autoplace.emit.codegen.source import (
     literal_source,
     signature_source,
 )
+from autoplace.emit.codegen.threaded import threaded_forward_source
 from autoplace.emit.device_map import check_device, remap
+from autoplace.emit.runtime.program import Program, build_program
 from autoplace.errors import EmitError
 
 __all__ = ["PartitionedModel", "SegmentInfo", "emit_model"]
@@ -97,7 +98,7 @@ class PartitionedModel(torch.nn.Module):
         self._in_spec = in_spec
         self._out_spec = out_spec
         self._forward = compile_forward(forward_source)
-        # The threaded runtime (emit/codegen/runtime.py): GPUs launched from the caller's thread, a
+        # The threaded runtime (codegen/threaded.py): GPUs launched from the caller's thread, a
         # worker thread per CPU device, running the ``program``; ``runtime`` picks which forward
         # runs.
         self.program = program
@@ -130,7 +131,7 @@ def emit_model(
     ``order`` is a topological order of fx node names (default: graph order); a new segment
     starts wherever the device changes along it. ``device_map`` remaps planned devices by glob
     (``{"cuda:*": "cpu"}``) so a plan for absent devices can be built and run here.
-    ``runtime``: ``threaded`` (the schedule, ``runtime.py``) or
+    ``runtime``: ``threaded`` (the schedule, ``threaded.py``) or
     ``sequential`` (the caller's thread calls the segments in order); by default threaded when
     the segments are planned on more than one device. ``meta_weights``: tensors on the meta
     device are kept there (the model is saved to be loaded from a checkpoint, not run).
@@ -268,7 +269,7 @@ def _top_forward(
 
 def _under_worker_threads(source: str, segments: Sequence[int]) -> str:
     """``source``, a generated ``def forward`` of one line's head, with its body under
-    ``_WorkerThreads`` (``runtime.py``) of ``segments``' devices: a ``cpu-thread`` worker's
+    ``_WorkerThreads`` (``runtime.engine``) of ``segments``' devices: a ``cpu-thread`` worker's
     segments run on one intra-op thread, as the plan profiled them, in the sequential forward
     too, whether the model was emitted here or loaded (``model.py`` holds this source)."""
     head, *body = source.rstrip("\n").splitlines()

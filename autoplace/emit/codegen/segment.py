@@ -160,7 +160,7 @@ def partition(
     """Runs of the schedule on one device, cut where the device changes, before a node that
     reads a value computed on another device, and after a node whose value another device reads.
 
-    The two extra cuts are what lets the threaded runtime (``runtime.py``) match the simulator:
+    The two extra cuts are what lets the threaded runtime (``threaded.py``) match the simulator:
     a segment waits for all its inputs before it starts and hands its outputs over when it ends,
     while the simulator starts each node when its own inputs arrive and sends each value when
     its node ends. With the cuts, only a segment's first node waits for another device and only

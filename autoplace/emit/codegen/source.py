@@ -1,12 +1,13 @@
-"""Emit: the Python source of an emitted model, importing only torch and the stdlib.
+"""Emit: the Python source of an emitted model, importing only torch, the stdlib and the engine.
 
-``IMPORTS_SOURCE`` and ``HELPERS_SOURCE`` start every generated file; ``signature_source`` and
-``forward_source`` write the top-level forward that calls the segments and moves values between
-devices (``SegmentCall`` is one call); ``class_source`` writes one ``torch.nn.Module`` class per
-segment (its forward is torch.fx's own codegen); ``model_source`` assembles ``model.py``.
-``compile_forward`` runs the same preamble, so the in-memory model executes exactly the forward
-that ``save_model`` writes. This is the one module of autoplace that calls ``exec``, and only on
-source it generated itself.
+``IMPORTS_SOURCE`` and ``RUNTIME_IMPORT`` (the engine, ``runtime.engine``, that ``save_model``
+copies next to ``model.py`` as ``RUNTIME_FILE``) start every generated file; ``signature_source``
+and ``forward_source`` write the top-level forward that calls the segments and moves values
+between devices (``SegmentCall`` is one call); ``class_source`` writes one ``torch.nn.Module``
+class per segment (its forward is torch.fx's own codegen); ``model_source`` assembles
+``model.py``. ``compile_forward`` runs the same preamble (``runtime_namespace``), so the
+in-memory model executes exactly the forward that ``save_model`` writes. This is the one module
+of autoplace that calls ``exec``, and only on source it generated itself.
 """
 
 from __future__ import annotations
@@ -19,26 +20,31 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.fx
 
 from autoplace.emit.codegen.lower import fetch
-from autoplace.emit.codegen.runtime import RUNTIME_SOURCE
+from autoplace.emit.runtime import engine
 from autoplace.errors import EmitError
 
 __all__ = [
-    "HELPERS_SOURCE",
     "IMPORTS_SOURCE",
     "MODEL_CLASS_NAME",
+    "RUNTIME_FILE",
+    "RUNTIME_IMPORT",
+    "RUNTIME_MODULE",
     "SegmentCall",
     "class_source",
     "compile_forward",
+    "engine_source",
     "forward_source",
     "literal_source",
     "merge_globals",
     "model_source",
+    "runtime_namespace",
     "signature_source",
 ]
 
@@ -57,47 +63,14 @@ from torch import device
 NoneType = type(None)
 """
 
-HELPERS_SOURCE = '''\
-def _move(value, device):
-    """Copy tensors, also inside tuples, lists and dicts, to ``device``; pass other values."""
-    if isinstance(value, torch.Tensor):
-        return value.to(device, non_blocking=False)
-    if type(value) in (tuple, list):
-        return type(value)(_move(item, device) for item in value)
-    if type(value) is dict:
-        return {key: _move(item, device) for key, item in value.items()}
-    return value
-
-
-def _unflatten(flat, spec):
-    """Rebuild the original output structure; a flat tuple when the structure was not saved."""
-    if spec is None:
-        return tuple(flat)
-    return pytree.tree_unflatten(list(flat), spec)
-
-
-def _empty(shape, dtype, *, parameter, requires_grad=False):
-    """A meta-device stand-in that load_model replaces with the saved tensor."""
-    tensor = torch.empty(shape, dtype=dtype, device="meta")
-    if parameter:
-        return torch.nn.Parameter(tensor, requires_grad=requires_grad)
-    return tensor
-
-
-def _attach(root, target, value):
-    """Set ``root.<dotted target>``, creating empty parent modules so state_dict keys keep the
-    original model's names."""
-    *path, name = target.split(".")
-    module = root
-    for part in path:
-        if part not in module._modules:
-            module.add_module(part, torch.nn.Module())
-        module = module._modules[part]
-    if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
-        module.register_buffer(name, value)
-    else:
-        setattr(module, name, value)
-'''
+# The engine's names, as model.py imports them from the copy of ``runtime.engine`` saved next to
+# it and as ``runtime_namespace`` binds them: each with a leading underscore, so that no value
+# name of the graph (``move``, ``empty``) hides one.
+RUNTIME_MODULE = "_runtime"
+RUNTIME_FILE = f"{RUNTIME_MODULE}.py"
+RUNTIME_NAMES = {f"_{name}": name for name in engine.__all__}
+RUNTIME_IMPORT = f"from .{RUNTIME_MODULE} import (\n" + "".join(
+    f"    {name} as {alias},\n" for alias, name in RUNTIME_NAMES.items()) + ")\n"
 
 
 # What the preamble binds, so a segment's codegen globals can be checked against it.
@@ -286,7 +259,8 @@ def model_source(
     threaded: str | None = None,
     runtime: str = "sequential",
 ) -> str:
-    """The complete ``model.py``: header, imports, helpers, segment classes, top-level class.
+    """The complete ``model.py``: header, imports (the engine's too), segment classes, top-level
+    class.
 
     ``forward`` is the sequential forward's source and ``threaded`` the threaded runtime's, if
     any: both are kept (``forward_sequential``, ``forward_threaded``) and ``runtime`` says which
@@ -299,13 +273,13 @@ def model_source(
         f"# {count} device-contiguous segment{'s' if count != 1 else ''}, as planned: "
         f"{placement}.\n"
         "# Weights are in weights.safetensors and devices and pytree specs in meta.json; load\n"
-        "# with autoplace.emit.load_model(directory, device_map=...). Imports torch and the\n"
-        "# standard library only.\n"
+        "# with autoplace.emit.load_model(directory, device_map=...). Imports torch, the standard\n"
+        f"# library and {RUNTIME_FILE} (autoplace's runtime, saved next to this file) only.\n"
     )
     imports = IMPORTS_SOURCE + "".join(
         f"from {module} import {qualname} as {name}\n"
         for name, (module, qualname) in sorted(_import_lines(extra_globals).items())
-    )
+    ) + "\n" + RUNTIME_IMPORT
     init = [
         f"    planned_devices = {tuple(planned_devices)!r}",
         f"    runtime = {runtime!r}  # or 'sequential': which forward runs when called",
@@ -342,17 +316,23 @@ def model_source(
             forward_body,
         ]
     )
-    parts = [header, imports, HELPERS_SOURCE, RUNTIME_SOURCE, *classes, top + "\n"]
+    parts = [header, imports, *classes, top + "\n"]
     return "\n\n\n".join(part.rstrip("\n") for part in parts) + "\n"
 
 
 def runtime_namespace() -> dict[str, Any]:
-    """The preamble every generated forward runs in: its imports, helpers and the runtime's
-    engine (``_hand_over``, ``_wait``, ...), executed into a fresh namespace."""
+    """The preamble every generated forward runs in, as a fresh namespace: its imports and the
+    engine's names (``_move``, ``_run_program``, ...), bound as ``RUNTIME_IMPORT`` binds them."""
     namespace: dict[str, Any] = {}
-    exec(compile(IMPORTS_SOURCE + HELPERS_SOURCE + RUNTIME_SOURCE, "<autoplace helpers>", "exec"),
-         namespace)
+    exec(compile(IMPORTS_SOURCE, "<autoplace imports>", "exec"), namespace)
+    namespace.update({alias: getattr(engine, name) for alias, name in RUNTIME_NAMES.items()})
     return namespace
+
+
+def engine_source() -> str:
+    """The engine's source (``runtime/engine.py``), which ``save_model`` writes as
+    ``RUNTIME_FILE`` next to ``model.py``."""
+    return Path(engine.__file__).read_text()
 
 
 def compile_forward(source: str) -> Any:

@@ -27,6 +27,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from string import Template
 from typing import Any
 
 import torch
@@ -54,6 +55,8 @@ __all__ = ["INIT_TIMEOUT_S", "batch_size", "microbatching", "print_error", "repl
 INIT_TIMEOUT_S = 60.0
 # What the batch is cut into, as errors say it (``microbatch.batch_size``).
 REPLICA_SHARDS = "data-parallel replicas"
+# ``train.py``'s text, its $-placeholders filled by ``write_train_script``.
+_TRAIN_TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "train.py.tmpl"
 
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]
 Groups = Sequence[Sequence[str]]
@@ -134,49 +137,22 @@ def replica_backend(planned: Sequence[str], *, replicas: int,
     return "nccl" if all(torch.device(d).type == "cuda" for d in every) else "gloo"
 
 
-_SCRIPT = '''"""Train the model in model/ as {replicas} data-parallel replicas, one process each.
-
-    torchrun --nproc-per-node {replicas} train.py --steps N [--lr RATE] [--json FILE]
-
-Written by autoplace with the plan (docs/training.md, "Data-parallel replicas"). Each process
-takes its 1/{replicas} of the example batch in model/inputs.safetensors (every tensor whose
-dimension 0 is the batch), loads model/ on its own devices (absent GPUs run on the CPU) under
-DistributedDataParallel (with MICROBATCHES, runs its micro-batches in the plan's order and
-then averages the gradients), and trains {optimizer} (torch's defaults, or --lr); rank 0
-prints the loss of each step (the mean over the replicas) and the median step time.
-"""
-
-import sys
-from pathlib import Path
-
-from autoplace.emit.distributed.ddp import replica_exit, replica_main
-
-# M > 1 micro-batches a replica: M, the shard's loss rule and the plan's order of the segments'
-# forwards and backwards, each [segment, micro-batch, phase]. None: one batch, under DDP.
-MICROBATCHES = {microbatches}
-
-if __name__ == "__main__":
-    replica_exit(replica_main(Path(__file__).resolve().parent / "model", sys.argv[1:],
-                              optimizer={optimizer!r}, replicas={replicas}, groups={groups!r},
-                              microbatches=MICROBATCHES))
-'''
-
-
 def write_train_script(directory: str | os.PathLike[str], *, optimizer: str,
                        replicas: int, groups: Groups | None = None,
                        microbatches: Mapping[str, Any] | None = None) -> Path:
-    """Write ``directory/train.py``, the torchrun entry point of the replicas of the model in
-    ``directory/model`` (``groups``: each replica's torch devices, as
-    ``replica_device_map`` takes them; ``microbatches``: ``microbatching``'s); returns its
-    path."""
+    """Write ``directory/train.py`` (``templates/train.py.tmpl`` filled in), the torchrun entry
+    point of the replicas of the model in ``directory/model`` (``groups``: each replica's torch
+    devices, as ``replica_device_map`` takes them; ``microbatches``: ``microbatching``'s);
+    returns its path."""
     if replicas < 2:
         raise ValueError(f"train.py is for 2 or more replicas, got {replicas}")
     path = Path(directory) / "train.py"
     groups = None if groups is None else [list(g) for g in groups]
     literal = pprint.pformat(None if microbatches is None else dict(microbatches), width=84,
                              compact=True).replace("\n", "\n" + " " * len("MICROBATCHES = "))
-    path.write_text(_SCRIPT.format(optimizer=optimizer, replicas=replicas, groups=groups,
-                                   microbatches=literal))
+    path.write_text(Template(_TRAIN_TEMPLATE.read_text()).substitute(
+        optimizer=optimizer, optimizer_literal=repr(optimizer), replicas=replicas,
+        groups=repr(groups), microbatches=literal))
     return path
 
 

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from string import Template
 from typing import Any
 
 import safetensors.torch
@@ -57,6 +58,8 @@ WATCH_INTERVAL_S = 0.2
 # An error raised from a send or receive waits this long for the watchdog to find which peer
 # is gone before it names the operation's own peer.
 _LOST_GRACE_S = 2.0
+# ``launch.py``'s text, its $-placeholders filled by ``write_launch_script``.
+_LAUNCH_TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "launch.py.tmpl"
 
 
 @dataclass(frozen=True)
@@ -175,40 +178,12 @@ def flat_inputs(model: torch.nn.Module, args: Sequence[Any],
     return list(fx_pytree.tree_flatten_spec((list(args), dict(kwargs)), model._in_spec))
 
 
-_SCRIPT = '''"""Run the model in model/ as {world} processes, one per planned device.
-
-    torchrun --nproc-per-node {world} launch.py [--repeats N] [--microbatches M] [--json FILE]
-
-Written by autoplace with the plan (docs/multiprocess.md). Rank r plays device RANKS[r]: it
-loads only its segments' weights, receives what it reads from other ranks, sends what they
-read from it (gloo on CPUs), and rank 0 gathers the outputs. `autoplace run OUT --nproc {world}`
-runs this and checks the outputs.
-"""
-
-import sys
-from pathlib import Path
-
-from autoplace.emit.distributed.ddp import replica_exit
-from autoplace.emit.distributed.ranks import rank_main
-
-# Rank r runs the segments planned on RANKS[r] (NAMES[r] in the plan).
-RANKS = {ranks!r}
-NAMES = {names!r}
-# Each value that crosses ranks: [value, from rank, to ranks, shape, dtype, constant], in the
-# order the segments make them; shapes are one pass of the planned example.
-CROSSINGS = {crossings}
-
-if __name__ == "__main__":
-    replica_exit(rank_main(Path(__file__).resolve().parent / "model", sys.argv[1:],
-                           ranks=RANKS, names=NAMES, crossings=CROSSINGS))
-'''
-
-
 def write_launch_script(directory: str | os.PathLike[str], model: torch.nn.Module, *,
                         torch_devices: Sequence[str], names: Sequence[str],
                         example: tuple[tuple[Any, ...], Mapping[str, Any]]) -> Path:
-    """Write ``directory/launch.py`` for ``model`` (the plan's ``PartitionedModel``, run once
-    on ``example`` for the crossing values' shapes) over the plan's devices; its path."""
+    """Write ``directory/launch.py`` (``templates/launch.py.tmpl`` filled in) for ``model``
+    (the plan's ``PartitionedModel``, run once on ``example`` for the crossing values' shapes)
+    over the plan's devices; its path."""
     ranks = ranks_of(torch_devices, names)
     specs = value_specs(model, example[0], example[1])
     found = crossings([s.to_dict() for s in model.segment_info], ranks=ranks,
@@ -216,8 +191,9 @@ def write_launch_script(directory: str | os.PathLike[str], model: torch.nn.Modul
                       specs=specs)
     literal = pprint.pformat([c.to_list() for c in found], width=90, compact=True)
     path = Path(directory) / "launch.py"
-    path.write_text(_SCRIPT.format(world=len(ranks), ranks=list(ranks), names=list(names),
-                                   crossings=literal.replace("\n", "\n" + " " * 12)))
+    path.write_text(Template(_LAUNCH_TEMPLATE.read_text()).substitute(
+        world=len(ranks), ranks=repr(list(ranks)), names=repr(list(names)),
+        crossings=literal.replace("\n", "\n" + " " * len("CROSSINGS = "))))
     return path
 
 

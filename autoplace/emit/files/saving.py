@@ -1,17 +1,18 @@
 """Emit: save an emitted model to a directory and load it back, without pickle.
 
-``save_model`` writes ``model.py`` (source from ``codegen.source``; imports torch and the
-standard library only), ``weights.safetensors`` (every segment's tensors under
-``seg<i>.<name>``; with a checkpoint, only those it does not hold), ``meta.json`` (planned
-devices, node names, pytree specs, the weights' SHA-256, and with a checkpoint
-``checkpoint.references``: the key and file each segment tensor is read from) and, when the
-model carries its example inputs (``example_inputs``, set by ``emit_and_verify``),
-``inputs.safetensors`` (each tensor input under its ``input_names`` name, ``args.0``,
-``kwargs.input_ids``). ``load_model`` checks ``meta.json`` and the weights' hash, imports only
-allow-listed modules for the pytree specs, executes ``model.py``, and loads each segment's
-tensors one segment at a time onto its ``device_map``-remapped device (``load_segments``);
-``load_inputs`` reads the example inputs back. Read ``save_model``, ``_weights``, ``_inputs``,
-``_dump_spec``, then ``load_model``, ``load_segments``, ``_read_meta`` and ``load_inputs``.
+``save_model`` writes ``model.py`` (source from ``codegen.source``; imports torch, the standard
+library and ``_runtime.py``, a copy of ``runtime/engine.py``, written beside it),
+``weights.safetensors`` (every segment's tensors under ``seg<i>.<name>``; with a checkpoint,
+only those it does not hold), ``meta.json`` (planned devices, node names, pytree specs, the
+weights' SHA-256, with a checkpoint ``checkpoint.references``: the key and file each segment
+tensor is read from) and, when the model carries its example inputs (``example_inputs``, set by
+``emit_and_verify``), ``inputs.safetensors`` (each tensor input under its ``input_names`` name,
+``args.0``, ``kwargs.input_ids``). ``load_model`` checks ``meta.json`` and the weights' hash,
+imports only allow-listed modules for the pytree specs, executes ``model.py`` and ``_runtime.py``
+(``_import_generated``), and loads each segment's tensors one segment at a time onto its
+``device_map``-remapped device (``load_segments``); ``load_inputs`` reads the example inputs
+back. Read ``save_model``, ``_weights``, ``_inputs``, ``_dump_spec``, then ``load_model``,
+``load_segments``, ``_read_meta`` and ``load_inputs``.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ import importlib
 import importlib.util
 import json
 import os
+import sys
 import uuid
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import safetensors.torch
@@ -33,7 +36,10 @@ from torch.utils import _pytree as pytree
 from autoplace.emit.codegen.model import PartitionedModel, SegmentInfo
 from autoplace.emit.codegen.source import (
     MODEL_CLASS_NAME,
+    RUNTIME_FILE,
+    RUNTIME_MODULE,
     class_source,
+    engine_source,
     merge_globals,
     model_source,
 )
@@ -56,10 +62,10 @@ _FORMAT = "autoplace.emit/1"
 
 
 def save_model(model: PartitionedModel, directory: str | Path) -> None:
-    """Write ``model.py`` (generated source), ``weights.safetensors`` and ``meta.json``. A
-    model planned with a checkpoint (its ``checkpoint`` attribute: the ``Checkpoint`` and the
-    key of each tensor name, set by ``autoplace.plan``) refers to it for the tensors it holds
-    instead of writing them again."""
+    """Write ``model.py`` (generated source), the engine it imports (``RUNTIME_FILE``),
+    ``weights.safetensors`` and ``meta.json``. A model planned with a checkpoint (its
+    ``checkpoint`` attribute: the ``Checkpoint`` and the key of each tensor name, set by
+    ``autoplace.plan``) refers to it for the tensors it holds instead of writing them again."""
     if not isinstance(model, PartitionedModel):
         raise EmitError(f"save_model needs a PartitionedModel from emit_model, not {type(model)}")
     classes: list[str] = []
@@ -118,6 +124,7 @@ def save_model(model: PartitionedModel, directory: str | Path) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
         (path / "model.py").write_text(source)
+        (path / RUNTIME_FILE).write_text(engine_source())
         safetensors.torch.save_file(
             weights, str(path / "weights.safetensors"), metadata={"format": "pt"}
         )
@@ -228,12 +235,12 @@ def load_model(
     segments: Iterable[int] | None = None, devices: Collection[str] | None = None,
 ) -> torch.nn.Module:
     """Rebuild a model written by ``save_model``, each segment on its ``device_map``-remapped
-    device. Executes the generated ``model.py`` and nothing else; weights come from safetensors
-    (``weights.safetensors`` and, for a model planned with a checkpoint, the checkpoint), read
-    one segment at a time onto its device. With ``segments`` (indices) only those segments'
-    weights are read; the others stay on the meta device (``load_segments`` loads them later).
-    ``devices``: the same by planned device, the segments of those devices (one rank of
-    ``OUT/launch.py`` loads its own part).
+    device. Executes the generated ``model.py`` and the engine saved with it, nothing else;
+    weights come from safetensors (``weights.safetensors`` and, for a model planned with a
+    checkpoint, the checkpoint), read one segment at a time onto its device. With ``segments``
+    (indices) only those segments' weights are read; the others stay on the meta device
+    (``load_segments`` loads them later). ``devices``: the same by planned device, the segments
+    of those devices (one rank of ``OUT/launch.py`` loads its own part).
     """
     path = Path(directory)
     meta = _read_meta(path)
@@ -257,15 +264,11 @@ def load_model(
     except Exception as error:  # json, pytree and registry errors alike mean a bad meta.json
         raise EmitError(f"{path / 'meta.json'} holds an unreadable pytree spec: {error}") from error
 
-    spec = importlib.util.spec_from_file_location(
-        f"autoplace_generated_{uuid.uuid4().hex}", path / "model.py"
-    )
-    if spec is None or spec.loader is None:
-        raise EmitError(f"cannot import {path / 'model.py'}")
-    generated = importlib.util.module_from_spec(spec)
     try:
-        spec.loader.exec_module(generated)
+        generated = _import_generated(path)
         model = getattr(generated, meta["class_name"])(actual, in_spec=in_spec, out_spec=out_spec)
+    except AutoplaceError:
+        raise
     except Exception as error:
         raise EmitError(f"{path / 'model.py'} failed to build the model: {error}") from error
 
@@ -286,6 +289,40 @@ def load_model(
     model.input_names = tuple(meta.get("input_names", ()))
     model.output_names = tuple(meta.get("output_names", ()))
     return model
+
+
+def _import_generated(path: Path) -> ModuleType:
+    """Execute ``path/model.py`` as module ``model`` of a package of its own, the engine saved
+    next to it (``RUNTIME_FILE``) as that package's ``_runtime``, which ``model.py`` imports; a
+    fresh package name on every call, so models saved by different versions never share an
+    engine. Only these two files run, and neither is left in ``sys.modules``."""
+    package = f"autoplace_generated_{uuid.uuid4().hex}"
+    parent = ModuleType(package)
+    parent.__path__ = []  # its modules are the two registered here, nothing found on a path
+    sys.modules[package] = parent
+    try:
+        if (path / RUNTIME_FILE).is_file():
+            _execute(f"{package}.{RUNTIME_MODULE}", path / RUNTIME_FILE)
+        return _execute(f"{package}.model", path / "model.py")
+    except ModuleNotFoundError as error:
+        if error.name != f"{package}.{RUNTIME_MODULE}":
+            raise
+        raise EmitError(f"{path} is not a model written by save_model: missing {RUNTIME_FILE}, "
+                        "the runtime model.py imports") from error
+    finally:
+        for name in [name for name in sys.modules if name.partition(".")[0] == package]:
+            del sys.modules[name]
+
+
+def _execute(name: str, file: Path) -> ModuleType:
+    """The module ``name`` made by executing ``file``, registered while it runs."""
+    spec = importlib.util.spec_from_file_location(name, file)
+    if spec is None or spec.loader is None:
+        raise EmitError(f"cannot import {file}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def load_segments(model: torch.nn.Module, directory: str | Path, segments: Iterable[int], *,

@@ -208,7 +208,7 @@ def train_step(model: torch.nn.Module, batches: Sequence[Batch], order: Sequence
 
     With ``threads`` (by default, where every segment is on a CPU device and there are
     several), each planned device runs its own actions in that order on a worker thread of
-    one intra-op thread, as the threaded forward does (``codegen.runtime``), waiting for the
+    one intra-op thread, as the threaded forward does (``codegen.threaded``), waiting for the
     actions each one needs: autograd runs a CPU backward on the thread that calls it, so the
     devices' backwards overlap as their forwards do. Otherwise the caller's thread runs every
     action (GPU work is queued asynchronously, so GPUs still overlap)."""
