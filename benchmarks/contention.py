@@ -108,8 +108,8 @@ def _problem(example: str, cluster: Cluster) -> Problem:
         return branches(cluster)
     loaded = load_model_file(ROOT / "examples" / f"{example}.py")
     return traced_problem(loaded.model, loaded.args, loaded.kwargs, cluster,
-                          Tracing(name=example, profile=False, cache=None, progress=False),
-                          []).problem
+                          Tracing(name=example, profile=False, cache=None, progress=False)
+                          ).problem
 
 
 def measure(example: str, label: str, toml: str, time_limit_s: float) -> dict:

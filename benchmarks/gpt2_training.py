@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-limit", type=float, default=20.0)
     parser.add_argument("--dtype", default="float32",
                         help="float32 (default), or bfloat16 / float16: mixed precision "
-                        "(plan(dtype=...)); the table is then ...-4xa100-bf16.md / -fp16.md")
+                        "(Config(dtype=...)); the table is then ...-4xa100-bf16.md / -fp16.md")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     suffix = {"float32": "", "bfloat16": "-bf16", "float16": "-fp16"}[args.dtype]
@@ -97,14 +97,15 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.time_limit:g}" + (f" --dtype {args.dtype}" if args.dtype != "float32" else "")
         + "`."
         + (f" The model, its inputs and targets cast to {args.dtype} before tracing "
-           "(`plan(dtype=...)`): weights, activations and gradients in "
+           "(`Config(dtype=...)`): weights, activations and gradients in "
            f"{args.dtype}, matmuls at the A100's {args.dtype} peak, and AdamW updating float32 "
            "master weights (docs/training.md, Mixed precision); data-parallel replicas in a "
            "half dtype are not built, so R = 1." if args.dtype != "float32" else "")
         + " `examples/gpt2.py` (6 layers, width 384, 6 heads, vocabulary "
         f"8,000, tied embeddings, 55 MB of weights) with {BATCH} sequences of {SEQ} tokens, "
-        f"planned with `autoplace.plan(..., devices='{DEVICES}', mode='training', "
-        "optimizer='adamw')`: analytic costs (the catalog's A100, no GPU here), so the times "
+        f"planned with `autoplace.plan(..., Config(devices='{DEVICES}', mode='training', "
+        "training=Training(optimizer='adamw')))`: analytic costs (the catalog's A100, no "
+        "GPU here), so the times "
         "are the roofline's and the launcher's, not measured. R = data-parallel replicas "
         "(each on 4/R GPUs, gradients all-reduced over NVLink, charged to the updates after "
         "the backward: an upper bound, DDP overlaps them; a micro-batched replica "

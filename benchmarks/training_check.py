@@ -135,9 +135,10 @@ def main(argv: list[str] | None = None) -> int:
         + (f", {args.dtype} mixed precision" if half else ""), "",
         f"{machine_line()}. Command: `python benchmarks/training_check.py --time-limit "
         f"{args.time_limit:g}" + (f" --dtype {args.dtype}" if half else "") + "`. Each row: "
-        "`autoplace.plan(EXAMPLE, devices='2xcpu-thread', "
-        "mode='training', optimizer='adam', min_gain=0, microbatches=M, schedule=S, "
-        "replicas=R, recompute=..., dtype=...)`, whose training check trains the emitted model "
+        "`autoplace.plan(EXAMPLE, Config(devices='2xcpu-thread', mode='training', "
+        "dtype=..., solve=Solve(min_gain=0), training=Training(optimizer='adam', "
+        "microbatches=M, schedule=S, replicas=R, recompute=...)))`, whose training check "
+        "trains the emitted model "
         "3 Adam steps beside the original on the whole batch (one device, one process) and "
         "compares each step's loss, the gradients and the updated parameters with "
         "`torch.testing.assert_close` " + tolerances + ". With M > 1 the emitted model runs "

@@ -92,9 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# A training step's memory: planned against measured on the emitted model", "",
         f"{machine_line()}. Command: `python benchmarks/training_memory.py --time-limit "
-        f"{args.time_limit:g}`. Each row: `autoplace.plan(EXAMPLE, devices='2xcpu-thread', "
-        "mode='training', optimizer='adam', min_gain=0, replicas=1, microbatches=M, "
-        "schedule='gpipe', recompute=...)`; its training check measures the emitted model's "
+        f"{args.time_limit:g}`. Each row: `autoplace.plan(EXAMPLE, Config(devices="
+        "'2xcpu-thread', mode='training', solve=Solve(min_gain=0), training=Training("
+        "optimizer='adam', replicas=1, microbatches=M, schedule='gpipe', recompute=...)))`; "
+        "its training check measures the emitted model's "
         "second step per planned device (`emit.check.memory.measure_step`: weights and Adam's "
         "state "
         "resident, then the tensor storages of gradients, activations and temporaries, the "

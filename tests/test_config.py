@@ -46,12 +46,15 @@ def test_devices_take_a_spec_or_a_cluster_and_only_one_source() -> None:
         Devices(spec="cpu", file="cluster.toml")
 
 
-def test_defaults_are_resolved_once_by_granularity() -> None:
+def test_defaults_depend_on_the_granularity() -> None:
     op, module = Config(), Config(granularity="module")
-    assert (op.solve.time_limit_s, op.solve.max_nodes) == (10.0, 120)
-    assert (module.solve.time_limit_s, module.solve.max_nodes) == (1.0, None)
+    assert (op.solving.time_limit_s, op.solving.max_nodes) == (10.0, 120)
+    assert (module.solving.time_limit_s, module.solving.max_nodes) == (1.0, None)
     given = Config(solve=Solve(time_limit_s=3, max_nodes=40))
-    assert (given.solve.time_limit_s, given.solve.max_nodes) == (3, 40)
+    assert (given.solving.time_limit_s, given.solving.max_nodes) == (3, 40)
+    # read, not stored: a copy at another granularity gets that one's defaults
+    assert dataclasses.replace(module, granularity="op").solving.time_limit_s == 10.0
+    assert dataclasses.replace(op, granularity="module").solving.max_nodes is None
     assert module.granularity is Granularity.MODULE
 
 
@@ -75,6 +78,12 @@ def test_defaults_are_resolved_once_by_granularity() -> None:
      "--optimizer must be one of"),
     (lambda: Training(replicas=0), "training.replicas must be auto or a whole number",
      "--replicas must be auto"),
+    (lambda: Config(granularity="module", no_split="Block"), "no_split is a list of module "
+     "class names", "--no-split is a list"),
+    (lambda: Config(granularity="module", dtype="bf16"), "dtype is not applied at "
+     "granularity='module'", "--dtype is not applied at --granularity module"),
+    (lambda: Config(emit=False), "emit must be the Emit(...) section, got False",
+     "emit must be"),  # no flag sets a whole section
 ])
 def test_an_error_names_the_field_in_python_and_the_flag_on_the_command_line(
         build, api: str, cli: str) -> None:

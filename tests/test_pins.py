@@ -213,7 +213,7 @@ def test_the_unpinned_solve_starts_from_the_pinned_plan():
     cluster, _ = resolve_cluster(spec="2xA100-40GB")
     how = Tracing(name="mlp", profile=False, cache=None, progress=False,
                   pins={"0": "cuda:0", "4": 1})
-    forward = traced_problem(model.eval(), (x,), {}, cluster, how, [])
+    forward = traced_problem(model.eval(), (x,), {}, cluster, how)
     pinned = solve(forward.problem, time_limit_s=1)
     start = _carried(forward.unpinned, forward.problem, pinned)["the pinned plan"]
     assert start.device_of != {n: "cuda:0" for n in start.device_of}  # the pins' split

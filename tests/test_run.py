@@ -143,7 +143,7 @@ def test_a_value_read_across_a_cut_made_for_a_remote_input_is_within_the_plan():
     device_of = {n.name: "cuda:1" if n.name == "mul" else "cuda:0" for n in traced.graph.nodes}
     schedule = simulate(problem, Placement(device_of=device_of))
     assert schedule.end_s["mul"] < schedule.end_s["outer"]
-    emitted, record, _ = emit_and_verify(traced, zoo.CrossRead(), (x,), {}, problem=problem,
+    emitted, record = emit_and_verify(traced, zoo.CrossRead(), (x,), {}, problem=problem,
                                          schedule=schedule, device_of_op=device_of,
                                          check_outputs=True, check_memory=True)
     assert [seg.nodes for seg in emitted.segment_info if "add_1" in seg.nodes] == [
@@ -174,7 +174,7 @@ def test_a_node_whose_outputs_are_copied_at_different_times_is_within_the_plan()
     schedule = simulate(problem, Placement(device_of=device_of, order=order))
     assert schedule.start_s["add"] < schedule.start_s["outer"] < schedule.start_s["mul_1"]
     device_of_op = {op: device_of[n.name] for n in folded.graph.nodes for op in n.ops}
-    _, record, _ = emit_and_verify(traced, zoo.SlicedRead(), (x,), {}, problem=problem,
+    _, record = emit_and_verify(traced, zoo.SlicedRead(), (x,), {}, problem=problem,
                                    schedule=schedule, device_of_op=device_of_op,
                                    check_outputs=True, check_memory=True)
     measured = record.peak_bytes["cpu:0"]

@@ -72,11 +72,12 @@ def _parser() -> argparse.ArgumentParser:
                    "the types)")
     p.add_argument("--cluster", metavar="FILE",
                    help="TOML file describing hosts, devices and links (instead of --devices)")
-    p.add_argument("--max-nodes", type=int, default=DEFAULT_MAX_NODES,
+    p.add_argument("--max-nodes", type=int, default=None,
                    help="the largest graph CP-SAT solves whole: a larger (folded) graph is "
                    "coarsened to about this many nodes for CP-SAT's first pass; the plan, its "
                    "bound and the baselines are of the folded graph "
-                   f"(default: {DEFAULT_MAX_NODES})")
+                   f"(default: {DEFAULT_MAX_NODES}; at --granularity module, CP-SAT's own "
+                   "limit)")
     p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                    help="run the original and the emitted model on the example inputs and check "
                    "them with torch.testing.assert_close (default: on)")

@@ -225,15 +225,18 @@ class Config:
         put(self, "dtype", choice(DType, self.dtype, "dtype"))
         if self.pins is not None:
             put(self, "pins", MappingProxyType(dict(self.pins)) if self.pins else None)
+        if isinstance(self.no_split, str):
+            raise ConfigError(f"{{no_split}} is a list of module class names, got the text "
+                              f"{self.no_split!r}: write [{self.no_split!r}]")
         if self.no_split is not None:
             put(self, "no_split", tuple(self.no_split))
+        for name, kind in (("solve", Solve), ("cost", Cost), ("training", Training),
+                           ("emit", Emit), ("devices", Devices)):
+            if not isinstance(getattr(self, name), kind):
+                raise ConfigError(f"{{{name}}} must be the {kind.__name__}(...) section, got "
+                                  f"{getattr(self, name)!r}")
         self._check_mode()
         self._check_granularity()
-        module = self.granularity == Granularity.MODULE
-        put(self, "solve", replace(
-            self.solve, time_limit_s=self.solve.time_limit_s or (
-                MODULE_TIME_LIMIT_S if module else DEFAULT_TIME_LIMIT_S),
-            max_nodes=self.solve.max_nodes or (None if module else DEFAULT_MAX_NODES)))
 
     def _check_mode(self) -> None:
         if self.mode == Mode.TRAINING:
@@ -260,7 +263,17 @@ class Config:
             raise ConfigError("{checkpoint} goes with op granularity (the emitted model reads "
                               "it): a device_map is loaded with the checkpoint by "
                               "from_pretrained(PATH, device_map=...); leave it out")
+        if self.dtype != DType.FLOAT32:
+            raise ConfigError("{dtype} is not applied at {granularity=module}: the device_map "
+                              "is sized in the model's own dtype; cast the model (model.to("
+                              "torch.bfloat16)) and leave the dtype float32")
 
     @property
-    def training_step(self) -> bool:
-        return self.mode == Mode.TRAINING
+    def solving(self) -> Solve:
+        """``solve`` with its granularity's defaults filled in: the time limit (10 s; 1 s at
+        module granularity) and ``max_nodes`` (120; CP-SAT's own limit for module graphs).
+        Read here, not stored, so a copy with another granularity gets that one's."""
+        module = self.granularity == Granularity.MODULE
+        return replace(self.solve, time_limit_s=self.solve.time_limit_s or (
+            MODULE_TIME_LIMIT_S if module else DEFAULT_TIME_LIMIT_S),
+            max_nodes=self.solve.max_nodes or (None if module else DEFAULT_MAX_NODES))

@@ -42,6 +42,7 @@ from autoplace.emit.files.saving import load_model, load_segments, save_model
 from autoplace.formats.plan import Verification
 from autoplace.ir import Problem, Schedule
 from autoplace.progress import stage
+from autoplace.progress.notes import note
 from autoplace.simulate.memory import start_order
 from autoplace.trace import TracedModel
 
@@ -80,10 +81,11 @@ def emit_and_verify(
     check_outputs: bool,
     check_memory: bool | None = None,
     meta_weights: bool = False,
-) -> tuple[PartitionedModel | None, Verification, list[str]]:
+) -> tuple[PartitionedModel | None, Verification]:
     """Emit ``traced`` as the plan places it and, with ``check_outputs``, verify it against
-    ``model`` on ``args``/``kwargs``: ``(emitted model or None, verification, notes)``, the
-    verification being the plan's record (``formats.plan.Verification``).
+    ``model`` on ``args``/``kwargs``: ``(emitted model or None, verification)``, the
+    verification being the plan's record (``formats.plan.Verification``); notes go to the open
+    collector (``progress.notes``).
 
     Verifying also measures the emitted model's peak bytes per device and records them beside
     the plan's (``peak_bytes``); a measurement above the plan's figure raises
@@ -95,35 +97,33 @@ def emit_and_verify(
     With ``meta_weights`` (the weights come from a checkpoint when the emitted model is
     loaded) a model on the meta device is emitted, on meta, and not verified.
     """
-    notes: list[str] = []
     if traced.has_meta_params and not meta_weights:
+        note("the partitioned model was not emitted: the parameters are on the meta device")
         return None, Verification(
-            detail="parameters are on the meta device: no weights to emit or run"), [
-            "the partitioned model was not emitted: the parameters are on the meta device"]
+            detail="parameters are on the meta device: no weights to emit or run")
     torch_device = {d.name: d.torch_device for d in problem.cluster.devices}
     device_of = {op: torch_device[dev] for op, dev in device_of_op.items()}
     order = _op_order(traced.module, problem, schedule)
     remap = local_device_map(sorted(set(device_of.values())))
     moved = sorted(k for k, v in remap.items() if k != v)
     if moved:
-        notes.append(f"{', '.join(moved)} not present here: the emitted model was materialized "
-                     "on cpu for verification; `autoplace.emit.load_model(dir)` puts it on the "
-                     "planned devices")
+        note(f"{', '.join(moved)} not present here: the emitted model was materialized on cpu "
+             "for verification; `autoplace.emit.load_model(dir)` puts it on the planned devices")
     emitted = emit_model(traced.module, device_of, order=order, device_map=remap,
                          meta_weights=traced.has_meta_params)
     emitted.example_inputs = (args, kwargs)
     played = replay(emitted.program, [seg.nodes for seg in emitted.segment_info],
                     problem=problem, schedule=schedule)
     if played.error(schedule.makespan_s) > REPLAY_TOLERANCE:
-        notes.append(f"the emitted model's launch order, replayed under the plan's costs, takes "
-                     f"{played.makespan_s * 1e6:.1f} us against the simulator's "
-                     f"{schedule.makespan_s * 1e6:.1f} us: the makespan may not hold as emitted")
+        note(f"the emitted model's launch order, replayed under the plan's costs, takes "
+             f"{played.makespan_s * 1e6:.1f} us against the simulator's "
+             f"{schedule.makespan_s * 1e6:.1f} us: the makespan may not hold as emitted")
     if not check_outputs:
-        return emitted, Verification(detail="verification disabled (--no-verify)"), notes
+        return emitted, Verification(detail="verification disabled (--no-verify)")
     if traced.has_meta_params:
         return emitted, Verification(
             detail="parameters are on the meta device: the emitted model reads its weights "
-            "from the checkpoint when loaded; not verified"), notes
+            "from the checkpoint when loaded; not verified")
     stage("verify")
     # ``verify`` is looked up here, in this package, so that tests can replace it.
     outcome = verify(model, emitted, args, kwargs)
@@ -135,7 +135,7 @@ def emit_and_verify(
                          enforce=ENFORCE_PEAK_DEFAULT if check_memory is None else check_memory)
     return emitted, replace(outcome, detail=f"{detail}; {peak.detail}",
                             memory_status=peak.status, peak_bytes=peak.peak_bytes,
-                            peak_method=peak.method), notes
+                            peak_method=peak.method)
 
 
 def _check_memory(

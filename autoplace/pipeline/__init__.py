@@ -36,6 +36,7 @@ from autoplace.pipeline.forward import load
 from autoplace.pipeline.inference import Inference
 from autoplace.pipeline.record import min_gain, plan_of
 from autoplace.pipeline.training import Training
+from autoplace.progress.notes import collecting, note_all
 from autoplace.solve import solve
 
 __all__ = ["Planned", "plan", "save", "solve_graph"]
@@ -70,24 +71,22 @@ def plan(model: torch.nn.Module, example_inputs: Any, config: Config | None = No
         from autoplace.pipeline.modules import plan_modules
 
         return Planned(plan_modules(model, example_inputs, config))
-    notes: list[str] = []
-    cluster, found = config.devices.resolve()
-    notes += found
-    loaded = load(model, example_inputs, config, notes, loss=loss,
-                  example_targets=example_targets)
-    stages = Training(config) if config.mode == Mode.TRAINING else Inference(config)
-    solved = stages.solve(loaded, cluster, notes)
-    planned = stages.record(solved, notes)
-    emitted = None
-    if config.emit.model:
-        planned, emitted = emit_plan(planned, solved.forward.traced,
-                                     stages.emitting(planned, solved, loaded), config.emit,
-                                     notes)
-        if emitted is not None:
-            planned = stages.check(planned, emitted, solved, notes)
-            if loaded.checkpoint is not None:  # train.LossModel holds the model as ``model``
-                emitted.checkpoint = (loaded.checkpoint.under("model.")
-                                      if config.mode == Mode.TRAINING else loaded.checkpoint)
+    with collecting() as notes:  # every stage's notes, in order (progress.notes)
+        cluster, found = config.devices.resolve()
+        note_all(found)
+        loaded = load(model, example_inputs, config, loss=loss, example_targets=example_targets)
+        stages = Training(config) if config.mode == Mode.TRAINING else Inference(config)
+        solved = stages.solve(loaded, cluster)
+        planned = stages.record(solved)
+        emitted = None
+        if config.emit.model:
+            planned, emitted = emit_plan(planned, solved.forward.traced,
+                                         stages.emitting(planned, solved, loaded), config.emit)
+            if emitted is not None:
+                planned = stages.check(planned, emitted, solved)
+                if loaded.checkpoint is not None:  # train.LossModel holds it as ``model``
+                    emitted.checkpoint = (loaded.checkpoint.under("model.")
+                                          if config.mode == Mode.TRAINING else loaded.checkpoint)
     profiled = solved.forward.profiled
     return Planned(replace(planned, notes=tuple(notes),
                            profile=ProfileRecord.from_dict(profiled.to_dict()) if profiled

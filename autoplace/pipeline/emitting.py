@@ -36,14 +36,13 @@ class Emitting:
     meta_weights: bool = False
 
 
-def emit_plan(planned: Plan, traced: TracedModel, what: Emitting, how: Emit,
-               notes: list[str]) -> tuple[Plan, PartitionedModel | None]:
+def emit_plan(planned: Plan, traced: TracedModel, what: Emitting, how: Emit
+              ) -> tuple[Plan, PartitionedModel | None]:
     """The partitioned model of ``planned`` (``None`` where there are no weights to emit) and
     the plan with its verification record."""
     stage("emit")
-    emitted, verification, emit_notes = emit_and_verify(
+    emitted, verification = emit_and_verify(
         traced, what.model, what.args, what.kwargs, problem=what.problem,
         schedule=what.schedule, device_of_op=what.device_of_op, check_outputs=how.verify,
         check_memory=how.check_memory, meta_weights=what.meta_weights)
-    notes += emit_notes
     return replace(planned, verification=verification), emitted

@@ -17,6 +17,7 @@ from autoplace.ir import Cluster, OpGraph, Problem
 from autoplace.profile.cost import analytic_cpu_note
 from autoplace.profile.cost import costs as cost_nodes
 from autoplace.progress import stage
+from autoplace.progress.notes import note, note_all
 from autoplace.solve.pins import Pins, pin_costs, pins_note, resolve_pins
 from autoplace.trace import trace_model
 from autoplace.trace.load import normalize_inputs
@@ -40,17 +41,17 @@ class Loaded:
     checkpoint: Referred | None = None
 
 
-def load(model: torch.nn.Module, example_inputs: Any, config: Config, notes: list[str], *,
+def load(model: torch.nn.Module, example_inputs: Any, config: Config, *,
          loss: Callable[..., torch.Tensor] | None = None, example_targets: Any = ()) -> Loaded:
     """Stage "load": the model and its examples as ``config`` plans them (``Loaded``)."""
     args, kwargs = normalize_inputs(example_inputs, where="example_inputs")
     source = None
     if config.checkpoint is not None:
         source, found = load_checkpoint(model, config.checkpoint)
-        notes += found
+        note_all(found)
     model.eval()
     model, (args, kwargs, targets) = cast(model, (args, kwargs, example_targets), config.dtype)
-    notes += cast_notes(config.dtype, training=config.mode == Mode.TRAINING)
+    note_all(cast_notes(config.dtype, training=config.mode == Mode.TRAINING))
     return Loaded(model=model, args=args, kwargs=kwargs, targets=targets, loss=loss,
                   checkpoint=source)
 
@@ -92,12 +93,12 @@ class Forward:
 
 
 def traced_problem(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-                    cluster: Cluster, how: Tracing, notes: list[str]) -> Forward:
+                    cluster: Cluster, how: Tracing) -> Forward:
     """Trace, profile (with ``how.profile``), cost and fold ``model`` on ``args``/``kwargs``:
     its forward problem on ``cluster`` (with the links measured here, when profiled)."""
     stage("trace")
     traced = trace_model(model, args, kwargs, name=how.name, checked=how.checked)
-    notes += traced.notes
+    note_all(traced.notes)
     # Checked before profiling, which may take minutes: the pins need the ops and device names.
     pins = resolve_pins(model, traced.graph, cluster, how.pins) if how.pins else None
     profiled, graph = None, traced.graph
@@ -109,7 +110,7 @@ def traced_problem(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[s
         stage("profile")
         profiled = profile_model(traced, model, args, kwargs, cluster, cache=cache,
                                  progress=how.progress, engine=runtime_namespace())
-        notes += profiled.notes
+        note_all(profiled.notes)
         cluster = profiled.apply_links(cluster)
         graph = profiled.with_workspace(graph)
     stage("cost")
@@ -117,11 +118,11 @@ def traced_problem(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[s
                        measured=profiled.measured() if profiled else None,
                        fits=profiled.fits if profiled else None,
                        launcher=profiled.launcher if profiled else None)
-    notes += [n for n in [analytic_cpu_note(graph, cluster, costs)] if n]
+    note(analytic_cpu_note(graph, cluster, costs))
     stage("fold")
     unpinned = None
     if pins is not None:
-        notes.append(pins_note(pins, cluster.names))
+        note(pins_note(pins, cluster.names))
         free = fold(graph, costs)
         unpinned = Problem(graph=free.graph, cluster=cluster, costs=free.costs)
         costs = pin_costs(costs, pins.device_of_op)

@@ -17,6 +17,7 @@ from autoplace.pipeline.emitting import Emitting
 from autoplace.pipeline.forward import Forward, Loaded, Tracing, traced_problem
 from autoplace.pipeline.record import min_gain, plan_of, unpinned_record
 from autoplace.progress import stage
+from autoplace.progress.notes import note_all
 from autoplace.solve import SolveResult, solve
 from autoplace.solve.baselines.accelerate import accelerate_baselines, on_graph
 from autoplace.solve.whatif import FewerDevices, plan_row, solve_after_whatif
@@ -47,16 +48,15 @@ class Inference:
 
     config: Config
 
-    def solve(self, loaded: Loaded, cluster: Cluster, notes: list[str]) -> Solved:
+    def solve(self, loaded: Loaded, cluster: Cluster) -> Solved:
         """Stages trace, cost, fold and solve: with the what-if rows, inside the time limit,
         before the plan's solve (which starts from the best of them)."""
-        solving = self.config.solve
+        solving = self.config.solving
         forward = traced_problem(loaded.model, loaded.args, loaded.kwargs, cluster,
-                                 Tracing.of(self.config), notes)
+                                 Tracing.of(self.config))
         problem = forward.problem
         stage("solve")
-        extra, accelerate_notes, maps = accelerate_baselines(loaded.model, forward.graph, problem)
-        notes += accelerate_notes
+        extra, maps = accelerate_baselines(loaded.model, forward.graph, problem)
         options, fewer = solving.options(), None
         if solving.whatif:
             solved, fewer = solve_after_whatif(problem, options, extra_baselines=extra)
@@ -69,17 +69,17 @@ class Inference:
         result, gain = min_gain(solved, solving.min_gain)
         return Solved(forward=forward, result=result, gain=gain, fewer=fewer, pins=pins)
 
-    def record(self, solved: Solved, notes: list[str]) -> Plan:
+    def record(self, solved: Solved) -> Plan:
         """The plan, with its what-if table (none after Ctrl-C: the user wants the plan so far
         now) and pins."""
         result, folded, fewer = solved.result, solved.forward.folded, solved.fewer
-        notes += result.notes
+        note_all(result.notes)
         planned = plan_of(result, solved.problem, name=self.config.name,
                           tracer=solved.forward.traced.tracer,
                           coarsening=Coarsening(traced_ops=folded.traced_ops,
                                                 plan_nodes=len(solved.problem.graph.nodes),
                                                 steps=(*folded.steps, *result.coarsening)),
-                          budget_s=self.config.solve.time_limit_s,
+                          budget_s=self.config.solving.time_limit_s,
                           whatif_s=fewer.spent_s if fewer else None)
         scaling = None
         if fewer is not None and result.solver.status != "INTERRUPTED":
@@ -93,7 +93,7 @@ class Inference:
                         kwargs=loaded.kwargs, model=loaded.model,
                         meta_weights=loaded.checkpoint is not None)
 
-    def check(self, planned: Plan, emitted: Any, solved: Solved, notes: list[str]) -> Plan:
+    def check(self, planned: Plan, emitted: Any, solved: Solved) -> Plan:
         """Nothing more to check once the outputs are: the plan as it is."""
         return planned
 

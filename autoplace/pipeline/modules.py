@@ -20,7 +20,7 @@ import torch
 
 from autoplace.config import Config
 from autoplace.emit.files.hf_device_map import check_units_fit, device_map, uncovered
-from autoplace.errors import EmitError, ModelLoadError
+from autoplace.errors import ConfigError, EmitError
 from autoplace.formats.plan import Plan
 from autoplace.formats.records import AccelerateMapRecord, Coarsening, DeviceMapRecord
 from autoplace.ir import Cluster, Problem
@@ -57,7 +57,7 @@ def plan_modules(model: torch.nn.Module, example_inputs: Any, config: Config) ->
     (``pins.resolve_unit_pins``: a pin inside a module kept whole pins it whole); the solver
     places the rest, the model is also solved without them, and ``Plan.pins`` says what they
     cost."""
-    options, threshold, no_split, pins = (config.solve.options(), config.solve.min_gain,
+    options, threshold, no_split, pins = (config.solving.options(), config.solve.min_gain,
                                           config.no_split, config.pins)
     cluster, found = config.devices.resolve()
     notes: list[str] = [*found, MODULE_NOTE]
@@ -106,8 +106,8 @@ def _check_classes(model: torch.nn.Module, no_split: Sequence[str]) -> None:
     classes = sorted({type(m).__name__ for m in model.modules()})
     unknown = [c for c in no_split if c not in classes]
     if unknown:
-        raise ModelLoadError(
-            f"--no-split names {', '.join(unknown)}, which no module of the model is: its "
+        raise ConfigError(
+            f"{{no_split}} names {', '.join(unknown)}, which no module of the model is: its "
             f"module classes are {', '.join(classes)}")
 
 

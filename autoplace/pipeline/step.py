@@ -29,6 +29,7 @@ from autoplace.formats.records import ReplicaOption, TrainingCheck, TrainingReco
 from autoplace.ir import Cluster, Problem, Schedule
 from autoplace.pipeline.forward import Forward, Tracing, traced_problem
 from autoplace.progress import stage
+from autoplace.progress.notes import collecting, note, note_all
 from autoplace.simulate.schedules import SCHEDULES, schedule_run
 from autoplace.solve import SolveOptions, SolveResult, solve
 from autoplace.solve.bounds import lower_bound_s
@@ -117,54 +118,29 @@ class Step:
 
 def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: SolveOptions,
                how: Tracing, *, optimizer: str, microbatches: int, schedule: str,
-               replicas: int | str, recompute: str, dtype: str = "float32",
-               notes: list[str]) -> Step:
+               replicas: int | str, recompute: str, dtype: str = "float32") -> Step:
     """The training step of ``model`` (a ``train.LossModel``) on the ``whole`` batch: for each
     replica count R (``replicas``, or ``auto``: every R that divides the devices into alike
     groups, ``train.dataparallel``), one replica's shard cut into micro-batches, one
     micro-batch traced on ``cluster``, the replica's step solved on its devices with the
     gradients' all-reduce (``_solve_step``, the time limit shared among the R); the fastest
-    step that fits kept, and why said."""
-    counts = _replica_counts(model, whole, cluster, replicas, microbatches, dtype, notes)
+    step that fits kept, and why said. Each count's notes are collected apart, and only the
+    kept one's are passed on."""
+    counts = _replica_counts(model, whole, cluster, replicas, microbatches, dtype)
     share = replace(options, time_limit_s=options.time_limit_s / len(counts))
     found: dict[int, tuple[Step, list[str]]] = {}
     failure: InfeasibleError | None = None
     for r, groups in counts:
-        mine: list[str] = []
-        shard = split_batch(*whole, r, what=REPLICA_SHARDS)[0]
-        batches, rule = split_batch(*shard, microbatches), None
-        if microbatches > 1:
-            rule = loss_rule(model, *shard, batches)
-            mine.append(f"{microbatches} micro-batches of {batch_size(batches[0], parts=1)}: "
-                        f"the batch's loss is the {rule} of theirs")
-        forward = traced_problem(model, *batches[0], cluster, how, mine)
-        full = forward.problem.cluster
-        if r > 1:
-            forward = replace(forward, problem=restrict(forward.problem, groups[0]))
-        factors, measured = _backward_factors(forward.profiled, model, *batches[0], full,
-                                              mine)
-        updates = _update_rates(forward.profiled, model, *batches[0], full, mine,
-                                optimizer=optimizer)
-        averaging = (_replica_averaging(forward.profiled, model, full, groups, how,
-                                        microbatches=microbatches, notes=mine)
-                     if r > 1 else None)
-        stage("solve")
-        try:
-            got = _solve_step(
-                with_measured_forward(forward.problem, measured), share, optimizer=optimizer,
-                factors=factors, updates=updates, microbatches=microbatches,
-                schedule=schedule, recompute=recompute, dtype=dtype, notes=mine,
-                replicated=(full, groups), averaging_s=averaging)
-        except InfeasibleError as exc:
-            if len(counts) == 1:
-                raise
-            failure = failure or exc  # R=1's, over every device, says the most
-            continue
-        torch_groups = tuple(tuple(full.device(d).torch_device for d in g) for g in groups)
-        found[r] = Step(groups=tuple(groups), torch_groups=torch_groups, whole=whole,
-                         batches=tuple(batches), rule=rule, forward=forward,
-                         problem=got.problem, solved=got.result, recompute=got.recompute,
-                         single=got.single, dtype=dtype), mine
+        with collecting() as mine:
+            try:
+                found[r] = _replica_step(model, whole, r, groups, cluster, share, how,
+                                         optimizer=optimizer, microbatches=microbatches,
+                                         schedule=schedule, recompute=recompute,
+                                         dtype=dtype), mine
+            except InfeasibleError as exc:
+                if len(counts) == 1:
+                    raise
+                failure = failure or exc  # R=1's, over every device, says the most
     if not found:
         raise failure  # type: ignore[misc]
     best = min(found, key=lambda r: (not found[r][0].solved.schedule.feasible,
@@ -175,39 +151,68 @@ def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: S
                       fits=r in found and found[r][0].solved.schedule.feasible)
         for r, groups in counts)
     step, mine = found[best]
+    note_all(mine)
     frozen = sum(n.param_bytes - n.trainable_bytes for n in step.forward.problem.graph.nodes)
     if frozen:
-        mine.append(f"{frozen} bytes of parameters and buffers are not trained (frozen "
-                    "parameters, or buffers): no gradient or optimizer state is planned for "
-                    "them")
-    notes += mine
+        note(f"{frozen} bytes of parameters and buffers are not trained (frozen parameters, "
+             "or buffers): no gradient or optimizer state is planned for them")
     single = found[1][0].solved.baselines.get("single-device") if 1 in found else None
     if best > 1 and single is not None and single.feasible:
-        notes.append(f"{best} data-parallel replicas: the plan's graph is one replica's, on "
-                     f"1/{best} of the batch with its all-reduce, and its makespan is the "
-                     "step's (the replicas run at once); its speed-up is over one device on "
-                     f"1/{best} of the batch. One device on the whole batch takes "
-                     f"{single.makespan_s * 1e3:.3f} ms, "
-                     f"{single.makespan_s / step.solved.schedule.makespan_s:.2f}x the step")
+        note(f"{best} data-parallel replicas: the plan's graph is one replica's, on "
+             f"1/{best} of the batch with its all-reduce, and its makespan is the "
+             "step's (the replicas run at once); its speed-up is over one device on "
+             f"1/{best} of the batch. One device on the whole batch takes "
+             f"{single.makespan_s * 1e3:.3f} ms, "
+             f"{single.makespan_s / step.solved.schedule.makespan_s:.2f}x the step")
     if len(counts) > 1:
-        notes.append("data-parallel replicas: " + ", ".join(
+        note("data-parallel replicas: " + ", ".join(
             f"R={o.replicas} (up to {o.devices_per_replica} device"
             f"{'s' if o.devices_per_replica > 1 else ''} each) "
             + (f"{o.step_s * 1e3:.3f} ms" if o.step_s is not None else "fits no device")
             + ("" if o.fits or o.step_s is None else " (over memory)")
             for o in table) + f" per step; R={best} kept, the fastest step that fits")
-    notes.append("accelerate's device maps are inference maps: not among a training plan's "
-                 "baselines")
+    note("accelerate's device maps are inference maps: not among a training plan's baselines")
     return replace(step, options=table)
 
 
+def _replica_step(model: torch.nn.Module, whole: Batch, r: int, groups: list[tuple[str, ...]],
+                  cluster: Cluster, share: SolveOptions, how: Tracing, *, optimizer: str,
+                  microbatches: int, schedule: str, recompute: str, dtype: str) -> Step:
+    """The step of ``r`` replicas on ``groups``: replica 0's shard cut into micro-batches, one
+    traced, its step solved on ``groups[0]`` within ``share`` (``InfeasibleError`` where none
+    fits)."""
+    shard = split_batch(*whole, r, what=REPLICA_SHARDS)[0]
+    batches, rule = split_batch(*shard, microbatches), None
+    if microbatches > 1:
+        rule = loss_rule(model, *shard, batches)
+        note(f"{microbatches} micro-batches of {batch_size(batches[0], parts=1)}: the batch's "
+             f"loss is the {rule} of theirs")
+    forward = traced_problem(model, *batches[0], cluster, how)
+    full = forward.problem.cluster
+    if r > 1:
+        forward = replace(forward, problem=restrict(forward.problem, groups[0]))
+    factors, measured = _backward_factors(forward.profiled, model, *batches[0], full)
+    updates = _update_rates(forward.profiled, model, *batches[0], full, optimizer=optimizer)
+    averaging = (_replica_averaging(forward.profiled, model, full, groups, how,
+                                    microbatches=microbatches) if r > 1 else None)
+    stage("solve")
+    got = _solve_step(with_measured_forward(forward.problem, measured), share,
+                      optimizer=optimizer, factors=factors, updates=updates,
+                      microbatches=microbatches, schedule=schedule, recompute=recompute,
+                      dtype=dtype, replicated=(full, groups), averaging_s=averaging)
+    torch_groups = tuple(tuple(full.device(d).torch_device for d in g) for g in groups)
+    return Step(groups=tuple(groups), torch_groups=torch_groups, whole=whole,
+                batches=tuple(batches), rule=rule, forward=forward, problem=got.problem,
+                solved=got.result, recompute=got.recompute, single=got.single, dtype=dtype)
+
+
 def _replica_counts(model: torch.nn.Module, whole: Batch, cluster: Cluster,
-                    replicas: int | str, microbatches: int, dtype: str,
-                    notes: list[str]) -> list[tuple[int, list[tuple[str, ...]]]]:
+                    replicas: int | str, microbatches: int, dtype: str
+                    ) -> list[tuple[int, list[tuple[str, ...]]]]:
     """The replica counts to plan, each with its device groups: ``replicas``, or with
     ``auto`` every R that divides the devices into alike groups, the batch into equal
     shards (each of which divides into ``microbatches``), and whose loss is the mean of the
-    shards' (the replicas' gradients are averaged); the others are said in ``notes``. An
+    shards' (the replicas' gradients are averaged); the others are said in notes. An
     asked-for R that cannot be is an error. In a half ``dtype`` (mixed precision) one replica
     only."""
     asked = replicas != "auto"
@@ -219,8 +224,8 @@ def _replica_counts(model: torch.nn.Module, whole: Batch, cluster: Cluster,
         if asked:
             raise ConfigError(f"data-parallel replicas in {dtype} (mixed precision) are not "
                               "built yet: use {training.replicas=1} or {dtype=float32}")
-        notes.append(f"data-parallel replicas in {dtype} (mixed precision) are not built yet: "
-                     "one replica over every device (R=1)")
+        note(f"data-parallel replicas in {dtype} (mixed precision) are not built yet: "
+             "one replica over every device (R=1)")
         wanted = [1]
     kept = []
     for r in wanted:
@@ -250,7 +255,7 @@ def _replica_counts(model: torch.nn.Module, whole: Batch, cluster: Cluster,
             cut = f" {{training.microbatches={microbatches}}}" if microbatches > 1 else ""
             raise ConfigError(f"{{training.replicas={r}}}{cut}: {why}")
         else:
-            notes.append(f"{r} data-parallel replicas not considered: {why}")
+            note(f"{r} data-parallel replicas not considered: {why}")
     return kept
 
 
@@ -266,7 +271,7 @@ def _shard_cut(shard: Batch, microbatches: int) -> str | None:
 def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
                 factors: Mapping[str, float], updates: Mapping[str, float],
                 microbatches: int, schedule: str, recompute: str, dtype: str,
-                notes: list[str], replicated: tuple[Cluster, Sequence[Sequence[str]]],
+                replicated: tuple[Cluster, Sequence[Sequence[str]]],
                 averaging_s: float | None = None) -> Solved:
     """The training step's problem, its solve and the devices that recompute: with
     micro-batches under each schedule ``schedule`` names (``auto``: GPipe and 1F1B, each with
@@ -303,8 +308,7 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
                 failure = exc
         if microbatches > 1 and (recompute == "all" or recompute == "auto" and (
                 solved is None or not solved.schedule.feasible)):
-            again = _solve_recomputing(problem, solved, share, every=recompute == "all",
-                                       notes=notes)
+            again = _solve_recomputing(problem, solved, share, every=recompute == "all")
             if again is not None:
                 found[name] = again
             elif recompute == "all":
@@ -319,10 +323,10 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
     best = min(found, key=lambda n: (not found[n].result.schedule.feasible,
                                       found[n].result.schedule.makespan_s))
     if found[best].recompute:
-        notes.append(f"recomputation on {', '.join(found[best].recompute)}: each micro-batch's "
-                     "forward there keeps only its inputs and runs again before its backward")
+        note(f"recomputation on {', '.join(found[best].recompute)}: each micro-batch's "
+             "forward there keeps only its inputs and runs again before its backward")
     if len(names) > 1:
-        notes.append("schedule: " + ", ".join(
+        note("schedule: " + ", ".join(
             f"{n} {found[n].result.schedule.makespan_s * 1e3:.3f} ms"
             + ("" if found[n].result.schedule.feasible else " (over memory)")
             if n in found else f"{n} fits no device" for n in names)
@@ -331,7 +335,7 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
 
 
 def _solve_recomputing(problem: Problem, plain: SolveResult | None, options: SolveOptions, *,
-                       every: bool, notes: list[str]) -> Solved | None:
+                       every: bool) -> Solved | None:
     """The step ``problem`` placed with recomputation (``train.recompute``) on the devices
     that overflow without it (``every``: on every device it uses): the solver's placement and
     every baseline's, of ``plain`` (the solve without recomputation, ``None`` where nothing
@@ -361,11 +365,9 @@ def _solve_recomputing(problem: Problem, plain: SolveResult | None, options: Sol
         return None
     base = relaxed if relaxed is not None else plain
     assert base is not None
-    note = ("with recomputation the plan is the best of the solver's placements and the "
-            "baselines', each simulated with recomputation on the devices it overflows; the "
-            "lower bound is the analytic one (CP-SAT's is of another graph)")
-    if note not in notes:
-        notes.append(note)
+    note("with recomputation the plan is the best of the solver's placements and the "
+         "baselines', each simulated with recomputation on the devices it overflows; the "
+         "lower bound is the analytic one (CP-SAT's is of another graph)", once=True)
     status = "INTERRUPTED" if "INTERRUPTED" in (
         r.solver.status for r in (plain, relaxed) if r is not None) else "FEASIBLE"
     result = replace(
@@ -377,8 +379,8 @@ def _solve_recomputing(problem: Problem, plain: SolveResult | None, options: Sol
 
 
 def _backward_factors(profiled: Any, model: torch.nn.Module, args: tuple[Any, ...],
-                      kwargs: dict[str, Any], cluster: Cluster,
-                      notes: list[str]) -> tuple[dict[str, float], dict[str, float]]:
+                      kwargs: dict[str, Any], cluster: Cluster
+                      ) -> tuple[dict[str, float], dict[str, float]]:
     """The backward's time over the forward's, measured through autograd on each profiled
     device (one measurement per kind of device), for ``train.step_problem``, and the whole
     forward pass's seconds there with autograd recording, for
@@ -392,17 +394,17 @@ def _backward_factors(profiled: Any, model: torch.nn.Module, args: tuple[Any, ..
     factors = {d: p.backward_factor for d, p in passes.items()}
     forwards = {d: p.forward_s for d, p in passes.items()}
     if factors:
-        notes.append("backward measured through autograd: " + ", ".join(
+        note("backward measured through autograd: " + ", ".join(
             f"{f:.2f}x the forward on {d}" for d, f in factors.items())
             + " (the analytic model's 2x elsewhere)")
-        notes.append("forward measured whole, with autograd recording: " + ", ".join(
+        note("forward measured whole, with autograd recording: " + ", ".join(
             f"{s * 1e3:.3f} ms on {d}" for d, s in forwards.items())
             + " (the training step's forward nodes scaled to it)")
     return factors, forwards
 
 
 def _update_rates(profiled: Any, model: torch.nn.Module, args: tuple[Any, ...],
-                  kwargs: dict[str, Any], cluster: Cluster, notes: list[str], *,
+                  kwargs: dict[str, Any], cluster: Cluster, *,
                   optimizer: str) -> dict[str, float]:
     """The optimizer's update measured through ``torch.optim`` on each profiled device (one
     measurement per kind of device, after the forward and backward of ``args``/``kwargs``),
@@ -419,15 +421,15 @@ def _update_rates(profiled: Any, model: torch.nn.Module, args: tuple[Any, ...],
     if rates:
         trained = sum(p.numel() * p.element_size() for p in model.parameters()
                       if p.requires_grad)
-        notes.append(f"{optimizer} update measured through torch.optim: " + ", ".join(
+        note(f"{optimizer} update measured through torch.optim: " + ", ".join(
             f"{r * trained * 1e3:.3f} ms for all {trained} trainable bytes on {d}"
             for d, r in rates.items()) + " (the roofline elsewhere)")
     return rates
 
 
 def _replica_averaging(profiled: Any, model: torch.nn.Module, cluster: Cluster,
-                       groups: Sequence[Sequence[str]], how: Tracing, *, microbatches: int,
-                       notes: list[str]) -> float | None:
+                       groups: Sequence[Sequence[str]], how: Tracing, *,
+                       microbatches: int) -> float | None:
     """What averaging ``model``'s gradients across the ``groups`` adds to a step, measured
     with the replicas as processes of this host (``profile.allreduce``: under DDP, or with
     micro-batches ``train.dataparallel.average_gradients``), where every device of every group
@@ -449,13 +451,13 @@ def _replica_averaging(profiled: Any, model: torch.nn.Module, cluster: Cluster,
         seconds, cached = allreduce_s(numels, replicas=len(groups), mode=mode, cache=cache,
                                       device_key=here[groups[0][0]])
     except Exception as exc:  # noqa: BLE001 - the ring formula still prices it
-        notes.append(f"the gradients' averaging across {len(groups)} replicas could not be "
-                     f"measured ({type(exc).__name__}: {exc}); the ring formula prices it")
+        note(f"the gradients' averaging across {len(groups)} replicas could not be "
+             f"measured ({type(exc).__name__}: {exc}); the ring formula prices it")
         return None
     way = "DistributedDataParallel" if mode == "ddp" else "bucketed all-reduces"
-    notes.append(f"gradients averaged across {len(groups)} replicas ({way}, gloo over "
-                 f"127.0.0.1) measured{' before' if cached else ''}: {seconds * 1e3:.3f} ms a "
-                 "step for the model's gradients, charged to the updates by bytes")
+    note(f"gradients averaged across {len(groups)} replicas ({way}, gloo over "
+         f"127.0.0.1) measured{' before' if cached else ''}: {seconds * 1e3:.3f} ms a "
+         "step for the model's gradients, charged to the updates by bytes")
     return seconds
 
 
@@ -472,15 +474,14 @@ def _per_kind(profiled: Any, cluster: Cluster, measure: Callable[[str], T]) -> d
 
 
 def check_step(planned: Plan, emitted: Any, model: torch.nn.Module, step: Step,
-               check_memory: bool | None) -> tuple[Plan, list[str]]:
+               check_memory: bool | None) -> Plan:
     """Train ``emitted`` (a training plan's model) beside the original ``model`` on the whole
     batch: its micro-batches in the plan's order, its replicas as processes (under
     DistributedDataParallel, or each running its micro-batches and then averaging the
     gradients, ``emit.distributed.ddp``); then measure its step's memory (``_step_memory``). The
-    plan with ``training.check`` filled in, and the notes."""
+    plan with ``training.check`` filled in."""
     training = planned.training
     assert training is not None  # a training plan's
-    notes: list[str] = []
     count = step.microbatches
     args, kwargs = step.whole
     inputs = {k: v for k, v in kwargs.items() if k != "targets"}
@@ -504,15 +505,15 @@ def check_step(planned: Plan, emitted: Any, model: torch.nn.Module, step: Step,
         how = (f"steps of {count} micro-batches ({training.schedule}) "
                if count > 1 else "steps ")
     precision = f"{step.dtype} mixed-precision " if step.dtype != "float32" else ""
-    notes.append(f"training check passed: {check['steps']} {precision}{optimizer} {how}of the "
-                 "emitted model give the original's losses "
-                 f"({', '.join(f'{v:.6g}' for v in check['losses'])}), gradients and parameters")
+    note(f"training check passed: {check['steps']} {precision}{optimizer} {how}of the "
+         "emitted model give the original's losses "
+         f"({', '.join(f'{v:.6g}' for v in check['losses'])}), gradients and parameters")
     peak = _step_memory(emitted, planned, step, check_memory, optimizer=optimizer)
-    notes.append(f"training step memory: {peak.detail}")
+    note(f"training step memory: {peak.detail}")
     measured = peak.method is not None  # else no peaks to keep
     checked = replace(TrainingCheck.from_dict(check), memory_status=peak.status,
                       peak_bytes=peak.peak_bytes if measured else None, peak_method=peak.method)
-    return replace(planned, training=replace(training, check=checked)), notes
+    return replace(planned, training=replace(training, check=checked))
 
 
 def _step_memory(emitted: Any, planned: Plan, step: Step, check_memory: bool | None, *,

@@ -19,6 +19,7 @@ from autoplace.pipeline.emitting import Emitting
 from autoplace.pipeline.forward import Forward, Loaded, Tracing
 from autoplace.pipeline.record import min_gain, plan_of
 from autoplace.pipeline.step import Step, check_step, plan_step
+from autoplace.progress.notes import note, note_all
 from autoplace.simulate import simulate
 from autoplace.simulate.schedules import microbatch_name
 from autoplace.solve import SolveResult
@@ -53,25 +54,25 @@ class Training:
 
     config: Config
 
-    def solve(self, loaded: Loaded, cluster: Cluster, notes: list[str]) -> Solved:
+    def solve(self, loaded: Loaded, cluster: Cluster) -> Solved:
         """Stages trace, cost, fold and solve for the step of the model and its loss (which
         runs the model on its inputs: tracing need not run it again)."""
         targets = training_targets(loaded.targets)
         model = loss_model(loaded.model, loaded.loss, loaded.args, loaded.kwargs, targets)
-        notes.append(TRAINING_NOTE)
+        note(TRAINING_NOTE)
         training = self.config.training
         step = plan_step(model, (loaded.args, {**loaded.kwargs, "targets": targets}), cluster,
-                         self.config.solve.options(), Tracing.of(self.config, checked=True),
+                         self.config.solving.options(), Tracing.of(self.config, checked=True),
                          optimizer=training.optimizer, microbatches=training.microbatches,
                          schedule=training.schedule, replicas=training.replicas,
-                         recompute=training.recompute, dtype=self.config.dtype, notes=notes)
-        result, gain = min_gain(step.solved, self.config.solve.min_gain)
+                         recompute=training.recompute, dtype=self.config.dtype)
+        result, gain = min_gain(step.solved, self.config.solving.min_gain)
         if result.schedule is not step.solved.schedule and step.single:
             # the single device chosen, with its own recomputing graph
             step = replace(step, problem=step.single.problem, recompute=step.single.devices)
         return Solved(step=step, result=result, gain=gain, model=model)
 
-    def record(self, solved: Solved, notes: list[str]) -> Plan:
+    def record(self, solved: Solved) -> Plan:
         """The plan, with its ``training`` record (its check to come) and what-if table."""
         step, result, folded = solved.step, solved.result, solved.forward.folded
         planned = plan_of(result, step.problem, name=self.config.name,
@@ -79,22 +80,21 @@ class Training:
                           coarsening=Coarsening(traced_ops=folded.traced_ops,
                                                 plan_nodes=len(step.problem.graph.nodes),
                                                 steps=(*folded.steps, *result.coarsening)),
-                          budget_s=self.config.solve.time_limit_s)
-        notes += result.notes
+                          budget_s=self.config.solving.time_limit_s)
+        note_all(result.notes)
         scaling = None
-        if self.config.solve.whatif and step.recompute:
-            notes.append("no what-if table: the recomputing step's graph is its placement's")
-        elif self.config.solve.whatif and result.solver.status != "INTERRUPTED":
+        if self.config.solving.whatif and step.recompute:
+            note("no what-if table: the recomputing step's graph is its placement's")
+        elif self.config.solving.whatif and result.solver.status != "INTERRUPTED":
             scaling = whatif_table(step.problem, full=result,
-                                   options=whatif_options(self.config.solve.options()))
+                                   options=whatif_options(self.config.solving.options()))
         planned = replace(planned, training=step.record(self.config.training.optimizer,
                                                         result.schedule),
                           whatif=scaling, min_gain=solved.gain)
         if step.problem.pipeline_schedule != planned.training.schedule and (
                 step.microbatches > 1):
-            notes.append("1F1B's order needs the devices to form stages, and these feed each "
-                         "other both ways (a tied weight read at both ends, say): the step "
-                         "runs GPipe's order")
+            note("1F1B's order needs the devices to form stages, and these feed each other "
+                 "both ways (a tied weight read at both ends, say): the step runs GPipe's order")
         return planned
 
     def emitting(self, planned: Plan, solved: Solved, loaded: Loaded) -> Emitting:
@@ -114,13 +114,11 @@ class Training:
                                       for op in n.ops},
                         args=args, kwargs=kwargs, model=solved.model)
 
-    def check(self, planned: Plan, emitted: Any, solved: Solved, notes: list[str]) -> Plan:
+    def check(self, planned: Plan, emitted: Any, solved: Solved) -> Plan:
         """The emitted model trained beside the original on the whole batch: its
         micro-batches in the plan's order, its replicas as processes (``step.check_step``)."""
         emitted.example_inputs = solved.step.whole  # `autoplace run --train` cuts it again
         if not self.config.emit.verify:
             return planned
-        checked, found = check_step(planned, emitted, solved.model, solved.step,
-                                    self.config.emit.check_memory)
-        notes += found
-        return checked
+        return check_step(planned, emitted, solved.model, solved.step,
+                          self.config.emit.check_memory)

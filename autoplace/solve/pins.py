@@ -4,7 +4,7 @@ A pin names a module as ``model.named_modules()`` does (``model.layers.0``; ``0`
 ``nn.Sequential``) and a device of the cluster: its name (``cuda:1``), its torch device, or as
 in a Hugging Face ``device_map`` an integer (the i-th GPU) or ``"cpu"``. Pins come from
 ``--pin MODULE=DEVICE`` (``parse_pins``), a partial ``device_map`` JSON (``read_pin_map``), or
-``autoplace.plan(..., pins={...})``; ``merge_pins`` joins them (``docs/cli.md``, "Pins").
+``Config(pins={...})``; ``merge_pins`` joins them (``docs/cli.md``, "Pins").
 
 ``resolve_pins`` turns them into a device for each traced op (the op's module is the pinned one
 or inside it; the deepest pinned module wins, as in a ``device_map``), extended to the op's

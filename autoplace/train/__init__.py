@@ -4,7 +4,7 @@
 costed and folded) into the step's: each forward node gets a backward node and, where it holds
 parameters, an optimizer-step node, all three colocated (as in Tarnawski et al.'s training graphs,
 NeurIPS 2020). ``graph.py`` has the rules and every formula's source; ``OPTIMIZERS``, the
-optimizers and their state bytes. ``autoplace.plan(mode="training")`` traces ``LossModel`` (model
+optimizers and their state bytes. A ``Config(mode="training")`` plan traces ``LossModel`` (model
 and loss, ``wrap.py``), plans the step and trains the emitted model beside the original
 (``autoplace.emit.check.training``); ``autoplace run --train`` trains it. With micro-batches the
 step holds a forward and backward per micro-batch, in GPipe's or 1F1B's order

@@ -8,7 +8,7 @@ inputs and targets too (so that the loss runs in the model's dtype), *before* tr
 traced graph's dtypes, bytes and analytic costs are the half model's. Integer inputs and
 targets (token ids, class labels) are left as they are. A training step keeps a float32
 *master* copy of every trained parameter beside it, which the optimizer updates
-(``emit.precision.MasterWeights``); ``Update`` says what that adds to each parameter's update,
+(``emit.train.optimizer.MasterWeights``); ``Update`` says what that adds to each parameter's update,
 in memory and traffic, for ``graph.py``.
 """
 

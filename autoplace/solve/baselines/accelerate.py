@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from autoplace.ir import Cluster, OpGraph, Placement, Problem
+from autoplace.progress.notes import note, note_all
 from autoplace.solve.baselines.heuristics import majority_devices
 
 __all__ = ["ACCELERATE_STRATEGIES", "AccelerateMap", "accelerate_available",
@@ -192,11 +193,15 @@ def baselines_on(problem: Problem, maps: Sequence[AccelerateMap]
 
 
 def accelerate_baselines(model: torch.nn.Module, graph: OpGraph, problem: Problem
-                         ) -> tuple[dict[str, Placement], list[str], tuple[AccelerateMap, ...]]:
+                         ) -> tuple[dict[str, Placement], tuple[AccelerateMap, ...]]:
     """accelerate's maps of ``model`` (traced as ``graph``) on ``problem``'s cluster, as
-    ``baselines_on`` ``problem`` gives them, and the maps themselves (to score on another
-    problem of the same graph without making them again)."""
+    ``baselines_on`` ``problem`` gives them (its notes to the open collector,
+    ``progress.notes``), and the maps themselves (to score on another problem of the same
+    graph without making them again)."""
     if not accelerate_available():
-        return {}, [NOT_INSTALLED], ()
+        note(NOT_INSTALLED)
+        return {}, ()
     maps = accelerate_maps(model, graph, problem.cluster)
-    return (*baselines_on(problem, maps), maps)
+    extra, found = baselines_on(problem, maps)
+    note_all(found)
+    return extra, maps

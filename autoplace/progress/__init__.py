@@ -1,5 +1,5 @@
-"""Progress for a person at a terminal: the pipeline's stage running and, while solving, the
-best plan and bound so far with the time left.
+"""What the stages tell a person: the notes a plan carries (``notes.py``) and, here, progress at
+a terminal: the pipeline's stage running and, while solving, the best plan and bound so far.
 
 The stages say where they are with plain calls: ``stage`` (load, trace, profile, cost, fold,
 solve, emit, verify, report), ``phase`` (a part of a stage: a what-if row, the plan's own solve),
@@ -8,7 +8,6 @@ to the ``Reporter`` installed for the current context by ``reporting``; by defau
 each call returns at once, so the Python API and the tests print nothing. The CLI installs a
 ``LiveReporter`` (rich's live display, on stderr) when stderr is a terminal and ``--quiet`` is
 not given: stdout, the summary, is untouched, and the display is gone before the summary prints.
-
 CP-SAT reports from its own threads, where this context's reporter is not visible: a caller
 there takes ``current_reporter()`` first. rich allows one live display at a time, so another
 (the profiling bar) runs inside ``paused()``. Read ``Reporter``, then ``LiveReporter``.
