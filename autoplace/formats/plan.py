@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from autoplace._version import __version__
+from autoplace.config.choices import Objective
 from autoplace.errors import AutoplaceError, OutputError
 from autoplace.formats.plan_check import count_problems, plan_problems
 from autoplace.formats.records import (
@@ -88,7 +89,7 @@ class BaselineResult:
                    peak_bytes=dict(schedule.peak_bytes), max_load_s=schedule.max_load_s)
 
     def objective_s(self, objective: str) -> float | None:
-        return self.max_load_s if objective == "throughput" else self.makespan_s
+        return self.max_load_s if objective == Objective.THROUGHPUT else self.makespan_s
 
     @property
     def fits_text(self) -> str:

@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from autoplace.config.choices import Objective
+
 __all__ = ["AccelerateMapRecord", "Coarsening", "DeviceMapRecord", "MinGain", "PinsRecord",
            "ProfileRecord", "ReplicaOption", "TrainingCheck", "TrainingRecord", "WhatIfRecord"]
 
@@ -71,7 +73,7 @@ class WhatIfRecord:
     def value_s(self, objective: str) -> float | None:
         """The row's value under ``objective``: the makespan, or (throughput) its objective,
         the makespan where a row does not say it."""
-        if objective != "throughput" or self.objective_s is None:
+        if objective != Objective.THROUGHPUT or self.objective_s is None:
             return self.makespan_s
         return self.objective_s
 

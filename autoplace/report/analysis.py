@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from autoplace.config.choices import Objective
 from autoplace.formats.plan import BaselineResult, Plan, SolverRecord, Verification
 from autoplace.formats.records import PinsRecord
 from autoplace.ir import Device, OpNode, Transfer
@@ -198,7 +199,7 @@ def overview(plan: Plan) -> Overview:
     return Overview(
         model=plan.model, objective=objective,
         # A throughput plan minimises its busiest device's load; everything else, the makespan.
-        value_label="largest device load" if objective == "throughput" else "makespan",
+        value_label="largest device load" if objective == Objective.THROUGHPUT else "makespan",
         value_s=plan.objective_s, devices=devices,
         device_counts=tuple(Counter(d.type for d in devices).items()),
         makespan_s=plan.makespan_s, best_single_device=plan.best_single_device,
@@ -242,7 +243,7 @@ def advice(plan: Plan) -> str:
     kind = _kind_of(used)
     names = ", ".join(d.name for d in used)
     label = ("step" if plan.training is not None else
-             "largest device load" if plan.objective == "throughput" else "makespan")
+             "largest device load" if plan.objective == Objective.THROUGHPUT else "makespan")
     value = f"{label} {format_seconds(plan.objective_s)}"
     replicas = int(plan.training.replicas or 1) if plan.training is not None else 1
     lead = f"Train {replicas} data-parallel replicas, each on" if replicas > 1 else "Use"

@@ -16,6 +16,7 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from autoplace.config.choices import Objective
 from autoplace.formats.plan import Plan
 from autoplace.report.analysis import Block, Overview, PathStep, schedule_blocks
 from autoplace.report.units import (
@@ -497,7 +498,7 @@ def progress_figure(plan: Plan) -> Any | None:
 
 
 def _measure(plan: Plan) -> str:
-    return "largest device load" if plan.objective == "throughput" else "makespan"
+    return "largest device load" if plan.objective == Objective.THROUGHPUT else "makespan"
 
 
 def _plan_graph(plan: Plan) -> str:
@@ -527,7 +528,7 @@ def _only_bounded(plan: Plan) -> list[tuple[str, str]]:
     """What the simulator schedules and CP-SAT's latency model only bounds or leaves free, each
     as (what the model does, what the simulator does), in words that follow "which" and "the
     simulator". (The throughput model's loads are the simulator's: ``simulate.loads``.)"""
-    if plan.objective == "throughput":
+    if plan.objective == Objective.THROUGHPUT:
         return []
     problem, training = plan.problem, plan.training
     out = []

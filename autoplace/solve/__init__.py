@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autoplace import progress as display
+from autoplace.config.choices import Objective
 from autoplace.errors import InfeasibleError
 from autoplace.formats.plan import SolverRecord
 from autoplace.ir import Placement, Problem, Schedule, optimality_gap
@@ -150,7 +151,7 @@ def solve(
     check_memory(problem)
     budget = Budget(options, clock=clock, stop=stop)
     display.solving(None if options.deterministic else budget.remaining_s())
-    if problem.launchers and options.objective == "latency":
+    if problem.launchers and options.objective == Objective.LATENCY:
         budget.keep_for_moves(LAUNCHER_MOVES_SHARE)
     state, interrupted = _start(problem, options, budget, extra_baselines)
     _add_starts(state, starts or {})

@@ -21,6 +21,7 @@ import math
 
 import numpy as np
 
+from autoplace.config.choices import Objective
 from autoplace.errors import InfeasibleError
 from autoplace.ir import Problem
 from autoplace.ir.graphs import longest_path_length
@@ -217,7 +218,7 @@ def lower_bound_s(problem: Problem, objective: str = "latency") -> float:
     for group in {tuple(g) for g in graph.colocation_of.values() if len(g) > 1}:
         colocated = max(colocated, min(sum(costs.of(m, d) for m in group)
                                        for d in holders[group[0]] or cluster.names))
-    if objective == "throughput":
+    if objective == Objective.THROUGHPUT:
         return max(work, max(fastest.values(), default=0.0), colocated)
     # float: when every path weighs 0, networkx's length is the int 0 (plan.json writes 0.0).
     critical = float(longest_path_length(fastest, ((e.src, e.dst) for e in graph.edges)))

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
+from autoplace.config.choices import Objective
 from autoplace.ir import Placement, Problem, Schedule
 from autoplace.progress import current_reporter
 from autoplace.solve.baselines.stages import stage_order
@@ -228,7 +229,7 @@ def solve_cpsat(
     quantum, exact = _quantum(problem)
     model = cp_model.CpModel()
     x, hinted = _add_placement(model, problem, activation_bytes or {}, nogoods, hint, contiguous)
-    if objective == "throughput":
+    if objective == Objective.THROUGHPUT:
         goal = _add_loads(model, problem, x, quantum)
         # Every load is a sum of at most n compute and 2n copy times, each rounded up.
         slack = 0 if exact else 3 * len(problem.graph.nodes)
@@ -244,7 +245,7 @@ def solve_cpsat(
     # --- solve
     solver = _solver(time_limit_s, deterministic=deterministic, workers=workers, seed=seed,
                      building=building)
-    if objective == "latency" and solver.parameters.num_workers == 1:
+    if objective == Objective.LATENCY and solver.parameters.num_workers == 1:
         # One worker minimises by linear scan: each solution need beat the last by one tick
         # only, and it keeps the last one's values, so it shaves one tick of idle time off the
         # same placement per solution: at 1 ns, 0.1 s is 1e8 solutions (a 5-node graph stayed

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from autoplace.config.choices import Objective
 from autoplace.fold import Coarsened, coarsen
 from autoplace.ir import Placement, Problem, Schedule
 from autoplace.simulate import simulate
@@ -30,7 +31,7 @@ from autoplace.solve.cpsat import CpSatResult, node_activation_bytes, solve_cpsa
 __all__ = ["EXACT_MAX_NODES", "LargeResult", "coarse_solve", "improve"]
 
 # Above these sizes the exact model is built on a coarsened graph instead.
-EXACT_MAX_NODES = {"latency": 250, "throughput": 2500}
+EXACT_MAX_NODES = {Objective.LATENCY: 250, Objective.THROUGHPUT: 2500}
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ def coarse_solve(
 def _deciding_nodes(problem: Problem, schedule: Schedule, objective: str) -> list[str]:
     """Nodes whose device decides the objective: the critical path, or the busiest device."""
     device_of = schedule.placement.device_of
-    if objective == "throughput":
+    if objective == Objective.THROUGHPUT:
         busiest = max(schedule.load_s, key=schedule.load_s.__getitem__)
         return [n.name for n in problem.graph.nodes if device_of[n.name] == busiest]
     graph = problem.graph

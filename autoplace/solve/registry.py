@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from autoplace.config.choices import Objective
 from autoplace.errors import AutoplaceError
 from autoplace.ir import Placement, Problem
 from autoplace.solve.baselines.baechi import m_etf, m_sct
@@ -19,7 +20,7 @@ from autoplace.solve.baselines.stages import stage_dp
 
 __all__ = ["HEURISTICS", "OBJECTIVES", "SOLVERS", "get_solver"]
 
-OBJECTIVES = ("latency", "throughput")
+OBJECTIVES = tuple(Objective)
 # Heuristic baselines: each takes (problem, objective) and returns a placement or None.
 HEURISTICS: dict[str, Callable[[Problem, str], Placement | None]] = {
     # Cheap ones first: when the time limit cuts the baselines short, the slow list schedulers

@@ -23,6 +23,7 @@ import operator
 import networkx as nx
 import numpy as np
 
+from autoplace.config.choices import Objective
 from autoplace.ir import Placement, Problem
 from autoplace.solve.baselines.heuristics import NotRun, activation_reserve
 from autoplace.solve.baselines.partition import grouped_order, slowest_delay_s
@@ -99,7 +100,7 @@ def _chain_dp(problem: Problem, segments: list[tuple], classes: list[list[int]],
     capacity = np.array([d.memory_bytes for d in cluster.devices]) - activation_reserve(problem)
     charged = np.array([1.0 if d.charges_transfers else 0.0 for d in cluster.devices])
     shape = tuple(len(members) + 1 for members in classes)
-    combine = np.maximum if objective == "throughput" else np.add
+    combine = np.maximum if objective == Objective.THROUGHPUT else np.add
     best = np.full((*shape, m), np.inf)
     best[(0,) * len(shape)][0] = 0.0
     choice: dict[tuple[int, ...], np.ndarray] = {}

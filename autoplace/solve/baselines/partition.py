@@ -22,6 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import networkx as nx
 import numpy as np
 
+from autoplace.config.choices import Objective
 from autoplace.errors import AutoplaceError
 from autoplace.ir import Edge, Placement, Problem
 from autoplace.simulate import simulate
@@ -34,7 +35,7 @@ from autoplace.solve.baselines.heuristics import (
 
 __all__ = ["balanced_fill", "contiguous_dp", "contiguous_split", "grouped_order"]
 
-_OBJECTIVES = ("latency", "throughput")
+_OBJECTIVES = tuple(Objective)
 
 
 
@@ -154,7 +155,7 @@ def contiguous_dp(
     charged = [1.0 if d.charges_transfers else 0.0 for d in cluster.devices]
 
     # --- DP: best[t, c] = best value for nodes before cut c on devices 0..t; choice = start cut
-    combine = np.maximum if objective == "throughput" else np.add
+    combine = np.maximum if objective == Objective.THROUGHPUT else np.add
     previous = np.full(m, np.inf)
     previous[0] = 0.0
     best = np.full((k, m), np.inf)

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 import networkx as nx
 import numpy as np
 
+from autoplace.config.choices import Objective
 from autoplace.ir import Placement, Problem
 from autoplace.simulate import simulate
 from autoplace.solve.baselines.heuristics import activation_reserve
@@ -67,7 +68,7 @@ def group_dp(problem: Problem, objective: str = "throughput", *,
                                              for g in groups])])
     capacity = np.array([d.memory_bytes for d in cluster.devices]) - activation_reserve(problem)
     charged = [1.0 if d.charges_transfers else 0.0 for d in cluster.devices]
-    combine = np.maximum if objective == "throughput" else np.add
+    combine = np.maximum if objective == Objective.THROUGHPUT else np.add
 
     # best[t, j]: groups before j on devices 0..t; choice[t, j]: where device t's segment starts.
     best = np.full((k, m + 1), np.inf)
