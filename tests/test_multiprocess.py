@@ -23,6 +23,7 @@ import safetensors.torch
 import torch
 import zoo
 
+import autoplace
 from autoplace.cli import main
 from autoplace.cli.run_ranks import pipelined_makespan_s
 from autoplace.cluster.local import free_port
@@ -276,10 +277,13 @@ def test_autoplace_run_nproc_checks_outputs_and_refuses_a_wrong_count(tmp_path, 
     assert "--nproc 3: the plan has 2 devices (cpu:0, cpu:1)" in capsys.readouterr().err
     batch = tmp_path / "batch.safetensors"
     safetensors.torch.save_file({"args.0": torch.randn(128, 784)}, str(batch))
+    saved = tmp_path / "outputs.safetensors"
     assert main(["run", str(out), "--nproc", "2", "--microbatches", "2", "--repeats", "2",
-                 "--inputs", str(batch), "--json"]) == 0
+                 "--inputs", str(batch), "--json", "--save-outputs", str(saved)]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["outputs_equal"] and result["nproc"] == 2 and result["microbatches"] == 2
+    # The batch's outputs: both micro-batches' rows, one after the other.
+    assert [v.shape[0] for v in safetensors.torch.load_file(str(saved)).values()] == [128]
     assert result["inputs"] == str(batch)
     assert result["measured_s"] > 0 and result["predicted_s"] > 0
 
@@ -366,3 +370,68 @@ def test_at_the_last_barrier_a_gone_peer_is_lost_only_if_this_rank_stays(monkeyp
     assert exited.wait(2) is not through
     watchdog.finished.set()
     assert bool(said) is not through and all("lost rank 1 (cpu:1" in s for s in said)
+
+
+@pytest.fixture(scope="module")
+def gpu_plan(tmp_path_factory) -> tuple[Path, torch.nn.Module, torch.Tensor]:
+    """Four Linear layers planned for 2xA100-40GB (simulated, analytic costs), the first pinned
+    to cuda:0 and the last to cuda:1 so that the plan splits, saved with its launch.py."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)]).eval()
+    x = torch.randn(8, 64)
+    out = tmp_path_factory.mktemp("gpu") / "out"
+    planned, emitted = autoplace.plan(model, x, autoplace.Config(
+        devices="2xA100-40GB", solve=autoplace.Solve(time_limit_s=2),
+        pins={"0": "cuda:0", "3": "cuda:1"}))
+    autoplace.save(planned, out, emitted)
+    assert (out / "launch.py").is_file()
+    return out, model, x
+
+
+def test_a_gpu_plan_rehearses_on_cpu_ranks_and_saves_their_outputs(gpu_plan, tmp_path, capsys):
+    # --nproc 2 with --device-map runs both cuda ranks on the CPU (gloo); rank 0's outputs,
+    # written by --save-outputs, are the one-process run's file, tensor for tensor, and the
+    # original's outputs.
+    out, model, x = gpu_plan
+    ranks, one = tmp_path / "ranks.safetensors", tmp_path / "one.safetensors"
+    assert main(["run", str(out), "--nproc", "2", "--device-map", '{"cuda:*": "cpu"}',
+                 "--repeats", "1", "--save-outputs", str(ranks)]) == 0
+    text = capsys.readouterr().out
+    assert "devices differ from the plan: cuda:0, cuda:1 ran on cpu (--device-map)" in text
+    assert f"wrote 1 output tensor(s) to {ranks}" in text
+    assert main(["run", str(out), "--repeats", "1", "--save-outputs", str(one)]) == 0
+    got, expected = (safetensors.torch.load_file(str(f)) for f in (ranks, one))
+    assert list(got) == list(expected) == ["output"]
+    torch.testing.assert_close(got, expected)
+    with torch.no_grad():
+        torch.testing.assert_close(got["output"], model(x))
+
+
+def test_launch_py_takes_a_device_map_under_torchrun(gpu_plan, tmp_path):
+    out, model, x = gpu_plan
+    with pytest.raises(EmitError, match=r"rank \d \(cuda:\d\): device 'cuda:\d' does not exist "
+                       r"here: .*pass --device-map '\{\"cuda:\*\": \"cpu\"\}'"):
+        launch_replicas(out / "launch.py", replicas=2, timeout_s=120, what="rank",
+                        argv=["--repeats", "1"])
+    outputs = tmp_path / "outputs.safetensors"
+    launch_replicas(out / "launch.py", replicas=2, timeout_s=120, what="rank",
+                    argv=["--repeats", "1", "--device-map", '{"cuda:*": "cpu"}',
+                          "--outputs", str(outputs)])
+    [got] = safetensors.torch.load_file(str(outputs)).values()
+    with torch.no_grad():
+        torch.testing.assert_close(got, model(x))
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--nproc", "2", "--device-map", "cuda=cpu"], r"--device-map 'cuda=cpu' is not JSON"),
+    (["--nproc", "2", "--device-map", '{"cuda:*": "gpu"}'], r"'gpu', which is not a device"),
+    (["--nproc", "2", "--device-map", '{"cuda:0": "cpu"}'],
+     r"device 'cuda:1' does not exist here.*--device-map"),
+    (["--device-map", '{"cuda:*": "cpu"}'], r"--device-map goes with --nproc N"),
+    (["--nproc", "2", "--train", "1"], r"it takes no --train"),
+])
+def test_autoplace_run_nproc_refuses_a_bad_device_map_before_starting(gpu_plan, capsys, argv,
+                                                                      message):
+    out, _, _ = gpu_plan
+    assert main(["run", str(out), *argv]) == 2
+    assert re.search(message, capsys.readouterr().err)

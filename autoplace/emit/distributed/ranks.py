@@ -40,8 +40,8 @@ import torch.distributed as dist
 from torch.fx import _pytree as fx_pytree
 
 from autoplace.cluster.local import worker_threads
-from autoplace.emit.device_map import local_device_map
-from autoplace.emit.distributed.ddp import check_world, print_error, replica_backend
+from autoplace.emit.device_map import check_device, parse_device_map, remap
+from autoplace.emit.distributed.ddp import check_world, print_error
 from autoplace.emit.distributed.stages import chain_of, run_stages
 from autoplace.emit.files.saving import load_inputs, load_model, read_inputs_file
 from autoplace.emit.train.microbatch import batch_size, split_batch
@@ -379,6 +379,10 @@ def rank_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, ranks: 
                         help="the batch (input_names' names, dimension 0 M times the example's)")
     parser.add_argument("--timeout", type=float, default=INIT_TIMEOUT_S, metavar="SECONDS",
                         help="the rendezvous and each exchange fail after this")
+    parser.add_argument("--device-map", metavar="JSON",
+                        help="where each planned torch device runs here, as load_model's "
+                        "device_map: globs, the first match wins, e.g. '{\"cuda:*\": \"cpu\"}' "
+                        "to rehearse a GPU plan on CPU ranks (default: the planned devices)")
     parser.add_argument("--outputs", metavar="FILE", help="rank 0 writes the outputs here")
     parser.add_argument("--json", metavar="FILE", help="rank 0 writes its times here")
     options = parser.parse_args(list(argv))
@@ -413,10 +417,15 @@ def _run(model_dir: Path, options: argparse.Namespace, *, rank: int, ranks: Sequ
          say: Callable[[str], None]) -> dict[str, Any]:
     """This rank's part: meet, watch, load, run the passes, report (rank 0)."""
     mine = ranks[rank]
-    here = local_device_map(list(ranks))
-    backend = replica_backend(ranks, replicas=1)  # the ranks' devices are one replica's
+    device_map = parse_device_map(options.device_map) if options.device_map else None
+    on = [remap(device, device_map) for device in ranks]  # every rank's, to agree on nccl
+    try:
+        check_device(on[rank], planned=mine, option="--device-map")
+    except EmitError as error:
+        raise EmitError(f"rank {rank} ({names[rank]}): {error}") from None
+    backend = "nccl" if all(torch.device(d).type == "cuda" for d in on) else "gloo"
     if backend == "nccl":
-        torch.cuda.set_device(torch.device(here[mine]))
+        torch.cuda.set_device(torch.device(on[rank]))
     # torchrun stops the ranks with SIGTERM when one fails: say so, naming the lost rank once
     # the watchdog knows the peers.
     watching: list[Watchdog] = []
@@ -434,7 +443,9 @@ def _run(model_dir: Path, options: argparse.Namespace, *, rank: int, ranks: Sequ
     watchdog = Watchdog(rank=rank, names=names, peers=peers, say=say).start()
     watching.append(watchdog)
     try:
-        model = load_model(model_dir, device_map={mine: here[mine]}, devices=[mine])
+        # The other ranks' segments stay on meta (``devices``), their device never touched.
+        model = load_model(model_dir, devices=[mine], device_map={
+            device: on[rank] if device == mine else "cpu" for device in ranks})
         batches, rows = _batches(model, model_dir, options)
         stages = chain_of(model, table, rank=rank, ranks=ranks, first=batches[0], rows=rows) \
             if options.microbatches > 1 and options.pipelining != "sendrecv" else None
@@ -442,8 +453,8 @@ def _run(model_dir: Path, options: argparse.Namespace, *, rank: int, ranks: Sequ
             raise EmitError("--pipelining torch needs ranks that form a chain of stages, M > 1 "
                             "and tensors cut along the batch; this plan's do not")
         exchange = Exchange(rank, table, options.microbatches, watchdog,
-                            here[mine] if backend == "nccl" else "cpu")
-        with worker_threads([here[mine]]):
+                            on[rank] if backend == "nccl" else "cpu")
+        with worker_threads([on[rank]]):
             times, outputs = _passes(
                 (lambda: run_stages(model, batches, stages, exchange)) if stages is not None
                 else (lambda: run_pass(model, batches, exchange, mine=mine)),
@@ -467,7 +478,7 @@ def _run(model_dir: Path, options: argparse.Namespace, *, rank: int, ranks: Sequ
     return {"times_s": times, "measured_s": statistics.median(times), "backend": backend,
             "world": len(ranks), "microbatches": options.microbatches,
             "pipelining": "torch.distributed.pipelining ScheduleGPipe" if stages is not None
-            else "send/recv", "ranks": list(ranks), "names": list(names)}
+            else "send/recv", "ranks": list(ranks), "names": list(names), "devices": on}
 
 
 def _stopped(watching: Sequence[Watchdog], say: Callable[[str], None], *, rank: int,
