@@ -42,13 +42,15 @@ from torch.fx import _pytree as fx_pytree
 from autoplace.cluster.local import worker_threads
 from autoplace.emit.device_map import check_device, parse_device_map, remap
 from autoplace.emit.distributed.ddp import check_world, print_error
+from autoplace.emit.distributed.devices import LaunchDevices, launch_devices, rank_devices
 from autoplace.emit.distributed.stages import chain_of, run_stages
 from autoplace.emit.files.saving import load_inputs, load_model, read_inputs_file
 from autoplace.emit.train.microbatch import batch_size, split_batch
 from autoplace.errors import AutoplaceError, EmitError
 
-__all__ = ["INIT_TIMEOUT_S", "Crossing", "Watchdog", "crossings", "flat_inputs", "rank_main",
-           "run_pass", "value_specs", "write_launch_script"]
+__all__ = ["INIT_TIMEOUT_S", "Crossing", "LaunchDevices", "Watchdog", "crossings", "flat_inputs",
+           "launch_devices", "rank_devices", "rank_main", "run_pass", "value_specs",
+           "write_launch_script"]
 
 # The rendezvous and every send and receive after it: a peer that never comes, or stops
 # answering, makes a rank fail within this rather than wait for ever (``--timeout``).
@@ -180,11 +182,17 @@ def flat_inputs(model: torch.nn.Module, args: Sequence[Any],
 
 def write_launch_script(directory: str | os.PathLike[str], model: torch.nn.Module, *,
                         torch_devices: Sequence[str], names: Sequence[str],
-                        example: tuple[tuple[Any, ...], Mapping[str, Any]]) -> Path:
+                        example: tuple[tuple[Any, ...], Mapping[str, Any]],
+                        hosts: Sequence[str] | None = None,
+                        local_devices: Sequence[str] | None = None) -> Path:
     """Write ``directory/launch.py`` (``templates/launch.py.tmpl`` filled in) for ``model``
     (the plan's ``PartitionedModel``, run once on ``example`` for the crossing values' shapes)
-    over the plan's devices; its path."""
+    over the plan's devices (``torch_devices``: as the model names them, ``LaunchDevices.ranks``;
+    ``hosts`` and ``local_devices``, each rank's host and torch device there, default one host
+    and ``torch_devices``); its path."""
     ranks = ranks_of(torch_devices, names)
+    hosts = list(hosts) if hosts is not None else ["localhost"] * len(ranks)
+    local_devices = list(local_devices) if local_devices is not None else list(ranks)
     specs = value_specs(model, example[0], example[1])
     found = crossings([s.to_dict() for s in model.segment_info], ranks=ranks,
                       output_names=model.output_names,
@@ -193,6 +201,7 @@ def write_launch_script(directory: str | os.PathLike[str], model: torch.nn.Modul
     path = Path(directory) / "launch.py"
     path.write_text(Template(_LAUNCH_TEMPLATE.read_text()).substitute(
         world=len(ranks), ranks=repr(list(ranks)), names=repr(list(names)),
+        devices=repr(local_devices), hosts=repr(hosts),
         crossings=literal.replace("\n", "\n" + " " * len("CROSSINGS = "))))
     return path
 
@@ -358,7 +367,8 @@ def run_pass(model: torch.nn.Module, batches: Sequence[list[Any]], exchange: Exc
 
 
 def rank_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, ranks: Sequence[str],
-              names: Sequence[str], crossings: Sequence[Sequence[Any]]) -> int:
+              names: Sequence[str], crossings: Sequence[Sequence[Any]],
+              devices: Sequence[str] | None = None, hosts: Sequence[str] | None = None) -> int:
     """One process of ``torchrun --nproc-per-node N launch.py``: the exit code. An
     ``AutoplaceError`` is printed as one line, ``autoplace: error: KIND: message`` (the line
     ``replicas.launch_replicas`` looks for), and exits with 2."""
@@ -396,8 +406,12 @@ def rank_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, ranks: 
         if options.repeats < 1 or options.warmup < 0 or options.microbatches < 1:
             raise AutoplaceError("--repeats and --microbatches must be 1 or more, --warmup 0 or "
                                  "more")
+        placed = rank_devices(rank, ranks=ranks, devices=devices or ranks,
+                              hosts=hosts or ["localhost"] * world, names=names,
+                              local_rank=int(os.environ.get("LOCAL_RANK", rank)),
+                              local_world=int(os.environ.get("LOCAL_WORLD_SIZE", world)))
         report = _run(Path(model_dir), options, rank=rank, ranks=ranks, names=names,
-                      table=[Crossing.of(row) for row in crossings], say=say)
+                      table=[Crossing.of(row) for row in crossings], say=say, placed=placed)
     except AutoplaceError as error:
         print_error(type(error).__name__, error)
         return 2
@@ -413,12 +427,13 @@ def rank_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, ranks: 
 
 
 def _run(model_dir: Path, options: argparse.Namespace, *, rank: int, ranks: Sequence[str],
-         names: Sequence[str], table: Sequence[Crossing],
-         say: Callable[[str], None]) -> dict[str, Any]:
-    """This rank's part: meet, watch, load, run the passes, report (rank 0)."""
+         names: Sequence[str], table: Sequence[Crossing], say: Callable[[str], None],
+         placed: Sequence[str]) -> dict[str, Any]:
+    """This rank's part (each rank on its ``placed`` device, ``rank_devices``', remapped):
+    meet, watch, load, run the passes, report (rank 0)."""
     mine = ranks[rank]
     device_map = parse_device_map(options.device_map) if options.device_map else None
-    on = [remap(device, device_map) for device in ranks]  # every rank's, to agree on nccl
+    on = [remap(device, device_map) for device in placed]  # every rank's, to agree on nccl
     try:
         check_device(on[rank], planned=mine, option="--device-map")
     except EmitError as error:
