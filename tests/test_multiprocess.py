@@ -23,14 +23,18 @@ import safetensors.torch
 import torch
 import zoo
 
+import autoplace
 from autoplace.cli import main
 from autoplace.cli.run_ranks import pipelined_makespan_s
 from autoplace.cluster.local import free_port
 from autoplace.emit import emit_model, load_model, save_model
 from autoplace.emit.distributed.ranks import (
     Exchange,
+    LaunchDevices,
     crossings,
     flat_inputs,
+    launch_devices,
+    rank_devices,
     value_specs,
     write_launch_script,
 )
@@ -276,10 +280,13 @@ def test_autoplace_run_nproc_checks_outputs_and_refuses_a_wrong_count(tmp_path, 
     assert "--nproc 3: the plan has 2 devices (cpu:0, cpu:1)" in capsys.readouterr().err
     batch = tmp_path / "batch.safetensors"
     safetensors.torch.save_file({"args.0": torch.randn(128, 784)}, str(batch))
+    saved = tmp_path / "outputs.safetensors"
     assert main(["run", str(out), "--nproc", "2", "--microbatches", "2", "--repeats", "2",
-                 "--inputs", str(batch), "--json"]) == 0
+                 "--inputs", str(batch), "--json", "--save-outputs", str(saved)]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["outputs_equal"] and result["nproc"] == 2 and result["microbatches"] == 2
+    # The batch's outputs: both micro-batches' rows, one after the other.
+    assert [v.shape[0] for v in safetensors.torch.load_file(str(saved)).values()] == [128]
     assert result["inputs"] == str(batch)
     assert result["measured_s"] > 0 and result["predicted_s"] > 0
 
@@ -366,3 +373,167 @@ def test_at_the_last_barrier_a_gone_peer_is_lost_only_if_this_rank_stays(monkeyp
     assert exited.wait(2) is not through
     watchdog.finished.set()
     assert bool(said) is not through and all("lost rank 1 (cpu:1" in s for s in said)
+
+
+@pytest.fixture(scope="module")
+def gpu_plan(tmp_path_factory) -> tuple[Path, torch.nn.Module, torch.Tensor]:
+    """Four Linear layers planned for 2xA100-40GB (simulated, analytic costs), the first pinned
+    to cuda:0 and the last to cuda:1 so that the plan splits, saved with its launch.py."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)]).eval()
+    x = torch.randn(8, 64)
+    out = tmp_path_factory.mktemp("gpu") / "out"
+    planned, emitted = autoplace.plan(model, x, autoplace.Config(
+        devices="2xA100-40GB", solve=autoplace.Solve(time_limit_s=2),
+        pins={"0": "cuda:0", "3": "cuda:1"}))
+    autoplace.save(planned, out, emitted)
+    assert (out / "launch.py").is_file()
+    return out, model, x
+
+
+def test_a_gpu_plan_rehearses_on_cpu_ranks_and_saves_their_outputs(gpu_plan, tmp_path, capsys):
+    # --nproc 2 with --device-map runs both cuda ranks on the CPU (gloo); rank 0's outputs,
+    # written by --save-outputs, are the one-process run's file, tensor for tensor, and the
+    # original's outputs.
+    out, model, x = gpu_plan
+    ranks, one = tmp_path / "ranks.safetensors", tmp_path / "one.safetensors"
+    assert main(["run", str(out), "--nproc", "2", "--device-map", '{"cuda:*": "cpu"}',
+                 "--repeats", "1", "--save-outputs", str(ranks)]) == 0
+    text = capsys.readouterr().out
+    assert "devices differ from the plan: cuda:0, cuda:1 ran on cpu (--device-map)" in text
+    assert f"wrote 1 output tensor(s) to {ranks}" in text
+    assert main(["run", str(out), "--repeats", "1", "--save-outputs", str(one)]) == 0
+    got, expected = (safetensors.torch.load_file(str(f)) for f in (ranks, one))
+    assert list(got) == list(expected) == ["output"]
+    torch.testing.assert_close(got, expected)
+    with torch.no_grad():
+        torch.testing.assert_close(got["output"], model(x))
+
+
+def test_launch_py_takes_a_device_map_under_torchrun(gpu_plan, tmp_path):
+    out, model, x = gpu_plan
+    with pytest.raises(EmitError, match=r"rank \d \(cuda:\d\): device 'cuda:\d' does not exist "
+                       r"here: .*pass --device-map '\{\"cuda:\*\": \"cpu\"\}'"):
+        launch_replicas(out / "launch.py", replicas=2, timeout_s=120, what="rank",
+                        argv=["--repeats", "1"])
+    outputs = tmp_path / "outputs.safetensors"
+    launch_replicas(out / "launch.py", replicas=2, timeout_s=120, what="rank",
+                    argv=["--repeats", "1", "--device-map", '{"cuda:*": "cpu"}',
+                          "--outputs", str(outputs)])
+    [got] = safetensors.torch.load_file(str(outputs)).values()
+    with torch.no_grad():
+        torch.testing.assert_close(got, model(x))
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--nproc", "2", "--device-map", "cuda=cpu"], r"--device-map 'cuda=cpu' is not JSON"),
+    (["--nproc", "2", "--device-map", '{"cuda:*": "gpu"}'], r"'gpu', which is not a device"),
+    (["--nproc", "2", "--device-map", '{"cuda:0": "cpu"}'],
+     r"device 'cuda:1' does not exist here.*--device-map"),
+    (["--device-map", '{"cuda:*": "cpu"}'], r"--device-map goes with --nproc N"),
+    (["--nproc", "2", "--train", "1"], r"it takes no --train"),
+])
+def test_autoplace_run_nproc_refuses_a_bad_device_map_before_starting(gpu_plan, capsys, argv,
+                                                                      message):
+    out, _, _ = gpu_plan
+    assert main(["run", str(out), *argv]) == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+TWO_HOSTS = ('[[hosts]]\nname = "node0"\ndevices = ["A100-40GB"]\n\n'
+             '[[hosts]]\nname = "node1"\ndevices = ["A100-40GB"]\n')
+
+
+def _two_hosts(tmp_path: Path) -> LaunchDevices:
+    cluster = tmp_path / "hosts.toml"
+    cluster.write_text(TWO_HOSTS)
+    launch = launch_devices(autoplace.Devices(file=cluster).resolve()[0].devices)
+    assert isinstance(launch, LaunchDevices)
+    return launch
+
+
+def test_two_hosts_of_one_gpu_each_run_a_rank_each_on_its_own_cuda_0(tmp_path):
+    # node0/cuda:0 and node1/cuda:0: in the emitted model node1's segments need a name of their
+    # own (cuda:1, the next free index); each rank runs on its host's cuda:0 under
+    # torchrun --nnodes 2 (one process a node: LOCAL_RANK 0 on each), on cuda:0 and cuda:1 where
+    # one machine runs both.
+    launch = _two_hosts(tmp_path)
+    assert launch == LaunchDevices(ranks=("cuda:0", "cuda:1"), devices=("cuda:0", "cuda:0"),
+                                   names=("node0/cuda:0", "node1/cuda:0"),
+                                   hosts=("node0", "node1"))
+    where = dict(ranks=launch.ranks, devices=launch.devices, hosts=launch.hosts,
+                 names=launch.names)
+    for rank in (0, 1):
+        assert rank_devices(rank, **where, local_rank=0, local_world=1) == ["cuda:0", "cuda:0"]
+        assert rank_devices(rank, **where, local_rank=rank, local_world=2) == ["cuda:0", "cuda:1"]
+    with pytest.raises(EmitError, match=r"rank 1 \(node1/cuda:0\) is device 0 of the 1 of host "
+                       r"node1 in the plan, but torchrun gave it LOCAL_RANK 1"):
+        rank_devices(1, **where, local_rank=1, local_world=1)
+
+
+def test_devices_sharing_a_torch_device_on_one_host_get_no_ranks():
+    a = autoplace.Device(name="a", type="cpu-thread", memory_bytes=1 << 30, host="h",
+                         torch_device="cpu:0")
+    b = autoplace.Device(name="b", type="cpu-thread", memory_bytes=1 << 30, host="h",
+                         torch_device="cpu:0")
+    assert launch_devices([a, b]) == ("a and b are both cpu:0 on host h: give each its own "
+                                      "torch_device in the cluster file ([[devices]])")
+    assert launch_devices([a]) == "1 device(s): one process runs the plan"
+
+
+def _two_host_launch(tmp_path: Path) -> tuple[torch.nn.Module, torch.Tensor]:
+    """TwoLayer's fc1 on node0/cuda:0 and fc2 on node1/cuda:0, emitted under the ranks' names
+    (cuda:0, cuda:1: what the pipeline's emit would give them), saved with launch.py."""
+    launch = _two_hosts(tmp_path)
+    torch.manual_seed(0)
+    model, x = zoo.TwoLayer(), torch.randn(8, 8)
+    traced = trace_model(model, (x,), {}, name="two")
+    emitted = emit_model(traced.module, zoo.by_module(
+        traced.module, {"fc1": launch.ranks[0], "fc2": launch.ranks[1]}, launch.ranks[0]),
+        device_map={"cuda:*": "cpu"})
+    emitted.example_inputs = ((x,), {})
+    save_model(emitted, tmp_path / "model")
+    write_launch_script(tmp_path, emitted, torch_devices=launch.ranks, names=launch.names,
+                        hosts=launch.hosts, local_devices=launch.devices,
+                        example=emitted.example_inputs)
+    text = (tmp_path / "launch.py").read_text()
+    assert "DEVICES = ['cuda:0', 'cuda:0']" in text and "HOSTS = ['node0', 'node1']" in text
+    return model, x
+
+
+def test_a_two_host_plan_rehearses_on_one_host_with_cpu_ranks(tmp_path):
+    model, x = _two_host_launch(tmp_path)
+    outputs = tmp_path / "outputs.safetensors"
+    launch_replicas(tmp_path / "launch.py", replicas=2, timeout_s=120, what="rank",
+                    argv=["--repeats", "1", "--device-map", '{"cuda:*": "cpu"}',
+                          "--outputs", str(outputs)])
+    [got] = safetensors.torch.load_file(str(outputs)).values()
+    with torch.no_grad():
+        torch.testing.assert_close(got, model(x))
+
+
+def test_a_two_host_plan_runs_under_torchrun_nnodes_2(tmp_path):
+    # Two torchrun agents on this machine stand for the two hosts (--nnodes 2, one process
+    # each): each rank is LOCAL_RANK 0 and runs its host's cuda:0, here on the CPU.
+    model, x = _two_host_launch(tmp_path)
+    outputs, port = tmp_path / "outputs.safetensors", free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
+    agents = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node",
+         "1", "--node-rank", str(n), "--master-addr", "127.0.0.1", "--master-port", str(port),
+         str(tmp_path / "launch.py"), "--repeats", "1", "--timeout", "30",
+         "--device-map", '{"cuda:*": "cpu"}', "--outputs", str(outputs)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True) for n in (0, 1)]
+    try:
+        logs = [agent.communicate(timeout=120)[0] for agent in agents]
+    finally:
+        for agent in agents:  # each agent and its rank: a session of their own
+            if agent.poll() is None:
+                os.killpg(agent.pid, 9)
+                agent.wait()
+    assert [a.returncode for a in agents] == [0, 0], logs
+    [got] = safetensors.torch.load_file(str(outputs)).values()
+    with torch.no_grad():
+        torch.testing.assert_close(got, model(x))

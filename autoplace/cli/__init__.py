@@ -238,7 +238,9 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
                    "measured), predicted_peak_bytes, and the details (with --train: losses, "
                    "measured_s, predicted_s, times_s, and the details)")
     u.add_argument("--save-outputs", metavar="FILE.safetensors",
-                   help="write the model's output tensors (output, output.0, output.NAME, ...)")
+                   help="write the model's output tensors (output, output.0, output.NAME, "
+                   "...); with --nproc, rank 0's, once checked (the batch's: M micro-batches' "
+                   "rows one after another)")
     # More than one process (autoplace/cli/run_ranks.py, docs/multiprocess.md).
     u.add_argument("--nproc", type=int, metavar="N",
                    help="run an inference plan as N processes on this machine, one per planned "
@@ -251,6 +253,11 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
                    "example M times), pipelined in GPipe's order: torch.distributed."
                    "pipelining's ScheduleGPipe where the ranks form a chain of stages, "
                    "send/recv otherwise; predicted by simulating M copies (default: 1)")
+    u.add_argument("--device-map", metavar="JSON",
+                   help="with --nproc: where the ranks run, as load_model's device_map (globs "
+                   "of planned torch devices, the first match wins), e.g. "
+                   "'{\"cuda:*\": \"cpu\"}' to rehearse a GPU plan on CPU ranks (default: "
+                   "the planned devices, those absent here on the CPU)")
 
 
 def _cache_option(p: argparse.ArgumentParser) -> None:
@@ -455,6 +462,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.microbatches != 1:
         raise AutoplaceError("--microbatches goes with --nproc N (an inference plan run as N "
                              "processes); a training plan's micro-batches are planned")
+    if args.device_map is not None:
+        raise AutoplaceError("--device-map goes with --nproc N (the ranks' devices); one "
+                             "process runs planned devices absent here on the CPU already")
     if args.train is not None:
         trained = train_plan(args.out, steps=args.train, lr=args.lr)
         print(json.dumps(trained.to_dict()) if args.json else "\n".join(trained.lines()))
@@ -477,13 +487,19 @@ def _run_ranks(args: argparse.Namespace) -> int:
     import json
 
     from autoplace.cli.run_ranks import run_ranks
+    from autoplace.emit.device_map import parse_device_map
 
-    if args.train is not None or args.save_outputs:
-        raise AutoplaceError("--nproc runs an inference plan and checks its outputs: it takes "
-                             "neither --train nor --save-outputs")
+    if args.train is not None:
+        raise AutoplaceError("--nproc runs an inference plan as processes: it takes no "
+                             "--train (`--train STEPS` alone runs a training plan's replicas "
+                             "as processes)")
     result = run_ranks(args.out, nproc=args.nproc, microbatches=args.microbatches,
-                       inputs_file=args.inputs, warmup=args.warmup, repeats=args.repeats)
+                       inputs_file=args.inputs, warmup=args.warmup, repeats=args.repeats,
+                       device_map=None if args.device_map is None
+                       else parse_device_map(args.device_map), outputs_file=args.save_outputs)
     print(json.dumps(result.to_dict()) if args.json else "\n".join(result.lines()))
+    if result.written and not args.json:
+        print(f"wrote {len(result.written)} output tensor(s) to {args.save_outputs}")
     return 0
 
 

@@ -27,15 +27,17 @@ from typing import Any
 
 import safetensors.torch
 import torch
+from torch.utils import _pytree as pytree
 
-from autoplace.cli.run import plan_and_model
+from autoplace.cli.run import plan_and_model, save_outputs
 from autoplace.emit import load_model, local_device_map
 from autoplace.emit.check.outputs import max_abs_diff
+from autoplace.emit.device_map import check_device, remap
 from autoplace.emit.distributed.ranks import Exchange, flat_inputs, repeated, run_pass
 from autoplace.emit.distributed.replicas import launch_replicas
 from autoplace.emit.files.saving import load_inputs, planned_devices, read_inputs_file
 from autoplace.emit.train.microbatch import split_batch
-from autoplace.errors import AutoplaceError, EmitError, VerificationError
+from autoplace.errors import AutoplaceError, EmitError, OutputError, VerificationError
 from autoplace.formats.plan import Plan
 from autoplace.ir import Placement, Problem, Schedule
 from autoplace.simulate import simulate
@@ -65,6 +67,7 @@ class RanksResult:
     inputs: str
     notes: tuple[str, ...] = ()
     outputs: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    written: tuple[str, ...] = ()  # the tensors written to --save-outputs' file
 
     def to_dict(self) -> dict[str, Any]:
         return {"measured_s": self.measured_s, "predicted_s": self.predicted_s,
@@ -91,10 +94,16 @@ class RanksResult:
 def run_ranks(directory: str | os.PathLike[str], *, nproc: int, microbatches: int = 1,
               inputs_file: str | os.PathLike[str] | None = None, warmup: int = 1,
               repeats: int = 5, pipelining: str = "auto", timeout_s: float = RUN_TIMEOUT_S,
-              exchange_timeout_s: float | None = None) -> RanksResult:
+              exchange_timeout_s: float | None = None,
+              device_map: Mapping[str, str] | None = None,
+              outputs_file: str | os.PathLike[str] | None = None) -> RanksResult:
     """Run ``directory``'s inference plan as ``nproc`` processes on this machine, a batch of
     ``microbatches`` micro-batches (each of the planned example's shape) per pass; check the
-    outputs against the one-process model and time them against the plan."""
+    outputs against the one-process model and time them against the plan. ``device_map``
+    (``load_model``'s: globs of planned torch devices to devices here) says where the ranks
+    run; without it, planned devices absent here run on the CPU, as in one process. With
+    ``outputs_file``, rank 0's outputs are written there once checked, as ``autoplace run
+    --save-outputs`` writes one process's (``run.save_outputs``)."""
     if warmup < 0 or repeats < 1 or microbatches < 1:
         raise AutoplaceError(f"--warmup must be 0 or more, --repeats and --microbatches 1 or "
                              f"more, got {warmup}, {repeats} and {microbatches}")
@@ -112,20 +121,35 @@ def run_ranks(directory: str | os.PathLike[str], *, nproc: int, microbatches: in
     else:
         inputs = f"the example inputs ({model_dir / 'inputs.safetensors'})" + (
             f", {microbatches} times" if microbatches > 1 else "")
+    planned = sorted({d.torch_device for d in devices} | set(planned_devices(model_dir)))
+    here = {d: remap(d, device_map) for d in planned} if device_map is not None \
+        else local_device_map(planned)
+    for device, ran in here.items():  # before any process starts
+        check_device(ran, planned=device, option="--device-map")
+    if outputs_file is not None and not Path(outputs_file).parent.is_dir():
+        raise OutputError(f"cannot write {str(outputs_file)!r}: "
+                          f"{str(Path(outputs_file).parent)!r} is not a directory")
     argv = ["--warmup", str(warmup), "--repeats", str(repeats), "--microbatches",
-            str(microbatches), "--pipelining", pipelining,
+            str(microbatches), "--pipelining", pipelining, "--device-map", json.dumps(here),
             *(["--inputs", str(inputs_file)] if inputs_file is not None else []),
             *(["--timeout", repr(exchange_timeout_s)] if exchange_timeout_s else [])]
     with tempfile.TemporaryDirectory(prefix="autoplace-ranks-") as tmp:
-        outputs_file, report_file = Path(tmp) / "outputs.safetensors", Path(tmp) / "rank0.json"
+        rank0_file, report_file = Path(tmp) / "outputs.safetensors", Path(tmp) / "rank0.json"
         launch_replicas(script, replicas=nproc, timeout_s=timeout_s, what="rank",
-                        argv=[*argv, "--outputs", str(outputs_file), "--json", str(report_file)])
+                        argv=[*argv, "--outputs", str(rank0_file), "--json", str(report_file)])
         report = json.loads(report_file.read_text())
-        got = safetensors.torch.load_file(str(outputs_file))
-    diff = _compare(model_dir, got, batch, microbatches)
+        got = safetensors.torch.load_file(str(rank0_file))
+    model = load_model(model_dir, device_map=here)
+    diff = _compare(model, got, batch, microbatches)
+    written = () if outputs_file is None else tuple(save_outputs(
+        _as_returned(model, got, batch, microbatches), outputs_file))
     notes = []
-    if any(k != v for k, v in local_device_map([d.torch_device for d in devices]).items()):
-        notes.append("planned GPUs absent here ran on the CPU")
+    moved = {d: ran for d, ran in here.items() if d != ran}
+    if moved:
+        notes.append("devices differ from the plan: " + "; ".join(
+            f"{', '.join(d for d in moved if moved[d] == ran)} ran on {ran}"
+            for ran in sorted(set(moved.values())))
+            + (" (--device-map)" if device_map is not None else " (not on this machine)"))
     if microbatches > 1:
         notes.append(f"predicted: the simulator's makespan of {microbatches} copies of the "
                      "plan's graph, each device running its part of one micro-batch after "
@@ -136,7 +160,7 @@ def run_ranks(directory: str | os.PathLike[str], *, nproc: int, microbatches: in
         times_s=tuple(report["times_s"]),
         nproc=nproc, microbatches=microbatches, pipelining=report["pipelining"],
         backend=report["backend"], max_abs_diff=diff, ranks=tuple(d.name for d in devices),
-        inputs=inputs, notes=tuple(notes), outputs=got)
+        inputs=inputs, notes=tuple(notes), outputs=got, written=written)
 
 
 def _check(plan: Plan, script: Path, *, nproc: int) -> None:
@@ -163,12 +187,11 @@ def _check(plan: Plan, script: Path, *, nproc: int) -> None:
                         "plan it again")
 
 
-def _compare(model_dir: Path, got: Mapping[str, torch.Tensor],
+def _compare(model: torch.nn.Module, got: Mapping[str, torch.Tensor],
              batch: tuple[tuple[Any, ...], dict[str, Any]], count: int) -> float:
-    """The largest difference of rank 0's outputs from the whole emitted model's on the same
-    micro-batches, run here segment by segment; ``VerificationError`` where they differ."""
-    here = local_device_map(sorted(set(planned_devices(model_dir))))
-    model = load_model(model_dir, device_map=here)
+    """The largest difference of rank 0's outputs from the whole emitted ``model``'s (loaded
+    on the ranks' devices) on the same micro-batches, run here segment by segment;
+    ``VerificationError`` where they differ."""
     batches = [flat_inputs(model, a, kw) for a, kw in split_batch(*batch, count)]
     with torch.no_grad():
         expected = run_pass(model, batches, Exchange(0, [], count), mine=None)
@@ -189,6 +212,32 @@ def _compare(model_dir: Path, got: Mapping[str, torch.Tensor],
                     f"processes differs from the one-process model's: {error}") from None
             pairs.append((expected, got[key]))
     return max_abs_diff([e for e, _ in pairs], [g for _, g in pairs])
+
+
+def _as_returned(model: torch.nn.Module, got: Mapping[str, torch.Tensor],
+                 batch: tuple[tuple[Any, ...], dict[str, Any]], count: int) -> Any:
+    """Rank 0's outputs (``got``: ``NAME.k`` for output ``NAME`` of micro-batch ``k``) in the
+    structure the model returns: its forward's on micro-batch 0, each tensor leaf replaced, in
+    order, by the output of that name (the tensor-valued ``model.output_names``; the generated
+    forward returns them in that order); with ``count`` > 1, the micro-batches' rows
+    concatenated along dimension 0, the batch's outputs."""
+    args, kwargs = split_batch(*batch, count)[0]
+    with torch.no_grad():
+        shape = model(*args, **kwargs)
+    names = [n for n in model.output_names if f"{n}.0" in got]
+    leaves, spec = pytree.tree_flatten(shape)
+    tensors = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+    if len(tensors) != len(names):
+        raise EmitError(f"rank 0 returned {len(names)} output tensors, the model returns "
+                        f"{len(tensors)}: the outputs cannot be written as it returns them")
+    for i, name in zip(tensors, names):
+        parts = [got[f"{name}.{k}"] for k in range(count)]
+        if count > 1 and not parts[0].dim():
+            raise AutoplaceError(f"output {name} has no batch dimension to concatenate "
+                                 f"{count} micro-batches along: --save-outputs takes "
+                                 "--microbatches 1 for this model")
+        leaves[i] = parts[0] if count == 1 else torch.cat(parts)
+    return pytree.tree_unflatten(leaves, spec)
 
 
 def pipelined_makespan_s(problem: Problem, schedule: Schedule, count: int) -> float:

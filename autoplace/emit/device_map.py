@@ -3,21 +3,22 @@
 A plan names the devices it was made for (``cuda:1``); the emitted model may run elsewhere.
 ``local_device_map`` keeps each planned device that is present here and sends the rest to the
 CPU (how the pipeline verifies a GPU plan on a laptop); ``remap`` applies a user's glob mapping
-(``{"cuda:*": "cpu"}``); ``check_device`` fails, with the mapping to pass, when a device is
-absent. How a ``cpu-thread`` worker runs here (one intra-op thread) is
-``autoplace.cluster.local``'s, which the profiler shares.
+(``{"cuda:*": "cpu"}``, a command line's ``--device-map``: ``parse_device_map``); ``check_device``
+fails, with the mapping to pass, when a device is absent. How a ``cpu-thread`` worker runs here
+(one intra-op thread) is ``autoplace.cluster.local``'s, which the profiler shares.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import json
 from collections.abc import Mapping, Sequence
 
 import torch
 
 from autoplace.errors import EmitError
 
-__all__ = ["check_device", "local_device_map", "remap"]
+__all__ = ["check_device", "local_device_map", "parse_device_map", "remap"]
 
 
 def local_device_map(torch_devices: Sequence[str]) -> dict[str, str]:
@@ -43,11 +44,36 @@ def remap(device: str, device_map: Mapping[str, str] | None) -> str:
     return device
 
 
-def check_device(device: str, *, planned: str) -> None:
+def parse_device_map(text: str) -> dict[str, str]:
+    """``--device-map``'s JSON object (glob of planned torch devices -> device here, in the
+    order given, as ``remap`` applies it), every target checked to be a torch device."""
+    try:
+        mapping = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise EmitError(f"--device-map {text!r} is not JSON ({error}): give an object of "
+                        'planned devices (globs) to devices here, e.g. \'{"cuda:*": "cpu"}\''
+                        ) from None
+    if not isinstance(mapping, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in mapping.items()):
+        raise EmitError(f"--device-map {text!r} must be a JSON object of strings, e.g. "
+                        '\'{"cuda:*": "cpu"}\'')
+    for pattern, target in mapping.items():
+        try:
+            torch.device(target)
+        except RuntimeError:
+            raise EmitError(f"--device-map: {pattern!r} -> {target!r}, which is not a device "
+                            "(cpu, cuda:1, ...)") from None
+    return mapping
+
+
+def check_device(device: str, *, planned: str, option: str = "device_map=") -> None:
     """Fail unless ``device`` can hold tensors here; the message names the ``device_map`` that
-    would place its segments on the CPU instead."""
+    would place its segments on the CPU instead (as ``option`` takes it: ``--device-map`` on a
+    command line)."""
     kind = torch.device(device).type
-    hint = f'pass device_map={{"{kind}:*": "cpu"}} to place those segments on the CPU'
+    value = f'{{"{kind}:*": "cpu"}}'
+    hint = (f"pass {option}{value}" if option.endswith("=") else f"pass {option} '{value}'") \
+        + " to place those segments on the CPU"
     where = f"device {device!r}" + (f" (planned {planned!r})" if planned != device else "")
     if kind in ("cpu", "meta"):
         return

@@ -40,15 +40,17 @@ import torch.distributed as dist
 from torch.fx import _pytree as fx_pytree
 
 from autoplace.cluster.local import worker_threads
-from autoplace.emit.device_map import local_device_map
-from autoplace.emit.distributed.ddp import check_world, print_error, replica_backend
+from autoplace.emit.device_map import check_device, parse_device_map, remap
+from autoplace.emit.distributed.ddp import check_world, print_error
+from autoplace.emit.distributed.devices import LaunchDevices, launch_devices, rank_devices
 from autoplace.emit.distributed.stages import chain_of, run_stages
 from autoplace.emit.files.saving import load_inputs, load_model, read_inputs_file
 from autoplace.emit.train.microbatch import batch_size, split_batch
 from autoplace.errors import AutoplaceError, EmitError
 
-__all__ = ["INIT_TIMEOUT_S", "Crossing", "Watchdog", "crossings", "flat_inputs", "rank_main",
-           "run_pass", "value_specs", "write_launch_script"]
+__all__ = ["INIT_TIMEOUT_S", "Crossing", "LaunchDevices", "Watchdog", "crossings", "flat_inputs",
+           "launch_devices", "rank_devices", "rank_main", "run_pass", "value_specs",
+           "write_launch_script"]
 
 # The rendezvous and every send and receive after it: a peer that never comes, or stops
 # answering, makes a rank fail within this rather than wait for ever (``--timeout``).
@@ -180,11 +182,17 @@ def flat_inputs(model: torch.nn.Module, args: Sequence[Any],
 
 def write_launch_script(directory: str | os.PathLike[str], model: torch.nn.Module, *,
                         torch_devices: Sequence[str], names: Sequence[str],
-                        example: tuple[tuple[Any, ...], Mapping[str, Any]]) -> Path:
+                        example: tuple[tuple[Any, ...], Mapping[str, Any]],
+                        hosts: Sequence[str] | None = None,
+                        local_devices: Sequence[str] | None = None) -> Path:
     """Write ``directory/launch.py`` (``templates/launch.py.tmpl`` filled in) for ``model``
     (the plan's ``PartitionedModel``, run once on ``example`` for the crossing values' shapes)
-    over the plan's devices; its path."""
+    over the plan's devices (``torch_devices``: as the model names them, ``LaunchDevices.ranks``;
+    ``hosts`` and ``local_devices``, each rank's host and torch device there, default one host
+    and ``torch_devices``); its path."""
     ranks = ranks_of(torch_devices, names)
+    hosts = list(hosts) if hosts is not None else ["localhost"] * len(ranks)
+    local_devices = list(local_devices) if local_devices is not None else list(ranks)
     specs = value_specs(model, example[0], example[1])
     found = crossings([s.to_dict() for s in model.segment_info], ranks=ranks,
                       output_names=model.output_names,
@@ -193,6 +201,7 @@ def write_launch_script(directory: str | os.PathLike[str], model: torch.nn.Modul
     path = Path(directory) / "launch.py"
     path.write_text(Template(_LAUNCH_TEMPLATE.read_text()).substitute(
         world=len(ranks), ranks=repr(list(ranks)), names=repr(list(names)),
+        devices=repr(local_devices), hosts=repr(hosts),
         crossings=literal.replace("\n", "\n" + " " * len("CROSSINGS = "))))
     return path
 
@@ -358,7 +367,8 @@ def run_pass(model: torch.nn.Module, batches: Sequence[list[Any]], exchange: Exc
 
 
 def rank_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, ranks: Sequence[str],
-              names: Sequence[str], crossings: Sequence[Sequence[Any]]) -> int:
+              names: Sequence[str], crossings: Sequence[Sequence[Any]],
+              devices: Sequence[str] | None = None, hosts: Sequence[str] | None = None) -> int:
     """One process of ``torchrun --nproc-per-node N launch.py``: the exit code. An
     ``AutoplaceError`` is printed as one line, ``autoplace: error: KIND: message`` (the line
     ``replicas.launch_replicas`` looks for), and exits with 2."""
@@ -379,6 +389,10 @@ def rank_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, ranks: 
                         help="the batch (input_names' names, dimension 0 M times the example's)")
     parser.add_argument("--timeout", type=float, default=INIT_TIMEOUT_S, metavar="SECONDS",
                         help="the rendezvous and each exchange fail after this")
+    parser.add_argument("--device-map", metavar="JSON",
+                        help="where each planned torch device runs here, as load_model's "
+                        "device_map: globs, the first match wins, e.g. '{\"cuda:*\": \"cpu\"}' "
+                        "to rehearse a GPU plan on CPU ranks (default: the planned devices)")
     parser.add_argument("--outputs", metavar="FILE", help="rank 0 writes the outputs here")
     parser.add_argument("--json", metavar="FILE", help="rank 0 writes its times here")
     options = parser.parse_args(list(argv))
@@ -392,8 +406,12 @@ def rank_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, ranks: 
         if options.repeats < 1 or options.warmup < 0 or options.microbatches < 1:
             raise AutoplaceError("--repeats and --microbatches must be 1 or more, --warmup 0 or "
                                  "more")
+        placed = rank_devices(rank, ranks=ranks, devices=devices or ranks,
+                              hosts=hosts or ["localhost"] * world, names=names,
+                              local_rank=int(os.environ.get("LOCAL_RANK", rank)),
+                              local_world=int(os.environ.get("LOCAL_WORLD_SIZE", world)))
         report = _run(Path(model_dir), options, rank=rank, ranks=ranks, names=names,
-                      table=[Crossing.of(row) for row in crossings], say=say)
+                      table=[Crossing.of(row) for row in crossings], say=say, placed=placed)
     except AutoplaceError as error:
         print_error(type(error).__name__, error)
         return 2
@@ -409,14 +427,20 @@ def rank_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, ranks: 
 
 
 def _run(model_dir: Path, options: argparse.Namespace, *, rank: int, ranks: Sequence[str],
-         names: Sequence[str], table: Sequence[Crossing],
-         say: Callable[[str], None]) -> dict[str, Any]:
-    """This rank's part: meet, watch, load, run the passes, report (rank 0)."""
+         names: Sequence[str], table: Sequence[Crossing], say: Callable[[str], None],
+         placed: Sequence[str]) -> dict[str, Any]:
+    """This rank's part (each rank on its ``placed`` device, ``rank_devices``', remapped):
+    meet, watch, load, run the passes, report (rank 0)."""
     mine = ranks[rank]
-    here = local_device_map(list(ranks))
-    backend = replica_backend(ranks, replicas=1)  # the ranks' devices are one replica's
+    device_map = parse_device_map(options.device_map) if options.device_map else None
+    on = [remap(device, device_map) for device in placed]  # every rank's, to agree on nccl
+    try:
+        check_device(on[rank], planned=mine, option="--device-map")
+    except EmitError as error:
+        raise EmitError(f"rank {rank} ({names[rank]}): {error}") from None
+    backend = "nccl" if all(torch.device(d).type == "cuda" for d in on) else "gloo"
     if backend == "nccl":
-        torch.cuda.set_device(torch.device(here[mine]))
+        torch.cuda.set_device(torch.device(on[rank]))
     # torchrun stops the ranks with SIGTERM when one fails: say so, naming the lost rank once
     # the watchdog knows the peers.
     watching: list[Watchdog] = []
@@ -434,7 +458,9 @@ def _run(model_dir: Path, options: argparse.Namespace, *, rank: int, ranks: Sequ
     watchdog = Watchdog(rank=rank, names=names, peers=peers, say=say).start()
     watching.append(watchdog)
     try:
-        model = load_model(model_dir, device_map={mine: here[mine]}, devices=[mine])
+        # The other ranks' segments stay on meta (``devices``), their device never touched.
+        model = load_model(model_dir, devices=[mine], device_map={
+            device: on[rank] if device == mine else "cpu" for device in ranks})
         batches, rows = _batches(model, model_dir, options)
         stages = chain_of(model, table, rank=rank, ranks=ranks, first=batches[0], rows=rows) \
             if options.microbatches > 1 and options.pipelining != "sendrecv" else None
@@ -442,8 +468,8 @@ def _run(model_dir: Path, options: argparse.Namespace, *, rank: int, ranks: Sequ
             raise EmitError("--pipelining torch needs ranks that form a chain of stages, M > 1 "
                             "and tensors cut along the batch; this plan's do not")
         exchange = Exchange(rank, table, options.microbatches, watchdog,
-                            here[mine] if backend == "nccl" else "cpu")
-        with worker_threads([here[mine]]):
+                            on[rank] if backend == "nccl" else "cpu")
+        with worker_threads([on[rank]]):
             times, outputs = _passes(
                 (lambda: run_stages(model, batches, stages, exchange)) if stages is not None
                 else (lambda: run_pass(model, batches, exchange, mine=mine)),
@@ -467,7 +493,7 @@ def _run(model_dir: Path, options: argparse.Namespace, *, rank: int, ranks: Sequ
     return {"times_s": times, "measured_s": statistics.median(times), "backend": backend,
             "world": len(ranks), "microbatches": options.microbatches,
             "pipelining": "torch.distributed.pipelining ScheduleGPipe" if stages is not None
-            else "send/recv", "ranks": list(ranks), "names": list(names)}
+            else "send/recv", "ranks": list(ranks), "names": list(names), "devices": on}
 
 
 def _stopped(watching: Sequence[Watchdog], say: Callable[[str], None], *, rank: int,
