@@ -301,6 +301,8 @@ def test_a_cluster_of_hosts_sharing_a_torch_device_gets_no_launch_script(tmp_pat
     assert main(["plan", str(EXAMPLES / "mlp.py"), "--cluster", str(cluster), "--out",
                  str(out), "--time-limit", "2", "--no-cache"]) == 0
     assert not (out / "launch.py").exists()
+    notes = json.loads((out / "plan.json").read_text())["notes"]  # and the plan says why
+    assert any(n.startswith("no launch.py: a/cpu:0 and b/cpu:0 are both cpu:0") for n in notes)
     capsys.readouterr()
     assert main(["run", str(out), "--nproc", "2"]) == 2
     err = capsys.readouterr().err

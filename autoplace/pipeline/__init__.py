@@ -30,13 +30,13 @@ from autoplace.errors import EmitError
 from autoplace.formats.output import atomic_output_dir
 from autoplace.formats.plan import Plan
 from autoplace.formats.records import Coarsening, ProfileRecord
-from autoplace.ir import Problem
+from autoplace.ir import Device, Problem
 from autoplace.pipeline.emitting import emit_plan
 from autoplace.pipeline.forward import load
 from autoplace.pipeline.inference import Inference
 from autoplace.pipeline.record import min_gain, plan_of
 from autoplace.pipeline.training import Training
-from autoplace.progress.notes import collecting, note_all
+from autoplace.progress.notes import collecting, note, note_all
 from autoplace.solve import solve
 
 __all__ = ["Planned", "plan", "save", "solve_graph"]
@@ -84,6 +84,8 @@ def plan(model: torch.nn.Module, example_inputs: Any, config: Config | None = No
                                          stages.emitting(planned, solved, loaded), config.emit)
             if emitted is not None:
                 planned = stages.check(planned, emitted, solved)
+                if config.mode == Mode.INFERENCE:
+                    note(no_launch_script(cluster.devices))
                 if loaded.checkpoint is not None:  # train.LossModel holds it as ``model``
                     emitted.checkpoint = (loaded.checkpoint.under("model.")
                                           if config.mode == Mode.TRAINING else loaded.checkpoint)
@@ -148,11 +150,26 @@ def _launch_script(plan: Plan, model: PartitionedModel, directory: Path) -> None
     example = getattr(model, "example_inputs", None)
     if any(p.is_meta for p in model.parameters()):
         return
-    torch_devices = [d.torch_device for d in devices]
     if (plan.training is None and len(devices) > 1 and example is not None
-            and len(set(torch_devices)) == len(devices)):
+            and no_launch_script(devices) is None):
         try:
-            write_launch_script(directory, model, torch_devices=torch_devices,
+            write_launch_script(directory, model, torch_devices=[d.torch_device for d in devices],
                                 names=[d.name for d in devices], example=example)
         except EmitError:  # a value launch.py cannot carry: the plan runs in one process
             (directory / "launch.py").unlink(missing_ok=True)
+
+
+def no_launch_script(devices: Sequence[Device]) -> str | None:
+    """Why the plan's ``devices`` get no ``launch.py`` (one process per device) though they are
+    several: two share a torch device, which the emitted model files segments by (two hosts'
+    ``cuda:0``: ``emit.distributed.devices.launch_devices`` names their ranks apart, but the
+    emitter does not use it yet). ``None`` otherwise."""
+    seen: dict[str, str] = {}
+    for d in devices:
+        if d.torch_device in seen:
+            return (f"no launch.py: {seen[d.torch_device]} and {d.name} are both "
+                    f"{d.torch_device}, so the emitted model cannot tell their segments apart "
+                    "and the plan runs in one process (give each device its own torch_device "
+                    "in the cluster file; hosts that share one are not run as ranks yet)")
+        seen[d.torch_device] = d.name
+    return None
