@@ -33,9 +33,9 @@ from autoplace.formats.records import Coarsening, ProfileRecord
 from autoplace.ir import Device, Problem
 from autoplace.pipeline.emitting import emit_plan
 from autoplace.pipeline.forward import load
-from autoplace.pipeline.inference import Inference
+from autoplace.pipeline.inference import InferenceStages
 from autoplace.pipeline.record import min_gain, plan_of
-from autoplace.pipeline.training import Training
+from autoplace.pipeline.training import TrainingStages
 from autoplace.progress.notes import collecting, note, note_all
 from autoplace.solve import solve
 
@@ -75,7 +75,8 @@ def plan(model: torch.nn.Module, example_inputs: Any, config: Config | None = No
         cluster, found = config.devices.resolve()
         note_all(found)
         loaded = load(model, example_inputs, config, loss=loss, example_targets=example_targets)
-        stages = Training(config) if config.mode == Mode.TRAINING else Inference(config)
+        stages = (TrainingStages(config) if config.mode == Mode.TRAINING
+                  else InferenceStages(config))
         solved = stages.solve(loaded, cluster)
         planned = stages.record(solved)
         emitted = None

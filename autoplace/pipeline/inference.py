@@ -1,6 +1,6 @@
-"""The stages of an inference plan: one forward pass traced, costed and folded, solved beside
-accelerate's maps and the what-if rows on fewer devices (``Inference.solve``), recorded as a
-``Plan`` with its pins (``Inference.record``), and emitted as placed (``Inference.emitting``).
+"""The stages of an inference plan (``InferenceStages``): one forward pass traced, costed and
+folded, solved beside accelerate's maps and the what-if rows on fewer devices (``solve``),
+recorded as a ``Plan`` with its pins (``record``), and emitted as placed (``emitting``).
 ``pipeline.plan`` runs these in order; ``training.py`` has the same stages for a step."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from autoplace.solve import SolveResult, solve
 from autoplace.solve.baselines.accelerate import accelerate_baselines, on_graph
 from autoplace.solve.whatif import FewerDevices, plan_row, solve_after_whatif
 
-__all__ = ["Inference", "Solved"]
+__all__ = ["InferenceStages", "Solved"]
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class Solved:
 
 
 @dataclass(frozen=True)
-class Inference:
+class InferenceStages:
     """An inference plan's stages, for ``config``."""
 
     config: Config

@@ -1,7 +1,7 @@
 """The stages of a training plan, the same as an inference plan's with a step's graph: the model
 and its loss traced, the step (replicas, micro-batches, schedules, recomputation) solved
-(``Training.solve``, ``step.plan_step``), recorded with its ``training`` record, its forward
-emitted (``Training.emitting``) and then trained beside the original (``Training.check``,
+(``TrainingStages.solve``, ``step.plan_step``), recorded with its ``training`` record, its
+forward emitted (``emitting``) and then trained beside the original (``check``,
 ``step.check_step``)."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from autoplace.solve import SolveResult
 from autoplace.solve.whatif import whatif_options, whatif_table
 from autoplace.train import TRAINING_NOTE, loss_model, training_targets
 
-__all__ = ["Solved", "Training"]
+__all__ = ["Solved", "TrainingStages"]
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class Solved:
 
 
 @dataclass(frozen=True)
-class Training:
+class TrainingStages:
     """A training plan's stages, for ``config``."""
 
     config: Config
