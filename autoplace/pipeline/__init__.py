@@ -25,7 +25,7 @@ import autoplace.report as report
 from autoplace.config import Config, Granularity, Mode, Solve
 from autoplace.emit import PartitionedModel
 from autoplace.emit.distributed.ddp import microbatching, replicas_of, write_train_script
-from autoplace.emit.distributed.ranks import write_launch_script
+from autoplace.emit.distributed.ranks import shared_torch_device, write_launch_script
 from autoplace.errors import EmitError
 from autoplace.formats.output import atomic_output_dir
 from autoplace.formats.plan import Plan
@@ -165,12 +165,11 @@ def no_launch_script(devices: Sequence[Device]) -> str | None:
     several: two share a torch device, which the emitted model files segments by (two hosts'
     ``cuda:0``: ``emit.distributed.devices.launch_devices`` names their ranks apart, but the
     emitter does not use it yet). ``None`` otherwise."""
-    seen: dict[str, str] = {}
-    for d in devices:
-        if d.torch_device in seen:
-            return (f"no launch.py: {seen[d.torch_device]} and {d.name} are both "
-                    f"{d.torch_device}, so the emitted model cannot tell their segments apart "
-                    "and the plan runs in one process (give each device its own torch_device "
-                    "in the cluster file; hosts that share one are not run as ranks yet)")
-        seen[d.torch_device] = d.name
-    return None
+    shared = shared_torch_device([d.torch_device for d in devices], [d.name for d in devices])
+    if shared is None:
+        return None
+    first, second, device = shared
+    return (f"no launch.py: {first} and {second} are both {device}, so the emitted model cannot "
+            "tell their segments apart and the plan runs in one process (give each device its "
+            "own torch_device in the cluster file; hosts that share one are not run as ranks "
+            "yet)")

@@ -49,7 +49,8 @@ from autoplace.emit.train.microbatch import batch_size, split_batch
 from autoplace.errors import AutoplaceError, EmitError
 
 __all__ = ["INIT_TIMEOUT_S", "Crossing", "LaunchDevices", "Watchdog", "crossings", "flat_inputs",
-           "launch_devices", "rank_devices", "rank_main", "run_pass", "value_specs",
+           "launch_devices", "rank_devices", "rank_main", "run_pass", "shared_torch_device",
+           "value_specs",
            "write_launch_script"]
 
 # The rendezvous and every send and receive after it: a peer that never comes, or stops
@@ -88,16 +89,28 @@ class Crossing:
                    None if shape is None else tuple(int(s) for s in shape), dtype, constant)
 
 
-def ranks_of(torch_devices: Sequence[str], names: Sequence[str]) -> list[str]:
-    """The planned torch device of each rank (the cluster's devices in order), checked: the
-    emitted model tells its segments' devices apart by torch device only."""
+def shared_torch_device(torch_devices: Sequence[str], names: Sequence[str]
+                        ) -> tuple[str, str, str] | None:
+    """The first two devices (of ``names``) whose ``torch_devices`` are one, and that torch
+    device; ``None`` where each has its own. The emitted model tells its segments' devices
+    apart by torch device only."""
     seen: dict[str, str] = {}
     for device, name in zip(torch_devices, names, strict=True):
         if device in seen:
-            raise EmitError(f"{seen[device]} and {name} are both {device}: one process per "
-                            "device needs each device's segments told apart; give them distinct "
-                            "torch_device values in the cluster file ([[devices]])")
+            return seen[device], name, device
         seen[device] = name
+    return None
+
+
+def ranks_of(torch_devices: Sequence[str], names: Sequence[str]) -> list[str]:
+    """The planned torch device of each rank (the cluster's devices in order), checked
+    (``shared_torch_device``)."""
+    shared = shared_torch_device(torch_devices, names)
+    if shared is not None:
+        first, second, device = shared
+        raise EmitError(f"{first} and {second} are both {device}: one process per device needs "
+                        "each device's segments told apart; give them distinct torch_device "
+                        "values in the cluster file ([[devices]])")
     return list(torch_devices)
 
 
