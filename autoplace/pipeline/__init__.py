@@ -102,11 +102,12 @@ def solve_graph(problem: Problem, solving: Solve | None = None, *,
     Python API behind ``autoplace solve``. ``solving``: how (``autoplace.Solve``); ``notes``
     (from ``resolve_cluster``) lead the plan's."""
     solving = Solve() if solving is None else solving
-    result, gain = min_gain(solve(problem, options=solving.options()), solving.min_gain)
+    options = solving.options()
+    result, gain = min_gain(solve(problem, options=options), solving.min_gain)
     planned = plan_of(result, problem, name=problem.graph.name, tracer="graph",
                       coarsening=Coarsening(traced_ops=len(problem.graph.nodes),
                                             plan_nodes=len(problem.graph.nodes)),
-                      budget_s=solving.options().time_limit_s)
+                      budget_s=options.time_limit_s)
     return replace(planned, notes=(*notes, *result.notes), min_gain=gain)
 
 

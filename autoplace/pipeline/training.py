@@ -60,13 +60,13 @@ class TrainingStages:
         targets = training_targets(loaded.targets)
         model = loss_model(loaded.model, loaded.loss, loaded.args, loaded.kwargs, targets)
         note(TRAINING_NOTE)
-        training = self.config.training
+        training, solving = self.config.training, self.config.solving
         step = plan_step(model, (loaded.args, {**loaded.kwargs, "targets": targets}), cluster,
-                         self.config.solving.options(), Tracing.of(self.config, checked=True),
+                         solving.options(), Tracing.of(self.config, checked=True),
                          optimizer=training.optimizer, microbatches=training.microbatches,
                          schedule=training.schedule, replicas=training.replicas,
                          recompute=training.recompute, dtype=self.config.dtype)
-        result, gain = min_gain(step.solved, self.config.solving.min_gain)
+        result, gain = min_gain(step.solved, solving.min_gain)
         if result.schedule is not step.solved.schedule and step.single:
             # the single device chosen, with its own recomputing graph
             step = replace(step, problem=step.single.problem, recompute=step.single.devices)
@@ -75,19 +75,20 @@ class TrainingStages:
     def record(self, solved: Solved) -> Plan:
         """The plan, with its ``training`` record (its check to come) and what-if table."""
         step, result, folded = solved.step, solved.result, solved.forward.folded
+        solving = self.config.solving
         planned = plan_of(result, step.problem, name=self.config.name,
                           tracer=step.forward.traced.tracer,
                           coarsening=Coarsening(traced_ops=folded.traced_ops,
                                                 plan_nodes=len(step.problem.graph.nodes),
                                                 steps=(*folded.steps, *result.coarsening)),
-                          budget_s=self.config.solving.time_limit_s)
+                          budget_s=solving.time_limit_s)
         note_all(result.notes)
         scaling = None
-        if self.config.solving.whatif and step.recompute:
+        if solving.whatif and step.recompute:
             note("no what-if table: the recomputing step's graph is its placement's")
-        elif self.config.solving.whatif and result.solver.status != "INTERRUPTED":
+        elif solving.whatif and result.solver.status != "INTERRUPTED":
             scaling = whatif_table(step.problem, full=result,
-                                   options=whatif_options(self.config.solving.options()))
+                                   options=whatif_options(solving.options()))
         planned = replace(planned, training=step.record(self.config.training.optimizer,
                                                         result.schedule),
                           whatif=scaling, min_gain=solved.gain)
