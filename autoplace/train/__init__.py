@@ -15,16 +15,14 @@ tracing, trained in mixed precision (float32 masters, ``emit.train.optimizer.Mas
 yet here: replicas of a mixed-precision step. Users: ``docs/training.md``.
 """
 
-from autoplace.config.choices import Mode
 from autoplace.train.graph import OPTIMIZERS, Optimizer, step_problem, training_memory
-from autoplace.train.precision import DTYPES, check_dtype
+from autoplace.train.precision import check_dtype
 from autoplace.train.wrap import LossModel, loss_model, training_targets
 
-__all__ = ["DTYPES", "MODES", "OPTIMIZERS", "TRAINING_NOTE", "LossModel", "Optimizer",
+__all__ = ["OPTIMIZERS", "TRAINING_NOTE", "LossModel", "Optimizer",
            "check_dtype", "loss_model", "step_problem", "training_memory",
            "training_targets"]
 
-MODES = tuple(Mode)
 TRAINING_NOTE = ("training plan: one step of one batch, planned and checked with the layers "
                  "in eval() behaviour (dropout off, batch norm on running statistics), so "
                  "that the emitted model's losses can be compared with the original's")

@@ -100,7 +100,7 @@ def step_problem(problem: Problem, optimizer: str = "adam",
 
     With ``microbatches`` M > 1, ``problem`` is the forward of one micro-batch, and the step
     runs M of them (``microbatch_copies``) in ``schedule``'s order (``simulate.schedules``).
-    ``dtype``: the precision the model was cast to before tracing (``precision.DTYPES``); a
+    ``dtype``: the precision the model was cast to before tracing (``config.DType``); a
     half one is trained in mixed precision, with float32 master weights."""
     opt = OPTIMIZERS.get(optimizer)
     if opt is None:

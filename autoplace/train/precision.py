@@ -23,24 +23,22 @@ from torch.utils import _pytree as pytree
 
 from autoplace.config.choices import DType, choice
 
-__all__ = ["DTYPES", "MASTER_BYTES", "Update", "cast", "cast_notes", "check_dtype",
+__all__ = ["MASTER_BYTES", "Update", "cast", "cast_notes", "check_dtype",
            "element_bytes", "update_of"]
 
-DTYPES = tuple(DType)
 # The float32 master copy of a parameter under mixed precision (ZeRO, section 3.1: "fp32
 # copy of the parameters", 4 bytes of its K = 12 for Adam; the other 8 are the moments).
 MASTER_BYTES = 4
 
 
 def check_dtype(dtype: str) -> str:
-    """``dtype`` as one of ``DTYPES`` (``fp32``, ``bf16``, ``fp16``, ``half`` and
-    ``torch.bfloat16`` are accepted, ``config.DType``); a ``ConfigError`` listing them
-    otherwise."""
+    """``dtype`` as a ``config.DType`` name (``fp32``, ``bf16``, ``fp16``, ``half`` and
+    ``torch.bfloat16`` are accepted); a ``ConfigError`` listing them otherwise."""
     return choice(DType, dtype, "dtype").value
 
 
 def element_bytes(dtype: str) -> int:
-    """Bytes of one element of ``dtype`` (a name of ``DTYPES``)."""
+    """Bytes of one element of ``dtype`` (a ``config.DType`` name)."""
     return getattr(torch, check_dtype(dtype)).itemsize
 
 

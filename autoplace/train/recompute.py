@@ -24,7 +24,7 @@ from autoplace.ir import Costs, OpGraph, Placement, Problem, Schedule
 from autoplace.simulate import simulate
 from autoplace.simulate.schedules import BACKWARD, RECOMPUTE, microbatch_name, phase_of
 
-__all__ = ["RECOMPUTE", "RECOMPUTE_CHOICES", "Recomputed", "recompute_all", "recomputed_nodes",
+__all__ = ["RECOMPUTE", "Recomputed", "recompute_all", "recomputed_nodes",
            "with_recompute", "with_recompute_where_needed"]
 
 
@@ -112,9 +112,6 @@ def _rebuild(problem: Problem, again: set[str], source: Callable[[str, str], str
                                device_source=copied(costs.device_source),
                                host=None if host is None else replace(
                                    host, launch_s=copied(host.launch_s))))
-
-
-RECOMPUTE_CHOICES = ("auto", "off", "all")
 
 
 @dataclass(frozen=True)
