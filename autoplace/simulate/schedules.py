@@ -22,6 +22,7 @@ from collections.abc import Mapping
 
 import networkx as nx
 
+from autoplace.config.choices import PipelineSchedule
 from autoplace.ir import OpGraph
 
 __all__ = ["BACKWARD", "RECOMPUTE", "SCHEDULES", "STEP", "microbatch_name", "microbatch_order",
@@ -30,7 +31,7 @@ __all__ = ["BACKWARD", "RECOMPUTE", "SCHEDULES", "STEP", "microbatch_name", "mic
 BACKWARD = "@backward"
 RECOMPUTE = "@recompute"
 STEP = "@step"
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = tuple(s for s in PipelineSchedule if s != PipelineSchedule.AUTO)  # gpipe, 1f1b
 _MICROBATCH = "#"
 
 
