@@ -30,6 +30,7 @@ from cost_models.links import (
 from cost_models.roofline import (
     arithmetic_intensity,
     op_time_s,
+    ring_allgather_s,
     ring_allreduce_s,
     transfer_time_s,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "link_kind_names",
     "match_gpu_name",
     "op_time_s",
+    "ring_allgather_s",
     "ring_allreduce_s",
     "transfer_time_s",
 ]

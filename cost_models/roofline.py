@@ -100,3 +100,16 @@ def ring_allreduce_s(nbytes: Any, replicas: Any, *, bandwidth_bytes_per_s: float
         raise ValueError(f"bandwidth_bytes_per_s must be > 0, got {bandwidth_bytes_per_s!r}")
     steps = 2 * (replicas - 1)
     return steps / replicas * nbytes / bandwidth_bytes_per_s + steps * latency_s
+
+
+def ring_allgather_s(nbytes: Any, ranks: Any, *, bandwidth_bytes_per_s: float,
+                     latency_s: float) -> Any:
+    """Seconds for ``ranks`` devices to all-gather a tensor of ``nbytes`` (each holding
+    ``nbytes / ranks`` of it) by a ring: ``(R - 1) / R * nbytes / bandwidth + (R - 1) *
+    latency``, 0 for one rank. A reduce-scatter of ``nbytes`` takes the same: each is one half
+    of ``ring_allreduce_s`` (Patarasuk and Yuan, as there; Rajbhandari et al., "ZeRO", SC 2020,
+    section 7.2: ZeRO-3 moves 1.5x data parallelism's volume, an all-gather in the forward,
+    another in the backward and a reduce-scatter)."""
+    return ring_allreduce_s(nbytes, ranks, bandwidth_bytes_per_s=bandwidth_bytes_per_s,
+                            latency_s=latency_s) / 2
+

@@ -1,0 +1,152 @@
+"""Train: sharded data parallelism, FSDP2's ``fully_shard`` (ZeRO-3), as a replica's step.
+
+R replicas, one device each, run the whole step on 1/R of the batch as DDP's do
+(``dataparallel.py``), but each keeps only 1/R of every parameter, gradient and optimizer state
+between uses. The emitted ``train.py`` wraps each *unit* with ``fully_shard`` and then the whole
+model (``emit.distributed.ddp``): a unit is the ops of one block, the module path up to its first
+numeric part (``model.transformer.h.3``, a ModuleList's or Sequential's entry), or of a leaf
+module outside any list (``model.transformer.wte``); ``fsdp_units`` assigns the step graph's
+forward nodes, and the emitter cuts a segment wherever the unit changes, so that each unit is
+segments FSDP2 can hook. A unit whose ops share a parameter with another's (a tied weight, which
+the traced graph colocates) is left to the root's ``fully_shard``, as are ops outside any module.
+
+``with_fsdp`` prices one replica's step so (Rajbhandari et al., "ZeRO: Memory Optimizations
+Toward Training Trillion Parameter Models", SC 2020, sections 5.3 and 7.2; FSDP2's
+``fully_shard`` docs and ``FSDPParamGroup``, torch 2.13):
+
+- time: each unit's parameters all-gathered before its first forward node and again before its
+  first backward node (``reshard_after_forward=True``), the root's once before the forward
+  (FSDP2 keeps the root unsharded from its forward to the end of the backward), each a ring
+  (``cost_models.ring_allgather_s``) over the slowest link between the replicas (``_ring``:
+  gloo over 127.0.0.1 between CPU processes); every gradient reduce-scattered (the same
+  formula), charged to its update by bytes, as DDP's all-reduce is; each update runs on 1/R of
+  its tensor (its launches whole). The collectives sit on the critical path: FSDP2 overlaps
+  them with compute on CUDA streams, so on GPUs this bounds the step from above; on CPU gloo
+  ranks they run in line.
+- memory: a unit's parameters count 1/R when resident; while one of its forward nodes runs, its
+  whole unsharded parameters are held beside (its workspace); while one of its backward nodes
+  runs, its parameters again, its unsharded gradients and the next unit's prefetched
+  parameters (FSDP2's backward prefetch of one unit). The root's parameters and gradients count
+  whole (unsharded through the step: an upper bound; sharded between steps). Updates hold 1/R
+  of the gradients and optimizer state, the root's gradients whole.
+
+Not yet here: ZeRO-2 (``reshard_after_forward=False``), FSDP over replicas of several devices
+(pipelined or placed within), with micro-batches, and in mixed precision.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+
+from autoplace.ir import Cluster, OpGraph, Problem
+from autoplace.simulate.schedules import BACKWARD, STEP, phase_of
+from autoplace.train.dataparallel import _ring
+from cost_models import ring_allgather_s
+
+__all__ = ["fsdp_units", "unit_of", "with_fsdp"]
+
+
+def unit_of(module: str) -> str | None:
+    """The FSDP unit of an op of ``module`` (a module path): the path up to its first numeric
+    part, else the whole path; ``None`` (the root's) for an op outside any module."""
+    parts = module.split(".") if module else []
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[:i + 1])
+    return module or None
+
+
+def fsdp_units(graph: OpGraph) -> dict[str, str | None]:
+    """The unit of each forward node of ``graph`` (a forward graph, or a step graph's forward
+    nodes): ``unit_of`` its module; the root's (``None``) where that unit holds no trainable
+    parameter, or shares one with another unit (nodes of several units colocated)."""
+    units: dict[str, str | None] = {}
+    for node in graph.nodes:
+        base, phase, k = phase_of(node.name)
+        if phase == "forward" and base == node.name and k is None:
+            units[node.name] = unit_of(node.module)
+    holding = {units[n.name] for n in graph.nodes if n.name in units and n.trainable_bytes}
+    shared: set[str | None] = set()
+    for group in graph.colocate:
+        keys = {units[m] for m in group if m in units}
+        if len(keys) > 1:
+            shared |= keys
+    return {name: unit if unit in holding and unit not in shared else None
+            for name, unit in units.items()}
+
+
+def with_fsdp(problem: Problem, cluster: Cluster, groups: Sequence[Sequence[str]]) -> Problem:
+    """``problem`` (one replica's step of one micro-batch, on ``groups[0]``'s one device of
+    ``cluster``) priced and sized as FSDP2 runs it over the ``groups`` (see the module's
+    docstring)."""
+    replicas = len(groups)
+    if replicas == 1:
+        return problem
+    if any(len(g) != 1 for g in groups):
+        raise ValueError("FSDP replicas are of one device each")
+    graph = problem.graph
+    units = fsdp_units(graph)
+    forward = [n for n in graph.nodes if n.name in units]
+    unsharded: dict[str | None, int] = {}
+    for node in forward:
+        unsharded[units[node.name]] = unsharded.get(units[node.name], 0) + node.trainable_bytes
+    order = list(dict.fromkeys(units[n.name] for n in forward
+                               if units[n.name] is not None and unsharded[units[n.name]]))
+    prefetched = {u: unsharded[order[i - 1]] if i else 0 for i, u in enumerate(order)}
+    bandwidth, latency = _ring(cluster, [g[0] for g in groups])
+
+    def gather(nbytes: int) -> float:
+        return ring_allgather_s(nbytes, replicas, bandwidth_bytes_per_s=bandwidth,
+                                latency_s=latency) if nbytes else 0.0
+
+    extra_s = dict.fromkeys((n.name for n in graph.nodes), 0.0)
+    firsts = {}
+    for node in forward:
+        firsts.setdefault(units[node.name], node.name)
+    for unit, name in firsts.items():
+        extra_s[name] += gather(unsharded[unit])
+    lasts = {units[n.name]: n.name for n in forward}
+    for unit, name in lasts.items():
+        if unit is not None and name + BACKWARD in extra_s:
+            extra_s[name + BACKWARD] += gather(unsharded[unit])  # gathered again for backward
+    nodes = []
+    for node in graph.nodes:
+        base, phase, _ = phase_of(node.name)
+        unit, trained = units.get(base), node.trainable_bytes
+        if phase == "forward" and unit is not None:
+            node = replace(node, param_bytes=node.param_bytes - trained + _share(trained,
+                                                                                 replicas),
+                           trainable_bytes=_share(trained, replicas),
+                           workspace_bytes=node.workspace_bytes + unsharded[unit])
+        elif phase == "backward" and unit is not None:
+            held = graph.node(base).trainable_bytes
+            node = replace(node, workspace_bytes=node.workspace_bytes + 2 * unsharded[unit]
+                           - held + prefetched.get(unit, 0))
+        elif phase == "step":
+            grads = graph.node(base).trainable_bytes
+            state = node.param_bytes - grads
+            kept = _share(grads, replicas) if unit is not None else grads
+            extra_s[node.name] += gather(unsharded[unit]) * grads / unsharded[unit]
+            node = replace(node, param_bytes=kept + _share(state, replicas),
+                           workspace_bytes=_share(node.workspace_bytes, replicas))
+        nodes.append(node)
+    host = problem.costs.host
+
+    def update_s(name: str, device: str, t: float) -> float:
+        """An update on 1/R of its tensors: its launches as before, the rest 1/R."""
+        launch = host.launch_of(name, device) if host is not None else 0.0
+        return launch + (t - launch) / replicas
+
+    compute = {name: {d: (update_s(name, d, t) if name.endswith(STEP) else t) + extra_s[name]
+                      for d, t in per.items()}
+               for name, per in problem.costs.compute_s.items()}
+    return replace(problem, graph=replace(graph, nodes=tuple(nodes)),
+                   costs=replace(problem.costs, compute_s=compute))
+
+
+def _share(nbytes: int, replicas: int) -> int:
+    """One rank's share of ``nbytes`` sharded over ``replicas`` (FSDP2 pads dimension 0 to a
+    multiple of R; rounded up here)."""
+    return math.ceil(nbytes / replicas)

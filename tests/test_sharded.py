@@ -1,0 +1,157 @@
+"""Sharded data parallelism in the planner (``train.sharded``): FSDP2's units found in the traced
+graph, and one replica's step priced and sized as ``fully_shard`` runs it (ZeRO-3)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_train import MLP, WithLoss, _forward_problem
+from torch import nn
+
+from autoplace.cluster import resolve_cluster
+from autoplace.ir import Placement
+from autoplace.simulate import simulate
+from autoplace.solve.whatif import restrict
+from autoplace.train import step_problem
+from autoplace.train.dataparallel import replica_groups, with_allreduce
+from autoplace.train.sharded import fsdp_units, unit_of, with_fsdp
+from cost_models import LINK_CATALOG, ring_allgather_s, ring_allreduce_s
+
+FC1 = 784 * 256 * 4 + 256 * 4
+FC2 = 256 * 128 * 4 + 128 * 4
+FC3 = 128 * 10 * 4 + 10 * 4
+
+
+def test_a_unit_is_a_block_of_a_list_or_a_leaf_module() -> None:
+    assert unit_of("model.transformer.h.3.attn.c_attn") == "model.transformer.h.3"
+    assert unit_of("model.0") == "model.0"
+    assert unit_of("model.transformer.wte") == "model.transformer.wte"
+    assert unit_of("") is None
+
+
+class Tied(nn.Module):
+    """An embedding whose weight the output layer reads again, between two linear blocks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(50, 16)
+        self.blocks = nn.ModuleList(nn.Linear(16, 16) for _ in range(2))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        for block in self.blocks:
+            h = torch.relu(block(h))
+        return F.cross_entropy(h @ self.embed.weight.t(), y)
+
+
+def test_units_hold_parameters_and_a_shared_weight_goes_to_the_root() -> None:
+    mlp = step_problem(_forward_problem(WithLoss(MLP()), "cpu"), "adam")
+    units = fsdp_units(mlp.graph)
+    assert {u for u in units.values()} == {"model.fc1", "model.fc2", "model.fc3", None}
+    assert units["relu"] is None  # the functional relu's module holds no parameter
+    assert not any(name.endswith(("@backward", "@step")) for name in units)
+
+    from autoplace.cluster import resolve_cluster as resolve
+    from autoplace.fold import fold
+    from autoplace.ir import Problem
+    from autoplace.profile.cost import costs
+    from autoplace.trace import trace_model
+
+    torch.manual_seed(0)
+    traced = trace_model(Tied(), (torch.randint(0, 50, (4,)), torch.randint(0, 50, (4,))), {})
+    cluster, _ = resolve(spec="cpu")
+    folded = fold(traced.graph, costs(traced.graph, cluster))
+    tied = fsdp_units(Problem(graph=folded.graph, cluster=cluster, costs=folded.costs).graph)
+    kept = {u for u in tied.values() if u is not None}
+    assert kept == {"blocks.0", "blocks.1"}  # the embedding shares its weight: the root's
+
+
+def _replica_steps(devices: str = "2xA100-40GB"):
+    cluster, _ = resolve_cluster(spec=devices)
+    forward = _forward_problem(WithLoss(MLP()), devices)
+    groups = replica_groups(cluster, 2)
+    one = restrict(step_problem(dataclasses.replace(forward, cluster=cluster), "adam"),
+                   groups[0])
+    return one, with_fsdp(one, cluster, groups), with_allreduce(one, cluster, groups), cluster
+
+
+def test_fsdp_shards_parameters_gradients_and_state_and_holds_a_unit_while_it_runs() -> None:
+    one, sharded, _, _ = _replica_steps()
+    node = {n.name: n for n in one.graph.nodes}
+    shard = {n.name: n for n in sharded.graph.nodes}
+    assert shard["linear"].param_bytes == math.ceil(FC1 / 2)
+    assert shard["linear"].workspace_bytes == node["linear"].workspace_bytes + FC1
+    # backward: the unit regathered, its unsharded gradients (beyond its own node's, already
+    # counted) and fc2's parameters prefetched... fc1 is the last unit in backward: none after
+    assert shard["linear@backward"].workspace_bytes == (
+        node["linear@backward"].workspace_bytes + 2 * FC1 - FC1)
+    assert shard["linear_1@backward"].workspace_bytes == (
+        node["linear_1@backward"].workspace_bytes + FC2 + FC1)  # fc1 prefetched
+    # Adam: gradients and two moments, 1/2 each
+    assert shard["linear@step"].param_bytes == math.ceil(FC1 / 2) + math.ceil(2 * FC1 / 2)
+    # everything counted once: the replica's resident bytes are about half DDP's
+    resident = sum(n.param_bytes for n in sharded.graph.nodes)
+    assert resident == pytest.approx(sum(n.param_bytes for n in one.graph.nodes) / 2, rel=1e-4)
+
+
+def test_fsdp_pays_two_all_gathers_and_a_reduce_scatter_and_updates_a_shard() -> None:
+    one, sharded, ddp, cluster = _replica_steps()
+    link = cluster.link("cuda:0", "cuda:1")
+
+    def gather(nbytes: int) -> float:
+        return ring_allgather_s(nbytes, 2, bandwidth_bytes_per_s=link.bandwidth_bytes_per_s,
+                                latency_s=link.latency_s)
+
+    def added(name: str) -> float:
+        return sharded.costs.of(name, "cuda:0") - one.costs.of(name, "cuda:0")
+
+    units = fsdp_units(one.graph)
+    fc1 = [name for name, unit in units.items() if unit == "model.fc1"]
+    assert "linear" in fc1  # with torch.export's guard node, which runs first
+    assert sum(added(name) for name in fc1) == pytest.approx(gather(FC1))
+    assert added("linear@backward") == pytest.approx(gather(FC1))
+    step = one.costs.of("linear@step", "cuda:0")
+    launch = one.costs.host.launch_of("linear@step", "cuda:0")
+    assert launch > 0  # a GPU's kernel launch, which sharding does not shorten
+    assert sharded.costs.of("linear@step", "cuda:0") == pytest.approx(
+        launch + (step - launch) / 2 + gather(FC1))
+    assert gather(FC1) == pytest.approx(ring_allreduce_s(
+        FC1, 2, bandwidth_bytes_per_s=link.bandwidth_bytes_per_s, latency_s=link.latency_s) / 2)
+    # Moved in all: 1.5x DDP's all-reduce (ZeRO, section 7.2), bar latencies.
+    moved = sum(sharded.costs.of(n.name, "cuda:0") - one.costs.of(n.name, "cuda:0")
+                for n in one.graph.nodes if not n.name.endswith("@step"))
+    assert moved == pytest.approx(2 * (gather(FC1) + gather(FC2) + gather(FC3)))
+
+
+def test_on_cpu_processes_the_collectives_go_through_gloo_over_loopback() -> None:
+    one, sharded, _, _ = _replica_steps("2xcpu-thread")
+    loopback = LINK_CATALOG["gloo-loopback"]
+    expected = ring_allgather_s(FC1, 2, bandwidth_bytes_per_s=loopback.bandwidth_bytes_per_s,
+                                latency_s=loopback.latency_s)
+    added = sum(sharded.costs.of(n.name, "cpu:0") - one.costs.of(n.name, "cpu:0")
+                for n in one.graph.nodes if not n.name.endswith(("@backward", "@step")))
+    assert added == pytest.approx(expected + sum(
+        ring_allgather_s(b, 2, bandwidth_bytes_per_s=loopback.bandwidth_bytes_per_s,
+                         latency_s=loopback.latency_s) for b in (FC2, FC3)))
+
+
+def test_the_simulated_peak_drops_by_what_is_sharded() -> None:
+    one, sharded, ddp, _ = _replica_steps()
+    device = one.cluster.names[0]
+
+    def peak(problem) -> int:
+        placed = Placement(device_of={n.name: device for n in problem.graph.nodes})
+        return simulate(problem, placed).peak_bytes[device]
+
+    total = FC1 + FC2 + FC3
+    # DDP holds parameters, gradients and two moments whole (16 bytes a parameter)...
+    assert peak(ddp) >= 4 * total
+    # ...FSDP a quarter of them resident, with at most two units and their gradients unsharded
+    assert peak(sharded) < peak(ddp) - total
+    with pytest.raises(ValueError, match="one device each"):
+        cluster, _ = resolve_cluster(spec="4xA100-40GB")
+        with_fsdp(one, cluster, replica_groups(cluster, 2))
