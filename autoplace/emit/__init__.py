@@ -81,6 +81,7 @@ def emit_and_verify(
     check_outputs: bool,
     check_memory: bool | None = None,
     meta_weights: bool = False,
+    units: Mapping[str, str] | None = None,
 ) -> tuple[PartitionedModel | None, Verification]:
     """Emit ``traced`` as the plan places it and, with ``check_outputs``, verify it against
     ``model`` on ``args``/``kwargs``: ``(emitted model or None, verification)``, the
@@ -96,6 +97,8 @@ def emit_and_verify(
     emitted model (``example_inputs``) so that ``save_model`` writes them for ``autoplace run``.
     With ``meta_weights`` (the weights come from a checkpoint when the emitted model is
     loaded) a model on the meta device is emitted, on meta, and not verified.
+    ``units``: FSDP2's unit of each op that has one (``train.sharded``), each cut into segments
+    of its own (``codegen.model.emit_model``).
     """
     if traced.has_meta_params and not meta_weights:
         note("the partitioned model was not emitted: the parameters are on the meta device")
@@ -110,7 +113,7 @@ def emit_and_verify(
         note(f"{', '.join(moved)} not present here: the emitted model was materialized on cpu "
              "for verification; `autoplace.emit.load_model(dir)` puts it on the planned devices")
     emitted = emit_model(traced.module, device_of, order=order, device_map=remap,
-                         meta_weights=traced.has_meta_params)
+                         meta_weights=traced.has_meta_params, units=units)
     emitted.example_inputs = (args, kwargs)
     played = replay(emitted.program, [seg.nodes for seg in emitted.segment_info],
                     problem=problem, schedule=schedule)

@@ -25,7 +25,8 @@ __all__ = ["Emitting", "emit_plan"]
 class Emitting:
     """What to emit: ``problem``'s nodes placed by ``schedule`` (each traced op's device in
     ``device_of_op``), checked against ``model`` on ``args``/``kwargs``; with
-    ``meta_weights`` the weights come from a checkpoint when the emitted model is loaded."""
+    ``meta_weights`` the weights come from a checkpoint when the emitted model is loaded;
+    ``units``: FSDP2's unit of each op that has one (``train.sharded``), for sharded replicas."""
 
     problem: Problem
     schedule: Schedule
@@ -34,6 +35,7 @@ class Emitting:
     kwargs: dict[str, Any]
     model: torch.nn.Module
     meta_weights: bool = False
+    units: Mapping[str, str] | None = None
 
 
 def emit_plan(planned: Plan, traced: TracedModel, what: Emitting, how: Emit
@@ -44,5 +46,5 @@ def emit_plan(planned: Plan, traced: TracedModel, what: Emitting, how: Emit
     emitted, verification = emit_and_verify(
         traced, what.model, what.args, what.kwargs, problem=what.problem,
         schedule=what.schedule, device_of_op=what.device_of_op, check_outputs=how.verify,
-        check_memory=how.check_memory, meta_weights=what.meta_weights)
+        check_memory=how.check_memory, meta_weights=what.meta_weights, units=what.units)
     return replace(planned, verification=verification), emitted

@@ -53,6 +53,7 @@ class SegmentInfo:
     nodes: tuple[str, ...]
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
+    unit: str | None = None  # the FSDP unit whose ops it holds (``train.sharded``)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -61,7 +62,7 @@ class SegmentInfo:
             "nodes": list(self.nodes),
             "inputs": list(self.inputs),
             "outputs": list(self.outputs),
-        }
+        } | ({"unit": self.unit} if self.unit is not None else {})
 
 
 class PartitionedModel(torch.nn.Module):
@@ -125,6 +126,7 @@ def emit_model(
     device_map: Mapping[str, str] | None = None,
     runtime: str | None = None,
     meta_weights: bool = False,
+    units: Mapping[str, str] | None = None,
 ) -> PartitionedModel:
     """Split ``gm`` into device-contiguous segments following ``device_of`` and ``order``.
 
@@ -135,6 +137,10 @@ def emit_model(
     ``sequential`` (the caller's thread calls the segments in order); by default threaded when
     the segments are planned on more than one device. ``meta_weights``: tensors on the meta
     device are kept there (the model is saved to be loaded from a checkpoint, not run).
+    ``units``: FSDP2's unit of fx nodes (``train.sharded``; absent: the root's): a segment
+    starts wherever the unit changes too (``segment.partition``), each segment records its
+    unit, and a tensor one unit's segment holds is read by no other unit's (else
+    ``EmitError``: ``fully_shard`` would have resharded it).
     """
     if runtime not in (None, "threaded", "sequential"):
         raise EmitError(f"runtime {runtime!r} is not one of 'threaded', 'sequential'")
@@ -144,8 +150,12 @@ def emit_model(
     if not schedule:
         raise EmitError("the graph has no compute nodes; there is nothing to place")
     devices = assign_devices(lowered, schedule, device_of)
-    groups = partition(schedule, devices)
+    unit_of = _node_units(lowered, schedule, units) if units else {}
+    groups = partition(schedule, devices, unit_of)
     owner = owners(lowered, groups)
+    group_units = [next((unit_of[n] or None for n in group if n in unit_of), None)
+                   for group in groups]
+    _check_units(owner, groups, group_units)
     planned = [devices[group[0]] for group in groups]
     actual = [remap(device, device_map) for device in planned]
     for device, plan in zip(actual, planned):
@@ -171,6 +181,7 @@ def emit_model(
                 nodes=tuple(names),
                 inputs=tuple(n.name for n in inputs),
                 outputs=tuple(n.name for n in outputs),
+                unit=group_units[index],
             )
         )
     forward, threaded, program = _top_forward(lowered, info, segment_of, output_node)
@@ -189,6 +200,37 @@ def emit_model(
         output_names=[n.name for n in pytree.tree_leaves(output_node.args[0])
                       if isinstance(n, torch.fx.Node)],
     )
+
+
+def _node_units(lowered: Lowered, schedule: Sequence[torch.fx.Node],
+                units: Mapping[str, str]) -> dict[torch.fx.Node, str]:
+    """The unit of each scheduled node of a unit (by its fx op, ``units``), and ``""`` (the
+    root's) for a node of none that reads a tensor attribute: that tensor is the root's, so its
+    segment is cut apart from any unit's. Other nodes have none: they join the run they are in."""
+    keyed = {}
+    for node in schedule:
+        op = lowered.origin.get(node.name)
+        if op in units:
+            keyed[node] = units[op]
+        elif any(p.op == "get_attr" and isinstance(lowered.attrs.get(p.target), torch.Tensor)
+                 for p in node.all_input_nodes):
+            keyed[node] = ""
+    return keyed
+
+
+def _check_units(owner: Mapping[torch.fx.Node, int], groups: Sequence[Sequence[torch.fx.Node]],
+                 units: Sequence[str | None]) -> None:
+    """Every tensor a unit's segment holds is read by that unit's segments only."""
+    segment_of = {n: i for i, group in enumerate(groups) for n in group}
+    for attr, index in owner.items():
+        if units[index] is None:
+            continue
+        others = sorted({units[segment_of[u]] or "the root" for u in attr.users
+                         if u in segment_of and units[segment_of[u]] != units[index]})
+        if others:
+            raise EmitError(f"{attr.target} is held by FSDP unit {units[index]} and read by "
+                            f"{', '.join(others)}: a tensor two units share must be the root's "
+                            "(train.sharded.fsdp_units)")
 
 
 def _check_names(

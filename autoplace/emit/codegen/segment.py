@@ -155,10 +155,14 @@ def assign_devices(
 
 
 def partition(
-    schedule: list[torch.fx.Node], devices: Mapping[torch.fx.Node, str]
+    schedule: list[torch.fx.Node], devices: Mapping[torch.fx.Node, str],
+    units: Mapping[torch.fx.Node, str] | None = None,
 ) -> list[list[torch.fx.Node]]:
     """Runs of the schedule on one device, cut where the device changes, before a node that
     reads a value computed on another device, and after a node whose value another device reads.
+    With ``units`` (FSDP2's, ``train.sharded``: a node's unit, absent for a node that may join
+    any run), also before a node of another unit than the run's: each segment then holds at
+    most one unit's ops, which ``fully_shard`` wraps.
 
     The two extra cuts are what lets the threaded runtime (``threaded.py``) match the simulator:
     a segment waits for all its inputs before it starts and hands its outputs over when it ends,
@@ -167,13 +171,20 @@ def partition(
     its last node sends to one.
     """
     groups: list[list[torch.fx.Node]] = []
+    units = units or {}
+    unit: str | None = None  # the current run's, once one of its nodes has one
     for n in schedule:
         if not groups or devices[groups[-1][-1]] != devices[n] or _crosses(groups[-1][-1], devices):
-            groups.append([])
+            cut = True
         elif _reads_remote(n, devices) and not all(_is_source(m, devices) for m in groups[-1]):
-            # Ops that read nothing (``arange``, ``ones``) may wait with their consumer.
+            cut = True  # ops that read nothing (``arange``, ``ones``) may wait with their consumer
+        else:
+            cut = n in units and unit is not None and units[n] != unit
+        if cut:
             groups.append([])
+            unit = None
         groups[-1].append(n)
+        unit = units.get(n) if unit is None else unit
     return groups
 
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch.utils import _pytree as pytree
 
 from autoplace.cluster.local import worker_threads
@@ -46,9 +47,9 @@ from autoplace.ir import Problem, Schedule
 from autoplace.train.dataparallel import average_gradients, ddp_replica
 from autoplace.train.graph import make_optimizer
 
-__all__ = ["INIT_TIMEOUT_S", "batch_size", "microbatching", "print_error", "replica_backend",
-           "replica_device_map", "replica_exit", "replica_main", "replicas_of", "shard",
-           "write_train_script"]
+__all__ = ["INIT_TIMEOUT_S", "SHARDINGS", "batch_size", "microbatching", "print_error",
+           "replica_backend", "replica_device_map", "replica_exit", "replica_main",
+           "replicas_of", "shard", "write_train_script"]
 
 # The rendezvous and every collective after it: a rank that died or never came makes the others
 # fail within this, rather than wait for ever.
@@ -57,6 +58,10 @@ INIT_TIMEOUT_S = 60.0
 REPLICA_SHARDS = "data-parallel replicas"
 # ``train.py``'s text, its $-placeholders filled by ``write_train_script``.
 _TRAIN_TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "train.py.tmpl"
+
+# How the replicas hold the model: whole, gradients all-reduced (DistributedDataParallel), or
+# sharded (FSDP2's ``fully_shard``, ZeRO-3: ``train.sharded``).
+SHARDINGS = {"ddp": "DistributedDataParallel", "fsdp": "FSDP2 fully_shard"}
 
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]
 Groups = Sequence[Sequence[str]]
@@ -139,11 +144,12 @@ def replica_backend(planned: Sequence[str], *, replicas: int,
 
 def write_train_script(directory: str | os.PathLike[str], *, optimizer: str,
                        replicas: int, groups: Groups | None = None,
-                       microbatches: Mapping[str, Any] | None = None) -> Path:
+                       microbatches: Mapping[str, Any] | None = None,
+                       sharding: str = "ddp") -> Path:
     """Write ``directory/train.py`` (``templates/train.py.tmpl`` filled in), the torchrun entry
     point of the replicas of the model in ``directory/model`` (``groups``: each replica's torch
     devices, as ``replica_device_map`` takes them; ``microbatches``: ``microbatching``'s);
-    returns its path."""
+    ``sharding``: a key of ``SHARDINGS``); returns its path."""
     if replicas < 2:
         raise ValueError(f"train.py is for 2 or more replicas, got {replicas}")
     path = Path(directory) / "train.py"
@@ -152,7 +158,8 @@ def write_train_script(directory: str | os.PathLike[str], *, optimizer: str,
                              compact=True).replace("\n", "\n" + " " * len("MICROBATCHES = "))
     path.write_text(Template(_TRAIN_TEMPLATE.read_text()).substitute(
         optimizer=optimizer, optimizer_literal=repr(optimizer), replicas=replicas,
-        groups=repr(groups), microbatches=literal))
+        groups=repr(groups), microbatches=literal, sharding=repr(sharding),
+        sharding_name=SHARDINGS[sharding]))
     return path
 
 
@@ -186,13 +193,14 @@ def replica_exit(code: int) -> None:
 
 def replica_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, optimizer: str,
                  replicas: int, groups: Groups | None = None,
-                 microbatches: Mapping[str, Any] | None = None) -> int:
+                 microbatches: Mapping[str, Any] | None = None, sharding: str = "ddp") -> int:
     """One process of ``torchrun --nproc-per-node replicas train.py``: the exit code. An
     ``AutoplaceError`` is printed as one line, ``autoplace: error: KIND: message`` (the line
     ``launch_replicas`` looks for), and exits with 2."""
     parser = argparse.ArgumentParser(
         prog="train.py", description=f"Train {model_dir} as {replicas} data-parallel replicas "
-        f"with {optimizer}; run under torchrun --nproc-per-node {replicas}.")
+        f"({SHARDINGS[sharding]}) with {optimizer}; run under torchrun --nproc-per-node "
+        f"{replicas}.")
     parser.add_argument("--steps", type=int, required=True, metavar="N")
     parser.add_argument("--lr", type=float, metavar="RATE",
                         help="the learning rate (default: the optimizer's torch default)")
@@ -210,7 +218,7 @@ def replica_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, opti
         report, record = _train(Path(model_dir), optimizer=optimizer, replicas=replicas,
                                 rank=rank, steps=options.steps, lr=options.lr,
                                 recording=options.record is not None, groups=groups,
-                                microbatches=microbatches)
+                                microbatches=microbatches, sharding=sharding)
     except AutoplaceError as error:
         print_error(type(error).__name__, error)
         return 2
@@ -220,7 +228,8 @@ def replica_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, opti
         if options.record:
             torch.save(record, options.record)
         cut = report["microbatches"]
-        print(f"trained {replicas} replicas ({report['backend']}), each on {report['shard']} "
+        print(f"trained {replicas} replicas ({SHARDINGS[sharding]}, {report['backend']}), "
+              f"each on {report['shard']} "
               f"of the batch of {report['batch']}"
               + (f" in {cut} micro-batches" if cut > 1 else "")
               + f", {len(report['losses'])} steps of "
@@ -232,10 +241,10 @@ def replica_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, opti
 
 def _train(model_dir: Path, *, optimizer: str, replicas: int, rank: int, steps: int,
            lr: float | None, recording: bool, groups: Groups | None = None,
-           microbatches: Mapping[str, Any] | None = None
+           microbatches: Mapping[str, Any] | None = None, sharding: str = "ddp"
            ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """This rank's part: shard, load, wrap (or, with ``microbatches``, cut the shard), train.
-    Returns rank 0's report and record."""
+    """This rank's part: shard, load, wrap (under DDP or, with ``sharding="fsdp"``, FSDP2; or,
+    with ``microbatches``, cut the shard), train. Returns rank 0's report and record."""
     example = load_inputs(model_dir)
     if example is None:
         raise EmitError(f"{model_dir} holds no example inputs and targets (inputs.safetensors): "
@@ -255,8 +264,12 @@ def _train(model_dir: Path, *, optimizer: str, replicas: int, rank: int, steps: 
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S))
     try:
         model = load_model(model_dir, device_map=here)
-        step = (_ddp_step(model, args, kwargs) if microbatches is None
-                else _microbatched_step(model, args, kwargs, microbatches))
+        if sharding == "fsdp":
+            step = _fsdp_step(model, args, kwargs)
+        elif microbatches is None:
+            step = _ddp_step(model, args, kwargs)
+        else:
+            step = _microbatched_step(model, args, kwargs, microbatches)
         opt = make_optimizer(optimizer, model.parameters(), lr)
         # A replica of CPU workers runs on one intra-op thread each, as the plan times them
         # (without, torch's default, one per core, unless torchrun's OMP_NUM_THREADS=1 set it).
@@ -273,6 +286,7 @@ def _train(model_dir: Path, *, optimizer: str, replicas: int, rank: int, steps: 
     count = microbatches["count"] if microbatches is not None else 1
     report = {"losses": losses, "times_s": times, "measured_s": statistics.median(timed),
               "replicas": replicas, "microbatches": count, "backend": backend, "batch": size,
+              "sharding": sharding,
               "threads": threads,
               "shard": size // replicas, "optimizer": optimizer, "lr": lr,
               "device_maps": [replica_device_map(planned, rank=r, groups=groups)
@@ -289,6 +303,32 @@ def _ddp_step(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
     def step() -> torch.Tensor:
         loss = replica(*args, **kwargs)
         loss.backward()  # DDP's hooks average the gradients across the replicas here
+        return loss
+
+    return step
+
+
+def _fsdp_step(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Step:
+    """A step's forward and backward of the shard under FSDP2: ``fully_shard`` on each unit's
+    segments (the plan's, ``SegmentInfo.unit``: ``train.sharded``) and then on the whole
+    model, over a mesh of every rank; the backward reduce-scatters the gradients (their mean,
+    each rank keeping its shard). The step returns the shard's loss."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    kind = torch.device(model.devices[0]).type
+    mesh = init_device_mesh(kind, (dist.get_world_size(),))
+    units: dict[str, list[torch.nn.Module]] = {}
+    for seg in model.segment_info:
+        if seg.unit is not None:
+            units.setdefault(seg.unit, []).append(getattr(model, f"seg{seg.index}"))
+    for modules in units.values():
+        fully_shard(modules if len(modules) > 1 else modules[0], mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+    def step() -> torch.Tensor:
+        loss = model(*args, **kwargs)
+        loss.backward()  # FSDP2's hooks reduce-scatter each unit's gradients here
         return loss
 
     return step
@@ -351,7 +391,10 @@ def _steps(step: Step, model: torch.nn.Module, opt: torch.optim.Optimizer, *, st
 
 
 def _cpu(value: Any) -> Any:
-    """A tensor copied to the CPU, detached (the next step changes the original in place)."""
+    """A tensor copied to the CPU, detached (the next step changes the original in place); a
+    DTensor (FSDP2's shards) gathered whole first, which every rank does in the same order."""
+    if isinstance(value, DTensor):
+        value = value.full_tensor()
     if isinstance(value, torch.Tensor):
         return value.detach().to("cpu", copy=True)
     return value

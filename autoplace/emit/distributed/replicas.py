@@ -152,7 +152,8 @@ def verify_replicas(emitted_or_dir: PartitionedModel | str | os.PathLike[str],
                     steps: int = TRAINING_STEPS, lr: float | None = None,
                     timeout_s: float = VERIFY_TIMEOUT_S,
                     groups: Sequence[Sequence[str]] | None = None,
-                    microbatches: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                    microbatches: Mapping[str, Any] | None = None,
+                    sharding: str = "ddp") -> dict[str, Any]:
     """Train ``replicas`` data-parallel replicas of the emitted model (gloo, or nccl on GPUs,
     on 127.0.0.1) for ``steps`` steps of ``optimizer``, each on its shard of the batch
     ``args``/``kwargs``/``targets``, and a copy of ``original`` (a ``train.LossModel``) on the
@@ -162,8 +163,10 @@ def verify_replicas(emitted_or_dir: PartitionedModel | str | os.PathLike[str],
     ``emitted_or_dir``: a ``PartitionedModel`` (saved with the batch, and its ``train.py``
     written, in a temporary directory, with each replica on its ``groups`` entry, torch
     devices as ``ddp.replica_device_map`` takes them, and its shard cut as ``microbatches``
-    says, ``ddp.microbatching``'s), or an output directory holding ``train.py`` and
-    ``model/`` whose saved example is this batch (its own ``train.py`` runs)."""
+    says, ``ddp.microbatching``'s; held as ``sharding`` says, a key of ``ddp.SHARDINGS``:
+    FSDP2's gradients and state are gathered whole to be recorded), or an output directory
+    holding ``train.py`` and ``model/`` whose saved example is this batch (its own
+    ``train.py`` runs)."""
     batch = (tuple(args), {**kwargs, "targets": tuple(targets)})
     batch_size(batch, replicas=replicas)  # a batch that does not divide fails before any start
     with tempfile.TemporaryDirectory(prefix="autoplace-replicas-") as tmp:
@@ -171,7 +174,7 @@ def verify_replicas(emitted_or_dir: PartitionedModel | str | os.PathLike[str],
             root = Path(tmp)
             _save(emitted_or_dir, root / "model", batch)
             write_train_script(root, optimizer=optimizer, replicas=replicas, groups=groups,
-                               microbatches=microbatches)
+                               microbatches=microbatches, sharding=sharding)
         else:
             root = Path(emitted_or_dir)
             _check_saved_batch(root, batch)

@@ -284,7 +284,7 @@ def load_model(
     model.segment_info = tuple(
         SegmentInfo(index=seg["index"], planned_device=seg["device"], device=device,
                     nodes=tuple(seg["nodes"]), inputs=tuple(seg["inputs"]),
-                    outputs=tuple(seg["outputs"]))
+                    outputs=tuple(seg["outputs"]), unit=seg.get("unit"))
         for seg, device in zip(meta["segments"], actual))
     model.input_names = tuple(meta.get("input_names", ()))
     model.output_names = tuple(meta.get("output_names", ()))
