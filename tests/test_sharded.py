@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -223,3 +224,80 @@ def test_fsdp_replicas_train_as_the_original_does() -> None:
     assert check["status"] == "passed" and check["steps"] == 3
     assert check["losses"] == pytest.approx(check["original_losses"], rel=1e-5)
     assert check["losses"][2] < check["losses"][0]
+
+
+# --- planned: auto shards for memory, on always; checked and saved -----------------------------
+
+
+def _mlp_plan(memory_bytes: int | None = None, **training):
+    import sys
+    from pathlib import Path
+
+    from autoplace.config import Config, Cost, Training
+    from autoplace.pipeline import plan
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "examples"))
+    import mlp
+
+    cluster, _ = resolve_cluster(spec="2xcpu-thread")
+    if memory_bytes is not None:
+        cluster = dataclasses.replace(cluster, devices=tuple(
+            dataclasses.replace(d, memory_bytes=memory_bytes) for d in cluster.devices))
+    model, inputs = mlp.build()
+    return plan(model, inputs, Config(devices=cluster, mode="training",
+                                      cost=Cost(profile=False), training=Training(**training)),
+                loss=mlp.loss, example_targets=mlp.example_targets)
+
+
+def test_auto_shards_where_whole_replicas_do_not_fit_and_the_shards_train_as_the_original(
+        tmp_path) -> None:
+    from autoplace.pipeline import save
+
+    planned = _mlp_plan(4_500_000)  # whole, a replica needs 16 bytes a parameter and more
+    training = planned.plan.training
+    assert (training.replicas, training.sharding) == (2, "fsdp")
+    options = {(o.replicas, o.sharding): o for o in training.replica_options}
+    assert not options[1, "ddp"].fits and not options[2, "ddp"].fits
+    assert options[2, "fsdp"].fits and planned.plan.schedule.feasible
+    assert max(planned.plan.schedule.peak_bytes.values()) <= 4_500_000
+    assert training.check.status == "passed" and training.check.replicas == 2
+    assert training.check.memory_status == "not measured"
+    assert [s.unit for s in planned.model.segment_info] == ["model.0", "model.2", "model.4"]
+    assert planned.plan.to_dict()["training"]["sharding"] == "fsdp"
+    save(planned, tmp_path / "out")
+    assert "SHARDING = 'fsdp'" in (tmp_path / "out" / "train.py").read_text()
+
+
+def test_auto_does_not_weigh_sharding_where_whole_replicas_fit() -> None:
+    from autoplace.errors import InfeasibleError
+
+    planned = _mlp_plan()
+    options = planned.plan.training.replica_options
+    assert {o.sharding for o in options} == {"ddp"}
+    assert "sharding" not in planned.plan.to_dict()["training"]["replica_options"][0]
+    with pytest.raises(InfeasibleError):  # what auto found above, refused
+        _mlp_plan(4_500_000, fsdp="off")
+
+
+@pytest.mark.parametrize(("training", "flag_says"), [
+    ({"fsdp": "on", "replicas": 1}, "--fsdp on shards the model over data-parallel replicas"),
+    ({"fsdp": "on", "microbatches": 2}, "--fsdp on with micro-batches is not built yet"),
+])
+def test_fsdp_asked_where_it_cannot_be_is_a_config_error(training, flag_says) -> None:
+    from autoplace.cli.flags import FLAGS
+    from autoplace.config import Training
+    from autoplace.errors import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        Training(**training)
+    assert caught.value.render(FLAGS).startswith(flag_says)
+
+
+def test_fsdp_on_with_replicas_of_several_devices_says_what_would_shard(tmp_path) -> None:
+    from autoplace.cli import main
+
+    code = main(["plan", str(Path(__file__).parent.parent / "examples" / "mlp.py"),
+                 "--devices", "4xcpu-thread", "--mode", "training", "--fsdp", "on",
+                 "--replicas", "2", "--no-profile", "--out", str(tmp_path / "out")])
+    assert code == 2
+    assert not (tmp_path / "out").exists()

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 
 from autoplace.cluster import DEFAULT_SIMULATED_SPEC
-from autoplace.config import Granularity, Mode, Objective, PipelineSchedule, Recompute
+from autoplace.config import Fsdp, Granularity, Mode, Objective, PipelineSchedule, Recompute
 from autoplace.config.defaults import (
     DEFAULT_MAX_NODES,
     DEFAULT_MIN_GAIN,
@@ -117,6 +117,12 @@ def _parser() -> argparse.ArgumentParser:
                    "N devices with 1/R of the batch; auto (default) plans every R that divides "
                    "the devices into alike groups and keeps the fastest step, the gradients' "
                    "all-reduce included")
+    p.add_argument("--fsdp", choices=tuple(Fsdp), default="auto",
+                   help="with --mode training: whether the data-parallel replicas shard "
+                   "parameters, gradients and optimizer state (FSDP2's fully_shard per block, "
+                   "ZeRO-3; one device and one batch a replica): auto (default) where a replica "
+                   "count's DDP step does not fit, the faster step that fits kept; on: only "
+                   "sharded replicas; off: never")
     p.add_argument("--schedule", choices=tuple(PipelineSchedule), default="auto",
                    help="with --microbatches: the order each device runs the micro-batches "
                    "in: gpipe (every forward, then every backward), 1f1b (one forward, one "

@@ -22,7 +22,7 @@ FLAGS = {
     "emit.verify": "--verify", "emit.check_memory": "--check-memory",
     "training.optimizer": "--optimizer", "training.microbatches": "--microbatches",
     "training.schedule": "--schedule", "training.replicas": "--replicas",
-    "training.recompute": "--recompute",
+    "training.recompute": "--recompute", "training.fsdp": "--fsdp",
 }
 
 
@@ -46,6 +46,6 @@ def config_of(args: argparse.Namespace, *, name: str = "model") -> Config:
         cost=Cost(profile=args.profile, progress=args.profile and not args.quiet),
         training=Training(optimizer=args.optimizer, microbatches=args.microbatches,
                           schedule=args.schedule, replicas=args.replicas,
-                          recompute=args.recompute),
+                          recompute=args.recompute, fsdp=args.fsdp),
         emit=Emit(model=args.emit, verify=args.verify, check_memory=args.check_memory),
         pins=pins or None, checkpoint=args.checkpoint, no_split=args.no_split, name=name)

@@ -8,6 +8,7 @@ options with fixed values; ``defaults`` the default values the stages share. Ref
 
 from autoplace.config.choices import (
     DType,
+    Fsdp,
     Granularity,
     Mode,
     Objective,
@@ -16,5 +17,5 @@ from autoplace.config.choices import (
 )
 from autoplace.config.sections import Config, Cost, Devices, Emit, Solve, Training
 
-__all__ = ["Config", "Cost", "DType", "Devices", "Emit", "Granularity", "Mode", "Objective",
+__all__ = ["Config", "Cost", "DType", "Devices", "Emit", "Fsdp", "Granularity", "Mode", "Objective",
            "PipelineSchedule", "Recompute", "Solve", "Training"]

@@ -9,7 +9,7 @@ from typing import TypeVar
 
 from autoplace.errors import ConfigError
 
-__all__ = ["DType", "Granularity", "Mode", "Objective", "PipelineSchedule", "Recompute",
+__all__ = ["DType", "Fsdp", "Granularity", "Mode", "Objective", "PipelineSchedule", "Recompute",
            "choice"]
 
 
@@ -52,6 +52,16 @@ class Recompute(enum.StrEnum):
     AUTO = "auto"
     OFF = "off"
     ALL = "all"
+
+
+class Fsdp(enum.StrEnum):
+    """Whether data-parallel replicas shard the model (FSDP2's ``fully_shard``, ZeRO-3:
+    ``train.sharded``): where a replica count's DDP step does not fit, the faster step that
+    fits kept (auto); always; or never."""
+
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
 
 
 class DType(enum.StrEnum):

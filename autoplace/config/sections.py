@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Literal
 
 from autoplace.config.choices import (
     DType,
+    Fsdp,
     Granularity,
     Mode,
     Objective,
@@ -136,13 +137,15 @@ class Training:
     """A training step (``mode="training"``): the ``optimizer`` whose state and update are
     planned, the batch cut into ``microbatches`` run in ``schedule``'s order, ``replicas``
     data-parallel replicas (``"auto"``: every count the devices allow, the fastest kept), and
-    where activations are recomputed (``recompute``). ``docs/training.md``."""
+    where activations are recomputed (``recompute``); whether the replicas shard the model
+    (``fsdp``: FSDP2, ZeRO-3, ``train.sharded``). ``docs/training.md``."""
 
     optimizer: str = "adam"
     microbatches: int = 1
     schedule: PipelineSchedule = PipelineSchedule.AUTO
     replicas: int | Literal["auto"] = "auto"
     recompute: Recompute = Recompute.AUTO
+    fsdp: Fsdp = Fsdp.AUTO
 
     def __post_init__(self) -> None:
         from autoplace.train.graph import OPTIMIZERS
@@ -160,6 +163,14 @@ class Training:
                            choice(PipelineSchedule, self.schedule, "training.schedule"))
         object.__setattr__(self, "recompute",
                            choice(Recompute, self.recompute, "training.recompute"))
+        object.__setattr__(self, "fsdp", choice(Fsdp, self.fsdp, "training.fsdp"))
+        if self.fsdp == Fsdp.ON and self.replicas == 1:
+            raise ConfigError("{training.fsdp=on} shards the model over data-parallel "
+                              "replicas: set {training.replicas} to 2 or more, or auto")
+        if self.fsdp == Fsdp.ON and self.microbatches > 1:
+            raise ConfigError("{training.fsdp=on} with micro-batches is not built yet (each "
+                              "sharded replica runs its shard of the batch at once): drop "
+                              "{training.microbatches}, or set {training.fsdp=off}")
         if self.schedule != PipelineSchedule.AUTO and self.microbatches == 1:
             raise ConfigError(f"{{training.schedule}} {self.schedule} orders micro-batches: "
                               "add {training.microbatches=M} (M > 1), or leave the schedule "
@@ -172,7 +183,7 @@ class Training:
     def changed(self) -> list[str]:
         """The fields set away from their defaults (each is for training plans only)."""
         default = Training()
-        return [f"training.{n}" for n in ("microbatches", "replicas", "recompute")
+        return [f"training.{n}" for n in ("microbatches", "replicas", "recompute", "fsdp")
                 if getattr(self, n) != getattr(default, n)]
 
 
@@ -243,6 +254,9 @@ class Config:
             if self.pins:
                 raise ConfigError("{pins} apply to inference plans for now: plan the training "
                                   "step without them")
+            if self.training.fsdp == Fsdp.ON and self.dtype != DType.FLOAT32:
+                raise ConfigError(f"{{training.fsdp=on}} in {self.dtype} (mixed precision) is "
+                                  "not built yet: use {dtype=float32}")
             return
         changed = self.training.changed()
         if changed:

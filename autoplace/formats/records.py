@@ -121,22 +121,26 @@ class MinGain:
 @dataclass(frozen=True)
 class ReplicaOption:
     """A replica count a training plan tried: ``replicas`` of ``devices_per_replica`` devices,
-    its predicted ``step_s`` (the all-reduce included; ``None`` where it fitted no device) and
-    whether it ``fits``."""
+    its predicted ``step_s`` (the all-reduce included; ``None`` where it fitted no device),
+    whether it ``fits``, and how its replicas hold the model (``sharding``: ``ddp``, or
+    ``fsdp``, written only then)."""
 
     replicas: int
     devices_per_replica: int
     fits: bool
     step_s: float | None = None
+    sharding: str = "ddp"
 
     def to_dict(self) -> dict[str, Any]:
         return ({"replicas": self.replicas, "devices_per_replica": self.devices_per_replica}
-                | _present([("step_s", self.step_s)]) | {"fits": self.fits})
+                | _present([("step_s", self.step_s)]) | {"fits": self.fits}
+                | ({"sharding": self.sharding} if self.sharding != "ddp" else {}))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ReplicaOption:
         return cls(replicas=data["replicas"], devices_per_replica=data["devices_per_replica"],
-                   fits=data["fits"], step_s=data.get("step_s"))
+                   fits=data["fits"], step_s=data.get("step_s"),
+                   sharding=data.get("sharding", "ddp"))
 
 
 @dataclass(frozen=True)
@@ -196,7 +200,8 @@ class TrainingRecord:
     """A training plan's step (``autoplace.train``, ``pipeline.step.Step.record``): its
     ``optimizer`` and ``dtype``, ``microbatches`` run in ``schedule``'s order, ``replicas``
     data-parallel replicas (on ``replica_groups``, as torch devices ``replica_torch_devices``),
-    the devices that ``recompute``, every replica count tried (``replica_options``) and the
+    the devices that ``recompute``, every replica count tried (``replica_options``), how the
+    replicas hold the model (``sharding``: ``ddp`` or ``fsdp``, ``train.sharded``) and the
     training ``check`` of the emitted model.
 
     A plan from before micro-batches, replicas or precision were built holds none of those
@@ -214,6 +219,7 @@ class TrainingRecord:
     replica_groups: tuple[tuple[str, ...], ...] | None = None
     replica_torch_devices: tuple[tuple[str, ...], ...] | None = None
     replica_options: tuple[ReplicaOption, ...] | None = None
+    sharding: str | None = None
     check: TrainingCheck = field(default_factory=TrainingCheck)
 
     def to_dict(self) -> dict[str, Any]:
@@ -229,7 +235,8 @@ class TrainingRecord:
             ("microbatch_loss", self.microbatch_loss),
             ("replica_groups", groups(self.replica_groups)),
             ("replica_torch_devices", groups(self.replica_torch_devices)),
-            ("replica_options", options)]) | {"check": self.check.to_dict()}
+            ("replica_options", options), ("sharding", self.sharding)]) | {
+                "check": self.check.to_dict()}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TrainingRecord:
@@ -246,7 +253,7 @@ class TrainingRecord:
                    replica_torch_devices=groups(data.get("replica_torch_devices")),
                    replica_options=None if options is None else tuple(
                        ReplicaOption.from_dict(o) for o in options),
-                   check=TrainingCheck.from_dict(data["check"]))
+                   sharding=data.get("sharding"), check=TrainingCheck.from_dict(data["check"]))
 
 
 @dataclass(frozen=True)

@@ -137,7 +137,8 @@ def save(plan: Plan | Planned, directory: str | os.PathLike[str],
                                    replicas=replicas_of(plan.training),
                                    groups=plan.training.replica_torch_devices,
                                    microbatches=microbatching(plan.training, model,
-                                                              plan.problem, plan.schedule))
+                                                              plan.problem, plan.schedule),
+                                   sharding=plan.training.sharding or "ddp")
             _launch_script(plan, model, tmp)
 
     return atomic_output_dir(directory, write)

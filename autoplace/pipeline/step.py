@@ -5,15 +5,15 @@ emitted model trained beside the original and its step's memory measured (``chec
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
 from autoplace.emit import check_step_memory, train_emitted
 from autoplace.emit.check.outputs import PeakCheck
-from autoplace.emit.distributed.ddp import REPLICA_SHARDS, microbatching
+from autoplace.emit.distributed.ddp import REPLICA_SHARDS, SHARDINGS, microbatching
 from autoplace.emit.distributed.replicas import verify_replicas
 from autoplace.emit.train.microbatch import (
     action_order,
@@ -28,6 +28,7 @@ from autoplace.formats.plan import Plan
 from autoplace.formats.records import ReplicaOption, TrainingCheck, TrainingRecord
 from autoplace.ir import Cluster, Problem, Schedule
 from autoplace.pipeline.forward import Forward, Tracing, traced_problem
+from autoplace.pipeline.measured import backward_factors, replica_averaging, update_rates
 from autoplace.progress import stage
 from autoplace.progress.notes import collecting, note, note_all
 from autoplace.simulate.schedules import SCHEDULES, schedule_run
@@ -41,6 +42,7 @@ from autoplace.train.recompute import (
     recompute_all,
     with_recompute_where_needed,
 )
+from autoplace.train.sharded import with_fsdp
 from autoplace.train.updates import (
     after_backward,
     with_measured_forward,
@@ -50,7 +52,6 @@ from autoplace.train.updates import (
 __all__ = ["Batch", "Step", "check_step", "plan_step"]
 
 PLAN = "plan"  # the solver's placement among the candidates of ``_solve_recomputing``
-T = TypeVar("T")
 
 
 Batch = tuple[tuple[Any, ...], dict[str, Any]]
@@ -76,7 +77,8 @@ class Step:
     cut into ``microbatches`` (``batches``: replica 0's), the loss the ``rule`` of theirs;
     the forward, the step's problem and its solve; the devices that ``recompute``
     (``train.recompute``), and the single device's plan so (``single``, which ``--min-gain``
-    may choose); ``options``, every replica count tried."""
+    may choose); ``options``, every replica count tried; ``sharding``, how the replicas hold
+    the model (``ddp``, or ``fsdp``: ``train.sharded``)."""
 
     groups: tuple[tuple[str, ...], ...]
     torch_groups: tuple[tuple[str, ...], ...]
@@ -90,6 +92,7 @@ class Step:
     single: Recomputed | None = None
     dtype: str = "float32"
     options: tuple[ReplicaOption, ...] = ()
+    sharding: str = "ddp"
 
     @property
     def replicas(self) -> int:
@@ -113,50 +116,66 @@ class Step:
             microbatch_loss=self.rule if self.microbatches > 1 else None,
             replica_groups=self.groups if several else None,
             replica_torch_devices=self.torch_groups if several else None,
-            replica_options=self.options, check=TrainingCheck(status="skipped"))
+            replica_options=self.options, sharding=self.sharding if several else None,
+            check=TrainingCheck(status="skipped"))
 
 
 def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: SolveOptions,
                how: Tracing, *, optimizer: str, microbatches: int, schedule: str,
-               replicas: int | str, recompute: str, dtype: str = "float32") -> Step:
+               replicas: int | str, recompute: str, dtype: str = "float32",
+               fsdp: str = "auto") -> Step:
     """The training step of ``model`` (a ``train.LossModel``) on the ``whole`` batch: for each
     replica count R (``replicas``, or ``auto``: every R that divides the devices into alike
     groups, ``train.dataparallel``), one replica's shard cut into micro-batches, one
     micro-batch traced on ``cluster``, the replica's step solved on its devices with the
-    gradients' all-reduce (``_solve_step``, the time limit shared among the R); the fastest
-    step that fits kept, and why said. Each count's notes are collected apart, and only the
-    kept one's are passed on."""
-    counts = _replica_counts(model, whole, cluster, replicas, microbatches, dtype)
-    share = replace(options, time_limit_s=options.time_limit_s / len(counts))
-    found: dict[int, tuple[Step, list[str]]] = {}
+    gradients' all-reduce (``_solve_step``, the time limit shared among the R) and, as
+    ``fsdp`` says, sharded under FSDP2 (``_variants``; ``auto``: where that R's DDP step does
+    not fit); the fastest step that fits kept, and why said. Each candidate's notes are
+    collected apart, and only the kept one's are passed on."""
+    variants = _variants(_replica_counts(model, whole, cluster, replicas, microbatches, dtype),
+                         fsdp, microbatches)
+    share = replace(options, time_limit_s=options.time_limit_s / sum(
+        1 for _, _, sharding in variants if fsdp == "on" or sharding == "ddp"))
+    found: dict[tuple[int, str], tuple[Step, list[str]]] = {}
     failure: InfeasibleError | None = None
-    for r, groups in counts:
+    counts = []
+    for r, groups, sharding in variants:
+        unsharded = found.get((r, "ddp"))
+        if sharding == "fsdp" and fsdp == "auto" and unsharded is not None and (
+                unsharded[0].solved.schedule.feasible):
+            continue  # auto shards for memory: R's replicas fit whole
+        counts.append((r, groups, sharding))
         with collecting() as mine:
             try:
-                found[r] = _replica_step(model, whole, r, groups, cluster, share, how,
-                                         optimizer=optimizer, microbatches=microbatches,
-                                         schedule=schedule, recompute=recompute,
-                                         dtype=dtype), mine
+                found[r, sharding] = _replica_step(
+                    model, whole, r, groups, cluster, share, how, optimizer=optimizer,
+                    microbatches=microbatches, schedule=schedule, recompute=recompute,
+                    dtype=dtype, sharding=sharding), mine
             except InfeasibleError as exc:
-                if len(counts) == 1:
+                if len(variants) == 1:
                     raise
                 failure = failure or exc  # R=1's, over every device, says the most
     if not found:
         raise failure  # type: ignore[misc]
-    best = min(found, key=lambda r: (not found[r][0].solved.schedule.feasible,
-                                     found[r][0].solved.schedule.makespan_s))
+    best = min(found, key=lambda k: (not found[k][0].solved.schedule.feasible,
+                                     found[k][0].solved.schedule.makespan_s))
     table = tuple(
         ReplicaOption(replicas=r, devices_per_replica=len(groups[0]),
-                      step_s=found[r][0].solved.schedule.makespan_s if r in found else None,
-                      fits=r in found and found[r][0].solved.schedule.feasible)
-        for r, groups in counts)
+                      step_s=found[r, sharding][0].solved.schedule.makespan_s
+                      if (r, sharding) in found else None,
+                      fits=(r, sharding) in found
+                      and found[r, sharding][0].solved.schedule.feasible,
+                      sharding=sharding)
+        for r, groups, sharding in counts)
     step, mine = found[best]
+    best = best[0]
     note_all(mine)
     frozen = sum(n.param_bytes - n.trainable_bytes for n in step.forward.problem.graph.nodes)
     if frozen:
         note(f"{frozen} bytes of parameters and buffers are not trained (frozen parameters, "
              "or buffers): no gradient or optimizer state is planned for them")
-    single = found[1][0].solved.baselines.get("single-device") if 1 in found else None
+    single = (found[1, "ddp"][0].solved.baselines.get("single-device")
+              if (1, "ddp") in found else None)
     if best > 1 and single is not None and single.feasible:
         note(f"{best} data-parallel replicas: the plan's graph is one replica's, on "
              f"1/{best} of the batch with its all-reduce, and its makespan is the "
@@ -166,18 +185,45 @@ def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: S
              f"{single.makespan_s / step.solved.schedule.makespan_s:.2f}x the step")
     if len(counts) > 1:
         note("data-parallel replicas: " + ", ".join(
-            f"R={o.replicas} (up to {o.devices_per_replica} device"
-            f"{'s' if o.devices_per_replica > 1 else ''} each) "
+            f"R={o.replicas}{' FSDP' if o.sharding == 'fsdp' else ''} (up to "
+            f"{o.devices_per_replica} device{'s' if o.devices_per_replica > 1 else ''} each) "
             + (f"{o.step_s * 1e3:.3f} ms" if o.step_s is not None else "fits no device")
             + ("" if o.fits or o.step_s is None else " (over memory)")
-            for o in table) + f" per step; R={best} kept, the fastest step that fits")
+            for o in table) + f" per step; R={best}"
+            + (" FSDP" if step.sharding == "fsdp" else "") + " kept, the fastest step that fits")
+    if step.sharding == "fsdp":
+        note(f"{best} sharded data-parallel replicas (FSDP2 fully_shard per block, ZeRO-3): "
+             f"each holds 1/{best} of the parameters, gradients and optimizer state between "
+             "uses, a block's parameters gathered whole while it runs; the collectives are "
+             "charged on the critical path (train.sharded)")
     note("accelerate's device maps are inference maps: not among a training plan's baselines")
     return replace(step, options=table)
 
 
+def _variants(counts: list[tuple[int, list[tuple[str, ...]]]], fsdp: str, microbatches: int
+              ) -> list[tuple[int, list[tuple[str, ...]], str]]:
+    """Each replica count with how its replicas hold the model: ``ddp`` unless ``fsdp`` is
+    ``on``, and then ``fsdp`` (``train.sharded``) unless it is ``off``, where a replica is one
+    device running one batch (R > 1; no micro-batches). ``fsdp=on`` with no such count is an
+    error."""
+    variants = []
+    for r, groups in counts:
+        if fsdp != "on":
+            variants.append((r, groups, "ddp"))
+        if fsdp != "off" and r > 1 and len(groups[0]) == 1 and microbatches == 1:
+            variants.append((r, groups, "fsdp"))
+    if not variants:
+        tried = ", ".join(f"R={r} ({len(g[0])} devices each)" for r, g in counts)
+        raise ConfigError("{training.fsdp=on} shards over replicas of one device each, and "
+                          f"here there are none ({tried}): set {{training.replicas}} to the "
+                          "number of devices, or {training.fsdp=auto}")
+    return variants
+
+
 def _replica_step(model: torch.nn.Module, whole: Batch, r: int, groups: list[tuple[str, ...]],
                   cluster: Cluster, share: SolveOptions, how: Tracing, *, optimizer: str,
-                  microbatches: int, schedule: str, recompute: str, dtype: str) -> Step:
+                  microbatches: int, schedule: str, recompute: str, dtype: str,
+                  sharding: str = "ddp") -> Step:
     """The step of ``r`` replicas on ``groups``: replica 0's shard cut into micro-batches, one
     traced, its step solved on ``groups[0]`` within ``share`` (``InfeasibleError`` where none
     fits)."""
@@ -191,19 +237,23 @@ def _replica_step(model: torch.nn.Module, whole: Batch, r: int, groups: list[tup
     full = forward.problem.cluster
     if r > 1:
         forward = replace(forward, problem=restrict(forward.problem, groups[0]))
-    factors, measured = _backward_factors(forward.profiled, model, *batches[0], full)
-    updates = _update_rates(forward.profiled, model, *batches[0], full, optimizer=optimizer)
-    averaging = (_replica_averaging(forward.profiled, model, full, groups, how,
-                                    microbatches=microbatches) if r > 1 else None)
+    factors, measured = backward_factors(forward.profiled, model, *batches[0], full)
+    updates = update_rates(forward.profiled, model, *batches[0], full, optimizer=optimizer)
+    averaging = (replica_averaging(forward.profiled, model, full, groups, how,
+                                    microbatches=microbatches, sharding=sharding,
+                                    optimizer=optimizer, forward=forward.problem)
+                 if r > 1 else None)
     stage("solve")
     got = _solve_step(with_measured_forward(forward.problem, measured), share,
                       optimizer=optimizer, factors=factors, updates=updates,
                       microbatches=microbatches, schedule=schedule, recompute=recompute,
-                      dtype=dtype, replicated=(full, groups), averaging_s=averaging)
+                      dtype=dtype, replicated=(full, groups), averaging_s=averaging,
+                      sharding=sharding)
     torch_groups = tuple(tuple(full.device(d).torch_device for d in g) for g in groups)
     return Step(groups=tuple(groups), torch_groups=torch_groups, whole=whole,
                 batches=tuple(batches), rule=rule, forward=forward, problem=got.problem,
-                solved=got.result, recompute=got.recompute, single=got.single, dtype=dtype)
+                solved=got.result, recompute=got.recompute, single=got.single, dtype=dtype,
+                sharding=sharding)
 
 
 def _replica_counts(model: torch.nn.Module, whole: Batch, cluster: Cluster,
@@ -272,13 +322,15 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
                 factors: Mapping[str, float], updates: Mapping[str, float],
                 microbatches: int, schedule: str, recompute: str, dtype: str,
                 replicated: tuple[Cluster, Sequence[Sequence[str]]],
-                averaging_s: float | None = None) -> Solved:
+                averaging_s: float | None = None, sharding: str = "ddp") -> Solved:
     """The training step's problem, its solve and the devices that recompute: with
     micro-batches under each schedule ``schedule`` names (``auto``: GPipe and 1F1B, each with
     half the time), the faster step that fits kept; with the updates measured (``updates``,
     seconds per trainable byte per device: ``train.updates.with_measured_updates``) and the
     all-reduce of the ``replicated`` groups of the whole cluster
-    (``train.dataparallel.with_allreduce``; ``averaging_s``: measured, ``_replica_averaging``),
+    (``train.dataparallel.with_allreduce``; ``averaging_s``: measured,
+    ``measured.replica_averaging``), or with ``sharding="fsdp"`` their FSDP2 collectives and
+    shards (``train.sharded``),
     the updates after the whole backward where every device is a CPU's
     (``train.updates.after_backward``); with recomputation where ``recompute`` asks for
     it (``_solve_recomputing``). A step that fits nowhere says what it holds beyond
@@ -291,8 +343,10 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
     for name in names:
         step = step_problem(forward, optimizer, backward_factor=factors,
                             microbatches=microbatches, schedule=name, dtype=dtype)
-        problem = with_allreduce(with_measured_updates(step, updates), *replicated,
-                                 measured_s=averaging_s)
+        problem = with_measured_updates(step, updates)
+        problem = (with_fsdp(problem, *replicated, measured_s=averaging_s)
+                   if sharding == "fsdp" else
+                   with_allreduce(problem, *replicated, measured_s=averaging_s))
         if microbatches == 1 and all(d.torch_device.startswith("cpu")
                                      for d in problem.cluster.devices):
             # The emitted step updates on the calling thread after the whole backward. With
@@ -378,101 +432,6 @@ def _solve_recomputing(problem: Problem, plain: SolveResult | None, options: Sol
     return Solved(best.problem, result, best.devices, scored.get("single-device"))
 
 
-def _backward_factors(profiled: Any, model: torch.nn.Module, args: tuple[Any, ...],
-                      kwargs: dict[str, Any], cluster: Cluster
-                      ) -> tuple[dict[str, float], dict[str, float]]:
-    """The backward's time over the forward's, measured through autograd on each profiled
-    device (one measurement per kind of device), for ``train.step_problem``, and the whole
-    forward pass's seconds there with autograd recording, for
-    ``train.updates.with_measured_forward``."""
-    if profiled is None:
-        return {}, {}
-    from autoplace.profile.backward import measure_training_passes
-
-    passes = _per_kind(profiled, cluster, lambda torch_device: measure_training_passes(
-        model, args, kwargs, torch_device))
-    factors = {d: p.backward_factor for d, p in passes.items()}
-    forwards = {d: p.forward_s for d, p in passes.items()}
-    if factors:
-        note("backward measured through autograd: " + ", ".join(
-            f"{f:.2f}x the forward on {d}" for d, f in factors.items())
-            + " (the analytic model's 2x elsewhere)")
-        note("forward measured whole, with autograd recording: " + ", ".join(
-            f"{s * 1e3:.3f} ms on {d}" for d, s in forwards.items())
-            + " (the training step's forward nodes scaled to it)")
-    return factors, forwards
-
-
-def _update_rates(profiled: Any, model: torch.nn.Module, args: tuple[Any, ...],
-                  kwargs: dict[str, Any], cluster: Cluster, *,
-                  optimizer: str) -> dict[str, float]:
-    """The optimizer's update measured through ``torch.optim`` on each profiled device (one
-    measurement per kind of device, after the forward and backward of ``args``/``kwargs``),
-    in seconds per byte of trainable parameters, for ``train.updates.with_measured_updates``."""
-    if profiled is None:
-        return {}
-    from autoplace.profile.update import measure_update_s_per_byte
-
-    def measure(torch_device: str) -> float | None:
-        return measure_update_s_per_byte(model, args, kwargs, optimizer=optimizer,
-                                         torch_device=torch_device)
-
-    rates = {d: r for d, r in _per_kind(profiled, cluster, measure).items() if r is not None}
-    if rates:
-        trained = sum(p.numel() * p.element_size() for p in model.parameters()
-                      if p.requires_grad)
-        note(f"{optimizer} update measured through torch.optim: " + ", ".join(
-            f"{r * trained * 1e3:.3f} ms for all {trained} trainable bytes on {d}"
-            for d, r in rates.items()) + " (the roofline elsewhere)")
-    return rates
-
-
-def _replica_averaging(profiled: Any, model: torch.nn.Module, cluster: Cluster,
-                       groups: Sequence[Sequence[str]], how: Tracing, *,
-                       microbatches: int) -> float | None:
-    """What averaging ``model``'s gradients across the ``groups`` adds to a step, measured
-    with the replicas as processes of this host (``profile.allreduce``: under DDP, or with
-    micro-batches ``train.dataparallel.average_gradients``), where every device of every group
-    is a CPU device profiled here; ``None`` elsewhere or when it cannot be measured (the ring
-    formula of ``train.dataparallel`` prices it then)."""
-    if profiled is None:
-        return None
-    here = {dp.device: dp.device_key for dp in profiled.devices}
-    if not all(d in here and cluster.device(d).torch_device.startswith("cpu")
-               for g in groups for d in g):
-        return None
-    from autoplace.profile import open_cache
-    from autoplace.profile.allreduce import allreduce_s
-
-    numels = [p.numel() for p in model.parameters() if p.requires_grad]
-    mode = "ddp" if microbatches == 1 else "buckets"
-    cache = how.cache if how.cache is not None else open_cache()
-    try:
-        seconds, cached = allreduce_s(numels, replicas=len(groups), mode=mode, cache=cache,
-                                      device_key=here[groups[0][0]])
-    except Exception as exc:  # noqa: BLE001 - the ring formula still prices it
-        note(f"the gradients' averaging across {len(groups)} replicas could not be "
-             f"measured ({type(exc).__name__}: {exc}); the ring formula prices it")
-        return None
-    way = "DistributedDataParallel" if mode == "ddp" else "bucketed all-reduces"
-    note(f"gradients averaged across {len(groups)} replicas ({way}, gloo over "
-         f"127.0.0.1) measured{' before' if cached else ''}: {seconds * 1e3:.3f} ms a "
-         "step for the model's gradients, charged to the updates by bytes")
-    return seconds
-
-
-def _per_kind(profiled: Any, cluster: Cluster, measure: Callable[[str], T]) -> dict[str, T]:
-    """``measure(torch_device)`` for each profiled device, once per kind of device (its
-    ``device_key``: alike devices share the figure), by device name."""
-    by_key: dict[str, T] = {}
-    found: dict[str, T] = {}
-    for dp in profiled.devices:
-        if dp.device_key not in by_key:
-            by_key[dp.device_key] = measure(cluster.device(dp.device).torch_device)
-        found[dp.device] = by_key[dp.device_key]
-    return found
-
-
 def check_step(planned: Plan, emitted: Any, model: torch.nn.Module, step: Step,
                check_memory: bool | None) -> Plan:
     """Train ``emitted`` (a training plan's model) beside the original ``model`` on the whole
@@ -491,10 +450,11 @@ def check_step(planned: Plan, emitted: Any, model: torch.nn.Module, step: Step,
                                 optimizer=optimizer, replicas=step.replicas,
                                 groups=step.torch_groups,
                                 microbatches=microbatching(training, emitted,
-                                                           planned.problem, planned.schedule))
+                                                           planned.problem, planned.schedule),
+                                sharding=step.sharding)
         how = (f"steps of {step.replicas} data-parallel replicas (one process each, "
                + (f"{count} micro-batches ({training.schedule}) each, the gradients "
-                  "all-reduced after them) " if count > 1 else "DistributedDataParallel) "))
+                  "all-reduced after them) " if count > 1 else f"{SHARDINGS[step.sharding]}) "))
     else:
         # micro-batches: segment by segment, in the plan's order
         run = stepper(emitted, planned.problem, planned.schedule, step.batches,
@@ -508,7 +468,13 @@ def check_step(planned: Plan, emitted: Any, model: torch.nn.Module, step: Step,
     note(f"training check passed: {check['steps']} {precision}{optimizer} {how}of the "
          "emitted model give the original's losses "
          f"({', '.join(f'{v:.6g}' for v in check['losses'])}), gradients and parameters")
-    peak = _step_memory(emitted, planned, step, check_memory, optimizer=optimizer)
+    if step.sharding == "fsdp":
+        # Measured here, one process holds what FSDP2 shards over the ranks.
+        peak = PeakCheck(status="not measured", detail=(
+            "not measured: the sharded replicas' memory is FSDP2's over processes, and this "
+            "process would measure the whole unsharded step"))
+    else:
+        peak = _step_memory(emitted, planned, step, check_memory, optimizer=optimizer)
     note(f"training step memory: {peak.detail}")
     measured = peak.method is not None  # else no peaks to keep
     checked = replace(TrainingCheck.from_dict(check), memory_status=peak.status,

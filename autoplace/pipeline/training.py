@@ -25,6 +25,7 @@ from autoplace.simulate.schedules import microbatch_name
 from autoplace.solve import SolveResult
 from autoplace.solve.whatif import whatif_options, whatif_table
 from autoplace.train import TRAINING_NOTE, loss_model, training_targets
+from autoplace.train.sharded import fsdp_units
 
 __all__ = ["Solved", "TrainingStages"]
 
@@ -65,7 +66,8 @@ class TrainingStages:
                          solving.options(), Tracing.of(self.config, checked=True),
                          optimizer=training.optimizer, microbatches=training.microbatches,
                          schedule=training.schedule, replicas=training.replicas,
-                         recompute=training.recompute, dtype=self.config.dtype)
+                         recompute=training.recompute, dtype=self.config.dtype,
+                         fsdp=training.fsdp)
         result, gain = min_gain(step.solved, solving.min_gain)
         if result.schedule is not step.solved.schedule and step.single:
             # the single device chosen, with its own recomputing graph
@@ -102,18 +104,24 @@ class TrainingStages:
         """The step's forward nodes (of micro-batch 0, of replica 0) as placed: backward and
         optimizer steps follow them (autograd and ``torch.optim`` run where the forward ran
         and the weights live). Its outputs and memory are checked on one micro-batch of one
-        replica's shard."""
+        replica's shard. Sharded replicas (FSDP2) cut each unit's ops into segments of their
+        own (``train.sharded``)."""
         step = solved.step
         forward = step.forward.problem
         many = step.microbatches > 1
         device_of = {n.name: planned.schedule.placement.device_of[
             microbatch_name(n.name, 0) if many else n.name] for n in forward.graph.nodes}
         args, kwargs = step.batches[0]
+        units = None
+        if step.sharding == "fsdp":
+            unit_of = fsdp_units(forward.graph)
+            units = {op: unit for n in forward.graph.nodes
+                     if (unit := unit_of.get(n.name)) is not None for op in n.ops}
         return Emitting(problem=forward,
                         schedule=simulate(forward, Placement(device_of=device_of)),
                         device_of_op={op: device_of[n.name] for n in forward.graph.nodes
                                       for op in n.ops},
-                        args=args, kwargs=kwargs, model=solved.model)
+                        args=args, kwargs=kwargs, model=solved.model, units=units)
 
     def check(self, planned: Plan, emitted: Any, solved: Solved) -> Plan:
         """The emitted model trained beside the original on the whole batch: its

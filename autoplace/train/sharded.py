@@ -1,37 +1,15 @@
 """Train: sharded data parallelism, FSDP2's ``fully_shard`` (ZeRO-3), as a replica's step.
 
 R replicas, one device each, run the whole step on 1/R of the batch as DDP's do
-(``dataparallel.py``), but each keeps only 1/R of every parameter, gradient and optimizer state
-between uses. The emitted ``train.py`` wraps each *unit* with ``fully_shard`` and then the whole
-model (``emit.distributed.ddp``): a unit is the ops of one block, the module path up to its first
-numeric part (``model.transformer.h.3``, a ModuleList's or Sequential's entry), or of a leaf
-module outside any list (``model.transformer.wte``); ``fsdp_units`` assigns the step graph's
-forward nodes, and the emitter cuts a segment wherever the unit changes, so that each unit is
-segments FSDP2 can hook. A unit whose ops share a parameter with another's (a tied weight, which
-the traced graph colocates) is left to the root's ``fully_shard``, as are ops outside any module.
-
-``with_fsdp`` prices one replica's step so (Rajbhandari et al., "ZeRO: Memory Optimizations
-Toward Training Trillion Parameter Models", SC 2020, sections 5.3 and 7.2; FSDP2's
-``fully_shard`` docs and ``FSDPParamGroup``, torch 2.13):
-
-- time: each unit's parameters all-gathered before its first forward node and again before its
-  first backward node (``reshard_after_forward=True``), the root's once before the forward
-  (FSDP2 keeps the root unsharded from its forward to the end of the backward), each a ring
-  (``cost_models.ring_allgather_s``) over the slowest link between the replicas (``_ring``:
-  gloo over 127.0.0.1 between CPU processes); every gradient reduce-scattered (the same
-  formula), charged to its update by bytes, as DDP's all-reduce is; each update runs on 1/R of
-  its tensor (its launches whole). The collectives sit on the critical path: FSDP2 overlaps
-  them with compute on CUDA streams, so on GPUs this bounds the step from above; on CPU gloo
-  ranks they run in line.
-- memory: a unit's parameters count 1/R when resident; while one of its forward nodes runs, its
-  whole unsharded parameters are held beside (its workspace); while one of its backward nodes
-  runs, its parameters again, its unsharded gradients and the next unit's prefetched
-  parameters (FSDP2's backward prefetch of one unit). The root's parameters and gradients count
-  whole (unsharded through the step: an upper bound; sharded between steps). Updates hold 1/R
-  of the gradients and optimizer state, the root's gradients whole.
-
-Not yet here: ZeRO-2 (``reshard_after_forward=False``), FSDP over replicas of several devices
-(pipelined or placed within), with micro-batches, and in mixed precision.
+(``dataparallel.py``), each keeping 1/R of every parameter, gradient and optimizer state.
+``fsdp_units`` finds FSDP2's units in the traced graph (a module path up to its first numeric
+part, else a leaf module; a unit that shares a parameter with another is the root's), which the
+emitter cuts into segments and ``OUT/train.py`` wraps (``emit.distributed.ddp``). ``with_fsdp``
+prices and sizes one replica's step: two all-gathers per unit and a reduce-scatter per gradient
+(``cost_models.ring_allgather_s``; or, between CPU processes here, FSDP2's overhead measured,
+``profile.allreduce``), the update on 1/R; shards resident, a unit's unsharded parameters and
+gradients while it runs and one unit prefetched in the backward. Rules, figures and sources:
+docs/training.md, "Sharded replicas (FSDP2, ZeRO-3)".
 """
 
 from __future__ import annotations
@@ -77,10 +55,14 @@ def fsdp_units(graph: OpGraph) -> dict[str, str | None]:
             for name, unit in units.items()}
 
 
-def with_fsdp(problem: Problem, cluster: Cluster, groups: Sequence[Sequence[str]]) -> Problem:
+def with_fsdp(problem: Problem, cluster: Cluster, groups: Sequence[Sequence[str]], *,
+              measured_s: float | None = None) -> Problem:
     """``problem`` (one replica's step of one micro-batch, on ``groups[0]``'s one device of
     ``cluster``) priced and sized as FSDP2 runs it over the ``groups`` (see the module's
-    docstring)."""
+    docstring); or, with ``measured_s`` (what FSDP2 adds to a step where the replicas are
+    processes of this host, measured by ``profile.allreduce``: collectives, hooks and the
+    update on shards, less the update's saving), that figure instead of the formulas and the
+    update's 1/R, charged to the updates by bytes as DDP's measured averaging is."""
     replicas = len(groups)
     if replicas == 1:
         return problem
@@ -105,12 +87,13 @@ def with_fsdp(problem: Problem, cluster: Cluster, groups: Sequence[Sequence[str]
     firsts = {}
     for node in forward:
         firsts.setdefault(units[node.name], node.name)
-    for unit, name in firsts.items():
-        extra_s[name] += gather(unsharded[unit])
     lasts = {units[n.name]: n.name for n in forward}
-    for unit, name in lasts.items():
+    for unit, name in firsts.items() if measured_s is None else ():
+        extra_s[name] += gather(unsharded[unit])
+    for unit, name in lasts.items() if measured_s is None else ():
         if unit is not None and name + BACKWARD in extra_s:
             extra_s[name + BACKWARD] += gather(unsharded[unit])  # gathered again for backward
+    total = sum(unsharded.values())
     nodes = []
     for node in graph.nodes:
         base, phase, _ = phase_of(node.name)
@@ -128,7 +111,8 @@ def with_fsdp(problem: Problem, cluster: Cluster, groups: Sequence[Sequence[str]
             grads = graph.node(base).trainable_bytes
             state = node.param_bytes - grads
             kept = _share(grads, replicas) if unit is not None else grads
-            extra_s[node.name] += gather(unsharded[unit]) * grads / unsharded[unit]
+            extra_s[node.name] += (gather(unsharded[unit]) * grads / unsharded[unit]
+                                   if measured_s is None else measured_s * grads / total)
             node = replace(node, param_bytes=kept + _share(state, replicas),
                            workspace_bytes=_share(node.workspace_bytes, replicas))
         nodes.append(node)
@@ -136,6 +120,8 @@ def with_fsdp(problem: Problem, cluster: Cluster, groups: Sequence[Sequence[str]
 
     def update_s(name: str, device: str, t: float) -> float:
         """An update on 1/R of its tensors: its launches as before, the rest 1/R."""
+        if measured_s is not None:
+            return t  # measured with the update on shards
         launch = host.launch_of(name, device) if host is not None else 0.0
         return launch + (t - launch) / replicas
 
