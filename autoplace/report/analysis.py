@@ -110,15 +110,18 @@ class TrainingFacts:
     check: str  # the training check of the emitted model: passed, or skipped
     recompute: tuple[str, ...] = ()  # the devices that recompute their activations
     dtype: str = "float32"  # a half one: mixed precision (train.precision)
+    sharding: str = "ddp"  # how the replicas hold the model (train.sharded)
 
     @property
     def text(self) -> str:
         """``"adam, 4 micro-batches (1f1b), 2 replicas"``; ``"adam in bfloat16 mixed
-        precision, ..."``; ``", recomputing on cpu:0"`` after, where devices recompute."""
+        precision, ..."``; ``"2 replicas (FSDP2, ZeRO-3)"`` where they shard the model;
+        ``", recomputing on cpu:0"`` after, where devices recompute."""
         m, r = self.microbatches, self.replicas
         mixed = f" in {self.dtype} mixed precision" if self.dtype != "float32" else ""
         return (f"{self.optimizer}{mixed}, {m} micro-batch{'es' if m != 1 else ''} "
                 f"({self.schedule}), {r} replica{'s' if r != 1 else ''}"
+                + (" (FSDP2, ZeRO-3)" if self.sharding == "fsdp" else "")
                 + (f", recomputing on {', '.join(self.recompute)}" if self.recompute else ""))
 
 
@@ -246,7 +249,10 @@ def advice(plan: Plan) -> str:
              "largest device load" if plan.objective == Objective.THROUGHPUT else "makespan")
     value = f"{label} {format_seconds(plan.objective_s)}"
     replicas = int(plan.training.replicas or 1) if plan.training is not None else 1
-    lead = f"Train {replicas} data-parallel replicas, each on" if replicas > 1 else "Use"
+    fsdp = plan.training is not None and plan.training.sharding == "fsdp"
+    sharded = "sharded (FSDP2, ZeRO-3) " if fsdp else ""
+    lead = (f"Train {replicas} {sharded}data-parallel replicas, each on" if replicas > 1
+            else "Use")
     if len(used) == 1:
         gain = plan.min_gain
         if gain is not None and gain.single_device_chosen and gain.split_gain is not None:
@@ -301,7 +307,8 @@ def training_facts(plan: Plan) -> TrainingFacts | None:
                          replicas=int(training.replicas or 1),
                          dtype=training.dtype or "float32",
                          check=training.check.status,
-                         recompute=tuple(training.recompute or ()))
+                         recompute=tuple(training.recompute or ()),
+                         sharding=training.sharding or "ddp")
 
 
 def _whatif_rows(plan: Plan) -> tuple[WhatIfRow, ...] | None:
