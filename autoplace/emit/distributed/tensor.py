@@ -1,0 +1,268 @@
+"""Emit: tensor parallelism of an emitted model over N ranks, run by DTensor.
+
+``column_row`` chooses, from the emitted segments' fx graphs, how each matmul's weight is split
+(Megatron-LM's pairs, Shoeybi et al. 2019, section 3): a matmul whose input is reached from a
+column-parallel matmul's output without passing another matmul is row-parallel, every other one
+column-parallel; so attention's q, k and v are columns and its output projection a row, an MLP's
+up and gate columns and its down projection a row, and a language model's head a column (its
+vocabulary split). ``shard_model`` makes each parameter a DTensor on a 1-D mesh of the ranks
+(``placements``: a column's weight split along its outputs and its bias too, a row's along its
+inputs; the rest replicated), and ``run_sharded`` runs the model with its inputs replicated:
+DTensor's own sharding propagation inserts every all-reduce and all-gather. Two CPU gaps are
+filled (``_handlers``): attention split by heads (DTensor has no CPU rule for it) and export's
+metadata assertions. ``verify_tensor_parallel`` runs N gloo processes and checks the outputs
+against the original's. Not yet here: the planner's choice of it, its costs, training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import operator
+import os
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.fx
+from torch.utils import _pytree as pytree
+
+from autoplace.emit.codegen.model import PartitionedModel
+from autoplace.errors import AutoplaceError, EmitError, VerificationError
+
+__all__ = ["column_row", "run_sharded", "shard_model", "tensor_main", "verify_tensor_parallel"]
+
+aten = torch.ops.aten
+COLUMN, ROW = "column", "row"
+# matmul op -> (activation argument, weight argument, bias argument or None, the weight's
+# output dimension): ``linear`` takes W[out, in], ``addmm``/``mm``/``matmul`` W[in, out].
+_MATMULS = {
+    aten.linear.default: (0, 1, 2, 0),
+    aten.addmm.default: (1, 2, 0, 1),
+    aten.mm.default: (0, 1, None, 1),
+    aten.matmul.default: (0, 1, None, 1),
+}
+VERIFY_TIMEOUT_S = 300.0
+
+
+def column_row(model: PartitionedModel) -> dict[str, tuple[str, int]]:
+    """Each split parameter of ``model`` (by its name in ``model.named_parameters()``): its
+    matmul's kind and the dimension split, ``(COLUMN, d)`` or ``(ROW, d)``; a bias of a column
+    is split along 0. A weight two matmuls read keeps the first's split; one that another op
+    reads too (an embedding tied to the output layer) is not split."""
+    split: dict[str, tuple[str, int]] = {}
+    for index in range(len(model.segment_info)):
+        segment = getattr(model, f"seg{index}")
+        kinds: dict[torch.fx.Node, str] = {}
+        for node in segment.graph.nodes:
+            spec = _MATMULS.get(node.target) if node.op == "call_function" else None
+            if spec is None:
+                continue
+            act, weight, bias, out_dim = spec
+            w = node.args[weight] if len(node.args) > weight else None
+            if not _is_param(w) or operator.attrgetter(w.target)(segment).dim() != 2:
+                continue
+            if any(u.target not in _MATMULS for u in w.users):
+                continue  # also read otherwise (a tied embedding): kept whole
+            kind = ROW if _reaches(node.args[act], kinds, COLUMN) else COLUMN
+            kinds[node] = kind
+            split.setdefault(f"seg{index}.{w.target}",
+                             (kind, out_dim if kind == COLUMN else 1 - out_dim))
+            b = node.args[bias] if bias is not None and len(node.args) > bias else None
+            if kind == COLUMN and _is_param(b):
+                split.setdefault(f"seg{index}.{b.target}", (COLUMN, 0))
+    return split
+
+
+def _is_param(node: Any) -> bool:
+    return isinstance(node, torch.fx.Node) and node.op == "get_attr"
+
+
+def _reaches(start: Any, kinds: Mapping[torch.fx.Node, str], kind: str) -> bool:
+    """Whether a matmul of ``kind`` is among the nearest matmuls ``start`` depends on."""
+    stack, seen = [start], set()
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, torch.fx.Node) or node in seen:
+            continue
+        seen.add(node)
+        if node in kinds:
+            if kinds[node] == kind:
+                return True
+            continue
+        if node.op in ("placeholder", "get_attr"):
+            continue
+        stack.extend(node.all_input_nodes)
+    return False
+
+
+def shard_model(model: torch.nn.Module, mesh: Any, split: Mapping[str, tuple[str, int]]
+                ) -> None:
+    """Every parameter and buffer of ``model`` made a DTensor on ``mesh``: split as ``split``
+    says (``Shard(d)``), else replicated. A split dimension the ranks do not divide is an
+    ``EmitError`` naming it."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    ranks = mesh.size()
+    for prefix, module in model.named_modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            full = f"{prefix}.{name}" if prefix else name
+            kind, dim = split.get(full, (None, None))
+            if dim is not None and param.shape[dim] % ranks:
+                raise EmitError(f"{full} has {param.shape[dim]} along dimension {dim}, which "
+                                f"{ranks} tensor-parallel ranks do not divide: choose a "
+                                "degree that divides the heads and the hidden size")
+            placement = [Shard(dim)] if dim is not None else [Replicate()]
+            module.register_parameter(name, torch.nn.Parameter(
+                distribute_tensor(param.detach(), mesh, placement),
+                requires_grad=param.requires_grad))
+        for name, buffer in list(module.named_buffers(recurse=False)):
+            if buffer is not None:
+                module.register_buffer(name, distribute_tensor(buffer, mesh, [Replicate()]))
+
+
+def run_sharded(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``model`` (``shard_model``'s) on ``args``/``kwargs``, every plain tensor taken as
+    replicated, without gradients; the outputs as whole tensors (``full_tensor``)."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.experimental import implicit_replication
+
+    with torch.no_grad(), implicit_replication(), _handlers():
+        out = model(*args, **kwargs)
+    return pytree.tree_map(lambda x: x.full_tensor() if isinstance(x, DTensor) else x, out)
+
+
+@contextlib.contextmanager
+def _handlers() -> Iterator[None]:
+    """DTensor's dispatcher with two ops it has no rule for on the CPU: attention split by
+    heads (``_attention_by_heads``) and ``_assert_tensor_metadata`` (a check of export's,
+    skipped). Restored on the way out."""
+    from torch.distributed.tensor import DTensor
+
+    table = DTensor._op_dispatcher._custom_op_handlers
+    added = {aten._scaled_dot_product_flash_attention_for_cpu.default: _attention_by_heads,
+             aten._assert_tensor_metadata.default: lambda op, args, kwargs: None}
+    before = {op: table.get(op) for op in added}
+    table.update(added)
+    try:
+        yield
+    finally:
+        for op, handler in before.items():
+            if handler is None:
+                table.pop(op, None)
+            else:
+                table[op] = handler
+
+
+def _attention_by_heads(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Scaled dot-product attention of DTensors: each rank's heads alone where the query, key
+    and value are all split along the heads (dimension 1) and a mask, if any, is the same for
+    every head; else on whole tensors, replicated. Attention never mixes heads."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    q, k, v = args[:3]
+    mesh = next(t.device_mesh for t in (q, k, v) if isinstance(t, DTensor))
+    mask = kwargs.get("attn_mask")
+    by_heads = (all(isinstance(t, DTensor) and tuple(t.placements) == (Shard(1),)
+                    for t in (q, k, v))
+                and (mask is None or mask.dim() < 4 or mask.shape[1] == 1))
+
+    def local(t: Any) -> Any:
+        if not isinstance(t, DTensor):
+            return t
+        return (t if by_heads and t is not mask else t.redistribute(
+            mesh, [Replicate()])).to_local()
+
+    out = op(*(local(t) for t in (q, k, v)), *args[3:],
+             **{key: local(value) for key, value in kwargs.items()})
+    placement = [Shard(1)] if by_heads else [Replicate()]
+    return tuple(DTensor.from_local(o, mesh, placement, run_check=False) for o in out)
+
+
+def tensor_main(model_dir: str | os.PathLike[str], argv: Sequence[str]) -> int:
+    """One rank of ``torchrun --nproc-per-node N``: load ``model_dir``, split it over the N
+    ranks (``--split FILE``: ``column_row``'s, as JSON), run it on the saved example inputs;
+    rank 0 saves the outputs (``--outputs FILE``, ``torch.save``). The exit code; an
+    ``AutoplaceError`` is printed as one line and exits with 2."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from autoplace.emit.distributed.ddp import INIT_TIMEOUT_S, print_error
+    from autoplace.emit.files.saving import load_inputs, load_model
+
+    parser = argparse.ArgumentParser(prog="tensor_main")
+    parser.add_argument("--split", required=True)
+    parser.add_argument("--outputs")
+    options = parser.parse_args(list(argv))
+    import datetime
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S))
+    try:
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        model = load_model(model_dir, device_map={"*": "cpu"})
+        example = load_inputs(model_dir)
+        if example is None:
+            raise EmitError(f"{model_dir} holds no example inputs: plan it again")
+        split = {k: tuple(v) for k, v in json.loads(Path(options.split).read_text()).items()}
+        shard_model(model, mesh, split)
+        outputs = run_sharded(model, *example)
+        if dist.get_rank() == 0 and options.outputs:
+            torch.save(outputs, options.outputs)
+    except AutoplaceError as error:
+        print_error(type(error).__name__, error)
+        return 2
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def verify_tensor_parallel(emitted: PartitionedModel, original: torch.nn.Module,
+                           args: tuple[Any, ...], kwargs: dict[str, Any], *, ranks: int,
+                           timeout_s: float = VERIFY_TIMEOUT_S) -> dict[str, Any]:
+    """Run ``emitted`` split over ``ranks`` gloo processes (``column_row``, ``shard_model``,
+    ``run_sharded``) on ``args``/``kwargs`` and check its outputs against ``original``'s with
+    ``torch.testing.assert_close`` (``VerificationError`` where they differ). Returns the split
+    and the largest difference."""
+    from autoplace.emit.distributed.replicas import _save, launch_replicas
+
+    split = column_row(emitted)
+    with tempfile.TemporaryDirectory(prefix="autoplace-tensor-") as tmp:
+        root = Path(tmp)
+        _save(emitted, root / "model", (tuple(args), dict(kwargs)))
+        (root / "split.json").write_text(json.dumps(split))
+        script = root / "tp.py"
+        script.write_text(
+            "import sys\nfrom autoplace.emit.distributed.tensor import tensor_main\n"
+            f"sys.exit(tensor_main({str(root / 'model')!r}, sys.argv[1:]))\n")
+        launch_replicas(script, replicas=ranks, timeout_s=timeout_s, what="tensor-parallel",
+                        argv=["--split", str(root / "split.json"),
+                              "--outputs", str(root / "outputs.pt")])
+        outputs = torch.load(root / "outputs.pt", weights_only=False)
+    with torch.no_grad():
+        expected = original(*args, **kwargs)
+    ours, theirs = pytree.tree_leaves(outputs), pytree.tree_leaves(expected)
+    if len(ours) != len(theirs):
+        raise VerificationError(f"the {ranks} tensor-parallel ranks returned {len(ours)} "
+                                f"outputs, the original {len(theirs)}")
+    worst = 0.0
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        if isinstance(b, torch.Tensor):
+            try:
+                torch.testing.assert_close(a, b.detach().cpu())
+            except AssertionError as exc:
+                raise VerificationError(f"output {i} of the {ranks} tensor-parallel ranks "
+                                        f"differs from the original's: {exc}") from None
+            if a.numel():
+                worst = max(worst, float((a.double() - b.detach().cpu().double()).abs().max()))
+    return {"status": "passed", "ranks": ranks, "split": split, "max_abs_diff": worst,
+            "columns": sum(1 for k, _ in split.values() if k == COLUMN),
+            "rows": sum(1 for k, _ in split.values() if k == ROW)}
+
+
+if __name__ == "__main__":  # pragma: no cover - run by tp.py under torchrun
+    sys.exit(tensor_main(sys.argv[1], sys.argv[2:]))
