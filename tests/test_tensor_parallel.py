@@ -87,3 +87,81 @@ def test_a_degree_that_does_not_divide_a_split_dimension_says_which() -> None:
     model, args = _mlp()
     with pytest.raises(EmitError, match=r"seg0.0.weight has 64 along dimension 0, which 3 "):
         verify_tensor_parallel(_emitted(model, args), model, args, {}, ranks=3)
+
+
+# --- weighed by the planner: observed, simulated, checked, recorded ----------------------------
+
+
+def test_dtensor_is_observed_on_fake_ranks_and_each_collective_charged_where_it_waits() -> None:
+    from autoplace.cluster import resolve_cluster
+    from autoplace.fold import fold
+    from autoplace.ir import Placement, Problem
+    from autoplace.profile.cost import costs
+    from autoplace.simulate import simulate
+    from autoplace.solve.tensor import observe, tensor_problem
+
+    model, args = _mlp()
+    split = column_row(_emitted(model, args))
+    seen = observe(_emitted(model, args), split, 2, args, {})
+    # the row matmul's partial sums are all-reduced where they are first read: the relu
+    assert seen.collectives == {"relu_1": (("all_reduce", 4 * 16 * 4),)}
+    assert seen.share["linear"] == seen.share["linear_1"] == 0.5  # a column, a row
+    assert seen.share["relu_1"] == 1.0  # on the all-reduced whole
+    assert all(t > 0 for t in seen.seconds.values())
+
+    cluster, _ = resolve_cluster(spec="2xA100-40GB")
+    model.eval()
+    traced = trace_model(model, args, {})
+    folded = fold(traced.graph, costs(traced.graph, cluster))
+    problem = Problem(graph=folded.graph, cluster=cluster, costs=folded.costs)
+    rank0 = tensor_problem(problem, seen, ("cuda:0", "cuda:1"))
+    assert rank0.cluster.names == ("cuda:0",)
+    node = {n.name: n for n in problem.graph.nodes}
+    ops = {op: n.name for n in problem.graph.nodes for op in n.ops}
+    relu = ops["relu_1"]
+    link = cluster.link("cuda:0", "cuda:1")
+    from cost_models import ring_allreduce_s
+
+    ring = ring_allreduce_s(256, 2, bandwidth_bytes_per_s=link.bandwidth_bytes_per_s,
+                            latency_s=link.latency_s)
+    assert rank0.costs.of(relu, "cuda:0") >= ring
+    first = ops["linear"]
+    assert rank0.graph.node(first).param_bytes == node[first].param_bytes // 2
+    placed = simulate(rank0, Placement(device_of={n.name: "cuda:0" for n in rank0.graph.nodes}))
+    assert placed.makespan_s > 0
+
+
+def test_the_planner_records_the_candidate_beside_the_placement(tmp_path) -> None:
+    from autoplace.config import Config, Cost, Parallel
+    from autoplace.formats.plan import Plan
+    from autoplace.pipeline import plan, save
+
+    model, args = _mlp()
+    planned = plan(model, args, Config(devices="2xcpu-thread", cost=Cost(profile=False),
+                                       parallel=Parallel(tp=2)))
+    tp = planned.plan.tensor_parallel
+    assert tp is not None and tp.ranks == 2 and tp.devices == ("cpu:0", "cpu:1")
+    assert (tp.columns, tp.rows, tp.collectives, tp.check) == (4, 1, 1, "passed")
+    assert tp.makespan_s > 0 and tp.measured_s > 0 and tp.max_abs_diff < 1e-5
+    assert Plan.from_dict(planned.plan.to_dict()).tensor_parallel == tp
+    assert any(n.startswith("tensor parallel over 2 ranks") for n in planned.plan.notes)
+    save(planned, tmp_path / "out")
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert "tensor parallel  tp 2 over cpu:0, cpu:1" in summary
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--tp", "3"], "--tp 3 asks for more ranks than the 2 devices"),
+    (["--tp", "2", "--mode", "training"], "--tp is weighed for inference plans"),
+    (["--tp", "1"], "--tp must be"),
+])
+def test_a_tp_that_cannot_be_is_refused_before_any_work(tmp_path, capsys, argv, says) -> None:
+    from pathlib import Path
+
+    from autoplace.cli import main
+
+    code = main(["plan", str(Path(__file__).parent.parent / "examples" / "mlp.py"),
+                 "--devices", "2xcpu-thread", "--no-profile", "--out", str(tmp_path / "o"),
+                 *argv])
+    assert code == 2 and says in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -117,6 +117,12 @@ def _parser() -> argparse.ArgumentParser:
                    "N devices with 1/R of the batch; auto (default) plans every R that divides "
                    "the devices into alike groups and keeps the fastest step, the gradients' "
                    "all-reduce included")
+    p.add_argument("--tp", type=int, metavar="N",
+                   help="inference: weigh N tensor-parallel ranks (one device each, the first "
+                   "N) beside the placement: the matmuls split as columns and rows from the "
+                   "traced graph, run by DTensor; its time and memory simulated with the "
+                   "collectives DTensor inserts, its outputs checked on N gloo ranks "
+                   "(plan.json's tensor_parallel; the emitted model stays the placement's)")
     p.add_argument("--fsdp", choices=tuple(Fsdp), default="auto",
                    help="with --mode training: whether the data-parallel replicas shard "
                    "parameters, gradients and optimizer state (FSDP2's fully_shard per block, "

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from autoplace.config import Config, Cost, Devices, Emit, Solve, Training
+from autoplace.config import Config, Cost, Devices, Emit, Parallel, Solve, Training
 
 __all__ = ["FLAGS", "config_of", "solve_of"]
 
@@ -22,7 +22,7 @@ FLAGS = {
     "emit.verify": "--verify", "emit.check_memory": "--check-memory",
     "training.optimizer": "--optimizer", "training.microbatches": "--microbatches",
     "training.schedule": "--schedule", "training.replicas": "--replicas",
-    "training.recompute": "--recompute", "training.fsdp": "--fsdp",
+    "training.recompute": "--recompute", "training.fsdp": "--fsdp", "parallel.tp": "--tp",
 }
 
 
@@ -48,4 +48,5 @@ def config_of(args: argparse.Namespace, *, name: str = "model") -> Config:
                           schedule=args.schedule, replicas=args.replicas,
                           recompute=args.recompute, fsdp=args.fsdp),
         emit=Emit(model=args.emit, verify=args.verify, check_memory=args.check_memory),
+        parallel=Parallel(tp=args.tp),
         pins=pins or None, checkpoint=args.checkpoint, no_split=args.no_split, name=name)

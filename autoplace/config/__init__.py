@@ -15,7 +15,7 @@ from autoplace.config.choices import (
     PipelineSchedule,
     Recompute,
 )
-from autoplace.config.sections import Config, Cost, Devices, Emit, Solve, Training
+from autoplace.config.sections import Config, Cost, Devices, Emit, Parallel, Solve, Training
 
 __all__ = ["Config", "Cost", "DType", "Devices", "Emit", "Fsdp", "Granularity", "Mode", "Objective",
-           "PipelineSchedule", "Recompute", "Solve", "Training"]
+           "Parallel", "PipelineSchedule", "Recompute", "Solve", "Training"]

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from autoplace.profile.cache import ProfileCache
     from autoplace.solve.options import SolveOptions
 
-__all__ = ["Config", "Cost", "Devices", "Emit", "Solve", "Training"]
+__all__ = ["Config", "Cost", "Devices", "Emit", "Parallel", "Solve", "Training"]
 
 def _whole(value: object, name: str, *, least: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -199,6 +199,19 @@ class Emit:
 
 
 @dataclass(frozen=True)
+class Parallel:
+    """Parallelism beside placement: ``tp``, N tensor-parallel ranks (one device each, the
+    first N) weighed beside the plan's placement, an inference plan's for now
+    (``solve.tensor``, ``emit.distributed.tensor``; ``docs/concepts.md``)."""
+
+    tp: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.tp is not None:
+            _whole(self.tp, "parallel.tp", least=2)
+
+
+@dataclass(frozen=True)
 class Config:
     """Everything ``autoplace.plan`` is told besides the model, its inputs and its loss.
 
@@ -218,6 +231,7 @@ class Config:
     cost: Cost = field(default_factory=Cost)
     training: Training = field(default_factory=Training)
     emit: Emit = field(default_factory=Emit)
+    parallel: Parallel = field(default_factory=Parallel)
     pins: Mapping[str, str | int] | None = None
     checkpoint: str | os.PathLike[str] | None = None
     no_split: Sequence[str] | None = None
@@ -242,7 +256,7 @@ class Config:
         if self.no_split is not None:
             put(self, "no_split", tuple(self.no_split))
         for name, kind in (("solve", Solve), ("cost", Cost), ("training", Training),
-                           ("emit", Emit), ("devices", Devices)):
+                           ("emit", Emit), ("devices", Devices), ("parallel", Parallel)):
             if not isinstance(getattr(self, name), kind):
                 raise ConfigError(f"{{{name}}} must be the {kind.__name__}(...) section, got "
                                   f"{getattr(self, name)!r}")
@@ -250,6 +264,11 @@ class Config:
         self._check_granularity()
 
     def _check_mode(self) -> None:
+        if self.parallel.tp is not None and (self.mode != Mode.INFERENCE
+                                             or self.granularity != Granularity.OP):
+            raise ConfigError("{parallel.tp} is weighed for inference plans of ops for now "
+                              "(tensor-parallel training and device maps are not built yet): "
+                              "drop it, or plan with {mode=inference} {granularity=op}")
         if self.mode == Mode.TRAINING:
             if self.pins:
                 raise ConfigError("{pins} apply to inference plans for now: plan the training "

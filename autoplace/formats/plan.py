@@ -35,6 +35,7 @@ from autoplace.formats.records import (
     MinGain,
     PinsRecord,
     ProfileRecord,
+    TensorParallelRecord,
     TrainingRecord,
     WhatIfRecord,
 )
@@ -237,6 +238,8 @@ class Plan:
     pins: PinsRecord | None = None
     # --granularity module: the Hugging Face device_map and accelerate's (pipeline/modules.py)
     device_map: DeviceMapRecord | None = None
+    # --tp N: the tensor-parallel candidate beside the placement (``solve.tensor``)
+    tensor_parallel: TensorParallelRecord | None = None
     autoplace_version: str = __version__
 
     # ---- derived
@@ -348,7 +351,9 @@ class Plan:
           | ({} if self.training is None else {"training": self.training.to_dict()}) \
           | ({} if self.pins is None
              else {"pins": {**self.pins.to_dict(), "cost_s": self.pins_cost_s}}) \
-          | ({} if self.device_map is None else {"device_map": self.device_map.to_dict()})
+          | ({} if self.device_map is None else {"device_map": self.device_map.to_dict()}) \
+          | ({} if self.tensor_parallel is None
+             else {"tensor_parallel": self.tensor_parallel.to_dict()})
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
@@ -377,6 +382,7 @@ class Plan:
             training=_part(TrainingRecord.from_dict, data, "training"),
             pins=_part(PinsRecord.from_dict, data, "pins"),  # its derived cost_s is not read
             device_map=_part(DeviceMapRecord.from_dict, data, "device_map"),
+            tensor_parallel=_part(TensorParallelRecord.from_dict, data, "tensor_parallel"),
             autoplace_version=data.get("autoplace_version", __version__),
         )
 

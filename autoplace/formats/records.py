@@ -18,7 +18,8 @@ from typing import Any
 from autoplace.config.choices import Objective
 
 __all__ = ["AccelerateMapRecord", "Coarsening", "DeviceMapRecord", "MinGain", "PinsRecord",
-           "ProfileRecord", "ReplicaOption", "TrainingCheck", "TrainingRecord", "WhatIfRecord"]
+           "ProfileRecord", "ReplicaOption", "TensorParallelRecord", "TrainingCheck",
+           "TrainingRecord", "WhatIfRecord"]
 
 # A Hugging Face device_map: module name -> a GPU index, "cpu" or "disk".
 HfDeviceMap = Mapping[str, int | str]
@@ -295,6 +296,42 @@ class AccelerateMapRecord:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AccelerateMapRecord:
         return cls(map=dict(data["map"]), note=data.get("note"))
+
+
+@dataclass(frozen=True)
+class TensorParallelRecord:
+    """An inference plan's tensor-parallel candidate (``--tp N``, ``solve.tensor``): ``ranks``
+    on ``devices`` (one each), the matmuls split as ``columns`` and ``rows``, its simulated
+    ``makespan_s`` and rank 0's ``peak_bytes``, the collectives DTensor inserts (``collectives``
+    of ``collective_bytes`` in all, per pass) and its check on gloo ranks (``check``: passed or
+    skipped; ``max_abs_diff``; ``measured_s``, the median pass there)."""
+
+    ranks: int
+    devices: tuple[str, ...]
+    makespan_s: float
+    peak_bytes: int
+    columns: int
+    rows: int
+    collectives: int
+    collective_bytes: int
+    check: str = "skipped"
+    max_abs_diff: float | None = None
+    measured_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ranks": self.ranks, "devices": list(self.devices),
+                "makespan_s": self.makespan_s, "peak_bytes": self.peak_bytes,
+                "columns": self.columns, "rows": self.rows, "collectives": self.collectives,
+                "collective_bytes": self.collective_bytes, "check": self.check} | _present([
+                    ("max_abs_diff", self.max_abs_diff), ("measured_s", self.measured_s)])
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TensorParallelRecord:
+        return cls(ranks=data["ranks"], devices=tuple(data["devices"]),
+                   makespan_s=data["makespan_s"], peak_bytes=data["peak_bytes"],
+                   columns=data["columns"], rows=data["rows"], collectives=data["collectives"],
+                   collective_bytes=data["collective_bytes"], check=data.get("check", "skipped"),
+                   max_abs_diff=data.get("max_abs_diff"), measured_s=data.get("measured_s"))
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from autoplace.pipeline.emitting import emit_plan
 from autoplace.pipeline.forward import load
 from autoplace.pipeline.inference import InferenceStages
 from autoplace.pipeline.record import min_gain, plan_of
+from autoplace.pipeline.tensor import tensor_candidate, tensor_devices
 from autoplace.pipeline.training import TrainingStages
 from autoplace.progress.notes import collecting, note, note_all
 from autoplace.solve import solve
@@ -74,6 +75,8 @@ def plan(model: torch.nn.Module, example_inputs: Any, config: Config | None = No
     with collecting() as notes:  # every stage's notes, in order (progress.notes)
         cluster, found = config.devices.resolve()
         note_all(found)
+        if config.parallel.tp is not None:
+            tensor_devices(cluster, config.parallel.tp)  # before the work: a clear error
         loaded = load(model, example_inputs, config, loss=loss, example_targets=example_targets)
         stages = (TrainingStages(config) if config.mode == Mode.TRAINING
                   else InferenceStages(config))
@@ -90,6 +93,10 @@ def plan(model: torch.nn.Module, example_inputs: Any, config: Config | None = No
                 if loaded.checkpoint is not None:  # train.LossModel holds it as ``model``
                     emitted.checkpoint = (loaded.checkpoint.under("model.")
                                           if config.mode == Mode.TRAINING else loaded.checkpoint)
+        if config.parallel.tp is not None:
+            planned = tensor_candidate(planned, solved.problem, solved.forward.traced,
+                                       loaded.model, loaded.args, loaded.kwargs,
+                                       ranks=config.parallel.tp, verify=config.emit.verify)
     profiled = solved.forward.profiled
     return Planned(replace(planned, notes=tuple(notes),
                            profile=ProfileRecord.from_dict(profiled.to_dict()) if profiled

@@ -8,7 +8,8 @@ replicas) each hold a stand-in module with the model's trainable shapes in its o
 backward writes every gradient and nothing else. Each round, the ranks lined up by a barrier,
 times a step without averaging and one averaging the ``mode`` way (``ddp``: under
 ``DistributedDataParallel``; ``buckets``: the micro-batched step's ``average_gradients``;
-``fsdp``: the stand-in by FSDP unit under ``fully_shard``, each step with its optimizer): the
+``fsdp``: the stand-in by FSDP unit under ``fully_shard``, each step with its optimizer;
+``collectives``: a tensor-parallel pass's collectives, ``solve.tensor``): the
 cost is rank 0's median of the second less that of the first, charged to the updates. Kept in
 the profile cache (``forwards`` table, keyed ``allreduce:MODE:R=R:`` and a digest of the
 shapes, on the host's CPU key). Rules and figures: ``docs/training.md``."""
@@ -33,7 +34,11 @@ from autoplace.train.dataparallel import average_gradients, ddp_replica
 
 __all__ = ["MODES", "allreduce_s", "measure_allreduce_s"]
 
-MODES = ("ddp", "buckets", "fsdp")
+MODES = ("ddp", "buckets", "fsdp", "collectives")
+# ``collectives``: ``numels`` is a sequence of [kind, bytes], kind an index of these (the
+# ``torch.ops._c10d_functional`` ops DTensor dispatches, ``solve.tensor``).
+COLLECTIVES = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor",
+               "all_to_all_single")
 Numels = Sequence[int] | Sequence[Sequence[int]]  # ``fsdp``: one list per unit, the root's last
 WARMUP, ROUNDS = 3, 25
 TIMEOUT_S = 120.0  # the processes are stopped after it: a rank that hangs fails the measurement
@@ -86,6 +91,8 @@ def _rounds(numels: Numels, mode: str, rounds: int, optimizer: str | None = None
 
     from autoplace.train.graph import make_optimizer
 
+    if mode == "collectives":
+        return _collective_rounds(numels, rounds)  # type: ignore[arg-type]
     if mode == "fsdp":
         plain, averaged = _Units(numels), _sharded(numels)  # type: ignore[arg-type]
     else:
@@ -115,6 +122,51 @@ def _rounds(numels: Numels, mode: str, rounds: int, optimizer: str | None = None
             alone.append(a)
             with_average.append(b)
     return alone, with_average
+
+
+def _collective_rounds(sequence: Sequence[Sequence[int]], rounds: int
+                       ) -> tuple[list[float], list[float]]:
+    """Each round's time of nothing and of ``sequence`` (``[kind, bytes]``, in order), each
+    collective a float32 tensor of its bytes (an all-gather's result, the input of the others)
+    through ``torch.distributed._functional_collectives`` and waited for, as DTensor runs
+    them; this rank's."""
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    world = dist.get_world_size()
+    runs = []
+    for kind, nbytes in sequence:
+        numel = max(world, int(nbytes) // 4 // world * world)
+        name = COLLECTIVES[int(kind)]
+        if name == "all_gather_into_tensor":
+            x = torch.zeros(numel // world)
+            runs.append(lambda x=x: funcol.all_gather_tensor(x, 0, mesh))
+        elif name == "reduce_scatter_tensor":
+            x = torch.zeros(numel)
+            runs.append(lambda x=x: funcol.reduce_scatter_tensor(x, "sum", 0, mesh))
+        elif name == "all_to_all_single":
+            x = torch.zeros(numel)
+            runs.append(lambda x=x: funcol.all_to_all_single(x, None, None, mesh))
+        else:
+            x = torch.zeros(numel)
+            runs.append(lambda x=x: funcol.all_reduce(x, "sum", mesh))
+
+    def step(run: bool) -> float:
+        dist.barrier()
+        began = time.perf_counter()
+        for collective in runs if run else ():
+            funcol.wait_tensor(collective())
+        return time.perf_counter() - began
+
+    alone, with_all = [], []
+    for i in range(WARMUP + rounds):
+        a, b = step(False), step(True)
+        if i >= WARMUP:
+            alone.append(a)
+            with_all.append(b)
+    return alone, with_all
 
 
 def _rank(rank: int, replicas: int, port: int, numels: Numels, mode: str, rounds: int,
@@ -153,6 +205,8 @@ def measure_allreduce_s(numels: Numels, *, replicas: int, mode: str = "ddp",
         if optimizer is None:
             raise ValueError("the fsdp mode measures a step with its optimizer's update")
         sizes: Numels = [[int(n) for n in unit if n] for unit in numels]  # type: ignore[union-attr]
+    elif mode == "collectives":
+        sizes = [[int(k), int(b)] for k, b in numels]  # type: ignore[misc]
     else:
         sizes = [int(n) for n in numels if n]  # type: ignore[arg-type]
     with tempfile.TemporaryDirectory(prefix="autoplace-allreduce-") as tmp:
@@ -177,7 +231,7 @@ def measure_allreduce_s(numels: Numels, *, replicas: int, mode: str = "ddp",
 def cache_key(numels: Numels, *, replicas: int, mode: str, optimizer: str | None = None) -> str:
     """The profile cache's key for the measurement of ``numels`` (see the module's
     docstring)."""
-    if mode == "fsdp":
+    if mode in ("fsdp", "collectives"):
         text = "|".join(",".join(str(int(n)) for n in unit if n)
                         for unit in numels) + f"|{optimizer}"  # type: ignore[union-attr]
     else:

@@ -61,7 +61,8 @@ def _phrases(ov: analysis.Overview) -> dict[str, Any]:
     return {"speedup": text.speedup_text(ov), "gap": text.gap_text(ov),
             "solver": text.solver_text(ov), "critical": text.critical_text(ov),
             "verification": text.verification_text(ov), "training": text.training_text(ov),
-            "pins": text.pins_text(ov), "no_speedup": analysis.no_speedup_reason(ov.pins)}
+            "pins": text.pins_text(ov), "tensor": text.tensor_text(ov),
+            "no_speedup": analysis.no_speedup_reason(ov.pins)}
 
 
 def render_html(plan: Plan, ov: analysis.Overview | None = None) -> str:

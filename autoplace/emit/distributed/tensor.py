@@ -21,6 +21,7 @@ import contextlib
 import json
 import operator
 import os
+import statistics
 import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -186,9 +187,10 @@ def _attention_by_heads(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
 
 def tensor_main(model_dir: str | os.PathLike[str], argv: Sequence[str]) -> int:
     """One rank of ``torchrun --nproc-per-node N``: load ``model_dir``, split it over the N
-    ranks (``--split FILE``: ``column_row``'s, as JSON), run it on the saved example inputs;
-    rank 0 saves the outputs (``--outputs FILE``, ``torch.save``). The exit code; an
-    ``AutoplaceError`` is printed as one line and exits with 2."""
+    ranks (``--split FILE``: ``column_row``'s, as JSON), run it on the saved example inputs
+    once and then ``--repeats`` times, the ranks lined up by a barrier before each; rank 0
+    saves the outputs and the repeats' times (``--outputs FILE``, ``torch.save``). The exit
+    code; an ``AutoplaceError`` is printed as one line and exits with 2."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from autoplace.emit.distributed.ddp import INIT_TIMEOUT_S, print_error
@@ -197,8 +199,10 @@ def tensor_main(model_dir: str | os.PathLike[str], argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="tensor_main")
     parser.add_argument("--split", required=True)
     parser.add_argument("--outputs")
+    parser.add_argument("--repeats", type=int, default=0)
     options = parser.parse_args(list(argv))
     import datetime
+    import time
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S))
@@ -211,8 +215,14 @@ def tensor_main(model_dir: str | os.PathLike[str], argv: Sequence[str]) -> int:
         split = {k: tuple(v) for k, v in json.loads(Path(options.split).read_text()).items()}
         shard_model(model, mesh, split)
         outputs = run_sharded(model, *example)
+        times = []
+        for _ in range(options.repeats):
+            dist.barrier()
+            began = time.perf_counter()
+            run_sharded(model, *example)
+            times.append(time.perf_counter() - began)
         if dist.get_rank() == 0 and options.outputs:
-            torch.save(outputs, options.outputs)
+            torch.save({"outputs": outputs, "times_s": times}, options.outputs)
     except AutoplaceError as error:
         print_error(type(error).__name__, error)
         return 2
@@ -223,11 +233,13 @@ def tensor_main(model_dir: str | os.PathLike[str], argv: Sequence[str]) -> int:
 
 def verify_tensor_parallel(emitted: PartitionedModel, original: torch.nn.Module,
                            args: tuple[Any, ...], kwargs: dict[str, Any], *, ranks: int,
-                           timeout_s: float = VERIFY_TIMEOUT_S) -> dict[str, Any]:
+                           repeats: int = 0, timeout_s: float = VERIFY_TIMEOUT_S
+                           ) -> dict[str, Any]:
     """Run ``emitted`` split over ``ranks`` gloo processes (``column_row``, ``shard_model``,
-    ``run_sharded``) on ``args``/``kwargs`` and check its outputs against ``original``'s with
-    ``torch.testing.assert_close`` (``VerificationError`` where they differ). Returns the split
-    and the largest difference."""
+    ``run_sharded``; one intra-op thread each) on ``args``/``kwargs`` and check its outputs
+    against ``original``'s with ``torch.testing.assert_close`` (``VerificationError`` where
+    they differ), then time ``repeats`` passes more. Returns the split, the largest
+    difference and the median pass (``measured_s``, with ``repeats``)."""
     from autoplace.emit.distributed.replicas import _save, launch_replicas
 
     split = column_row(emitted)
@@ -240,9 +252,10 @@ def verify_tensor_parallel(emitted: PartitionedModel, original: torch.nn.Module,
             "import sys\nfrom autoplace.emit.distributed.tensor import tensor_main\n"
             f"sys.exit(tensor_main({str(root / 'model')!r}, sys.argv[1:]))\n")
         launch_replicas(script, replicas=ranks, timeout_s=timeout_s, what="tensor-parallel",
-                        argv=["--split", str(root / "split.json"),
+                        argv=["--split", str(root / "split.json"), "--repeats", str(repeats),
                               "--outputs", str(root / "outputs.pt")])
-        outputs = torch.load(root / "outputs.pt", weights_only=False)
+        saved = torch.load(root / "outputs.pt", weights_only=False)
+    outputs, times = saved["outputs"], saved["times_s"]
     with torch.no_grad():
         expected = original(*args, **kwargs)
     ours, theirs = pytree.tree_leaves(outputs), pytree.tree_leaves(expected)
@@ -260,6 +273,7 @@ def verify_tensor_parallel(emitted: PartitionedModel, original: torch.nn.Module,
             if a.numel():
                 worst = max(worst, float((a.double() - b.detach().cpu().double()).abs().max()))
     return {"status": "passed", "ranks": ranks, "split": split, "max_abs_diff": worst,
+            "measured_s": statistics.median(times) if times else None,
             "columns": sum(1 for k, _ in split.values() if k == COLUMN),
             "rows": sum(1 for k, _ in split.values() if k == ROW)}
 

@@ -1,0 +1,116 @@
+"""The tensor-parallel candidate of an inference plan (``--tp N``, ``Config.parallel.tp``):
+the model emitted on one device, its matmuls split as columns and rows
+(``emit.distributed.tensor.column_row``), observed under DTensor on N fake ranks and simulated
+as rank 0 runs it (``solve.tensor``), then run on N gloo ranks against the original and timed
+there (``verify_tensor_parallel``). The plan records it beside its placement
+(``plan.tensor_parallel``) and says which is faster; the emitted model stays the placement's."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from autoplace.emit import emit_model
+from autoplace.emit.device_map import local_device_map
+from autoplace.emit.distributed.tensor import COLUMN, column_row, verify_tensor_parallel
+from autoplace.errors import ConfigError
+from autoplace.formats.plan import Plan
+from autoplace.formats.records import TensorParallelRecord
+from autoplace.ir import Cluster, Device, Placement, Problem
+from autoplace.progress import stage
+from autoplace.progress.notes import note
+from autoplace.simulate import simulate
+from autoplace.solve.tensor import Observed, observe, tensor_problem
+from autoplace.trace import TracedModel
+
+__all__ = ["TIMED_PASSES", "tensor_candidate", "tensor_devices"]
+
+TIMED_PASSES = 5  # passes timed on the gloo ranks, after the checked one
+
+
+def tensor_candidate(planned: Plan, problem: Problem, traced: TracedModel,
+                     model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *,
+                     ranks: int, verify: bool) -> Plan:
+    """``planned`` with its ``tensor_parallel`` record for ``ranks`` ranks on the first
+    devices of ``problem``'s cluster (see the module's docstring); ``verify``: run them."""
+    chosen = tensor_devices(problem.cluster, ranks)
+    if traced.has_meta_params:
+        note("tensor parallelism not weighed: the parameters are on the meta device")
+        return planned
+    stage("tensor parallel")
+    split = column_row(_one_device(traced))
+    observed = observe(_one_device(traced), split, ranks, args, kwargs)
+    names = tuple(d.name for d in chosen)
+    here = all(d.torch_device.startswith("cpu") for d in chosen)  # this machine's workers
+    rank0 = tensor_problem(problem, observed, names, measured=here,
+                           collectives_s=_collectives_s(observed, ranks) if here else None)
+    schedule = simulate(rank0, Placement(device_of={n.name: names[0]
+                                                    for n in rank0.graph.nodes}))
+    moved = [c for per in observed.collectives.values() for c in per]
+    record = TensorParallelRecord(
+        ranks=ranks, devices=names, makespan_s=schedule.makespan_s,
+        peak_bytes=schedule.peak_bytes[names[0]],
+        columns=sum(1 for kind, _ in split.values() if kind == COLUMN),
+        rows=sum(1 for kind, _ in split.values() if kind != COLUMN),
+        collectives=len(moved), collective_bytes=sum(b for _, b in moved))
+    if verify:
+        check = verify_tensor_parallel(_one_device(traced), model, args, kwargs, ranks=ranks,
+                                       repeats=TIMED_PASSES)
+        record = replace(record, check="passed", max_abs_diff=check["max_abs_diff"],
+                         measured_s=check["measured_s"])
+    faster = record.makespan_s < planned.makespan_s
+    note(f"tensor parallel over {ranks} ranks ({', '.join(names)}): {record.columns} column "
+         f"and {record.rows} row matmuls, {record.collectives} collectives of "
+         f"{record.collective_bytes} bytes a pass (DTensor's, observed on {ranks} fake ranks); "
+         f"{record.makespan_s * 1e3:.3f} ms predicted against the placement's "
+         f"{planned.makespan_s * 1e3:.3f} ms: "
+         + ("faster, but the emitted model is the placement's: tensor-parallel emission is not "
+            "built yet" if faster else "the placement is kept")
+         + (f"; outputs equal on {ranks} gloo ranks, {record.measured_s * 1e3:.3f} ms a pass "
+            "measured there" if record.measured_s is not None else ""))
+    return replace(planned, tensor_parallel=record)
+
+
+def tensor_devices(cluster: Cluster, ranks: int) -> tuple[Device, ...]:
+    """The first ``ranks`` devices of ``cluster``, which must be alike; else ``ConfigError``."""
+    devices = cluster.devices
+    if ranks > len(devices):
+        raise ConfigError(f"{{parallel.tp={ranks}}} asks for more ranks than the "
+                          f"{len(devices)} devices: choose at most {len(devices)}")
+    chosen = devices[:ranks]
+    if len({(d.type, d.memory_bytes) for d in chosen}) > 1:
+        raise ConfigError(f"{{parallel.tp={ranks}}} splits every op evenly, and "
+                          f"{', '.join(d.name for d in chosen)} are not alike: plan it on "
+                          "devices of one type")
+    return chosen
+
+
+def _collectives_s(observed: Observed, ranks: int) -> float | None:
+    """A pass's collectives, in order, measured on ``ranks`` gloo processes here
+    (``profile.allreduce``, mode ``collectives``); ``None`` where that fails (the ring
+    formulas price them then)."""
+    from autoplace.profile.allreduce import COLLECTIVES, measure_allreduce_s
+
+    sequence = [[COLLECTIVES.index(kind), nbytes] for per in observed.collectives.values()
+                for kind, nbytes in per]
+    if not sequence:
+        return 0.0
+    try:
+        seconds = measure_allreduce_s(sequence, replicas=ranks, mode="collectives")
+    except Exception as exc:  # noqa: BLE001 - the ring formulas still price them
+        note(f"the tensor-parallel collectives could not be measured ({type(exc).__name__}: "
+             f"{exc}); the ring formulas price them")
+        return None
+    note(f"the {len(sequence)} collectives of a tensor-parallel pass measured on {ranks} gloo "
+         f"processes here: {seconds * 1e3:.3f} ms a pass")
+    return seconds
+
+
+def _one_device(traced: TracedModel) -> Any:
+    """``traced`` emitted whole on this machine's CPU (a fresh copy each call: ``observe``
+    replaces its parameters)."""
+    here = local_device_map(["cpu"])["cpu"]
+    return emit_model(traced.module, {n.name: here for n in traced.module.graph.nodes
+                                      if n.op == "call_function"}, runtime="sequential")

@@ -1,0 +1,247 @@
+"""Solve: the tensor-parallel candidate of an inference plan, priced by what DTensor does.
+
+N ranks, one device each, run every op on their shards (``emit.distributed.tensor``). What each
+rank computes and which collectives DTensor inserts are not guessed: ``observe`` runs the model
+split so on a fake process group of N ranks in this process (``torch.distributed``'s ``fake``
+backend; no data moves) through an fx interpreter, and records per traced op the share of the
+work rank 0 does (the smallest local fraction of its DTensor inputs and output) and the
+collectives dispatched while it ran, with their bytes. ``tensor_problem`` is then the forward
+problem on the first device with each node's time and parameters scaled by its ops' shares and
+each collective's time added to the node that waits for it, on the critical path: a ring over the
+slowest link between the ranks (``cost_models.ring_allreduce_s``, ``ring_allgather_s``); between
+CPU processes here, op times and collectives measured instead. Rules and sources:
+docs/concepts.md, "Tensor parallelism".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.fx
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from autoplace.errors import EmitError
+from autoplace.ir import Problem
+from autoplace.solve.whatif import restrict
+from autoplace.train.dataparallel import _ring
+from cost_models import ring_allgather_s, ring_allreduce_s
+
+__all__ = ["TIMED", "Observed", "observe", "tensor_problem"]
+
+TIMED = 3  # passes timed per op under DTensor, the fastest kept
+
+# Collectives DTensor dispatches (``torch.ops._c10d_functional``) and how each is priced from
+# its bytes: the whole tensor's for an all-reduce and an all-gather's result, the input's for a
+# reduce-scatter.
+_RING = {"all_reduce": "allreduce", "all_gather_into_tensor": "allgather",
+         "reduce_scatter_tensor": "allgather", "all_to_all_single": "allgather"}
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Per traced op: rank 0's share of its work (``share``), of the parameters it reads
+    (``param_share``) and of its output (``output_share``); the collectives it waited for
+    (``collectives``: kind and bytes); its seconds on this machine's CPU under DTensor, on one
+    thread, collectives aside (``seconds``: the fastest of ``TIMED`` passes)."""
+
+    share: Mapping[str, float] = field(default_factory=dict)
+    seconds: Mapping[str, float] = field(default_factory=dict)
+    param_share: Mapping[str, float] = field(default_factory=dict)
+    output_share: Mapping[str, float] = field(default_factory=dict)
+    collectives: Mapping[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
+
+
+def observe(emitted: torch.nn.Module, split: Mapping[str, tuple[str, int]], ranks: int,
+            args: tuple[Any, ...], kwargs: dict[str, Any]) -> Observed:
+    """Run ``emitted`` (one device's, its segments fx graphs) split as ``split`` says over
+    ``ranks`` fake ranks on ``args``/``kwargs`` (see the module's docstring). The emitted
+    model's parameters are replaced by DTensors: pass a copy."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import implicit_replication
+
+    from autoplace.emit.distributed.tensor import _handlers, shard_model
+
+    with _fake_group(ranks):
+        mesh = init_device_mesh("cpu", (ranks,))
+        shard_model(emitted, mesh, split)
+        recorder = _Recorder()
+        found = _Found()
+        interpreters = {}
+        for index in range(len(emitted.segment_info)):
+            segment = getattr(emitted, f"seg{index}")
+            interpreters[index] = _Interpreter(segment, recorder, found)
+            segment.forward = _run_with(interpreters[index])
+        threads = torch.get_num_threads()
+        try:
+            with torch.no_grad(), implicit_replication(), _handlers():
+                with recorder:
+                    emitted(*args, **kwargs)
+                torch.set_num_threads(1)
+                for interpreter in interpreters.values():
+                    interpreter.timing = True
+                for _ in range(TIMED):
+                    emitted(*args, **kwargs)
+        finally:
+            torch.set_num_threads(threads)
+            for index in interpreters:
+                del getattr(emitted, f"seg{index}").forward
+    return Observed(share=found.share, seconds=found.seconds, param_share=found.param_share,
+                    output_share=found.output_share,
+                    collectives={k: tuple(v) for k, v in found.collectives.items()})
+
+
+@contextlib.contextmanager
+def _fake_group(ranks: int) -> Iterator[None]:
+    """A default process group of ``ranks`` fake ranks, this process rank 0, for the block."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise EmitError("a process group is already set up in this process: plan tensor "
+                        "parallelism from a process outside torch.distributed")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=ranks)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@dataclass
+class _Found:
+    share: dict[str, float] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    param_share: dict[str, float] = field(default_factory=dict)
+    output_share: dict[str, float] = field(default_factory=dict)
+    collectives: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+
+
+class _Recorder(TorchDispatchMode):
+    """The collectives dispatched (``_c10d_functional``), with their bytes, since ``take``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, int]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+                           ) -> Any:
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return func(*args, **(kwargs or {}))
+        if any(t is DTensor for t in types):
+            # Modes run before subclasses: DTensor runs first, and its collectives come back
+            # here (as torch.distributed.tensor.debug.CommDebugMode does).
+            return NotImplemented
+        out = func(*args, **(kwargs or {}))
+        name = func.__name__.split(".")[0]
+        if func.namespace == "_c10d_functional" and name in _RING:
+            sized = out if name in ("all_gather_into_tensor", "all_reduce") else args[0]
+            self.seen.append((name, sized.numel() * sized.element_size()))
+        return out
+
+    def take(self) -> list[tuple[str, int]]:
+        seen, self.seen = self.seen, []
+        return seen
+
+
+class _Interpreter(torch.fx.Interpreter):
+    """A segment run node by node, each op's shares and collectives recorded by its name."""
+
+    def __init__(self, module: torch.fx.GraphModule, recorder: _Recorder, found: _Found) -> None:
+        super().__init__(module, garbage_collect_values=True)
+        self.recorder, self.found = recorder, found
+        self.timing = False
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        if n.op != "call_function":
+            return super().run_node(n)
+        if self.timing:
+            began = time.perf_counter()
+            out = super().run_node(n)
+            took = time.perf_counter() - began
+            self.found.seconds[n.name] = min(self.found.seconds.get(n.name, took), took)
+            return out
+        self.recorder.take()
+        out = super().run_node(n)
+        ins = [self.env[a] for a in n.all_input_nodes if a in self.env]
+        params = [self.env[a] for a in n.all_input_nodes if a.op == "get_attr" and a in self.env]
+        outs = [x for x in torch.utils._pytree.tree_leaves(out) if isinstance(x, torch.Tensor)]
+        self.found.share[n.name] = min((_fraction(x) for x in (*ins, *outs)), default=1.0)
+        self.found.param_share[n.name] = min((_fraction(p) for p in params), default=1.0)
+        self.found.output_share[n.name] = min((_fraction(x) for x in outs), default=1.0)
+        taken = self.recorder.take()
+        if taken:
+            self.found.collectives[n.name] = taken
+        return out
+
+
+def _run_with(interpreter: _Interpreter) -> Any:
+    def forward(*args: Any) -> Any:
+        return interpreter.run(*args)
+    return forward
+
+
+def _fraction(value: Any) -> float:
+    """The share of ``value`` rank 0 holds: 1 for a plain tensor or a replicated DTensor."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(value, DTensor) or not value.numel():
+        return 1.0
+    return value.to_local().numel() / value.numel()
+
+
+def tensor_problem(problem: Problem, observed: Observed, devices: tuple[str, ...], *,
+                   measured: bool = False, collectives_s: float | None = None) -> Problem:
+    """``problem`` (the forward, whose nodes hold traced ops) as one of ``devices`` runs its
+    part of it: every node on ``devices[0]``, its time, parameters and output scaled by its
+    ops' mean shares (``measured``: its time its ops' ``observed.seconds``, DTensor's dispatch
+    included, where the devices are this machine's CPU workers), and the collectives its ops
+    waited for added to its time, each a ring over ``devices`` (see the module's docstring),
+    or ``collectives_s``, all of a pass's measured (``profile.allreduce``, mode
+    ``collectives``), shared by the rings' times."""
+    ranks = len(devices)
+    cluster = problem.cluster
+    bandwidth, latency = _ring(cluster, list(devices))
+
+    def ring(kind: str, nbytes: int) -> float:
+        formula = ring_allreduce_s if _RING[kind] == "allreduce" else ring_allgather_s
+        return formula(nbytes, ranks, bandwidth_bytes_per_s=bandwidth, latency_s=latency)
+
+    def mean(table: Mapping[str, float], ops: tuple[str, ...]) -> float:
+        known = [table[op] for op in ops if op in table]
+        return sum(known) / len(known) if known else 1.0
+
+    rings = sum(ring(kind, nbytes) for per in observed.collectives.values()
+                for kind, nbytes in per)
+    scale = collectives_s / rings if collectives_s is not None and rings else 1.0
+    one = restrict(problem, devices[:1])
+    device = devices[0]
+    nodes, compute = [], {}
+    for node in one.graph.nodes:
+        share = mean(observed.share, node.ops)
+        held = int(node.param_bytes * mean(observed.param_share, node.ops))
+        nodes.append(replace(node, param_bytes=held,
+                             trainable_bytes=min(node.trainable_bytes, held),
+                             output_bytes=int(node.output_bytes
+                                              * mean(observed.output_share, node.ops)),
+                             view_bytes=min(node.view_bytes, int(
+                                 node.output_bytes * mean(observed.output_share, node.ops)))))
+        waits = scale * sum(ring(kind, nbytes) for op in node.ops
+                            for kind, nbytes in observed.collectives.get(op, ()))
+        host = one.costs.host
+        launch = host.launch_of(node.name, device) if host is not None else 0.0
+        t = one.costs.compute_s[node.name][device]
+        if measured and any(op in observed.seconds for op in node.ops):
+            t = sum(observed.seconds.get(op, 0.0) for op in node.ops)
+            compute[node.name] = {device: max(t, launch) + waits}
+        else:
+            compute[node.name] = {device: launch + (t - launch) * share + waits}
+    kept = {n.name: n.output_bytes for n in nodes}
+    edges = tuple(replace(e, bytes=min(e.bytes, kept[e.src])) for e in one.graph.edges)
+    return replace(one, graph=replace(one.graph, nodes=tuple(nodes), edges=edges),
+                   costs=replace(one.costs, compute_s=compute))
