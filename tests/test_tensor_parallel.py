@@ -127,6 +127,12 @@ def test_dtensor_is_observed_on_fake_ranks_and_each_collective_charged_where_it_
     assert rank0.costs.of(relu, "cuda:0") >= ring
     first = ops["linear"]
     assert rank0.graph.node(first).param_bytes == node[first].param_bytes // 2
+    # DTensor's dispatch, measured here (split less unsplit), lengthens each GPU launch
+    assert set(seen.plain_seconds) == set(seen.seconds)
+    dispatch = seen.overhead_s("linear")
+    assert dispatch == max(0.0, seen.seconds["linear"] - 0.5 * seen.plain_seconds["linear"])
+    assert rank0.costs.host.launch_of(first, "cuda:0") == pytest.approx(
+        problem.costs.host.launch_of(first, "cuda:0") + dispatch)
     placed = simulate(rank0, Placement(device_of={n.name: "cuda:0" for n in rank0.graph.nodes}))
     assert placed.makespan_s > 0
 

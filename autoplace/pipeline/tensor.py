@@ -69,7 +69,8 @@ def tensor_candidate(planned: Plan, problem: Problem, traced: TracedModel,
          + ("faster, but the emitted model is the placement's: tensor-parallel emission is not "
             "built yet" if faster else "the placement is kept")
          + (f"; outputs equal on {ranks} gloo ranks, {record.measured_s * 1e3:.3f} ms a pass "
-            "measured there" if record.measured_s is not None else ""))
+            "measured there" + ("" if here else " (this machine's CPU, not the planned devices)")
+            if record.measured_s is not None else ""))
     return replace(planned, tensor_parallel=record)
 
 

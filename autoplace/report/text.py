@@ -98,7 +98,8 @@ def tensor_text(ov: Overview) -> str | None:
             f"predicted, {kept}"
             + (f"; outputs checked on {tp.ranks} gloo ranks" if tp.check == "passed" else "")
             + (f", {format_seconds(tp.measured_s)} measured there"
-               if tp.measured_s is not None else ""))
+               if tp.measured_s is not None and all(d.startswith("cpu") for d in tp.devices)
+               else ""))
 
 
 def _facts(ov: Overview) -> Any:

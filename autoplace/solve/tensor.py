@@ -48,13 +48,22 @@ class Observed:
     """Per traced op: rank 0's share of its work (``share``), of the parameters it reads
     (``param_share``) and of its output (``output_share``); the collectives it waited for
     (``collectives``: kind and bytes); its seconds on this machine's CPU under DTensor, on one
-    thread, collectives aside (``seconds``: the fastest of ``TIMED`` passes)."""
+    thread, collectives aside (``seconds``: the fastest of ``TIMED`` passes), and unsplit
+    (``plain_seconds``), whose difference is DTensor's dispatch on the host (``overhead_s``)."""
 
     share: Mapping[str, float] = field(default_factory=dict)
     seconds: Mapping[str, float] = field(default_factory=dict)
+    plain_seconds: Mapping[str, float] = field(default_factory=dict)
     param_share: Mapping[str, float] = field(default_factory=dict)
     output_share: Mapping[str, float] = field(default_factory=dict)
     collectives: Mapping[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
+
+    def overhead_s(self, op: str) -> float:
+        """What DTensor adds to ``op`` on the host: its time split, less its share of its time
+        whole (at least 0)."""
+        if op not in self.seconds or op not in self.plain_seconds:
+            return 0.0
+        return max(0.0, self.seconds[op] - self.share.get(op, 1.0) * self.plain_seconds[op])
 
 
 def observe(emitted: torch.nn.Module, split: Mapping[str, tuple[str, int]], ranks: int,
@@ -67,17 +76,26 @@ def observe(emitted: torch.nn.Module, split: Mapping[str, tuple[str, int]], rank
 
     from autoplace.emit.distributed.tensor import _handlers, shard_model
 
+    recorder, found, plain = _Recorder(), _Found(), _Found()
+    interpreters = {}
+    for index in range(len(emitted.segment_info)):
+        segment = getattr(emitted, f"seg{index}")
+        interpreters[index] = _Interpreter(segment, recorder, plain)
+        interpreters[index].timing = True
+        segment.forward = _run_with(interpreters[index])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        with torch.no_grad():
+            for _ in range(TIMED):
+                emitted(*args, **kwargs)  # unsplit, for DTensor's overhead
+    finally:
+        torch.set_num_threads(threads)
     with _fake_group(ranks):
         mesh = init_device_mesh("cpu", (ranks,))
         shard_model(emitted, mesh, split)
-        recorder = _Recorder()
-        found = _Found()
-        interpreters = {}
-        for index in range(len(emitted.segment_info)):
-            segment = getattr(emitted, f"seg{index}")
-            interpreters[index] = _Interpreter(segment, recorder, found)
-            segment.forward = _run_with(interpreters[index])
-        threads = torch.get_num_threads()
+        for interpreter in interpreters.values():
+            interpreter.found, interpreter.timing = found, False
         try:
             with torch.no_grad(), implicit_replication(), _handlers():
                 with recorder:
@@ -91,7 +109,8 @@ def observe(emitted: torch.nn.Module, split: Mapping[str, tuple[str, int]], rank
             torch.set_num_threads(threads)
             for index in interpreters:
                 del getattr(emitted, f"seg{index}").forward
-    return Observed(share=found.share, seconds=found.seconds, param_share=found.param_share,
+    return Observed(share=found.share, seconds=found.seconds, plain_seconds=plain.seconds,
+                    param_share=found.param_share,
                     output_share=found.output_share,
                     collectives={k: tuple(v) for k, v in found.collectives.items()})
 
@@ -199,7 +218,8 @@ def tensor_problem(problem: Problem, observed: Observed, devices: tuple[str, ...
                    measured: bool = False, collectives_s: float | None = None) -> Problem:
     """``problem`` (the forward, whose nodes hold traced ops) as one of ``devices`` runs its
     part of it: every node on ``devices[0]``, its time, parameters and output scaled by its
-    ops' mean shares (``measured``: its time its ops' ``observed.seconds``, DTensor's dispatch
+    ops' mean shares, its launch grown by DTensor's dispatch on the host
+    (``Observed.overhead_s``; ``measured``: its time its ops' ``observed.seconds``, dispatch
     included, where the devices are this machine's CPU workers), and the collectives its ops
     waited for added to its time, each a ring over ``devices`` (see the module's docstring),
     or ``collectives_s``, all of a pass's measured (``profile.allreduce``, mode
@@ -220,28 +240,30 @@ def tensor_problem(problem: Problem, observed: Observed, devices: tuple[str, ...
                 for kind, nbytes in per)
     scale = collectives_s / rings if collectives_s is not None and rings else 1.0
     one = restrict(problem, devices[:1])
-    device = devices[0]
-    nodes, compute = [], {}
+    device, host = devices[0], one.costs.host
+    nodes, compute, launches = [], {}, {}
     for node in one.graph.nodes:
         share = mean(observed.share, node.ops)
         held = int(node.param_bytes * mean(observed.param_share, node.ops))
-        nodes.append(replace(node, param_bytes=held,
+        out = int(node.output_bytes * mean(observed.output_share, node.ops))
+        nodes.append(replace(node, param_bytes=held, output_bytes=out,
                              trainable_bytes=min(node.trainable_bytes, held),
-                             output_bytes=int(node.output_bytes
-                                              * mean(observed.output_share, node.ops)),
-                             view_bytes=min(node.view_bytes, int(
-                                 node.output_bytes * mean(observed.output_share, node.ops)))))
+                             view_bytes=min(node.view_bytes, out)))
         waits = scale * sum(ring(kind, nbytes) for op in node.ops
                             for kind, nbytes in observed.collectives.get(op, ()))
-        host = one.costs.host
         launch = host.launch_of(node.name, device) if host is not None else 0.0
         t = one.costs.compute_s[node.name][device]
         if measured and any(op in observed.seconds for op in node.ops):
             t = sum(observed.seconds.get(op, 0.0) for op in node.ops)
             compute[node.name] = {device: max(t, launch) + waits}
-        else:
-            compute[node.name] = {device: launch + (t - launch) * share + waits}
+            continue
+        # The host launches each op, DTensor's dispatch included, and the device runs its share.
+        dispatch = launch + sum(observed.overhead_s(op) for op in node.ops)
+        launches[node.name] = {device: dispatch}
+        compute[node.name] = {device: max(dispatch, launch + (t - launch) * share) + waits}
+    if host is not None:
+        host = replace(host, launch_s={**host.launch_s, **launches})
     kept = {n.name: n.output_bytes for n in nodes}
     edges = tuple(replace(e, bytes=min(e.bytes, kept[e.src])) for e in one.graph.edges)
     return replace(one, graph=replace(one.graph, nodes=tuple(nodes), edges=edges),
-                   costs=replace(one.costs, compute_s=compute))
+                   costs=replace(one.costs, compute_s=compute, host=host))
