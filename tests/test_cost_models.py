@@ -67,6 +67,7 @@ def test_public_surface_is_pinned() -> None:
             "link_kind_names",
             "match_gpu_name",
             "op_time_s",
+            "ring_allgather_s",
             "ring_allreduce_s",
             "transfer_time_s",
         ]

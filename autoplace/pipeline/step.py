@@ -12,7 +12,8 @@ from typing import Any
 import torch
 
 from autoplace.emit import check_step_memory, train_emitted
-from autoplace.emit.check.outputs import PeakCheck
+from autoplace.emit.check.memory import comparable_peak_bytes
+from autoplace.emit.check.outputs import ENFORCE_PEAK_DEFAULT, PeakCheck, check_peak
 from autoplace.emit.distributed.ddp import REPLICA_SHARDS, SHARDINGS, microbatching
 from autoplace.emit.distributed.replicas import verify_replicas
 from autoplace.emit.train.microbatch import (
@@ -469,10 +470,15 @@ def check_step(planned: Plan, emitted: Any, model: torch.nn.Module, step: Step,
          "emitted model give the original's losses "
          f"({', '.join(f'{v:.6g}' for v in check['losses'])}), gradients and parameters")
     if step.sharding == "fsdp":
-        # Measured here, one process holds what FSDP2 shards over the ranks.
-        peak = PeakCheck(status="not measured", detail=(
-            "not measured: the sharded replicas' memory is FSDP2's over processes, and this "
-            "process would measure the whole unsharded step"))
+        # Rank 0's step, measured there by torch's FSDPMemTracker: this process would hold
+        # what FSDP2 shards over the ranks.
+        device = step.groups[0][0]
+        measured = check.pop("measured_peak_bytes")
+        peak = check_peak({device: measured},
+                          {device: comparable_peak_bytes(planned.problem,
+                                                         planned.schedule)[device]},
+                          method="FSDPMemTracker", enforce=ENFORCE_PEAK_DEFAULT
+                          if check_memory is None else check_memory)
     else:
         peak = _step_memory(emitted, planned, step, check_memory, optimizer=optimizer)
     note(f"training step memory: {peak.detail}")

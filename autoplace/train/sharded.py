@@ -8,7 +8,8 @@ emitter cuts into segments and ``OUT/train.py`` wraps (``emit.distributed.ddp``)
 prices and sizes one replica's step: two all-gathers per unit and a reduce-scatter per gradient
 (``cost_models.ring_allgather_s``; or, between CPU processes here, FSDP2's overhead measured,
 ``profile.allreduce``), the update on 1/R; shards resident, a unit's unsharded parameters and
-gradients while it runs and one unit prefetched in the backward. Rules, figures and sources:
+gradients (and the reduce-scatter's copy of them) while it runs and one unit prefetched in the
+backward. Rules, figures and sources:
 docs/training.md, "Sharded replicas (FSDP2, ZeRO-3)".
 """
 
@@ -104,8 +105,10 @@ def with_fsdp(problem: Problem, cluster: Cluster, groups: Sequence[Sequence[str]
                            trainable_bytes=_share(trained, replicas),
                            workspace_bytes=node.workspace_bytes + unsharded[unit])
         elif phase == "backward" and unit is not None:
+            # regathered parameters, unsharded gradients, the reduce-scatter's input (FSDP2's
+            # foreach_reduce copies them into one) and the next unit prefetched
             held = graph.node(base).trainable_bytes
-            node = replace(node, workspace_bytes=node.workspace_bytes + 2 * unsharded[unit]
+            node = replace(node, workspace_bytes=node.workspace_bytes + 3 * unsharded[unit]
                            - held + prefetched.get(unit, 0))
         elif phase == "step":
             grads = graph.node(base).trainable_bytes

@@ -275,6 +275,8 @@ def _train(model_dir: Path, *, optimizer: str, replicas: int, rank: int, steps: 
         # (without, torch's default, one per core, unless torchrun's OMP_NUM_THREADS=1 set it).
         with worker_threads(here.values()) as threads:
             losses, times, record = _steps(step, model, opt, steps=steps, recording=recording)
+            if recording and sharding == "fsdp":
+                record["peak_bytes"] = _fsdp_peak_bytes(step, model, opt, args, kwargs)
         # DDP's reducer (held by the step) goes before its process group: left to the
         # interpreter's exit, it was destroyed after the group, and about one run in five
         # aborted ("terminate called without an active exception") once training was done.
@@ -332,6 +334,22 @@ def _fsdp_step(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
         return loss
 
     return step
+
+
+def _fsdp_peak_bytes(step: Step, model: torch.nn.Module, opt: torch.optim.Optimizer,
+                     args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """This rank's peak bytes over one more step (its optimizer's state already made), as
+    torch's ``FSDPMemTracker`` counts them: sharded and unsharded parameters and gradients,
+    optimizer state, activations, inputs, collectives' buffers and temporaries."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    tracker = FSDPMemTracker(model, opt)
+    tracker.track_inputs((args, kwargs))
+    with tracker:
+        opt.zero_grad()
+        step()
+        opt.step()
+    return int(sum(snap["Total"] for snap in tracker.get_tracker_snapshot("peak").values()))
 
 
 def _microbatched_step(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],

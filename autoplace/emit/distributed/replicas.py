@@ -256,4 +256,5 @@ def _compare(record: Mapping[str, Any], original: torch.nn.Module, args: tuple[A
             "replicas": replicas, "losses": [float(s["loss"]) for s in record["steps"]],
             "original_losses": original_losses,
             "max_abs_diff_gradients": worst["grad"], "max_abs_diff_parameters": worst["param"],
-            "ill_conditioned_elements": _apart(masks)}
+            "ill_conditioned_elements": _apart(masks)} | (
+                {"measured_peak_bytes": record["peak_bytes"]} if "peak_bytes" in record else {})
