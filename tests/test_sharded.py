@@ -308,3 +308,29 @@ def test_fsdp_on_with_replicas_of_several_devices_says_what_would_shard(tmp_path
                  "--replicas", "2", "--no-profile", "--out", str(tmp_path / "out")])
     assert code == 2
     assert not (tmp_path / "out").exists()
+
+
+def test_a_model_on_the_meta_device_plans_for_training_sharded_and_is_not_emitted() -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from autoplace.config import Config, Training
+    from autoplace.pipeline import plan
+
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=64, use_cache=False)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    ids = torch.randint(0, 256, (2, 16), device="meta")
+    planned = plan(model, {"input_ids": ids, "labels": ids},
+                   Config(devices="2xA100-40GB", mode="training", training=Training(fsdp="on")))
+    training = planned.plan.training
+    assert (training.replicas, training.sharding) == (2, "fsdp")
+    assert planned.model is None and training.check.status == "skipped"
+    notes = " ".join(planned.plan.notes)
+    assert "not checked: the model is on the meta device" in notes
+    assert "not emitted: the parameters are on the meta device" in notes
+    whole = sum(p.numel() * 4 for p in model.parameters())
+    resident = sum(n.param_bytes for n in planned.plan.problem.graph.nodes
+                   if "@" not in n.name)
+    assert resident == pytest.approx(whole / 2, rel=0.01)  # every unit's parameters, halved

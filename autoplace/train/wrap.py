@@ -53,7 +53,8 @@ def loss_model(model: torch.nn.Module, loss: Callable[..., torch.Tensor] | None,
                args: tuple[Any, ...], kwargs: dict[str, Any],
                targets: tuple[Any, ...]) -> LossModel:
     """``LossModel(model, loss)``, checked on the example inputs: it must return a scalar
-    tensor that needs a gradient. Raises ``ModelLoadError`` saying what to change."""
+    tensor that needs a gradient. Raises ``ModelLoadError`` saying what to change. A model on
+    the meta device is not run: its trace is checked instead."""
     if loss is not None and not callable(loss):
         raise ModelLoadError(f"`loss` is a {type(loss).__name__}, not a function "
                              "loss(outputs, *targets)")
@@ -61,6 +62,10 @@ def loss_model(model: torch.nn.Module, loss: Callable[..., torch.Tensor] | None,
         raise ModelLoadError("the model file defines loss() but no example_targets: define "
                              "example_targets, the targets loss(outputs, *targets) takes")
     wrapped = LossModel(model, loss)
+    if any(t.is_meta for t in (*model.parameters(), *model.buffers())):
+        # No values to run on (a model too large for this machine, or its shape only): the
+        # trace checks the loss instead (``train.graph.step_problem``: one scalar output).
+        return wrapped
     try:
         value = wrapped(*args, targets=targets, **kwargs)
     except Exception as exc:

@@ -34,6 +34,7 @@ from torch.utils import _pytree as pytree
 from autoplace.emit.files.saving import input_names
 from autoplace.errors import AutoplaceError, EmitError
 from autoplace.ir import Problem, Schedule
+from autoplace.progress.notes import note
 from autoplace.simulate.schedules import phase_of
 
 __all__ = ["Action", "action_order", "batch_size", "loss_rule", "split_batch", "stepper",
@@ -90,7 +91,13 @@ def split_batch(args: tuple[Any, ...], kwargs: dict[str, Any], count: int, *,
 def loss_rule(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
               batches: Sequence[Batch]) -> str:
     """``mean`` or ``sum``: how the batch's loss combines the micro-batches' losses on the
-    example (``model`` returns the loss). Raises ``AutoplaceError`` when neither does."""
+    example (``model`` returns the loss). Raises ``AutoplaceError`` when neither does. A model
+    on the meta device has no values to compare: ``mean`` is taken, and a note says so."""
+    if any(t.is_meta for t in (*model.parameters(), *model.buffers())):
+        note(f"the loss over {len(batches)} parts is taken as the mean of theirs, not checked: "
+             "the model is on the meta device (a loss that averages over the samples, as "
+             "transformers' do where no label is ignored, splits so)")
+        return "mean"
     with torch.no_grad():
         loss = model(*args, **kwargs).detach()
         whole = loss.double()
