@@ -334,3 +334,15 @@ def test_a_model_on_the_meta_device_plans_for_training_sharded_and_is_not_emitte
     resident = sum(n.param_bytes for n in planned.plan.problem.graph.nodes
                    if "@" not in n.name)
     assert resident == pytest.approx(whole / 2, rel=0.01)  # every unit's parameters, halved
+
+
+def test_sharded_replicas_that_do_not_fit_say_what_each_holds() -> None:
+    from autoplace.errors import InfeasibleError
+
+    with pytest.raises(InfeasibleError) as caught:
+        _mlp_plan(1_500_000, fsdp="on")
+    said = str(caught.value)
+    assert "Each of 2 sharded replicas (FSDP) holds 1/2" in said
+    # 1/2 of the MLP's 940584 bytes of parameters, of gradients, and twice that of Adam state
+    assert "beside the 470292 bytes of parameters" in said
+    assert "940584 bytes of adam state" in said and "--microbatches" not in said

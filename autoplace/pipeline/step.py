@@ -373,7 +373,8 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
         capacity = sum(d.memory_bytes - d.reserved_bytes for d in forward.cluster.devices)
         raise InfeasibleError(
             f"{failure} "
-            f"{training_memory(forward.graph, optimizer, capacity, microbatches, recompute, dtype)}"
+            + training_memory(forward.graph, optimizer, capacity, microbatches, recompute,
+                              dtype, sharded=len(replicated[1]) if sharding == "fsdp" else 1)
         ) from failure
     best = min(found, key=lambda n: (not found[n].result.schedule.feasible,
                                       found[n].result.schedule.makespan_s))

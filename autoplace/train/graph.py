@@ -308,20 +308,22 @@ def trained_bytes(graph: OpGraph) -> dict[str, int]:
 
 def training_memory(graph: OpGraph, optimizer: str, capacity: int | None = None,
                     microbatches: int = 1, recompute: str = "off",
-                    dtype: str = "float32") -> str:
+                    dtype: str = "float32", sharded: int = 1) -> str:
     """What a training step holds beyond inference, for an error that says no placement fits:
     the bytes of gradients and optimizer state, how many bytes the devices' ``capacity``
     (together) lacks for them, and what would shrink them (``recompute``: what was asked):
     the numbers ``step_problem`` charges (under mixed precision the state holds the float32
-    master weights too)."""
+    master weights too); ``sharded``: FSDP's R, each device holding 1/R of all three."""
     opt = OPTIMIZERS[optimizer]
-    params = sum(n.param_bytes for n in graph.nodes)
-    trained = sum(n.trainable_bytes for n in graph.nodes)
+    params = sum(n.param_bytes for n in graph.nodes) // sharded
+    trained = sum(n.trainable_bytes for n in graph.nodes) // sharded
     state = int(trained / element_bytes(dtype) * update_of(opt, dtype).held_bytes_per_param)
     lighter = [o.name for o in OPTIMIZERS.values()
                if o.state_bytes_per_param < opt.state_bytes_per_param]
     short = params + trained + state - (capacity or 0)
-    return (f"A training step holds, beside the {params} bytes of parameters and buffers and "
+    return ((f"Each of {sharded} sharded replicas (FSDP) holds 1/{sharded} of the parameters, "
+             "gradients and optimizer state. " if sharded > 1 else "")
+            + f"A training step holds, beside the {params} bytes of parameters and buffers and "
             f"the activations kept for backward, {trained} bytes of gradients and {state} bytes "
             f"of {optimizer} state"
             + (f" (float32 master weights included: {dtype} mixed precision)"
@@ -330,8 +332,10 @@ def training_memory(graph: OpGraph, optimizer: str, capacity: int | None = None,
                if capacity is not None and short > 0 else "")
             + ": add devices"
             + (f", use an optimizer with less state ({', '.join(lighter)})" if lighter else "")
-            + (", or cut the batch into more micro-batches" if microbatches > 1 else
-               ", or cut the batch into micro-batches (--microbatches)")
-            + ", which hold fewer activations at once"
-            + (" (recomputation was tried too)." if microbatches > 1 and recompute != "off" else
-               ", and recompute them (--recompute all, with micro-batches)."))
+            + (" (sharded replicas run one batch each: micro-batches and recomputation with "
+               "them are not built yet)." if sharded > 1 else
+               (", or cut the batch into more micro-batches" if microbatches > 1 else
+                ", or cut the batch into micro-batches (--microbatches)")
+               + ", which hold fewer activations at once"
+               + (" (recomputation was tried too)." if microbatches > 1 and recompute != "off"
+                  else ", and recompute them (--recompute all, with micro-batches).")))
