@@ -158,7 +158,7 @@ def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: S
                 failure = failure or exc  # R=1's, over every device, says the most
     if not found:
         raise failure  # type: ignore[misc]
-    best = min(found, key=lambda k: (not found[k][0].solved.schedule.feasible,
+    kept = min(found, key=lambda k: (not found[k][0].solved.schedule.feasible,
                                      found[k][0].solved.schedule.makespan_s))
     table = tuple(
         ReplicaOption(replicas=r, devices_per_replica=len(groups[0]),
@@ -168,8 +168,8 @@ def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: S
                       and found[r, sharding][0].solved.schedule.feasible,
                       sharding=sharding)
         for r, groups, sharding in counts)
-    step, mine = found[best]
-    best = best[0]
+    step, mine = found[kept]
+    best = kept[0]  # the replica count
     note_all(mine)
     frozen = sum(n.param_bytes - n.trainable_bytes for n in step.forward.problem.graph.nodes)
     if frozen:
