@@ -189,7 +189,8 @@ def tensor_main(model_dir: str | os.PathLike[str], argv: Sequence[str]) -> int:
     """One rank of ``torchrun --nproc-per-node N``: load ``model_dir``, split it over the N
     ranks (``--split FILE``: ``column_row``'s, as JSON), run it on the saved example inputs
     once and then ``--repeats`` times, the ranks lined up by a barrier before each; rank 0
-    saves the outputs and the repeats' times (``--outputs FILE``, ``torch.save``). The exit
+    saves the output tensors (in pytree order) and the repeats' times (``--outputs FILE``,
+    ``torch.save``). The exit
     code; an ``AutoplaceError`` is printed as one line and exits with 2."""
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -222,7 +223,8 @@ def tensor_main(model_dir: str | os.PathLike[str], argv: Sequence[str]) -> int:
             run_sharded(model, *example)
             times.append(time.perf_counter() - began)
         if dist.get_rank() == 0 and options.outputs:
-            torch.save({"outputs": outputs, "times_s": times}, options.outputs)
+            leaves = [x for x in pytree.tree_leaves(outputs) if isinstance(x, torch.Tensor)]
+            torch.save({"outputs": leaves, "times_s": times}, options.outputs)
     except AutoplaceError as error:
         print_error(type(error).__name__, error)
         return 2
@@ -254,24 +256,23 @@ def verify_tensor_parallel(emitted: PartitionedModel, original: torch.nn.Module,
         launch_replicas(script, replicas=ranks, timeout_s=timeout_s, what="tensor-parallel",
                         argv=["--split", str(root / "split.json"), "--repeats", str(repeats),
                               "--outputs", str(root / "outputs.pt")])
-        saved = torch.load(root / "outputs.pt", weights_only=False)
-    outputs, times = saved["outputs"], saved["times_s"]
+        saved = torch.load(root / "outputs.pt", weights_only=True)
+    ours, times = saved["outputs"], saved["times_s"]
     with torch.no_grad():
         expected = original(*args, **kwargs)
-    ours, theirs = pytree.tree_leaves(outputs), pytree.tree_leaves(expected)
+    theirs = [x for x in pytree.tree_leaves(expected) if isinstance(x, torch.Tensor)]
     if len(ours) != len(theirs):
         raise VerificationError(f"the {ranks} tensor-parallel ranks returned {len(ours)} "
                                 f"outputs, the original {len(theirs)}")
     worst = 0.0
     for i, (a, b) in enumerate(zip(ours, theirs)):
-        if isinstance(b, torch.Tensor):
-            try:
-                torch.testing.assert_close(a, b.detach().cpu())
-            except AssertionError as exc:
-                raise VerificationError(f"output {i} of the {ranks} tensor-parallel ranks "
-                                        f"differs from the original's: {exc}") from None
-            if a.numel():
-                worst = max(worst, float((a.double() - b.detach().cpu().double()).abs().max()))
+        try:
+            torch.testing.assert_close(a, b.detach().cpu())
+        except AssertionError as exc:
+            raise VerificationError(f"output {i} of the {ranks} tensor-parallel ranks "
+                                    f"differs from the original's: {exc}") from None
+        if a.numel():
+            worst = max(worst, float((a.double() - b.detach().cpu().double()).abs().max()))
     return {"status": "passed", "ranks": ranks, "split": split, "max_abs_diff": worst,
             "measured_s": statistics.median(times) if times else None,
             "columns": sum(1 for k, _ in split.values() if k == COLUMN),
