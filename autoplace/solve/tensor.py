@@ -29,7 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from autoplace.errors import EmitError
 from autoplace.ir import Problem
 from autoplace.solve.whatif import restrict
-from autoplace.train.dataparallel import _ring
+from autoplace.train.dataparallel import ring_link
 from cost_models import ring_allgather_s, ring_allreduce_s
 
 __all__ = ["TIMED", "Observed", "observe", "tensor_problem"]
@@ -226,7 +226,7 @@ def tensor_problem(problem: Problem, observed: Observed, devices: tuple[str, ...
     ``collectives``), shared by the rings' times."""
     ranks = len(devices)
     cluster = problem.cluster
-    bandwidth, latency = _ring(cluster, list(devices))
+    bandwidth, latency = ring_link(cluster, list(devices))
 
     def ring(kind: str, nbytes: int) -> float:
         formula = ring_allreduce_s if _RING[kind] == "allreduce" else ring_allgather_s

@@ -31,7 +31,7 @@ from autoplace.train.graph import trained_bytes
 from cost_models import LINK_CATALOG, ring_allreduce_s
 
 __all__ = ["BUCKET_BYTES", "allreduce_s", "average_gradients", "ddp_replica", "replica_groups",
-           "with_allreduce"]
+           "ring_link", "with_allreduce"]
 
 BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel's default bucket_cap_mb
 
@@ -69,7 +69,7 @@ def _alike(cluster: Cluster, groups: Sequence[Sequence[str]]) -> bool:
     return all(shape(g) == shape(groups[0]) for g in groups)
 
 
-def _ring(cluster: Cluster, peers: Sequence[str]) -> tuple[float, float]:
+def ring_link(cluster: Cluster, peers: Sequence[str]) -> tuple[float, float]:
     """The slowest bandwidth and latency around the ring ``peers`` (in order, closed). Between
     two CPU devices of one host the cluster's link is one process's (worker threads hand a
     tensor over by reference), not the replicas': they are processes, whose gloo all-reduce
@@ -118,7 +118,7 @@ def with_allreduce(problem: Problem, cluster: Cluster,
             share = measured_s * nbytes / total
             compute[name] = {d: t + share for d, t in compute[name].items()}
     else:
-        rings = {d: _ring(cluster, [g[i] for g in groups]) for i, d in enumerate(groups[0])}
+        rings = {d: ring_link(cluster, [g[i] for g in groups]) for i, d in enumerate(groups[0])}
         for name, nbytes in steps.items():
             compute[name] = {d: t + allreduce_s(nbytes, replicas, *rings[d])
                              for d, t in compute[name].items()}

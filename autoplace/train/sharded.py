@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from autoplace.ir import Cluster, OpGraph, Problem
 from autoplace.simulate.schedules import BACKWARD, STEP, phase_of
-from autoplace.train.dataparallel import _ring
+from autoplace.train.dataparallel import ring_link
 from cost_models import ring_allgather_s
 
 __all__ = ["fsdp_units", "unit_of", "with_fsdp"]
@@ -78,7 +78,7 @@ def with_fsdp(problem: Problem, cluster: Cluster, groups: Sequence[Sequence[str]
     order = list(dict.fromkeys(units[n.name] for n in forward
                                if units[n.name] is not None and unsharded[units[n.name]]))
     prefetched = {u: unsharded[order[i - 1]] if i else 0 for i, u in enumerate(order)}
-    bandwidth, latency = _ring(cluster, [g[0] for g in groups])
+    bandwidth, latency = ring_link(cluster, [g[0] for g in groups])
 
     def gather(nbytes: int) -> float:
         return ring_allgather_s(nbytes, replicas, bandwidth_bytes_per_s=bandwidth,
