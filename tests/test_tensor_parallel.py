@@ -98,13 +98,16 @@ def test_dtensor_is_observed_on_fake_ranks_and_each_collective_charged_where_it_
     from autoplace.ir import Placement, Problem
     from autoplace.profile.cost import costs
     from autoplace.simulate import simulate
-    from autoplace.solve.tensor import observe, tensor_problem
+    from autoplace.solve.tensor import OUTPUTS, observe, tensor_problem
 
     model, args = _mlp()
     split = column_row(_emitted(model, args))
     seen = observe(_emitted(model, args), split, 2, args, {})
-    # the row matmul's partial sums are all-reduced where they are first read: the relu
-    assert seen.collectives == {"relu_1": (("all_reduce", 4 * 16 * 4),)}
+    # the row matmul's partial sums are all-reduced where they are first read: the relu; the
+    # last column's output (4 x 8 floats) gathered whole, as run_sharded returns it
+    assert seen.collectives == {"relu_1": (("all_reduce", 4 * 16 * 4),),
+                                OUTPUTS: (("all_gather_into_tensor", 4 * 8 * 4),)}
+    assert seen.param_bytes["linear"] == ((32 * 64 + 64) * 4 // 2, (32 * 64 + 64) * 4)
     assert seen.share["linear"] == seen.share["linear_1"] == 0.5  # a column, a row
     assert seen.share["relu_1"] == 1.0  # on the all-reduced whole
     assert all(t > 0 for t in seen.seconds.values())
@@ -147,7 +150,8 @@ def test_the_planner_records_the_candidate_beside_the_placement(tmp_path) -> Non
                                        parallel=Parallel(tp=2)))
     tp = planned.plan.tensor_parallel
     assert tp is not None and tp.ranks == 2 and tp.devices == ("cpu:0", "cpu:1")
-    assert (tp.columns, tp.rows, tp.collectives, tp.check) == (4, 1, 1, "passed")
+    # two column matmuls and a row; the row's all-reduce and the output's gather
+    assert (tp.columns, tp.rows, tp.collectives, tp.check) == (2, 1, 2, "passed")
     assert tp.makespan_s > 0 and tp.measured_s > 0 and tp.max_abs_diff < 1e-5
     assert Plan.from_dict(planned.plan.to_dict()).tensor_parallel == tp
     assert any(n.startswith("tensor parallel over 2 ranks") for n in planned.plan.notes)
@@ -171,3 +175,18 @@ def test_a_tp_that_cannot_be_is_refused_before_any_work(tmp_path, capsys, argv, 
                  *argv])
     assert code == 2 and says in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_split_dimension_the_ranks_do_not_divide_stays_whole_in_the_candidate() -> None:
+    from autoplace.emit.distributed.tensor import divisible, matmuls
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16), nn.ReLU(),
+                          nn.Linear(16, 7))  # 7 classes: not a multiple of 2
+    args = (torch.randn(4, 32),)
+    emitted = _emitted(model, args)
+    split, whole = divisible(emitted, column_row(emitted), 2)
+    assert whole == ["seg0.4.bias", "seg0.4.weight"]
+    assert matmuls(split) == (1, 1)
+    check = verify_tensor_parallel(emitted, model, args, {}, ranks=2, split=split)
+    assert check["status"] == "passed" and (check["columns"], check["rows"]) == (1, 1)

@@ -214,10 +214,13 @@ def _variants(counts: list[tuple[int, list[tuple[str, ...]]]], fsdp: str, microb
         if fsdp != "off" and r > 1 and len(groups[0]) == 1 and microbatches == 1:
             variants.append((r, groups, "fsdp"))
     if not variants:
-        tried = ", ".join(f"R={r} ({len(g[0])} devices each)" for r, g in counts)
-        raise ConfigError("{training.fsdp=on} shards over replicas of one device each, and "
-                          f"here there are none ({tried}): set {{training.replicas}} to the "
-                          "number of devices, or {training.fsdp=auto}")
+        tried = ", ".join(f"R={r} ({len(g[0])} device{'s' if len(g[0]) > 1 else ''} each)"
+                          for r, g in counts)
+        raise ConfigError("{training.fsdp=on} shards over replicas of one device each (R the "
+                          "number of devices, 2 or more, and a batch that divides into R "
+                          f"shards), and none could be planned here ({tried}; the notes say "
+                          "why a count was not considered): plan on 2 or more devices whose "
+                          "number divides the batch, or set {training.fsdp=auto}")
     return variants
 
 

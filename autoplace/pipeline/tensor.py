@@ -14,7 +14,12 @@ import torch
 
 from autoplace.emit import emit_model
 from autoplace.emit.device_map import local_device_map
-from autoplace.emit.distributed.tensor import COLUMN, column_row, verify_tensor_parallel
+from autoplace.emit.distributed.tensor import (
+    column_row,
+    divisible,
+    matmuls,
+    verify_tensor_parallel,
+)
 from autoplace.errors import ConfigError
 from autoplace.formats.plan import Plan
 from autoplace.formats.records import TensorParallelRecord
@@ -40,7 +45,11 @@ def tensor_candidate(planned: Plan, problem: Problem, traced: TracedModel,
         note("tensor parallelism not weighed: the parameters are on the meta device")
         return planned
     stage("tensor parallel")
-    split = column_row(_one_device(traced))
+    one = _one_device(traced)
+    split, whole = divisible(one, column_row(one), ranks)
+    if whole:
+        note(f"tensor parallel over {ranks} ranks: {', '.join(whole)} kept whole, their split "
+             f"dimension not a multiple of {ranks}")
     observed = observe(_one_device(traced), split, ranks, args, kwargs)
     names = tuple(d.name for d in chosen)
     here = all(d.torch_device.startswith("cpu") for d in chosen)  # this machine's workers
@@ -49,15 +58,14 @@ def tensor_candidate(planned: Plan, problem: Problem, traced: TracedModel,
     schedule = simulate(rank0, Placement(device_of={n.name: names[0]
                                                     for n in rank0.graph.nodes}))
     moved = [c for per in observed.collectives.values() for c in per]
+    columns, rows = matmuls(split)
     record = TensorParallelRecord(
         ranks=ranks, devices=names, makespan_s=schedule.makespan_s,
-        peak_bytes=schedule.peak_bytes[names[0]],
-        columns=sum(1 for kind, _ in split.values() if kind == COLUMN),
-        rows=sum(1 for kind, _ in split.values() if kind != COLUMN),
+        peak_bytes=schedule.peak_bytes[names[0]], columns=columns, rows=rows,
         collectives=len(moved), collective_bytes=sum(b for _, b in moved))
     if verify:
         check = verify_tensor_parallel(_one_device(traced), model, args, kwargs, ranks=ranks,
-                                       repeats=TIMED_PASSES)
+                                       repeats=TIMED_PASSES, split=split)
         record = replace(record, check="passed", max_abs_diff=check["max_abs_diff"],
                          measured_s=check["measured_s"])
     faster = record.makespan_s < planned.makespan_s

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.fx
+from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from autoplace.errors import EmitError
@@ -32,7 +33,9 @@ from autoplace.solve.whatif import restrict
 from autoplace.train.dataparallel import ring_link
 from cost_models import ring_allgather_s, ring_allreduce_s
 
-__all__ = ["TIMED", "Observed", "observe", "tensor_problem"]
+__all__ = ["OUTPUTS", "TIMED", "Observed", "observe", "tensor_problem"]
+
+OUTPUTS = "(outputs)"  # the key of the outputs' gathers, charged to the graph's last node
 
 TIMED = 3  # passes timed per op under DTensor, the fastest kept
 
@@ -57,6 +60,8 @@ class Observed:
     param_share: Mapping[str, float] = field(default_factory=dict)
     output_share: Mapping[str, float] = field(default_factory=dict)
     collectives: Mapping[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
+    # per op: the bytes of the parameters it reads, rank 0's and whole
+    param_bytes: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
     def overhead_s(self, op: str) -> float:
         """What DTensor adds to ``op`` on the host: its time split, less its share of its time
@@ -99,7 +104,12 @@ def observe(emitted: torch.nn.Module, split: Mapping[str, tuple[str, int]], rank
         try:
             with torch.no_grad(), implicit_replication(), _handlers():
                 with recorder:
-                    emitted(*args, **kwargs)
+                    out = emitted(*args, **kwargs)
+                    recorder.take()
+                    pytree.tree_map(_whole, out)  # as run_sharded returns the outputs
+                    gathered = recorder.take()
+                if gathered:
+                    found.collectives[OUTPUTS] = gathered
                 torch.set_num_threads(1)
                 for interpreter in interpreters.values():
                     interpreter.timing = True
@@ -110,7 +120,7 @@ def observe(emitted: torch.nn.Module, split: Mapping[str, tuple[str, int]], rank
             for index in interpreters:
                 del getattr(emitted, f"seg{index}").forward
     return Observed(share=found.share, seconds=found.seconds, plain_seconds=plain.seconds,
-                    param_share=found.param_share,
+                    param_share=found.param_share, param_bytes=found.param_bytes,
                     output_share=found.output_share,
                     collectives={k: tuple(v) for k, v in found.collectives.items()})
 
@@ -135,6 +145,7 @@ class _Found:
     share: dict[str, float] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     param_share: dict[str, float] = field(default_factory=dict)
+    param_bytes: dict[str, tuple[int, int]] = field(default_factory=dict)
     output_share: dict[str, float] = field(default_factory=dict)
     collectives: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
 
@@ -192,6 +203,8 @@ class _Interpreter(torch.fx.Interpreter):
         outs = [x for x in torch.utils._pytree.tree_leaves(out) if isinstance(x, torch.Tensor)]
         self.found.share[n.name] = min((_fraction(x) for x in (*ins, *outs)), default=1.0)
         self.found.param_share[n.name] = min((_fraction(p) for p in params), default=1.0)
+        self.found.param_bytes[n.name] = (sum(_nbytes(p, local=True) for p in params),
+                                          sum(_nbytes(p, local=False) for p in params))
         self.found.output_share[n.name] = min((_fraction(x) for x in outs), default=1.0)
         taken = self.recorder.take()
         if taken:
@@ -199,10 +212,25 @@ class _Interpreter(torch.fx.Interpreter):
         return out
 
 
+def _whole(value: Any) -> Any:
+    from torch.distributed.tensor import DTensor
+
+    return value.full_tensor() if isinstance(value, DTensor) else value
+
+
 def _run_with(interpreter: _Interpreter) -> Any:
     def forward(*args: Any) -> Any:
         return interpreter.run(*args)
     return forward
+
+
+def _nbytes(value: Any, *, local: bool) -> int:
+    """The bytes of ``value``, rank 0's part of it (``local``) or whole."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor) and local:
+        value = value.to_local()
+    return value.numel() * value.element_size() if isinstance(value, torch.Tensor) else 0
 
 
 def _fraction(value: Any) -> float:
@@ -232,9 +260,21 @@ def tensor_problem(problem: Problem, observed: Observed, devices: tuple[str, ...
         formula = ring_allreduce_s if _RING[kind] == "allreduce" else ring_allgather_s
         return formula(nbytes, ranks, bandwidth_bytes_per_s=bandwidth, latency_s=latency)
 
-    def mean(table: Mapping[str, float], ops: tuple[str, ...]) -> float:
-        known = [table[op] for op in ops if op in table]
-        return sum(known) / len(known) if known else 1.0
+    def share_of(ops: tuple[str, ...]) -> float:
+        """The node's share of its work: its ops' shares weighted by their unsplit times."""
+        known = [(observed.share[op], observed.plain_seconds.get(op, 1.0)) for op in ops
+                 if op in observed.share]
+        weight = sum(w for _, w in known)
+        return sum(f * w for f, w in known) / weight if known and weight else 1.0
+
+    def params_of(ops: tuple[str, ...]) -> float:
+        local = sum(observed.param_bytes.get(op, (0, 0))[0] for op in ops)
+        whole = sum(observed.param_bytes.get(op, (0, 0))[1] for op in ops)
+        return local / whole if whole else 1.0
+
+    def output_of(ops: tuple[str, ...]) -> float:
+        last = [op for op in ops if op in observed.output_share]
+        return observed.output_share[last[-1]] if last else 1.0
 
     rings = sum(ring(kind, nbytes) for per in observed.collectives.values()
                 for kind, nbytes in per)
@@ -242,14 +282,16 @@ def tensor_problem(problem: Problem, observed: Observed, devices: tuple[str, ...
     one = restrict(problem, devices[:1])
     device, host = devices[0], one.costs.host
     nodes, compute, launches = [], {}, {}
+    last = one.graph.nodes[-1].name
     for node in one.graph.nodes:
-        share = mean(observed.share, node.ops)
-        held = int(node.param_bytes * mean(observed.param_share, node.ops))
-        out = int(node.output_bytes * mean(observed.output_share, node.ops))
+        share = share_of(node.ops)
+        held = int(node.param_bytes * params_of(node.ops))
+        out = int(node.output_bytes * output_of(node.ops))
         nodes.append(replace(node, param_bytes=held, output_bytes=out,
                              trainable_bytes=min(node.trainable_bytes, held),
                              view_bytes=min(node.view_bytes, out)))
-        waits = scale * sum(ring(kind, nbytes) for op in node.ops
+        waited = (*node.ops, OUTPUTS) if node.name == last else node.ops
+        waits = scale * sum(ring(kind, nbytes) for op in waited
                             for kind, nbytes in observed.collectives.get(op, ()))
         launch = host.launch_of(node.name, device) if host is not None else 0.0
         t = one.costs.compute_s[node.name][device]

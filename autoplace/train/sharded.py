@@ -88,7 +88,8 @@ def with_fsdp(problem: Problem, cluster: Cluster, groups: Sequence[Sequence[str]
     firsts = {}
     for node in forward:
         firsts.setdefault(units[node.name], node.name)
-    lasts = {units[n.name]: n.name for n in forward}
+    # each unit's first node in the backward: the backward of its last forward node that has one
+    lasts = {units[n.name]: n.name for n in forward if n.name + BACKWARD in extra_s}
     for unit, name in firsts.items() if measured_s is None else ():
         extra_s[name] += gather(unsharded[unit])
     for unit, name in lasts.items() if measured_s is None else ():
@@ -119,20 +120,29 @@ def with_fsdp(problem: Problem, cluster: Cluster, groups: Sequence[Sequence[str]
             node = replace(node, param_bytes=kept + _share(state, replicas),
                            workspace_bytes=_share(node.workspace_bytes, replicas))
         nodes.append(node)
+    return replace(problem, graph=replace(graph, nodes=tuple(nodes)),
+                   costs=replace(problem.costs, compute_s=_timed(problem, extra_s, replicas,
+                                                                  measured=measured_s)))
+
+
+def _timed(problem: Problem, extra_s: dict[str, float], replicas: int, *,
+           measured: float | None) -> dict[str, dict[str, float]]:
+    """``problem``'s times with ``extra_s`` added, each update on 1/R of its tensors (its
+    launches as before) unless ``measured`` (the overhead measured with the update on shards);
+    every node at least its launch (a measured saving is negative)."""
     host = problem.costs.host
 
-    def update_s(name: str, device: str, t: float) -> float:
-        """An update on 1/R of its tensors: its launches as before, the rest 1/R."""
-        if measured_s is not None:
-            return t  # measured with the update on shards
-        launch = host.launch_of(name, device) if host is not None else 0.0
-        return launch + (t - launch) / replicas
+    def launch_of(name: str, device: str) -> float:
+        return host.launch_of(name, device) if host is not None else 0.0
 
-    compute = {name: {d: (update_s(name, d, t) if name.endswith(STEP) else t) + extra_s[name]
-                      for d, t in per.items()}
-               for name, per in problem.costs.compute_s.items()}
-    return replace(problem, graph=replace(graph, nodes=tuple(nodes)),
-                   costs=replace(problem.costs, compute_s=compute))
+    def own(name: str, device: str, t: float) -> float:
+        if measured is not None or not name.endswith(STEP):
+            return t
+        return launch_of(name, device) + (t - launch_of(name, device)) / replicas
+
+    return {name: {d: max(launch_of(name, d), own(name, d, t) + extra_s[name])
+                   for d, t in per.items()}
+            for name, per in problem.costs.compute_s.items()}
 
 
 def _share(nbytes: int, replicas: int) -> int:

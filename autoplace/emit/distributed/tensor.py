@@ -11,7 +11,8 @@ inputs; the rest replicated), and ``run_sharded`` runs the model with its inputs
 DTensor's own sharding propagation inserts every all-reduce and all-gather. Two CPU gaps are
 filled (``_handlers``): attention split by heads (DTensor has no CPU rule for it) and export's
 metadata assertions. ``verify_tensor_parallel`` runs N gloo processes and checks the outputs
-against the original's. Not yet here: the planner's choice of it, its costs, training.
+against the original's. ``solve.tensor`` prices it; not yet here: its emission as the plan's
+model, and training.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from torch.utils import _pytree as pytree
 from autoplace.emit.codegen.model import PartitionedModel
 from autoplace.errors import AutoplaceError, EmitError, VerificationError
 
-__all__ = ["column_row", "run_sharded", "shard_model", "tensor_main", "verify_tensor_parallel"]
+__all__ = ["column_row", "divisible", "matmuls", "run_sharded", "shard_model", "tensor_main",
+           "verify_tensor_parallel"]
 
 aten = torch.ops.aten
 COLUMN, ROW = "column", "row"
@@ -78,6 +80,22 @@ def column_row(model: PartitionedModel) -> dict[str, tuple[str, int]]:
             if kind == COLUMN and _is_param(b):
                 split.setdefault(f"seg{index}.{b.target}", (COLUMN, 0))
     return split
+
+
+def matmuls(split: Mapping[str, tuple[str, int]]) -> tuple[int, int]:
+    """The column and row matmuls of ``split`` (their weights; a column's bias is not one)."""
+    weights = [kind for name, (kind, _) in split.items() if not name.endswith("bias")]
+    return weights.count(COLUMN), weights.count(ROW)
+
+
+def divisible(model: torch.nn.Module, split: Mapping[str, tuple[str, int]], ranks: int
+              ) -> tuple[dict[str, tuple[str, int]], list[str]]:
+    """``split`` less the parameters whose split dimension ``ranks`` do not divide (an output
+    layer of 7 classes over 2 ranks, say), which stay whole; and their names."""
+    sizes = dict(model.named_parameters())
+    whole = sorted(name for name, (_, dim) in split.items()
+                   if name in sizes and sizes[name].shape[dim] % ranks)
+    return {k: v for k, v in split.items() if k not in whole}, whole
 
 
 def _is_param(node: Any) -> bool:
@@ -235,16 +253,18 @@ def tensor_main(model_dir: str | os.PathLike[str], argv: Sequence[str]) -> int:
 
 def verify_tensor_parallel(emitted: PartitionedModel, original: torch.nn.Module,
                            args: tuple[Any, ...], kwargs: dict[str, Any], *, ranks: int,
-                           repeats: int = 0, timeout_s: float = VERIFY_TIMEOUT_S
+                           repeats: int = 0, timeout_s: float = VERIFY_TIMEOUT_S,
+                           split: Mapping[str, tuple[str, int]] | None = None
                            ) -> dict[str, Any]:
     """Run ``emitted`` split over ``ranks`` gloo processes (``column_row``, ``shard_model``,
     ``run_sharded``; one intra-op thread each) on ``args``/``kwargs`` and check its outputs
     against ``original``'s with ``torch.testing.assert_close`` (``VerificationError`` where
     they differ), then time ``repeats`` passes more. Returns the split, the largest
-    difference and the median pass (``measured_s``, with ``repeats``)."""
+    difference and the median pass (``measured_s``, with ``repeats``). ``split``: the one to
+    run (default ``column_row``'s)."""
     from autoplace.emit.distributed.replicas import _save, launch_replicas
 
-    split = column_row(emitted)
+    split = dict(column_row(emitted) if split is None else split)
     with tempfile.TemporaryDirectory(prefix="autoplace-tensor-") as tmp:
         root = Path(tmp)
         _save(emitted, root / "model", (tuple(args), dict(kwargs)))
@@ -273,10 +293,10 @@ def verify_tensor_parallel(emitted: PartitionedModel, original: torch.nn.Module,
                                     f"differs from the original's: {exc}") from None
         if a.numel():
             worst = max(worst, float((a.double() - b.detach().cpu().double()).abs().max()))
+    columns, rows = matmuls(split)
     return {"status": "passed", "ranks": ranks, "split": split, "max_abs_diff": worst,
             "measured_s": statistics.median(times) if times else None,
-            "columns": sum(1 for k, _ in split.values() if k == COLUMN),
-            "rows": sum(1 for k, _ in split.values() if k == ROW)}
+            "columns": columns, "rows": rows}
 
 
 if __name__ == "__main__":  # pragma: no cover - run by tp.py under torchrun
