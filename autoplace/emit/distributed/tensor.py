@@ -243,6 +243,11 @@ def tensor_main(model_dir: str | os.PathLike[str], argv: Sequence[str]) -> int:
         if dist.get_rank() == 0 and options.outputs:
             leaves = [x for x in pytree.tree_leaves(outputs) if isinstance(x, torch.Tensor)]
             torch.save({"outputs": leaves, "times_s": times}, options.outputs)
+        # The DTensors and the mesh go before the process group, which the ranks leave
+        # together (as ddp._train does: left to the interpreter's exit, a rank aborted now
+        # and then).
+        del model, outputs
+        dist.barrier()
     except AutoplaceError as error:
         print_error(type(error).__name__, error)
         return 2
@@ -271,8 +276,9 @@ def verify_tensor_parallel(emitted: PartitionedModel, original: torch.nn.Module,
         (root / "split.json").write_text(json.dumps(split))
         script = root / "tp.py"
         script.write_text(
-            "import sys\nfrom autoplace.emit.distributed.tensor import tensor_main\n"
-            f"sys.exit(tensor_main({str(root / 'model')!r}, sys.argv[1:]))\n")
+            "import sys\nfrom autoplace.emit.distributed.ddp import replica_exit\n"
+            "from autoplace.emit.distributed.tensor import tensor_main\n"
+            f"replica_exit(tensor_main({str(root / 'model')!r}, sys.argv[1:]))\n")
         launch_replicas(script, replicas=ranks, timeout_s=timeout_s, what="tensor-parallel",
                         argv=["--split", str(root / "split.json"), "--repeats", str(repeats),
                               "--outputs", str(root / "outputs.pt")])
@@ -300,4 +306,6 @@ def verify_tensor_parallel(emitted: PartitionedModel, original: torch.nn.Module,
 
 
 if __name__ == "__main__":  # pragma: no cover - run by tp.py under torchrun
-    sys.exit(tensor_main(sys.argv[1], sys.argv[2:]))
+    from autoplace.emit.distributed.ddp import replica_exit
+
+    replica_exit(tensor_main(sys.argv[1], sys.argv[2:]))
