@@ -418,13 +418,7 @@ def test_launch_py_takes_a_device_map_under_torchrun(gpu_plan, tmp_path):
                        r"here: .*pass --device-map '\{\"cuda:\*\": \"cpu\"\}'"):
         launch_replicas(out / "launch.py", replicas=2, timeout_s=120, what="rank",
                         argv=["--repeats", "1"])
-    outputs = tmp_path / "outputs.safetensors"
-    launch_replicas(out / "launch.py", replicas=2, timeout_s=120, what="rank",
-                    argv=["--repeats", "1", "--device-map", '{"cuda:*": "cpu"}',
-                          "--outputs", str(outputs)])
-    [got] = safetensors.torch.load_file(str(outputs)).values()
-    with torch.no_grad():
-        torch.testing.assert_close(got, model(x))
+    _cpu_ranks_give_the_originals(out, model, x, tmp_path)
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -505,13 +499,7 @@ def _two_host_launch(tmp_path: Path) -> tuple[torch.nn.Module, torch.Tensor]:
 
 def test_a_two_host_plan_rehearses_on_one_host_with_cpu_ranks(tmp_path):
     model, x = _two_host_launch(tmp_path)
-    outputs = tmp_path / "outputs.safetensors"
-    launch_replicas(tmp_path / "launch.py", replicas=2, timeout_s=120, what="rank",
-                    argv=["--repeats", "1", "--device-map", '{"cuda:*": "cpu"}',
-                          "--outputs", str(outputs)])
-    [got] = safetensors.torch.load_file(str(outputs)).values()
-    with torch.no_grad():
-        torch.testing.assert_close(got, model(x))
+    _cpu_ranks_give_the_originals(tmp_path, model, x, tmp_path)
 
 
 def test_a_two_host_plan_runs_under_torchrun_nnodes_2(tmp_path):
@@ -536,6 +524,17 @@ def test_a_two_host_plan_runs_under_torchrun_nnodes_2(tmp_path):
                 os.killpg(agent.pid, 9)
                 agent.wait()
     assert [a.returncode for a in agents] == [0, 0], logs
+    [got] = safetensors.torch.load_file(str(outputs)).values()
+    with torch.no_grad():
+        torch.testing.assert_close(got, model(x))
+
+
+def _cpu_ranks_give_the_originals(out, model, x, tmp_path):
+    """OUT/launch.py's two ranks, remapped to the CPU, give ``model``'s output on ``x``."""
+    outputs = tmp_path / "outputs.safetensors"
+    launch_replicas(out / "launch.py", replicas=2, timeout_s=120, what="rank",
+                    argv=["--repeats", "1", "--device-map", '{"cuda:*": "cpu"}',
+                          "--outputs", str(outputs)])
     [got] = safetensors.torch.load_file(str(outputs)).values()
     with torch.no_grad():
         torch.testing.assert_close(got, model(x))

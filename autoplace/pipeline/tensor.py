@@ -50,7 +50,7 @@ def tensor_candidate(planned: Plan, problem: Problem, traced: TracedModel,
     if whole:
         note(f"tensor parallel over {ranks} ranks: {', '.join(whole)} kept whole, their split "
              f"dimension not a multiple of {ranks}")
-    observed = observe(_one_device(traced), split, ranks, args, kwargs)
+    observed = observe(_one_device(traced), split, ranks, args, kwargs)  # a copy: it shards
     names = tuple(d.name for d in chosen)
     here = all(d.torch_device.startswith("cpu") for d in chosen)  # this machine's workers
     rank0 = tensor_problem(problem, observed, names, measured=here,
@@ -64,7 +64,7 @@ def tensor_candidate(planned: Plan, problem: Problem, traced: TracedModel,
         peak_bytes=schedule.peak_bytes[names[0]], columns=columns, rows=rows,
         collectives=len(moved), collective_bytes=sum(b for _, b in moved))
     if verify:
-        check = verify_tensor_parallel(_one_device(traced), model, args, kwargs, ranks=ranks,
+        check = verify_tensor_parallel(one, model, args, kwargs, ranks=ranks,
                                        repeats=TIMED_PASSES, split=split)
         record = replace(record, check="passed", max_abs_diff=check["max_abs_diff"],
                          measured_s=check["measured_s"])

@@ -93,7 +93,7 @@ def with_fsdp(problem: Problem, cluster: Cluster, groups: Sequence[Sequence[str]
     for unit, name in firsts.items() if measured_s is None else ():
         extra_s[name] += gather(unsharded[unit])
     for unit, name in lasts.items() if measured_s is None else ():
-        if unit is not None and name + BACKWARD in extra_s:
+        if unit is not None:
             extra_s[name + BACKWARD] += gather(unsharded[unit])  # gathered again for backward
     total = sum(unsharded.values())
     nodes = []

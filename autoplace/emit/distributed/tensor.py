@@ -34,6 +34,7 @@ import torch.distributed as dist
 import torch.fx
 from torch.utils import _pytree as pytree
 
+from autoplace.emit.check.outputs import max_abs_diff
 from autoplace.emit.codegen.model import PartitionedModel
 from autoplace.errors import AutoplaceError, EmitError, VerificationError
 
@@ -290,15 +291,14 @@ def verify_tensor_parallel(emitted: PartitionedModel, original: torch.nn.Module,
     if len(ours) != len(theirs):
         raise VerificationError(f"the {ranks} tensor-parallel ranks returned {len(ours)} "
                                 f"outputs, the original {len(theirs)}")
-    worst = 0.0
+    theirs = [b.detach().cpu() for b in theirs]
     for i, (a, b) in enumerate(zip(ours, theirs)):
         try:
-            torch.testing.assert_close(a, b.detach().cpu())
+            torch.testing.assert_close(a, b)
         except AssertionError as exc:
             raise VerificationError(f"output {i} of the {ranks} tensor-parallel ranks "
                                     f"differs from the original's: {exc}") from None
-        if a.numel():
-            worst = max(worst, float((a.double() - b.detach().cpu().double()).abs().max()))
+    worst = max_abs_diff(theirs, ours)
     columns, rows = matmuls(split)
     return {"status": "passed", "ranks": ranks, "split": split, "max_abs_diff": worst,
             "measured_s": statistics.median(times) if times else None,
