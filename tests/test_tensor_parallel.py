@@ -4,6 +4,8 @@ checked against the original's."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from torch import nn
@@ -155,9 +157,97 @@ def test_the_planner_records_the_candidate_beside_the_placement(tmp_path) -> Non
     assert tp.makespan_s > 0 and tp.measured_s > 0 and tp.max_abs_diff < 1e-5
     assert Plan.from_dict(planned.plan.to_dict()).tensor_parallel == tp
     assert any(n.startswith("tensor parallel over 2 ranks") for n in planned.plan.notes)
-    save(planned, tmp_path / "out")
-    summary = (tmp_path / "out" / "summary.txt").read_text()
+    # every split weight recorded: the first two layers' weights and biases as columns (the
+    # output dimension), the middle one's weight as a row (its input dimension)
+    assert tp.split == {"seg0.0.weight": (COLUMN, 0), "seg0.0.bias": (COLUMN, 0),
+                        "seg0.2.weight": (ROW, 1), "seg0.4.weight": (COLUMN, 0),
+                        "seg0.4.bias": (COLUMN, 0)}
+    out = tmp_path / "out"
+    save(planned, out)
+    summary = (out / "summary.txt").read_text()
     assert "tensor parallel  tp 2 over cpu:0, cpu:1" in summary
+    # the candidate as the ranks run it: the one-device model, its split, its entry point
+    written = out / "tensor_parallel"
+    assert json.loads((written / "split.json").read_text()) == {
+        k: list(v) for k, v in tp.split.items()}
+    assert (written / "model" / "inputs.safetensors").is_file()
+    assert "DEVICES = ['cpu:0', 'cpu:1']" in (written / "launch.py").read_text()
+
+
+def test_autoplace_run_checks_and_times_the_emitted_tensor_parallel_ranks(tmp_path, capsys
+                                                                          ) -> None:
+    from safetensors.torch import load_file
+
+    from autoplace.cli import main
+    from autoplace.config import Config, Cost, Parallel
+    from autoplace.pipeline import plan, save
+
+    model, args = _mlp()
+    planned = plan(model, args, Config(devices="2xcpu-thread", cost=Cost(profile=False),
+                                       parallel=Parallel(tp=2)))
+    out = tmp_path / "out"
+    save(planned, out)
+    assert main(["run", str(out), "--nproc", "2", "--tensor-parallel", "--repeats", "2",
+                 "--json", "--save-outputs", str(tmp_path / "o.safetensors")]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["outputs_equal"] and result["max_abs_diff"] < 1e-5
+    assert result["predicted_s"] == planned.plan.tensor_parallel.makespan_s
+    assert result["nproc"] == 2 and len(result["times_s"]) == 2 and result["backend"] == "gloo"
+    assert result["measured_s"] > 0
+    with torch.no_grad():
+        expected = model(*args)
+    torch.testing.assert_close(load_file(str(tmp_path / "o.safetensors"))["output"], expected)
+    # what the ranks cannot run is refused before any process starts, naming what to pass
+    for argv, says in [(["--nproc", "3"], "--nproc 3: the tensor-parallel candidate has 2 ranks"),
+                       (["--nproc", "2", "--inputs", "x.safetensors"], "neither --inputs"),
+                       ([], "--tensor-parallel goes with --nproc N")]:
+        assert main(["run", str(out), "--tensor-parallel", *argv]) == 2
+        assert says in capsys.readouterr().err
+    (out / "tensor_parallel" / "launch.py").unlink()
+    assert main(["run", str(out), "--nproc", "2", "--tensor-parallel"]) == 2
+    assert "holds no launch.py and model/" in capsys.readouterr().err
+
+
+def test_a_plan_without_a_candidate_says_to_plan_with_tp(tmp_path, capsys) -> None:
+    from autoplace.cli import main
+    from autoplace.config import Config, Cost
+    from autoplace.pipeline import plan, save
+
+    model, args = _mlp()
+    save(plan(model, args, Config(devices="2xcpu-thread", cost=Cost(profile=False))),
+         tmp_path / "out")
+    assert main(["run", str(tmp_path / "out"), "--nproc", "2", "--tensor-parallel"]) == 2
+    assert "has no tensor-parallel candidate" in capsys.readouterr().err
+
+
+def test_a_gpu_candidate_is_rehearsed_on_cpu_ranks(tmp_path, capsys) -> None:
+    """Planned for two A100s: its launch.py puts the ranks on cuda:0 and cuda:1 (nccl), and
+    this machine, which has none, runs them on CPU ranks (gloo) with --device-map."""
+    import subprocess
+    import sys
+
+    from autoplace.cli import main
+    from autoplace.config import Config, Cost, Parallel
+    from autoplace.pipeline import plan, save
+
+    model, args = _mlp()
+    planned = plan(model, args, Config(devices="2xA100-40GB", cost=Cost(profile=False),
+                                       parallel=Parallel(tp=2)))
+    out = tmp_path / "out"
+    save(planned, out)
+    script = out / "tensor_parallel" / "launch.py"
+    assert "DEVICES = ['cuda:0', 'cuda:1']" in script.read_text()
+    if not torch.cuda.is_available():  # torchrun as a user starts it: a clear refusal
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run",
+                               "--nproc-per-node", "2", "--master-port", "0", str(script)],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode != 0
+        assert """pass --device-map '{"cuda:*": "cpu"}'""" in done.stderr
+    assert main(["run", str(out), "--nproc", "2", "--tensor-parallel", "--repeats", "1",
+                 "--device-map", '{"cuda:*": "cpu"}']) == 0
+    printed = capsys.readouterr().out
+    assert "outputs: equal to the one-process model's" in printed
+    assert "cuda:0 ran on cpu" in printed and "(--device-map)" in printed
 
 
 @pytest.mark.parametrize(("argv", "says"), [

@@ -122,7 +122,9 @@ def _parser() -> argparse.ArgumentParser:
                    "N) beside the placement: the matmuls split as columns and rows from the "
                    "traced graph, run by DTensor; its time and memory simulated with the "
                    "collectives DTensor inserts, its outputs checked on N gloo ranks "
-                   "(plan.json's tensor_parallel; the emitted model stays the placement's)")
+                   "(plan.json's tensor_parallel); written beside the placement's model as "
+                   "OUT/tensor_parallel/ (its ranks' launch.py; `autoplace run OUT --nproc N "
+                   "--tensor-parallel` runs it)")
     p.add_argument("--fsdp", choices=tuple(Fsdp), default="auto",
                    help="with --mode training: whether the data-parallel replicas shard "
                    "parameters, gradients and optimizer state (FSDP2's fully_shard per block, "
@@ -265,6 +267,12 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
                    "example M times), pipelined in GPipe's order: torch.distributed."
                    "pipelining's ScheduleGPipe where the ranks form a chain of stages, "
                    "send/recv otherwise; predicted by simulating M copies (default: 1)")
+    u.add_argument("--tensor-parallel", action="store_true",
+                   help="with --nproc N: run the plan's tensor-parallel candidate (planned with "
+                   "--tp N) as N ranks instead (OUT/tensor_parallel/launch.py: DTensor, the "
+                   "matmuls split as plan.json's tensor_parallel.split says): check rank 0's "
+                   "outputs against the one-device model it splits and print the time per "
+                   "pass against tensor_parallel.makespan_s")
     u.add_argument("--device-map", metavar="JSON",
                    help="with --nproc: where the ranks run, as load_model's device_map (globs "
                    "of planned torch devices, the first match wins), e.g. "
@@ -376,11 +384,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                        replace(config, name=loaded.name), loss=loaded.loss,
                        example_targets=loaded.targets)
         stage("report")
-        save(planned.plan, out, planned.model)
+        save(planned, out)
     print_summary(planned.plan)
     written = ("device_map.json, plan.json" if module else "plan.json") + (
         ", report.html, summary.md, summary.txt")
     print(f"wrote {out}/{written}" + (", model/" if planned.model is not None else "")
+          + (", tensor_parallel/" if planned.tensor_model is not None else "")
           + f" in {time.perf_counter() - began:.1f} s")
     return 0
 
@@ -471,6 +480,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
                              "neither --inputs nor --save-outputs")
     if args.nproc is not None:
         return _run_ranks(args)
+    if args.tensor_parallel:
+        raise AutoplaceError("--tensor-parallel goes with --nproc N (the candidate's ranks, "
+                             "one process each)")
     if args.microbatches != 1:
         raise AutoplaceError("--microbatches goes with --nproc N (an inference plan run as N "
                              "processes); a training plan's micro-batches are planned")
@@ -505,10 +517,20 @@ def _run_ranks(args: argparse.Namespace) -> int:
         raise AutoplaceError("--nproc runs an inference plan as processes: it takes no "
                              "--train (`--train STEPS` alone runs a training plan's replicas "
                              "as processes)")
-    result = run_ranks(args.out, nproc=args.nproc, microbatches=args.microbatches,
-                       inputs_file=args.inputs, warmup=args.warmup, repeats=args.repeats,
-                       device_map=None if args.device_map is None
-                       else parse_device_map(args.device_map), outputs_file=args.save_outputs)
+    device_map = None if args.device_map is None else parse_device_map(args.device_map)
+    if args.tensor_parallel:
+        from autoplace.cli.run_tensor import run_tensor
+
+        if args.inputs or args.microbatches != 1:
+            raise AutoplaceError("--tensor-parallel runs the saved example inputs once a pass: "
+                                 "it takes neither --inputs nor --microbatches")
+        result = run_tensor(args.out, nproc=args.nproc, warmup=args.warmup,
+                            repeats=args.repeats, device_map=device_map,
+                            outputs_file=args.save_outputs)
+    else:
+        result = run_ranks(args.out, nproc=args.nproc, microbatches=args.microbatches,
+                           inputs_file=args.inputs, warmup=args.warmup, repeats=args.repeats,
+                           device_map=device_map, outputs_file=args.save_outputs)
     print(json.dumps(result.to_dict()) if args.json else "\n".join(result.lines()))
     if result.written and not args.json:
         print(f"wrote {len(result.written)} output tensor(s) to {args.save_outputs}")

@@ -304,7 +304,9 @@ class TensorParallelRecord:
     on ``devices`` (one each), the matmuls split as ``columns`` and ``rows``, its simulated
     ``makespan_s`` and rank 0's ``peak_bytes``, the collectives DTensor inserts (``collectives``
     of ``collective_bytes`` in all, per pass) and its check on gloo ranks (``check``: passed or
-    skipped; ``max_abs_diff``; ``measured_s``, the median pass there)."""
+    skipped; ``max_abs_diff``; ``measured_s``, the median pass there). ``split``: each split
+    weight of the one-device model in ``OUT/tensor_parallel/model`` (``seg<i>.<name>``) and how,
+    ``(column or row, dimension)``."""
 
     ranks: int
     devices: tuple[str, ...]
@@ -317,12 +319,14 @@ class TensorParallelRecord:
     check: str = "skipped"
     max_abs_diff: float | None = None
     measured_s: float | None = None
+    split: Mapping[str, tuple[str, int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"ranks": self.ranks, "devices": list(self.devices),
                 "makespan_s": self.makespan_s, "peak_bytes": self.peak_bytes,
                 "columns": self.columns, "rows": self.rows, "collectives": self.collectives,
-                "collective_bytes": self.collective_bytes, "check": self.check} | _present([
+                "collective_bytes": self.collective_bytes, "check": self.check,
+                "split": {k: list(v) for k, v in self.split.items()}} | _present([
                     ("max_abs_diff", self.max_abs_diff), ("measured_s", self.measured_s)])
 
     @classmethod
@@ -331,7 +335,8 @@ class TensorParallelRecord:
                    makespan_s=data["makespan_s"], peak_bytes=data["peak_bytes"],
                    columns=data["columns"], rows=data["rows"], collectives=data["collectives"],
                    collective_bytes=data["collective_bytes"], check=data.get("check", "skipped"),
-                   max_abs_diff=data.get("max_abs_diff"), measured_s=data.get("measured_s"))
+                   max_abs_diff=data.get("max_abs_diff"), measured_s=data.get("measured_s"),
+                   split={k: (v[0], v[1]) for k, v in data.get("split", {}).items()})
 
 
 @dataclass(frozen=True)

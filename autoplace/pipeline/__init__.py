@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
@@ -26,6 +26,7 @@ from autoplace.config import Config, Granularity, Mode, Solve
 from autoplace.emit import PartitionedModel
 from autoplace.emit.distributed.ddp import microbatching, replicas_of, write_train_script
 from autoplace.emit.distributed.ranks import shared_torch_device, write_launch_script
+from autoplace.emit.distributed.tensor import write_tensor_launch
 from autoplace.errors import EmitError
 from autoplace.formats.output import atomic_output_dir
 from autoplace.formats.plan import Plan
@@ -43,12 +44,19 @@ from autoplace.solve import solve
 __all__ = ["Planned", "plan", "save", "solve_graph"]
 
 
-class Planned(NamedTuple):
+@dataclass(frozen=True)
+class Planned:
     """What ``plan`` returns: the ``plan`` and, beside it, the partitioned ``model`` it
-    emitted (``None`` without one); ``save(plan, directory, model)`` writes both."""
+    emitted (``None`` without one), which ``plan, model = autoplace.plan(...)`` unpacks; with
+    ``--tp N``, also the one-device model its ``tensor_parallel`` candidate splits
+    (``tensor_model``). ``save(planned, directory)`` writes them all."""
 
     plan: Plan
     model: PartitionedModel | None = None
+    tensor_model: PartitionedModel | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.plan, self.model))
 
 
 def plan(model: torch.nn.Module, example_inputs: Any, config: Config | None = None, *,
@@ -93,14 +101,16 @@ def plan(model: torch.nn.Module, example_inputs: Any, config: Config | None = No
                 if loaded.checkpoint is not None:  # train.LossModel holds it as ``model``
                     emitted.checkpoint = (loaded.checkpoint.under("model.")
                                           if config.mode == Mode.TRAINING else loaded.checkpoint)
+        tensor_model = None
         if config.parallel.tp is not None:
-            planned = tensor_candidate(planned, solved.problem, solved.forward.traced,
-                                       loaded.model, loaded.args, loaded.kwargs,
-                                       ranks=config.parallel.tp, verify=config.emit.verify)
+            planned, tensor_model = tensor_candidate(
+                planned, solved.problem, solved.forward.traced, loaded.model, loaded.args,
+                loaded.kwargs, ranks=config.parallel.tp, verify=config.emit.verify)
     profiled = solved.forward.profiled
     return Planned(replace(planned, notes=tuple(notes),
                            profile=ProfileRecord.from_dict(profiled.to_dict()) if profiled
-                           else None), emitted)
+                           else None), emitted,
+                   tensor_model if config.emit.model else None)
 
 
 def solve_graph(problem: Problem, solving: Solve | None = None, *,
@@ -126,8 +136,12 @@ def save(plan: Plan | Planned, directory: str | os.PathLike[str],
     entry point of a training plan's data-parallel replicas; ``launch.py``, one process per
     device) into ``directory``, atomically: into a temporary directory beside it, renamed into
     place (an older one is replaced); on any failure nothing is left behind. Returns the
-    directory. ``save(autoplace.plan(...), directory)`` writes both too."""
+    directory. ``save(autoplace.plan(...), directory)`` writes both too, and, with ``--tp N``,
+    ``tensor_parallel/`` (the one-device model, ``split.json`` and ``launch.py``, its ranks'
+    torchrun entry point)."""
+    tensor_model = None
     if isinstance(plan, Planned):
+        tensor_model = plan.tensor_model
         plan, model = plan.plan, model if model is not None else plan.model
     data = plan.to_dict()
 
@@ -147,8 +161,21 @@ def save(plan: Plan | Planned, directory: str | os.PathLike[str],
                                                               plan.problem, plan.schedule),
                                    sharding=plan.training.sharding or "ddp")
             _launch_script(plan, model, tmp)
+        if tensor_model is not None and plan.tensor_parallel is not None:
+            _tensor_parallel(plan, tensor_model, tmp / "tensor_parallel")
 
     return atomic_output_dir(directory, write)
+
+
+def _tensor_parallel(plan: Plan, model: PartitionedModel, directory: Path) -> None:
+    """``directory``: the one-device ``model`` that ``plan.tensor_parallel`` splits, its
+    ``split.json`` and ``launch.py`` (``tensor_main`` on each rank's planned torch device)."""
+    record = plan.tensor_parallel
+    device_of = {d.name: d.torch_device for d in plan.problem.cluster.devices}
+    directory.mkdir()
+    autoplace.emit.save_model(model, directory / "model")
+    write_tensor_launch(directory, devices=[device_of[n] for n in record.devices],
+                        names=list(record.devices), split=record.split)
 
 
 def _launch_script(plan: Plan, model: PartitionedModel, directory: Path) -> None:

@@ -3,7 +3,8 @@ the model emitted on one device, its matmuls split as columns and rows
 (``emit.distributed.tensor.column_row``), observed under DTensor on N fake ranks and simulated
 as rank 0 runs it (``solve.tensor``), then run on N gloo ranks against the original and timed
 there (``verify_tensor_parallel``). The plan records it beside its placement
-(``plan.tensor_parallel``) and says which is faster; the emitted model stays the placement's."""
+(``plan.tensor_parallel``) and says which is faster; ``save`` writes the one-device model with
+its split and ranks' entry point to ``OUT/tensor_parallel/`` beside the placement's model."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 
 import torch
 
-from autoplace.emit import emit_model
+from autoplace.emit import PartitionedModel, emit_model
 from autoplace.emit.device_map import local_device_map
 from autoplace.emit.distributed.tensor import (
     column_row,
@@ -37,15 +38,17 @@ TIMED_PASSES = 5  # passes timed on the gloo ranks, after the checked one
 
 def tensor_candidate(planned: Plan, problem: Problem, traced: TracedModel,
                      model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *,
-                     ranks: int, verify: bool) -> Plan:
+                     ranks: int, verify: bool) -> tuple[Plan, PartitionedModel | None]:
     """``planned`` with its ``tensor_parallel`` record for ``ranks`` ranks on the first
-    devices of ``problem``'s cluster (see the module's docstring); ``verify``: run them."""
+    devices of ``problem``'s cluster (see the module's docstring), and the one-device model
+    they split (``None`` where none is weighed); ``verify``: run them."""
     chosen = tensor_devices(problem.cluster, ranks)
     if traced.has_meta_params:
         note("tensor parallelism not weighed: the parameters are on the meta device")
-        return planned
+        return planned, None
     stage("tensor parallel")
     one = _one_device(traced)
+    one.example_inputs = (tuple(args), dict(kwargs))  # saved with it: what its ranks run
     split, whole = divisible(one, column_row(one), ranks)
     if whole:
         note(f"tensor parallel over {ranks} ranks: {', '.join(whole)} kept whole, their split "
@@ -62,7 +65,7 @@ def tensor_candidate(planned: Plan, problem: Problem, traced: TracedModel,
     record = TensorParallelRecord(
         ranks=ranks, devices=names, makespan_s=schedule.makespan_s,
         peak_bytes=schedule.peak_bytes[names[0]], columns=columns, rows=rows,
-        collectives=len(moved), collective_bytes=sum(b for _, b in moved))
+        collectives=len(moved), collective_bytes=sum(b for _, b in moved), split=split)
     if verify:
         check = verify_tensor_parallel(one, model, args, kwargs, ranks=ranks,
                                        repeats=TIMED_PASSES, split=split)
@@ -74,12 +77,13 @@ def tensor_candidate(planned: Plan, problem: Problem, traced: TracedModel,
          f"{record.collective_bytes} bytes a pass (DTensor's, observed on {ranks} fake ranks); "
          f"{record.makespan_s * 1e3:.3f} ms predicted against the placement's "
          f"{planned.makespan_s * 1e3:.3f} ms: "
-         + ("faster, but the emitted model is the placement's: tensor-parallel emission is not "
-            "built yet" if faster else "the placement is kept")
+         + ("faster: run it as ranks with tensor_parallel/launch.py beside plan.json"
+            if faster else "the placement is faster; tensor_parallel/ beside plan.json runs "
+            "the candidate all the same")
          + (f"; outputs equal on {ranks} gloo ranks, {record.measured_s * 1e3:.3f} ms a pass "
             "measured there" + ("" if here else " (this machine's CPU, not the planned devices)")
             if record.measured_s is not None else ""))
-    return replace(planned, tensor_parallel=record)
+    return replace(planned, tensor_parallel=record), one
 
 
 def tensor_devices(cluster: Cluster, ranks: int) -> tuple[Device, ...]:

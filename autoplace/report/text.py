@@ -93,7 +93,8 @@ def tensor_text(ov: Overview) -> str | None:
     tp = ov.tensor_parallel
     if tp is None:
         return None
-    kept = "faster, not emitted yet" if tp.makespan_s < ov.makespan_s else "the placement kept"
+    kept = ("faster: its ranks run from tensor_parallel/launch.py" if tp.makespan_s < ov.makespan_s
+            else "the placement faster")
     return (f"tp {tp.ranks} over {', '.join(tp.devices)}: {format_seconds(tp.makespan_s)} "
             f"predicted, {kept}"
             + (f"; outputs checked on {tp.ranks} gloo ranks" if tp.check == "passed" else "")

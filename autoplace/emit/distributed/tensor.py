@@ -8,11 +8,10 @@ up and gate columns and its down projection a row, and a language model's head a
 vocabulary split). ``shard_model`` makes each parameter a DTensor on a 1-D mesh of the ranks
 (``placements``: a column's weight split along its outputs and its bias too, a row's along its
 inputs; the rest replicated), and ``run_sharded`` runs the model with its inputs replicated:
-DTensor's own sharding propagation inserts every all-reduce and all-gather. Two CPU gaps are
-filled (``_handlers``): attention split by heads (DTensor has no CPU rule for it) and export's
-metadata assertions. ``verify_tensor_parallel`` runs N gloo processes and checks the outputs
-against the original's. ``solve.tensor`` prices it; not yet here: its emission as the plan's
-model, and training.
+DTensor inserts every all-reduce and all-gather. ``_handlers`` fills two CPU gaps: attention
+split by heads, export's metadata assertions. ``write_tensor_launch`` writes the ranks'
+``launch.py`` (``tensor_main`` on each rank's planned device); ``verify_tensor_parallel`` runs
+it on N gloo processes against the original. ``solve.tensor`` prices it. Not yet: training.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ import json
 import operator
 import os
 import statistics
-import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -38,8 +36,8 @@ from autoplace.emit.check.outputs import max_abs_diff
 from autoplace.emit.codegen.model import PartitionedModel
 from autoplace.errors import AutoplaceError, EmitError, VerificationError
 
-__all__ = ["column_row", "divisible", "matmuls", "run_sharded", "shard_model", "tensor_main",
-           "verify_tensor_parallel"]
+__all__ = ["column_row", "compare_outputs", "divisible", "matmuls", "run_sharded", "shard_model",
+           "tensor_main", "verify_tensor_parallel", "write_tensor_launch"]
 
 aten = torch.ops.aten
 COLUMN, ROW = "column", "row"
@@ -52,6 +50,7 @@ _MATMULS = {
     aten.matmul.default: (0, 1, None, 1),
 }
 VERIFY_TIMEOUT_S = 300.0
+_TENSOR_TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "tensor_launch.py.tmpl"
 
 
 def column_row(model: PartitionedModel) -> dict[str, tuple[str, int]]:
@@ -204,46 +203,108 @@ def _attention_by_heads(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     return tuple(DTensor.from_local(o, mesh, placement, run_check=False) for o in out)
 
 
-def tensor_main(model_dir: str | os.PathLike[str], argv: Sequence[str]) -> int:
-    """One rank of ``torchrun --nproc-per-node N``: load ``model_dir``, split it over the N
-    ranks (``--split FILE``: ``column_row``'s, as JSON), run it on the saved example inputs
-    once and then ``--repeats`` times, the ranks lined up by a barrier before each; rank 0
-    saves the output tensors (in pytree order) and the repeats' times (``--outputs FILE``,
-    ``torch.save``). The exit
-    code; an ``AutoplaceError`` is printed as one line and exits with 2."""
+def tensor_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *,
+                devices: Sequence[str] | None = None, names: Sequence[str] | None = None) -> int:
+    """One rank of ``torchrun --nproc-per-node N``: load ``model_dir`` on this rank's device
+    (``devices[rank]``, default the CPU; ``--device-map`` remaps it as ``launch.py``'s does),
+    split it over the N ranks (``--split FILE``: ``column_row``'s, as JSON), run it on the
+    saved example inputs ``--warmup`` times and then ``--repeats`` times, the ranks lined up
+    by a barrier before each timed pass; rank 0 saves the output tensors (in pytree order) and
+    the timed passes' seconds (``--outputs FILE``, ``torch.save``). The exit code; an
+    ``AutoplaceError`` is printed as one line and exits with 2."""
+    from autoplace.emit.distributed.ddp import check_world, print_error
+
+    parser = argparse.ArgumentParser(
+        prog="launch.py", description=f"Run {model_dir} split over tensor-parallel ranks.")
+    parser.add_argument("--split", required=True, metavar="FILE",
+                        help="each split weight: [column or row, dimension], as JSON")
+    parser.add_argument("--outputs", metavar="FILE", help="rank 0 writes the outputs here")
+    parser.add_argument("--warmup", type=int, default=1, metavar="N")
+    parser.add_argument("--repeats", type=int, default=5, metavar="N")
+    parser.add_argument("--device-map", metavar="JSON",
+                        help="where each planned torch device runs here: globs, the first "
+                        "match wins, e.g. '{\"cuda:*\": \"cpu\"}' to rehearse a GPU plan "
+                        "on CPU ranks (default: the planned devices)")
+    options = parser.parse_args(list(argv))
+    rank, world = int(os.environ.get("RANK", "-1")), int(os.environ.get("WORLD_SIZE", "0"))
+    try:
+        if devices is not None:
+            check_world(rank, len(devices), what=f"runs as {len(devices)} tensor-parallel "
+                        "ranks", script="launch.py")
+        if options.repeats < 0 or options.warmup < 0:
+            raise AutoplaceError("--repeats and --warmup must be 0 or more")
+        device = _rank_device(rank, devices, names, options.device_map)
+    except AutoplaceError as error:
+        print_error(type(error).__name__, error)
+        return 2
+    return _run_rank(Path(model_dir), options, device=device, world=world)
+
+
+def _rank_device(rank: int, devices: Sequence[str] | None, names: Sequence[str] | None,
+                 device_map: str | None) -> str:
+    """Rank ``rank``'s torch device here: its planned one, remapped by ``--device-map``, and
+    able to hold tensors (``EmitError`` naming the remap that would run it on the CPU)."""
+    from autoplace.emit.device_map import check_device, parse_device_map, remap
+
+    devices = list(devices) if devices is not None else ["cpu"] * max(rank + 1, 1)
+    names = list(names) if names is not None else devices
+    mapping = parse_device_map(device_map) if device_map else None
+    here = [remap(d, mapping) for d in devices]
+    check_device(here[rank], planned=devices[rank], option="--device-map")
+    kinds = {torch.device(d).type for d in here}
+    if len(kinds) > 1:
+        raise EmitError("the ranks of one mesh share a device type, and these would run on "
+                        + ", ".join(f"{n} on {d}" for n, d in zip(names, here))
+                        + ": remap every planned device alike")
+    return here[rank]
+
+
+def _run_rank(model_dir: Path, options: argparse.Namespace, *, device: str, world: int) -> int:
+    """``tensor_main``'s run on ``device``: the process group (gloo, nccl on GPUs), the mesh,
+    the split model, the passes; rank 0 writes what it measured."""
+    import datetime
+    import time
+
     from torch.distributed.device_mesh import init_device_mesh
 
     from autoplace.emit.distributed.ddp import INIT_TIMEOUT_S, print_error
     from autoplace.emit.files.saving import load_inputs, load_model
 
-    parser = argparse.ArgumentParser(prog="tensor_main")
-    parser.add_argument("--split", required=True)
-    parser.add_argument("--outputs")
-    parser.add_argument("--repeats", type=int, default=0)
-    options = parser.parse_args(list(argv))
-    import datetime
-    import time
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S))
+    kind = torch.device(device).type
+    if kind == "cpu":
+        torch.set_num_threads(1)
+    elif kind == "cuda":
+        torch.cuda.set_device(torch.device(device))
+    dist.init_process_group("nccl" if kind == "cuda" else "gloo",
+                            timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S))
     try:
-        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-        model = load_model(model_dir, device_map={"*": "cpu"})
+        mesh = init_device_mesh(kind, (world,))
+        model = load_model(model_dir, device_map={"*": device})
         example = load_inputs(model_dir)
         if example is None:
             raise EmitError(f"{model_dir} holds no example inputs: plan it again")
+        args, kwargs = pytree.tree_map(
+            lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, example)
         split = {k: tuple(v) for k, v in json.loads(Path(options.split).read_text()).items()}
         shard_model(model, mesh, split)
-        outputs = run_sharded(model, *example)
+        for _ in range(options.warmup):
+            outputs = run_sharded(model, args, kwargs)
         times = []
         for _ in range(options.repeats):
             dist.barrier()
+            _synchronize(device)
             began = time.perf_counter()
-            run_sharded(model, *example)
+            outputs = run_sharded(model, args, kwargs)
+            _synchronize(device)
             times.append(time.perf_counter() - began)
         if dist.get_rank() == 0 and options.outputs:
-            leaves = [x for x in pytree.tree_leaves(outputs) if isinstance(x, torch.Tensor)]
-            torch.save({"outputs": leaves, "times_s": times}, options.outputs)
+            leaves = [x.cpu() for x in pytree.tree_leaves(outputs) if isinstance(x, torch.Tensor)]
+            torch.save({"outputs": leaves, "times_s": times, "device": device,
+                        "backend": dist.get_backend()}, options.outputs)
+        if dist.get_rank() == 0 and times:
+            print(f"ran {world} tensor-parallel ranks ({dist.get_backend()}): "
+                  f"{statistics.median(times) * 1e3:.3f} ms a pass (median of {len(times)})",
+                  flush=True)
         # The DTensors and the mesh go before the process group, which the ranks leave
         # together (as ddp._train does: left to the interpreter's exit, a rank aborted now
         # and then).
@@ -255,6 +316,27 @@ def tensor_main(model_dir: str | os.PathLike[str], argv: Sequence[str]) -> int:
     finally:
         dist.destroy_process_group()
     return 0
+
+
+def _synchronize(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(torch.device(device))
+
+
+def write_tensor_launch(directory: str | os.PathLike[str], *, devices: Sequence[str],
+                        names: Sequence[str], split: Mapping[str, tuple[str, int]]) -> Path:
+    """Write ``directory/launch.py`` (``templates/tensor_launch.py.tmpl``: ``tensor_main`` for
+    rank r on ``devices[r]``, plan name ``names[r]``) and ``directory/split.json``; the
+    script's path. The model it runs is ``directory/model``."""
+    from string import Template
+
+    root = Path(directory)
+    (root / "split.json").write_text(json.dumps({k: list(v) for k, v in split.items()},
+                                                indent=1) + "\n")
+    path = root / "launch.py"
+    path.write_text(Template(_TENSOR_TEMPLATE.read_text()).substitute(
+        world=len(devices), devices=repr(list(devices)), names=repr(list(names))))
+    return path
 
 
 def verify_tensor_parallel(emitted: PartitionedModel, original: torch.nn.Module,
@@ -274,38 +356,38 @@ def verify_tensor_parallel(emitted: PartitionedModel, original: torch.nn.Module,
     with tempfile.TemporaryDirectory(prefix="autoplace-tensor-") as tmp:
         root = Path(tmp)
         _save(emitted, root / "model", (tuple(args), dict(kwargs)))
-        (root / "split.json").write_text(json.dumps(split))
-        script = root / "tp.py"
-        script.write_text(
-            "import sys\nfrom autoplace.emit.distributed.ddp import replica_exit\n"
-            "from autoplace.emit.distributed.tensor import tensor_main\n"
-            f"replica_exit(tensor_main({str(root / 'model')!r}, sys.argv[1:]))\n")
+        script = write_tensor_launch(root, devices=["cpu"] * ranks,
+                                     names=[f"rank {r}" for r in range(ranks)], split=split)
         launch_replicas(script, replicas=ranks, timeout_s=timeout_s, what="tensor-parallel",
-                        argv=["--split", str(root / "split.json"), "--repeats", str(repeats),
-                              "--outputs", str(root / "outputs.pt")])
+                        argv=["--repeats", str(repeats), "--outputs", str(root / "outputs.pt")])
         saved = torch.load(root / "outputs.pt", weights_only=True)
     ours, times = saved["outputs"], saved["times_s"]
     with torch.no_grad():
         expected = original(*args, **kwargs)
-    theirs = [x for x in pytree.tree_leaves(expected) if isinstance(x, torch.Tensor)]
-    if len(ours) != len(theirs):
-        raise VerificationError(f"the {ranks} tensor-parallel ranks returned {len(ours)} "
-                                f"outputs, the original {len(theirs)}")
-    theirs = [b.detach().cpu() for b in theirs]
-    for i, (a, b) in enumerate(zip(ours, theirs)):
-        try:
-            torch.testing.assert_close(a, b)
-        except AssertionError as exc:
-            raise VerificationError(f"output {i} of the {ranks} tensor-parallel ranks "
-                                    f"differs from the original's: {exc}") from None
-    worst = max_abs_diff(theirs, ours)
+    worst = compare_outputs(ours, expected, what=f"the {ranks} tensor-parallel ranks",
+                            against="the original's")
     columns, rows = matmuls(split)
     return {"status": "passed", "ranks": ranks, "split": split, "max_abs_diff": worst,
             "measured_s": statistics.median(times) if times else None,
             "columns": columns, "rows": rows}
 
 
-if __name__ == "__main__":  # pragma: no cover - run by tp.py under torchrun
-    from autoplace.emit.distributed.ddp import replica_exit
 
-    replica_exit(tensor_main(sys.argv[1], sys.argv[2:]))
+def compare_outputs(ours: Sequence[torch.Tensor], expected: Any, *, what: str, against: str
+                    ) -> float:
+    """The largest difference of ``ours`` (rank 0's output tensors, in pytree order) from the
+    tensors of ``expected`` (a model's outputs), each checked with
+    ``torch.testing.assert_close``: ``VerificationError`` naming ``what`` and ``against``
+    where they differ."""
+    theirs = [x.detach().cpu() for x in pytree.tree_leaves(expected)
+              if isinstance(x, torch.Tensor)]
+    if len(ours) != len(theirs):
+        raise VerificationError(f"{what} returned {len(ours)} outputs, {against} "
+                                f"{len(theirs)}")
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        try:
+            torch.testing.assert_close(a, b)
+        except AssertionError as exc:
+            raise VerificationError(f"output {i} of {what} differs from {against}: {exc}"
+                                    ) from None
+    return max_abs_diff(theirs, list(ours))
