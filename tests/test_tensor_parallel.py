@@ -280,3 +280,61 @@ def test_a_split_dimension_the_ranks_do_not_divide_stays_whole_in_the_candidate(
     assert matmuls(split) == (1, 1)
     check = verify_tensor_parallel(emitted, model, args, {}, ranks=2, split=split)
     assert check["status"] == "passed" and (check["columns"], check["rows"]) == (1, 1)
+
+
+def _meta_llama() -> tuple[nn.Module, nn.Module, dict]:
+    """The tiny Llama twice: with weights, and on the meta device (no weights)."""
+    from transformers import LlamaForCausalLM
+
+    real, inputs = _llama()
+    with torch.device("meta"):
+        meta = LlamaForCausalLM(real.config)
+    return real.eval(), meta.eval(), inputs
+
+
+def test_a_model_on_the_meta_device_is_observed_on_fake_tensors_as_on_real_ones() -> None:
+    from autoplace.solve.tensor import OUTPUTS, observe
+
+    real, meta, inputs = _meta_llama()
+    seen = {}
+    for name, model, kwargs in [("real", real, inputs),
+                                ("meta", meta, {"input_ids": inputs["input_ids"].to("meta")})]:
+        traced = trace_model(model, (), kwargs)
+        emitted = emit_model(traced.module, {n.name: "cpu" for n in traced.module.graph.nodes
+                                             if n.op == "call_function"},
+                             meta_weights=name == "meta")
+        seen[name] = observe(emitted, column_row(emitted), 2, (), kwargs)
+    real_seen, fake_seen = seen["real"], seen["meta"]
+    # the same collectives at the same ops, the same shares of work, weights and outputs (the
+    # meta trace has two `contiguous` copies more, which move no data here)
+    assert fake_seen.collectives == real_seen.collectives and OUTPUTS in fake_seen.collectives
+    common = real_seen.share.keys() & fake_seen.share.keys()
+    assert {op.split("_")[0] for op in fake_seen.share.keys() - common} <= {"contiguous"}
+    assert real_seen.share.keys() <= fake_seen.share.keys() and len(common) > 100
+    for table in ("share", "param_bytes", "output_share"):
+        assert {op: getattr(fake_seen, table)[op] for op in common} == {
+            op: getattr(real_seen, table)[op] for op in common}, table
+    # nothing timed on fake tensors: DTensor's dispatch is the one measured figure, charged to
+    # the ops that ran on DTensors
+    assert not fake_seen.seconds and real_seen.seconds
+    assert fake_seen.dispatch_s is not None and fake_seen.dispatch_s > 0
+    linear = next(op for op in fake_seen.collectives if op.startswith("linear"))
+    assert fake_seen.overhead_s(linear) == fake_seen.dispatch_s
+    assert "arange" not in fake_seen.on_dtensors  # made from nothing: a plain op
+    assert fake_seen.overhead_s("arange") == 0.0
+
+
+def test_a_meta_model_gets_a_planned_candidate_that_is_not_emitted() -> None:
+    from autoplace.config import Config, Cost, Parallel
+    from autoplace.pipeline import plan
+
+    _, meta, inputs = _meta_llama()
+    planned = plan(meta, {"input_ids": inputs["input_ids"].to("meta")},
+                   Config(devices="2xA100-40GB", cost=Cost(profile=False),
+                          parallel=Parallel(tp=2)))
+    tp = planned.plan.tensor_parallel
+    assert tp is not None and tp.check == "skipped" and tp.measured_s is None
+    assert (tp.columns, tp.rows) == (11, 4) and tp.collectives > 0 and tp.makespan_s > 0
+    assert planned.tensor_model is None and planned.model is None
+    said = next(n for n in planned.plan.notes if n.startswith("tensor parallel over 2"))
+    assert "planned on fake tensors" in said and "not emitted" in said

@@ -41,12 +41,11 @@ def tensor_candidate(planned: Plan, problem: Problem, traced: TracedModel,
                      ranks: int, verify: bool) -> tuple[Plan, PartitionedModel | None]:
     """``planned`` with its ``tensor_parallel`` record for ``ranks`` ranks on the first
     devices of ``problem``'s cluster (see the module's docstring), and the one-device model
-    they split (``None`` where none is weighed); ``verify``: run them."""
+    they split (``None`` for a model on the meta device: planned, not emitted); ``verify``:
+    run them."""
     chosen = tensor_devices(problem.cluster, ranks)
-    if traced.has_meta_params:
-        note("tensor parallelism not weighed: the parameters are on the meta device")
-        return planned, None
     stage("tensor parallel")
+    meta = traced.has_meta_params
     one = _one_device(traced)
     one.example_inputs = (tuple(args), dict(kwargs))  # saved with it: what its ranks run
     split, whole = divisible(one, column_row(one), ranks)
@@ -66,24 +65,39 @@ def tensor_candidate(planned: Plan, problem: Problem, traced: TracedModel,
         ranks=ranks, devices=names, makespan_s=schedule.makespan_s,
         peak_bytes=schedule.peak_bytes[names[0]], columns=columns, rows=rows,
         collectives=len(moved), collective_bytes=sum(b for _, b in moved), split=split)
-    if verify:
+    if verify and not meta:
         check = verify_tensor_parallel(one, model, args, kwargs, ranks=ranks,
                                        repeats=TIMED_PASSES, split=split)
         record = replace(record, check="passed", max_abs_diff=check["max_abs_diff"],
                          measured_s=check["measured_s"])
+    note(_said(record, planned, observed, here=here, meta=meta))
+    return replace(planned, tensor_parallel=record), None if meta else one
+
+
+def _said(record: TensorParallelRecord, planned: Plan, observed: Observed, *, here: bool,
+          meta: bool) -> str:
+    """The candidate's note: what is split, what DTensor moves, the prediction against the
+    placement's, where it runs, and what was measured."""
+    ranks = record.ranks
     faster = record.makespan_s < planned.makespan_s
-    note(f"tensor parallel over {ranks} ranks ({', '.join(names)}): {record.columns} column "
-         f"and {record.rows} row matmuls, {record.collectives} collectives of "
-         f"{record.collective_bytes} bytes a pass (DTensor's, observed on {ranks} fake ranks); "
-         f"{record.makespan_s * 1e3:.3f} ms predicted against the placement's "
-         f"{planned.makespan_s * 1e3:.3f} ms: "
-         + ("faster: run it as ranks with tensor_parallel/launch.py beside plan.json"
-            if faster else "the placement is faster; tensor_parallel/ beside plan.json runs "
-            "the candidate all the same")
-         + (f"; outputs equal on {ranks} gloo ranks, {record.measured_s * 1e3:.3f} ms a pass "
-            "measured there" + ("" if here else " (this machine's CPU, not the planned devices)")
-            if record.measured_s is not None else ""))
-    return replace(planned, tensor_parallel=record), one
+    if meta:
+        where = ("planned on fake tensors (the parameters are on the meta device: DTensor's "
+                 f"dispatch priced at {(observed.dispatch_s or 0) * 1e6:.0f} us an op, "
+                 "measured here), not emitted: there are no weights to run")
+    elif faster:
+        where = "run it as ranks with tensor_parallel/launch.py beside plan.json"
+    else:
+        where = "tensor_parallel/ beside plan.json runs the candidate all the same"
+    return (f"tensor parallel over {ranks} ranks ({', '.join(record.devices)}): "
+            f"{record.columns} column and {record.rows} row matmuls, {record.collectives} "
+            f"collectives of {record.collective_bytes} bytes a pass (DTensor's, observed on "
+            f"{ranks} fake ranks); {record.makespan_s * 1e3:.3f} ms predicted against the "
+            f"placement's {planned.makespan_s * 1e3:.3f} ms: "
+            + ("faster" if faster else "the placement is faster") + f"; {where}"
+            + (f"; outputs equal on {ranks} gloo ranks, {record.measured_s * 1e3:.3f} ms a "
+               "pass measured there" + ("" if here else " (this machine's CPU, not the "
+                                         "planned devices)")
+               if record.measured_s is not None else ""))
 
 
 def tensor_devices(cluster: Cluster, ranks: int) -> tuple[Device, ...]:
@@ -126,4 +140,5 @@ def _one_device(traced: TracedModel) -> Any:
     replaces its parameters)."""
     here = local_device_map(["cpu"])["cpu"]
     return emit_model(traced.module, {n.name: here for n in traced.module.graph.nodes
-                                      if n.op == "call_function"}, runtime="sequential")
+                                      if n.op == "call_function"}, runtime="sequential",
+                      meta_weights=traced.has_meta_params)

@@ -9,15 +9,17 @@ collectives dispatched while it ran, with their bytes. ``tensor_problem`` is the
 problem on the first device with each node's time and parameters scaled by its ops' shares and
 each collective's time added to the node that waits for it, on the critical path: a ring over the
 slowest link between the ranks (``cost_models.ring_allreduce_s``, ``ring_allgather_s``); between
-CPU processes here, op times and collectives measured instead. Rules and sources:
-docs/concepts.md, "Tensor parallelism".
+CPU processes here, op times and collectives measured instead. A model on the meta device runs
+on fake tensors, DTensor's dispatch per op measured once here (``dispatch_s``). Rules and
+sources: docs/concepts.md, "Tensor parallelism".
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -33,7 +35,7 @@ from autoplace.solve.whatif import restrict
 from autoplace.train.dataparallel import ring_link
 from cost_models import ring_allgather_s, ring_allreduce_s
 
-__all__ = ["OUTPUTS", "TIMED", "Observed", "observe", "tensor_problem"]
+__all__ = ["OUTPUTS", "TIMED", "Observed", "dispatch_s", "observe", "tensor_problem"]
 
 OUTPUTS = "(outputs)"  # the key of the outputs' gathers, charged to the graph's last node
 
@@ -62,12 +64,16 @@ class Observed:
     collectives: Mapping[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)
     # per op: the bytes of the parameters it reads, rank 0's and whole
     param_bytes: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    # Fake tensors (nothing timed): DTensor's dispatch per op, measured here (``dispatch_s``),
+    # and the ops that ran on DTensors.
+    dispatch_s: float | None = None
+    on_dtensors: frozenset[str] = frozenset()
 
     def overhead_s(self, op: str) -> float:
         """What DTensor adds to ``op`` on the host: its time split, less its share of its time
-        whole (at least 0)."""
+        whole (at least 0); untimed, ``dispatch_s`` for an op on DTensors."""
         if op not in self.seconds or op not in self.plain_seconds:
-            return 0.0
+            return self.dispatch_s if self.dispatch_s and op in self.on_dtensors else 0.0
         return max(0.0, self.seconds[op] - self.share.get(op, 1.0) * self.plain_seconds[op])
 
 
@@ -75,54 +81,136 @@ def observe(emitted: torch.nn.Module, split: Mapping[str, tuple[str, int]], rank
             args: tuple[Any, ...], kwargs: dict[str, Any]) -> Observed:
     """Run ``emitted`` (one device's, its segments fx graphs) split as ``split`` says over
     ``ranks`` fake ranks on ``args``/``kwargs`` (see the module's docstring). The emitted
-    model's parameters are replaced by DTensors: pass a copy."""
+    model's parameters are replaced by DTensors: pass a copy. A model whose parameters are on
+    the meta device runs on fake tensors (``FakeTensorMode``: shapes, no data, nothing timed);
+    each op on DTensors is then charged ``dispatch_s()``, DTensor's dispatch measured here."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.experimental import implicit_replication
-
-    from autoplace.emit.distributed.tensor import _handlers, shard_model
 
     recorder, found, plain = _Recorder(), _Found(), _Found()
     interpreters = {}
     for index in range(len(emitted.segment_info)):
         segment = getattr(emitted, f"seg{index}")
         interpreters[index] = _Interpreter(segment, recorder, plain)
-        interpreters[index].timing = True
         segment.forward = _run_with(interpreters[index])
-    threads = torch.get_num_threads()
+    fake = any(p.is_meta for p in emitted.parameters())
     try:
-        torch.set_num_threads(1)
-        with torch.no_grad():
-            for _ in range(TIMED):
-                emitted(*args, **kwargs)  # unsplit, for DTensor's overhead
-    finally:
-        torch.set_num_threads(threads)
-    with _fake_group(ranks):
-        mesh = init_device_mesh("cpu", (ranks,))
-        shard_model(emitted, mesh, split)
+        if fake:
+            mode = _fake_copy(emitted)
+            with mode:
+                args, kwargs = pytree.tree_map(_fake_input, (args, kwargs))
+        else:
+            mode = contextlib.nullcontext()
+            _timed(emitted, interpreters.values(), args, kwargs)  # unsplit: DTensor's overhead
         for interpreter in interpreters.values():
-            interpreter.found, interpreter.timing = found, False
-        try:
-            with torch.no_grad(), implicit_replication(), _handlers():
-                with recorder:
-                    out = emitted(*args, **kwargs)
-                    recorder.take()
-                    pytree.tree_map(_whole, out)  # as run_sharded returns the outputs
-                    gathered = recorder.take()
-                if gathered:
-                    found.collectives[OUTPUTS] = gathered
-                torch.set_num_threads(1)
-                for interpreter in interpreters.values():
-                    interpreter.timing = True
-                for _ in range(TIMED):
-                    emitted(*args, **kwargs)
-        finally:
-            torch.set_num_threads(threads)
-            for index in interpreters:
-                del getattr(emitted, f"seg{index}").forward
+            interpreter.found = found
+        with _fake_group(ranks):
+            mesh = init_device_mesh("cpu", (ranks,))  # outside the fake mode: it reads ranks
+            with mode:
+                _sharded_pass(emitted, split, mesh, recorder, found, args, kwargs)
+            if not fake:
+                _timed(emitted, interpreters.values(), args, kwargs)
+    finally:
+        for index in interpreters:
+            del getattr(emitted, f"seg{index}").forward
     return Observed(share=found.share, seconds=found.seconds, plain_seconds=plain.seconds,
                     param_share=found.param_share, param_bytes=found.param_bytes,
                     output_share=found.output_share,
-                    collectives={k: tuple(v) for k, v in found.collectives.items()})
+                    collectives={k: tuple(v) for k, v in found.collectives.items()},
+                    dispatch_s=dispatch_s() if fake else None,
+                    on_dtensors=frozenset(found.on_dtensors))
+
+
+def _sharded_pass(emitted: torch.nn.Module, split: Mapping[str, tuple[str, int]], mesh: Any,
+                  recorder: _Recorder, found: _Found, args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> None:
+    """``emitted`` split over the fake group's ``mesh`` and run once, each op's shares and
+    collectives recorded, then its outputs gathered whole (as ``run_sharded`` returns them)."""
+    from torch.distributed.tensor.experimental import implicit_replication
+
+    from autoplace.emit.distributed.tensor import _handlers, shard_model
+
+    shard_model(emitted, mesh, split)
+    with torch.no_grad(), implicit_replication(), _handlers(), recorder:
+        out = emitted(*args, **kwargs)
+        recorder.take()
+        pytree.tree_map(_whole, out)
+        gathered = recorder.take()
+    if gathered:
+        found.collectives[OUTPUTS] = gathered
+
+
+def _timed(emitted: torch.nn.Module, interpreters: Iterable[_Interpreter],
+           args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """``TIMED`` passes of ``emitted`` on one thread, each op's fastest kept by its
+    interpreter; DTensor's handlers on (a split model's)."""
+    from torch.distributed.tensor.experimental import implicit_replication
+
+    from autoplace.emit.distributed.tensor import _handlers
+
+    threads = torch.get_num_threads()
+    for interpreter in interpreters:
+        interpreter.timing = True
+    try:
+        torch.set_num_threads(1)
+        with torch.no_grad(), implicit_replication(), _handlers():
+            for _ in range(TIMED):
+                emitted(*args, **kwargs)
+    finally:
+        torch.set_num_threads(threads)
+        for interpreter in interpreters:
+            interpreter.timing = False
+
+
+def _fake_copy(emitted: torch.nn.Module) -> Any:
+    """A ``FakeTensorMode`` in which ``emitted``'s meta parameters and buffers are now fake
+    CPU tensors of their shapes and dtypes (in place)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
+    with mode:
+        for module in emitted.modules():
+            for name, p in list(module.named_parameters(recurse=False)):
+                module.register_parameter(name, torch.nn.Parameter(
+                    torch.empty(p.shape, dtype=p.dtype, device="cpu"), requires_grad=False))
+            for name, b in list(module.named_buffers(recurse=False)):
+                if b is not None:
+                    module.register_buffer(name, torch.zeros(b.shape, dtype=b.dtype,
+                                                             device="cpu"))
+    return mode
+
+
+def _fake_input(value: Any) -> Any:
+    """An example input as a fake CPU tensor of its shape and dtype (inside the fake mode)."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    return torch.zeros(value.shape, dtype=value.dtype, device="cpu")
+
+
+@functools.cache
+def dispatch_s() -> float:
+    """What DTensor adds to one op on this machine's host: a small matmul of a split weight on
+    a fake group of 2 ranks, less the same matmul of plain tensors (the fastest of 200 each;
+    at least 0). Charged per op where the ops are not timed one by one (fake tensors)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.tensor.experimental import implicit_replication
+
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+
+    def fastest(run: Any) -> float:
+        best = float("inf")
+        for _ in range(200):
+            began = time.perf_counter()
+            run()
+            best = min(best, time.perf_counter() - began)
+        return best
+
+    with torch.no_grad():
+        plain = fastest(lambda: torch.nn.functional.linear(x, w))
+        with _fake_group(2), implicit_replication():
+            split = distribute_tensor(w, init_device_mesh("cpu", (2,)), [Shard(0)])
+            sharded = fastest(lambda: torch.nn.functional.linear(x, split))
+    return max(0.0, sharded - plain)
 
 
 @contextlib.contextmanager
@@ -148,6 +236,7 @@ class _Found:
     param_bytes: dict[str, tuple[int, int]] = field(default_factory=dict)
     output_share: dict[str, float] = field(default_factory=dict)
     collectives: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+    on_dtensors: set[str] = field(default_factory=set)
 
 
 class _Recorder(TorchDispatchMode):
@@ -206,10 +295,18 @@ class _Interpreter(torch.fx.Interpreter):
         self.found.param_bytes[n.name] = (sum(_nbytes(p, local=True) for p in params),
                                           sum(_nbytes(p, local=False) for p in params))
         self.found.output_share[n.name] = min((_fraction(x) for x in outs), default=1.0)
+        if any(_is_dtensor(x) for x in (*ins, *outs)):
+            self.found.on_dtensors.add(n.name)
         taken = self.recorder.take()
         if taken:
             self.found.collectives[n.name] = taken
         return out
+
+
+def _is_dtensor(value: Any) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(value, DTensor)
 
 
 def _whole(value: Any) -> Any:
