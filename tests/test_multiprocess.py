@@ -291,22 +291,31 @@ def test_autoplace_run_nproc_checks_outputs_and_refuses_a_wrong_count(tmp_path, 
     assert result["measured_s"] > 0 and result["predicted_s"] > 0
 
 
-def test_a_cluster_of_hosts_sharing_a_torch_device_gets_no_launch_script(tmp_path, capsys):
-    # Two hosts, each one cpu-thread worker: both are cpu:0, so the emitted model cannot tell
-    # their segments apart; --nproc says so and how to fix the cluster file.
+def test_two_hosts_of_one_torch_device_each_plan_and_run_as_two_ranks(tmp_path, capsys):
+    # Two hosts, each one cpu-thread worker, both cpu:0: the emitted model names b's segments
+    # cpu:1 (launch_devices), the plan is verified and its memory measured per device under
+    # those names, and launch.py runs each rank on its host's cpu:0 (here, one machine: the
+    # ranks' names). Each host holds one layer at least (pins), so values cross the ranks.
     cluster = tmp_path / "hosts.toml"
     cluster.write_text('[[hosts]]\nname = "a"\ndevices = ["cpu-thread"]\n\n'
                        '[[hosts]]\nname = "b"\ndevices = ["cpu-thread"]\n')
     out = tmp_path / "out"
     assert main(["plan", str(EXAMPLES / "mlp.py"), "--cluster", str(cluster), "--out",
-                 str(out), "--time-limit", "2", "--no-cache"]) == 0
-    assert not (out / "launch.py").exists()
-    notes = json.loads((out / "plan.json").read_text())["notes"]  # and the plan says why
-    assert any(n.startswith("no launch.py: a/cpu:0 and b/cpu:0 are both cpu:0") for n in notes)
+                 str(out), "--time-limit", "2", "--no-cache", "--pin", "0=a/cpu:0",
+                 "--pin", "4=b/cpu:0"]) == 0
+    text = (out / "launch.py").read_text()
+    assert "RANKS = ['cpu:0', 'cpu:1']" in text and "DEVICES = ['cpu:0', 'cpu:0']" in text
+    assert "HOSTS = ['a', 'b']" in text
+    planned = json.loads((out / "plan.json").read_text())
+    assert not any(n.startswith("no launch.py") for n in planned["notes"])
+    verification = planned["verification"]
+    assert verification["status"] == "passed" and verification["memory_status"] == "within"
+    assert set(verification["peak_bytes"]) == {"a/cpu:0", "b/cpu:0"}
+    assert all(p["measured_bytes"] > 0 for p in verification["peak_bytes"].values())
     capsys.readouterr()
-    assert main(["run", str(out), "--nproc", "2"]) == 2
-    err = capsys.readouterr().err
-    assert "a/cpu:0 is cpu:0, b/cpu:0 is cpu:0" in err and "torch_device" in err
+    assert main(["run", str(out), "--nproc", "2", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["outputs_equal"] and result["ranks"] == ["a/cpu:0", "b/cpu:0"]
 
 
 def test_hosts_with_their_own_torch_devices_make_one_rank_each(tmp_path):

@@ -105,9 +105,10 @@ def test_dtensor_is_observed_on_fake_ranks_and_each_collective_charged_where_it_
     model, args = _mlp()
     split = column_row(_emitted(model, args))
     seen = observe(_emitted(model, args), split, 2, args, {})
-    # the row matmul's partial sums are all-reduced where they are first read: the relu; the
-    # last column's output (4 x 8 floats) gathered whole, as run_sharded returns it
-    assert seen.collectives == {"relu_1": (("all_reduce", 4 * 16 * 4),),
+    # the row matmul's partial sums are all-reduced at once (4 x 16 floats), as Megatron does,
+    # not where DTensor would first need them whole; the last column's output (4 x 8 floats)
+    # gathered whole, as run_sharded returns it
+    assert seen.collectives == {"linear_1": (("all_reduce", 4 * 16 * 4),),
                                 OUTPUTS: (("all_gather_into_tensor", 4 * 8 * 4),)}
     assert seen.param_bytes["linear"] == ((32 * 64 + 64) * 4 // 2, (32 * 64 + 64) * 4)
     assert seen.share["linear"] == seen.share["linear_1"] == 0.5  # a column, a row
@@ -123,13 +124,13 @@ def test_dtensor_is_observed_on_fake_ranks_and_each_collective_charged_where_it_
     assert rank0.cluster.names == ("cuda:0",)
     node = {n.name: n for n in problem.graph.nodes}
     ops = {op: n.name for n in problem.graph.nodes for op in n.ops}
-    relu = ops["relu_1"]
+    row = ops["linear_1"]  # the node that waits for the row's all-reduce
     link = cluster.link("cuda:0", "cuda:1")
     from cost_models import ring_allreduce_s
 
     ring = ring_allreduce_s(256, 2, bandwidth_bytes_per_s=link.bandwidth_bytes_per_s,
                             latency_s=link.latency_s)
-    assert rank0.costs.of(relu, "cuda:0") >= ring
+    assert rank0.costs.of(row, "cuda:0") >= ring
     first = ops["linear"]
     assert rank0.graph.node(first).param_bytes == node[first].param_bytes // 2
     # DTensor's dispatch, measured here (split less unsplit), lengthens each GPU launch

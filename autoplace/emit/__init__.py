@@ -37,6 +37,7 @@ from autoplace.emit.check.training import verify_training
 from autoplace.emit.codegen.model import PartitionedModel, SegmentInfo, emit_model
 from autoplace.emit.device_map import local_device_map
 from autoplace.emit.distributed.ddp import write_train_script
+from autoplace.emit.distributed.devices import emitted_devices
 from autoplace.emit.distributed.replicas import verify_replicas
 from autoplace.emit.files.saving import load_model, load_segments, save_model
 from autoplace.formats.plan import Verification
@@ -104,7 +105,7 @@ def emit_and_verify(
         note("the partitioned model was not emitted: the parameters are on the meta device")
         return None, Verification(
             detail="parameters are on the meta device: no weights to emit or run")
-    torch_device = {d.name: d.torch_device for d in problem.cluster.devices}
+    torch_device = emitted_devices(problem.cluster.devices)
     device_of = {op: torch_device[dev] for op, dev in device_of_op.items()}
     order = _op_order(traced.module, problem, schedule)
     remap = local_device_map(sorted(set(device_of.values())))
@@ -152,12 +153,12 @@ def _check_memory(
     """Measure the emitted model's peak per planned device (``measuring()``) and check it
     against the plan's."""
     name_of: dict[str, str] = {}
-    for device in problem.cluster.devices:
-        if device.torch_device in name_of:
+    for name, torch_device in emitted_devices(problem.cluster.devices).items():
+        if torch_device in name_of:
             return PeakCheck(status="not measured", detail=(
-                f"memory not measured: {name_of[device.torch_device]} and {device.name} are "
-                f"both {device.torch_device}, so their segments cannot be told apart"))
-        name_of[device.torch_device] = device.name
+                f"memory not measured: {name_of[torch_device]} and {name} are "
+                f"both {torch_device}, so their segments cannot be told apart"))
+        name_of[torch_device] = name
     measured = measuring()
     by_name = {name_of[d]: b for d, b in measured.peak_bytes.items()}
     return check_peak(by_name, comparable_peak_bytes(problem, schedule),

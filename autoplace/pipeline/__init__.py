@@ -25,7 +25,8 @@ import autoplace.report as report
 from autoplace.config import Config, Granularity, Mode, Solve
 from autoplace.emit import PartitionedModel
 from autoplace.emit.distributed.ddp import microbatching, replicas_of, write_train_script
-from autoplace.emit.distributed.ranks import shared_torch_device, write_launch_script
+from autoplace.emit.distributed.devices import launch_devices
+from autoplace.emit.distributed.ranks import write_launch_script
 from autoplace.emit.distributed.tensor import write_tensor_launch
 from autoplace.errors import EmitError
 from autoplace.formats.output import atomic_output_dir
@@ -180,32 +181,30 @@ def _tensor_parallel(plan: Plan, model: PartitionedModel, directory: Path) -> No
 
 def _launch_script(plan: Plan, model: PartitionedModel, directory: Path) -> None:
     """``launch.py``, one process per device (``emit.distributed.ranks``), for an inference plan of
-    two or more devices that each have a torch device of their own and an example to run. The values
-    crossing ranks are sized by one pass of the emitted model, so a model emitted without its
-    weights (a checkpoint too large to load here) gets none."""
-    devices = plan.problem.cluster.devices
+    two or more devices that run as ranks (``launch_devices``: on one host or several, each rank
+    on its planned device of its own host) and an example to run. The values crossing ranks are
+    sized by one pass of the emitted model, so a model emitted without its weights (a checkpoint
+    too large to load here) gets none."""
     example = getattr(model, "example_inputs", None)
-    if any(p.is_meta for p in model.parameters()):
+    if any(p.is_meta for p in model.parameters()) or plan.training is not None:
         return
-    if (plan.training is None and len(devices) > 1 and example is not None
-            and no_launch_script(devices) is None):
-        try:
-            write_launch_script(directory, model, torch_devices=[d.torch_device for d in devices],
-                                names=[d.name for d in devices], example=example)
-        except EmitError:  # a value launch.py cannot carry: the plan runs in one process
-            (directory / "launch.py").unlink(missing_ok=True)
+    ranks = launch_devices(plan.problem.cluster.devices)
+    if isinstance(ranks, str) or example is None:
+        return
+    try:
+        write_launch_script(directory, model, torch_devices=ranks.ranks, names=ranks.names,
+                            hosts=ranks.hosts, local_devices=ranks.devices, example=example)
+    except EmitError:  # a value launch.py cannot carry: the plan runs in one process
+        (directory / "launch.py").unlink(missing_ok=True)
 
 
 def no_launch_script(devices: Sequence[Device]) -> str | None:
     """Why the plan's ``devices`` get no ``launch.py`` (one process per device) though they are
-    several: two share a torch device, which the emitted model files segments by (two hosts'
-    ``cuda:0``: ``emit.distributed.devices.launch_devices`` names their ranks apart, but the
-    emitter does not use it yet). ``None`` otherwise."""
-    shared = shared_torch_device([d.torch_device for d in devices], [d.name for d in devices])
-    if shared is None:
+    several: two of one host share a torch device, which the emitted model files segments by.
+    ``None`` otherwise (one device, or devices that run as ranks)."""
+    if len(devices) < 2:
         return None
-    first, second, device = shared
-    return (f"no launch.py: {first} and {second} are both {device}, so the emitted model cannot "
-            "tell their segments apart and the plan runs in one process (give each device its "
-            "own torch_device in the cluster file; hosts that share one are not run as ranks "
-            "yet)")
+    why = launch_devices(devices)
+    if not isinstance(why, str):
+        return None
+    return (f"no launch.py: {why}; the plan runs in one process")

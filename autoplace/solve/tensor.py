@@ -299,7 +299,7 @@ class _Interpreter(torch.fx.Interpreter):
             self.found.on_dtensors.add(n.name)
         taken = self.recorder.take()
         if taken:
-            self.found.collectives[n.name] = taken
+            self.found.collectives.setdefault(n.name, []).extend(taken)
         return out
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from autoplace.emit.distributed.devices import emitted_devices
 from autoplace.emit.runtime.program import Handover, Program, Run
 from autoplace.ir import Problem, Schedule
 
@@ -64,7 +65,8 @@ def replay(
     """
     graph, costs = problem.graph, problem.costs
     device_of = schedule.placement.device_of
-    by_torch = {d.torch_device: d.name for d in problem.cluster.devices}
+    by_torch = {emitted: name for name, emitted
+                in emitted_devices(problem.cluster.devices).items()}
     op_node = {op: node.name for node in graph.nodes for op in node.ops}
 
     def node_of(value: str) -> str | None:

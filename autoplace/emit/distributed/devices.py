@@ -18,7 +18,7 @@ import torch
 
 from autoplace.errors import EmitError
 
-__all__ = ["LaunchDevices", "launch_devices", "rank_devices"]
+__all__ = ["LaunchDevices", "emitted_devices", "launch_devices", "rank_devices"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,16 @@ def launch_devices(devices: Sequence[Any]) -> LaunchDevices | str:
         taken[parsed.type, index] = d.name
     return LaunchDevices(tuple(ranks), tuple(d.torch_device for d in devices),
                          tuple(d.name for d in devices), tuple(d.host for d in devices))
+
+
+def emitted_devices(devices: Sequence[Any]) -> dict[str, str]:
+    """Each of the plan's ``devices`` (by name) as the emitted model names its segments: its
+    rank's name where the devices run as ranks (``launch_devices``: two hosts' ``cuda:0`` are
+    ``cuda:0`` and ``cuda:1``), else its torch device."""
+    found = launch_devices(devices)
+    if isinstance(found, str):
+        return {d.name: d.torch_device for d in devices}
+    return dict(zip(found.names, found.ranks))
 
 
 def rank_devices(rank: int, *, ranks: Sequence[str], devices: Sequence[str],
