@@ -17,6 +17,7 @@ charged as resident.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Mapping
@@ -437,6 +438,23 @@ _CATALOG_ENTRIES: tuple[DeviceType, ...] = (
             "intel-xeon-platinum-8380-processor-60m-cache-2-30-ghz/specifications.html; memory "
             "size is this machine's physical memory (os.sysconf); costs are profiled here"
         ),
+    ),
+)
+
+# One process of the machine autoplace runs on, on one thread, for plans whose devices are ranks
+# of this machine (``--devices 2xcpu-process``; ``autoplace run OUT --nproc N`` starts them):
+# a cpu-thread worker's costs (each rank runs one intra-op thread, as torchrun starts them),
+# but two of them talk through gloo over 127.0.0.1 (``cost_models.links``, gloo-loopback).
+_CATALOG_ENTRIES += (
+    dataclasses.replace(
+        next(e for e in _CATALOG_ENTRIES if e.name == "cpu-thread"),
+        name="cpu-process",
+        aliases=("process", "cpu-processes"),
+        source=("a cpu-thread worker in a process of its own: one core of the CPU entry, Intel "
+                "Xeon Platinum 8380 specifications, https://www.intel.com/content/www/us/en/"
+                "products/sku/212287/intel-xeon-platinum-8380-processor-60m-cache-2-30-ghz/"
+                "specifications.html; costs are profiled here, links between two are gloo over "
+                "127.0.0.1"),
     ),
 )
 

@@ -200,6 +200,8 @@ def default_link(src: DeviceType, dst: DeviceType, *, same_host: bool) -> LinkSp
         return LINK_CATALOG["network"]
     if src.name == dst.name == "cpu-thread":
         return LINK_CATALOG["thread"]
+    if src.name == dst.name == "cpu-process":
+        return LINK_CATALOG["gloo-loopback"]
     if src.kind == "cpu" and dst.kind == "cpu":
         return LINK_CATALOG["memcpy"]
     if src.kind == "gpu" and dst.kind == "gpu":

@@ -100,6 +100,37 @@ def test_four_h100s_are_all_nvlink4() -> None:
     assert set(kinds(cluster).values()) == {"nvlink4"}
 
 
+def test_cpu_processes_are_workers_linked_by_gloo(tmp_path: Path) -> None:
+    # --devices 2xcpu-process: two one-thread workers as a thread pair is, but priced as the
+    # gloo ranks `autoplace run --nproc 2` starts, not as threads handing tensors over
+    cluster = parse_device_spec("2xcpu-process")
+    assert [(d.name, d.type, d.torch_device) for d in cluster.devices] == [
+        ("cpu:0", "cpu-process", "cpu:0"), ("cpu:1", "cpu-process", "cpu:1")]
+    assert set(kinds(cluster).values()) == {"gloo-loopback"}
+    assert set(kinds(parse_device_spec("2xcpu-thread")).values()) == {"thread"}
+    loopback = get_link_kind("gloo-loopback")
+    assert cluster.link("cpu:0", "cpu:1").bandwidth_bytes_per_s == loopback.bandwidth_bytes_per_s
+    # a cluster file may give one its own cpu:N, as it may a cpu-thread
+    path = tmp_path / "c.toml"
+    path.write_text('[[hosts]]\nname = "a"\ndevices = ["cpu-process"]\n\n[[hosts]]\n'
+                    'name = "b"\n\n[[devices]]\nhost = "b"\ntype = "cpu-process"\n'
+                    'torch_device = "cpu:1"\n')
+    loaded = load_cluster_file(path)
+    assert [d.torch_device for d in loaded.devices] == ["cpu:0", "cpu:1"]
+
+
+def test_a_profiled_plan_keeps_the_gloo_link_of_cpu_processes(tmp_path: Path) -> None:
+    # profiling measures the ops on each worker's one thread, and keeps the catalog's measured
+    # gloo link between processes (a thread handover is not what they pay)
+    out = tmp_path / "out"
+    assert main(["plan", str(Path(__file__).parents[1] / "examples" / "mlp.py"), "--devices",
+                 "2xcpu-process", "--out", str(out), "--time-limit", "2", "--no-cache",
+                 "--quiet"]) == 0
+    planned = json.loads((out / "plan.json").read_text())
+    assert {link["kind"] for link in planned["links"]} == {"gloo-loopback"}
+    assert (out / "launch.py").is_file()
+
+
 @pytest.mark.parametrize("spec", ["cpu", "CPU", "1xcpu", " cpu "])
 def test_cpu_spec(spec: str) -> None:
     cluster = parse_device_spec(spec)

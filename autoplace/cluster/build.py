@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from autoplace.cluster.spec import THREAD_TYPE, Entry
+from autoplace.cluster.spec import WORKER_TYPES, Entry
 from autoplace.errors import DeviceSpecError
 from autoplace.ir import Cluster, Device, Link
 from cost_models import DeviceType, default_link
@@ -70,7 +70,7 @@ def _assign_torch_devices(entries: Sequence[Entry], *, where: str) -> list[str]:
     cluster file's ``[[devices]]`` take the lowest free numbers."""
     assigned: list[str | None] = [e.torch_device for e in entries]
     threads = [i for i, e in enumerate(entries) if e.torch_device is None
-               and e.type.name == THREAD_TYPE]
+               and e.type.name in WORKER_TYPES]
     for n, i in enumerate(threads):
         assigned[i] = f"cpu:{n}"
     spec_gpus = [i for i, e in enumerate(entries) if assigned[i] is None and not e.from_table]

@@ -21,7 +21,7 @@ from typing import Any
 
 from autoplace.cluster.build import LOCAL_HOST, build_cluster
 from autoplace.cluster.shared import shared_links
-from autoplace.cluster.spec import CUDA_NAME, THREAD_TYPE, Entry, lookup_type, parse_tokens
+from autoplace.cluster.spec import CUDA_NAME, WORKER_TYPES, Entry, lookup_type, parse_tokens
 from autoplace.errors import DeviceSpecError
 from autoplace.formats.cluster import read_cluster_file
 from autoplace.ir import Cluster, Link
@@ -106,9 +106,9 @@ def _device_entry(
         cpu = device_type.kind == "cpu"
         # A cpu-thread worker may name its own cpu:N, so that workers on different hosts are
         # different torch devices (one process each: docs/multiprocess.md).
-        thread = device_type.name == THREAD_TYPE and re.fullmatch(r"cpu:\d+", given)
+        thread = device_type.name in WORKER_TYPES and re.fullmatch(r"cpu:\d+", given)
         if not (given == "cpu" or thread if cpu else CUDA_NAME.fullmatch(given) is not None):
-            expected = ("cpu or cpu:N" if device_type.name == THREAD_TYPE else "cpu") if cpu \
+            expected = ("cpu or cpu:N" if device_type.name in WORKER_TYPES else "cpu") if cpu \
                 else "cuda:N"
             raise DeviceSpecError(
                 f"{at}: torch_device {given!r} does not fit a {device_type.kind} "

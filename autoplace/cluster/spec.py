@@ -4,15 +4,15 @@ A spec is a comma-separated list of entries (spaces around one dropped), each on
 count of 1 or more, ``x`` or ``X``, a catalog type; ``TYPE`` alone is one; GPUs named ``cuda:0``,
 ``cuda:1``, ... in spec order, simulated), ``cpu`` (the host CPU, at most one), ``Nxcpu-thread``
 (worker threads of this CPU, ``cpu:0``, ...; ``emit/runtime/engine.py`` runs each one's segments
-on its own thread) or ``cuda:N`` (a GPU on this machine, typed by ``detect.detect_gpus``; not mixed
-with catalog GPU types, which would claim the same names). A type name is letters, digits, ``-``
-and ``_``, case and ``-``/``_`` not mattering. Any other form (``2*A100-40GB``, ``x2A100``, a space
-inside an entry) is an error naming the entry, its position and what to write instead. For users:
-``docs/cli.md`` ("Devices").
+on its own thread; ``Nxcpu-process``: the same, as gloo ranks) or ``cuda:N`` (a GPU on this
+machine, typed by ``detect.detect_gpus``; not mixed with catalog GPU types, which would claim
+the same names). A type name is letters, digits, ``-`` and ``_``, case and ``-``/``_`` not
+mattering. Any other form (``2*A100-40GB``, ``x2A100``, a space inside an entry) is an error
+naming the entry, its position and what to write instead. Users: ``docs/cli.md`` ("Devices").
 
 Read ``parse_tokens`` first (one spec into ``Entry`` values; ``_loose`` says what is wrong with an
 entry that is not one of these), then ``detected_entry`` (a GPU found here, costed as its catalog
-type or, lacking it, the closest one, with a note). ``build.build_cluster`` names and links them.
+type or else the closest one, with a note); ``build.build_cluster`` names and links them.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ __all__ = [
     "CUDA_NAME",
     "DEFAULT_SIMULATED_SPEC",
     "THREAD_TYPE",
+    "WORKER_TYPES",
     "Entry",
     "detected_entry",
     "lookup_type",
@@ -51,8 +52,10 @@ CHOOSE_HINT = (
 )
 
 # Worker threads of this machine's CPU: named ``cpu:0``, ``cpu:1``, ... (torch accepts and ignores
-# the index), so each is its own device to the plan and to the emitted model's runtime.
+# the index), so each is its own device to the plan and to the emitted model's runtime. A
+# ``cpu-process`` worker is one too, linked to the others by gloo (a rank of its own).
 THREAD_TYPE = "cpu-thread"
+WORKER_TYPES = frozenset({THREAD_TYPE, "cpu-process"})
 
 CUDA_NAME = re.compile(r"cuda:(\d+)", re.IGNORECASE)
 _COUNTED = re.compile(r"(\d+)[xX](.*)")
@@ -178,7 +181,7 @@ def _typed_entries(token: str, *, where: str) -> list[Entry]:
     if loose is not None:
         raise DeviceSpecError(f"{where}: {loose}; {valid_types_hint()}")
     device_type = lookup_type(type_name, token=token, where=where)
-    if device_type.name == THREAD_TYPE:  # torch devices cpu:0, cpu:1, ...: build numbers them
+    if device_type.name in WORKER_TYPES:  # torch devices cpu:0, cpu:1, ...: build numbers them
         return [Entry(type=device_type, memory_bytes=device_type.memory_bytes, origin=token)
                 for _ in range(count)]
     cpu = device_type.kind == "cpu"

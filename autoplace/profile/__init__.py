@@ -276,6 +276,8 @@ def _links(present: Sequence[Device], inv: Inventory, *, cache: ProfileCache,
         for dst in present:
             if src.name == dst.name or src.torch_device == dst.torch_device:
                 continue
+            if src.type == dst.type == "cpu-process":  # gloo ranks: the catalog's measured link
+                continue
             src_key = f"{device_key(src.torch_device, inv)}@{src.torch_device}"
             dst_key = f"{device_key(dst.torch_device, inv)}@{dst.torch_device}"
             record = cache.get_link(src_key, dst_key)
