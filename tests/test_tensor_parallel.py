@@ -339,3 +339,21 @@ def test_a_meta_model_gets_a_planned_candidate_that_is_not_emitted() -> None:
     assert planned.tensor_model is None and planned.model is None
     said = next(n for n in planned.plan.notes if n.startswith("tensor parallel over 2"))
     assert "planned on fake tensors" in said and "not emitted" in said
+
+
+def test_a_degree_that_does_not_divide_the_key_value_heads_is_refused(tmp_path, capsys) -> None:
+    """examples/llama.py has 4 key/value heads: over 8 ranks DTensor cannot split them. The
+    plan stops with the flag, the op, its module and what would fit; nothing is written."""
+    from pathlib import Path
+
+    from autoplace.cli import main
+
+    out = tmp_path / "o"
+    code = main(["plan", str(Path(__file__).parent.parent / "examples" / "llama.py"),
+                 "--devices", "8xcpu-thread", "--no-profile", "--no-verify", "--time-limit",
+                 "1", "--out", str(out), "--tp", "8", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--tp 8: DTensor cannot run" in err, err
+    assert "(model.layers.0.self_attn) split over 8 ranks" in err
+    assert "divides the model's attention heads (key/value heads included)" in err
+    assert not out.exists()

@@ -28,7 +28,7 @@ from autoplace.ir import Cluster, Device, Placement, Problem
 from autoplace.progress import stage
 from autoplace.progress.notes import note
 from autoplace.simulate import simulate
-from autoplace.solve.tensor import Observed, observe, tensor_problem
+from autoplace.solve.tensor import Observed, SplitError, observe, tensor_problem
 from autoplace.trace import TracedModel
 
 __all__ = ["TIMED_PASSES", "tensor_candidate", "tensor_devices"]
@@ -52,7 +52,16 @@ def tensor_candidate(planned: Plan, problem: Problem, traced: TracedModel,
     if whole:
         note(f"tensor parallel over {ranks} ranks: {', '.join(whole)} kept whole, their split "
              f"dimension not a multiple of {ranks}")
-    observed = observe(_one_device(traced), split, ranks, args, kwargs)  # a copy: it shards
+    try:
+        observed = observe(_one_device(traced), split, ranks, args, kwargs)  # a copy: it shards
+    except SplitError as failed:
+        module = next((n.module for n in problem.graph.nodes if failed.op in n.ops), None)
+        first = str(failed.error).strip().splitlines()[0].rstrip(".")
+        raise ConfigError(
+            f"{{parallel.tp={ranks}}}: DTensor cannot run {failed.op}"
+            + (f" ({module})" if module else "") + f" split over {ranks} ranks: {first}; "
+            "choose a degree that divides the model's attention heads (key/value heads "
+            "included) and hidden sizes") from None
     names = tuple(d.name for d in chosen)
     here = all(d.torch_device.startswith("cpu") for d in chosen)  # this machine's workers
     rank0 = tensor_problem(problem, observed, names, measured=here,

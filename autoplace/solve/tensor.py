@@ -35,7 +35,8 @@ from autoplace.solve.whatif import restrict
 from autoplace.train.dataparallel import ring_link
 from cost_models import ring_allgather_s, ring_allreduce_s
 
-__all__ = ["OUTPUTS", "TIMED", "Observed", "dispatch_s", "observe", "tensor_problem"]
+__all__ = ["OUTPUTS", "TIMED", "Observed", "SplitError", "dispatch_s", "observe",
+           "tensor_problem"]
 
 OUTPUTS = "(outputs)"  # the key of the outputs' gathers, charged to the graph's last node
 
@@ -228,6 +229,15 @@ def _fake_group(ranks: int) -> Iterator[None]:
         dist.destroy_process_group()
 
 
+class SplitError(Exception):
+    """DTensor could not run traced op ``op`` split so (an attention's key/value heads that the
+    ranks do not divide, say): ``error`` says why."""
+
+    def __init__(self, op: str, error: BaseException) -> None:
+        super().__init__(f"{op}: {error}")
+        self.op, self.error = op, error
+
+
 @dataclass
 class _Found:
     share: dict[str, float] = field(default_factory=dict)
@@ -286,7 +296,10 @@ class _Interpreter(torch.fx.Interpreter):
             self.found.seconds[n.name] = min(self.found.seconds.get(n.name, took), took)
             return out
         self.recorder.take()
-        out = super().run_node(n)
+        try:
+            out = super().run_node(n)
+        except (RuntimeError, ValueError, NotImplementedError) as error:
+            raise SplitError(n.name, error) from error
         ins = [self.env[a] for a in n.all_input_nodes if a in self.env]
         params = [self.env[a] for a in n.all_input_nodes if a.op == "get_attr" and a in self.env]
         outs = [x for x in torch.utils._pytree.tree_leaves(out) if isinstance(x, torch.Tensor)]
