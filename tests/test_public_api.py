@@ -13,8 +13,8 @@ def test_exported_members():
         "VerificationError", "__version__", "plan", "save", "simulate", "validate",
         "solve_graph", "Planned", "ConfigError",
         # the configuration: its sections and the choices of its fixed-valued options
-        "Config", "Devices", "Solve", "Cost", "Training", "Emit",
-        "Mode", "Objective", "Granularity", "PipelineSchedule", "Recompute", "DType",
+        "Config", "Devices", "Solve", "Cost", "Training", "Emit", "Parallel",
+        "Mode", "Objective", "Granularity", "PipelineSchedule", "Recompute", "DType", "Fsdp",
     }
     for name in autoplace.__all__:
         assert hasattr(autoplace, name), name

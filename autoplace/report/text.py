@@ -99,7 +99,8 @@ def tensor_text(ov: Overview) -> str | None:
             f"predicted, {kept}"
             + (f"; outputs checked on {tp.ranks} gloo ranks" if tp.check == "passed" else "")
             + (f", {format_seconds(tp.measured_s)} measured there"
-               if tp.measured_s is not None and all(d.startswith("cpu") for d in tp.devices)
+               if tp.measured_s is not None and all(
+                   d.torch_device.startswith("cpu") for d in ov.devices if d.name in tp.devices)
                else ""))
 
 
