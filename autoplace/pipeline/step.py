@@ -135,8 +135,6 @@ def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: S
     collected apart, and only the kept one's are passed on."""
     variants = _variants(_replica_counts(model, whole, cluster, replicas, microbatches, dtype),
                          fsdp, microbatches)
-    share = replace(options, time_limit_s=options.time_limit_s / sum(
-        1 for _, _, sharding in variants if fsdp == "on" or sharding == "ddp"))
     found: dict[tuple[int, str], tuple[Step, list[str]]] = {}
     failure: InfeasibleError | None = None
     counts = []
@@ -146,6 +144,8 @@ def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: S
                 unsharded[0].solved.schedule.feasible):
             continue  # auto shards for memory: R's replicas fit whole
         counts.append((r, groups, sharding))
+        share = replace(options, time_limit_s=_time_share(
+            options.time_limit_s, variants, sharding, fsdp=fsdp, found=found))
         with collecting() as mine:
             try:
                 found[r, sharding] = _replica_step(
@@ -201,16 +201,35 @@ def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: S
     return replace(step, options=table)
 
 
+def _time_share(limit_s: float, variants: list[tuple[int, Any, str]], sharding: str, *,
+                fsdp: str, found: Mapping[tuple[int, str], tuple[Step, list[str]]]) -> float:
+    """The solve time of one candidate, the candidates' together at most ``limit_s``: shared
+    evenly, except under ``fsdp=auto``, where the whole replicas' steps share all but one
+    slice and the sharded ones that run (those of counts whose whole replicas do not fit)
+    share that slice."""
+    whole = sum(1 for _, _, s in variants if s == "ddp")
+    sharded = len(variants) - whole
+    if fsdp != "auto" or not sharded:
+        return limit_s / len(variants)
+    if sharding == "ddp":
+        return limit_s / (whole + 1)
+    running = sum(1 for r, _, s in variants if s == "fsdp" and not (
+        (r, "ddp") in found and found[r, "ddp"][0].solved.schedule.feasible))
+    return limit_s / (whole + 1) / max(running, 1)
+
+
 def _variants(counts: list[tuple[int, list[tuple[str, ...]]]], fsdp: str, microbatches: int
               ) -> list[tuple[int, list[tuple[str, ...]], str]]:
     """Each replica count with how its replicas hold the model: ``ddp`` unless ``fsdp`` is
     ``on``, and then ``fsdp`` (``train.sharded``) unless it is ``off``, where a replica is one
-    device running one batch (R > 1; no micro-batches). ``fsdp=on`` with no such count is an
-    error."""
+    device running one batch (R > 1; no micro-batches). The whole replicas' steps come first
+    (``auto`` shards a count only once its whole replicas are found not to fit). ``fsdp=on``
+    with no such count is an error."""
     variants = []
     for r, groups in counts:
         if fsdp != "on":
             variants.append((r, groups, "ddp"))
+    for r, groups in counts:
         if fsdp != "off" and r > 1 and len(groups[0]) == 1 and microbatches == 1:
             variants.append((r, groups, "fsdp"))
     if not variants:
