@@ -167,6 +167,7 @@ def test_the_planner_records_the_candidate_beside_the_placement(tmp_path) -> Non
     save(planned, out)
     summary = (out / "summary.txt").read_text()
     assert "tensor parallel  tp 2 over cpu:0, cpu:1" in summary
+    assert "<b>Tensor parallel:</b> tp 2 over cpu:0, cpu:1" in (out / "report.html").read_text()
     # the candidate as the ranks run it: the one-device model, its split, its entry point
     written = out / "tensor_parallel"
     assert json.loads((written / "split.json").read_text()) == {
