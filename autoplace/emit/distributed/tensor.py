@@ -234,13 +234,14 @@ def _attention_by_heads(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
 
 
 def tensor_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *,
-                devices: Sequence[str] | None = None, names: Sequence[str] | None = None) -> int:
+                devices: Sequence[str], names: Sequence[str]) -> int:
     """One rank of ``torchrun --nproc-per-node N``: load ``model_dir`` on this rank's device
-    (``devices[rank]``, default the CPU; ``--device-map`` remaps it as ``launch.py``'s does),
-    split it over the N ranks (``--split FILE``: ``column_row``'s, as JSON), run it on the
-    saved example inputs ``--warmup`` times and then ``--repeats`` times, the ranks lined up
-    by a barrier before each timed pass; rank 0 saves the output tensors (in pytree order) and
-    the timed passes' seconds (``--outputs FILE``, ``torch.save``). The exit code; an
+    (``devices[rank]``, plan name ``names[rank]``; ``--device-map`` remaps it as
+    ``launch.py``'s does), split it over the N ranks (``--split FILE``: ``column_row``'s, as
+    JSON), run it on the saved example inputs ``--warmup`` times (once at least: rank 0's
+    outputs are that pass's) and then ``--repeats`` times, the ranks lined up by a barrier
+    before each timed pass; rank 0 saves the output tensors (in pytree order) and the timed
+    passes' seconds (``--outputs FILE``, ``torch.save``). The exit code; an
     ``AutoplaceError`` is printed as one line and exits with 2."""
     from autoplace.emit.distributed.ddp import check_world, print_error
 
@@ -258,9 +259,8 @@ def tensor_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *,
     options = parser.parse_args(list(argv))
     rank, world = int(os.environ.get("RANK", "-1")), int(os.environ.get("WORLD_SIZE", "0"))
     try:
-        if devices is not None:
-            check_world(rank, len(devices), what=f"runs as {len(devices)} tensor-parallel "
-                        "ranks", script="launch.py")
+        check_world(rank, len(devices), what=f"runs as {len(devices)} tensor-parallel ranks",
+                    script="launch.py")
         if options.repeats < 0 or options.warmup < 0:
             raise AutoplaceError("--repeats and --warmup must be 0 or more")
         device = _rank_device(rank, devices, names, options.device_map)
@@ -270,14 +270,12 @@ def tensor_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *,
     return _run_rank(Path(model_dir), options, device=device, world=world)
 
 
-def _rank_device(rank: int, devices: Sequence[str] | None, names: Sequence[str] | None,
+def _rank_device(rank: int, devices: Sequence[str], names: Sequence[str],
                  device_map: str | None) -> str:
     """Rank ``rank``'s torch device here: its planned one, remapped by ``--device-map``, and
     able to hold tensors (``EmitError`` naming the remap that would run it on the CPU)."""
     from autoplace.emit.device_map import check_device, parse_device_map, remap
 
-    devices = list(devices) if devices is not None else ["cpu"] * max(rank + 1, 1)
-    names = list(names) if names is not None else devices
     mapping = parse_device_map(device_map) if device_map else None
     here = [remap(d, mapping) for d in devices]
     check_device(here[rank], planned=devices[rank], option="--device-map")
@@ -317,7 +315,7 @@ def _run_rank(model_dir: Path, options: argparse.Namespace, *, device: str, worl
             lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, example)
         split = {k: tuple(v) for k, v in json.loads(Path(options.split).read_text()).items()}
         shard_model(model, mesh, split)
-        for _ in range(options.warmup):
+        for _ in range(max(options.warmup, 1)):
             outputs = run_sharded(model, args, kwargs)
         times = []
         for _ in range(options.repeats):
