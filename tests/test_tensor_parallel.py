@@ -358,3 +358,38 @@ def test_a_degree_that_does_not_divide_the_key_value_heads_is_refused(tmp_path, 
     assert "(model.layers.0.self_attn) split over 8 ranks" in err
     assert "divides the model's attention heads (key/value heads included)" in err
     assert not out.exists()
+
+
+def test_tp_auto_weighs_each_degree_of_the_alike_devices_and_keeps_the_fastest() -> None:
+    from autoplace.config import Config, Cost, Emit, Parallel
+    from autoplace.formats.plan import Plan
+    from autoplace.pipeline import plan
+
+    model, args = _mlp()
+    planned = plan(model, args, Config(devices="4xA100-40GB", cost=Cost(profile=False),
+                                       parallel=Parallel(tp="auto"), emit=Emit(verify=False)))
+    tp = planned.plan.tensor_parallel
+    assert set(tp.weighed) == {2, 4}  # the divisors of the 4 alike devices
+    assert tp.makespan_s == min(tp.weighed.values()) and tp.weighed[tp.ranks] == tp.makespan_s
+    assert tp.devices == tuple(f"cuda:{i}" for i in range(tp.ranks))
+    assert Plan.from_dict(planned.plan.to_dict()).tensor_parallel == tp
+    said = next(n for n in planned.plan.notes if n.startswith("weighed (--tp auto) tp 2"))
+    assert f"kept tensor parallel over {tp.ranks} ranks" in said
+    # leading devices that are not alike: nothing to weigh, said so
+    unlike = plan(model, args, Config(devices="T4,A100-40GB", cost=Cost(profile=False),
+                                      parallel=Parallel(tp="auto"), emit=Emit(verify=False)))
+    assert unlike.plan.tensor_parallel is None
+    assert any("tensor parallelism not weighed (--tp auto)" in n for n in unlike.plan.notes)
+
+
+def test_a_tp_that_is_neither_a_number_nor_auto_is_refused(tmp_path, capsys) -> None:
+    from pathlib import Path
+
+    from autoplace.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", str(Path(__file__).parent.parent / "examples" / "mlp.py"),
+              "--out", str(tmp_path / "o"), "--tp", "two"])
+    assert exited.value.code == 2
+    assert "'two' is neither a whole number nor auto" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -117,9 +117,10 @@ def _parser() -> argparse.ArgumentParser:
                    "N devices with 1/R of the batch; auto (default) plans every R that divides "
                    "the devices into alike groups and keeps the fastest step, the gradients' "
                    "all-reduce included")
-    p.add_argument("--tp", type=int, metavar="N",
+    p.add_argument("--tp", type=_tp_degree, metavar="N|auto",
                    help="inference: weigh N tensor-parallel ranks (one device each, the first "
-                   "N) beside the placement: the matmuls split as columns and rows from the "
+                   "N; auto: every N that divides the leading alike devices, the fastest "
+                   "kept) beside the placement: the matmuls split as columns and rows from the "
                    "traced graph, run by DTensor; its time and memory simulated with the "
                    "collectives DTensor inserts, its outputs checked on N gloo ranks "
                    "(plan.json's tensor_parallel); written beside the placement's model as "
@@ -278,6 +279,17 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
                    "of planned torch devices, the first match wins), e.g. "
                    "'{\"cuda:*\": \"cpu\"}' to rehearse a GPU plan on CPU ranks (default: "
                    "the planned devices, those absent here on the CPU)")
+
+
+def _tp_degree(text: str) -> int | str:
+    """``--tp``'s value: ``auto`` or a whole number (``Parallel`` checks it is 2 or more)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a whole number nor auto"
+                                         ) from None
 
 
 def _cache_option(p: argparse.ArgumentParser) -> None:

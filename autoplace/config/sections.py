@@ -202,12 +202,16 @@ class Emit:
 class Parallel:
     """Parallelism beside placement: ``tp``, N tensor-parallel ranks (one device each, the
     first N) weighed beside the plan's placement, an inference plan's for now
-    (``solve.tensor``, ``emit.distributed.tensor``; ``docs/concepts.md``)."""
+    (``solve.tensor``, ``emit.distributed.tensor``; ``docs/concepts.md``); ``"auto"``: every
+    degree that divides the leading alike devices, the fastest kept."""
 
-    tp: int | None = None
+    tp: int | str | None = None
 
     def __post_init__(self) -> None:
-        if self.tp is not None:
+        if self.tp is not None and self.tp != "auto":
+            if isinstance(self.tp, str):
+                raise ConfigError(f"{{parallel.tp}} must be a whole number, 2 or more, or "
+                                  f"auto, got {self.tp!r}")
             _whole(self.tp, "parallel.tp", least=2)
 
 

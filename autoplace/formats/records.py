@@ -306,7 +306,8 @@ class TensorParallelRecord:
     of ``collective_bytes`` in all, per pass) and its check on gloo ranks (``check``: passed or
     skipped; ``max_abs_diff``; ``measured_s``, the median pass there). ``split``: each split
     weight of the one-device model in ``OUT/tensor_parallel/model`` (``seg<i>.<name>``) and how,
-    ``(column or row, dimension)``."""
+    ``(column or row, dimension)``. ``weighed``: with ``--tp auto``, each degree weighed and
+    its simulated makespan (the fastest is this one)."""
 
     ranks: int
     devices: tuple[str, ...]
@@ -320,6 +321,7 @@ class TensorParallelRecord:
     max_abs_diff: float | None = None
     measured_s: float | None = None
     split: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+    weighed: Mapping[int, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"ranks": self.ranks, "devices": list(self.devices),
@@ -327,7 +329,8 @@ class TensorParallelRecord:
                 "columns": self.columns, "rows": self.rows, "collectives": self.collectives,
                 "collective_bytes": self.collective_bytes, "check": self.check,
                 "split": {k: list(v) for k, v in self.split.items()}} | _present([
-                    ("max_abs_diff", self.max_abs_diff), ("measured_s", self.measured_s)])
+                    ("max_abs_diff", self.max_abs_diff), ("measured_s", self.measured_s),
+                    ("weighed", {str(d): s for d, s in self.weighed.items()} or None)])
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TensorParallelRecord:
@@ -336,7 +339,8 @@ class TensorParallelRecord:
                    columns=data["columns"], rows=data["rows"], collectives=data["collectives"],
                    collective_bytes=data["collective_bytes"], check=data.get("check", "skipped"),
                    max_abs_diff=data.get("max_abs_diff"), measured_s=data.get("measured_s"),
-                   split={k: (v[0], v[1]) for k, v in data.get("split", {}).items()})
+                   split={k: (v[0], v[1]) for k, v in data.get("split", {}).items()},
+                   weighed={int(d): s for d, s in data.get("weighed", {}).items()})
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from autoplace.pipeline.emitting import emit_plan
 from autoplace.pipeline.forward import load
 from autoplace.pipeline.inference import InferenceStages
 from autoplace.pipeline.record import min_gain, plan_of
-from autoplace.pipeline.tensor import tensor_candidate, tensor_devices
+from autoplace.pipeline.tensor import tensor_candidate, tensor_degrees
 from autoplace.pipeline.training import TrainingStages
 from autoplace.progress.notes import collecting, note, note_all
 from autoplace.solve import solve
@@ -85,7 +85,7 @@ def plan(model: torch.nn.Module, example_inputs: Any, config: Config | None = No
         cluster, found = config.devices.resolve()
         note_all(found)
         if config.parallel.tp is not None:
-            tensor_devices(cluster, config.parallel.tp)  # before the work: a clear error
+            tensor_degrees(cluster, config.parallel.tp)  # before the work: a clear error
         loaded = load(model, example_inputs, config, loss=loss, example_targets=example_targets)
         stages = (TrainingStages(config) if config.mode == Mode.TRAINING
                   else InferenceStages(config))

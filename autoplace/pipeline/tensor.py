@@ -31,23 +31,72 @@ from autoplace.simulate import simulate
 from autoplace.solve.tensor import Observed, SplitError, observe, tensor_problem
 from autoplace.trace import TracedModel
 
-__all__ = ["TIMED_PASSES", "tensor_candidate", "tensor_devices"]
+__all__ = ["TIMED_PASSES", "tensor_candidate", "tensor_degrees", "tensor_devices"]
 
 TIMED_PASSES = 5  # passes timed on the gloo ranks, after the checked one
 
 
 def tensor_candidate(planned: Plan, problem: Problem, traced: TracedModel,
                      model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *,
-                     ranks: int, verify: bool) -> tuple[Plan, PartitionedModel | None]:
+                     ranks: int | str, verify: bool) -> tuple[Plan, PartitionedModel | None]:
     """``planned`` with its ``tensor_parallel`` record for ``ranks`` ranks on the first
-    devices of ``problem``'s cluster (see the module's docstring), and the one-device model
-    they split (``None`` for a model on the meta device: planned, not emitted); ``verify``:
-    run them."""
-    chosen = tensor_devices(problem.cluster, ranks)
+    devices of ``problem``'s cluster (``"auto"``: each degree ``tensor_degrees`` gives, the
+    fastest kept), and the one-device model they split (``None`` for a model on the meta
+    device: planned, not emitted; and where ``auto`` finds no degree); ``verify``: run the
+    kept one on gloo ranks."""
+    degrees = tensor_degrees(problem.cluster, ranks)
+    if not degrees:
+        note("tensor parallelism not weighed (--tp auto): the first two devices are not alike, "
+             "or there is one device")
+        return planned, None
     stage("tensor parallel")
     meta = traced.has_meta_params
     one = _one_device(traced)
     one.example_inputs = (tuple(args), dict(kwargs))  # saved with it: what its ranks run
+    weighed: dict[int, tuple[TensorParallelRecord, Observed]] = {}
+    for degree in degrees:
+        try:
+            weighed[degree] = _weigh(problem, traced, one, degree, args, kwargs)
+        except ConfigError as refused:
+            if ranks != "auto":
+                raise
+            note(f"tensor parallel over {degree} ranks not weighed (--tp auto): {refused}")
+    if not weighed:
+        return planned, None
+    best = min(weighed, key=lambda d: weighed[d][0].makespan_s)
+    record, observed = weighed[best]
+    record = replace(record, weighed={d: r.makespan_s for d, (r, _) in weighed.items()}
+                     if ranks == "auto" else {})
+    if verify and not meta:
+        check = verify_tensor_parallel(one, model, args, kwargs, ranks=best,
+                                       repeats=TIMED_PASSES, split=record.split)
+        record = replace(record, check="passed", max_abs_diff=check["max_abs_diff"],
+                         measured_s=check["measured_s"])
+    here = all(d.startswith("cpu") for d in _torch_devices(problem.cluster, record.devices))
+    note(_said(record, planned, observed, here=here, meta=meta))
+    return replace(planned, tensor_parallel=record), None if meta else one
+
+
+def tensor_degrees(cluster: Cluster, ranks: int | str) -> list[int]:
+    """The degrees to weigh: ``[ranks]`` (its devices checked by ``tensor_devices``), or for
+    ``"auto"`` every degree of 2 or more that divides the number of leading devices alike
+    (the first's type and memory)."""
+    if ranks != "auto":
+        tensor_devices(cluster, int(ranks))
+        return [int(ranks)]
+    devices = cluster.devices
+    alike = next((i for i, d in enumerate(devices)
+                  if (d.type, d.memory_bytes) != (devices[0].type, devices[0].memory_bytes)),
+                 len(devices))
+    return [d for d in range(2, alike + 1) if alike % d == 0]
+
+
+def _weigh(problem: Problem, traced: TracedModel, one: PartitionedModel, ranks: int,
+           args: tuple[Any, ...], kwargs: dict[str, Any]
+           ) -> tuple[TensorParallelRecord, Observed]:
+    """The candidate of ``ranks`` ranks, unchecked: its split of ``one``, observed under
+    DTensor on fake ranks and rank 0 simulated; ``ConfigError`` where DTensor cannot run it."""
+    chosen = tensor_devices(problem.cluster, ranks)
     split, whole = divisible(one, column_row(one), ranks)
     if whole:
         note(f"tensor parallel over {ranks} ranks: {', '.join(whole)} kept whole, their split "
@@ -70,17 +119,16 @@ def tensor_candidate(planned: Plan, problem: Problem, traced: TracedModel,
                                                     for n in rank0.graph.nodes}))
     moved = [c for per in observed.collectives.values() for c in per]
     columns, rows = matmuls(split)
-    record = TensorParallelRecord(
+    return TensorParallelRecord(
         ranks=ranks, devices=names, makespan_s=schedule.makespan_s,
         peak_bytes=schedule.peak_bytes[names[0]], columns=columns, rows=rows,
-        collectives=len(moved), collective_bytes=sum(b for _, b in moved), split=split)
-    if verify and not meta:
-        check = verify_tensor_parallel(one, model, args, kwargs, ranks=ranks,
-                                       repeats=TIMED_PASSES, split=split)
-        record = replace(record, check="passed", max_abs_diff=check["max_abs_diff"],
-                         measured_s=check["measured_s"])
-    note(_said(record, planned, observed, here=here, meta=meta))
-    return replace(planned, tensor_parallel=record), None if meta else one
+        collectives=len(moved), collective_bytes=sum(b for _, b in moved),
+        split=split), observed
+
+
+def _torch_devices(cluster: Cluster, names: tuple[str, ...]) -> list[str]:
+    torch_device = {d.name: d.torch_device for d in cluster.devices}
+    return [torch_device[n] for n in names]
 
 
 def _said(record: TensorParallelRecord, planned: Plan, observed: Observed, *, here: bool,
@@ -97,7 +145,9 @@ def _said(record: TensorParallelRecord, planned: Plan, observed: Observed, *, he
         where = "run it as ranks with tensor_parallel/launch.py beside plan.json"
     else:
         where = "tensor_parallel/ beside plan.json runs the candidate all the same"
-    return (f"tensor parallel over {ranks} ranks ({', '.join(record.devices)}): "
+    weighed = "" if not record.weighed else "weighed (--tp auto) " + ", ".join(
+        f"tp {d} {s * 1e3:.3f} ms" for d, s in sorted(record.weighed.items())) + "; kept "
+    return (f"{weighed}tensor parallel over {ranks} ranks ({', '.join(record.devices)}): "
             f"{record.columns} column and {record.rows} row matmuls, {record.collectives} "
             f"collectives of {record.collective_bytes} bytes a pass (DTensor's, observed on "
             f"{ranks} fake ranks); {record.makespan_s * 1e3:.3f} ms predicted against the "
