@@ -194,3 +194,35 @@ def test_a_memory_factor_of_one_is_not_rounded_below_one():
     overhead, compute_factor, memory_factor = fitted.laws["pooling"]
     assert memory_factor >= 1.0 and memory_factor == pytest.approx(1.0)
     assert compute_factor == pytest.approx(1 / ratio, rel=1e-3)
+
+
+def test_float32_matmuls_and_convolutions_are_priced_at_tf32_where_torch_runs_them_so() -> None:
+    """On an A100 a float32 convolution runs on TF32 tensor cores by torch's default (cuDNN's
+    allow_tf32), a float32 matmul only once the user allows it; a CPU has no TF32 peak."""
+    from autoplace.profile.cost import Tf32, math_dtype, tf32_note
+
+    cluster, _ = resolve_cluster(spec="A100-40GB,cpu")
+    flops = 2e12  # compute-bound: the peak decides
+    conv = OpNode(name="conv", targets=("aten.convolution.default",), flops=flops,
+                  bytes_accessed=1e6, dtype="float32", launches=1)
+    mm = OpNode(name="mm", targets=("aten.addmm.default",), flops=flops, bytes_accessed=1e6,
+                dtype="float32", launches=1)
+    half = OpNode(name="half", targets=("aten.addmm.default",), flops=flops,
+                  bytes_accessed=1e6, dtype="bfloat16", launches=1)
+    graph = OpGraph(name="g", nodes=(conv, mm, half), edges=())
+    a100 = get_device_type("A100-40GB")
+    default, allowed = Tf32(), Tf32(matmul=True, conv=True)
+    assert (math_dtype(conv, default), math_dtype(mm, default)) == ("tfloat32", "float32")
+    assert math_dtype(mm, allowed) == "tfloat32" and math_dtype(half, allowed) == "bfloat16"
+    priced = costs(graph, cluster, tf32=default)
+    launch = a100.launch_overhead_s
+    assert math.isclose(priced.of("conv", "cuda:0"), flops / 156e12 + launch, rel_tol=1e-6)
+    assert math.isclose(priced.of("mm", "cuda:0"), flops / 19.5e12 + launch, rel_tol=1e-6)
+    assert math.isclose(costs(graph, cluster, tf32=allowed).of("mm", "cuda:0"),
+                        flops / 156e12 + launch, rel_tol=1e-6)
+    # the CPU has no TF32: its float32 peak either way
+    assert costs(graph, cluster, tf32=allowed).of("mm", "cpu") == priced.of("mm", "cpu")
+    said = tf32_note(graph, cluster, priced, default)
+    assert said is not None and said.startswith("float32 convolutions (torch.backends.cudnn")
+    assert "A100-40GB" in said and "matmuls" not in said
+    assert tf32_note(graph, cluster, priced, Tf32(matmul=False, conv=False)) is None

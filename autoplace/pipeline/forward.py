@@ -14,7 +14,7 @@ from autoplace.config import Config, Mode
 from autoplace.emit.files.checkpoint import Referred, load_checkpoint
 from autoplace.fold import fold
 from autoplace.ir import Cluster, OpGraph, Problem
-from autoplace.profile.cost import analytic_cpu_note
+from autoplace.profile.cost import Tf32, analytic_cpu_note, tf32_note
 from autoplace.profile.cost import costs as cost_nodes
 from autoplace.progress import stage
 from autoplace.progress.notes import note, note_all
@@ -119,6 +119,7 @@ def traced_problem(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[s
                        fits=profiled.fits if profiled else None,
                        launcher=profiled.launcher if profiled else None)
     note(analytic_cpu_note(graph, cluster, costs))
+    note(tf32_note(graph, cluster, costs, Tf32.from_torch()))
     stage("fold")
     unpinned = None
     if pins is not None:

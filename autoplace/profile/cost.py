@@ -2,7 +2,9 @@
 the device type exists, analytic otherwise.
 
 The analytic figure is the roofline of ``cost_models``: ``max(flops / peak, bytes / bandwidth) +
-launches * overhead`` (``cost_models.roofline.op_time_s``), using the peak for the node's dtype.
+launches * overhead`` (``cost_models.roofline.op_time_s``), using the peak for the node's dtype:
+a float32 matmul or convolution takes the TF32 tensor-core peak where torch's settings run it
+so (``Tf32.from_torch``: cuDNN's convolutions by default, matmuls once the user allows it).
 A calibrated figure is the same formula with the efficiency of the node's op family and the
 launch overhead fitted to measurements (``cost_models.calibration``). A measured figure is the
 median time ``autoplace.profile`` took on the device itself. Input placeholders cost nothing.
@@ -12,6 +14,7 @@ Transfer times are not stored here: they follow from edge bytes and the cluster'
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from autoplace.ir import Cluster, Costs, HostCosts, OpGraph, OpNode
 from cost_models import get_device_type
@@ -19,8 +22,8 @@ from cost_models.calibration import CalibrationFit, op_family
 from cost_models.devices import GPU_HANDOVER_S, GPU_SEGMENT_CALL_S
 from cost_models.roofline import op_time_s
 
-__all__ = ["SOURCES", "analytic_cpu_note", "analytic_costs", "costs", "host_costs",
-           "node_family", "op_short_name", "weakest_source"]
+__all__ = ["SOURCES", "Tf32", "analytic_cpu_note", "analytic_costs", "costs", "host_costs",
+           "math_dtype", "node_family", "op_short_name", "tf32_note", "weakest_source"]
 
 # From least to most measured. A group of nodes is as good as its weakest member.
 SOURCES = ("analytic", "calibrated", "measured")
@@ -47,6 +50,57 @@ def node_family(node: OpNode) -> str:
     return op_family(op_short_name(node.targets[0])) if node.targets else "elementwise"
 
 
+@dataclass(frozen=True)
+class Tf32:
+    """Whether float32 matmuls and convolutions run on TF32 tensor cores (Ampere and later),
+    as torch decides: ``torch.backends.cuda.matmul.allow_tf32`` or a float32 matmul precision
+    of ``high`` or ``medium`` (off by default), and ``torch.backends.cudnn.allow_tf32`` for
+    convolutions (on by default). https://pytorch.org/docs/stable/notes/cuda.html
+    ("TensorFloat-32 (TF32) on Ampere (and later) devices")."""
+
+    matmul: bool = False
+    conv: bool = True
+
+    @classmethod
+    def from_torch(cls) -> Tf32:
+        import torch
+
+        return cls(matmul=bool(torch.backends.cuda.matmul.allow_tf32)
+                   or torch.get_float32_matmul_precision() in ("high", "medium"),
+                   conv=bool(torch.backends.cudnn.allow_tf32))
+
+
+def math_dtype(node: OpNode, tf32: Tf32) -> str:
+    """The dtype whose peak prices ``node``'s FLOPs: ``tfloat32`` for a float32 matmul or
+    convolution that ``tf32`` runs on TF32 (a device without a TF32 peak falls back to its
+    float32 one, ``DeviceType.peak_flops_for``), else the node's own."""
+    if node.dtype != "float32":
+        return node.dtype
+    family = node_family(node)
+    if (family == "matmul" and tf32.matmul) or (family == "conv" and tf32.conv):
+        return "tfloat32"
+    return node.dtype
+
+
+def tf32_note(graph: OpGraph, cluster: Cluster, costs: Costs, tf32: Tf32) -> str | None:
+    """Which float32 ops the plan prices at the GPUs' TF32 peak (where not measured), and why;
+    ``None`` where none is (no GPU with one, or no such op)."""
+    gpus = {d.name: d.type for d in cluster.devices
+            if "tfloat32" in get_device_type(d.type).peak_flops_per_s}
+    priced = [n for n in graph.nodes if not n.is_input and math_dtype(n, tf32) == "tfloat32"
+              and any(costs.source_of(n.name, d) != "measured" for d in gpus)]
+    kinds = sorted({node_family(n) for n in priced})
+    if not gpus or not kinds:
+        return None
+    why = {"matmul": "matmuls (torch.backends.cuda.matmul.allow_tf32 or "
+           "torch.set_float32_matmul_precision('high'))",
+           "conv": "convolutions (torch.backends.cudnn.allow_tf32, torch's default)"}
+    return (f"float32 {' and '.join(why[k] for k in kinds)} are priced at the TF32 "
+            f"tensor-core peak of {', '.join(sorted(set(gpus.values())))}, as torch runs them "
+            "there; "
+            "set those flags off before planning to plan for full float32")
+
+
 def analytic_costs(graph: OpGraph, cluster: Cluster) -> Costs:
     """Roofline time of every node of ``graph`` on every device of ``cluster``."""
     return costs(graph, cluster)
@@ -59,15 +113,18 @@ def costs(
     measured: Mapping[str, Mapping[str, float]] | None = None,
     fits: Mapping[str, CalibrationFit] | None = None,
     launcher: tuple[float, float] | None = None,
+    tf32: Tf32 | None = None,
 ) -> Costs:
     """Every node's time on every device, and where each figure came from.
 
     ``measured[node][device]`` (seconds, from a profile) wins; else ``fits[device type]`` gives
-    the calibrated roofline; else the analytic roofline. ``launcher``: the GPUs' launcher
-    thread's segment call and handover, measured here (``host_costs``).
+    the calibrated roofline; else the analytic roofline, each at ``math_dtype``'s peak
+    (``tf32``: which float32 ops run on TF32, default torch's settings now). ``launcher``: the
+    GPUs' launcher thread's segment call and handover, measured here (``host_costs``).
     """
     measured = measured or {}
     fits = fits or {}
+    tf32 = Tf32.from_torch() if tf32 is None else tf32
     device_types = {d.name: get_device_type(d.type) for d in cluster.devices}
     device_fit = {d.name: fits.get(device_types[d.name].name) for d in cluster.devices}
     compute_s: dict[str, dict[str, float]] = {}
@@ -80,6 +137,7 @@ def costs(
             continue
         times: dict[str, float] = {}
         kinds: dict[str, str] = {}
+        dtype = math_dtype(node, tf32)
         for name, device_type in device_types.items():
             fitted = device_fit[name]
             if name in measured.get(node.name, {}):
@@ -87,12 +145,12 @@ def costs(
             elif fitted is not None and node.launches:
                 times[name] = fitted.op_time_s(
                     family=node_family(node), flops=node.flops,
-                    bytes_accessed=node.bytes_accessed, dtype=node.dtype, device=device_type,
+                    bytes_accessed=node.bytes_accessed, dtype=dtype, device=device_type,
                     launches=node.launches)
                 kinds[name] = "calibrated"
             else:
                 times[name] = op_time_s(flops=node.flops, bytes_accessed=node.bytes_accessed,
-                                        dtype=node.dtype, device=device_type,
+                                        dtype=dtype, device=device_type,
                                         launches=node.launches)
                 kinds[name] = "analytic"
         compute_s[node.name] = times
