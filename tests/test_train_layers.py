@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -173,7 +174,7 @@ def _losses(model: nn.Module, example: dict, *, train: bool, steps: int = 3) -> 
         loss = model(**example).loss
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses
 
 
@@ -238,7 +239,7 @@ def test_the_resnet_example_trains_in_train_mode_split_over_two_devices(tmp_path
             value = original(*args, targets=targets)
             value.backward()
             opt.step()
-            out.append(float(value))
+            out.append(float(value.detach()))
         stats = original.model.bn.running_mean
         return out, stats
 
@@ -284,3 +285,32 @@ def test_layers_is_a_training_option_with_two_values(tmp_path, capsys) -> None:
     # A plan made before --layers says nothing: it ran in eval().
     old = {"optimizer": "adam", "check": {"status": "skipped"}}
     assert TrainingRecord.from_dict(old).layers_mode is None
+
+
+@pytest.mark.parametrize(("build", "training"), [
+    ("resnet", {"microbatches": 2}), ("resnet", {"fsdp": "on"}), ("gpt2", {}),
+], ids=["resnet-ddp-2-microbatches", "resnet-fsdp", "gpt2-ddp"])
+def test_replicas_train_in_train_mode_as_the_original_on_their_shards(build, training) -> None:
+    # Two processes (train.py --record --no-dropout), each on its shard: batch norm normalizes
+    # by the shard (or its micro-batch), and rank 0's running statistics are compared.
+    config = replace(_config(), training=Training(replicas=2, optimizer="adamw", **training))
+    if build == "resnet":
+        model, args, loss, targets = _resnet()
+        planned, _ = _plan(model, args, config, loss=loss, example_targets=targets)
+        one, _ = _plan(model, args, _config(optimizer="adamw"), loss=loss,
+                       example_targets=targets)
+        # the shards' statistics are not the batch's: the losses are another step's
+        assert planned.training.check.losses[0] != pytest.approx(one.training.check.losses[0],
+                                                                 rel=1e-4)
+    else:
+        model, example = _gpt2()
+        planned, _ = _plan(model, example, config)
+    check = planned.training.check
+    assert planned.training.replicas == 2 and check.status == "passed"
+    assert planned.training.sharding == ("fsdp" if "fsdp" in training else "ddp")
+    assert check.losses == pytest.approx(check.original_losses, rel=1e-5)
+    if build == "resnet":
+        assert check.buffers_compared == 27 and check.max_abs_diff_buffers < 1e-6
+    else:  # dropout active in the graphs the ranks run
+        assert check.dropout_ops == 7
+        assert check.loss_with_dropout != pytest.approx(check.losses[0], rel=1e-4)

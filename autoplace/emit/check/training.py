@@ -17,6 +17,7 @@ original's in float32 (``_against_float32``), and each step from the same float3
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -36,7 +37,7 @@ from autoplace.train.layers import (
     zero_dropout,
 )
 
-__all__ = ["TRAINING_STEPS", "tolerance", "verify_training"]
+__all__ = ["TRAINING_STEPS", "dropout_active", "tolerance", "verify_training"]
 
 TRAINING_STEPS = 3
 # float16: steps the check may skip for an overflow (``MasterWeights``), beside the steps it
@@ -120,9 +121,9 @@ def verify_training(emitted: torch.nn.Module, original: torch.nn.Module, args: t
     under ``no_dropout``, the emitted graphs under ``zero_dropout``), so that a model in
     ``train()`` is compared exactly, batch norm on the batch's statistics; the buffers both
     hold (batch norm's running statistics) are compared after every step, and a buffer the
-    original's step updates must be the emitted model's too. Before the steps, an emitted
-    graph with dropout runs one step with it on (``_dropout_active``): its loss must differ
-    from the first compared one."""
+    original's step updates must be the emitted model's too, and the original must drop out at
+    as many places as the emitted graphs. Before the steps, emitted graphs with dropout run
+    one step with it on and one without (``dropout_active``): their losses must differ."""
     reference = copy.deepcopy(original)
     ours, theirs = _named(emitted, prefix=True), _named(reference, prefix=False)
     _known(ours, theirs)
@@ -147,7 +148,7 @@ def verify_training(emitted: torch.nn.Module, original: torch.nn.Module, args: t
             loss_scale=opt.loss_scale)
 
     steppers = (lambda opt: _reference_step(reference, opt, whole, parts, rule), emitted_run)
-    dropout = _dropout_active(emitted, lambda: emitted_run(opts[1]))
+    dropout = dropout_active(emitted, lambda: emitted_run(opts[1]))
     done = 0
     for step in range(1, steps + SKIP_LIMIT + 1):
         if done == steps:
@@ -192,7 +193,6 @@ def verify_training(emitted: torch.nn.Module, original: torch.nn.Module, args: t
             _restart(opts, ours, theirs)
         opts[1].sync()
         done += 1
-    _active(dropout, losses[1][0])
     if done < steps:
         raise VerificationError(
             f"training check failed: float16 gradients overflowed at {SKIP_LIMIT} steps, the "
@@ -225,7 +225,7 @@ def _compare_buffers(ours: Mapping[str, torch.Tensor], theirs: Mapping[str, torc
 
 def _same_dropouts(original: int, dropout: Mapping[str, Any]) -> None:
     """The original drops out (in ``train()``) at as many places a forward as the emitted
-    graphs hold dropouts that drop (``dropout``, ``_dropout_active``'s record): a graph traced
+    graphs hold dropouts that drop (``dropout``, ``dropout_active``'s record): a graph traced
     in ``eval()`` would pass the comparison at probability zero and train without dropout."""
     emitted = dropout.get("dropout_ops", 0)
     if original != emitted:
@@ -235,30 +235,28 @@ def _same_dropouts(original: int, dropout: Mapping[str, Any]) -> None:
             "the original does (traced in another mode?)")
 
 
-def _active(dropout: Mapping[str, Any], off: float) -> None:
-    """A step with the emitted graphs' dropouts on (``dropout``, ``_dropout_active``'s record)
-    lost other than the first compared step, with them ``off``."""
-    if dropout and dropout["loss_with_dropout"] == off:
-        raise VerificationError(
-            f"training check failed: the emitted step's loss with its {dropout['dropout_ops']} "
-            f"dropout(s) on is the loss with them off ({off:.6g}): dropout is not active in "
-            "the step that runs")
-
-
-def _dropout_active(emitted: torch.nn.Module, step: Callable[[], torch.Tensor]
-                    ) -> dict[str, Any]:
-    """Where ``emitted``'s graphs drop out (``train.layers.dropout_ops``): its ``step`` run
-    once with dropout on, its buffers and the random state kept, and the loss recorded
-    (``loss_with_dropout``) beside the count of dropouts (``dropout_ops``); ``verify_training``
-    fails it where it equals the first compared loss (dropout off)."""
+def dropout_active(emitted: torch.nn.Module, step: Callable[[], torch.Tensor]
+                   ) -> dict[str, Any]:
+    """Where ``emitted``'s graphs drop out (``train.layers.dropout_ops``): its ``step`` (which
+    returns the loss) run once with dropout on and once at probability zero, its buffers, the
+    random state and the gradients kept, and the record: ``dropout_ops``, the count, and
+    ``loss_with_dropout``, the first run's loss. Raises ``VerificationError`` where the two
+    losses are equal: dropout is not active in the step that runs."""
     ops = dropout_ops(emitted)
     if not ops:
         return {}
-    with kept_state(emitted):
-        loss = float(step().detach().to("cpu", torch.float32))
-    for p in emitted.parameters():
-        p.grad = None
-    return {"dropout_ops": ops, "loss_with_dropout": loss}
+    losses = []
+    for off in (contextlib.nullcontext, lambda: zero_dropout(emitted)):
+        with kept_state(emitted), off():
+            losses.append(float(step().detach().to("cpu", torch.float32)))
+        for p in emitted.parameters():
+            p.grad = None
+    if losses[0] == losses[1]:
+        raise VerificationError(
+            f"training check failed: the emitted step's loss with its {ops} dropout(s) on is "
+            f"the loss with them at probability zero ({losses[0]:.6g}): dropout is not active "
+            "in the step that runs")
+    return {"dropout_ops": ops, "loss_with_dropout": losses[0]}
 
 
 def _known(ours: Mapping[str, Any], theirs: Mapping[str, torch.Tensor]) -> None:
@@ -495,6 +493,6 @@ def _close(actual: torch.Tensor | None, expected: torch.Tensor | None, what: str
         torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol * scale + 1e-12)
     except AssertionError as exc:
         raise VerificationError(f"training check failed: {what} differs from the original's: "
-                                f"{str(exc).splitlines()[0]}") from None
+                                f"{' '.join(str(exc).splitlines()[:6])}") from None
     both = torch.isfinite(actual) & torch.isfinite(expected)
     return float((actual.double() - expected.double())[both].abs().max()) if both.any() else 0.0
