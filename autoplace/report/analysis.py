@@ -117,8 +117,7 @@ class TrainingFacts:
     def text(self) -> str:
         """``"adam, 4 micro-batches (1f1b), 2 replicas"``; ``"adam in bfloat16 mixed
         precision, ..."``; ``"2 replicas (FSDP2, ZeRO-3)"`` where they shard the model;
-        ``", recomputing on cpu:0"`` after, where devices recompute; ``", layers in train()"``
-        last, where the step ran them so (``--layers train``)."""
+        ``", recomputing on cpu:0"``, ``", layers in train()"`` after, where they apply."""
         m, r = self.microbatches, self.replicas
         mixed = f" in {self.dtype} mixed precision" if self.dtype != "float32" else ""
         return (f"{self.optimizer}{mixed}, {m} micro-batch{'es' if m != 1 else ''} "
