@@ -114,8 +114,8 @@ def test_a_training_report_has_the_step_section_and_draws_the_schedule(adam: Pla
     assert_parts_have_distinct_colors(_figure(html, "memory-peak"))
 
     markdown = render_markdown(adam)
-    assert "**Training step**: adam, 1 micro-batch (gpipe), 1 replica; training check skipped" \
-        in markdown
+    assert ("**Training step**: adam, 1 micro-batch (gpipe), 1 replica, layers in train(); "
+            "training check skipped") in markdown
     assert "| device | parameters | gradients | optimizer state | activations |" in markdown
     text = summary_text(adam)
     assert "training step: adam, 1 micro-batch (gpipe), 1 replica" in text

@@ -16,7 +16,15 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 
 from autoplace.cluster import DEFAULT_SIMULATED_SPEC
-from autoplace.config import Fsdp, Granularity, Mode, Objective, PipelineSchedule, Recompute
+from autoplace.config import (
+    Fsdp,
+    Granularity,
+    Layers,
+    Mode,
+    Objective,
+    PipelineSchedule,
+    Recompute,
+)
 from autoplace.config.defaults import (
     DEFAULT_MAX_NODES,
     DEFAULT_MIN_GAIN,
@@ -132,6 +140,12 @@ def _parser() -> argparse.ArgumentParser:
                    "ZeRO-3; one device and one batch a replica): auto (default) where a replica "
                    "count's DDP step does not fit, the faster step that fits kept; on: only "
                    "sharded replicas; off: never")
+    p.add_argument("--layers", choices=tuple(Layers), default="train",
+                   help="with --mode training: how the step runs the layers: train (default: "
+                   "as users train, dropout on and batch norm normalizing by the batch and "
+                   "updating its running statistics; checked with dropout's probabilities set "
+                   "to zero) or eval (dropout off, batch norm on its running statistics: the "
+                   "losses compared exactly)")
     p.add_argument("--schedule", choices=tuple(PipelineSchedule), default="auto",
                    help="with --microbatches: the order each device runs the micro-batches "
                    "in: gpipe (every forward, then every backward), 1f1b (one forward, one "

@@ -22,7 +22,8 @@ FLAGS = {
     "emit.verify": "--verify", "emit.check_memory": "--check-memory",
     "training.optimizer": "--optimizer", "training.microbatches": "--microbatches",
     "training.schedule": "--schedule", "training.replicas": "--replicas",
-    "training.recompute": "--recompute", "training.fsdp": "--fsdp", "parallel.tp": "--tp",
+    "training.recompute": "--recompute", "training.fsdp": "--fsdp", "training.layers": "--layers",
+    "parallel.tp": "--tp",
 }
 
 
@@ -46,7 +47,7 @@ def config_of(args: argparse.Namespace, *, name: str = "model") -> Config:
         cost=Cost(profile=args.profile, progress=args.profile and not args.quiet),
         training=Training(optimizer=args.optimizer, microbatches=args.microbatches,
                           schedule=args.schedule, replicas=args.replicas,
-                          recompute=args.recompute, fsdp=args.fsdp),
+                          recompute=args.recompute, fsdp=args.fsdp, layers=args.layers),
         emit=Emit(model=args.emit, verify=args.verify, check_memory=args.check_memory),
         parallel=Parallel(tp=args.tp),
         pins=pins or None, checkpoint=args.checkpoint, no_split=args.no_split, name=name)

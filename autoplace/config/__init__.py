@@ -10,6 +10,7 @@ from autoplace.config.choices import (
     DType,
     Fsdp,
     Granularity,
+    Layers,
     Mode,
     Objective,
     PipelineSchedule,
@@ -17,5 +18,5 @@ from autoplace.config.choices import (
 )
 from autoplace.config.sections import Config, Cost, Devices, Emit, Parallel, Solve, Training
 
-__all__ = ["Config", "Cost", "DType", "Devices", "Emit", "Fsdp", "Granularity", "Mode", "Objective",
-           "Parallel", "PipelineSchedule", "Recompute", "Solve", "Training"]
+__all__ = ["Config", "Cost", "DType", "Devices", "Emit", "Fsdp", "Granularity", "Layers", "Mode",
+           "Objective", "Parallel", "PipelineSchedule", "Recompute", "Solve", "Training"]

@@ -9,8 +9,8 @@ from typing import TypeVar
 
 from autoplace.errors import ConfigError
 
-__all__ = ["DType", "Fsdp", "Granularity", "Mode", "Objective", "PipelineSchedule", "Recompute",
-           "choice"]
+__all__ = ["DType", "Fsdp", "Granularity", "Layers", "Mode", "Objective", "PipelineSchedule",
+           "Recompute", "choice"]
 
 
 class Mode(enum.StrEnum):
@@ -62,6 +62,15 @@ class Fsdp(enum.StrEnum):
     AUTO = "auto"
     ON = "on"
     OFF = "off"
+
+
+class Layers(enum.StrEnum):
+    """How a training step runs the layers: as users train (``train()``: dropout on, batch norm
+    on the batch's statistics, updating its running ones), or in ``eval()`` behaviour
+    (``train.layers``)."""
+
+    TRAIN = "train"
+    EVAL = "eval"
 
 
 class DType(enum.StrEnum):

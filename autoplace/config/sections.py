@@ -21,6 +21,7 @@ from autoplace.config.choices import (
     DType,
     Fsdp,
     Granularity,
+    Layers,
     Mode,
     Objective,
     PipelineSchedule,
@@ -138,7 +139,9 @@ class Training:
     planned, the batch cut into ``microbatches`` run in ``schedule``'s order, ``replicas``
     data-parallel replicas (``"auto"``: every count the devices allow, the fastest kept), and
     where activations are recomputed (``recompute``); whether the replicas shard the model
-    (``fsdp``: FSDP2, ZeRO-3, ``train.sharded``). ``docs/training.md``."""
+    (``fsdp``: FSDP2, ZeRO-3, ``train.sharded``); how the layers run (``layers``: ``train``,
+    dropout on and batch norm updating its statistics, or ``eval``; ``train.layers``).
+    ``docs/training.md``."""
 
     optimizer: str = "adam"
     microbatches: int = 1
@@ -146,6 +149,7 @@ class Training:
     replicas: int | Literal["auto"] = "auto"
     recompute: Recompute = Recompute.AUTO
     fsdp: Fsdp = Fsdp.AUTO
+    layers: Layers = Layers.TRAIN
 
     def __post_init__(self) -> None:
         from autoplace.train.graph import OPTIMIZERS
@@ -164,6 +168,7 @@ class Training:
         object.__setattr__(self, "recompute",
                            choice(Recompute, self.recompute, "training.recompute"))
         object.__setattr__(self, "fsdp", choice(Fsdp, self.fsdp, "training.fsdp"))
+        object.__setattr__(self, "layers", choice(Layers, self.layers, "training.layers"))
         if self.fsdp == Fsdp.ON and self.replicas == 1:
             raise ConfigError("{training.fsdp=on} shards the model over data-parallel "
                               "replicas: set {training.replicas} to 2 or more, or auto")
@@ -183,7 +188,7 @@ class Training:
     def changed(self) -> list[str]:
         """The fields set away from their defaults (each is for training plans only)."""
         default = Training()
-        return [f"training.{n}" for n in ("microbatches", "replicas", "recompute", "fsdp")
+        return [f"training.{n}" for n in ("microbatches", "replicas", "recompute", "fsdp", "layers")
                 if getattr(self, n) != getattr(default, n)]
 
 

@@ -46,6 +46,7 @@ from autoplace.progress import stage
 from autoplace.progress.notes import note
 from autoplace.simulate.memory import start_order
 from autoplace.trace import TracedModel
+from autoplace.train.layers import kept_state, no_dropout, zero_dropout
 
 __all__ = [
     "ENFORCE_PEAK_DEFAULT",
@@ -129,14 +130,18 @@ def emit_and_verify(
             detail="parameters are on the meta device: the emitted model reads its weights "
             "from the checkpoint when loaded; not verified")
     stage("verify")
-    # ``verify`` is looked up here, in this package, so that tests can replace it.
-    outcome = verify(model, emitted, args, kwargs)
-    detail = outcome.detail
-    if moved:
-        detail += " (planned devices remapped to cpu)"
-    peak = _check_memory(emitted, lambda: measure(emitted, args, kwargs), problem=problem,
-                         schedule=schedule,
-                         enforce=ENFORCE_PEAK_DEFAULT if check_memory is None else check_memory)
+    # A model in train() (a training plan's, ``train.layers``) is compared with its dropout
+    # probabilities at zero, and neither side's batch norm statistics move.
+    with kept_state(model, emitted):
+        with no_dropout(), zero_dropout(emitted):
+            # ``verify`` is looked up here, in this package, so that tests can replace it.
+            outcome = verify(model, emitted, args, kwargs)
+        detail = outcome.detail
+        if moved:
+            detail += " (planned devices remapped to cpu)"
+        peak = _check_memory(emitted, lambda: measure(emitted, args, kwargs), problem=problem,
+                             schedule=schedule, enforce=ENFORCE_PEAK_DEFAULT
+                             if check_memory is None else check_memory)
     return emitted, replace(outcome, detail=f"{detail}; {peak.detail}",
                             memory_status=peak.status, peak_bytes=peak.peak_bytes,
                             peak_method=peak.method)

@@ -148,8 +148,11 @@ class ReplicaOption:
 class TrainingCheck:
     """The emitted model trained beside the original (``emit.check.training.verify_training``,
     ``emit.distributed.replicas.verify_replicas``): ``passed`` or ``skipped``, then, where it
-    ran, the steps, both sides' losses, the largest differences, and the step's measured memory
-    (``memory_status``; ``peak_bytes`` and ``peak_method`` where it was measured)."""
+    ran, the steps, both sides' losses, the largest differences (of the buffers too, batch
+    norm's running statistics: ``buffers_compared`` of them), where the emitted graphs drop out
+    the loss of a step with dropout on (``dropout_ops`` of them; the compared steps run them at
+    probability zero), and the step's measured memory (``memory_status``; ``peak_bytes`` and
+    ``peak_method`` where it was measured)."""
 
     status: str = "skipped"
     optimizer: str | None = None
@@ -162,6 +165,10 @@ class TrainingCheck:
     max_abs_diff_gradients: float | None = None
     max_abs_diff_parameters: float | None = None
     ill_conditioned_elements: int | None = None
+    max_abs_diff_buffers: float | None = None
+    buffers_compared: int | None = None
+    dropout_ops: int | None = None
+    loss_with_dropout: float | None = None
     memory_status: str | None = None
     peak_bytes: Mapping[str, Mapping[str, int]] | None = None
     peak_method: str | None = None
@@ -177,6 +184,9 @@ class TrainingCheck:
             ("max_abs_diff_gradients", self.max_abs_diff_gradients),
             ("max_abs_diff_parameters", self.max_abs_diff_parameters),
             ("ill_conditioned_elements", self.ill_conditioned_elements),
+            ("max_abs_diff_buffers", self.max_abs_diff_buffers),
+            ("buffers_compared", self.buffers_compared), ("dropout_ops", self.dropout_ops),
+            ("loss_with_dropout", self.loss_with_dropout),
             ("memory_status", self.memory_status), ("peak_bytes", peaks),
             ("peak_method", self.peak_method), ("detail", self.detail)])
 
@@ -191,6 +201,10 @@ class TrainingCheck:
                    max_abs_diff_gradients=data.get("max_abs_diff_gradients"),
                    max_abs_diff_parameters=data.get("max_abs_diff_parameters"),
                    ill_conditioned_elements=data.get("ill_conditioned_elements"),
+                   max_abs_diff_buffers=data.get("max_abs_diff_buffers"),
+                   buffers_compared=data.get("buffers_compared"),
+                   dropout_ops=data.get("dropout_ops"),
+                   loss_with_dropout=data.get("loss_with_dropout"),
                    memory_status=data.get("memory_status"),
                    peak_bytes=None if peaks is None else {d: dict(v) for d, v in peaks.items()},
                    peak_method=data.get("peak_method"), detail=data.get("detail"))

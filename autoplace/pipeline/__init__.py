@@ -69,8 +69,9 @@ def plan(model: torch.nn.Module, example_inputs: Any, config: Config | None = No
     step of the model followed by ``loss(outputs, *example_targets)`` (without ``loss``, the
     model's own scalar loss). ``docs/api.md`` walks through the configuration.
 
-    The model is switched to ``eval()``. With ``config.emit.model`` the partitioned model is
-    built and, with ``config.emit.verify``, checked against the original with
+    The model is switched to ``eval()`` (a training plan's to ``train()``, unless
+    ``Training(layers="eval")``: ``train.layers``). With ``config.emit.model`` the
+    partitioned model is built and, with ``config.emit.verify``, checked against the original with
     ``torch.testing.assert_close`` (a training plan's is trained beside it for 3 steps:
     losses, gradients, parameters), its peak memory per device measured against the plan's.
     Returns ``Planned(plan, model)``; raises ``ConfigError``, ``InfeasibleError`` (the model

@@ -21,6 +21,7 @@ from autoplace.progress.notes import note, note_all
 from autoplace.solve.pins import Pins, pin_costs, pins_note, resolve_pins
 from autoplace.trace import trace_model
 from autoplace.trace.load import normalize_inputs
+from autoplace.train.layers import set_layers
 from autoplace.train.precision import cast, cast_notes
 
 __all__ = ["Forward", "Loaded", "Tracing", "load", "traced_problem"]
@@ -29,9 +30,10 @@ __all__ = ["Forward", "Loaded", "Tracing", "load", "traced_problem"]
 @dataclass(frozen=True)
 class Loaded:
     """The model as it is planned: its weights from the ``checkpoint`` (where one was given),
-    in ``eval()`` mode, cast to the plan's dtype, with its example ``args``, ``kwargs`` and
-    (training) ``targets`` so cast, and the ``loss`` of its outputs and targets (training; none:
-    the model returns its loss)."""
+    in ``eval()`` mode (a training plan's: as ``--layers`` says, ``train.layers``), cast to
+    the plan's dtype, with its example ``args``, ``kwargs`` and (training) ``targets`` so
+    cast, and the ``loss`` of its outputs and targets (training; none: the model returns its
+    loss)."""
 
     model: torch.nn.Module
     args: tuple[Any, ...]
@@ -49,7 +51,10 @@ def load(model: torch.nn.Module, example_inputs: Any, config: Config, *,
     if config.checkpoint is not None:
         source, found = load_checkpoint(model, config.checkpoint)
         note_all(found)
-    model.eval()
+    if config.mode == Mode.TRAINING:
+        note(set_layers(model, config.training.layers))
+    else:
+        model.eval()
     model, (args, kwargs, targets) = cast(model, (args, kwargs, example_targets), config.dtype)
     note_all(cast_notes(config.dtype, training=config.mode == Mode.TRAINING))
     return Loaded(model=model, args=args, kwargs=kwargs, targets=targets, loss=loss,

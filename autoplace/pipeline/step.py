@@ -38,6 +38,7 @@ from autoplace.solve.bounds import lower_bound_s
 from autoplace.solve.whatif import restrict
 from autoplace.train import step_problem, training_memory
 from autoplace.train.dataparallel import replica_groups, with_allreduce
+from autoplace.train.layers import dropout_ops, updates_statistics
 from autoplace.train.recompute import (
     Recomputed,
     recompute_all,
@@ -94,6 +95,7 @@ class Step:
     dtype: str = "float32"
     options: tuple[ReplicaOption, ...] = ()
     sharding: str = "ddp"
+    layers: str = "eval"  # how the step runs the layers (``train.layers``)
 
     @property
     def replicas(self) -> int:
@@ -109,7 +111,7 @@ class Step:
         feed each other both ways (``simulate.schedules.schedule_run``)."""
         several = self.replicas > 1
         return TrainingRecord(
-            optimizer=optimizer, dtype=self.dtype, layers_mode="eval",
+            optimizer=optimizer, dtype=self.dtype, layers_mode=self.layers,
             microbatches=self.microbatches,
             schedule=schedule_run(self.problem.graph, schedule.placement.device_of,
                                   self.problem.pipeline_schedule or "gpipe"),
@@ -124,7 +126,7 @@ class Step:
 def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: SolveOptions,
                how: Tracing, *, optimizer: str, microbatches: int, schedule: str,
                replicas: int | str, recompute: str, dtype: str = "float32",
-               fsdp: str = "auto") -> Step:
+               fsdp: str = "auto", layers: str = "eval") -> Step:
     """The training step of ``model`` (a ``train.LossModel``) on the ``whole`` batch: for each
     replica count R (``replicas``, or ``auto``: every R that divides the devices into alike
     groups, ``train.dataparallel``), one replica's shard cut into micro-batches, one
@@ -132,7 +134,9 @@ def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: S
     gradients' all-reduce (``_solve_step``, the time limit shared among the R) and, as
     ``fsdp`` says, sharded under FSDP2 (``_variants``; ``auto``: where that R's DDP step does
     not fit); the fastest step that fits kept, and why said. Each candidate's notes are
-    collected apart, and only the kept one's are passed on."""
+    collected apart, and only the kept one's are passed on. ``layers``: how the model runs
+    its layers (``train.layers``; a step in ``train()`` recomputes nothing that drops out or
+    updates statistics, ``_recomputable``)."""
     variants = _variants(_replica_counts(model, whole, cluster, replicas, microbatches, dtype),
                          fsdp, microbatches)
     found: dict[tuple[int, str], tuple[Step, list[str]]] = {}
@@ -151,7 +155,7 @@ def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: S
                 found[r, sharding] = _replica_step(
                     model, whole, r, groups, cluster, share, how, optimizer=optimizer,
                     microbatches=microbatches, schedule=schedule, recompute=recompute,
-                    dtype=dtype, sharding=sharding), mine
+                    dtype=dtype, sharding=sharding, layers=layers), mine
             except InfeasibleError as exc:
                 if len(variants) == 1:
                     raise
@@ -246,7 +250,7 @@ def _variants(counts: list[tuple[int, list[tuple[str, ...]]]], fsdp: str, microb
 def _replica_step(model: torch.nn.Module, whole: Batch, r: int, groups: list[tuple[str, ...]],
                   cluster: Cluster, share: SolveOptions, how: Tracing, *, optimizer: str,
                   microbatches: int, schedule: str, recompute: str, dtype: str,
-                  sharding: str = "ddp") -> Step:
+                  sharding: str = "ddp", layers: str = "eval") -> Step:
     """The step of ``r`` replicas on ``groups``: replica 0's shard cut into micro-batches, one
     traced, its step solved on ``groups[0]`` within ``share`` (``InfeasibleError`` where none
     fits)."""
@@ -257,6 +261,8 @@ def _replica_step(model: torch.nn.Module, whole: Batch, r: int, groups: list[tup
         note(f"{microbatches} micro-batches of {batch_size(batches[0], parts=1)}: the batch's "
              f"loss is the {rule} of theirs")
     forward = traced_problem(model, *batches[0], cluster, how)
+    if microbatches > 1:
+        recompute = _recomputable(forward.traced.module, recompute, layers)
     full = forward.problem.cluster
     if r > 1:
         forward = replace(forward, problem=restrict(forward.problem, groups[0]))
@@ -276,7 +282,26 @@ def _replica_step(model: torch.nn.Module, whole: Batch, r: int, groups: list[tup
     return Step(groups=tuple(groups), torch_groups=torch_groups, whole=whole,
                 batches=tuple(batches), rule=rule, forward=forward, problem=got.problem,
                 solved=got.result, recompute=got.recompute, single=got.single, dtype=dtype,
-                sharding=sharding)
+                sharding=sharding, layers=layers)
+
+
+def _recomputable(module: torch.nn.Module, recompute: str, layers: str) -> str:
+    """``recompute`` as a step in ``layers`` can take it: a recomputed forward in ``train()``
+    would draw other dropout masks than the forward whose outputs it differentiates, and
+    update batch norm's running statistics twice, so a graph that drops out or updates
+    statistics (``train.layers``) recomputes nothing (``auto``, with a note) or is refused
+    (``all``)."""
+    if layers != "train" or recompute == "off" or not (
+            dropout_ops(module) or updates_statistics(module)):
+        return recompute
+    why = ("recomputation in train(): the forward run again would draw other dropout masks "
+           "and update batch norm's running statistics a second time")
+    if recompute == "all":
+        raise ConfigError(f"{{training.recompute=all}} is not built for {why}: set "
+                          "{training.layers=eval}, or {training.recompute=off}")
+    note(f"no {why}: the step is planned without recomputation (--layers eval allows it)",
+         once=True)
+    return "off"
 
 
 def _replica_counts(model: torch.nn.Module, whole: Batch, cluster: Cluster,
@@ -489,9 +514,16 @@ def check_step(planned: Plan, emitted: Any, model: torch.nn.Module, step: Step,
         how = (f"steps of {count} micro-batches ({training.schedule}) "
                if count > 1 else "steps ")
     precision = f"{step.dtype} mixed-precision " if step.dtype != "float32" else ""
+    off = " with dropout's probabilities at zero" if step.layers == "train" else ""
     note(f"training check passed: {check['steps']} {precision}{optimizer} {how}of the "
-         "emitted model give the original's losses "
-         f"({', '.join(f'{v:.6g}' for v in check['losses'])}), gradients and parameters")
+         f"emitted model{off} give the original's losses "
+         f"({', '.join(f'{v:.6g}' for v in check['losses'])}), gradients and parameters"
+         + (f", and its {check['buffers_compared']} buffers (running statistics)"
+            if check.get("buffers_compared") else ""))
+    if check.get("dropout_ops"):
+        note(f"dropout is active in the emitted step: its {check['dropout_ops']} dropout(s) on, "
+             f"the first step's loss is {check['loss_with_dropout']:.6g} (off: "
+             f"{check['losses'][0]:.6g})")
     if step.sharding == "fsdp":
         # Rank 0's step, measured there by torch's FSDPMemTracker: this process would hold
         # what FSDP2 shards over the ranks.

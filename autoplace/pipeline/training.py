@@ -24,7 +24,8 @@ from autoplace.simulate import simulate
 from autoplace.simulate.schedules import microbatch_name
 from autoplace.solve import SolveResult
 from autoplace.solve.whatif import whatif_options, whatif_table
-from autoplace.train import TRAINING_NOTE, loss_model, training_targets
+from autoplace.train import TRAINING_NOTES, loss_model, training_targets
+from autoplace.train.layers import kept_state
 from autoplace.train.sharded import fsdp_units
 
 __all__ = ["Solved", "TrainingStages"]
@@ -57,17 +58,20 @@ class TrainingStages:
 
     def solve(self, loaded: Loaded, cluster: Cluster) -> Solved:
         """Stages trace, cost, fold and solve for the step of the model and its loss (which
-        runs the model on its inputs: tracing need not run it again)."""
+        runs the model on its inputs: tracing need not run it again). The model's buffers
+        and the random state are as they were afterwards (``train.layers.kept_state``): in
+        ``train()`` every run while planning would update batch norm's statistics."""
         targets = training_targets(loaded.targets)
-        model = loss_model(loaded.model, loaded.loss, loaded.args, loaded.kwargs, targets)
-        note(TRAINING_NOTE)
         training, solving = self.config.training, self.config.solving
-        step = plan_step(model, (loaded.args, {**loaded.kwargs, "targets": targets}), cluster,
-                         solving.options(), Tracing.of(self.config, checked=True),
-                         optimizer=training.optimizer, microbatches=training.microbatches,
-                         schedule=training.schedule, replicas=training.replicas,
-                         recompute=training.recompute, dtype=self.config.dtype,
-                         fsdp=training.fsdp)
+        note(TRAINING_NOTES[training.layers])
+        with kept_state(loaded.model):
+            model = loss_model(loaded.model, loaded.loss, loaded.args, loaded.kwargs, targets)
+            step = plan_step(model, (loaded.args, {**loaded.kwargs, "targets": targets}),
+                             cluster, solving.options(), Tracing.of(self.config, checked=True),
+                             optimizer=training.optimizer, microbatches=training.microbatches,
+                             schedule=training.schedule, replicas=training.replicas,
+                             recompute=training.recompute, dtype=self.config.dtype,
+                             fsdp=training.fsdp, layers=training.layers)
         result, gain = min_gain(step.solved, solving.min_gain)
         if result.schedule is not step.solved.schedule and step.single:
             # the single device chosen, with its own recomputing graph

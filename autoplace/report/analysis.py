@@ -111,18 +111,20 @@ class TrainingFacts:
     recompute: tuple[str, ...] = ()  # the devices that recompute their activations
     dtype: str = "float32"  # a half one: mixed precision (train.precision)
     sharding: str = "ddp"  # how the replicas hold the model (train.sharded)
+    layers: str = "eval"  # how the step ran the layers (train.layers); older plans: eval
 
     @property
     def text(self) -> str:
         """``"adam, 4 micro-batches (1f1b), 2 replicas"``; ``"adam in bfloat16 mixed
         precision, ..."``; ``"2 replicas (FSDP2, ZeRO-3)"`` where they shard the model;
-        ``", recomputing on cpu:0"`` after, where devices recompute."""
+        ``", recomputing on cpu:0"``, ``", layers in train()"`` after, where they apply."""
         m, r = self.microbatches, self.replicas
         mixed = f" in {self.dtype} mixed precision" if self.dtype != "float32" else ""
         return (f"{self.optimizer}{mixed}, {m} micro-batch{'es' if m != 1 else ''} "
                 f"({self.schedule}), {r} replica{'s' if r != 1 else ''}"
                 + (" (FSDP2, ZeRO-3)" if self.sharding == "fsdp" else "")
-                + (f", recomputing on {', '.join(self.recompute)}" if self.recompute else ""))
+                + (f", recomputing on {', '.join(self.recompute)}" if self.recompute else "")
+                + (", layers in train()" if self.layers == "train" else ""))
 
 
 @dataclass(frozen=True)
@@ -310,7 +312,8 @@ def training_facts(plan: Plan) -> TrainingFacts | None:
                          dtype=training.dtype or "float32",
                          check=training.check.status,
                          recompute=tuple(training.recompute or ()),
-                         sharding=training.sharding or "ddp")
+                         sharding=training.sharding or "ddp",
+                         layers=training.layers_mode or "eval")
 
 
 def _whatif_rows(plan: Plan) -> tuple[WhatIfRow, ...] | None:

@@ -44,8 +44,9 @@ from autoplace.trace.load import run_example
 __all__ = ["CACHE_NOTE", "SHAPE_ONLY_OPS", "VIEW_OPS", "TracedModel", "cache_off", "flat_inputs",
            "to_meta", "trace_model"]
 
-# Ops that launch no kernel and move no bytes: views, metadata checks, and eval-mode dropout.
-# They cost nothing on any device, and coarsening folds them into their producer.
+# Ops that launch no kernel and move no bytes: views, metadata checks, and eval-mode dropout
+# (a dropout in training draws a mask and scales: ``_launches_nothing``). They cost nothing on
+# any device, and coarsening folds them into their producer.
 SHAPE_ONLY_OPS = frozenset(
     {
         "view", "_unsafe_view", "reshape", "t", "transpose", "permute", "expand", "expand_as",
@@ -268,8 +269,7 @@ def _op_node(
     for inp in n.all_input_nodes:
         if inp.name in kept:
             in_tensors += tensors(interp.values.get(inp.name))
-    shape_only = op_name(n.target) in SHAPE_ONLY_OPS
-    if shape_only:
+    if _launches_nothing(n):
         accessed, launches = 0, 0
     else:
         accessed = out_bytes + param_bytes + sum(nbytes(t) for t in in_tensors)
@@ -289,6 +289,24 @@ def _op_node(
         launches=launches,
         dtype=_dtype_of(in_tensors + outs),
     )
+
+
+_DROPOUTS = frozenset({"dropout", "feature_dropout"})
+
+
+def _launches_nothing(n: torch.fx.Node) -> bool:
+    """Whether ``n`` is one of ``SHAPE_ONLY_OPS``, a dropout only where it does not drop: in
+    ``eval()`` (its ``train`` flag off) or of probability 0. In ``train()`` (a training plan's
+    ``--layers train``) a dropout draws a random mask, and multiplies and scales its input by
+    it: an op like any other (``aten.dropout(x, p, train)``; ``F.dropout(x, p, training)``
+    from torch.fx)."""
+    name = op_name(n.target)
+    if name not in _DROPOUTS:
+        return name in SHAPE_ONLY_OPS
+    p = n.kwargs.get("p", n.args[1] if len(n.args) > 1 else 0.5)
+    train = n.kwargs.get("train", n.kwargs.get("training",
+                                               n.args[2] if len(n.args) > 2 else True))
+    return not (train is True and isinstance(p, (int, float)) and p > 0)
 
 
 def _in_edges(

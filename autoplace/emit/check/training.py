@@ -5,7 +5,9 @@ the plan places its forward nodes); autograd runs each segment's backward on the
 ran its forward, and each optimizer updates the parameters where they live, as the step graph
 (``train.graph``) charges them. ``verify_training`` takes a few optimizer steps on a copy of the
 original and on the emitted model, from the same weights, and compares the loss of every step,
-then the gradients and the updated parameters, with ``torch.testing.assert_close``. Under Adam
+then the gradients, the updated parameters and the buffers (batch norm's running statistics),
+with ``torch.testing.assert_close``, every dropout's probability at zero on both sides
+(``train.layers``), after one step with dropout on has shown it active. Under Adam
 the parameters are compared where the update is well conditioned (``_conditioned``); the
 others are set to the original's before the next step (``_resync``), and the record counts
 them. A model in a half dtype (mixed precision) is stepped by ``train.optimizer.MasterWeights``
@@ -15,6 +17,7 @@ original's in float32 (``_against_float32``), and each step from the same float3
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -26,8 +29,15 @@ from torch.utils import _pytree as pytree
 from autoplace.emit.train.microbatch import split_batch
 from autoplace.emit.train.optimizer import MasterWeights
 from autoplace.errors import VerificationError
+from autoplace.train.layers import (
+    NoDropout,
+    dropout_ops,
+    kept_state,
+    no_dropout,
+    zero_dropout,
+)
 
-__all__ = ["TRAINING_STEPS", "tolerance", "verify_training"]
+__all__ = ["TRAINING_STEPS", "dropout_active", "tolerance", "verify_training"]
 
 TRAINING_STEPS = 3
 # float16: steps the check may skip for an overflow (``MasterWeights``), beside the steps it
@@ -74,6 +84,13 @@ def _named(module: torch.nn.Module, prefix: bool) -> dict[str, torch.nn.Paramete
             for n, p in module.named_parameters(remove_duplicate=False) if p.requires_grad}
 
 
+def _named_buffers(module: torch.nn.Module, prefix: bool) -> dict[str, torch.Tensor]:
+    """Buffers by name (batch norm's running statistics and its count of batches), as
+    ``_named``."""
+    return {(_SEGMENT.sub("", n) if prefix else n): b
+            for n, b in module.named_buffers(remove_duplicate=False)}
+
+
 def verify_training(emitted: torch.nn.Module, original: torch.nn.Module, args: tuple[Any, ...],
                     kwargs: Mapping[str, Any], targets: tuple[Any, ...], *, optimizer: str,
                     steps: int = TRAINING_STEPS, lr: float | None = None,
@@ -96,35 +113,59 @@ def verify_training(emitted: torch.nn.Module, original: torch.nn.Module, args: t
     gradients (``_same_start``, ``_restart``) with float32's; float16's overflowed steps are
     skipped on both sides, up to ``SKIP_LIMIT`` beside the ``steps`` compared. Where
     ``emitted_step`` runs ``microbatches`` M > 1 (their loss the ``rule``, mean or sum, of
-    theirs), the original in a half dtype accumulates the same M micro-batches
-    (``_reference_step``), not the whole batch."""
+    theirs), the original in a half dtype, or with its layers in ``train()`` (batch norm
+    normalizes by each micro-batch), accumulates the same M micro-batches
+    (``_reference_step``), not the whole batch.
+
+    Both sides run with every dropout's probability at zero (``train.layers``: the original
+    under ``no_dropout``, the emitted graphs under ``zero_dropout``), so that a model in
+    ``train()`` is compared exactly, batch norm on the batch's statistics; the buffers both
+    hold (batch norm's running statistics) are compared after every step, and a buffer the
+    original's step updates must be the emitted model's too, and the original must drop out at
+    as many places as the emitted graphs. Before the steps, emitted graphs with dropout run
+    one step with it on and one without (``dropout_active``): their losses must differ."""
     reference = copy.deepcopy(original)
     ours, theirs = _named(emitted, prefix=True), _named(reference, prefix=False)
     _known(ours, theirs)
     opts = [MasterWeights(optimizer, m.values(), dtype=dtype, lr=lr) for m in (theirs, ours)]
     tolerances = tolerance(opts[0].dtype)
     exact = _Float32(original, (args, {**kwargs, "targets": targets})) if opts[0].mixed else None
+    in_train = any(m.training for m in original.modules())
     parts = (split_batch(tuple(args), {**kwargs, "targets": targets}, microbatches)
-             if opts[0].mixed and microbatches > 1 else None)
+             if (opts[0].mixed or in_train) and microbatches > 1 else None)
+    mine_buffers, their_buffers = _named_buffers(emitted, True), _named_buffers(reference, False)
+    initial = {name: b.detach().to("cpu", copy=True) for name, b in their_buffers.items()}
+    _compare_buffers(mine_buffers, their_buffers, initial, "before the first step")
     losses: list[list[float]] = [[], []]
-    worst = {"grad": 0.0, "param": 0.0}
+    worst = {"grad": 0.0, "param": 0.0, "buffer": 0.0}
     masks: dict[str, torch.Tensor] = {}
+    whole = (args, {**kwargs, "targets": targets})
+
+    def emitted_run(opt: MasterWeights) -> torch.Tensor:
+        if emitted_step is None:
+            return _reference_step(emitted, opt, whole, parts, rule)
+        return emitted_step() if opt.loss_scale == 1.0 else emitted_step(
+            loss_scale=opt.loss_scale)
+
+    steppers = (lambda opt: _reference_step(reference, opt, whole, parts, rule), emitted_run)
+    dropout = dropout_active(emitted, lambda: emitted_run(opts[1]))
     done = 0
     for step in range(1, steps + SKIP_LIMIT + 1):
         if done == steps:
             break
         values = []
-        for model, opt, record, run in zip((reference, emitted), opts, losses,
-                                           (None, emitted_step)):
+        for opt, record, run, off in zip(opts, losses, steppers,
+                                         (no_dropout, lambda: zero_dropout(emitted))):
             opt.zero_grad()
-            if run is None:
-                loss = _reference_step(model, opt, (args, {**kwargs, "targets": targets}),
-                                       parts, rule)
-            else:
-                loss = run() if opt.loss_scale == 1.0 else run(loss_scale=opt.loss_scale)
+            with off() as mode:
+                loss = run(opt)
             values.append(loss.detach().to("cpu", torch.float32))
             record.append(float(values[-1]))
+            if step == 1 and isinstance(mode, NoDropout):
+                _same_dropouts(mode.dropped // len(parts or [whole]), dropout)
         _close(values[1], values[0], f"the loss at step {step}", tolerances)
+        worst["buffer"] = max(worst["buffer"], _compare_buffers(
+            mine_buffers, their_buffers, initial, f"after step {step}"))
         _all_trained(ours, theirs, step - 1)
         if not all(opt.finite() for opt in opts):
             # float16: a gradient overflowed under the loss scale. A split may overflow where
@@ -161,7 +202,61 @@ def verify_training(emitted: torch.nn.Module, original: torch.nn.Module, args: t
             "skipped_steps": opts[0].skipped,
             "losses": losses[1], "original_losses": losses[0],
             "max_abs_diff_gradients": worst["grad"], "max_abs_diff_parameters": worst["param"],
-            "ill_conditioned_elements": _apart(masks)}
+            "ill_conditioned_elements": _apart(masks), "max_abs_diff_buffers": worst["buffer"],
+            "buffers_compared": len(set(mine_buffers) & set(their_buffers))} | dropout
+
+
+def _compare_buffers(ours: Mapping[str, torch.Tensor], theirs: Mapping[str, torch.Tensor],
+                     start: Mapping[str, torch.Tensor], when: str) -> float:
+    """Every buffer of the original's that the emitted model holds too (by name) is equal
+    to it ``when``; the largest difference. One the emitted model lacks fails where the
+    original's value moved from its ``start`` (a running statistic the split lost); the
+    emitted model's own (constants torch.export lifted) are not the original's."""
+    worst = 0.0
+    for name, buffer in theirs.items():
+        if name in ours:
+            worst = max(worst, _close(ours[name], buffer,
+                                      f"buffer {name} (running statistics) {when}"))
+        elif not torch.equal(buffer.detach().to("cpu"), start[name]):
+            raise VerificationError(f"training check failed: the original updates buffer "
+                                    f"{name} {when}, which the emitted model lacks")
+    return worst
+
+
+def _same_dropouts(original: int, dropout: Mapping[str, Any]) -> None:
+    """The original drops out (in ``train()``) at as many places a forward as the emitted
+    graphs hold dropouts that drop (``dropout``, ``dropout_active``'s record): a graph traced
+    in ``eval()`` would pass the comparison at probability zero and train without dropout."""
+    emitted = dropout.get("dropout_ops", 0)
+    if original != emitted:
+        raise VerificationError(
+            f"training check failed: the original drops out at {original} place(s) a forward "
+            f"and the emitted graphs at {emitted}: the emitted step does not run the layers as "
+            "the original does (traced in another mode?)")
+
+
+def dropout_active(emitted: torch.nn.Module, step: Callable[[], torch.Tensor]
+                   ) -> dict[str, Any]:
+    """Where ``emitted``'s graphs drop out (``train.layers.dropout_ops``): its ``step`` (which
+    returns the loss) run once with dropout on and once at probability zero, its buffers, the
+    random state and the gradients kept, and the record: ``dropout_ops``, the count, and
+    ``loss_with_dropout``, the first run's loss. Raises ``VerificationError`` where the two
+    losses are equal: dropout is not active in the step that runs."""
+    ops = dropout_ops(emitted)
+    if not ops:
+        return {}
+    losses = []
+    for off in (contextlib.nullcontext, lambda: zero_dropout(emitted)):
+        with kept_state(emitted), off():
+            losses.append(float(step().detach().to("cpu", torch.float32)))
+        for p in emitted.parameters():
+            p.grad = None
+    if losses[0] == losses[1]:
+        raise VerificationError(
+            f"training check failed: the emitted step's loss with its {ops} dropout(s) on is "
+            f"the loss with them at probability zero ({losses[0]:.6g}): dropout is not active "
+            "in the step that runs")
+    return {"dropout_ops": ops, "loss_with_dropout": losses[0]}
 
 
 def _known(ours: Mapping[str, Any], theirs: Mapping[str, torch.Tensor]) -> None:
@@ -246,7 +341,8 @@ class _Float32:
                 p.copy_(weights[name])
                 p.grad = None
         args, kwargs = self.whole
-        self.model(*args, **kwargs).backward()
+        with no_dropout():
+            self.model(*args, **kwargs).backward()
         return {name: p.grad for name, p in self.params.items()}
 
 
@@ -397,6 +493,6 @@ def _close(actual: torch.Tensor | None, expected: torch.Tensor | None, what: str
         torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol * scale + 1e-12)
     except AssertionError as exc:
         raise VerificationError(f"training check failed: {what} differs from the original's: "
-                                f"{str(exc).splitlines()[0]}") from None
+                                f"{' '.join(str(exc).splitlines()[:6])}") from None
     both = torch.isfinite(actual) & torch.isfinite(expected)
     return float((actual.double() - expected.double())[both].abs().max()) if both.any() else 0.0

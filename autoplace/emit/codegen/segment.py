@@ -40,12 +40,24 @@ def run_order(lowered: Lowered, order: Sequence[str] | None) -> list[torch.fx.No
     rank = {name: i for i, name in reversed(list(enumerate(order)))}
     key = {n: rank[lowered.origin[n.name]] for n in nodes if lowered.origin[n.name] in rank}
     producers = {n: [p for p in n.all_input_nodes if _is_compute(p)] for n in nodes}
+    _with_their_neighbour(nodes, key, producers)
     lazy = _lazy_nodes(nodes, key, producers)
     done = _ready_order(
         nodes, producers, lazy, priority=lambda n: (key.get(n, -1), position[n])
     )
     _check_topological(done, key, position, lowered)
     return done
+
+
+def _with_their_neighbour(nodes: Sequence[torch.fx.Node], key: dict[torch.fx.Node, int],
+                          producers: Mapping[torch.fx.Node, list[torch.fx.Node]]) -> None:
+    """Give an op that reads no computed value and has no reader (a batch norm in ``train()``
+    counting its batches: ``num_batches_tracked.add_(1)``) the place of the op after it in the
+    traced graph, so that it runs beside its layer: the plan may start it at any time, and
+    run first it would cut every layer's run in two."""
+    for n, after in zip(nodes, nodes[1:]):
+        if n in key and after in key and not producers[n] and not n.users:
+            key[n] = key[after]
 
 
 def _lazy_nodes(

@@ -18,6 +18,7 @@ Read ``batch_size``, ``shard``, ``replica_device_map``, then ``replica_main`` an
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -36,7 +37,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils import _pytree as pytree
 
 from autoplace.cluster.local import worker_threads
-from autoplace.emit.check.training import _named
+from autoplace.emit.check.training import _named, _named_buffers
 from autoplace.emit.device_map import local_device_map
 from autoplace.emit.files.saving import load_inputs, load_model, planned_devices
 from autoplace.emit.train.microbatch import Action, action_order, split_batch, train_step
@@ -46,6 +47,7 @@ from autoplace.formats.records import TrainingRecord
 from autoplace.ir import Problem, Schedule
 from autoplace.train.dataparallel import average_gradients, ddp_replica
 from autoplace.train.graph import make_optimizer
+from autoplace.train.layers import no_dropout
 
 __all__ = ["INIT_TIMEOUT_S", "SHARDINGS", "batch_size", "microbatching", "print_error",
            "replica_backend", "replica_device_map", "replica_exit", "replica_main",
@@ -208,7 +210,12 @@ def replica_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, opti
                         help="rank 0 writes the losses and step times to FILE as JSON")
     parser.add_argument("--record", metavar="FILE",
                         help="for verify_replicas: rank 0 saves (torch.save) each step's loss, "
-                        "averaged gradients, updated parameters and optimizer state to FILE")
+                        "averaged gradients, updated parameters, optimizer state and buffers "
+                        "to FILE")
+    parser.add_argument("--no-dropout", action="store_true",
+                        help="for verify_replicas: every dropout runs at probability zero "
+                        "(the segments on this thread, one after another), so that a model "
+                        "in train() is compared exactly")
     options = parser.parse_args(list(argv))
     rank = int(os.environ.get("RANK", "-1"))
     try:
@@ -218,7 +225,8 @@ def replica_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, opti
         report, record = _train(Path(model_dir), optimizer=optimizer, replicas=replicas,
                                 rank=rank, steps=options.steps, lr=options.lr,
                                 recording=options.record is not None, groups=groups,
-                                microbatches=microbatches, sharding=sharding)
+                                microbatches=microbatches, sharding=sharding,
+                                dropout=not options.no_dropout)
     except AutoplaceError as error:
         print_error(type(error).__name__, error)
         return 2
@@ -241,10 +249,13 @@ def replica_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, opti
 
 def _train(model_dir: Path, *, optimizer: str, replicas: int, rank: int, steps: int,
            lr: float | None, recording: bool, groups: Groups | None = None,
-           microbatches: Mapping[str, Any] | None = None, sharding: str = "ddp"
-           ) -> tuple[dict[str, Any], dict[str, Any]]:
+           microbatches: Mapping[str, Any] | None = None, sharding: str = "ddp",
+           dropout: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
     """This rank's part: shard, load, wrap (under DDP or, with ``sharding="fsdp"``, FSDP2; or,
-    with ``microbatches``, cut the shard), train. Returns rank 0's report and record."""
+    with ``microbatches``, cut the shard), train. Returns rank 0's report and record. Without
+    ``dropout`` every dropout runs at probability zero (``train.layers.no_dropout``, a mode of
+    this thread: the segments run on it, the sequential forward and the micro-batches'
+    actions in order)."""
     example = load_inputs(model_dir)
     if example is None:
         raise EmitError(f"{model_dir} holds no example inputs and targets (inputs.safetensors): "
@@ -264,16 +275,19 @@ def _train(model_dir: Path, *, optimizer: str, replicas: int, rank: int, steps: 
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S))
     try:
         model = load_model(model_dir, device_map=here)
+        if not dropout:
+            model.runtime = "sequential"
         if sharding == "fsdp":
             step = _fsdp_step(model, args, kwargs)
         elif microbatches is None:
             step = _ddp_step(model, args, kwargs)
         else:
-            step = _microbatched_step(model, args, kwargs, microbatches)
+            step = _microbatched_step(model, args, kwargs, microbatches, threads=dropout)
         opt = make_optimizer(optimizer, model.parameters(), lr)
         # A replica of CPU workers runs on one intra-op thread each, as the plan times them
         # (without, torch's default, one per core, unless torchrun's OMP_NUM_THREADS=1 set it).
-        with worker_threads(here.values()) as threads:
+        with worker_threads(here.values()) as threads, (
+                contextlib.nullcontext() if dropout else no_dropout()):
             losses, times, record = _steps(step, model, opt, steps=steps, recording=recording)
             if recording and sharding == "fsdp":
                 record["peak_bytes"] = _fsdp_peak_bytes(step, model, opt, args, kwargs)
@@ -353,19 +367,21 @@ def _fsdp_peak_bytes(step: Step, model: torch.nn.Module, opt: torch.optim.Optimi
 
 
 def _microbatched_step(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-                       microbatches: Mapping[str, Any]) -> Step:
+                       microbatches: Mapping[str, Any], *, threads: bool = True) -> Step:
     """A step of the shard cut into ``microbatches["count"]``, run in the plan's order
     (``microbatch.train_step``, which checks the order against the model's segments), then
     the gradients averaged across the replicas (``average_gradients``); the step returns the
     shard's loss. No parameter is broadcast first, as DDP does: every rank loads the same
-    weights from model/."""
+    weights from model/. Without ``threads`` this thread runs every action (``train_step``'s
+    ``threads=False``)."""
     batches = split_batch(args, kwargs, int(microbatches["count"]))
     order = [Action(int(s), int(k), str(phase)) for s, k, phase in microbatches["order"]]
     params = [p for p in model.parameters() if p.requires_grad]
 
     def step() -> torch.Tensor:
         loss = train_step(model, batches, order, str(microbatches["loss"]),
-                          recompute=microbatches.get("recompute", ()))
+                          recompute=microbatches.get("recompute", ()),
+                          threads=None if threads else False)
         average_gradients(params)
         return loss
 
@@ -377,8 +393,9 @@ def _steps(step: Step, model: torch.nn.Module, opt: torch.optim.Optimizer, *, st
     """``steps`` optimizer steps, each after a ``step`` (the forward and backward, gradients
     averaged); the losses (all-reduced mean), the step times and, when ``recording``, what
     ``verify_replicas`` compares: the parameters' names (each with its index in the
-    optimizer), and per step the loss, the averaged gradients, the updated parameters and the
-    optimizer's state, all on the CPU."""
+    optimizer), and per step the loss, the averaged gradients, the updated parameters, the
+    optimizer's state and the buffers by name (batch norm's running statistics: this rank's),
+    all on the CPU."""
     gpus = [torch.device(d) for d in set(model.devices) if d.startswith("cuda")]
     # nccl all-reduces CUDA tensors only; a micro-batched step's loss comes back on the CPU.
     where = (torch.device("cuda", torch.cuda.current_device())
@@ -403,7 +420,8 @@ def _steps(step: Step, model: torch.nn.Module, opt: torch.optim.Optimizer, *, st
                 "loss": mean.to("cpu"),
                 "grads": [None if p.grad is None else _cpu(p.grad) for p in params],
                 "params": [_cpu(p) for p in params],
-                "state": pytree.tree_map(_cpu, opt.state_dict())})
+                "state": pytree.tree_map(_cpu, opt.state_dict()),
+                "buffers": {name: _cpu(b) for name, b in _named_buffers(model, True).items()}})
     names = {name: index[id(p)] for name, p in _named(model, prefix=True).items()}
     return losses, times, {"names": names, "steps": steps_record}
 

@@ -38,15 +38,21 @@ from autoplace.emit.check.training import (
     _all_trained,
     _apart,
     _close,
+    _compare_buffers,
     _compare_update,
     _known,
     _named,
+    _named_buffers,
+    _same_dropouts,
+    dropout_active,
 )
 from autoplace.emit.codegen.model import PartitionedModel
-from autoplace.emit.distributed.ddp import batch_size, write_train_script
+from autoplace.emit.distributed.ddp import REPLICA_SHARDS, batch_size, write_train_script
 from autoplace.emit.files.saving import load_inputs, save_model
+from autoplace.emit.train.microbatch import split_batch
 from autoplace.errors import AutoplaceError, EmitError, VerificationError
 from autoplace.train.graph import make_optimizer
+from autoplace.train.layers import no_dropout
 
 __all__ = ["VERIFY_TIMEOUT_S", "launch_replicas", "verify_replicas"]
 
@@ -166,7 +172,13 @@ def verify_replicas(emitted_or_dir: PartitionedModel | str | os.PathLike[str],
     says, ``ddp.microbatching``'s; held as ``sharding`` says, a key of ``ddp.SHARDINGS``:
     FSDP2's gradients and state are gathered whole to be recorded), or an output directory
     holding ``train.py`` and ``model/`` whose saved example is this batch (its own
-    ``train.py`` runs)."""
+    ``train.py`` runs).
+
+    Every dropout runs at probability zero on both sides (``train.py --no-dropout``,
+    ``train.layers.no_dropout``); an original in ``train()`` is run as the replicas run it
+    (``_reference_step``), and the buffers rank 0 records (its running statistics) are
+    compared. Where the emitted graphs drop out, a step of the emitted model with dropout on
+    (replica 0's first micro-batch, here) shows it active (``check.training.dropout_active``)."""
     batch = (tuple(args), {**kwargs, "targets": tuple(targets)})
     batch_size(batch, replicas=replicas)  # a batch that does not divide fails before any start
     with tempfile.TemporaryDirectory(prefix="autoplace-replicas-") as tmp:
@@ -181,13 +193,29 @@ def verify_replicas(emitted_or_dir: PartitionedModel | str | os.PathLike[str],
         record_file = Path(tmp) / "record.pt"
         launch_replicas(root / "train.py", replicas=replicas, timeout_s=timeout_s,
                         argv=["--steps", str(steps), "--record", str(record_file),
-                              *(["--lr", repr(lr)] if lr is not None else [])])
+                              "--no-dropout", *(["--lr", repr(lr)] if lr is not None else [])])
         record = torch.load(record_file, weights_only=True)
     if (record["optimizer"], record["replicas"]) != (optimizer, replicas):
         raise VerificationError(
             f"{root / 'train.py'} trains {record['replicas']} replicas with "
             f"{record['optimizer']}, not the {replicas} with {optimizer} asked for")
-    return _compare(record, original, args, kwargs, targets, optimizer=optimizer, lr=lr)
+    dropout: dict[str, Any] = {}
+    if isinstance(emitted_or_dir, PartitionedModel):
+        first = split_batch(*split_batch(*batch, replicas, what=REPLICA_SHARDS)[0],
+                            int((microbatches or {}).get("count", 1)))[0]
+        dropout = dropout_active(emitted_or_dir, _forward(emitted_or_dir, first))
+    return _compare(record, original, args, kwargs, targets, optimizer=optimizer, lr=lr,
+                    cut=(replicas, microbatches),
+                    dropout=dropout if isinstance(emitted_or_dir, PartitionedModel) else None
+                    ) | dropout
+
+
+def _forward(model: torch.nn.Module, batch: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
+    def run() -> torch.Tensor:
+        with torch.no_grad():
+            return model(*batch[0], **batch[1])
+
+    return run
 
 
 def _save(emitted: PartitionedModel, directory: Path,
@@ -218,24 +246,94 @@ def _check_saved_batch(root: Path, batch: tuple[tuple[Any, ...], dict[str, Any]]
                                 f"{root / 'model'}, which the replicas train on")
 
 
+def _reference_step(reference: torch.nn.Module, batch: tuple[tuple[Any, ...], dict[str, Any]],
+                    cut: tuple[int, Mapping[str, Any] | None]) -> tuple[torch.Tensor, int]:
+    """The original's forward and backward, as the ``cut`` (replicas, micro-batching) runs it,
+    every dropout at probability zero: on the whole batch, or, with its layers in ``train()``
+    (batch norm normalizes by what it is given), on each replica's shard cut into its
+    micro-batches, each shard's gradients accumulated apart and then summed and divided by
+    the replicas as their all-reduce does (another order of the sums rounds otherwise, which
+    Adam amplifies where a gradient is small); the buffers afterwards replica 0's (as rank 0
+    records them: DDP broadcasts rank 0's before each forward, and micro-batched replicas
+    keep their own). The loss (the replicas' mean) and how many dropouts would have dropped
+    per forward."""
+    replicas, microbatches = cut
+    with no_dropout() as mode:
+        if not any(m.training for m in reference.modules()):
+            loss = reference(*batch[0], **batch[1])
+            loss.backward()
+            return loss, mode.dropped
+        count = int((microbatches or {}).get("count", 1))
+        share = 1.0 / count if (microbatches or {}).get("loss", "mean") == "mean" else 1.0
+        params = [p for p in reference.parameters() if p.requires_grad]
+        losses, shards, kept = [], [], {}
+        for rank, shard in enumerate(split_batch(*batch, replicas, what=REPLICA_SHARDS)):
+            for args, kwargs in split_batch(*shard, count):
+                loss = reference(*args, **kwargs)
+                loss.backward(torch.full_like(loss, share))
+                losses.append(loss.detach().to("cpu", torch.float64) * share)
+            shards.append([p.grad for p in params])
+            for p in params:
+                p.grad = None
+            if rank == 0:
+                kept = {b: b.detach().clone() for b in reference.buffers()}
+        with torch.no_grad():
+            for buffer, value in kept.items():
+                buffer.copy_(value)
+            for p, grads in zip(params, zip(*shards)):
+                if all(g is not None for g in grads):
+                    p.grad = sum(grads[1:], grads[0].clone()) / replicas
+    return (sum(losses) / replicas).float(), mode.dropped // (replicas * count)
+
+
+def _restart(opt: torch.optim.Optimizer, twin: torch.optim.Optimizer,
+             theirs: Mapping[str, torch.Tensor], params: Sequence[torch.Tensor],
+             names: Mapping[str, int]) -> None:
+    """The original's parameters and optimizer state set to the replicas' once a step is
+    compared, so that each step is checked from the same point (as ``check.training`` does
+    under mixed precision). In ``train()`` batch norm makes the next gradient of a
+    convolution before it sensitive to its weights: the replicas' step-1 gradients, a
+    rounding apart from the original's (6.5e-8 in ``examples/resnet.py``, 2 replicas of 2
+    micro-batches), moved Adam's update of small gradients by 8e-6, within the parameters'
+    tolerance, and the next gradient of the stem's convolution by 5e-4, 1.3% of its largest
+    element; from the replicas' parameters the original's is 5e-8 from theirs."""
+    with torch.no_grad():
+        for name, i in names.items():
+            mine, ours = theirs[name], params[i]
+            mine.copy_(ours)
+            state, other = opt.state[mine], twin.state[ours]
+            for key, value in other.items():
+                if isinstance(value, torch.Tensor) and key in state:
+                    state[key].copy_(value)
+
+
 def _compare(record: Mapping[str, Any], original: torch.nn.Module, args: tuple[Any, ...],
              kwargs: Mapping[str, Any], targets: tuple[Any, ...], *, optimizer: str,
-             lr: float | None) -> dict[str, Any]:
-    """Replay the recorded steps beside ``original`` trained on the whole batch."""
+             lr: float | None, cut: tuple[int, Mapping[str, Any] | None] = (1, None),
+             dropout: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Replay the recorded steps beside ``original`` trained as ``_reference_step`` runs it
+    (``cut``: the replicas and their micro-batching); with ``dropout``, the emitted graphs'
+    (``check.training.dropout_active``), the original must drop out at as many places."""
     reference = copy.deepcopy(original)
+    in_train = any(m.training for m in reference.modules())
     theirs = _named(reference, prefix=False)
+    their_buffers = _named_buffers(reference, False)
+    initial = {name: b.detach().to("cpu", copy=True) for name, b in their_buffers.items()}
     names: Mapping[str, int] = record["names"]
     replicas = record["replicas"]
     _known(names, theirs)
     opt = make_optimizer(optimizer, dict.fromkeys(theirs.values()), lr)
     original_losses: list[float] = []
-    worst = {"grad": 0.0, "param": 0.0}
+    worst = {"grad": 0.0, "param": 0.0, "buffer": 0.0}
     masks: dict[str, torch.Tensor] = {}
     for step, mine in enumerate(record["steps"], start=1):
         opt.zero_grad()
-        loss = reference(*args, targets=targets, **kwargs)
-        loss.backward()
+        loss, dropped = _reference_step(reference, (args, {**kwargs, "targets": targets}), cut)
+        if step == 1 and dropout is not None:
+            _same_dropouts(dropped, dropout)
         original_losses.append(float(loss.detach()))
+        worst["buffer"] = max(worst["buffer"], _compare_buffers(
+            mine.get("buffers", {}), their_buffers, initial, f"after step {step} (rank 0's)"))
         _close(mine["loss"], loss, f"the loss at step {step} (the mean of the {replicas} "
                "replicas' against the whole batch's)")
         _all_trained(names, theirs, step - 1)
@@ -252,9 +350,13 @@ def _compare(record: Mapping[str, Any], original: torch.nn.Module, args: tuple[A
             worst["param"] = max(worst["param"], _compare_update(
                 (opt, theirs[name]), (twin, mine["params"][i]), f"{name} after step {step}",
                 masks, name, follow="original"))
+        if in_train:
+            _restart(opt, twin, theirs, mine["params"], names)
     return {"status": "passed", "optimizer": optimizer, "steps": len(record["steps"]),
             "replicas": replicas, "losses": [float(s["loss"]) for s in record["steps"]],
             "original_losses": original_losses,
             "max_abs_diff_gradients": worst["grad"], "max_abs_diff_parameters": worst["param"],
-            "ill_conditioned_elements": _apart(masks)} | (
+            "ill_conditioned_elements": _apart(masks), "max_abs_diff_buffers": worst["buffer"],
+            "buffers_compared": len(set(record["steps"][0].get("buffers", {}))
+                                    & set(their_buffers)) if record["steps"] else 0} | (
                 {"measured_peak_bytes": record["peak_bytes"]} if "peak_bytes" in record else {})

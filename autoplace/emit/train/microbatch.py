@@ -36,6 +36,7 @@ from autoplace.errors import AutoplaceError, EmitError
 from autoplace.ir import Problem, Schedule
 from autoplace.progress.notes import note
 from autoplace.simulate.schedules import phase_of
+from autoplace.train.layers import in_eval
 
 __all__ = ["Action", "action_order", "batch_size", "loss_rule", "split_batch", "stepper",
            "train_step"]
@@ -92,13 +93,16 @@ def loss_rule(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
               batches: Sequence[Batch]) -> str:
     """``mean`` or ``sum``: how the batch's loss combines the micro-batches' losses on the
     example (``model`` returns the loss). Raises ``AutoplaceError`` when neither does. A model
-    on the meta device has no values to compare: ``mean`` is taken, and a note says so."""
+    on the meta device has no values to compare: ``mean`` is taken, and a note says so. The
+    rule is the loss's: it is found with the layers in ``eval()`` (``train.layers.in_eval``),
+    where a sample's loss is its own (in ``train()`` batch norm normalizes by the batch, and
+    dropout draws other masks for each run)."""
     if any(t.is_meta for t in (*model.parameters(), *model.buffers())):
         note(f"the loss over {len(batches)} parts is taken as the mean of theirs, not checked: "
              "the model is on the meta device (a loss that averages over the samples, as "
              "transformers' do where no label is ignored, splits so)")
         return "mean"
-    with torch.no_grad():
+    with torch.no_grad(), in_eval(model):
         loss = model(*args, **kwargs).detach()
         whole = loss.double()
         parts = torch.stack([model(*a, **k).detach().double() for a, k in batches])
