@@ -272,7 +272,7 @@ def test_auto_shards_where_whole_replicas_do_not_fit_and_the_shards_train_as_the
     assert "SHARDING = 'fsdp'" in (tmp_path / "out" / "train.py").read_text()
     summary = (tmp_path / "out" / "summary.txt").read_text()
     assert summary.startswith("Train 2 sharded (FSDP2, ZeRO-3) data-parallel replicas")
-    assert "2 replicas (FSDP2, ZeRO-3); training check passed" in summary
+    assert "2 replicas (FSDP2, ZeRO-3), layers in train(); training" in summary
 
 
 def test_auto_does_not_weigh_sharding_where_whole_replicas_fit() -> None:
