@@ -55,8 +55,9 @@ def run_tensor(directory: str | os.PathLike[str], *, nproc: int, warmup: int = 1
     root = Path(directory) / "tensor_parallel"
     if not (root / "launch.py").is_file() or not (root / "model").is_dir():
         raise EmitError(f"{root} holds no launch.py and model/, the ranks' entry point and the "
-                        "model they split: plan it again with --tp N (an older autoplace, or "
-                        "--no-emit, wrote none)")
+                        "model they split: plan it again with --tp N (an older autoplace, "
+                        "--no-emit, or a model on the meta device, whose candidate is planned, "
+                        "not emitted, wrote none)")
     if nproc != record.ranks:
         raise AutoplaceError(f"--nproc {nproc}: the tensor-parallel candidate has "
                              f"{record.ranks} ranks ({', '.join(record.devices)}): pass "
