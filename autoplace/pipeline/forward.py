@@ -119,12 +119,13 @@ def traced_problem(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[s
         cluster = profiled.apply_links(cluster)
         graph = profiled.with_workspace(graph)
     stage("cost")
+    tf32 = Tf32.from_torch()  # the user's settings, after the model file ran
     costs = cost_nodes(graph, cluster,
                        measured=profiled.measured() if profiled else None,
                        fits=profiled.fits if profiled else None,
-                       launcher=profiled.launcher if profiled else None)
+                       launcher=profiled.launcher if profiled else None, tf32=tf32)
     note(analytic_cpu_note(graph, cluster, costs))
-    note(tf32_note(graph, cluster, costs, Tf32.from_torch()))
+    note(tf32_note(graph, cluster, costs, tf32))
     stage("fold")
     unpinned = None
     if pins is not None:

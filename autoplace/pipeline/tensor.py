@@ -8,6 +8,7 @@ its split and ranks' entry point to ``OUT/tensor_parallel/`` beside the placemen
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -53,10 +54,11 @@ def tensor_candidate(planned: Plan, problem: Problem, traced: TracedModel,
     meta = traced.has_meta_params
     one = _one_device(traced)
     one.example_inputs = (tuple(args), dict(kwargs))  # saved with it: what its ranks run
+    pairs = column_row(one)  # the same for every degree
     weighed: dict[int, tuple[TensorParallelRecord, Observed]] = {}
     for degree in degrees:
         try:
-            weighed[degree] = _weigh(problem, traced, one, degree, args, kwargs)
+            weighed[degree] = _weigh(problem, traced, one, pairs, degree, args, kwargs)
         except ConfigError as refused:
             if ranks != "auto":
                 raise
@@ -72,8 +74,8 @@ def tensor_candidate(planned: Plan, problem: Problem, traced: TracedModel,
                                        repeats=TIMED_PASSES, split=record.split)
         record = replace(record, check="passed", max_abs_diff=check["max_abs_diff"],
                          measured_s=check["measured_s"])
-    here = all(d.startswith("cpu") for d in _torch_devices(problem.cluster, record.devices))
-    note(_said(record, planned, observed, here=here, meta=meta))
+    note(_said(record, planned, observed, here=_on_workers(tensor_devices(problem.cluster, best)),
+               meta=meta))
     return replace(planned, tensor_parallel=record), None if meta else one
 
 
@@ -91,13 +93,14 @@ def tensor_degrees(cluster: Cluster, ranks: int | str) -> list[int]:
     return [d for d in range(2, alike + 1) if alike % d == 0]
 
 
-def _weigh(problem: Problem, traced: TracedModel, one: PartitionedModel, ranks: int,
-           args: tuple[Any, ...], kwargs: dict[str, Any]
-           ) -> tuple[TensorParallelRecord, Observed]:
-    """The candidate of ``ranks`` ranks, unchecked: its split of ``one``, observed under
-    DTensor on fake ranks and rank 0 simulated; ``ConfigError`` where DTensor cannot run it."""
+def _weigh(problem: Problem, traced: TracedModel, one: PartitionedModel,
+           pairs: Mapping[str, tuple[str, int]], ranks: int, args: tuple[Any, ...],
+           kwargs: dict[str, Any]) -> tuple[TensorParallelRecord, Observed]:
+    """The candidate of ``ranks`` ranks, unchecked: ``one`` split as ``pairs`` (its
+    ``column_row``) where the ranks divide the split dimension, observed under DTensor on fake
+    ranks and rank 0 simulated; ``ConfigError`` where DTensor cannot run it."""
     chosen = tensor_devices(problem.cluster, ranks)
-    split, whole = divisible(one, column_row(one), ranks)
+    split, whole = divisible(one, pairs, ranks)
     if whole:
         note(f"tensor parallel over {ranks} ranks: {', '.join(whole)} kept whole, their split "
              f"dimension not a multiple of {ranks}")
@@ -112,7 +115,7 @@ def _weigh(problem: Problem, traced: TracedModel, one: PartitionedModel, ranks: 
             "choose a degree that divides the model's attention heads (key/value heads "
             "included) and hidden sizes") from None
     names = tuple(d.name for d in chosen)
-    here = all(d.torch_device.startswith("cpu") for d in chosen)  # this machine's workers
+    here = _on_workers(chosen)
     rank0 = tensor_problem(problem, observed, names, measured=here,
                            collectives_s=_collectives_s(observed, ranks) if here else None)
     schedule = simulate(rank0, Placement(device_of={n.name: names[0]
@@ -126,9 +129,10 @@ def _weigh(problem: Problem, traced: TracedModel, one: PartitionedModel, ranks: 
         split=split), observed
 
 
-def _torch_devices(cluster: Cluster, names: tuple[str, ...]) -> list[str]:
-    torch_device = {d.name: d.torch_device for d in cluster.devices}
-    return [torch_device[n] for n in names]
+def _on_workers(devices: tuple[Device, ...]) -> bool:
+    """Whether ``devices`` are this machine's CPU workers (their ops and collectives are
+    measured here)."""
+    return all(d.torch_device.startswith("cpu") for d in devices)
 
 
 def _said(record: TensorParallelRecord, planned: Plan, observed: Observed, *, here: bool,

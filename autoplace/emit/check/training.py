@@ -37,7 +37,7 @@ from autoplace.train.layers import (
     zero_dropout,
 )
 
-__all__ = ["TRAINING_STEPS", "dropout_active", "tolerance", "verify_training"]
+__all__ = ["TRAINING_STEPS", "dropout_active", "take_step_state", "tolerance", "verify_training"]
 
 TRAINING_STEPS = 3
 # float16: steps the check may skip for an overflow (``MasterWeights``), beside the steps it
@@ -399,14 +399,22 @@ def _restart(opts: Sequence[MasterWeights], ours: Mapping[str, torch.Tensor],
     of the 784-256-128-10 MLP cut into 2 micro-batches is off by 13% of its largest element:
     half-precision noise grown by training, not the split's doing."""
     (reference, emitted) = opts
+    for name, p in ours.items():
+        take_step_state(emitted.master(p), emitted.optimizer,
+                        reference.master(theirs[name]), reference.optimizer)
+
+
+def take_step_state(param: torch.Tensor, opt: torch.optim.Optimizer, source: torch.Tensor,
+                    source_opt: torch.optim.Optimizer) -> None:
+    """``param`` and its state in ``opt`` set to ``source``'s and its state in
+    ``source_opt`` (each tensor the state has), on ``param``'s device: the next step starts
+    from where the other side's did."""
     with torch.no_grad():
-        for name, p in ours.items():
-            mine, twin = emitted.master(p), reference.master(theirs[name])
-            mine.copy_(twin.to(mine.device))
-            state, other = emitted.optimizer.state[mine], reference.optimizer.state[twin]
-            for key, value in other.items():
-                if isinstance(value, torch.Tensor) and key in state:
-                    state[key].copy_(value.to(state[key].device))
+        param.copy_(source.to(param.device))
+        state, other = opt.state[param], source_opt.state[source]
+        for key, value in other.items():
+            if isinstance(value, torch.Tensor) and key in state:
+                state[key].copy_(value.to(state[key].device))
 
 
 def _apart(masks: Mapping[str, torch.Tensor]) -> int:

@@ -45,6 +45,7 @@ from autoplace.emit.check.training import (
     _named_buffers,
     _same_dropouts,
     dropout_active,
+    take_step_state,
 )
 from autoplace.emit.codegen.model import PartitionedModel
 from autoplace.emit.distributed.ddp import REPLICA_SHARDS, batch_size, write_train_script
@@ -297,14 +298,8 @@ def _restart(opt: torch.optim.Optimizer, twin: torch.optim.Optimizer,
     micro-batches), moved Adam's update of small gradients by 8e-6, within the parameters'
     tolerance, and the next gradient of the stem's convolution by 5e-4, 1.3% of its largest
     element; from the replicas' parameters the original's is 5e-8 from theirs."""
-    with torch.no_grad():
-        for name, i in names.items():
-            mine, ours = theirs[name], params[i]
-            mine.copy_(ours)
-            state, other = opt.state[mine], twin.state[ours]
-            for key, value in other.items():
-                if isinstance(value, torch.Tensor) and key in state:
-                    state[key].copy_(value)
+    for name, i in names.items():
+        take_step_state(theirs[name], opt, params[i], twin)
 
 
 def _compare(record: Mapping[str, Any], original: torch.nn.Module, args: tuple[Any, ...],
