@@ -40,6 +40,7 @@ from autoplace.trace.count import (
     value_bytes,
 )
 from autoplace.trace.load import run_example
+from autoplace.trace.writes import drop_dead_writes
 
 __all__ = ["CACHE_NOTE", "SHAPE_ONLY_OPS", "VIEW_OPS", "TracedModel", "cache_off", "flat_inputs",
            "to_meta", "trace_model"]
@@ -350,7 +351,7 @@ def cache_off(model: torch.nn.Module, kwargs: dict[str, Any]) -> str | None:
     unless the inputs choose ``use_cache`` themselves; the note that says so, or ``None``. The
     model keeps the setting, so the original and the emitted model are compared on the same
     forward pass."""
-    if "use_cache" in kwargs:
+    if "use_cache" in kwargs or getattr(model, "keeps_cache", False):  # trace.generate's
         return None
     for path, module in model.named_modules():
         config = getattr(module, "config", None)
@@ -412,6 +413,7 @@ def trace_model(
     logs = _TorchLogs()
     with _quiet_torch(logs):
         gm, tracer = _trace(model, args, kwargs, notes)
+        drop_dead_writes(gm)  # ordered by nothing once placed (``writes.py``)
         try:
             interp = count_ops(gm, args, kwargs, device=device)
         except Exception as exc:
