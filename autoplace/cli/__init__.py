@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 
+from autoplace.cli import run_generate
 from autoplace.cluster import DEFAULT_SIMULATED_SPEC
 from autoplace.config import (
     Fsdp,
@@ -125,6 +126,10 @@ def _parser() -> argparse.ArgumentParser:
                    "N devices with 1/R of the batch; auto (default) plans every R that divides "
                    "the devices into alike groups and keeps the fastest step, the gradients' "
                    "all-reduce included")
+    p.add_argument("--generate", type=int, metavar="N",
+                   help="plan greedy generation of N tokens after the example input_ids (a "
+                   "causal LM's prompt), each layer's static key-value cache on its device; "
+                   "the emitted model generates the original's tokens (docs/generation.md)")
     p.add_argument("--tp", type=_tp_degree, metavar="N|auto",
                    help="inference: weigh N tensor-parallel ranks (one device each, the first "
                    "N; auto: every N that divides the leading alike devices, the fastest "
@@ -270,6 +275,7 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
                    help="write the model's output tensors (output, output.0, output.NAME, "
                    "...); with --nproc, rank 0's, once checked (the batch's: M micro-batches' "
                    "rows one after another)")
+    run_generate.add_arguments(u)  # a generation plan's tokens (cli/run_generate.py)
     # More than one process (autoplace/cli/run_ranks.py, docs/multiprocess.md).
     u.add_argument("--nproc", type=int, metavar="N",
                    help="run an inference plan as N processes on this machine, one per planned "
@@ -499,6 +505,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     from autoplace.cli.run import run_plan, save_outputs, train_plan
 
+    if args.generate is not None:
+        return run_generate.command(args)
     if args.train is None and args.lr is not None:
         raise AutoplaceError("--lr goes with --train STEPS (the learning rate of that training)")
     if args.train is not None and (args.inputs or args.save_outputs):

@@ -23,7 +23,7 @@ FLAGS = {
     "training.optimizer": "--optimizer", "training.microbatches": "--microbatches",
     "training.schedule": "--schedule", "training.replicas": "--replicas",
     "training.recompute": "--recompute", "training.fsdp": "--fsdp", "training.layers": "--layers",
-    "parallel.tp": "--tp",
+    "parallel.tp": "--tp", "generate": "--generate",
 }
 
 
@@ -50,4 +50,5 @@ def config_of(args: argparse.Namespace, *, name: str = "model") -> Config:
                           recompute=args.recompute, fsdp=args.fsdp, layers=args.layers),
         emit=Emit(model=args.emit, verify=args.verify, check_memory=args.check_memory),
         parallel=Parallel(tp=args.tp),
-        pins=pins or None, checkpoint=args.checkpoint, no_split=args.no_split, name=name)
+        pins=pins or None, checkpoint=args.checkpoint, no_split=args.no_split, name=name,
+        generate=args.generate)

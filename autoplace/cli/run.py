@@ -154,7 +154,9 @@ def run_plan(
     measured = measure(model, args, kwargs)
     return RunResult(
         measured_s=statistics.median(times_s),
-        predicted_s=None if remapped else plan.makespan_s,
+        # a generation plan's model is the prompt's pass; its makespan sums the decode steps
+        predicted_s=None if remapped else (plan.generation.prefill_s if plan.generation
+                                           else plan.makespan_s),
         times_s=tuple(times_s),
         peak_bytes={name_of.get(d, d): b for d, b in measured.peak_bytes.items()},
         predicted_peak_bytes=comparable_peak_bytes(plan.problem, plan.schedule),
@@ -418,9 +420,11 @@ def _threads_seen(model: torch.nn.Module) -> Iterator[dict[str, int]]:
         found.update(sorted(seen.items()))
 
 
-def save_outputs(outputs: Any, path: str | os.PathLike[str]) -> list[str]:
+def save_outputs(outputs: Any, path: str | os.PathLike[str], *, root: str = "output"
+                 ) -> list[str]:
     """Write the output tensors to ``path`` (safetensors, named ``output``, ``output.0``,
-    ``output.logits``, ...) through a temporary file renamed into place; the names written."""
+    ``output.logits``, ...; ``root`` is the first part) through a temporary file renamed into
+    place; the names written."""
     where = Path(path)
     found, _ = pytree.tree_flatten_with_path(outputs)
     tensors = {}
@@ -429,7 +433,8 @@ def save_outputs(outputs: Any, path: str | os.PathLike[str]) -> list[str]:
             parts = [str(getattr(k, "idx", getattr(k, "key", getattr(k, "name", k))))
                      for k in key_path]
             # clone: safetensors refuses tensors that share memory (an output and its view)
-            tensors[".".join(["output", *parts])] = leaf.detach().to("cpu").clone()
+            name = ".".join([root, *parts] if root else parts)
+            tensors[name] = leaf.detach().to("cpu").clone()
     if not tensors:
         raise AutoplaceError("the model returned no tensors: nothing to write to "
                              f"{str(where)!r}")

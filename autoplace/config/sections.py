@@ -230,7 +230,8 @@ class Config:
     whole). ``dtype``: the model and the floating inputs are cast to it before tracing.
     ``pins``: module path -> device (``"cuda:1"``, or ``1``, the second GPU), inference only.
     ``checkpoint``: a safetensors file or a ``save_pretrained`` directory with the weights.
-    ``name``: the plan's name for the model."""
+    ``name``: the plan's name for the model. ``generate``: plan text generation of that many
+    new tokens after the example inputs, the prompt (``pipeline.generation``)."""
 
     devices: Devices = field(default_factory=Devices)
     mode: Mode = Mode.INFERENCE
@@ -245,6 +246,7 @@ class Config:
     checkpoint: str | os.PathLike[str] | None = None
     no_split: Sequence[str] | None = None
     name: str = "model"
+    generate: int | None = None
 
     def __post_init__(self) -> None:
         put = object.__setattr__
@@ -271,6 +273,18 @@ class Config:
                                   f"{getattr(self, name)!r}")
         self._check_mode()
         self._check_granularity()
+        self._check_generate()
+
+    def _check_generate(self) -> None:
+        if self.generate is None:
+            return
+        _whole(self.generate, "generate", least=1)
+        if self.mode != Mode.INFERENCE or self.granularity != Granularity.OP:
+            raise ConfigError("{generate} plans inference of ops for now: set {mode=inference} "
+                              "and {granularity=op}")
+        if self.parallel.tp is not None or self.pins:
+            raise ConfigError("{generate} is planned without {parallel.tp} and {pins} for "
+                              "now: drop them")
 
     def _check_mode(self) -> None:
         if self.parallel.tp is not None and (self.mode != Mode.INFERENCE

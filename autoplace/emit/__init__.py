@@ -59,6 +59,7 @@ __all__ = [
     "load_segments",
     "local_device_map",
     "measure_peak_bytes",
+    "op_order",
     "save_model",
     "train_emitted",
     "verify",
@@ -108,7 +109,7 @@ def emit_and_verify(
             detail="parameters are on the meta device: no weights to emit or run")
     torch_device = emitted_devices(problem.cluster.devices)
     device_of = {op: torch_device[dev] for op, dev in device_of_op.items()}
-    order = _op_order(traced.module, problem, schedule)
+    order = op_order(traced.module, problem, schedule)
     remap = local_device_map(sorted(set(device_of.values())))
     moved = sorted(k for k, v in remap.items() if k != v)
     if moved:
@@ -170,7 +171,7 @@ def _check_memory(
                       method=measured.method, enforce=enforce)
 
 
-def _op_order(module: torch.fx.GraphModule, problem: Problem, schedule: Schedule) -> list[str]:
+def op_order(module: torch.fx.GraphModule, problem: Problem, schedule: Schedule) -> list[str]:
     """Ops in the order the simulator launches their plan nodes (``Schedule.launch_order``), or
     in the simulator's order of start without one (``simulate.memory.start_order``, the order
     its memory model cuts segments in): a topological order (a consumer starts no earlier than

@@ -32,6 +32,7 @@ from autoplace.formats.plan_check import count_problems, plan_problems
 from autoplace.formats.records import (
     Coarsening,
     DeviceMapRecord,
+    GenerationRecord,
     MinGain,
     PinsRecord,
     ProfileRecord,
@@ -240,6 +241,8 @@ class Plan:
     device_map: DeviceMapRecord | None = None
     # --tp N: the tensor-parallel candidate beside the placement (``solve.tensor``)
     tensor_parallel: TensorParallelRecord | None = None
+    # --generate N: the prefill, the decode step and the cache (``pipeline.generation``)
+    generation: GenerationRecord | None = None
     autoplace_version: str = __version__
 
     # ---- derived
@@ -353,7 +356,8 @@ class Plan:
              else {"pins": {**self.pins.to_dict(), "cost_s": self.pins_cost_s}}) \
           | ({} if self.device_map is None else {"device_map": self.device_map.to_dict()}) \
           | ({} if self.tensor_parallel is None
-             else {"tensor_parallel": self.tensor_parallel.to_dict()})
+             else {"tensor_parallel": self.tensor_parallel.to_dict()}) \
+          | ({} if self.generation is None else {"generation": self.generation.to_dict()})
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
@@ -383,6 +387,7 @@ class Plan:
             pins=_part(PinsRecord.from_dict, data, "pins"),  # its derived cost_s is not read
             device_map=_part(DeviceMapRecord.from_dict, data, "device_map"),
             tensor_parallel=_part(TensorParallelRecord.from_dict, data, "tensor_parallel"),
+            generation=_part(GenerationRecord.from_dict, data, "generation"),
             autoplace_version=data.get("autoplace_version", __version__),
         )
 

@@ -11,13 +11,15 @@ so that a plan read and written again is the file it was.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from autoplace.config.choices import Objective
 
-__all__ = ["AccelerateMapRecord", "Coarsening", "DeviceMapRecord", "MinGain", "PinsRecord",
+__all__ = ["AccelerateMapRecord", "Coarsening", "DeviceMapRecord", "GenerationRecord", "MinGain",
+           "PinsRecord",
            "ProfileRecord", "ReplicaOption", "TensorParallelRecord", "TrainingCheck",
            "TrainingRecord", "WhatIfRecord"]
 
@@ -422,3 +424,58 @@ class ProfileRecord:
                    calibration=None if calibration is None else dict(calibration),
                    comparisons=_tuple(data.get("comparisons")),
                    cache=None if cache is None else dict(cache), wall_s=data.get("wall_s"))
+
+
+@dataclass(frozen=True)
+class GenerationRecord:
+    """A generation plan (``--generate N``, ``pipeline.generation``): ``batch`` prompts of
+    ``prompt_tokens`` and ``new_tokens`` generated greedily after them. ``prefill_s``: the
+    prompt's pass (it gives the first new token), ``step_s``: one decode step (each further
+    token), each simulated on its own graph under the plan's placement; ``total_s`` is the
+    prefill and ``new_tokens - 1`` steps. ``cache_bytes``: the key-value cache each device holds
+    (sized for prompt + new tokens). ``lower_bound_s``: a bound on ``total_s`` of any placement
+    (the solver's, on the graph that sums both passes). ``baselines``: each baseline's
+    ``total_s``. ``check``: whether the emitted model generated the original's tokens;
+    ``measured_cache_bytes``: the cache the emitted model holds per device; ``measured_step_s``:
+    its median decode step there."""
+
+    new_tokens: int
+    prompt_tokens: int
+    batch: int
+    prefill_s: float
+    step_s: float
+    cache_bytes: Mapping[str, int]
+    lower_bound_s: float
+    baselines: Mapping[str, float] = field(default_factory=dict)
+    check: str = "skipped"
+    measured_cache_bytes: Mapping[str, int] | None = None
+    measured_step_s: float | None = None
+
+    @property
+    def total_s(self) -> float:
+        return self.prefill_s + (self.new_tokens - 1) * self.step_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        """New tokens a second over the batch while decoding."""
+        return self.batch / self.step_s if self.step_s > 0 else math.inf
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"new_tokens": self.new_tokens, "prompt_tokens": self.prompt_tokens,
+                "batch": self.batch, "prefill_s": self.prefill_s, "step_s": self.step_s,
+                "total_s": self.total_s, "tokens_per_s": self.tokens_per_s,
+                "cache_bytes": dict(self.cache_bytes), "lower_bound_s": self.lower_bound_s,
+                "baselines": dict(self.baselines), "check": self.check} | _present([
+                    ("measured_cache_bytes", None if self.measured_cache_bytes is None
+                     else dict(self.measured_cache_bytes)),
+                    ("measured_step_s", self.measured_step_s)])
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GenerationRecord:
+        measured = data.get("measured_cache_bytes")
+        return cls(new_tokens=data["new_tokens"], prompt_tokens=data["prompt_tokens"],
+                   batch=data["batch"], prefill_s=data["prefill_s"], step_s=data["step_s"],
+                   cache_bytes=dict(data["cache_bytes"]), lower_bound_s=data["lower_bound_s"],
+                   baselines=dict(data.get("baselines", {})), check=data.get("check", "skipped"),
+                   measured_cache_bytes=None if measured is None else dict(measured),
+                   measured_step_s=data.get("measured_step_s"))

@@ -28,6 +28,7 @@ from autoplace.emit.distributed.ddp import microbatching, replicas_of, write_tra
 from autoplace.emit.distributed.devices import launch_devices
 from autoplace.emit.distributed.ranks import write_launch_script
 from autoplace.emit.distributed.tensor import write_tensor_launch
+from autoplace.emit.generate import DECODE_DIR, save_decode
 from autoplace.errors import EmitError
 from autoplace.formats.output import atomic_output_dir
 from autoplace.formats.plan import Plan
@@ -35,6 +36,7 @@ from autoplace.formats.records import Coarsening, ProfileRecord
 from autoplace.ir import Device, Problem
 from autoplace.pipeline.emitting import emit_plan
 from autoplace.pipeline.forward import load
+from autoplace.pipeline.generation import GenerationStages
 from autoplace.pipeline.inference import InferenceStages
 from autoplace.pipeline.record import min_gain, plan_of
 from autoplace.pipeline.tensor import tensor_candidate, tensor_degrees
@@ -89,6 +91,7 @@ def plan(model: torch.nn.Module, example_inputs: Any, config: Config | None = No
             tensor_degrees(cluster, config.parallel.tp)  # before the work: a clear error
         loaded = load(model, example_inputs, config, loss=loss, example_targets=example_targets)
         stages = (TrainingStages(config) if config.mode == Mode.TRAINING
+                  else GenerationStages(config) if config.generate is not None
                   else InferenceStages(config))
         solved = stages.solve(loaded, cluster)
         planned = stages.record(solved)
@@ -155,6 +158,8 @@ def save(plan: Plan | Planned, directory: str | os.PathLike[str],
                 json.dumps(dict(plan.device_map.map), indent=1) + "\n")
         if model is not None:
             autoplace.emit.save_model(model, tmp / "model")
+            if getattr(model, "decode", None) is not None:  # --generate: its decode pass
+                save_decode(model.decode, tmp / "model" / DECODE_DIR)
             if replicas_of(plan.training) > 1:  # their torchrun entry point
                 write_train_script(tmp, optimizer=plan.training.optimizer,
                                    replicas=replicas_of(plan.training),

@@ -25,7 +25,7 @@ from typing import Any
 
 from autoplace.config.choices import Objective
 from autoplace.formats.plan import BaselineResult, Plan, SolverRecord, Verification
-from autoplace.formats.records import PinsRecord, TensorParallelRecord
+from autoplace.formats.records import GenerationRecord, PinsRecord, TensorParallelRecord
 from autoplace.ir import Device, OpNode, Transfer
 from autoplace.report.devicemap import DeviceMapFacts, device_map_facts
 from autoplace.report.units import format_seconds
@@ -34,8 +34,7 @@ from autoplace.simulate.schedules import phase_of
 from autoplace.train.breakdown import memory_breakdown
 
 __all__ = [
-    "Block",
-    "Comparison",
+    "Block", "Comparison",
     "ModuleRow",
     "Overview",
     "PathStep",
@@ -157,6 +156,7 @@ class Overview:
     pins_cost_s: float | None = None  # Plan.pins_cost_s
     device_map: DeviceMapFacts | None = None  # --granularity module: the device_map section
     tensor_parallel: TensorParallelRecord | None = None  # --tp N: the candidate beside the plan
+    generation: GenerationRecord | None = None  # --generate N: prefill, decode step, cache
     advice: str = ""  # what to do and why, in one sentence (``advice``): the summaries open with it
 
     @property
@@ -218,7 +218,7 @@ def overview(plan: Plan) -> Overview:
         whatif=_whatif_rows(plan), critical_path=tuple(critical_path(plan)),
         notes=plan.notes, training=training_facts(plan), device_map=device_map_facts(plan),
         pins=plan.pins, pins_cost_s=plan.pins_cost_s, advice=advice(plan),
-        tensor_parallel=plan.tensor_parallel,
+        tensor_parallel=plan.tensor_parallel, generation=plan.generation,
     )
 
 

@@ -62,6 +62,7 @@ def _phrases(ov: analysis.Overview) -> dict[str, Any]:
             "solver": text.solver_text(ov), "critical": text.critical_text(ov),
             "verification": text.verification_text(ov), "training": text.training_text(ov),
             "pins": text.pins_text(ov), "tensor": text.tensor_text(ov),
+            "generation": text.generation_text(ov),
             "no_speedup": analysis.no_speedup_reason(ov.pins)}
 
 

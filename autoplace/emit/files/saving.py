@@ -61,11 +61,13 @@ _FORMAT = "autoplace.emit/1"
 
 
 
-def save_model(model: PartitionedModel, directory: str | Path) -> None:
+def save_model(model: PartitionedModel, directory: str | Path, *, weights: bool = True) -> None:
     """Write ``model.py`` (generated source), the engine it imports (``RUNTIME_FILE``),
     ``weights.safetensors`` and ``meta.json``. A model planned with a checkpoint (its
     ``checkpoint`` attribute: the ``Checkpoint`` and the key of each tensor name, set by
-    ``autoplace.plan``) refers to it for the tensors it holds instead of writing them again."""
+    ``autoplace.plan``) refers to it for the tensors it holds instead of writing them again.
+    Without ``weights`` none are written (a generation plan's decode pass holds its model's:
+    ``emit.generate``); load it with ``segments=()``."""
     if not isinstance(model, PartitionedModel):
         raise EmitError(f"save_model needs a PartitionedModel from emit_model, not {type(model)}")
     classes: list[str] = []
@@ -117,7 +119,11 @@ def save_model(model: PartitionedModel, directory: str | Path) -> None:
         meta["checkpoint"] = references(referred, {
             f"seg{index}.{name}": tensor for index, state in states.items()
             for name, tensor in state.items()})
-    weights = _weights(states, referenced=set(meta.get("checkpoint", {}).get("tensors", ())),
+    referenced = set(meta.get("checkpoint", {}).get("tensors", ()))
+    if not weights:
+        meta["weights"] = "none: the segments' tensors are another model's"
+        referenced |= {f"seg{index}.{name}" for index, state in states.items() for name in state}
+    tensors = _weights(states, referenced=referenced,
                        extras=referred.extras if referred is not None else {})
     inputs, meta["inputs"] = _inputs(getattr(model, "example_inputs", None))
     path = Path(directory)
@@ -126,7 +132,7 @@ def save_model(model: PartitionedModel, directory: str | Path) -> None:
         (path / "model.py").write_text(source)
         (path / RUNTIME_FILE).write_text(engine_source())
         safetensors.torch.save_file(
-            weights, str(path / "weights.safetensors"), metadata={"format": "pt"}
+            tensors, str(path / "weights.safetensors"), metadata={"format": "pt"}
         )
         meta["weights_sha256"] = sha256_of(path / "weights.safetensors")
         if inputs is not None:

@@ -1,0 +1,221 @@
+"""The stages of a generation plan (``--generate N``, ``GenerationStages``): the causal LM
+wrapped with a static key-value cache (``trace.generate.CachedLM``), traced, costed and folded
+twice, on the prompt (prefill) and on one token (decode), into graphs of the same ops; solved
+as one problem whose costs are the prefill's plus N - 1 steps' (``summed_problem``); then each
+pass simulated on its own graph under the plan's placement (``GenerationRecord``: prefill, time
+per token, total, cache per device), the baselines scored the same way and the fastest kept.
+The emitted model generates (``emit.generate``) and is checked against the original's
+``generate(do_sample=False)``, token for token.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+
+from autoplace.config import Config
+from autoplace.emit import PartitionedModel
+from autoplace.emit.generate import check_generation, emit_decode
+from autoplace.errors import TraceError
+from autoplace.formats.plan import Plan
+from autoplace.formats.records import GenerationRecord
+from autoplace.ir import Cluster, Costs, HostCosts, Placement, Problem
+from autoplace.pipeline.emitting import Emitting
+from autoplace.pipeline.forward import Forward, Loaded, Tracing, traced_problem
+from autoplace.pipeline.inference import InferenceStages, Solved
+from autoplace.pipeline.record import min_gain
+from autoplace.progress import stage
+from autoplace.progress.notes import collecting, note
+from autoplace.simulate import simulate
+from autoplace.solve import SolveResult, solve
+from autoplace.solve.baselines.accelerate import accelerate_baselines
+from autoplace.trace.generate import (
+    CACHE_BUFFER_PREFIXES,
+    CachedLM,
+    check_same_ops,
+    generation_inputs,
+    prompt_of,
+)
+
+__all__ = ["GenerationSolved", "GenerationStages", "cache_bytes", "summed_problem"]
+
+
+@dataclass(frozen=True)
+class GenerationSolved(Solved):
+    """A generation solved: ``forward`` is the prefill's, its problem the summed one;
+    ``decode`` the one-token pass's; ``record`` the plan's generation figures."""
+
+    decode: Forward | None = None
+    prefill_problem: Problem | None = None
+    wrapper: CachedLM | None = None
+    prompt: torch.Tensor | None = None
+    record: GenerationRecord | None = None
+
+
+def summed_problem(prefill: Problem, decode: Problem, *, steps: int) -> Problem:
+    """One problem for the solver: ``prefill``'s graph (its sizes, for memory: the prompt's
+    activations are the larger) with each node's time the prefill's plus ``steps`` decode
+    steps', and each edge's bytes too, up to the value's size (an edge carries at most its
+    source's output). It guides the solver only, and under a placement takes at most the
+    prefill and the steps one after another: the passes' critical paths merge, and each
+    copy's latency and segment call is paid once. The plan's figures come from each pass's
+    own simulation (``_scored``)."""
+    names = [n.name for n in prefill.graph.nodes]
+    if names != [n.name for n in decode.graph.nodes]:
+        raise TraceError("the prompt's pass and one token's folded into different graphs, so "
+                         "one placement cannot place both: plan it without --generate")
+    step_bytes = {(e.src, e.dst): e.bytes for e in decode.graph.edges}
+    size = {n.name: n.output_bytes for n in prefill.graph.nodes}
+    edges = tuple(replace(e, bytes=min(size[e.src], e.bytes + steps * step_bytes[(e.src, e.dst)]))
+                  for e in prefill.graph.edges)
+    compute = {name: {device: secs + steps * decode.costs.of(name, device)
+                      for device, secs in per_device.items()}
+               for name, per_device in prefill.costs.compute_s.items()}
+    host = None
+    if prefill.costs.host is not None and decode.costs.host is not None:
+        launch = {name: {device: secs + steps * decode.costs.host.launch_of(name, device)
+                         for device, secs in per_device.items()}
+                  for name, per_device in prefill.costs.host.launch_s.items()}
+        host = HostCosts(launch_s=launch, call_s=prefill.costs.host.call_s,
+                         handover_s=prefill.costs.host.handover_s)
+    costs = Costs(compute_s=compute, source=prefill.costs.source,
+                  device_source=prefill.costs.device_source, host=host)
+    return replace(prefill, graph=replace(prefill.graph, edges=edges), costs=costs)
+
+
+def cache_bytes(problem: Problem, placement: Placement, module: torch.fx.GraphModule,
+                wrapper: CachedLM) -> dict[str, int]:
+    """The key-value cache each device of ``problem`` holds under ``placement``: each layer's
+    keys and values live with the first op that reads them (``trace``'s rule for buffers)."""
+    sizes = {name: t.numel() * t.element_size() for name, t in wrapper.named_buffers()
+             if name.startswith(CACHE_BUFFER_PREFIXES)}
+    node_of = {op: node.name for node in problem.graph.nodes for op in node.ops}
+    held = dict.fromkeys(problem.cluster.names, 0)
+    for attr in module.graph.nodes:
+        if attr.op != "get_attr" or attr.target not in sizes or not attr.users:
+            continue
+        first = min(attr.users, key=lambda user: _position(module, user))
+        held[placement.device_of[node_of[first.name]]] += sizes[str(attr.target)]
+    return held
+
+
+def _position(module: torch.fx.GraphModule, node: torch.fx.Node) -> int:
+    return next(i for i, n in enumerate(module.graph.nodes) if n is node)
+
+
+@dataclass(frozen=True)
+class GenerationStages:
+    """A generation plan's stages, for ``config`` (``config.generate`` new tokens)."""
+
+    config: Config
+
+    def solve(self, loaded: Loaded, cluster: Cluster) -> GenerationSolved:
+        """Stages trace, cost and fold (each pass), then solve the summed problem and score
+        its plan and the baselines by each pass's own simulation."""
+        new_tokens = self.config.generate
+        prompt = prompt_of(loaded.model, loaded.args, loaded.kwargs, new_tokens=new_tokens)
+        wrapper = CachedLM(loaded.model, batch=prompt.shape[0],
+                           max_len=prompt.shape[1] + new_tokens)
+        prefill_inputs, decode_inputs = generation_inputs(prompt)
+        how = Tracing.of(self.config)
+        # Without autograd: a cache written by ops on weights that need gradients would hold
+        # their graph (and could not be copied to be profiled).
+        with torch.no_grad():
+            prefill = traced_problem(wrapper, prefill_inputs, {}, cluster, how)
+            with collecting() as said:  # what the prefill's tracing said, it says again
+                decode = traced_problem(wrapper, decode_inputs, {}, cluster, how)
+        for text in said:
+            note(text, once=True)
+        check_same_ops(prefill.traced, decode.traced)
+        problem = summed_problem(prefill.problem, decode.problem, steps=new_tokens - 1)
+        stage("solve")
+        extra, _ = accelerate_baselines(wrapper, prefill.graph, problem)
+        solved = solve(problem, options=self.config.solving.options(), extra_baselines=extra)
+        passes = _Passes(prefill=prefill.problem, decode=decode.problem, new_tokens=new_tokens)
+        result, gain = min_gain(passes.fastest(solved, problem), self.config.solving.min_gain)
+        record = passes.record(result, prompt=prompt, module=prefill.traced.module,
+                               wrapper=wrapper)
+        return GenerationSolved(forward=replace(prefill, problem=problem), result=result,
+                                gain=gain, decode=decode, prefill_problem=prefill.problem,
+                                wrapper=wrapper, prompt=prompt, record=record)
+
+    def record(self, solved: GenerationSolved) -> Plan:
+        """The inference plan's record, with its generation figures."""
+        planned = InferenceStages(self.config).record(solved)
+        return replace(planned, generation=solved.record)
+
+    def emitting(self, planned: Plan, solved: GenerationSolved, loaded: Loaded) -> Emitting:
+        """The prefill's graph placed as planned, checked on the prompt (its logits)."""
+        return Emitting(problem=solved.prefill_problem,
+                        schedule=simulate(solved.prefill_problem, planned.schedule.placement),
+                        device_of_op=planned.device_of_op,
+                        args=generation_inputs(solved.prompt)[0], kwargs={},
+                        model=solved.wrapper, meta_weights=loaded.checkpoint is not None)
+
+    def check(self, planned: Plan, emitted: PartitionedModel, solved: GenerationSolved) -> Plan:
+        """The decode step emitted beside the prefill (sharing its weights and cache), and the
+        pair checked: greedy generation gives the original's tokens, the cache per device is
+        within the plan's."""
+        decode = emit_decode(emitted, solved.decode.traced.module,
+                             problem=solved.prefill_problem,
+                             placement=planned.schedule.placement,
+                             device_of_op=planned.device_of_op)
+        emitted.decode = decode
+        record = planned.generation
+        if not self.config.emit.verify:
+            return planned
+        stage("verify")
+        checked = check_generation(solved.wrapper.model, emitted, decode, solved.prompt,
+                                   new_tokens=record.new_tokens, planned=record.cache_bytes,
+                                   cluster=planned.problem.cluster)
+        return replace(planned, generation=replace(
+            record, check="passed", measured_cache_bytes=checked.cache_bytes,
+            measured_step_s=checked.step_s))
+
+
+@dataclass(frozen=True)
+class _Passes:
+    """The two passes' problems, to score a placement of the summed one as generation runs it:
+    the prefill, then ``new_tokens - 1`` decode steps, each simulated on its own graph."""
+
+    prefill: Problem
+    decode: Problem
+    new_tokens: int
+
+    def times(self, placement: Placement) -> tuple[float, float]:
+        return (simulate(self.prefill, placement).makespan_s,
+                simulate(self.decode, placement).makespan_s)
+
+    def total(self, placement: Placement) -> float:
+        first, step = self.times(placement)
+        return first + (self.new_tokens - 1) * step
+
+    def fastest(self, result: SolveResult, problem: Problem) -> SolveResult:
+        """``result`` with the placement that generates fastest, of its own and its
+        baselines' (a note says where a baseline's is)."""
+        totals = {name: self.total(s.placement) for name, s in result.baselines.items()
+                  if s is not None}
+        own = self.total(result.schedule.placement)
+        best = min(totals, key=totals.__getitem__, default=None)
+        if best is None or totals[best] >= own * (1 - 1e-9):
+            return result
+        note(f"generation: the {best} baseline's placement generates faster than the "
+             f"solver's when each pass is simulated on its own graph "
+             f"({totals[best] * 1e3:.3f} ms against {own * 1e3:.3f} ms): it is the plan")
+        return replace(result, schedule=simulate(problem, result.baselines[best].placement))
+
+    def record(self, result: SolveResult, *, prompt: torch.Tensor,
+               module: torch.fx.GraphModule, wrapper: CachedLM) -> GenerationRecord:
+        """The generation figures of ``result``'s placement."""
+        placement = result.schedule.placement
+        first, step = self.times(placement)
+        return GenerationRecord(
+            new_tokens=self.new_tokens, prompt_tokens=prompt.shape[1], batch=prompt.shape[0],
+            prefill_s=first, step_s=step,
+            cache_bytes=cache_bytes(self.prefill, placement, module, wrapper),
+            lower_bound_s=(result.lower_bound_s if math.isfinite(result.lower_bound_s)
+                           else 0.0),
+            baselines={name: self.total(s.placement) for name, s in result.baselines.items()
+                       if s is not None})

@@ -1,0 +1,158 @@
+"""Generation plans (``--generate N``): the prompt's pass and one token's traced with a static
+cache, placed together, the cache counted where it lives, and the emitted model generating the
+original's tokens; ``autoplace run --generate``; bad input; the dead-write pass it needs."""
+
+import json
+import operator
+
+import pytest
+import safetensors.torch
+import torch
+import torch.fx
+
+import autoplace
+from autoplace.cli import main
+from autoplace.emit.generate import greedy, load_generator, reference
+from autoplace.errors import ConfigError
+from autoplace.trace.writes import drop_dead_writes
+
+transformers = pytest.importorskip("transformers")
+
+BATCH, PROMPT, NEW = 2, 12, 5
+
+MODEL_FILE = """
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+def build():
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=32, use_cache=False)
+    ids = torch.randint(0, 300, (2, 12), generator=torch.Generator().manual_seed(1))
+    return LlamaForCausalLM(config), {"input_ids": ids}
+"""
+
+
+def _llama():
+    namespace: dict = {}
+    exec(MODEL_FILE, namespace)  # noqa: S102 - the test's own model file
+    return namespace["build"]()
+
+
+def _cache_bytes(model) -> int:
+    """Keys and values of every layer, for the prompt and the new tokens, in float32."""
+    config = model.config
+    head_dim = config.hidden_size // config.num_attention_heads
+    return (2 * config.num_hidden_layers * BATCH * config.num_key_value_heads
+            * (PROMPT + NEW) * head_dim * 4)
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory):
+    model, inputs = _llama()
+    result = autoplace.plan(model, inputs, autoplace.Config(
+        devices="2xcpu-thread", generate=NEW, solve=autoplace.Solve(time_limit_s=3)))
+    out = tmp_path_factory.mktemp("generation") / "out"
+    autoplace.save(result, out)
+    return result, out
+
+
+def test_plan_counts_the_cache_and_its_generation_equals_the_original(planned):
+    result, _ = planned
+    gen = result.plan.generation
+    assert gen is not None and gen.check == "passed"
+    assert (gen.new_tokens, gen.prompt_tokens, gen.batch) == (NEW, PROMPT, BATCH)
+    model, _ = _llama()
+    assert sum(gen.cache_bytes.values()) == _cache_bytes(model)
+    assert gen.measured_cache_bytes == gen.cache_bytes
+    assert gen.total_s == pytest.approx(gen.prefill_s + (NEW - 1) * gen.step_s)
+    assert 0 < gen.step_s < gen.prefill_s
+    # never slower than a baseline, each scored as generation runs
+    assert all(gen.total_s <= total * (1 + 1e-9) for total in gen.baselines.values())
+    assert "generation" in result.plan.to_dict()
+
+
+def test_saved_generator_generates_the_original_tokens(planned):
+    _, out = planned
+    prefill, decode = load_generator(out / "model")
+    model, inputs = _llama()
+    model.eval()
+    got = greedy(prefill, decode, inputs["input_ids"], new_tokens=NEW)
+    assert torch.equal(got, reference(model, inputs["input_ids"], new_tokens=NEW))
+    plan = autoplace.Plan.load(out)
+    assert plan.generation.cache_bytes == planned[0].plan.generation.cache_bytes
+
+
+def test_run_generate_prints_time_per_token_and_saves_the_tokens(planned, tmp_path, capsys):
+    _, out = planned
+    target = tmp_path / "tokens.safetensors"
+    assert main(["run", str(out), "--generate", str(NEW), "--json", "--warmup", "0",
+                 "--save-outputs", str(target)]) == 0
+    said = json.loads(capsys.readouterr().out)
+    assert said["new_tokens"] == NEW and said["ms_per_token"] > 0
+    assert said["predicted_ms_per_token"] == pytest.approx(
+        planned[0].plan.generation.step_s * 1e3)
+    model, inputs = _llama()
+    model.eval()
+    sequences = safetensors.torch.load_file(target)["sequences"]
+    assert torch.equal(sequences, reference(model, inputs["input_ids"], new_tokens=NEW))
+
+
+def test_run_generate_refuses_more_tokens_than_the_cache_holds(planned, capsys):
+    _, out = planned
+    assert main(["run", str(out), "--generate", str(NEW + 1)]) == 2
+    assert f"holds {NEW} new tokens" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", [0, -3])
+def test_generate_must_be_positive(value):
+    with pytest.raises(ConfigError, match="generate"):
+        autoplace.Config(generate=value)
+
+
+def test_cli_refuses_a_model_that_is_not_a_causal_lm(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["plan", "examples/mlp.py", "--devices", "2xcpu-thread", "--generate", "4",
+                 "--out", str(out)]) == 2
+    assert "not a causal language model" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_prompt_and_new_tokens_beyond_the_positions_is_refused():
+    model, inputs = _llama()
+    with pytest.raises(ConfigError, match=r"beyond the model's 32: generate at most 20"):
+        autoplace.plan(model, inputs, autoplace.Config(devices="2xcpu-thread", generate=21))
+
+
+def _graph(build) -> torch.fx.GraphModule:
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    build(graph, x)
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+def test_a_write_nothing_reads_after_is_dropped_and_one_read_later_is_kept():
+    add, add_ = torch.ops.aten.add.Tensor, torch.ops.aten.add_.Tensor
+
+    def dead(graph, x):
+        y = graph.call_function(torch.ops.aten.clone.default, (x,))
+        out = graph.call_function(add, (y, 1))
+        graph.call_function(add_, (y, 5))  # counts, then nothing reads it
+        graph.output(out)
+
+    def live(graph, x):
+        y = graph.call_function(torch.ops.aten.clone.default, (x,))
+        graph.call_function(add_, (y, 5))
+        view = graph.call_function(torch.ops.aten.view.default, (y, [-1]))
+        graph.output(graph.call_function(operator.add, (view, 1)))
+
+    def of_input(graph, x):
+        graph.call_function(add_, (x, 5))
+        graph.output(x)
+
+    gm = _graph(dead)
+    assert len(drop_dead_writes(gm)) == 1
+    torch.testing.assert_close(gm(torch.zeros(3)), torch.ones(3))
+    for build in (live, of_input):
+        assert drop_dead_writes(_graph(build)) == []
