@@ -156,3 +156,36 @@ def test_a_write_nothing_reads_after_is_dropped_and_one_read_later_is_kept():
     torch.testing.assert_close(gm(torch.zeros(3)), torch.ones(3))
     for build in (live, of_input):
         assert drop_dead_writes(_graph(build)) == []
+
+
+def test_a_device_map_plan_counts_each_layers_cache_where_the_layer_goes():
+    from benchmarks.common import capped, weight_bytes
+
+    model, inputs = _llama()
+    weights = weight_bytes(model) + sum(b.numel() * b.element_size() for b in model.buffers())
+    room = int(0.6 * (weights + _cache_bytes(model)))
+    planned = autoplace.plan(model, inputs, autoplace.Config(
+        devices=capped("2xA100-40GB", room), granularity="module", generate=NEW))
+    plan = planned.plan
+    assert sum(n.param_bytes for n in plan.problem.graph.nodes) == weights + _cache_bytes(model)
+    said = [n for n in plan.notes if n.startswith(f"--generate {NEW}: the key-value cache")]
+    assert len(said) == 1 and "cuda:0" in said[0] and "cuda:1" in said[0]
+    assert not any("generation reusing a cache is not planned" in n for n in plan.notes)
+
+
+def test_accelerate_maps_made_from_the_weights_alone_overflow_with_the_cache():
+    pytest.importorskip("accelerate")
+    from benchmarks.common import capped, weight_bytes
+
+    model, inputs = _llama()
+    # Room for the weights on one device, not for the weights and the cache.
+    room = weight_bytes(model) + _cache_bytes(model) // 2
+    planned = autoplace.plan(model, inputs, autoplace.Config(
+        devices=capped("2xA100-40GB", room), granularity="module", generate=NEW))
+    said = [n for n in planned.plan.notes if "with the cache counted" in n]
+    assert any("over by" in n and "before any activation" in n for n in said), said
+    devices = planned.plan.schedule.placement.device_of
+    resident = {}
+    for node in planned.plan.problem.graph.nodes:
+        resident[devices[node.name]] = resident.get(devices[node.name], 0) + node.param_bytes
+    assert all(size <= room for size in resident.values())  # the plan's own map fits

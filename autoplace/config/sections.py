@@ -279,12 +279,11 @@ class Config:
         if self.generate is None:
             return
         _whole(self.generate, "generate", least=1)
-        if self.mode != Mode.INFERENCE or self.granularity != Granularity.OP:
-            raise ConfigError("{generate} plans inference of ops for now: set {mode=inference} "
-                              "and {granularity=op}")
-        if self.parallel.tp is not None or self.pins:
-            raise ConfigError("{generate} is planned without {parallel.tp} and {pins} for "
-                              "now: drop them")
+        if self.mode != Mode.INFERENCE:
+            raise ConfigError("{generate} plans inference: set {mode=inference}")
+        if self.parallel.tp is not None or (self.pins and self.granularity == Granularity.OP):
+            raise ConfigError("{generate} is planned without {parallel.tp}, and at op "
+                              "granularity without {pins}, for now: drop them")
 
     def _check_mode(self) -> None:
         if self.parallel.tp is not None and (self.mode != Mode.INFERENCE

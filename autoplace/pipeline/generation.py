@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
 from autoplace.config import Config
 from autoplace.emit import PartitionedModel
 from autoplace.emit.generate import check_generation, emit_decode
-from autoplace.errors import TraceError
+from autoplace.errors import ConfigError, TraceError
 from autoplace.formats.plan import Plan
 from autoplace.formats.records import GenerationRecord
-from autoplace.ir import Cluster, Costs, HostCosts, Placement, Problem
+from autoplace.ir import Cluster, Costs, HostCosts, OpGraph, Placement, Problem
 from autoplace.pipeline.emitting import Emitting
 from autoplace.pipeline.forward import Forward, Loaded, Tracing, traced_problem
 from autoplace.pipeline.inference import InferenceStages, Solved
@@ -36,10 +37,12 @@ from autoplace.trace.generate import (
     CachedLM,
     check_same_ops,
     generation_inputs,
+    layer_cache_bytes,
     prompt_of,
 )
 
-__all__ = ["GenerationSolved", "GenerationStages", "cache_bytes", "summed_problem"]
+__all__ = ["GenerationSolved", "GenerationStages", "cache_bytes", "cache_on_modules",
+           "cache_overflow", "summed_problem"]
 
 
 @dataclass(frozen=True)
@@ -219,3 +222,37 @@ class _Passes:
                            else 0.0),
             baselines={name: self.total(s.placement) for name, s in result.baselines.items()
                        if s is not None})
+
+
+def cache_on_modules(graph: OpGraph, model: torch.nn.Module, args: tuple[Any, ...],
+                     kwargs: dict[str, Any], *, new_tokens: int) -> tuple[OpGraph, dict[str, int]]:
+    """A module-level ``graph`` (``--granularity module``) with each layer's key-value cache,
+    for the prompt in the example inputs and ``new_tokens``, held by the node of the module
+    that writes it (its ``param_bytes``: resident as weights are); and the cache each node
+    holds."""
+    prompt = prompt_of(model, args, kwargs, new_tokens=new_tokens)
+    writers = layer_cache_bytes(model, batch=prompt.shape[0],
+                                max_len=prompt.shape[1] + new_tokens)
+    names = [n.name for n in graph.nodes if not n.is_input]
+    held: dict[str, int] = {}
+    for path, size in writers.items():
+        node = max((n for n in names if n in ("", path) or path.startswith(n + ".")),
+                   key=len, default=None)
+        if node is None:
+            raise ConfigError(f"{{generate}}: no module of the device_map holds {path}, "
+                              "which writes a cache layer: plan it at op granularity")
+        held[node] = held.get(node, 0) + size
+    nodes = tuple(replace(n, param_bytes=n.param_bytes + held.get(n.name, 0))
+                  for n in graph.nodes)
+    return replace(graph, nodes=nodes), held
+
+
+def cache_overflow(problem: Problem, placement: Placement) -> dict[str, int]:
+    """The bytes by which the weights and cache ``placement`` puts on each device exceed what
+    it holds (its memory less its reserve), where they do: before any activation."""
+    resident: dict[str, int] = {}
+    for node in problem.graph.nodes:
+        device = placement.device_of[node.name]
+        resident[device] = resident.get(device, 0) + node.param_bytes
+    room = {d.name: d.memory_bytes - d.reserved_bytes for d in problem.cluster.devices}
+    return {d: size - room[d] for d, size in resident.items() if size > room[d]}

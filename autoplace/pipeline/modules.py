@@ -12,7 +12,7 @@ analytic (``cost_models``' roofline per module: its FLOPs and the bytes it reads
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -23,7 +23,8 @@ from autoplace.emit.files.hf_device_map import check_units_fit, device_map, unco
 from autoplace.errors import ConfigError, EmitError
 from autoplace.formats.plan import Plan
 from autoplace.formats.records import AccelerateMapRecord, Coarsening, DeviceMapRecord
-from autoplace.ir import Cluster, Problem
+from autoplace.ir import Cluster, Placement, Problem
+from autoplace.pipeline.generation import cache_on_modules, cache_overflow
 from autoplace.pipeline.record import min_gain, plan_of, unpinned_record
 from autoplace.profile.cost import costs as cost_nodes
 from autoplace.progress import stage
@@ -39,6 +40,7 @@ from autoplace.solve.pins import pin_costs, pins_note, resolve_unit_pins
 from autoplace.trace import cache_off
 from autoplace.trace.load import normalize_inputs
 from autoplace.trace.modules import INPUT, ModuleTrace, module_units, trace_modules
+from cost_models.units import format_bytes
 
 __all__ = ["plan_modules"]
 
@@ -63,7 +65,8 @@ def plan_modules(model: torch.nn.Module, example_inputs: Any, config: Config) ->
     notes: list[str] = [*found, MODULE_NOTE]
     args, kwargs = normalize_inputs(example_inputs, where="example_inputs")
     model.eval()
-    notes += [n for n in [cache_off(model, kwargs)] if n]  # as the op-level plan does
+    off = cache_off(model, kwargs)  # as the op-level plan does; --generate counts the cache
+    notes += [off] if off and config.generate is None else []
     if no_split is not None:
         _check_classes(model, no_split)
     tree = module_units(model, None if no_split is None else tuple(no_split))
@@ -72,6 +75,11 @@ def plan_modules(model: torch.nn.Module, example_inputs: Any, config: Config) ->
     stage("trace")
     traced = trace_modules(model, args, kwargs, name=config.name, tree=tree)
     notes += traced.notes
+    cache: dict[str, int] = {}
+    if config.generate is not None:  # each layer's key-value cache, where it will live
+        graph, cache = cache_on_modules(traced.graph, model, args, kwargs,
+                                        new_tokens=config.generate)
+        traced = replace(traced, graph=graph)
     free = Problem(graph=traced.graph, cluster=cluster, costs=cost_nodes(traced.graph, cluster))
     resolved = resolve_unit_pins(model, traced.graph, cluster, pins, {
         n: u.aliases for n, u in traced.units.items()}) if pins else None
@@ -85,6 +93,9 @@ def plan_modules(model: torch.nn.Module, example_inputs: Any, config: Config) ->
     notes += map_notes if accelerate_available() else [NOT_INSTALLED]
     result, gain = min_gain(solve(problem, options=options, extra_baselines=extra), threshold)
     notes += result.notes
+    if config.generate is not None:
+        notes += _cache_notes(problem, result.schedule.placement, extra, cache,
+                              new_tokens=config.generate)
     planned = plan_of(result, problem, name=config.name, tracer="modules",
                       coarsening=Coarsening(traced_ops=len(traced.graph.nodes) - 1,
                                             plan_nodes=len(traced.graph.nodes)))
@@ -99,6 +110,26 @@ def plan_modules(model: torch.nn.Module, example_inputs: Any, config: Config) ->
                        resolved, free, found, options, threshold), device_map=DeviceMapRecord(
         map=mapping, no_split=tuple(traced.no_split), accelerate=maps,
         input_device=result.schedule.placement.device_of[INPUT]))
+
+
+def _cache_notes(problem: Problem, placement: Placement, maps: Mapping[str, Placement],
+                 cache: Mapping[str, int], *, new_tokens: int) -> list[str]:
+    """What ``--generate`` adds to a device_map plan: the cache each device holds under the
+    plan, and by how much each of accelerate's maps overflows once it is counted."""
+    per_device: dict[str, int] = {}
+    for node, size in cache.items():
+        device = placement.device_of[node]
+        per_device[device] = per_device.get(device, 0) + size
+    said = [f"--generate {new_tokens}: the key-value cache (prompt + {new_tokens} tokens) is "
+            "counted with the parameters of the module that writes it: "
+            + ", ".join(f"{format_bytes(b)} on {d}" for d, b in per_device.items())]
+    for name, other in maps.items():
+        over = cache_overflow(problem, other)
+        said.append(f"{name} with the cache counted: " + (
+            "fits" if not over else "over by " + ", ".join(
+                f"{format_bytes(b)} on {d}" for d, b in over.items())
+            + " before any activation"))
+    return said
 
 
 def _check_classes(model: torch.nn.Module, no_split: Sequence[str]) -> None:

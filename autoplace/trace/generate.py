@@ -20,10 +20,11 @@ from typing import Any
 import torch
 
 from autoplace.errors import ConfigError, TraceError
-from autoplace.trace import TracedModel
+from autoplace.trace import SHAPE_ONLY_OPS, TracedModel
+from autoplace.trace.count import op_name
 
 __all__ = ["CACHE_BUFFER_PREFIXES", "CachedLM", "check_same_ops", "generation_inputs",
-           "max_positions", "prompt_of"]
+           "layer_cache_bytes", "max_positions", "prompt_of", "static_cache"]
 
 # The names of the cache's buffers in ``CachedLM``, one of each per layer.
 CACHE_BUFFER_PREFIXES = ("key_cache_", "value_cache_")
@@ -40,20 +41,10 @@ class CachedLM(torch.nn.Module):
 
     def __init__(self, model: torch.nn.Module, *, batch: int, max_len: int) -> None:
         super().__init__()
-        from transformers import StaticCache
-        from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
-        from transformers.integrations.executorch import get_head_shapes
-
         self.model = model
-        config = model.config.get_text_config()
-        cache = StaticCache(max_cache_len=max_len, config=config)
-        for i, layer in enumerate(cache.layers):
-            if isinstance(layer, StaticSlidingWindowLayer):
-                cache.layers[i] = StaticLayer(max_len)
-        heads, head_dim = get_head_shapes(config)
         weight = next(model.parameters())
-        cache.early_initialization(batch, heads, head_dim, weight.dtype, weight.device)
-        self.cache = cache
+        self.cache = cache = static_cache(model, batch=batch, max_len=max_len,
+                                          device=weight.device)
         for i, layer in enumerate(cache.layers):
             self.register_buffer(f"key_cache_{i}", layer.keys, persistent=False)
             self.register_buffer(f"value_cache_{i}", layer.values, persistent=False)
@@ -77,6 +68,45 @@ class CachedLM(torch.nn.Module):
         for layer in self.cache.layers:  # no tracer's tensor outlives its trace
             layer.keys = layer.values = layer.cumulative_length = None
         return out.logits
+
+
+def static_cache(model: torch.nn.Module, *, batch: int, max_len: int,
+                 device: torch.device | str) -> Any:
+    """transformers' ``StaticCache`` of ``model`` for ``batch`` sequences of ``max_len`` tokens,
+    its tensors allocated on ``device`` (``"meta"``: sized, nothing allocated), in the model's
+    dtype; sliding-window layers kept whole."""
+    from transformers import StaticCache
+    from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
+    from transformers.integrations.executorch import get_head_shapes
+
+    config = model.config.get_text_config()
+    cache = StaticCache(max_cache_len=max_len, config=config)
+    for i, layer in enumerate(cache.layers):
+        if isinstance(layer, StaticSlidingWindowLayer):
+            cache.layers[i] = StaticLayer(max_len)
+    heads, head_dim = get_head_shapes(config)
+    dtype = next(model.parameters()).dtype
+    cache.early_initialization(batch, heads, head_dim, dtype, device)
+    return cache
+
+
+def layer_cache_bytes(model: torch.nn.Module, *, batch: int, max_len: int) -> dict[str, int]:
+    """Each cache layer's keys and values in bytes, by the path of the module that writes them
+    (the first whose ``layer_idx`` is that layer's, transformers' attention modules): where
+    the cache lives when the model generates with a ``device_map``."""
+    cache = static_cache(model, batch=batch, max_len=max_len, device="meta")
+    writer: dict[int, str] = {}
+    for path, module in model.named_modules():
+        index = getattr(module, "layer_idx", None)
+        if isinstance(index, int) and index not in writer:
+            writer[index] = path
+    missing = [i for i in range(len(cache.layers)) if i not in writer]
+    if missing:
+        raise ConfigError(f"{{generate}}: no module of {type(model).__name__} says it holds "
+                          f"cache layer {missing[0]} (transformers' layer_idx): its cache "
+                          "cannot be placed; plan it at op granularity")
+    return {writer[i]: sum(t.numel() * t.element_size() for t in (layer.keys, layer.values))
+            for i, layer in enumerate(cache.layers)}
 
 
 def max_positions(model: torch.nn.Module) -> int | None:
@@ -140,11 +170,18 @@ def generation_inputs(prompt: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.T
             (prompt[:, -1:].clone(), torch.tensor([length], device=prompt.device)))
 
 
+def _skeleton(traced: TracedModel) -> list[tuple[str, str]]:
+    """The ops of ``traced`` that launch work, by name and target."""
+    return [(n.name, str(n.target)) for n in traced.module.graph.nodes
+            if n.op != "call_function" or op_name(n.target) not in SHAPE_ONLY_OPS]
+
+
 def check_same_ops(prefill: TracedModel, decode: TracedModel) -> None:
     """Both graphs hold the same ops under the same names (only their shapes differ), so one
-    placement places both; a ``TraceError`` where the model branched on the sequence length."""
-    ops = [(n.name, str(n.target)) for n in prefill.module.graph.nodes]
-    if ops != [(n.name, str(n.target)) for n in decode.module.graph.nodes]:
+    placement places both; a ``TraceError`` where the model branched on the sequence length.
+    Ops that launch nothing may differ (on the meta device the prompt's attention output
+    takes a ``contiguous`` one token's does not): folding puts them in their producers."""
+    if _skeleton(prefill) != _skeleton(decode):
         raise TraceError("the prompt's pass and one token's traced into different graphs (the "
                          "model branches on the sequence length), so one placement cannot "
                          "place both: plan it without --generate")
