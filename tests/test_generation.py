@@ -50,9 +50,15 @@ def _cache_bytes(model) -> int:
 
 @pytest.fixture(scope="module")
 def planned(tmp_path_factory):
+    """The model over two gloo ranks' devices, each with room for 75% of its weights and
+    cache: both hold part of it."""
+    from benchmarks.common import capped, weight_bytes
+
     model, inputs = _llama()
+    room = int(0.75 * (weight_bytes(model) + _cache_bytes(model)))
     result = autoplace.plan(model, inputs, autoplace.Config(
-        devices="2xcpu-thread", generate=NEW, solve=autoplace.Solve(time_limit_s=3)))
+        devices=capped("2xcpu-process", room), generate=NEW,
+        solve=autoplace.Solve(time_limit_s=3)))
     out = tmp_path_factory.mktemp("generation") / "out"
     autoplace.save(result, out)
     return result, out
@@ -93,6 +99,21 @@ def test_run_generate_prints_time_per_token_and_saves_the_tokens(planned, tmp_pa
     assert said["new_tokens"] == NEW and said["ms_per_token"] > 0
     assert said["predicted_ms_per_token"] == pytest.approx(
         planned[0].plan.generation.step_s * 1e3)
+    model, inputs = _llama()
+    model.eval()
+    sequences = safetensors.torch.load_file(target)["sequences"]
+    assert torch.equal(sequences, reference(model, inputs["input_ids"], new_tokens=NEW))
+
+
+def test_two_ranks_generate_the_original_tokens(planned, tmp_path, capsys):
+    result, out = planned
+    assert len(set(result.plan.schedule.placement.device_of.values())) == 2
+    assert (out / "launch.py").is_file()
+    target = tmp_path / "tokens.safetensors"
+    assert main(["run", str(out), "--generate", str(NEW), "--nproc", "2", "--json",
+                 "--save-outputs", str(target)]) == 0
+    said = json.loads(capsys.readouterr().out)
+    assert said["ranks"] == 2 and len(said["steps_ms"]) == NEW - 1
     model, inputs = _llama()
     model.eval()
     sequences = safetensors.torch.load_file(target)["sequences"]

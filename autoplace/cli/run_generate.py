@@ -44,6 +44,7 @@ class GenerateResult:
     predicted_prefill_s: float | None
     predicted_step_s: float | None
     remapped: Mapping[str, str] = field(default_factory=dict)
+    ranks: int = 1  # processes that generated (``--nproc``; their prompt's pass is not timed)
 
     def to_dict(self) -> dict[str, Any]:
         predicted = self.predicted_step_s
@@ -53,7 +54,8 @@ class GenerateResult:
                 "prefill_ms": self.prefill_s * 1e3,
                 "predicted_prefill_ms": (None if self.predicted_prefill_s is None
                                          else self.predicted_prefill_s * 1e3),
-                "steps_ms": [s * 1e3 for s in self.steps_s], "remapped": dict(self.remapped)}
+                "steps_ms": [s * 1e3 for s in self.steps_s], "remapped": dict(self.remapped),
+                "ranks": self.ranks}
 
     def lines(self) -> list[str]:
         batch = self.sequences.shape[0]
@@ -63,8 +65,11 @@ class GenerateResult:
             said.append("planned devices ran elsewhere here ("
                         + ", ".join(f"{k} on {v}" for k, v in self.remapped.items())
                         + "): the times stand alone")
-        said.append(f"prompt's pass: {self.prefill_s * 1e3:.2f} ms" + _against(
-            self.prefill_s, self.predicted_prefill_s))
+        if self.ranks > 1:
+            said.append(f"{self.ranks} ranks generated the emitted model's tokens")
+        else:
+            said.append(f"prompt's pass: {self.prefill_s * 1e3:.2f} ms" + _against(
+                self.prefill_s, self.predicted_prefill_s))
         said.append(f"time per token: {self.step_s * 1e3:.2f} ms (median of "
                     f"{len(self.steps_s)} decode steps)" + _against(self.step_s,
                                                                    self.predicted_step_s)
@@ -90,14 +95,7 @@ def generate_plan(directory: str, *, new_tokens: int, warmup: int = 1) -> Genera
     from autoplace.emit.generate import greedy, load_generator
 
     plan, model_dir = plan_and_model(directory)
-    record = plan.generation
-    if record is None:
-        raise AutoplaceError(f"{directory} holds a plan made without --generate: plan it with "
-                             "--generate N to generate with it")
-    if not 1 <= new_tokens <= record.new_tokens:
-        raise AutoplaceError(f"--generate {new_tokens}: the plan's cache holds "
-                             f"{record.new_tokens} new tokens after the prompt; generate 1 to "
-                             f"{record.new_tokens}, or plan again with --generate {new_tokens}")
+    record = _checked(plan, directory, new_tokens)
     if warmup < 0:
         raise AutoplaceError(f"--warmup must be 0 or more, got {warmup}")
     example = load_inputs(model_dir)
@@ -122,17 +120,85 @@ def generate_plan(directory: str, *, new_tokens: int, warmup: int = 1) -> Genera
         predicted_step_s=None if remapped else record.step_s, remapped=remapped)
 
 
+def generate_ranks(directory: str, *, new_tokens: int, nproc: int,
+                   device_map: str | None = None) -> GenerateResult:
+    """Generate ``new_tokens`` with ``directory``'s plan as ``nproc`` ranks (``OUT/launch.py
+    --generate``, ``emit.distributed.generate``), the tokens checked against the emitted model
+    generating in this process."""
+    import tempfile
+    from pathlib import Path
+
+    import safetensors.torch
+    import torch
+
+    from autoplace.cli.run import _remapped, plan_and_model
+    from autoplace.emit import local_device_map
+    from autoplace.emit.device_map import parse_device_map, remap
+    from autoplace.emit.distributed.replicas import launch_replicas
+    from autoplace.emit.files.saving import load_inputs
+    from autoplace.emit.generate import greedy, load_generator
+    from autoplace.errors import VerificationError
+
+    plan, model_dir = plan_and_model(directory)
+    record = _checked(plan, directory, new_tokens)
+    script = model_dir.parent / "launch.py"
+    if not script.is_file() or len(plan.problem.cluster.devices) != nproc:
+        raise AutoplaceError(f"--nproc {nproc}: {directory} has no launch.py for "
+                             f"{nproc} ranks (one per planned device; the plan has "
+                             f"{len(plan.problem.cluster.devices)})")
+    planned = sorted({d.torch_device for d in plan.problem.cluster.devices})
+    given = parse_device_map(device_map) if device_map else None
+    here = ({d: remap(d, given) for d in planned} if given is not None
+            else local_device_map(planned))
+    with tempfile.TemporaryDirectory(prefix="autoplace-generate-") as tmp:
+        tokens_file, report_file = Path(tmp) / "tokens.safetensors", Path(tmp) / "rank0.json"
+        launch_replicas(script, replicas=nproc, what="rank", timeout_s=600.0, argv=[
+            "--generate", str(new_tokens), "--device-map", json.dumps(here),
+            "--outputs", str(tokens_file), "--json", str(report_file)])
+        report = json.loads(report_file.read_text())
+        got = safetensors.torch.load_file(str(tokens_file))["sequences.0"]
+    prompt = load_inputs(model_dir)[0][0]
+    expected = greedy(*load_generator(model_dir, device_map=here), prompt, new_tokens=new_tokens)
+    if not torch.equal(got, expected):
+        raise VerificationError(f"the {nproc} ranks generated other tokens than the emitted "
+                                "model in one process")
+    remapped = _remapped(here)
+    steps = tuple(report["times_s"])
+    return GenerateResult(
+        sequences=got, prefill_s=0.0, step_s=statistics.median(steps) if steps else 0.0,
+        steps_s=steps, predicted_prefill_s=None,
+        predicted_step_s=None if remapped else record.step_s, remapped=remapped, ranks=nproc)
+
+
+def _checked(plan: Any, directory: str, new_tokens: int) -> Any:
+    """``plan``'s generation record, where it has one for ``new_tokens``."""
+    record = plan.generation
+    if record is None:
+        raise AutoplaceError(f"{directory} holds a plan made without --generate: plan it with "
+                             "--generate N to generate with it")
+    if not 1 <= new_tokens <= record.new_tokens:
+        raise AutoplaceError(f"--generate {new_tokens}: the plan's cache holds "
+                             f"{record.new_tokens} new tokens after the prompt; generate 1 to "
+                             f"{record.new_tokens}, or plan again with --generate {new_tokens}")
+    return record
+
+
 def command(args: argparse.Namespace) -> int:
     """``autoplace run OUT --generate N``, its flags checked."""
     from autoplace.cli.run import save_outputs
 
     refused = [flag for flag, given in (("--inputs", args.inputs), ("--train", args.train),
-                                        ("--nproc", args.nproc),
-                                        ("--tensor-parallel", args.tensor_parallel)) if given]
+                                        ("--tensor-parallel", args.tensor_parallel),
+                                        ("--microbatches", args.microbatches != 1)) if given]
     if refused:
-        raise AutoplaceError(f"--generate generates after the saved prompt in one process: "
-                             f"it takes no {refused[0]}")
-    result = generate_plan(args.out, new_tokens=args.generate, warmup=args.warmup)
+        raise AutoplaceError(f"--generate generates after the saved prompt: it takes no "
+                             f"{refused[0]}")
+    if args.nproc is None and args.device_map is not None:
+        raise AutoplaceError("--device-map goes with --nproc N (the ranks' devices)")
+    result = (generate_plan(args.out, new_tokens=args.generate, warmup=args.warmup)
+              if args.nproc is None else generate_ranks(
+                  args.out, new_tokens=args.generate, nproc=args.nproc,
+                  device_map=args.device_map))
     written = (save_outputs({"sequences": result.sequences}, args.save_outputs, root="")
                if args.save_outputs else [])
     if args.json:

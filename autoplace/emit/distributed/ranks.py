@@ -29,7 +29,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from string import Template
 from typing import Any
@@ -43,6 +43,7 @@ from autoplace.cluster.local import worker_threads
 from autoplace.emit.device_map import check_device, parse_device_map, remap
 from autoplace.emit.distributed.ddp import check_world, print_error
 from autoplace.emit.distributed.devices import LaunchDevices, launch_devices, rank_devices
+from autoplace.emit.distributed.generate import run_generation
 from autoplace.emit.distributed.stages import chain_of, run_stages
 from autoplace.emit.files.saving import load_inputs, load_model, read_inputs_file
 from autoplace.emit.train.microbatch import batch_size, split_batch
@@ -206,17 +207,27 @@ def write_launch_script(directory: str | os.PathLike[str], model: torch.nn.Modul
     ranks = ranks_of(torch_devices, names)
     hosts = list(hosts) if hosts is not None else ["localhost"] * len(ranks)
     local_devices = list(local_devices) if local_devices is not None else list(ranks)
-    specs = value_specs(model, example[0], example[1])
-    found = crossings([s.to_dict() for s in model.segment_info], ranks=ranks,
-                      output_names=model.output_names,
-                      specs=specs)
-    literal = pprint.pformat([c.to_list() for c in found], width=90, compact=True)
+    literal = pprint.pformat([c.to_list() for c in crossings_of(model, *example, ranks=ranks)],
+                             width=90, compact=True)
+    prompt = example[0][0] if example[0] else None  # a --generate plan's decode pass's too
+    decode = None if getattr(model, "decode", None) is None else pprint.pformat([
+        c.to_list() for c in crossings_of(model.decode, (prompt[:, -1:], torch.tensor(
+            [prompt.shape[1]])), {}, ranks=ranks)], width=90, compact=True)
     path = Path(directory) / "launch.py"
     path.write_text(Template(_LAUNCH_TEMPLATE.read_text()).substitute(
         world=len(ranks), ranks=repr(list(ranks)), names=repr(list(names)),
         devices=repr(local_devices), hosts=repr(hosts),
-        crossings=literal.replace("\n", "\n" + " " * len("CROSSINGS = "))))
+        crossings=literal.replace("\n", "\n" + " " * len("CROSSINGS = ")),
+        decode=repr(None) if decode is None else decode.replace(
+            "\n", "\n" + " " * len("DECODE_CROSSINGS = "))))
     return path
+
+
+def crossings_of(model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any], *,
+                 ranks: Sequence[str]) -> list[Crossing]:
+    """``crossings`` of ``model`` over ``ranks``, shaped by one pass on ``args``/``kwargs``."""
+    return crossings([s.to_dict() for s in model.segment_info], ranks=ranks,
+                     output_names=model.output_names, specs=value_specs(model, args, kwargs))
 
 
 class Watchdog:
@@ -381,7 +392,8 @@ def run_pass(model: torch.nn.Module, batches: Sequence[list[Any]], exchange: Exc
 
 def rank_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, ranks: Sequence[str],
               names: Sequence[str], crossings: Sequence[Sequence[Any]],
-              devices: Sequence[str] | None = None, hosts: Sequence[str] | None = None) -> int:
+              devices: Sequence[str] | None = None, hosts: Sequence[str] | None = None,
+              decode_crossings: Sequence[Sequence[Any]] | None = None) -> int:
     """One process of ``torchrun --nproc-per-node N launch.py``: the exit code. An
     ``AutoplaceError`` is printed as one line, ``autoplace: error: KIND: message`` (the line
     ``replicas.launch_replicas`` looks for), and exits with 2."""
@@ -406,6 +418,8 @@ def rank_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, ranks: 
                         help="where each planned torch device runs here, as load_model's "
                         "device_map: globs, the first match wins, e.g. '{\"cuda:*\": \"cpu\"}' "
                         "to rehearse a GPU plan on CPU ranks (default: the planned devices)")
+    parser.add_argument("--generate", type=int, metavar="N", help="a --generate plan: "
+                        "generate N tokens after the saved prompt, timed per token")
     parser.add_argument("--outputs", metavar="FILE", help="rank 0 writes the outputs here")
     parser.add_argument("--json", metavar="FILE", help="rank 0 writes its times here")
     options = parser.parse_args(list(argv))
@@ -423,6 +437,7 @@ def rank_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, ranks: 
                               hosts=hosts or ["localhost"] * world, names=names,
                               local_rank=int(os.environ.get("LOCAL_RANK", rank)),
                               local_world=int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+        options.decode_table = [Crossing.of(row) for row in decode_crossings or ()]
         report = _run(Path(model_dir), options, rank=rank, ranks=ranks, names=names,
                       table=[Crossing.of(row) for row in crossings], say=say, placed=placed)
     except AutoplaceError as error:
@@ -472,8 +487,8 @@ def _run(model_dir: Path, options: argparse.Namespace, *, rank: int, ranks: Sequ
     watching.append(watchdog)
     try:
         # The other ranks' segments stay on meta (``devices``), their device never touched.
-        model = load_model(model_dir, devices=[mine], device_map={
-            device: on[rank] if device == mine else "cpu" for device in ranks})
+        load_map = {device: on[rank] if device == mine else "cpu" for device in ranks}
+        model = load_model(model_dir, devices=[mine], device_map=load_map)
         batches, rows = _batches(model, model_dir, options)
         stages = chain_of(model, table, rank=rank, ranks=ranks, first=batches[0], rows=rows) \
             if options.microbatches > 1 and options.pipelining != "sendrecv" else None
@@ -483,7 +498,15 @@ def _run(model_dir: Path, options: argparse.Namespace, *, rank: int, ranks: Sequ
         exchange = Exchange(rank, table, options.microbatches, watchdog,
                             on[rank] if backend == "nccl" else "cpu")
         with worker_threads([on[rank]]):
-            times, outputs = _passes(
+            if options.generate:  # emit.distributed.generate
+                passes = (exchange, replace(exchange, table=options.decode_table))
+                times, outputs = run_generation(
+                    model, model_dir, new_tokens=options.generate, rank=rank,
+                    device=exchange.device, device_map=load_map,
+                    run=lambda m, inputs, k: run_pass(m, [flat_inputs(m, inputs, {})],
+                                                      passes[k], mine=mine))
+            else:
+                times, outputs = _passes(
                 (lambda: run_stages(model, batches, stages, exchange)) if stages is not None
                 else (lambda: run_pass(model, batches, exchange, mine=mine)),
                 exchange, warmup=options.warmup, repeats=options.repeats)
