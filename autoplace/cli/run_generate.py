@@ -1,8 +1,10 @@
 """``autoplace run OUT --generate N``: a generation plan's emitted model generates N tokens after
 its saved prompt (``emit.generate.load_generator``, ``greedy``), timed: the prompt's pass and
 each decode step, the median step against the plan's time per token
-(``plan.json``'s ``generation.step_s``). ``--save-outputs FILE`` writes the token ids as
-``sequences``. N may not exceed the planned new tokens: the cache is sized for them."""
+(``plan.json``'s ``generation.step_s``). With ``--nproc K`` the ranks generate
+(``generate_ranks``: ``OUT/launch.py --generate``), checked against the one-process tokens.
+``--save-outputs FILE`` writes the token ids as ``sequences``. N may not exceed the planned
+new tokens: the cache is sized for them."""
 
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "planned number) greedily after the saved prompt and print the time "
                         "per token against the plan's (--json: ms_per_token, "
                         "predicted_ms_per_token; --save-outputs writes the token ids as "
-                        "sequences)")
+                        "sequences); with --nproc K, as K ranks (OUT/launch.py --generate), "
+                        "their tokens checked against the emitted model's")
 
 
 @dataclass(frozen=True)
