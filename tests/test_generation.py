@@ -210,3 +210,17 @@ def test_accelerate_maps_made_from_the_weights_alone_overflow_with_the_cache():
     for node in planned.plan.problem.graph.nodes:
         resident[devices[node.name]] = resident.get(devices[node.name], 0) + node.param_bytes
     assert all(size <= room for size in resident.values())  # the plan's own map fits
+
+
+def test_a_throughput_plan_scores_placements_by_the_busiest_devices_decode_load():
+    from autoplace.pipeline.generation import _Passes
+
+    model, inputs = _llama()
+    result = autoplace.plan(model, inputs, autoplace.Config(
+        devices="2xcpu-thread", generate=NEW,
+        solve=autoplace.Solve(objective="throughput", time_limit_s=2)))
+    plan = result.plan
+    assert plan.objective == "throughput" and plan.generation.check == "passed"
+    passes = _Passes(prefill=plan.problem, decode=plan.problem, new_tokens=NEW)
+    load = passes.score(plan.schedule.placement, "throughput")
+    assert load == pytest.approx(plan.schedule.objective_s("throughput"))
