@@ -11,7 +11,7 @@ inputs; the rest replicated), and ``run_sharded`` runs the model with its inputs
 DTensor inserts every collective, a row's partial sums reduced at once (``_handlers``, which
 also splits attention by heads on the CPU). ``write_tensor_launch`` writes the ranks'
 ``launch.py`` (``tensor_main`` on each rank's planned device); ``verify_tensor_parallel`` runs
-it on N gloo processes against the original. ``solve.tensor`` prices it. Not yet: training.
+it on N gloo processes against the original. ``solve.tensor`` prices it; ``tensor_train`` trains it.
 """
 
 from __future__ import annotations
