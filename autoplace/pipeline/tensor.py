@@ -42,6 +42,8 @@ __all__ = ["TIMED_PASSES", "tensor_candidate", "tensor_degrees", "tensor_devices
            "tensor_step_candidate"]
 
 TIMED_PASSES = 5  # passes timed on the gloo ranks, after the checked one
+_NOT_WEIGHED = ("tensor parallelism not weighed (--tp auto): the first two devices are not "
+                "alike, or there is one device")
 
 
 def tensor_step_candidate(planned: Plan, solved: Any, cluster: Cluster, config: Config
@@ -56,8 +58,13 @@ def tensor_step_candidate(planned: Plan, solved: Any, cluster: Cluster, config: 
     step, model = solved.step, solved.model
     args, kwargs = step.whole
     if not tensor_degrees(cluster, config.parallel.tp):
-        return tensor_candidate(planned, solved.problem, solved.forward.traced, model, args,
-                                kwargs, ranks=config.parallel.tp, verify=False)
+        note(_NOT_WEIGHED)
+        return planned, None
+    if step.forward.traced.has_meta_params:
+        note("tensor-parallel training not weighed: the model is on the meta device, and "
+             "training a candidate on fake tensors is not built yet (inference plans weigh "
+             "one)")
+        return planned, None
     with kept_state(model):  # tracing, observing and checking run it in train()
         forward = step.forward
         if step.replicas > 1 or step.microbatches > 1:
@@ -85,8 +92,7 @@ def tensor_candidate(planned: Plan, problem: Problem, traced: TracedModel,
     and its loss, ``kwargs`` holding the ``targets``."""
     degrees = tensor_degrees(problem.cluster, ranks)
     if not degrees:
-        note("tensor parallelism not weighed (--tp auto): the first two devices are not alike, "
-             "or there is one device")
+        note(_NOT_WEIGHED)
         return planned, None
     stage("tensor parallel")
     meta = traced.has_meta_params
