@@ -254,7 +254,7 @@ def test_a_gpu_candidate_is_rehearsed_on_cpu_ranks(tmp_path, capsys) -> None:
 
 @pytest.mark.parametrize(("argv", "says"), [
     (["--tp", "3"], "--tp 3 asks for more ranks than the 2 devices"),
-    (["--tp", "2", "--mode", "training"], "--tp is weighed for inference plans"),
+    (["--tp", "2", "--granularity", "module"], "--tp is weighed for plans of ops"),
     (["--tp", "1"], "--tp must be"),
 ])
 def test_a_tp_that_cannot_be_is_refused_before_any_work(tmp_path, capsys, argv, says) -> None:

@@ -131,14 +131,13 @@ def _parser() -> argparse.ArgumentParser:
                    "causal LM's prompt), each layer's static key-value cache on its device; "
                    "the emitted model generates the original's tokens (docs/generation.md)")
     p.add_argument("--tp", type=_tp_degree, metavar="N|auto",
-                   help="inference: weigh N tensor-parallel ranks (one device each, the first "
-                   "N; auto: every N that divides the leading alike devices, the fastest "
-                   "kept) beside the placement: the matmuls split as columns and rows from the "
-                   "traced graph, run by DTensor; its time and memory simulated with the "
-                   "collectives DTensor inserts, its outputs checked on N gloo ranks "
-                   "(plan.json's tensor_parallel); written beside the placement's model as "
-                   "OUT/tensor_parallel/ (its ranks' launch.py; `autoplace run OUT --nproc N "
-                   "--tensor-parallel` runs it)")
+                   help="weigh N tensor-parallel ranks (one device each, the first N; auto: "
+                   "each N dividing the leading alike devices, the fastest kept) beside the "
+                   "placement: matmuls split as columns and rows, run by DTensor, simulated "
+                   "with its collectives, checked on N gloo ranks; written to "
+                   "OUT/tensor_parallel/ (`autoplace run OUT --nproc N --tensor-parallel`). "
+                   "With --mode training: each rank's step on the whole batch, checked by 3 "
+                   "steps (run with --train K; docs/concepts.md, docs/training.md)")
     p.add_argument("--fsdp", choices=tuple(Fsdp), default="auto",
                    help="with --mode training: whether the data-parallel replicas shard "
                    "parameters, gradients and optimizer state (FSDP2's fully_shard per block, "
@@ -259,7 +258,9 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
                    "its example inputs and targets with the plan's optimizer, and print the "
                    "losses and the step time against the plan's; a plan of R data-parallel "
                    "replicas trains them as R processes (OUT/train.py under torchrun), each on "
-                   "1/R of the batch")
+                   "1/R of the batch; with --nproc N --tensor-parallel, the plan's "
+                   "tensor-parallel candidate (--tp N) as N ranks, each on the whole batch "
+                   "(OUT/tensor_parallel/train.py)")
     u.add_argument("--lr", type=float, metavar="RATE",
                    help="with --train: the learning rate (default: the optimizer's torch "
                    "default)")
@@ -547,17 +548,23 @@ def _run_ranks(args: argparse.Namespace) -> int:
     from autoplace.cli.run_ranks import run_ranks
     from autoplace.emit.device_map import parse_device_map
 
-    if args.train is not None:
+    if args.train is not None and not args.tensor_parallel:
         raise AutoplaceError("--nproc runs an inference plan as processes: it takes no "
                              "--train (`--train STEPS` alone runs a training plan's replicas "
-                             "as processes)")
+                             "as processes; with --tensor-parallel, its tensor-parallel "
+                             "candidate's ranks)")
     device_map = None if args.device_map is None else parse_device_map(args.device_map)
     if args.tensor_parallel:
-        from autoplace.cli.run_tensor import run_tensor
+        from autoplace.cli.run_tensor import run_tensor, train_tensor
 
         if args.inputs or args.microbatches != 1:
             raise AutoplaceError("--tensor-parallel runs the saved example inputs once a pass: "
                                  "it takes neither --inputs nor --microbatches")
+        if args.train is not None:
+            trained = train_tensor(args.out, nproc=args.nproc, steps=args.train, lr=args.lr,
+                                   device_map=device_map)
+            print(json.dumps(trained.to_dict()) if args.json else "\n".join(trained.lines()))
+            return 0
         result = run_tensor(args.out, nproc=args.nproc, warmup=args.warmup,
                             repeats=args.repeats, device_map=device_map,
                             outputs_file=args.save_outputs)

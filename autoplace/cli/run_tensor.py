@@ -1,5 +1,7 @@
 """``autoplace run OUT/ --nproc N --tensor-parallel``: the plan's tensor-parallel candidate run as
-N ranks, checked and timed.
+N ranks, checked and timed; with ``--train K`` (a training plan's candidate, ``train_tensor``)
+trained K steps by its ``train.py`` (``emit.distributed.tensor_train``), rank 0's losses and step
+times against ``tensor_parallel.makespan_s``.
 
 Starts ``OUT/tensor_parallel/launch.py`` (``emit.distributed.tensor.tensor_main``) under
 ``python -m torch.distributed.run`` on 127.0.0.1 (``replicas.launch_replicas``: a free port, a
@@ -23,7 +25,7 @@ from pathlib import Path
 import torch
 from torch.utils import _pytree as pytree
 
-from autoplace.cli.run import plan_and_model, save_outputs
+from autoplace.cli.run import TrainResult, _on_cpu, _remapped, plan_and_model, save_outputs
 from autoplace.cli.run_ranks import RUN_TIMEOUT_S, RanksResult
 from autoplace.emit import load_model, local_device_map
 from autoplace.emit.device_map import check_device, remap
@@ -31,8 +33,10 @@ from autoplace.emit.distributed.replicas import launch_replicas
 from autoplace.emit.distributed.tensor import compare_outputs
 from autoplace.emit.files.saving import load_inputs
 from autoplace.errors import AutoplaceError, EmitError, OutputError
+from autoplace.formats.plan import Plan
+from autoplace.formats.records import TensorParallelRecord
 
-__all__ = ["run_tensor"]
+__all__ = ["run_tensor", "train_tensor"]
 
 
 def run_tensor(directory: str | os.PathLike[str], *, nproc: int, warmup: int = 1,
@@ -47,27 +51,8 @@ def run_tensor(directory: str | os.PathLike[str], *, nproc: int, warmup: int = 1
     if warmup < 0 or repeats < 1:
         raise AutoplaceError(f"--warmup must be 0 or more and --repeats 1 or more, got "
                              f"{warmup} and {repeats}")
-    plan, _ = plan_and_model(directory)
-    record = plan.tensor_parallel
-    if record is None:
-        raise AutoplaceError(f"{directory}'s plan has no tensor-parallel candidate for "
-                             "--tensor-parallel to run: plan it with --tp N")
-    root = Path(directory) / "tensor_parallel"
-    if not (root / "launch.py").is_file() or not (root / "model").is_dir():
-        raise EmitError(f"{root} holds no launch.py and model/, the ranks' entry point and the "
-                        "model they split: plan it again with --tp N (an older autoplace, "
-                        "--no-emit, or a model on the meta device, whose candidate is planned, "
-                        "not emitted, wrote none)")
-    if nproc != record.ranks:
-        raise AutoplaceError(f"--nproc {nproc}: the tensor-parallel candidate has "
-                             f"{record.ranks} ranks ({', '.join(record.devices)}): pass "
-                             f"--nproc {record.ranks}, or plan again with --tp {nproc}")
-    torch_device = {d.name: d.torch_device for d in plan.problem.cluster.devices}
-    planned = [torch_device[name] for name in record.devices]
-    here = ({d: remap(d, device_map) for d in planned} if device_map is not None
-            else local_device_map(planned))
-    for device, ran in here.items():  # before any process starts
-        check_device(ran, planned=device, option="--device-map")
+    plan, record, root, here = _candidate(directory, nproc=nproc, device_map=device_map,
+                                          training=False)
     if outputs_file is not None and not Path(outputs_file).parent.is_dir():
         raise OutputError(f"cannot write {str(outputs_file)!r}: "
                           f"{str(Path(outputs_file).parent)!r} is not a directory")
@@ -101,6 +86,76 @@ def run_tensor(directory: str | os.PathLike[str], *, nproc: int, warmup: int = 1
         backend=saved["backend"], max_abs_diff=diff, ranks=tuple(record.devices),
         inputs=f"the example inputs ({root / 'model' / 'inputs.safetensors'})",
         notes=tuple(notes), written=written)
+
+
+def train_tensor(directory: str | os.PathLike[str], *, nproc: int, steps: int,
+                 lr: float | None = None, timeout_s: float = RUN_TIMEOUT_S,
+                 device_map: Mapping[str, str] | None = None) -> TrainResult:
+    """Train ``directory``'s tensor-parallel candidate (a training plan's, ``--tp N --mode
+    training``) for ``steps`` steps as ``nproc`` ranks on this machine
+    (``OUT/tensor_parallel/train.py``), every rank on the whole example batch; rank 0's losses
+    and step times (the first, which makes the optimizer's state, not in the median) against
+    the plan's prediction. ``device_map``: as ``run_tensor``'s."""
+    if steps < 1:
+        raise AutoplaceError(f"--train must be 1 or more steps, got {steps}")
+    plan, record, root, here = _candidate(directory, nproc=nproc, device_map=device_map,
+                                          training=True)
+    with tempfile.TemporaryDirectory(prefix="autoplace-tensor-train-") as tmp:
+        report_file = Path(tmp) / "train.json"
+        launch_replicas(root / "train.py", replicas=nproc, timeout_s=timeout_s,
+                        what="tensor-parallel", argv=[
+                            "--steps", str(steps), "--json", str(report_file),
+                            "--device-map", json.dumps(here),
+                            *(["--lr", repr(lr)] if lr is not None else [])])
+        report = json.loads(report_file.read_text())
+    remapped = _remapped(here)
+    notes = (f"{nproc} processes ran (torchrun, {report['backend']}), one per tensor-parallel "
+             f"rank, each on the whole batch, {record.columns} column and {record.rows} row "
+             "matmuls split by DTensor: the losses and step times are rank 0's; predicted: "
+             "plan.json's tensor_parallel.makespan_s",)
+    return TrainResult(losses=tuple(report["losses"]), times_s=tuple(report["times_s"]),
+                       measured_s=report["measured_s"],
+                       predicted_s=None if remapped else record.makespan_s,
+                       optimizer=record.optimizer or "", lr=lr, device_map=here, notes=notes,
+                       remapped=remapped, threads=_on_cpu(here, report["threads"]))
+
+
+def _candidate(directory: str | os.PathLike[str], *, nproc: int,
+               device_map: Mapping[str, str] | None, training: bool
+               ) -> tuple[Plan, TensorParallelRecord, Path, dict[str, str]]:
+    """The plan, its tensor-parallel record, ``OUT/tensor_parallel`` and where each planned
+    device runs here, once every check on the user's input has passed (before any process
+    starts): a candidate there, of the mode asked for, of ``nproc`` ranks, its entry point
+    written, its devices able to run here."""
+    plan, _ = plan_and_model(directory)
+    record = plan.tensor_parallel
+    if record is None:
+        raise AutoplaceError(f"{directory}'s plan has no tensor-parallel candidate for "
+                             "--tensor-parallel to run: plan it with --tp N")
+    trains = record.optimizer is not None
+    if trains != training:
+        raise AutoplaceError(
+            f"{directory}'s tensor-parallel candidate is a training plan's: pass --train STEPS"
+            if trains else f"{directory}'s tensor-parallel candidate is an inference plan's: "
+            "it takes no --train (plan with --mode training --tp N to train one)")
+    root = Path(directory) / "tensor_parallel"
+    script = "train.py" if training else "launch.py"
+    if not (root / script).is_file() or not (root / "model").is_dir():
+        raise EmitError(f"{root} holds no {script} and model/, the ranks' entry point and the "
+                        "model they split: plan it again with --tp N (an older autoplace, "
+                        "--no-emit, or a model on the meta device, whose candidate is planned, "
+                        "not emitted, wrote none)")
+    if nproc != record.ranks:
+        raise AutoplaceError(f"--nproc {nproc}: the tensor-parallel candidate has "
+                             f"{record.ranks} ranks ({', '.join(record.devices)}): pass "
+                             f"--nproc {record.ranks}, or plan again with --tp {nproc}")
+    torch_device = {d.name: d.torch_device for d in plan.problem.cluster.devices}
+    planned = [torch_device[name] for name in record.devices]
+    here = ({d: remap(d, device_map) for d in planned} if device_map is not None
+            else local_device_map(planned))
+    for device, ran in here.items():
+        check_device(ran, planned=device, option="--device-map")
+    return plan, record, root, here
 
 
 def _as_returned(expected: object, ours: list[torch.Tensor]) -> object:

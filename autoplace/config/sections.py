@@ -206,9 +206,9 @@ class Emit:
 @dataclass(frozen=True)
 class Parallel:
     """Parallelism beside placement: ``tp``, N tensor-parallel ranks (one device each, the
-    first N) weighed beside the plan's placement, an inference plan's for now
-    (``solve.tensor``, ``emit.distributed.tensor``; ``docs/concepts.md``); ``"auto"``: every
-    degree that divides the leading alike devices, the fastest kept."""
+    first N) weighed beside the plan's placement or training step (``solve.tensor``,
+    ``emit.distributed.tensor``; ``docs/concepts.md``, ``docs/training.md``); ``"auto"``:
+    every degree that divides the leading alike devices, the fastest kept."""
 
     tp: int | str | None = None
 
@@ -286,11 +286,14 @@ class Config:
                               "granularity without {pins}, for now: drop them")
 
     def _check_mode(self) -> None:
-        if self.parallel.tp is not None and (self.mode != Mode.INFERENCE
-                                             or self.granularity != Granularity.OP):
-            raise ConfigError("{parallel.tp} is weighed for inference plans of ops for now "
-                              "(tensor-parallel training and device maps are not built yet): "
-                              "drop it, or plan with {mode=inference} {granularity=op}")
+        if self.parallel.tp is not None and self.granularity != Granularity.OP:
+            raise ConfigError("{parallel.tp} is weighed for plans of ops (a device map of "
+                              "tensor-parallel ranks is not built yet): drop it, or plan with "
+                              "{granularity=op}")
+        if self.parallel.tp is not None and self.mode == Mode.TRAINING and (
+                self.dtype != DType.FLOAT32):
+            raise ConfigError(f"{{parallel.tp}} in training in {self.dtype} (mixed precision) "
+                              "is not built yet: use {dtype=float32}")
         if self.mode == Mode.TRAINING:
             if self.pins:
                 raise ConfigError("{pins} apply to inference plans for now: plan the training "

@@ -323,7 +323,10 @@ class TensorParallelRecord:
     skipped; ``max_abs_diff``; ``measured_s``, the median pass there). ``split``: each split
     weight of the one-device model in ``OUT/tensor_parallel/model`` (``seg<i>.<name>``) and how,
     ``(column or row, dimension)``. ``weighed``: with ``--tp auto``, each degree weighed and
-    its simulated makespan (the fastest is this one)."""
+    its simulated makespan (the fastest is this one). ``optimizer``: a training plan's
+    candidate (``--mode training``), whose makespan is a step of it, forward, backward and
+    update, every rank on the whole batch; ``check`` then says its 3 steps equalled the
+    original's, ``measured_s`` is the median step."""
 
     ranks: int
     devices: tuple[str, ...]
@@ -338,6 +341,7 @@ class TensorParallelRecord:
     measured_s: float | None = None
     split: Mapping[str, tuple[str, int]] = field(default_factory=dict)
     weighed: Mapping[int, float] = field(default_factory=dict)
+    optimizer: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"ranks": self.ranks, "devices": list(self.devices),
@@ -346,7 +350,8 @@ class TensorParallelRecord:
                 "collective_bytes": self.collective_bytes, "check": self.check,
                 "split": {k: list(v) for k, v in self.split.items()}} | _present([
                     ("max_abs_diff", self.max_abs_diff), ("measured_s", self.measured_s),
-                    ("weighed", {str(d): s for d, s in self.weighed.items()} or None)])
+                    ("weighed", {str(d): s for d, s in self.weighed.items()} or None),
+                    ("optimizer", self.optimizer)])
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TensorParallelRecord:
@@ -356,7 +361,8 @@ class TensorParallelRecord:
                    collective_bytes=data["collective_bytes"], check=data.get("check", "skipped"),
                    max_abs_diff=data.get("max_abs_diff"), measured_s=data.get("measured_s"),
                    split={k: (v[0], v[1]) for k, v in data.get("split", {}).items()},
-                   weighed={int(d): s for d, s in data.get("weighed", {}).items()})
+                   weighed={int(d): s for d, s in data.get("weighed", {}).items()},
+                   optimizer=data.get("optimizer"))
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from autoplace.emit.distributed.ddp import microbatching, replicas_of, write_tra
 from autoplace.emit.distributed.devices import launch_devices
 from autoplace.emit.distributed.ranks import write_launch_script
 from autoplace.emit.distributed.tensor import write_tensor_launch
+from autoplace.emit.distributed.tensor_train import write_tensor_train
 from autoplace.emit.generate import DECODE_DIR, save_decode
 from autoplace.errors import EmitError
 from autoplace.formats.output import atomic_output_dir
@@ -39,7 +40,7 @@ from autoplace.pipeline.forward import load
 from autoplace.pipeline.generation import GenerationStages
 from autoplace.pipeline.inference import InferenceStages
 from autoplace.pipeline.record import min_gain, plan_of
-from autoplace.pipeline.tensor import tensor_candidate, tensor_degrees
+from autoplace.pipeline.tensor import tensor_candidate, tensor_degrees, tensor_step_candidate
 from autoplace.pipeline.training import TrainingStages
 from autoplace.progress.notes import collecting, note, note_all
 from autoplace.solve import solve
@@ -107,7 +108,9 @@ def plan(model: torch.nn.Module, example_inputs: Any, config: Config | None = No
                     emitted.checkpoint = (loaded.checkpoint.under("model.")
                                           if config.mode == Mode.TRAINING else loaded.checkpoint)
         tensor_model = None
-        if config.parallel.tp is not None:
+        if config.parallel.tp is not None and config.mode == Mode.TRAINING:
+            planned, tensor_model = tensor_step_candidate(planned, solved, cluster, config)
+        elif config.parallel.tp is not None:
             planned, tensor_model = tensor_candidate(
                 planned, solved.problem, solved.forward.traced, loaded.model, loaded.args,
                 loaded.kwargs, ranks=config.parallel.tp, verify=config.emit.verify)
@@ -142,8 +145,8 @@ def save(plan: Plan | Planned, directory: str | os.PathLike[str],
     device) into ``directory``, atomically: into a temporary directory beside it, renamed into
     place (an older one is replaced); on any failure nothing is left behind. Returns the
     directory. ``save(autoplace.plan(...), directory)`` writes both too, and, with ``--tp N``,
-    ``tensor_parallel/`` (the one-device model, ``split.json`` and ``launch.py``, its ranks'
-    torchrun entry point)."""
+    ``tensor_parallel/`` (the one-device model, ``split.json`` and ``launch.py``, or a training
+    plan's ``train.py``: its ranks' torchrun entry point)."""
     tensor_model = None
     if isinstance(plan, Planned):
         tensor_model = plan.tensor_model
@@ -176,13 +179,19 @@ def save(plan: Plan | Planned, directory: str | os.PathLike[str],
 
 def _tensor_parallel(plan: Plan, model: PartitionedModel, directory: Path) -> None:
     """``directory``: the one-device ``model`` that ``plan.tensor_parallel`` splits, its
-    ``split.json`` and ``launch.py`` (``tensor_main`` on each rank's planned torch device)."""
+    ``split.json`` and ``launch.py`` (``tensor_main`` on each rank's planned torch device),
+    or for a training plan's ``train.py`` (``tensor_train_main``)."""
     record = plan.tensor_parallel
     device_of = {d.name: d.torch_device for d in plan.problem.cluster.devices}
     directory.mkdir()
     autoplace.emit.save_model(model, directory / "model")
-    write_tensor_launch(directory, devices=[device_of[n] for n in record.devices],
-                        names=list(record.devices), split=record.split)
+    devices = [device_of[n] for n in record.devices]
+    if record.optimizer is not None:
+        write_tensor_train(directory, devices=devices, names=list(record.devices),
+                           split=record.split, optimizer=record.optimizer)
+    else:
+        write_tensor_launch(directory, devices=devices, names=list(record.devices),
+                            split=record.split)
 
 
 def _launch_script(plan: Plan, model: PartitionedModel, directory: Path) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -35,8 +36,8 @@ from autoplace.solve.whatif import restrict
 from autoplace.train.dataparallel import ring_link
 from cost_models import ring_allgather_s, ring_allreduce_s
 
-__all__ = ["OUTPUTS", "TIMED", "Observed", "SplitError", "dispatch_s", "observe",
-           "tensor_problem"]
+__all__ = ["OUTPUTS", "TIMED", "Collectives", "Observed", "SplitError", "dispatch_s",
+           "measured_scale", "observe", "ring_pricer", "tensor_problem"]
 
 OUTPUTS = "(outputs)"  # the key of the outputs' gathers, charged to the graph's last node
 
@@ -69,6 +70,16 @@ class Observed:
     # and the ops that ran on DTensors.
     dispatch_s: float | None = None
     on_dtensors: frozenset[str] = frozenset()
+    # A training step's (``observe``'s ``optimizer``): per traced op, the collectives its
+    # backward waited for, and the step's passes on this machine's CPU under DTensor, one
+    # thread, collectives aside: the forward with autograd recording, the backward, the
+    # optimizer's update of rank 0's ``trained_bytes`` (each the fastest of ``TIMED``).
+    backward_collectives: Mapping[str, tuple[tuple[str, int], ...]] = field(
+        default_factory=dict)
+    forward_s: float | None = None
+    backward_s: float | None = None
+    update_s: float | None = None
+    trained_bytes: int = 0
 
     def overhead_s(self, op: str) -> float:
         """What DTensor adds to ``op`` on the host: its time split, less its share of its time
@@ -79,15 +90,22 @@ class Observed:
 
 
 def observe(emitted: torch.nn.Module, split: Mapping[str, tuple[str, int]], ranks: int,
-            args: tuple[Any, ...], kwargs: dict[str, Any]) -> Observed:
+            args: tuple[Any, ...], kwargs: dict[str, Any], *,
+            optimizer: str | None = None) -> Observed:
     """Run ``emitted`` (one device's, its segments fx graphs) split as ``split`` says over
     ``ranks`` fake ranks on ``args``/``kwargs`` (see the module's docstring). The emitted
     model's parameters are replaced by DTensors: pass a copy. A model whose parameters are on
     the meta device runs on fake tensors (``FakeTensorMode``: shapes, no data, nothing timed);
-    each op on DTensors is then charged ``dispatch_s()``, DTensor's dispatch measured here."""
+    each op on DTensors is then charged ``dispatch_s()``, DTensor's dispatch measured here.
+
+    With ``optimizer`` (a training step: ``emitted`` returns the loss) the pass records
+    autograd's graph and its backward runs under the same observation, each collective charged
+    to the op whose backward dispatched it (a hook on each op's output fires as its gradient
+    is ready, before that op's backward runs); then the step is timed (``_timed_step``)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     recorder, found, plain = _Recorder(), _Found(), _Found()
+    steps: dict[str, float] = {}
     interpreters = {}
     for index in range(len(emitted.segment_info)):
         segment = getattr(emitted, f"seg{index}")
@@ -107,37 +125,94 @@ def observe(emitted: torch.nn.Module, split: Mapping[str, tuple[str, int]], rank
         with _fake_group(ranks):
             mesh = init_device_mesh("cpu", (ranks,))  # outside the fake mode: it reads ranks
             with mode:
-                _sharded_pass(emitted, split, mesh, recorder, found, args, kwargs)
+                _sharded_pass(emitted, split, mesh, recorder, found, args, kwargs,
+                              train=optimizer is not None)
             if not fake:
                 _timed(emitted, interpreters.values(), args, kwargs)
+                if optimizer is not None:
+                    _plain_forward(emitted, interpreters)
+                    steps = _timed_step(emitted, optimizer, args, kwargs)
     finally:
-        for index in interpreters:
-            del getattr(emitted, f"seg{index}").forward
+        _plain_forward(emitted, interpreters)
     return Observed(share=found.share, seconds=found.seconds, plain_seconds=plain.seconds,
                     param_share=found.param_share, param_bytes=found.param_bytes,
                     output_share=found.output_share,
                     collectives={k: tuple(v) for k, v in found.collectives.items()},
                     dispatch_s=dispatch_s() if fake else None,
-                    on_dtensors=frozenset(found.on_dtensors))
+                    on_dtensors=frozenset(found.on_dtensors),
+                    backward_collectives={k: tuple(v) for k, v in found.backward.items()},
+                    trained_bytes=sum(_nbytes(p, local=True) for p in emitted.parameters()
+                                      if p.requires_grad), **steps)
+
+
+def _plain_forward(emitted: torch.nn.Module, interpreters: Mapping[int, Any]) -> None:
+    """Each segment's own ``forward`` again, its interpreter's dropped."""
+    for index in interpreters:
+        vars(getattr(emitted, f"seg{index}")).pop("forward", None)
 
 
 def _sharded_pass(emitted: torch.nn.Module, split: Mapping[str, tuple[str, int]], mesh: Any,
                   recorder: _Recorder, found: _Found, args: tuple[Any, ...],
-                  kwargs: dict[str, Any]) -> None:
+                  kwargs: dict[str, Any], *, train: bool = False) -> None:
     """``emitted`` split over the fake group's ``mesh`` and run once, each op's shares and
-    collectives recorded, then its outputs gathered whole (as ``run_sharded`` returns them)."""
+    collectives recorded, then its outputs gathered whole (as ``run_sharded`` returns them);
+    with ``train``, its parameters copies (the step updates them) and the loss's backward run,
+    each collective recorded against the op whose gradient came last (``_Found.reached``)."""
     from torch.distributed.tensor.experimental import implicit_replication
 
     from autoplace.emit.distributed.tensor import _handlers, shard_model
 
-    shard_model(emitted, mesh, split)
-    with torch.no_grad(), implicit_replication(), _handlers(), recorder:
+    shard_model(emitted, mesh, split, copy=train)
+    found.hooks = train
+    with (torch.enable_grad() if train else torch.no_grad()), implicit_replication(), \
+            _handlers(), recorder:
         out = emitted(*args, **kwargs)
         recorder.take()
         pytree.tree_map(_whole, out)
         gathered = recorder.take()
+        if train:
+            found.current = OUTPUTS  # the loss's own backward, until a hook fires
+            next(x for x in pytree.tree_leaves(out) if isinstance(x, torch.Tensor)).backward()
+            found.reached(None, recorder)
+    found.hooks = False
     if gathered:
         found.collectives[OUTPUTS] = gathered
+
+
+def _timed_step(emitted: torch.nn.Module, optimizer: str, args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> dict[str, float]:
+    """The step of ``emitted`` (split, its loss its first output) on one thread under
+    DTensor: the forward with autograd recording, the backward and the optimizer's update,
+    each the fastest of ``TIMED`` (after one step that makes the optimizer's state)."""
+    from torch.distributed.tensor.experimental import implicit_replication
+
+    from autoplace.emit.distributed.tensor import _handlers
+    from autoplace.train.graph import make_optimizer
+
+    opt = make_optimizer(optimizer, [p for p in emitted.parameters() if p.requires_grad])
+    threads = torch.get_num_threads()
+    best = {"forward_s": math.inf, "backward_s": math.inf, "update_s": math.inf}
+    try:
+        torch.set_num_threads(1)
+        with implicit_replication(), _handlers():
+            for attempt in range(TIMED + 1):
+                took = {}
+                opt.zero_grad()
+                began = time.perf_counter()
+                loss = next(x for x in pytree.tree_leaves(emitted(*args, **kwargs))
+                            if isinstance(x, torch.Tensor))
+                took["forward_s"] = time.perf_counter() - began
+                began = time.perf_counter()
+                loss.backward()
+                took["backward_s"] = time.perf_counter() - began
+                began = time.perf_counter()
+                opt.step()
+                took["update_s"] = time.perf_counter() - began
+                if attempt:
+                    best = {k: min(v, took[k]) for k, v in best.items()}
+    finally:
+        torch.set_num_threads(threads)
+    return best
 
 
 def _timed(emitted: torch.nn.Module, interpreters: Iterable[_Interpreter],
@@ -247,6 +322,19 @@ class _Found:
     output_share: dict[str, float] = field(default_factory=dict)
     collectives: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
     on_dtensors: set[str] = field(default_factory=set)
+    # A training pass: hooks on the ops' outputs (``hooks``), the op whose backward runs now
+    # (``current``) and each op's backward collectives.
+    hooks: bool = False
+    current: str | None = None
+    backward: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+
+    def reached(self, op: str | None, recorder: _Recorder) -> None:
+        """The gradient of ``op``'s output is ready (``None``: the backward is done): the
+        collectives since the last such moment were the current op's backward's."""
+        taken = recorder.take()
+        if taken and self.current is not None:
+            self.backward.setdefault(self.current, []).extend(taken)
+        self.current = op
 
 
 class _Recorder(TorchDispatchMode):
@@ -310,10 +398,19 @@ class _Interpreter(torch.fx.Interpreter):
         self.found.output_share[n.name] = min((_fraction(x) for x in outs), default=1.0)
         if any(_is_dtensor(x) for x in (*ins, *outs)):
             self.found.on_dtensors.add(n.name)
+        if self.found.hooks:
+            found, recorder = self.found, self.recorder
+            for x in outs:
+                if x.requires_grad:
+                    x.register_hook(functools.partial(_hook, found, n.name, recorder))
         taken = self.recorder.take()
         if taken:
             self.found.collectives.setdefault(n.name, []).extend(taken)
         return out
+
+
+def _hook(found: _Found, op: str, recorder: _Recorder, grad: Any) -> None:
+    found.reached(op, recorder)
 
 
 def _is_dtensor(value: Any) -> bool:
@@ -352,6 +449,31 @@ def _fraction(value: Any) -> float:
     return value.to_local().numel() / value.numel()
 
 
+Collectives = Mapping[str, tuple[tuple[str, int], ...]]  # per op: (kind, bytes) in order
+
+
+def ring_pricer(problem: Problem, devices: tuple[str, ...]) -> Any:
+    """The price of one collective of DTensor's (its kind, its bytes) among ``devices`` of
+    ``problem``'s cluster: a ring over the slowest link between them."""
+    bandwidth, latency = ring_link(problem.cluster, list(devices))
+
+    def ring(kind: str, nbytes: int) -> float:
+        formula = ring_allreduce_s if _RING[kind] == "allreduce" else ring_allgather_s
+        return formula(nbytes, len(devices), bandwidth_bytes_per_s=bandwidth,
+                       latency_s=latency)
+
+    return ring
+
+
+def measured_scale(ring: Any, tables: Iterable[Collectives],
+                   collectives_s: float | None) -> float:
+    """What each ring's time is multiplied by: the measured ``collectives_s`` of every
+    collective of ``tables`` over the rings' sum (1 without a measurement)."""
+    rings = sum(ring(kind, nbytes) for table in tables for per in table.values()
+                for kind, nbytes in per)
+    return collectives_s / rings if collectives_s is not None and rings else 1.0
+
+
 def tensor_problem(problem: Problem, observed: Observed, devices: tuple[str, ...], *,
                    measured: bool = False, collectives_s: float | None = None) -> Problem:
     """``problem`` (the forward, whose nodes hold traced ops) as one of ``devices`` runs its
@@ -362,13 +484,7 @@ def tensor_problem(problem: Problem, observed: Observed, devices: tuple[str, ...
     waited for added to its time, each a ring over ``devices`` (see the module's docstring),
     or ``collectives_s``, all of a pass's measured (``profile.allreduce``, mode
     ``collectives``), shared by the rings' times."""
-    ranks = len(devices)
-    cluster = problem.cluster
-    bandwidth, latency = ring_link(cluster, list(devices))
-
-    def ring(kind: str, nbytes: int) -> float:
-        formula = ring_allreduce_s if _RING[kind] == "allreduce" else ring_allgather_s
-        return formula(nbytes, ranks, bandwidth_bytes_per_s=bandwidth, latency_s=latency)
+    ring = ring_pricer(problem, devices)
 
     def share_of(ops: tuple[str, ...]) -> float:
         """The node's share of its work: its ops' shares weighted by their unsplit times."""
@@ -386,9 +502,7 @@ def tensor_problem(problem: Problem, observed: Observed, devices: tuple[str, ...
         last = [op for op in ops if op in observed.output_share]
         return observed.output_share[last[-1]] if last else 1.0
 
-    rings = sum(ring(kind, nbytes) for per in observed.collectives.values()
-                for kind, nbytes in per)
-    scale = collectives_s / rings if collectives_s is not None and rings else 1.0
+    scale = measured_scale(ring, [observed.collectives], collectives_s)
     one = restrict(problem, devices[:1])
     device, host = devices[0], one.costs.host
     nodes, compute, launches = [], {}, {}

@@ -316,6 +316,10 @@ def _compare(record: Mapping[str, Any], original: torch.nn.Module, args: tuple[A
     initial = {name: b.detach().to("cpu", copy=True) for name, b in their_buffers.items()}
     names: Mapping[str, int] = record["names"]
     replicas = record["replicas"]
+    # Tensor-parallel ranks (``tensor_train``) each run the whole batch: nothing is averaged.
+    ranks = record.get("ranks")
+    whose = (f"the {ranks} tensor-parallel ranks' (gathered whole)" if ranks
+             else f"the mean of the {replicas} replicas'")
     _known(names, theirs)
     opt = make_optimizer(optimizer, dict.fromkeys(theirs.values()), lr)
     original_losses: list[float] = []
@@ -329,13 +333,15 @@ def _compare(record: Mapping[str, Any], original: torch.nn.Module, args: tuple[A
         original_losses.append(float(loss.detach()))
         worst["buffer"] = max(worst["buffer"], _compare_buffers(
             mine.get("buffers", {}), their_buffers, initial, f"after step {step} (rank 0's)"))
-        _close(mine["loss"], loss, f"the loss at step {step} (the mean of the {replicas} "
-               "replicas' against the whole batch's)")
+        _close(mine["loss"], loss, f"the loss at step {step} ({whose} against the whole "
+               "batch's)")
         _all_trained(names, theirs, step - 1)
         for name, i in names.items():
             worst["grad"] = max(worst["grad"], _close(
                 mine["grads"][i], theirs[name].grad,
-                f"the gradient of {name} averaged over the replicas at step {step}"))
+                f"the gradient of {name} "
+                + (f"of {whose}" if ranks else "averaged over the replicas")
+                + f" at step {step}"))
         opt.step()
         # The replicas' optimizer, rebuilt on their updated parameters, for _conditioned.
         twin = make_optimizer(optimizer, mine["params"], lr)

@@ -11,13 +11,14 @@ inputs; the rest replicated), and ``run_sharded`` runs the model with its inputs
 DTensor inserts every collective, a row's partial sums reduced at once (``_handlers``, which
 also splits attention by heads on the CPU). ``write_tensor_launch`` writes the ranks'
 ``launch.py`` (``tensor_main`` on each rank's planned device); ``verify_tensor_parallel`` runs
-it on N gloo processes against the original. ``solve.tensor`` prices it. Not yet: training.
+it on N gloo processes against the original. ``solve.tensor`` prices it; ``tensor_train`` trains it.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import operator
 import os
@@ -120,11 +121,12 @@ def _reaches(start: Any, kinds: Mapping[torch.fx.Node, str], kind: str) -> bool:
     return False
 
 
-def shard_model(model: torch.nn.Module, mesh: Any, split: Mapping[str, tuple[str, int]]
-                ) -> None:
+def shard_model(model: torch.nn.Module, mesh: Any, split: Mapping[str, tuple[str, int]], *,
+                copy: bool = False) -> None:
     """Every parameter and buffer of ``model`` made a DTensor on ``mesh``: split as ``split``
-    says (``Shard(d)``), else replicated. A split dimension the ranks do not divide is an
-    ``EmitError`` naming it."""
+    says (``Shard(d)``), else replicated (``copy``: of a copy of each, which a step may update
+    in place without touching tensors the model shares). A split dimension the ranks do not
+    divide is an ``EmitError`` naming it."""
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     ranks = mesh.size()
@@ -138,11 +140,13 @@ def shard_model(model: torch.nn.Module, mesh: Any, split: Mapping[str, tuple[str
                                 "degree that divides the heads and the hidden size")
             placement = [Shard(dim)] if dim is not None else [Replicate()]
             module.register_parameter(name, torch.nn.Parameter(
-                distribute_tensor(param.detach(), mesh, placement),
+                distribute_tensor(param.detach().clone() if copy else param.detach(), mesh,
+                                  placement),
                 requires_grad=param.requires_grad))
         for name, buffer in list(module.named_buffers(recurse=False)):
             if buffer is not None:
-                module.register_buffer(name, distribute_tensor(buffer, mesh, [Replicate()]))
+                module.register_buffer(name, distribute_tensor(
+                    buffer.clone() if copy else buffer, mesh, [Replicate()]))
 
 
 def _reduced_matmul(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -194,6 +198,8 @@ def _handlers() -> Iterator[None]:
 
     table = DTensor._op_dispatcher._custom_op_handlers
     added = {aten._scaled_dot_product_flash_attention_for_cpu.default: _attention_by_heads,
+             aten._scaled_dot_product_flash_attention_for_cpu_backward.default:
+                 functools.partial(_attention_by_heads, heads=6),
              aten._assert_tensor_metadata.default: lambda op, args, kwargs: None,
              aten.mm.default: _reduced_matmul, aten.addmm.default: _reduced_matmul}
     before = {op: table.get(op) for op in added}
@@ -208,26 +214,29 @@ def _handlers() -> Iterator[None]:
                 table[op] = handler
 
 
-def _attention_by_heads(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Scaled dot-product attention of DTensors: each rank's heads alone where the query, key
-    and value are all split along the heads (dimension 1) and a mask, if any, is the same for
-    every head; else on whole tensors, replicated. Attention never mixes heads."""
+def _attention_by_heads(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *,
+                        heads: int = 3) -> Any:
+    """Scaled dot-product attention of DTensors (its forward; with ``heads=6``, its backward,
+    whose first six arguments are the output's gradient, the query, key and value, the output
+    and its log-sum-exp): each rank's heads alone where those are all split along the heads
+    (dimension 1) and a mask, if any, is the same for every head; else on whole tensors,
+    replicated. Attention never mixes heads."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
-    q, k, v = args[:3]
-    mesh = next(t.device_mesh for t in (q, k, v) if isinstance(t, DTensor))
+    tensors = args[:heads]
+    mesh = next(t.device_mesh for t in tensors if isinstance(t, DTensor))
     mask = kwargs.get("attn_mask")
     by_heads = (all(isinstance(t, DTensor) and tuple(t.placements) == (Shard(1),)
-                    for t in (q, k, v))
+                    for t in tensors)
                 and (mask is None or mask.dim() < 4 or mask.shape[1] == 1))
 
     def local(t: Any) -> Any:
         if not isinstance(t, DTensor):
             return t
         return (t if by_heads and t is not mask else t.redistribute(
-            mesh, [Replicate()])).to_local()
+            mesh, [Replicate()] * mesh.ndim)).to_local()
 
-    out = op(*(local(t) for t in (q, k, v)), *args[3:],
+    out = op(*(local(t) for t in tensors), *args[heads:],
              **{key: local(value) for key, value in kwargs.items()})
     placement = [Shard(1)] if by_heads else [Replicate()]
     return tuple(DTensor.from_local(o, mesh, placement, run_check=False) for o in out)

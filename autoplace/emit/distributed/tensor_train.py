@@ -1,0 +1,217 @@
+"""Emit: tensor-parallel training of an emitted model over N ranks, run by DTensor.
+
+A training plan's candidate (``--tp N --mode training``): the one-device model of the model and
+its loss, its matmuls split as ``tensor.column_row`` finds them, trained by N ranks, each on the
+whole batch (no batch split: the ranks divide each matmul's work). ``write_tensor_train`` writes
+``OUT/tensor_parallel/train.py``; each rank (``tensor_train_main``) loads the model, makes its
+parameters DTensors (``tensor.shard_model``) and runs ``--steps`` steps of the plan's optimizer:
+forward and backward under ``tensor._handlers`` (a row's partial sums and a column's input
+gradient all-reduced at once, attention by heads), each rank updating its shards. Rank 0
+reports each loss and the step times. ``verify_tensor_training`` trains it on N gloo ranks with
+every dropout at zero and compares the losses, the gradients (gathered whole) and the updated
+parameters with the original's step by step (``replicas._compare``). ``solve.tensor_train``
+prices it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import statistics
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from string import Template
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils import _pytree as pytree
+
+from autoplace.emit.codegen.model import PartitionedModel
+from autoplace.emit.distributed.tensor import _handlers, _rank_device, shard_model
+from autoplace.errors import AutoplaceError, EmitError, VerificationError
+
+__all__ = ["tensor_train_main", "verify_tensor_training", "write_tensor_train"]
+
+VERIFY_TIMEOUT_S = 300.0
+_TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "tensor_train.py.tmpl"
+
+
+def write_tensor_train(directory: str | os.PathLike[str], *, devices: Sequence[str],
+                       names: Sequence[str], split: Mapping[str, tuple[str, int]],
+                       optimizer: str) -> Path:
+    """Write ``directory/train.py`` (``templates/tensor_train.py.tmpl``: ``tensor_train_main``
+    for rank r on ``devices[r]``, plan name ``names[r]``, with ``optimizer``) and
+    ``directory/split.json``; the script's path. The model it trains is ``directory/model``."""
+    root = Path(directory)
+    (root / "split.json").write_text(json.dumps({k: list(v) for k, v in split.items()},
+                                                indent=1) + "\n")
+    path = root / "train.py"
+    path.write_text(Template(_TEMPLATE.read_text()).substitute(
+        world=len(devices), devices=repr(list(devices)), names=repr(list(names)),
+        optimizer=repr(optimizer)))
+    return path
+
+
+def tensor_train_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *,
+                      devices: Sequence[str], names: Sequence[str], optimizer: str) -> int:
+    """One rank of ``torchrun --nproc-per-node N train.py``: train ``model_dir`` split over the
+    N ranks (``--split FILE``) for ``--steps`` steps on its saved example batch, on this
+    rank's device (``devices[rank]``, remapped by ``--device-map``). Rank 0 writes the report
+    (``--json``) and, for ``verify_tensor_training``, each step's loss, gradients, parameters
+    and optimizer state gathered whole (``--record``, ``torch.save``). The exit code; an
+    ``AutoplaceError`` is printed as one line and exits with 2."""
+    from autoplace.emit.distributed.ddp import check_world, print_error
+
+    parser = argparse.ArgumentParser(
+        prog="train.py", description=f"Train {model_dir} as {len(devices)} tensor-parallel "
+        f"ranks with {optimizer}; run under torchrun --nproc-per-node {len(devices)}.")
+    parser.add_argument("--split", required=True, metavar="FILE",
+                        help="each split weight: [column or row, dimension], as JSON")
+    parser.add_argument("--steps", type=int, required=True, metavar="N")
+    parser.add_argument("--lr", type=float, metavar="RATE",
+                        help="the learning rate (default: the optimizer's torch default)")
+    parser.add_argument("--json", metavar="FILE",
+                        help="rank 0 writes the losses and step times to FILE as JSON")
+    parser.add_argument("--record", metavar="FILE",
+                        help="rank 0 saves each step's loss, gradients, updated parameters and "
+                        "optimizer state, gathered whole, to FILE (torch.save)")
+    parser.add_argument("--no-dropout", action="store_true",
+                        help="every dropout runs at probability zero, so that a model in "
+                        "train() is compared exactly")
+    parser.add_argument("--device-map", metavar="JSON",
+                        help="where each planned torch device runs here (globs, the first "
+                        "match wins), e.g. '{\"cuda:*\": \"cpu\"}'")
+    options = parser.parse_args(list(argv))
+    rank = int(os.environ.get("RANK", "-1"))
+    try:
+        check_world(rank, len(devices), what=f"trains {len(devices)} tensor-parallel ranks",
+                    script="train.py")
+        if options.steps < 1:
+            raise AutoplaceError(f"--steps must be 1 or more, got {options.steps}")
+        device = _rank_device(rank, devices, names, options.device_map)
+        report, record = _train(Path(model_dir), options, device=device, optimizer=optimizer)
+    except AutoplaceError as error:
+        print_error(type(error).__name__, error)
+        return 2
+    if rank == 0:
+        if options.json:
+            Path(options.json).write_text(json.dumps(report) + "\n")
+        if options.record:
+            torch.save(record, options.record)
+        print(f"trained {report['ranks']} tensor-parallel ranks ({report['backend']}), each on "
+              f"the whole batch, {len(report['losses'])} steps of {optimizer}\nlosses: "
+              + ", ".join(f"{v:.6g}" for v in report["losses"])
+              + f"\nstep time: {report['measured_s'] * 1e3:.3f} ms (median)", flush=True)
+    return 0
+
+
+def _train(model_dir: Path, options: argparse.Namespace, *, device: str, optimizer: str
+           ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """This rank's part: the process group, the mesh, the split model, the steps (``ddp._steps``,
+    the loss a plain tensor: every rank holds it whole). Rank 0's report and record."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import implicit_replication
+
+    from autoplace.emit.distributed.ddp import INIT_TIMEOUT_S, _steps
+    from autoplace.emit.files.saving import load_inputs, load_model
+    from autoplace.train.graph import make_optimizer
+    from autoplace.train.layers import no_dropout
+
+    kind = torch.device(device).type
+    if kind == "cuda":
+        torch.cuda.set_device(torch.device(device))
+    threads = torch.get_num_threads()
+    if kind == "cpu":
+        torch.set_num_threads(1)  # one intra-op thread a rank, as the plan times them
+    dist.init_process_group("nccl" if kind == "cuda" else "gloo",
+                            timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S))
+    try:
+        world = dist.get_world_size()
+        mesh = init_device_mesh(kind, (world,))
+        model = load_model(model_dir, device_map={"*": device})
+        example = load_inputs(model_dir)
+        if example is None:
+            raise EmitError(f"{model_dir} holds no example inputs and targets: plan it again")
+        args, kwargs = pytree.tree_map(
+            lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, example)
+        split = {k: tuple(v) for k, v in json.loads(Path(options.split).read_text()).items()}
+        shard_model(model, mesh, split)
+        opt = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad],
+                             options.lr)
+        step = _step(model, args, kwargs)
+        with implicit_replication(), _handlers(), (
+                no_dropout() if options.no_dropout else contextlib.nullcontext()):
+            losses, times, record = _steps(step, model, opt, steps=options.steps,
+                                           recording=options.record is not None)
+        # The DTensors and the mesh go before the process group (as tensor._run_rank does).
+        del model, opt, step
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+        torch.set_num_threads(threads)
+    timed = times[1:] or times
+    report = {"losses": losses, "times_s": times, "measured_s": statistics.median(timed),
+              "ranks": world, "backend": "nccl" if kind == "cuda" else "gloo",
+              "optimizer": optimizer, "lr": options.lr, "device": device,
+              "threads": 1 if kind == "cpu" else threads}
+    return report, record | {"optimizer": optimizer, "replicas": 1, "ranks": world}
+
+
+def _step(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+          ) -> Callable[[], torch.Tensor]:
+    """A step's forward and backward of the split ``model`` on the whole batch; the step
+    returns the loss as a plain tensor (replicated: every rank holds it whole)."""
+    from torch.distributed.tensor import DTensor
+
+    def step() -> torch.Tensor:
+        loss = model(*args, **kwargs)
+        loss.backward()
+        return loss.full_tensor() if isinstance(loss, DTensor) else loss
+
+    return step
+
+
+def verify_tensor_training(emitted: PartitionedModel, original: torch.nn.Module,
+                           args: tuple[Any, ...], kwargs: Mapping[str, Any],
+                           targets: tuple[Any, ...], *, ranks: int, optimizer: str,
+                           split: Mapping[str, tuple[str, int]], steps: int | None = None,
+                           timeout_s: float = VERIFY_TIMEOUT_S) -> dict[str, Any]:
+    """Train ``emitted`` (one device's model of the model and its loss) split as ``split`` over
+    ``ranks`` gloo processes for ``steps`` (3) steps of ``optimizer`` on the batch
+    ``args``/``kwargs``/``targets``, every dropout at probability zero, and a copy of
+    ``original`` (a ``train.LossModel``) here; compare every step's loss, gradients (gathered
+    whole) and updated parameters (``replicas._compare``). Where the emitted graph drops out,
+    a step with dropout on shows it active (``check.training.dropout_active``). Returns the
+    record (``verify_replicas``'s, with ``measured_s``: rank 0's median step); raises
+    ``VerificationError`` naming the first step and tensor that differ."""
+    from autoplace.emit.check.training import TRAINING_STEPS, dropout_active
+    from autoplace.emit.distributed.replicas import _compare, _forward, _save, launch_replicas
+    from autoplace.train.layers import kept_state
+
+    steps = TRAINING_STEPS if steps is None else steps
+    batch = (tuple(args), {**kwargs, "targets": tuple(targets)})
+    with tempfile.TemporaryDirectory(prefix="autoplace-tensor-train-") as tmp:
+        root = Path(tmp)
+        _save(emitted, root / "model", batch)
+        script = write_tensor_train(root, devices=["cpu"] * ranks,
+                                    names=[f"rank {r}" for r in range(ranks)], split=split,
+                                    optimizer=optimizer)
+        launch_replicas(script, replicas=ranks, timeout_s=timeout_s, what="tensor-parallel",
+                        argv=["--steps", str(steps), "--record", str(root / "record.pt"),
+                              "--json", str(root / "report.json"), "--no-dropout"])
+        record = torch.load(root / "record.pt", weights_only=True)
+        report = json.loads((root / "report.json").read_text())
+    if (record["optimizer"], record["ranks"]) != (optimizer, ranks):
+        raise VerificationError(f"the tensor-parallel ranks trained {record['ranks']} ranks "
+                                f"with {record['optimizer']}, not {ranks} with {optimizer}")
+    with kept_state(emitted, original):
+        dropout = dropout_active(emitted, _forward(emitted, batch))
+        check = _compare(record, original, tuple(args), dict(kwargs), tuple(targets),
+                         optimizer=optimizer, lr=None, dropout=dropout)
+    return check | dropout | {"ranks": ranks, "measured_s": report["measured_s"],
+                              "times_s": report["times_s"]}
