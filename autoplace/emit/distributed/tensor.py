@@ -37,8 +37,8 @@ from autoplace.emit.check.outputs import max_abs_diff
 from autoplace.emit.codegen.model import PartitionedModel
 from autoplace.errors import AutoplaceError, EmitError, VerificationError
 
-__all__ = ["column_row", "compare_outputs", "divisible", "matmuls", "run_sharded", "shard_model",
-           "tensor_main", "verify_tensor_parallel", "write_tensor_launch"]
+__all__ = ["column_row", "compare_outputs", "divisible", "load_sharded", "matmuls", "run_sharded",
+           "shard_model", "tensor_main", "verify_tensor_parallel", "write_tensor_launch"]
 
 aten = torch.ops.aten
 COLUMN, ROW = "column", "row"
@@ -296,6 +296,24 @@ def _rank_device(rank: int, devices: Sequence[str], names: Sequence[str],
     return here[rank]
 
 
+def load_sharded(model_dir: Path, split_file: str, *, mesh: Any, device: str
+                 ) -> tuple[torch.nn.Module, tuple[Any, ...], dict[str, Any]]:
+    """A rank's model: the one-device model in ``model_dir`` on ``device``, its weights split
+    over ``mesh`` as ``split_file`` (``split.json``) says, and its example inputs there."""
+    from autoplace.emit.files.saving import load_inputs, load_model
+
+    model = load_model(model_dir, device_map={"*": device})
+    example = load_inputs(model_dir)
+    if example is None:
+        raise EmitError(f"{model_dir} holds no example inputs (and targets, for a training "
+                        "plan): plan it again")
+    args, kwargs = pytree.tree_map(
+        lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, example)
+    split = {k: tuple(v) for k, v in json.loads(Path(split_file).read_text()).items()}
+    shard_model(model, mesh, split)
+    return model, args, kwargs
+
+
 def _run_rank(model_dir: Path, options: argparse.Namespace, *, device: str, world: int) -> int:
     """``tensor_main``'s run on ``device``: the process group (gloo, nccl on GPUs), the mesh,
     the split model, the passes; rank 0 writes what it measured."""
@@ -305,7 +323,6 @@ def _run_rank(model_dir: Path, options: argparse.Namespace, *, device: str, worl
     from torch.distributed.device_mesh import init_device_mesh
 
     from autoplace.emit.distributed.ddp import INIT_TIMEOUT_S, print_error
-    from autoplace.emit.files.saving import load_inputs, load_model
 
     kind = torch.device(device).type
     if kind == "cpu":
@@ -316,14 +333,7 @@ def _run_rank(model_dir: Path, options: argparse.Namespace, *, device: str, worl
                             timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S))
     try:
         mesh = init_device_mesh(kind, (world,))
-        model = load_model(model_dir, device_map={"*": device})
-        example = load_inputs(model_dir)
-        if example is None:
-            raise EmitError(f"{model_dir} holds no example inputs: plan it again")
-        args, kwargs = pytree.tree_map(
-            lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, example)
-        split = {k: tuple(v) for k, v in json.loads(Path(options.split).read_text()).items()}
-        shard_model(model, mesh, split)
+        model, args, kwargs = load_sharded(model_dir, options.split, mesh=mesh, device=device)
         for _ in range(max(options.warmup, 1)):
             outputs = run_sharded(model, args, kwargs)
         times = []

@@ -29,11 +29,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.utils import _pytree as pytree
 
 from autoplace.emit.codegen.model import PartitionedModel
-from autoplace.emit.distributed.tensor import _handlers, _rank_device, shard_model
-from autoplace.errors import AutoplaceError, EmitError, VerificationError
+from autoplace.emit.distributed.tensor import _handlers, _rank_device, load_sharded
+from autoplace.errors import AutoplaceError, VerificationError
 
 __all__ = ["tensor_train_main", "verify_tensor_training", "write_tensor_train"]
 
@@ -118,7 +117,6 @@ def _train(model_dir: Path, options: argparse.Namespace, *, device: str, optimiz
     from torch.distributed.tensor.experimental import implicit_replication
 
     from autoplace.emit.distributed.ddp import INIT_TIMEOUT_S, _steps
-    from autoplace.emit.files.saving import load_inputs, load_model
     from autoplace.train.graph import make_optimizer
     from autoplace.train.layers import no_dropout
 
@@ -133,14 +131,7 @@ def _train(model_dir: Path, options: argparse.Namespace, *, device: str, optimiz
     try:
         world = dist.get_world_size()
         mesh = init_device_mesh(kind, (world,))
-        model = load_model(model_dir, device_map={"*": device})
-        example = load_inputs(model_dir)
-        if example is None:
-            raise EmitError(f"{model_dir} holds no example inputs and targets: plan it again")
-        args, kwargs = pytree.tree_map(
-            lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, example)
-        split = {k: tuple(v) for k, v in json.loads(Path(options.split).read_text()).items()}
-        shard_model(model, mesh, split)
+        model, args, kwargs = load_sharded(model_dir, options.split, mesh=mesh, device=device)
         opt = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad],
                              options.lr)
         step = _step(model, args, kwargs)
