@@ -224,3 +224,20 @@ def test_a_throughput_plan_scores_placements_by_the_busiest_devices_decode_load(
     passes = _Passes(prefill=plan.problem, decode=plan.problem, new_tokens=NEW)
     load = passes.score(plan.schedule.placement, "throughput")
     assert load == pytest.approx(plan.schedule.objective_s("throughput"))
+
+
+def test_a_model_built_empty_generates_from_its_checkpoint(tmp_path):
+    accelerate = pytest.importorskip("accelerate")
+    model, inputs = _llama()
+    model.save_pretrained(tmp_path / "saved")
+    with accelerate.init_empty_weights():
+        empty, _ = _llama()
+    result = autoplace.plan(empty, inputs, autoplace.Config(
+        devices="2xcpu-thread", generate=NEW, checkpoint=tmp_path / "saved",
+        solve=autoplace.Solve(time_limit_s=2)))
+    assert result.plan.generation.check == "passed"
+    autoplace.save(result, tmp_path / "out")
+    prefill, decode = load_generator(tmp_path / "out" / "model")
+    model.eval()
+    assert torch.equal(greedy(prefill, decode, inputs["input_ids"], new_tokens=NEW),
+                       reference(model, inputs["input_ids"], new_tokens=NEW))
