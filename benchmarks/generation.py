@@ -122,7 +122,7 @@ def main() -> int:
         "`device_map` loaded by `from_pretrained` with its two GPUs mapped to this CPU, each "
         "against the original's `generate(do_sample=False)`. Time per token: predicted, "
         "measured by `autoplace run OUT --generate 64` (measured/predicted), and by the ranks.",
-        "", "| model | cache per device (plan) | cache held (emitted) | emitted tokens | "
+        "", "| model | cache per device (plan), MB | cache held (emitted), MB | emitted tokens | "
         "ranks' tokens | from_pretrained tokens | predicted ms/token | measured ms/token | "
         "ranks ms/token |", "|---|---|---|---|---|---|---:|---:|---:|"]
     for name, model in models().items():
