@@ -241,3 +241,19 @@ def test_a_model_built_empty_generates_from_its_checkpoint(tmp_path):
     model.eval()
     assert torch.equal(greedy(prefill, decode, inputs["input_ids"], new_tokens=NEW),
                        reference(model, inputs["input_ids"], new_tokens=NEW))
+
+
+def test_a_sliding_window_model_generates_within_its_window_and_is_refused_beyond():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    model = MistralForCausalLM(MistralConfig(
+        vocab_size=200, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, sliding_window=16,
+        max_position_embeddings=64))
+    prompt = {"input_ids": torch.randint(0, 200, (1, 12))}
+    with pytest.raises(ConfigError, match="sliding window of 16: generate at most 4 tokens"):
+        autoplace.plan(model, prompt, autoplace.Config(devices="2xcpu-thread", generate=8))
+    planned = autoplace.plan(model, prompt, autoplace.Config(
+        devices="2xcpu-thread", generate=4, solve=autoplace.Solve(time_limit_s=1)))
+    assert planned.plan.generation.check == "passed"

@@ -35,7 +35,7 @@ class CachedLM(torch.nn.Module):
     ``max_len`` tokens: ``forward(input_ids, cache_position)`` writes the tokens' keys and
     values at ``cache_position`` and returns their logits. The prompt is one call at positions
     ``0..L-1``; each new token one call at its position. Sliding-window layers are kept whole
-    (``max_len`` is within the window, ``prompt_of`` checks)."""
+    (``prompt_of`` checks that ``max_len`` is within the window)."""
 
     keeps_cache = True  # ``trace.cache_off`` leaves the inner model's cache on
 
@@ -79,6 +79,12 @@ def static_cache(model: torch.nn.Module, *, batch: int, max_len: int,
     from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
     from transformers.integrations.executorch import get_head_shapes
 
+    if not hasattr(StaticCache, "early_initialization"):
+        import transformers
+
+        raise ConfigError(f"{{generate}} needs transformers' StaticCache of layers made up "
+                          f"front (early_initialization), which transformers "
+                          f"{transformers.__version__} lacks: upgrade transformers")
     config = model.config.get_text_config()
     cache = StaticCache(max_cache_len=max_len, config=config)
     for i, layer in enumerate(cache.layers):
@@ -145,6 +151,13 @@ def prompt_of(model: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str
     if mask is not None and not bool(torch.all(mask == 1)):
         raise ConfigError("{generate}: the prompt's attention_mask pads some sequences; "
                           "generation plans take prompts of equal length: drop the padding")
+    window = getattr(config.get_text_config(), "sliding_window", None)
+    if isinstance(window, int) and window > 0 and ids.shape[1] + new_tokens > window:
+        raise ConfigError(
+            f"{{generate}} {new_tokens}: a prompt of {ids.shape[1]} tokens and {new_tokens} new "
+            f"ones make {ids.shape[1] + new_tokens} positions, beyond the model's sliding "
+            f"window of {window}, which the static cache keeps whole: generate at most "
+            f"{window - ids.shape[1]} tokens")
     limit = max_positions(model)
     if limit is not None and ids.shape[1] + new_tokens > limit:
         raise ConfigError(
