@@ -252,7 +252,8 @@ def test_a_sliding_window_model_generates_within_its_window_and_is_refused_beyon
         num_attention_heads=4, num_key_value_heads=2, sliding_window=16,
         max_position_embeddings=64))
     prompt = {"input_ids": torch.randint(0, 200, (1, 12))}
-    with pytest.raises(ConfigError, match="sliding window of 16: generate at most 4 tokens"):
+    with pytest.raises(ConfigError, match="sliding window of 16, which the static cache keeps "
+                       "whole: generate at most 4 tokens"):
         autoplace.plan(model, prompt, autoplace.Config(devices="2xcpu-thread", generate=8))
     planned = autoplace.plan(model, prompt, autoplace.Config(
         devices="2xcpu-thread", generate=4, solve=autoplace.Solve(time_limit_s=1)))
