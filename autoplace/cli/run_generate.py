@@ -41,7 +41,7 @@ class GenerateResult:
     ``remapped``)."""
 
     sequences: torch.Tensor
-    prefill_s: float
+    prefill_s: float | None  # not timed on ranks
     step_s: float
     steps_s: tuple[float, ...]
     predicted_prefill_s: float | None
@@ -54,7 +54,7 @@ class GenerateResult:
         return {"new_tokens": len(self.steps_s) + 1,
                 "ms_per_token": self.step_s * 1e3,
                 "predicted_ms_per_token": None if predicted is None else predicted * 1e3,
-                "prefill_ms": self.prefill_s * 1e3,
+                "prefill_ms": None if self.prefill_s is None else self.prefill_s * 1e3,
                 "predicted_prefill_ms": (None if self.predicted_prefill_s is None
                                          else self.predicted_prefill_s * 1e3),
                 "steps_ms": [s * 1e3 for s in self.steps_s], "remapped": dict(self.remapped),
@@ -70,9 +70,11 @@ class GenerateResult:
                         + "): the times stand alone")
         if self.ranks > 1:
             said.append(f"{self.ranks} ranks generated the emitted model's tokens")
-        else:
+        if self.prefill_s is not None:
             said.append(f"prompt's pass: {self.prefill_s * 1e3:.2f} ms" + _against(
                 self.prefill_s, self.predicted_prefill_s))
+        if not self.steps_s:
+            return [*said, "one token: the prompt's pass made it, no decode step ran"]
         said.append(f"time per token: {self.step_s * 1e3:.2f} ms (median of "
                     f"{len(self.steps_s)} decode steps)" + _against(self.step_s,
                                                                    self.predicted_step_s)
@@ -168,7 +170,7 @@ def generate_ranks(directory: str, *, new_tokens: int, nproc: int,
     remapped = _remapped(here)
     steps = tuple(report["times_s"])
     return GenerateResult(
-        sequences=got, prefill_s=0.0, step_s=statistics.median(steps) if steps else 0.0,
+        sequences=got, prefill_s=None, step_s=statistics.median(steps) if steps else 0.0,
         steps_s=steps, predicted_prefill_s=None,
         predicted_step_s=None if remapped else record.step_s, remapped=remapped, ranks=nproc)
 
