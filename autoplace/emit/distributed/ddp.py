@@ -51,7 +51,7 @@ from autoplace.train.layers import no_dropout
 
 __all__ = ["INIT_TIMEOUT_S", "SHARDINGS", "batch_size", "microbatching", "print_error",
            "replica_backend", "replica_device_map", "replica_exit", "replica_main",
-           "replicas_of", "shard", "write_train_script"]
+           "replicas_of", "say_trained", "shard", "write_train_script"]
 
 # The rendezvous and every collective after it: a rank that died or never came makes the others
 # fail within this, rather than wait for ever.
@@ -231,20 +231,25 @@ def replica_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, opti
         print_error(type(error).__name__, error)
         return 2
     if rank == 0:
-        if options.json:
-            Path(options.json).write_text(json.dumps(report) + "\n")
-        if options.record:
-            torch.save(record, options.record)
         cut = report["microbatches"]
-        print(f"trained {replicas} replicas ({SHARDINGS[sharding]}, {report['backend']}), "
-              f"each on {report['shard']} "
-              f"of the batch of {report['batch']}"
-              + (f" in {cut} micro-batches" if cut > 1 else "")
-              + f", {len(report['losses'])} steps of "
-              f"{optimizer}\nlosses (mean over the replicas): "
-              + ", ".join(f"{v:.6g}" for v in report["losses"])
-              + f"\nstep time: {report['measured_s'] * 1e3:.3f} ms (median)", flush=True)
+        say_trained(options, report, record, losses="losses (mean over the replicas)", what=(
+            f"{replicas} replicas ({SHARDINGS[sharding]}, {report['backend']}), each on "
+            f"{report['shard']} of the batch of {report['batch']}"
+            + (f" in {cut} micro-batches" if cut > 1 else "")
+            + f", {len(report['losses'])} steps of {optimizer}"))
     return 0
+
+
+def say_trained(options: argparse.Namespace, report: Mapping[str, Any], record: Any, *,
+                what: str, losses: str = "losses") -> None:
+    """Rank 0's end of a training run: ``--json`` and ``--record`` written, and what it
+    trained (``what``), the ``losses`` and the median step said."""
+    if options.json:
+        Path(options.json).write_text(json.dumps(report) + "\n")
+    if options.record:
+        torch.save(record, options.record)
+    print(f"trained {what}\n{losses}: " + ", ".join(f"{v:.6g}" for v in report["losses"])
+          + f"\nstep time: {report['measured_s'] * 1e3:.3f} ms (median)", flush=True)
 
 
 def _train(model_dir: Path, *, optimizer: str, replicas: int, rank: int, steps: int,

@@ -64,7 +64,7 @@ def tensor_train_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *,
     (``--json``) and, for ``verify_tensor_training``, each step's loss, gradients, parameters
     and optimizer state gathered whole (``--record``, ``torch.save``). The exit code; an
     ``AutoplaceError`` is printed as one line and exits with 2."""
-    from autoplace.emit.distributed.ddp import check_world, print_error
+    from autoplace.emit.distributed.ddp import check_world, print_error, say_trained
 
     parser = argparse.ArgumentParser(
         prog="train.py", description=f"Train {model_dir} as {len(devices)} tensor-parallel "
@@ -98,14 +98,9 @@ def tensor_train_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *,
         print_error(type(error).__name__, error)
         return 2
     if rank == 0:
-        if options.json:
-            Path(options.json).write_text(json.dumps(report) + "\n")
-        if options.record:
-            torch.save(record, options.record)
-        print(f"trained {report['ranks']} tensor-parallel ranks ({report['backend']}), each on "
-              f"the whole batch, {len(report['losses'])} steps of {optimizer}\nlosses: "
-              + ", ".join(f"{v:.6g}" for v in report["losses"])
-              + f"\nstep time: {report['measured_s'] * 1e3:.3f} ms (median)", flush=True)
+        say_trained(options, report, record, what=(
+            f"{report['ranks']} tensor-parallel ranks ({report['backend']}), each on the whole "
+            f"batch, {len(report['losses'])} steps of {optimizer}"))
     return 0
 
 
