@@ -15,9 +15,10 @@ from __future__ import annotations
 import copy
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -61,18 +62,23 @@ def tie(prefill: torch.nn.Module, decode: torch.nn.Module) -> None:
         getattr(decode, f"seg{seg.index}").load_state_dict(state, strict=True, assign=True)
 
 
-def greedy(prefill: torch.nn.Module, decode: torch.nn.Module, prompt: torch.Tensor, *,
-           new_tokens: int, step_times: list[float] | None = None) -> torch.Tensor:
+def greedy(prefill: Callable[..., Any], decode: Callable[..., Any], prompt: torch.Tensor, *,
+           new_tokens: int, step_times: list[float] | None = None,
+           pick: Callable[[Any], torch.Tensor] | None = None) -> torch.Tensor:
     """The prompt and ``new_tokens`` tokens generated greedily after it (batch x (L + N)); each
-    decode step's seconds appended to ``step_times``."""
+    decode step's seconds appended to ``step_times``. ``prefill`` and ``decode`` are called
+    with the tokens and their positions; ``pick`` takes what they return to the next token of
+    each sequence (default: the argmax of the last logits; ranks broadcast rank 0's,
+    ``distributed.generate``)."""
+    pick = pick or (lambda logits: logits[:, -1].argmax(-1, keepdim=True))
     length = prompt.shape[1]
     with torch.no_grad():
-        logits = prefill(prompt, torch.arange(length, device=prompt.device))
-        tokens = [prompt, logits[:, -1].argmax(-1, keepdim=True).to(prompt.device)]
+        tokens = [prompt, pick(prefill(prompt, torch.arange(length, device=prompt.device)))
+                  .to(prompt.device)]
         for i in range(new_tokens - 1):
             start = time.perf_counter()
-            logits = decode(tokens[-1], torch.tensor([length + i], device=prompt.device))
-            tokens.append(logits[:, -1].argmax(-1, keepdim=True).to(prompt.device))
+            position = torch.tensor([length + i], device=prompt.device)
+            tokens.append(pick(decode(tokens[-1], position)).to(prompt.device))
             if step_times is not None:
                 step_times.append(time.perf_counter() - start)
     return torch.cat(tokens, dim=1)

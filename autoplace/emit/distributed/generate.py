@@ -11,7 +11,6 @@ Rank 0 keeps the tokens and times each step from its start to the next token on 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from autoplace.emit.files.saving import load_model
-from autoplace.emit.generate import DECODE_DIR, tie
+from autoplace.emit.generate import DECODE_DIR, greedy, tie
 from autoplace.errors import EmitError
 
 __all__ = ["generate_on_ranks", "load_decode", "run_generation"]
@@ -38,36 +37,27 @@ def load_decode(model_dir: Path, prefill: torch.nn.Module, *, device_map: Any
 def generate_on_ranks(prefill: torch.nn.Module, decode: torch.nn.Module, prompt: torch.Tensor,
                       *, new_tokens: int, run: Callable[[torch.nn.Module, Any, int], Any],
                       rank: int, device: str) -> tuple[torch.Tensor | None, list[float]]:
-    """``new_tokens`` generated greedily by the ranks after ``prompt``: on rank 0 the
-    sequences and each decode step's seconds (elsewhere ``None`` and the same times, unread).
-    ``run(model, (input_ids, positions), k)``: pass ``k`` (0 the prompt's, 1 a step) of this
-    rank's segments (``ranks.run_pass`` with that pass's exchange); ``device``: where the
-    token is broadcast (nccl's are CUDA tensors)."""
-    length = prompt.shape[1]
-    tokens, steps = [prompt.to(device)], []
-    with torch.no_grad():
-        outputs = run(prefill, (prompt, torch.arange(length)), 0)
-        token = _shared_token(outputs, prefill, prompt, rank=rank, device=device)
-        for i in range(new_tokens - 1):
-            tokens.append(token)
-            began = time.perf_counter()
-            outputs = run(decode, (token, torch.tensor([length + i])), 1)
-            token = _shared_token(outputs, decode, prompt, rank=rank, device=device)
-            steps.append(time.perf_counter() - began)
-        tokens.append(token)
-    return (torch.cat([t.to("cpu") for t in tokens], dim=1) if rank == 0 else None), steps
+    """``new_tokens`` generated greedily by the ranks after ``prompt`` (``emit.generate.greedy``
+    over this rank's segments): on rank 0 the sequences and each decode step's seconds
+    (elsewhere ``None`` and the same times, unread). ``run(model, (input_ids, positions), k)``:
+    pass ``k`` (0 the prompt's, 1 a step) of this rank's segments (``ranks.run_pass`` with that
+    pass's exchange); ``device``: where the token is broadcast (nccl's are CUDA tensors)."""
+    steps: list[float] = []
 
+    def pick(outputs: dict[str, Any]) -> torch.Tensor:
+        """The next token of each sequence, the argmax of the last logits on rank 0 (where
+        ``run_pass`` gathers the outputs by name), on every rank (broadcast from rank 0)."""
+        token = torch.empty((prompt.shape[0], 1), dtype=torch.long, device=device)
+        if rank == 0:
+            logits = next(iter(outputs.values()))[0]  # the pass's first output, its logits
+            token = logits[:, -1].argmax(-1, keepdim=True).to(device)
+        dist.broadcast(token, src=0)
+        return token
 
-def _shared_token(outputs: dict[str, Any], model: torch.nn.Module, prompt: torch.Tensor, *,
-                  rank: int, device: str) -> torch.Tensor:
-    """The next token of each sequence, the argmax of the last logits on rank 0, on every
-    rank (broadcast from rank 0)."""
-    token = torch.empty((prompt.shape[0], 1), dtype=torch.long, device=device)
-    if rank == 0:
-        logits = outputs[model.output_names[0]][0]
-        token = logits[:, -1].argmax(-1, keepdim=True).to(device)
-    dist.broadcast(token, src=0)
-    return token
+    sequences = greedy(lambda ids, positions: run(prefill, (ids, positions), 0),
+                       lambda ids, positions: run(decode, (ids, positions), 1), prompt,
+                       new_tokens=new_tokens, step_times=steps, pick=pick)
+    return (sequences if rank == 0 else None), steps
 
 
 def run_generation(model: torch.nn.Module, model_dir: Path, *, new_tokens: int,
