@@ -27,8 +27,7 @@ from autoplace.emit.codegen.model import PartitionedModel
 from autoplace.emit.device_map import local_device_map
 from autoplace.emit.distributed.devices import emitted_devices
 from autoplace.errors import EmitError, VerificationError
-from autoplace.ir import Cluster, Placement, Problem
-from autoplace.simulate import simulate
+from autoplace.ir import Cluster, Problem, Schedule
 from autoplace.trace.generate import CACHE_BUFFER_PREFIXES
 
 __all__ = ["DECODE_DIR", "Generated", "check_generation", "emit_decode", "greedy",
@@ -38,12 +37,13 @@ DECODE_DIR = "decode"  # beside the emitted model's files: OUT/model/decode
 
 
 def emit_decode(prefill: PartitionedModel, module: torch.fx.GraphModule, *, problem: Problem,
-                placement: Placement, device_of_op: Mapping[str, str]) -> PartitionedModel:
+                schedule: Schedule, device_of_op: Mapping[str, str]) -> PartitionedModel:
     """The decode pass ``module`` emitted as ``prefill`` was (the plan's ``device_of_op``, ops in
-    the prefill's launch order, so the same segments), on ``prefill``'s tensors."""
+    the launch order of the prefill's ``problem`` and ``schedule``, so the same segments), on
+    ``prefill``'s tensors."""
     torch_device = emitted_devices(problem.cluster.devices)
     device_of = {op: torch_device[dev] for op, dev in device_of_op.items()}
-    order = emit.op_order(module, problem, simulate(problem, placement))
+    order = emit.op_order(module, problem, schedule)
     decode = emit.emit_model(module, device_of, order=order,
                              device_map=local_device_map(sorted(set(device_of.values()))))
     tie(prefill, decode)

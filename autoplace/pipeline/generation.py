@@ -11,6 +11,7 @@ The emitted model generates (``emit.generate``) and is checked against the origi
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -22,7 +23,7 @@ from autoplace.emit.generate import check_generation, emit_decode
 from autoplace.errors import ConfigError, TraceError
 from autoplace.formats.plan import Plan
 from autoplace.formats.records import GenerationRecord
-from autoplace.ir import Cluster, Costs, HostCosts, OpGraph, Placement, Problem
+from autoplace.ir import Cluster, Costs, HostCosts, OpGraph, Placement, Problem, Schedule
 from autoplace.pipeline.emitting import Emitting
 from autoplace.pipeline.forward import Forward, Loaded, Tracing, traced_problem
 from autoplace.pipeline.inference import InferenceStages, Solved
@@ -31,7 +32,7 @@ from autoplace.progress import stage
 from autoplace.progress.notes import collecting, note
 from autoplace.simulate import simulate
 from autoplace.solve import SolveResult, solve
-from autoplace.solve.baselines.accelerate import accelerate_baselines
+from autoplace.solve.baselines.accelerate import accelerate_baselines, covering_key
 from autoplace.trace.generate import (
     CACHE_BUFFER_PREFIXES,
     CachedLM,
@@ -52,6 +53,7 @@ class GenerationSolved(Solved):
 
     decode: Forward | None = None
     prefill_problem: Problem | None = None
+    prefill_schedule: Schedule | None = None  # the plan's placement of the prompt's pass
     wrapper: CachedLM | None = None
     prompt: torch.Tensor | None = None
     record: GenerationRecord | None = None
@@ -95,17 +97,14 @@ def cache_bytes(problem: Problem, placement: Placement, module: torch.fx.GraphMo
     sizes = {name: t.numel() * t.element_size() for name, t in wrapper.named_buffers()
              if name.startswith(CACHE_BUFFER_PREFIXES)}
     node_of = {op: node.name for node in problem.graph.nodes for op in node.ops}
+    position = {n: i for i, n in enumerate(module.graph.nodes)}
     held = dict.fromkeys(problem.cluster.names, 0)
     for attr in module.graph.nodes:
         if attr.op != "get_attr" or attr.target not in sizes or not attr.users:
             continue
-        first = min(attr.users, key=lambda user: _position(module, user))
+        first = min(attr.users, key=position.__getitem__)
         held[placement.device_of[node_of[first.name]]] += sizes[str(attr.target)]
     return held
-
-
-def _position(module: torch.fx.GraphModule, node: torch.fx.Node) -> int:
-    return next(i for i, n in enumerate(module.graph.nodes) if n is node)
 
 
 @dataclass(frozen=True)
@@ -137,12 +136,16 @@ class GenerationStages:
         extra, _ = accelerate_baselines(wrapper, prefill.graph, problem)
         solved = solve(problem, options=self.config.solving.options(), extra_baselines=extra)
         passes = _Passes(prefill=prefill.problem, decode=decode.problem, new_tokens=new_tokens)
-        result, gain = min_gain(passes.fastest(solved, problem), self.config.solving.min_gain)
-        record = passes.record(result, prompt=prompt, module=prefill.traced.module,
-                               wrapper=wrapper)
+        totals = passes.totals(solved.baselines)
+        result, gain = min_gain(passes.fastest(solved, problem, totals),
+                                self.config.solving.min_gain)
+        first = simulate(prefill.problem, result.schedule.placement)  # emitted as it runs
+        record = passes.record(result, first, totals=totals, prompt=prompt,
+                               module=prefill.traced.module, wrapper=wrapper)
         return GenerationSolved(forward=replace(prefill, problem=problem), result=result,
                                 gain=gain, decode=decode, prefill_problem=prefill.problem,
-                                wrapper=wrapper, prompt=prompt, record=record)
+                                prefill_schedule=first, wrapper=wrapper, prompt=prompt,
+                                record=record)
 
     def record(self, solved: GenerationSolved) -> Plan:
         """The inference plan's record, with its generation figures."""
@@ -151,8 +154,7 @@ class GenerationStages:
 
     def emitting(self, planned: Plan, solved: GenerationSolved, loaded: Loaded) -> Emitting:
         """The prefill's graph placed as planned, checked on the prompt (its logits)."""
-        return Emitting(problem=solved.prefill_problem,
-                        schedule=simulate(solved.prefill_problem, planned.schedule.placement),
+        return Emitting(problem=solved.prefill_problem, schedule=solved.prefill_schedule,
                         device_of_op=planned.device_of_op,
                         args=generation_inputs(solved.prompt)[0], kwargs={},
                         model=solved.wrapper, meta_weights=loaded.checkpoint is not None)
@@ -162,8 +164,7 @@ class GenerationStages:
         pair checked: greedy generation gives the original's tokens, the cache per device is
         within the plan's."""
         decode = emit_decode(emitted, solved.decode.traced.module,
-                             problem=solved.prefill_problem,
-                             placement=planned.schedule.placement,
+                             problem=solved.prefill_problem, schedule=solved.prefill_schedule,
                              device_of_op=planned.device_of_op)
         emitted.decode = decode
         record = planned.generation
@@ -207,11 +208,17 @@ class _Passes:
             return simulate(self.decode, placement).objective_s(objective)
         return self.total(placement)
 
-    def fastest(self, result: SolveResult, problem: Problem) -> SolveResult:
+    def totals(self, baselines: Mapping[str, Schedule | None]) -> dict[str, float]:
+        """Each baseline's generation time (``total``)."""
+        return {name: self.total(s.placement) for name, s in baselines.items() if s is not None}
+
+    def fastest(self, result: SolveResult, problem: Problem, totals: Mapping[str, float]
+                ) -> SolveResult:
         """``result`` with the placement that scores best, of its own and its baselines'
-        (a note says where a baseline's is)."""
-        scores = {name: self.score(s.placement, result.objective)
-                  for name, s in result.baselines.items() if s is not None}
+        (``totals``: theirs, for latency; a note says where a baseline's is)."""
+        scores = dict(totals) if result.objective != Objective.THROUGHPUT else {
+            name: self.score(s.placement, result.objective)
+            for name, s in result.baselines.items() if s is not None}
         own = self.score(result.schedule.placement, result.objective)
         best = min(scores, key=scores.__getitem__, default=None)
         if best is None or scores[best] >= own * (1 - 1e-9):
@@ -221,19 +228,19 @@ class _Passes:
              f"against {own * 1e3:.3f} ms, {result.objective}): it is the plan")
         return replace(result, schedule=simulate(problem, result.baselines[best].placement))
 
-    def record(self, result: SolveResult, *, prompt: torch.Tensor,
-               module: torch.fx.GraphModule, wrapper: CachedLM) -> GenerationRecord:
-        """The generation figures of ``result``'s placement."""
+    def record(self, result: SolveResult, prefill: Schedule, *, totals: Mapping[str, float],
+               prompt: torch.Tensor, module: torch.fx.GraphModule,
+               wrapper: CachedLM) -> GenerationRecord:
+        """The generation figures of ``result``'s placement, whose ``prefill`` is simulated
+        already, as the baselines' ``totals`` are."""
         placement = result.schedule.placement
-        first, step = self.times(placement)
         return GenerationRecord(
             new_tokens=self.new_tokens, prompt_tokens=prompt.shape[1], batch=prompt.shape[0],
-            prefill_s=first, step_s=step,
+            prefill_s=prefill.makespan_s, step_s=simulate(self.decode, placement).makespan_s,
             cache_bytes=cache_bytes(self.prefill, placement, module, wrapper),
             lower_bound_s=(result.lower_bound_s if math.isfinite(result.lower_bound_s)
                            else 0.0),
-            baselines={name: self.total(s.placement) for name, s in result.baselines.items()
-                       if s is not None})
+            baselines=dict(totals))
 
 
 def cache_on_modules(graph: OpGraph, model: torch.nn.Module, args: tuple[Any, ...],
@@ -245,11 +252,10 @@ def cache_on_modules(graph: OpGraph, model: torch.nn.Module, args: tuple[Any, ..
     prompt = prompt_of(model, args, kwargs, new_tokens=new_tokens)
     writers = layer_cache_bytes(model, batch=prompt.shape[0],
                                 max_len=prompt.shape[1] + new_tokens)
-    names = [n.name for n in graph.nodes if not n.is_input]
+    names = {n.name for n in graph.nodes if not n.is_input}
     held: dict[str, int] = {}
     for path, size in writers.items():
-        node = max((n for n in names if n in ("", path) or path.startswith(n + ".")),
-                   key=len, default=None)
+        node = covering_key(path, names)
         if node is None:
             raise ConfigError(f"{{generate}}: no module of the device_map holds {path}, "
                               "which writes a cache layer: plan it at op granularity")
