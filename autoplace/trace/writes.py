@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 import torch.fx
 
+from autoplace.trace.count import op_name
+
 __all__ = ["drop_dead_writes"]
 
 # Ops whose output may share its input's storage: a write into one is a write into the other.
@@ -23,12 +25,6 @@ _ALIASING = frozenset({
     "split", "split_with_sizes", "chunk", "unbind", "reshape", "flatten", "unflatten", "to",
     "type_as", "contiguous", "getitem",
 })
-
-
-def _name(node: torch.fx.Node) -> str:
-    schema = getattr(node.target, "_schema", None)
-    return schema.name.split("::")[-1] if schema is not None else getattr(
-        node.target, "__name__", str(node.target))
 
 
 def _in_place(node: torch.fx.Node) -> bool:
@@ -44,7 +40,7 @@ def _storage(node: torch.fx.Node) -> set[torch.fx.Node]:
     """``node`` and every node that may share its storage: up through the ops it is a view or
     an alias of, then down through every view or alias of those."""
     base = node
-    while (base.op == "call_function" and _name(base) in _ALIASING and base.args
+    while (base.op == "call_function" and op_name(base.target) in _ALIASING and base.args
            and isinstance(base.args[0], torch.fx.Node)):
         base = base.args[0]
     found, todo = set(), [base]
@@ -54,7 +50,8 @@ def _storage(node: torch.fx.Node) -> set[torch.fx.Node]:
             continue
         found.add(current)
         todo += [user for user in current.users
-                 if user.op == "call_function" and (_name(user) in _ALIASING or _in_place(user))
+                 if user.op == "call_function"
+                 and (op_name(user.target) in _ALIASING or _in_place(user))
                  and user.args and user.args[0] is current]
     return found
 
