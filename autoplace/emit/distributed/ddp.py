@@ -49,9 +49,9 @@ from autoplace.train.dataparallel import average_gradients, ddp_replica
 from autoplace.train.graph import make_optimizer
 from autoplace.train.layers import no_dropout
 
-__all__ = ["INIT_TIMEOUT_S", "SHARDINGS", "batch_size", "microbatching", "print_error",
-           "replica_backend", "replica_device_map", "replica_exit", "replica_main",
-           "replicas_of", "say_trained", "shard", "write_train_script"]
+__all__ = ["INIT_TIMEOUT_S", "SHARDINGS", "add_training_flags", "batch_size", "microbatching",
+           "print_error", "replica_backend", "replica_device_map", "replica_exit",
+           "replica_main", "replicas_of", "say_trained", "shard", "write_train_script"]
 
 # The rendezvous and every collective after it: a rank that died or never came makes the others
 # fail within this, rather than wait for ever.
@@ -203,11 +203,7 @@ def replica_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, opti
         prog="train.py", description=f"Train {model_dir} as {replicas} data-parallel replicas "
         f"({SHARDINGS[sharding]}) with {optimizer}; run under torchrun --nproc-per-node "
         f"{replicas}.")
-    parser.add_argument("--steps", type=int, required=True, metavar="N")
-    parser.add_argument("--lr", type=float, metavar="RATE",
-                        help="the learning rate (default: the optimizer's torch default)")
-    parser.add_argument("--json", metavar="FILE",
-                        help="rank 0 writes the losses and step times to FILE as JSON")
+    add_training_flags(parser)
     parser.add_argument("--record", metavar="FILE",
                         help="for verify_replicas: rank 0 saves (torch.save) each step's loss, "
                         "averaged gradients, updated parameters, optimizer state and buffers "
@@ -238,6 +234,16 @@ def replica_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, opti
             + (f" in {cut} micro-batches" if cut > 1 else "")
             + f", {len(report['losses'])} steps of {optimizer}"))
     return 0
+
+
+def add_training_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags every ``train.py`` takes: ``--steps``, ``--lr`` and ``--json`` (rank 0's
+    report, ``say_trained``)."""
+    parser.add_argument("--steps", type=int, required=True, metavar="N")
+    parser.add_argument("--lr", type=float, metavar="RATE",
+                        help="the learning rate (default: the optimizer's torch default)")
+    parser.add_argument("--json", metavar="FILE",
+                        help="rank 0 writes the losses and step times to FILE as JSON")
 
 
 def say_trained(options: argparse.Namespace, report: Mapping[str, Any], record: Any, *,

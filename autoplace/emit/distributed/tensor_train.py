@@ -64,18 +64,19 @@ def tensor_train_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *,
     (``--json``) and, for ``verify_tensor_training``, each step's loss, gradients, parameters
     and optimizer state gathered whole (``--record``, ``torch.save``). The exit code; an
     ``AutoplaceError`` is printed as one line and exits with 2."""
-    from autoplace.emit.distributed.ddp import check_world, print_error, say_trained
+    from autoplace.emit.distributed.ddp import (
+        add_training_flags,
+        check_world,
+        print_error,
+        say_trained,
+    )
 
     parser = argparse.ArgumentParser(
         prog="train.py", description=f"Train {model_dir} as {len(devices)} tensor-parallel "
         f"ranks with {optimizer}; run under torchrun --nproc-per-node {len(devices)}.")
     parser.add_argument("--split", required=True, metavar="FILE",
                         help="each split weight: [column or row, dimension], as JSON")
-    parser.add_argument("--steps", type=int, required=True, metavar="N")
-    parser.add_argument("--lr", type=float, metavar="RATE",
-                        help="the learning rate (default: the optimizer's torch default)")
-    parser.add_argument("--json", metavar="FILE",
-                        help="rank 0 writes the losses and step times to FILE as JSON")
+    add_training_flags(parser)
     parser.add_argument("--record", metavar="FILE",
                         help="rank 0 saves each step's loss, gradients, updated parameters and "
                         "optimizer state, gathered whole, to FILE (torch.save)")
