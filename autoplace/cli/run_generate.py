@@ -137,8 +137,8 @@ def generate_ranks(directory: str, *, new_tokens: int, nproc: int,
     import torch
 
     from autoplace.cli.run import _remapped, plan_and_model
-    from autoplace.emit import local_device_map
-    from autoplace.emit.device_map import parse_device_map, remap
+    from autoplace.cli.run_ranks import where_ranks_run
+    from autoplace.emit.device_map import parse_device_map
     from autoplace.emit.distributed.replicas import launch_replicas
     from autoplace.emit.files.saving import load_inputs
     from autoplace.emit.generate import greedy, load_generator
@@ -151,10 +151,8 @@ def generate_ranks(directory: str, *, new_tokens: int, nproc: int,
         raise AutoplaceError(f"--nproc {nproc}: {directory} has no launch.py for "
                              f"{nproc} ranks (one per planned device; the plan has "
                              f"{len(plan.problem.cluster.devices)})")
-    planned = sorted({d.torch_device for d in plan.problem.cluster.devices})
-    given = parse_device_map(device_map) if device_map else None
-    here = ({d: remap(d, given) for d in planned} if given is not None
-            else local_device_map(planned))
+    here = where_ranks_run(sorted({d.torch_device for d in plan.problem.cluster.devices}),
+                           parse_device_map(device_map) if device_map else None)
     with tempfile.TemporaryDirectory(prefix="autoplace-generate-") as tmp:
         tokens_file, report_file = Path(tmp) / "tokens.safetensors", Path(tmp) / "rank0.json"
         launch_replicas(script, replicas=nproc, what="rank", timeout_s=600.0, argv=[

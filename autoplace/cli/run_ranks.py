@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,8 @@ from autoplace.simulate import simulate
 from autoplace.simulate.schedules import microbatch_name
 from autoplace.train.graph import microbatch_copies
 
-__all__ = ["RUN_TIMEOUT_S", "RanksResult", "pipelined_makespan_s", "run_ranks"]
+__all__ = ["RUN_TIMEOUT_S", "RanksResult", "pipelined_makespan_s", "run_ranks",
+           "where_ranks_run"]
 
 # A bound on the whole run of the ranks (start, rendezvous, passes), for a process that neither
 # ends nor fails; each exchange already fails after launch.py's --timeout.
@@ -122,10 +123,7 @@ def run_ranks(directory: str | os.PathLike[str], *, nproc: int, microbatches: in
         inputs = f"the example inputs ({model_dir / 'inputs.safetensors'})" + (
             f", {microbatches} times" if microbatches > 1 else "")
     planned = sorted({d.torch_device for d in devices} | set(planned_devices(model_dir)))
-    here = {d: remap(d, device_map) for d in planned} if device_map is not None \
-        else local_device_map(planned)
-    for device, ran in here.items():  # before any process starts
-        check_device(ran, planned=device, option="--device-map")
+    here = where_ranks_run(planned, device_map)
     if outputs_file is not None and not Path(outputs_file).parent.is_dir():
         raise OutputError(f"cannot write {str(outputs_file)!r}: "
                           f"{str(Path(outputs_file).parent)!r} is not a directory")
@@ -161,6 +159,18 @@ def run_ranks(directory: str | os.PathLike[str], *, nproc: int, microbatches: in
         nproc=nproc, microbatches=microbatches, pipelining=report["pipelining"],
         backend=report["backend"], max_abs_diff=diff, ranks=tuple(d.name for d in devices),
         inputs=inputs, notes=tuple(notes), outputs=got, written=written)
+
+
+def where_ranks_run(planned: Sequence[str], device_map: Mapping[str, str] | None
+                    ) -> dict[str, str]:
+    """Where each ``planned`` torch device's rank runs here: as ``device_map`` (load_model's
+    globs) says or, without one, on that device, those absent here on the CPU; each checked
+    to exist here (``--device-map``'s error), before any process starts."""
+    here = ({d: remap(d, device_map) for d in planned} if device_map is not None
+            else local_device_map(planned))
+    for device, ran in here.items():
+        check_device(ran, planned=device, option="--device-map")
+    return here
 
 
 def _check(plan: Plan, script: Path, *, nproc: int) -> None:

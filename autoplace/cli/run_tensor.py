@@ -26,9 +26,8 @@ import torch
 from torch.utils import _pytree as pytree
 
 from autoplace.cli.run import TrainResult, _on_cpu, _remapped, plan_and_model, save_outputs
-from autoplace.cli.run_ranks import RUN_TIMEOUT_S, RanksResult
-from autoplace.emit import load_model, local_device_map
-from autoplace.emit.device_map import check_device, remap
+from autoplace.cli.run_ranks import RUN_TIMEOUT_S, RanksResult, where_ranks_run
+from autoplace.emit import load_model
 from autoplace.emit.distributed.replicas import launch_replicas
 from autoplace.emit.distributed.tensor import compare_outputs
 from autoplace.emit.files.saving import load_inputs
@@ -151,11 +150,7 @@ def _candidate(directory: str | os.PathLike[str], *, nproc: int,
                              f"--nproc {record.ranks}, or plan again with --tp {nproc}")
     torch_device = {d.name: d.torch_device for d in plan.problem.cluster.devices}
     planned = [torch_device[name] for name in record.devices]
-    here = ({d: remap(d, device_map) for d in planned} if device_map is not None
-            else local_device_map(planned))
-    for device, ran in here.items():
-        check_device(ran, planned=device, option="--device-map")
-    return plan, record, root, here
+    return plan, record, root, where_ranks_run(planned, device_map)
 
 
 def _as_returned(expected: object, ours: list[torch.Tensor]) -> object:
