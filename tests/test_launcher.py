@@ -32,6 +32,68 @@ def _launched(problem: Problem, *, launch: float | None = None, call: float = 0.
 SPLIT = {"a": "d0", "b": "d0", "c": "d1", "d": "d1"}
 
 
+def _workers(problem: Problem, *, call: float, handover: float,
+             launch: float | None = None) -> Problem:
+    """``problem`` with every device a CPU worker (``own_thread``): each a process of its own,
+    or, with ``launch`` (each node's dispatch), threads of one process sharing its
+    interpreter."""
+    names = problem.cluster.names
+    own = ({d: d for d in names} if launch is None else dict.fromkeys(names, "python"))
+    launch_s = {} if launch is None else {n.name: dict.fromkeys(names, launch)
+                                          for n in problem.graph.nodes}
+    host = HostCosts(launch_s=launch_s, call_s=dict.fromkeys(names, call),
+                     handover_s=dict.fromkeys(names, handover), own_thread=own)
+    return dataclasses.replace(problem, costs=dataclasses.replace(problem.costs, host=host))
+
+
+def test_a_cpu_worker_pays_its_calls_and_handovers_between_its_own_ops() -> None:
+    # a -> b -> c, 1 s each, edges 1 s; a, c on d0 and b on d1, calls 2 s, handovers 3 s, each
+    # on the worker that makes it. d0: call 0..2, a 2..3, hands a over 3..6 (copy 6..7); d1
+    # waits for it, call 7..9, b 9..10, hands it over 10..13 (copy 13..14); d0: call 14..16,
+    # c 16..17. (One launcher for both would pay the same, but never wait for its own work.)
+    problem = _workers(chain(cluster(2)), call=2.0, handover=3.0)
+    assert problem.launchers == {"d0": "d0", "d1": "d1"}
+    schedule = simulate(problem, Placement(device_of={"a": "d0", "b": "d1", "c": "d0"}))
+    assert [schedule.start_s[n] for n in "abc"] == pytest.approx([2.0, 9.0, 16.0])
+    assert schedule.makespan_s == pytest.approx(17.0)
+    copies = [x for t in schedule.transfers for x in (t.start_s, t.end_s)]
+    assert copies == pytest.approx([6.0, 7.0, 13.0, 14.0])
+    assert validate(problem, schedule) == []
+    lone = simulate(problem, Placement(device_of=dict.fromkeys("abc", "d0")))
+    assert lone.makespan_s == pytest.approx(5.0)  # one segment: one call
+
+
+def test_cpu_workers_pay_their_calls_in_parallel() -> None:
+    # fork_join split, calls 0.1 s: d0 calls a's segment (0..0.1, a 0.1..1.1) and hands a
+    # over (arrives 2.1); d1 calls c's at 2.1 (c 2.2..12.2) while d0 calls b's at 1.1 (b
+    # 1.2..11.2, handed over at 11.2, there at 12.2); d1 calls d's (12.2..12.3, d ..13.3).
+    problem = _workers(fork_join(cluster(2)), call=0.1, handover=0.0)
+    schedule = simulate(problem, Placement(device_of=SPLIT))
+    assert [schedule.start_s[n] for n in "abcd"] == pytest.approx([0.1, 1.2, 2.2, 12.3])
+    assert schedule.makespan_s == pytest.approx(13.3)
+    assert validate(problem, schedule) == []
+
+
+def test_cpu_worker_threads_of_one_process_share_its_interpreter() -> None:
+    # x on d0 and y on d1, 2 s each, all of it dispatch: as processes of their own they run
+    # together (2 s); as threads of one process each holds the interpreter for its dispatch,
+    # so y waits for x (4 s). Its calls hold it too: 1 s each, before each node.
+    from zoo import problem
+
+    two = problem([("x", 2, 0), ("y", 2, 0)], [], cluster(2), outputs=("x", "y"))
+    split = Placement(device_of={"x": "d0", "y": "d1"})
+    processes = _workers(two, call=0.0, handover=0.0)
+    threads = _workers(two, call=0.0, handover=0.0, launch=2.0)
+    assert processes.launchers == {"d0": "d0", "d1": "d1"}
+    assert threads.launchers == {"d0": "python", "d1": "python"}
+    assert simulate(processes, split).makespan_s == pytest.approx(2.0)
+    schedule = simulate(threads, split)
+    assert schedule.makespan_s == pytest.approx(4.0)
+    assert validate(threads, schedule) == []
+    called = simulate(_workers(two, call=1.0, handover=0.0, launch=2.0), split)
+    assert called.makespan_s == pytest.approx(6.0)  # call, x, call, y: all on the one lock
+
+
 def test_launch_bound_work_gains_nothing_from_a_second_device() -> None:
     # fork_join: 22 s on one device; split, 13 s when nothing is launched (see tests/zoo.py).
     # With every second of it launched from the one host thread, the launches alone take 22 s,
@@ -189,6 +251,34 @@ def test_a_measured_launcher_replaces_the_catalog_estimates() -> None:
         if node.name in measured.launch_s:
             assert 0 < measured.launch_s[node.name]["cuda:0"] <= costs(
                 traced.graph, cluster).of(node.name, "cuda:0")
+
+
+def test_cpu_workers_get_their_threads_and_threads_of_one_process_one_interpreter() -> None:
+    from autoplace.cluster import resolve_cluster
+    from autoplace.emit.codegen.source import runtime_namespace
+    from autoplace.profile.cost import costs
+    from autoplace.profile.launcher import measure_worker
+    from autoplace.trace import trace_model
+    from cost_models.devices import CPU_WORKER_CALL_S, CPU_WORKER_DISPATCH_S
+
+    traced = trace_model(TwoBranch(), (torch.randn(8, 16),))
+    threads, _ = resolve_cluster(spec="2xcpu-thread")
+    host = costs(traced.graph, threads).host
+    assert host is not None and set(host.own_thread) == {"cpu:0", "cpu:1"}
+    assert len(set(host.own_thread.values())) == 1  # one process: one interpreter
+    assert host.call_s["cpu:0"] == CPU_WORKER_CALL_S
+    dispatch = {n.name: host.launch_of(n.name, "cpu:0") for n in traced.graph.nodes
+                if n.launches}
+    assert dispatch and all(0 < t <= CPU_WORKER_DISPATCH_S * 4 for t in dispatch.values())
+    processes, _ = resolve_cluster(spec="2xcpu-process")
+    own = costs(traced.graph, processes).host
+    assert own is not None and {d: t for d, t in own.own_thread.items()} == {
+        "cpu:0": "cpu:0", "cpu:1": "cpu:1"}  # each rank a process: its own interpreter
+    assert not any(own.launch_s.values())
+    measured = measure_worker(engine=runtime_namespace(), calls=50, rounds=3)
+    assert all(0 <= t < 1e-3 for t in measured) and measured[1] > 0 and measured[2] > 0
+    given = costs(traced.graph, threads, worker=(1e-6, 2e-6, 3e-6)).host
+    assert (given.call_s["cpu:1"], given.handover_s["cpu:1"]) == (1e-6, 2e-6)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

@@ -410,3 +410,29 @@ def test_links_are_measured_by_copying_and_replace_the_catalog_defaults():
     assert measured.link("cpu", "cuda:0").kind == "measured"
     assert measured.transfer_s("cpu", "cuda:0", 10_000) == pytest.approx(3e-6 + 1e-6)
     assert cluster.link("cpu", "cuda:0").kind == "pcie4"
+
+
+def test_cpu_op_times_add_up_to_the_whole_pass_they_were_timed_in() -> None:
+    # Ops timed one by one in situ leave out the work between them; on a CPU the plan scales
+    # them to the whole forward pass where that took longer, never down, and never on a GPU.
+    from autoplace.profile import ProfileResult
+    from autoplace.profile.ops import DeviceProfile, OpProfile
+    from autoplace.profile.timing import Measurement
+
+    def device(torch_device: str, whole_s: float | None) -> DeviceProfile:
+        ops = {name: OpProfile(node=name, signature=name, median_s=secs, spread=0.0,
+                               samples=3, param_bytes=0, output_bytes=0, workspace_bytes=None,
+                               method="in-situ")
+               for name, secs in (("a", 1e-3), ("b", 3e-3))}
+        whole = None if whole_s is None else Measurement(median_s=whole_s, spread=0.0,
+                                                         samples=3, calls=1)
+        return DeviceProfile(device=torch_device, torch_device=torch_device, device_key="k",
+                             device_type="cpu-thread", ops=ops, whole_forward=whole)
+
+    assert device("cpu:0", 5e-3).whole_scale == pytest.approx(1.25)
+    assert device("cpu:0", 3e-3).whole_scale == 1.0  # faster whole: the ops stand
+    assert device("cpu:0", None).whole_scale == 1.0
+    assert device("cuda:0", 5e-3).whole_scale == 1.0
+    measured = ProfileResult(devices=(device("cpu:0", 5e-3),)).measured()
+    assert measured["a"]["cpu:0"] == pytest.approx(1.25e-3)
+    assert sum(m["cpu:0"] for m in measured.values()) == pytest.approx(5e-3)

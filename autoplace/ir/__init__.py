@@ -468,12 +468,14 @@ class Problem:
 
     @cached_property
     def launchers(self) -> dict[str, str]:
-        """Device -> the host thread that launches its work (one per host), for the devices
+        """Device -> the host thread that launches its work (one per host; for a CPU worker,
+        the interpreter its thread holds: ``HostCosts.own_thread``), for the devices
         ``costs.host`` gives a launcher; empty when it is ``None``."""
         host = self.costs.host
         if host is None:
             return {}
-        return {d.name: d.host for d in self.cluster.devices if d.name in host.call_s}
+        return {d.name: host.own_thread.get(d.name, d.host)
+                for d in self.cluster.devices if d.name in host.call_s}
 
     @cached_property
     def sole_launcher(self) -> str | None:

@@ -6,7 +6,7 @@ Kept apart from the rest of the IR, which holds it in ``Costs.host``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["HostCosts"]
 
@@ -21,12 +21,21 @@ class HostCosts:
     at most its ``compute_s`` there; ``call_s[device]``: one segment call (the generated Python
     around it); ``handover_s[device]``: issuing one copy of a value to another device (stream
     wait, copy, event). A device absent from ``call_s`` has no launcher: its own thread does all
-    of its work, and ``compute_s`` is all there is (CPUs).
+    of its work, and ``compute_s`` is all there is (the host CPU).
+
+    The devices of ``own_thread`` (CPU workers, ``cpu-thread`` and ``cpu-process``) run on a
+    thread of their own, which waits for a segment's inputs, calls it, runs its ops and hands
+    its values over (``emit.runtime.engine._work``): their calls and handovers are paid between
+    their own ops. ``own_thread[device]`` names what those calls, handovers and each op's
+    dispatch (``launch_s``, within its ``compute_s``) hold: the Python interpreter of the
+    worker's process, which the ``cpu-thread`` workers of one process share (its lock), while
+    a ``cpu-process`` worker has one to itself (named as the device).
     """
 
     launch_s: Mapping[str, Mapping[str, float]]
     call_s: Mapping[str, float]
     handover_s: Mapping[str, float]
+    own_thread: Mapping[str, str] = field(default_factory=dict)
 
     def launch_of(self, node: str, device: str) -> float:
         return self.launch_s.get(node, {}).get(device, 0.0)
@@ -41,7 +50,8 @@ class HostCosts:
                     per_device[device] = per_device.get(device, 0.0) + secs
             if per_device:
                 launch_s[group] = per_device
-        return HostCosts(launch_s=launch_s, call_s=self.call_s, handover_s=self.handover_s)
+        return HostCosts(launch_s=launch_s, call_s=self.call_s, handover_s=self.handover_s,
+                         own_thread=self.own_thread)
 
     def restricted(self, devices: Iterable[str]) -> HostCosts | None:
         """The same on ``devices`` only; ``None`` when none of them has a launcher."""
@@ -52,4 +62,5 @@ class HostCosts:
             launch_s={n: {d: t for d, t in per.items() if d in keep}
                       for n, per in self.launch_s.items()},
             call_s={d: t for d, t in self.call_s.items() if d in keep},
-            handover_s={d: t for d, t in self.handover_s.items() if d in keep})
+            handover_s={d: t for d, t in self.handover_s.items() if d in keep},
+            own_thread={d: t for d, t in self.own_thread.items() if d in keep})

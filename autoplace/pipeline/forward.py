@@ -123,7 +123,8 @@ def traced_problem(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[s
     costs = cost_nodes(graph, cluster,
                        measured=profiled.measured() if profiled else None,
                        fits=profiled.fits if profiled else None,
-                       launcher=profiled.launcher if profiled else None, tf32=tf32)
+                       launcher=profiled.launcher if profiled else None,
+                       worker=profiled.worker if profiled else None, tf32=tf32)
     note(analytic_cpu_note(graph, cluster, costs))
     note(tf32_note(graph, cluster, costs, tf32))
     stage("fold")

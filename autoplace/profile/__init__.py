@@ -25,15 +25,17 @@ from typing import Any
 import torch
 
 from autoplace.cluster import Inventory, device_key, inventory, present_devices
+from autoplace.cluster.spec import WORKER_TYPES
 from autoplace.ir import Cluster, Device, Link, OpGraph
 from autoplace.profile.cache import LinkRecord, ProfileCache, default_cache_path
 from autoplace.profile.calibrate import Comparison, compare, fits_for, refit
-from autoplace.profile.launcher import measure_launcher
+from autoplace.profile.launcher import measure_launcher, measure_worker
 from autoplace.profile.links import measure_handover, measure_link
 from autoplace.profile.ops import DeviceProfile, Progress, profile_device
 from autoplace.profile.timing import Timer, is_thread_worker, threads_for
 from autoplace.progress import paused
 from autoplace.trace import TracedModel
+from cost_models import get_device_type
 from cost_models.calibration import CalibrationFit
 
 __all__ = ["ProfileCache", "ProfileResult", "default_cache_path", "open_cache",
@@ -53,16 +55,21 @@ class ProfileResult:
     # (segment call, handover) seconds of the launcher thread, measured on a GPU here
     # (``launcher.measure_launcher``); None without one.
     launcher: tuple[float, float] | None = None
+    # A CPU worker's (segment call, handover, op dispatch) seconds (``launcher.measure_worker``);
+    # None without one.
+    worker: tuple[float, float, float] | None = None
     cache: Mapping[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     wall_s: float = 0.0
 
     def measured(self) -> dict[str, dict[str, float]]:
-        """``measured[node][device]`` seconds, for ``autoplace.profile.cost.costs``."""
+        """``measured[node][device]`` seconds, for ``autoplace.profile.cost.costs``: each op's
+        median, on a CPU scaled to the whole forward pass (``DeviceProfile.whole_scale``)."""
         out: dict[str, dict[str, float]] = {}
         for dp in self.devices:
+            scale = dp.whole_scale
             for node, op in dp.ops.items():
-                out.setdefault(node, {})[dp.device] = op.median_s
+                out.setdefault(node, {})[dp.device] = op.median_s * scale
         return out
 
     def with_workspace(self, graph: OpGraph) -> OpGraph:
@@ -184,8 +191,9 @@ def profile_model(
     Identical devices (two GPUs of one model) are measured once. ``in_situ``: see
     ``ops.profile_device`` (by default ops are timed where they run on the CPU, alone on GPUs).
     ``engine``: the emitted runtime's engine (``emit.codegen.source.runtime_namespace()``), whose
-    launcher costs are measured on a GPU here (``launcher.measure_launcher``); without it they
-    are not, and the catalog's estimates apply.
+    launcher costs are measured on a GPU here (``launcher.measure_launcher``), and a CPU
+    worker's where one is here (``launcher.measure_worker``); without it they are not, and the
+    catalog's estimates apply.
     """
     began = time.perf_counter()
     inv = inv or inventory()
@@ -230,9 +238,12 @@ def profile_model(
                     f"on {device.name}, the {len(dp.ops)} ops timed one by one add up to "
                     f"{dp.sum_s * 1e3:.3g} ms; the whole forward pass took "
                     f"{dp.whole_forward.median_s * 1e3:.3g} ms "
-                    f"({_signed(dp.sum_s / dp.whole_forward.median_s - 1)})")
+                    f"({_signed(dp.sum_s / dp.whole_forward.median_s - 1)})"
+                    + (f"; the plan takes each op's time x{dp.whole_scale:.3g}, so that they "
+                       "add up to the whole pass" if dp.whole_scale > 1 else ""))
     measured_links = _links(present, inv, cache=cache, notes=notes) if links else ()
     launched = _launcher(present, notes, engine)
+    worker = _worker(present, notes, engine)
     fits, fit_notes = fits_for(cluster, cache.get_fits())
     notes += fit_notes
     comparisons = []
@@ -246,6 +257,7 @@ def profile_model(
             comparisons.append(c)
     return ProfileResult(devices=tuple(profiles), links=measured_links, fits=fits,
                          comparisons=tuple(comparisons), inventory=inv, launcher=launched,
+                         worker=worker,
                          cache=cache.describe(), notes=tuple(dict.fromkeys(notes)),
                          wall_s=time.perf_counter() - began)
 
@@ -266,6 +278,18 @@ def _launcher(present: Sequence[Device], notes: list[str],
     notes.append(f"launcher measured on {gpu.name}: a segment call {call_s * 1e6:.1f} us, a "
                  f"handover {handover_s * 1e6:.1f} us")
     return call_s, handover_s
+
+
+def _worker(present: Sequence[Device], notes: list[str],
+            engine: Mapping[str, Any] | None) -> tuple[float, float, float] | None:
+    """A CPU worker's segment call, handover and op dispatch, measured by ``engine`` on this
+    thread, where a CPU worker is here."""
+    if engine is None or not any(get_device_type(d.type).name in WORKER_TYPES for d in present):
+        return None
+    measured = measure_worker(engine=engine)
+    notes.append("a CPU worker measured: a segment call {:.1f} us, a handover {:.1f} us, an "
+                 "op's dispatch {:.1f} us".format(*(t * 1e6 for t in measured)))
+    return measured
 
 
 def _links(present: Sequence[Device], inv: Inventory, *, cache: ProfileCache,

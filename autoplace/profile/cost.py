@@ -16,10 +16,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from autoplace.cluster.spec import THREAD_TYPE, WORKER_TYPES
 from autoplace.ir import Cluster, Costs, HostCosts, OpGraph, OpNode
 from cost_models import get_device_type
 from cost_models.calibration import CalibrationFit, op_family
-from cost_models.devices import GPU_HANDOVER_S, GPU_SEGMENT_CALL_S
+from cost_models.devices import (
+    CPU_WORKER_CALL_S,
+    CPU_WORKER_DISPATCH_S,
+    CPU_WORKER_HANDOVER_S,
+    GPU_HANDOVER_S,
+    GPU_SEGMENT_CALL_S,
+)
 from cost_models.roofline import op_time_s
 
 __all__ = ["SOURCES", "Tf32", "analytic_cpu_note", "analytic_costs", "costs", "host_costs",
@@ -113,6 +120,7 @@ def costs(
     measured: Mapping[str, Mapping[str, float]] | None = None,
     fits: Mapping[str, CalibrationFit] | None = None,
     launcher: tuple[float, float] | None = None,
+    worker: tuple[float, float, float] | None = None,
     tf32: Tf32 | None = None,
 ) -> Costs:
     """Every node's time on every device, and where each figure came from.
@@ -120,7 +128,8 @@ def costs(
     ``measured[node][device]`` (seconds, from a profile) wins; else ``fits[device type]`` gives
     the calibrated roofline; else the analytic roofline, each at ``math_dtype``'s peak
     (``tf32``: which float32 ops run on TF32, default torch's settings now). ``launcher``: the
-    GPUs' launcher thread's segment call and handover, measured here (``host_costs``).
+    GPUs' launcher thread's segment call and handover, measured here (``host_costs``);
+    ``worker``: a CPU worker's segment call, handover and op dispatch, measured here.
     """
     measured = measured or {}
     fits = fits or {}
@@ -158,7 +167,8 @@ def costs(
         if len(set(kinds.values())) > 1 or source[node.name] != "analytic":
             device_source[node.name] = kinds
     return Costs(compute_s=compute_s, source=source, device_source=device_source,
-                 host=host_costs(graph, cluster, compute_s, fits, launcher=launcher))
+                 host=host_costs(graph, cluster, compute_s, fits, launcher=launcher,
+                                 worker=worker))
 
 
 def host_costs(
@@ -168,32 +178,49 @@ def host_costs(
     fits: Mapping[str, CalibrationFit] | None = None,
     *,
     launcher: tuple[float, float] | None = None,
+    worker: tuple[float, float, float] | None = None,
 ) -> HostCosts | None:
     """What the launcher thread pays for each node on each GPU (``ir.HostCosts``): its launches
     times the per-launch overhead (the calibrated law's for the node's family where a fit of the
     device type exists, else the catalog's ``launch_overhead_s``), at most the node's own time
     there; a segment call and a handover as ``launcher`` measured them here, else the catalog's
-    estimates (``GPU_SEGMENT_CALL_S``, ``GPU_HANDOVER_S``). ``None`` without a GPU, or for a
-    graph that counts no launches (a benchmark's)."""
+    estimates (``GPU_SEGMENT_CALL_S``, ``GPU_HANDOVER_S``). A CPU worker runs on its own thread
+    (``own_thread``), holding its process's interpreter for its segment calls, its handovers
+    and its ops' dispatch (``worker``: the three as measured here, else ``CPU_WORKER_CALL_S``,
+    ``CPU_WORKER_HANDOVER_S``, ``CPU_WORKER_DISPATCH_S``): the ``cpu-thread`` workers of a host
+    share one interpreter, each ``cpu-process`` worker has its own (and no dispatch charged).
+    ``None`` without a GPU or a CPU worker, or for a graph that counts no launches (a
+    benchmark's)."""
     fits = fits or {}
     types = {d.name: get_device_type(d.type) for d in cluster.devices}
     launched = {name: device_type for name, device_type in types.items() if device_type.launched}
-    if not launched or not any(n.launches for n in graph.nodes):
+    own = {d.name: f"{d.host}/python" if types[d.name].name == THREAD_TYPE else d.name
+           for d in cluster.devices if types[d.name].name in WORKER_TYPES}
+    if not (launched or own) or not any(n.launches for n in graph.nodes):
         return None
+    worker_call_s, worker_handover_s, dispatch_s = worker or (
+        CPU_WORKER_CALL_S, CPU_WORKER_HANDOVER_S, CPU_WORKER_DISPATCH_S)
+    shared = [name for name, lock in own.items() if lock != name]
     launch_s: dict[str, dict[str, float]] = {}
     for node in graph.nodes:
         if node.is_input or not node.launches:
             continue
-        per_device = {}
+        per_device = {name: min(compute_s[node.name][name], node.launches * dispatch_s)
+                      for name in shared}
         for name, device_type in launched.items():
             fit = fits.get(device_type.name)
             overhead = (fit.law_of(node_family(node))[0] if fit is not None
                         else device_type.launch_overhead_s)
             per_device[name] = min(compute_s[node.name][name], node.launches * overhead)
-        launch_s[node.name] = per_device
+        if per_device:
+            launch_s[node.name] = per_device
     call_s, handover_s = launcher or (GPU_SEGMENT_CALL_S, GPU_HANDOVER_S)
-    return HostCosts(launch_s=launch_s, call_s=dict.fromkeys(launched, call_s),
-                     handover_s=dict.fromkeys(launched, handover_s))
+    return HostCosts(launch_s=launch_s,
+                     call_s={**dict.fromkeys(launched, call_s),
+                             **dict.fromkeys(own, worker_call_s)},
+                     handover_s={**dict.fromkeys(launched, handover_s),
+                                 **dict.fromkeys(own, worker_handover_s)},
+                     own_thread=own)
 
 
 def analytic_cpu_note(graph: OpGraph, cluster: Cluster, costs: Costs) -> str | None:

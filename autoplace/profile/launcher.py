@@ -1,5 +1,6 @@
 """What the emitted runtime's launcher thread pays on a GPU here, measured (``ir.HostCosts``):
-one segment call beyond its ops, and one handover.
+one segment call beyond its ops, and one handover; and the same for a CPU worker, whose own
+thread pays them (``measure_worker``).
 
 The runtime's own engine (``emit.runtime.engine``, as ``emit.codegen.source.runtime_namespace``
 binds it for every generated forward) is run, not a copy of it; the caller hands it in, as the
@@ -20,7 +21,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["measure_launcher"]
+__all__ = ["measure_launcher", "measure_worker"]
 
 
 class _AddOne(torch.nn.Module):
@@ -77,3 +78,57 @@ def measure_launcher(torch_device: str, *, engine: Mapping[str, Any], calls: int
     per_call(segment)  # warm up: kernels loaded, streams made
     per_call(handover)
     return max(0.0, per_call(segment) - per_call(bare)), per_call(handover)
+
+
+def measure_worker(*, engine: Mapping[str, Any], calls: int = 500,
+                   rounds: int = 5) -> tuple[float, float, float]:
+    """``(segment call, handover, dispatch)`` seconds a CPU worker's thread pays (``cpu-thread``,
+    ``cpu-process``), run by ``engine`` on this thread on one intra-op thread, as a worker runs:
+    a ``RunStep`` of a one-op segment timed against the bare op, a ``HandoverStep`` to another
+    worker followed by the reader's ``wait`` (the reader's wake-up is the link's latency,
+    ``links.measure_handover``), and one op of one element called as generated code calls it
+    (``torch.ops.aten``), nearly all of it dispatch. Medians of ``rounds`` batches of
+    ``calls``."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        device, target = torch.device("cpu", 0), torch.device("cpu", 1)
+        gm = torch.fx.symbolic_trace(_AddOne())
+        call = engine["_Call"](1)
+        call.values["x"] = torch.zeros(16)
+        hand = engine["_HandoverStep"](handover=0, value="x", target=target,
+                                       key=("x", "reader"))
+        wait = engine["_RunStep"](segment=0, waits=(0,))
+        step = engine["_RunStep"](segment=0)
+        functions = {0: lambda: call.values.__setitem__("y", gm(call.values["x"]))}
+
+        def segment() -> None:
+            engine["_run_step"](call, step, functions, device, {})
+
+        def bare() -> None:
+            call.values["y"] = call.values["x"] + 1
+
+        one, add = torch.zeros(1), torch.ops.aten.add.Tensor
+
+        def dispatch() -> None:
+            add(one, one)
+
+        def handover() -> None:
+            call.ready[0].clear()
+            engine["_hand_over"](call, hand, device, {})
+            engine["_wait"](call, wait, target)
+
+        def per_call(fn: Callable[[], None]) -> float:
+            times = []
+            for _ in range(rounds):
+                began = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                times.append((time.perf_counter() - began) / calls)
+            return statistics.median(times)
+
+        per_call(segment)  # warm up
+        return (max(0.0, per_call(segment) - per_call(bare)), per_call(handover),
+                per_call(dispatch))
+    finally:
+        torch.set_num_threads(before)

@@ -51,87 +51,130 @@ def launched(
     After a segment the launcher issues its values' copies to other devices, a handover each,
     on the sending device's one copy stream: a copy starts once issued, once its producer has
     ended and once the stream's previous copy is done. A launcher that needs a value from a
-    device without one (a CPU worker) waits for it on the host. Devices without a launcher run
-    as in ``_run``, their nodes taken as soon as their inputs are launched: their own thread
-    does all their work.
+    CPU (a device without a launcher, or its own) waits for it on the host. A CPU worker
+    (``HostCosts.own_thread``) is its own launcher: at a segment's first node it waits for the
+    node's inputs and its own last work, then pays the call; after the segment it pays a
+    handover per value it sends, which leaves when that is done. Devices without a launcher run
+    as in ``_run``, their nodes taken as soon as their inputs are launched.
     """
-    graph, costs, host = problem.graph, problem.costs, problem.costs.host
-    assert host is not None
-    edge_s, copy_s = contended or ({}, {})
-    launchers = problem.launchers
-    clock = dict.fromkeys(launchers.values(), 0.0)  # each launcher thread's time
-    free = dict.fromkeys(problem.cluster.names, 0.0)
-    engine = dict.fromkeys(problem.cluster.names, 0.0)  # each device's copy stream
-    copied: dict[tuple[str, str], float] = {}  # (value, device) -> when its copy there began
-    start: dict[str, float] = {}
-    end: dict[str, float] = {}
-    transfers: list[Transfer] = []
-    segment: list[str] = []  # the open segment's nodes
-    cuts = Cuts(graph, device_of)
-    order: list[str] = []
+    run = _Pass(problem, device_of, moved_from, contended)
     queues: dict[str, list[str]] = defaultdict(list)
     for name in first_pass:
         queues[device_of[name]].append(name)
     pointer = dict.fromkeys(queues, 0)
-    waiting = {name: len({e.src for e in graph.in_edges(name)}) for name in first_pass}
-
-    def close() -> None:
-        for u in segment:
-            src = device_of[u]
-            for dst, nbytes, secs in moved_from[u]:
-                secs = copy_s.get((u, dst), secs)
-                began = end[u]
-                if src in launchers:
-                    clock[launchers[src]] += host.handover_s[src]
-                    began = max(began, clock[launchers[src]], engine[src])
-                    engine[src] = began + secs
-                copied[(u, dst)] = began
-                transfers.append(Transfer(src=u, src_device=src, dst_device=dst, bytes=nbytes,
-                                          start_s=began, end_s=began + secs))
-        segment.clear()
-
-    def take(name: str) -> None:
-        node, dev = graph.node(name), device_of[name]
-        order.append(name)
-        pointer[dev] += 1
-        for succ in dict.fromkeys(e.dst for e in graph.out_edges(name)):
-            waiting[succ] -= 1
-        if node.is_input:  # the caller's: there at once; a segment that reads it moves it
-            start[name] = end[name] = 0.0
-            for dst, nbytes, secs in moved_from[name]:
-                copied[(name, dst)] = 0.0
-                transfers.append(Transfer(src=name, src_device=dev, dst_device=dst,
-                                          bytes=nbytes, start_s=0.0,
-                                          end_s=copy_s.get((name, dst), secs)))
-            return
-        if segment and cuts.before(name, segment):
-            close()
-        ready, blocking = _arrivals(problem, device_of, name, end, copied, edge_s)
-        launcher = launchers.get(dev)
-        if launcher is None:
-            start[name] = max(free[dev], ready)
-        else:
-            # The runtime waits for a CPU worker's value before the segment call (``_wait``).
-            clock[launcher] = max(clock[launcher], blocking)
-            if not segment:
-                clock[launcher] += host.call_s[dev]
-            start[name] = max(clock[launcher], free[dev], ready)
-            clock[launcher] += host.launch_of(name, dev)
-        end[name] = free[dev] = start[name] + costs.of(name, dev)
-        segment.append(name)
-
-    while len(order) < len(first_pass):
+    waiting = {name: len({e.src for e in problem.graph.in_edges(name)}) for name in first_pass}
+    while len(run.order) < len(first_pass):
         ready_devices = [d for d, q in queues.items()
                          if pointer[d] < len(q) and waiting[q[pointer[d]]] == 0]
         if fixed:  # the order is given: its next node, which must be at its device's head
-            dev = _given_device(fixed[len(order)], device_of, ready_devices, queues, pointer)
+            dev = _given_device(fixed[len(run.order)], device_of, ready_devices, queues, pointer)
         else:
-            current = device_of[segment[-1]] if segment else None
-            dev = _next_device(ready_devices, current, free, launchers, host,
-                               [graph.node(queues[d][pointer[d]]) for d in ready_devices])
-        take(queues[dev][pointer[dev]])
-    close()
-    return tuple(order), start, end, transfers
+            current = device_of[run.segment[-1]] if run.segment else None
+            dev = _next_device(ready_devices, current, run.free, run.launchers, run.host,
+                               [problem.graph.node(queues[d][pointer[d]])
+                                for d in ready_devices])
+        name = queues[dev][pointer[dev]]
+        pointer[dev] += 1
+        for succ in dict.fromkeys(e.dst for e in problem.graph.out_edges(name)):
+            waiting[succ] -= 1
+        run.take(name)
+    run.close()
+    return tuple(run.order), run.start, run.end, run.transfers
+
+
+class _Pass:
+    """One pass of ``launched``: the launchers' clocks, the devices', the copies, and the open
+    segment, as the nodes are taken in launch order (``take``)."""
+
+    def __init__(self, problem: Problem, device_of: Mapping[str, str],
+                 moved_from: Mapping[str, list[tuple[str, int, float]]],
+                 contended: Contended | None) -> None:
+        assert problem.costs.host is not None
+        self.problem, self.device_of, self.moved_from = problem, device_of, moved_from
+        self.host, self.launchers = problem.costs.host, problem.launchers
+        self.edge_s, self.copy_s = contended or ({}, {})
+        self.clock = dict.fromkeys(self.launchers.values(), 0.0)  # each launcher's time
+        self.free = dict.fromkeys(problem.cluster.names, 0.0)  # each device's (its thread's)
+        self.engine = dict.fromkeys(problem.cluster.names, 0.0)  # each device's copy stream
+        self.copied: dict[tuple[str, str], float] = {}  # (value, device) -> its copy's start
+        self.start: dict[str, float] = {}
+        self.end: dict[str, float] = {}
+        self.transfers: list[Transfer] = []
+        self.segment: list[str] = []  # the open segment's nodes
+        self.cuts = Cuts(problem.graph, device_of)
+        self.order: list[str] = []
+
+    def take(self, name: str) -> None:
+        """Launch ``name`` next: an input is there at once, a node starts as ``begin`` says."""
+        dev = self.device_of[name]
+        self.order.append(name)
+        if self.problem.graph.node(name).is_input:  # a segment that reads it moves it
+            self.start[name] = self.end[name] = 0.0
+            for dst, nbytes, secs in self.moved_from[name]:
+                self.copied[(name, dst)] = 0.0
+                self.transfers.append(Transfer(src=name, src_device=dev, dst_device=dst,
+                                               bytes=nbytes, start_s=0.0,
+                                               end_s=self.copy_s.get((name, dst), secs)))
+            return
+        if self.segment and self.cuts.before(name, self.segment):
+            self.close()
+        self.start[name] = self.begin(name, dev, *_arrivals(
+            self.problem, self.device_of, name, self.end, self.copied, self.edge_s))
+        self.end[name] = self.free[dev] = (self.start[name]
+                                           + self.problem.costs.of(name, dev))
+        self.segment.append(name)
+
+    def begin(self, name: str, dev: str, ready: float, blocking: float) -> float:
+        """When ``name`` starts on ``dev``, its inputs there at ``ready`` (a launcher waits on
+        the host for those from a CPU until ``blocking``), its launcher's time paid."""
+        host, clock, free = self.host, self.clock, self.free
+        launcher = self.launchers.get(dev)
+        if launcher is None:
+            return max(free[dev], ready)
+        if dev in host.own_thread:
+            # A CPU worker waits for the segment's inputs, then calls it (``engine._work``); the
+            # call and each op's dispatch hold its launcher (its process's interpreter).
+            if not self.segment:
+                clock[launcher] = free[dev] = (max(clock[launcher], free[dev], ready)
+                                               + host.call_s[dev])
+            at = max(clock[launcher], free[dev], ready)
+            clock[launcher] = at + host.launch_of(name, dev)
+            return at
+        # The runtime waits for a CPU worker's value before the segment call (``_wait``).
+        clock[launcher] = max(clock[launcher], blocking)
+        if not self.segment:
+            clock[launcher] += host.call_s[dev]
+        at = max(clock[launcher], free[dev], ready)
+        clock[launcher] += host.launch_of(name, dev)
+        return at
+
+    def close(self) -> None:
+        """End the open segment: its values handed over to the devices that read them."""
+        for u in self.segment:
+            src = self.device_of[u]
+            for dst, nbytes, secs in self.moved_from[u]:
+                secs = self.copy_s.get((u, dst), secs)
+                began = self.copied[(u, dst)] = self.issue(src, self.end[u], secs)
+                self.transfers.append(Transfer(src=u, src_device=src, dst_device=dst,
+                                               bytes=nbytes, start_s=began,
+                                               end_s=began + secs))
+        self.segment.clear()
+
+    def issue(self, src: str, began: float, secs: float) -> float:
+        """When a copy of a value ``src`` made by ``began`` may start, as its device's launcher
+        hands it over: a CPU worker's thread itself, holding its launcher; a GPU's launcher, on
+        the device's copy stream."""
+        host, clock = self.host, self.clock
+        launcher = self.launchers.get(src)
+        if src in host.own_thread:
+            clock[launcher] = self.free[src] = (max(clock[launcher], self.free[src], began)
+                                                + host.handover_s[src])
+            return clock[launcher]
+        if launcher is not None:
+            clock[launcher] += host.handover_s[src]
+            began = max(began, clock[launcher], self.engine[src])
+            self.engine[src] = began + secs
+        return began
 
 
 def _given_device(name: str, device_of: Mapping[str, str], ready: list[str],
@@ -149,15 +192,17 @@ def _arrivals(problem: Problem, device_of: Mapping[str, str], name: str,
               copied: Mapping[tuple[str, str], float],
               edge_s: Mapping[tuple[str, str], float]) -> tuple[float, float]:
     """When ``name``'s last input is on its device, and when its last input from a device
-    without a launcher is (its launcher waits for that one on the host)."""
+    without a launcher, or that is its own launcher (a CPU worker), is (a launcher waits for
+    that one on the host)."""
     dev, launchers = device_of[name], problem.launchers
+    own_thread = problem.costs.host.own_thread if problem.costs.host else frozenset()
     ready, blocking = 0.0, 0.0
     for e in problem.graph.in_edges(name):
         src = device_of[e.src]
         arrive = end[e.src] if src == dev else (
             copied[(e.src, dev)] + edge_s.get((e.src, name), problem.delay_s(e, src, dev)))
         ready = max(ready, arrive)
-        if src != dev and src not in launchers:
+        if src != dev and (src not in launchers or src in own_thread):
             blocking = max(blocking, arrive)
     return ready, blocking
 

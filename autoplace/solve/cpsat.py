@@ -146,13 +146,17 @@ def _identical_classes(problem: Problem) -> list[list[str]]:
     cluster, costs, graph = problem.cluster, problem.costs, problem.graph
     names = list(cluster.names)
 
+    def thread(d: str) -> str | None:  # a CPU worker's own interpreter: alike all the same
+        own = costs.host is not None and costs.host.own_thread.get(d) == d
+        return "own" if own else problem.launchers.get(d)
+
     def same(a: str, b: str) -> bool:
         da, db = cluster.device(a), cluster.device(b)
         if (da.type, da.memory_bytes) != (db.type, db.memory_bytes):
             return False
         if any(costs.of(n.name, a) != costs.of(n.name, b) for n in graph.nodes):
             return False
-        if problem.launchers.get(a) != problem.launchers.get(b) or (costs.host is not None and (
+        if thread(a) != thread(b) or (costs.host is not None and (
                 costs.host.call_s.get(a) != costs.host.call_s.get(b)
                 or costs.host.handover_s.get(a) != costs.host.handover_s.get(b)
                 or any(costs.host.launch_of(n.name, a) != costs.host.launch_of(n.name, b)

@@ -61,7 +61,10 @@ def replay(
     share one host clock, as the runtime launches them from the caller's thread in segment
     order: a segment costs the clock its call and its nodes' launches, and cannot end before
     its last launch plus its last node's share; each handover it issues costs a handover and
-    queues on its device's copy stream.
+    queues on its device's copy stream. A CPU worker (``own_thread``) pays its segment's call
+    once the inputs are there, and each handover after the segment, on its own time, holding
+    its interpreter (shared by the ``cpu-thread`` workers of a process) for them and for its
+    ops' dispatch.
     """
     graph, costs = problem.graph, problem.costs
     device_of = schedule.placement.device_of
@@ -72,22 +75,8 @@ def replay(
     def node_of(value: str) -> str | None:
         return op_node.get(program.origin.get(value, value))
 
-    segment_of_op = {op: i for i, ops in enumerate(segment_ops) for op in ops}
-    cost = [0.0] * len(segment_ops)
-    launch = [0.0] * len(segment_ops)
-    last = [0.0] * len(segment_ops)  # the share of the segment's last node there ...
-    last_launch = [0.0] * len(segment_ops)  # ... and of its launches
+    cost, launch, last, last_launch = _segment_costs(problem, device_of, segment_ops)
     host = costs.host
-    for node in graph.nodes:  # in topological order, so the last one seen is the last run
-        here = [segment_of_op[op] for op in node.ops if op in segment_of_op]
-        share = costs.of(node.name, device_of[node.name]) / max(len(here), 1)
-        launched = 0.0 if host is None else (
-            host.launch_of(node.name, device_of[node.name]) / max(len(here), 1))
-        for i in here:
-            cost[i] += share
-            last[i] = share
-            launch[i] += launched
-            last_launch[i] = launched
     if segment_s is not None:  # measured durations instead of the plan's
         cost = list(segment_s)
     device_of_segment: dict[int, str] = {}
@@ -115,12 +104,18 @@ def replay(
         for name in run.inputs_from_caller:
             ready = max(ready, _input_arrival_s(problem, device_of, node_of(name), device))
         start[index] = max(free[device], ready)
+        own = host is not None and device in host.own_thread
+        if own:  # a CPU worker calls it once its inputs are there, holding its interpreter
+            lock = launchers[device]  # for the call and its ops' dispatch
+            start[index] = clock[lock] = max(start[index], clock[lock]) + host.call_s[device]
+            clock[lock] += launch[index]
         end[index] = start[index] + cost[index]
-        if device in launchers:
+        if device in launchers and not own:
             host_of = launchers[device]
-            # It waits on the host for a value from a device without a launcher (a CPU's).
-            clock[host_of] = max([clock[host_of], *(arrival[w] for w in run.waits
-                                                    if source_device[w] not in launchers)])
+            # It waits on the host for a value from a CPU (no launcher, or its own).
+            clock[host_of] = max([clock[host_of], *(
+                arrival[w] for w in run.waits if source_device[w] not in launchers
+                or source_device[w] in host.own_thread)])
             clock[host_of] += host.call_s[device]
             start[index] = max(start[index], clock[host_of])
             clock[host_of] += launch[index]
@@ -132,8 +127,12 @@ def replay(
             took = _handover_s(problem, device_of, node_of(h.value), device,
                                by_torch[h.dst_device], copied)
             began = end[index]
-            queued = (device in launchers) or (copy_streams and h.src_device.startswith("cuda"))
-            if device in launchers:
+            queued = (device in launchers and not own) or (
+                copy_streams and h.src_device.startswith("cuda"))
+            if own:  # it hands the value over itself, then goes on
+                began = free[device] = clock[lock] = (max(free[device], began, clock[lock])
+                                                      + host.handover_s[device])
+            elif device in launchers:
                 clock[launchers[device]] += host.handover_s[device]
                 began = max(began, clock[launchers[device]])
             if queued:
@@ -142,6 +141,29 @@ def replay(
                 engine_free[h.src_device] = began + took
             arrival[h.id] = began + took
     return Replay(makespan_s=max(end.values(), default=0.0), start_s=start, end_s=end)
+
+
+def _segment_costs(problem: Problem, device_of: Mapping[str, str],
+                   segment_ops: Sequence[Sequence[str]]) -> tuple[list[float], ...]:
+    """Each segment's time and launches under the plan's costs (a node whose ops fall in
+    several segments split among them by op count), and the share of its last node in both."""
+    costs, host = problem.costs, problem.costs.host
+    segment_of_op = {op: i for i, ops in enumerate(segment_ops) for op in ops}
+    cost = [0.0] * len(segment_ops)
+    launch = [0.0] * len(segment_ops)
+    last = [0.0] * len(segment_ops)  # the share of the segment's last node there ...
+    last_launch = [0.0] * len(segment_ops)  # ... and of its launches
+    for node in problem.graph.nodes:  # in topological order: the last one seen is the last run
+        here = [segment_of_op[op] for op in node.ops if op in segment_of_op]
+        share = costs.of(node.name, device_of[node.name]) / max(len(here), 1)
+        launched = 0.0 if host is None else (
+            host.launch_of(node.name, device_of[node.name]) / max(len(here), 1))
+        for i in here:
+            cost[i] += share
+            last[i] = share
+            launch[i] += launched
+            last_launch[i] = launched
+    return cost, launch, last, last_launch
 
 
 def _input_arrival_s(problem: Problem, device_of: Mapping[str, str], node: str | None,
