@@ -177,12 +177,15 @@ GPU_HANDOVER_S = 20e-6
 CPU_LAUNCH_OVERHEAD_S = 1e-6  # estimate: PyTorch eager dispatch of a CPU kernel
 # What a CPU worker's own thread pays besides its ops (``ir.HostCosts.own_thread``), holding the
 # interpreter: a segment call, a handover (publishing the value and setting its event) and an
-# op's dispatch (a one-element ``torch.ops.aten.add`` through the generated code's path), as
-# ``autoplace.profile.launcher.measure_worker`` measured them on this project's 2-core CPU
-# machine (5.0, 7.9 and 3.5 us, 2026-12-06); a profile measures them where it runs.
+# op's dispatch (a one-element ``torch.ops.aten.add`` through the generated code's path); and
+# taking the interpreter over from another worker's thread (two threads of such ops take
+# 2 x (dispatch + switch) per op each). As ``autoplace.profile.launcher.measure_worker``
+# measured them on this project's 2-core CPU machine (5.0, 7.9, 3.5 and 5.5 us, 2026-12-06); a
+# profile measures them where it runs.
 CPU_WORKER_CALL_S = 5e-6
 CPU_WORKER_HANDOVER_S = 8e-6
 CPU_WORKER_DISPATCH_S = 3.5e-6
+CPU_WORKER_SWITCH_S = 5.5e-6
 
 # What a GPU loses to PyTorch's runtime before the first tensor: the CUDA context with all modules
 # loaded eagerly, 666,632,192 bytes as PyTorch's developers measured it (pytorch/pytorch PR

@@ -63,10 +63,12 @@ NVLINK_LATENCY_S = 2e-6
 PCIE_LATENCY_S = 1e-5
 NETWORK_LATENCY_S = 1e-5
 MEMCPY_LATENCY_S = 1e-6
-# Estimate: a value handed from one worker thread to another (``threading.Event`` set and the
-# waiting thread woken, under the GIL) takes tens of microseconds; ``autoplace profile`` measures
-# it on this machine (``autoplace.profile.links.measure_handover``).
-THREAD_HANDOVER_LATENCY_S = 2e-5
+# A value handed from one worker thread to another: the ``threading.Event`` set and the waiting
+# thread woken after it slept 1 ms (about a segment), 43 us as
+# ``autoplace.profile.links.measure_handover`` measured it on this project's 2-core machine (a
+# virtual machine's CPUs; 13 us after no sleep, 80 us after 5 ms); ``autoplace profile``
+# measures it where it runs.
+THREAD_HANDOVER_LATENCY_S = 4.3e-5
 
 _PCIE_SOURCE = (
     "PCI-SIG PCI Express Base Specification (x16, 128b/130b encoding), "

@@ -33,7 +33,7 @@ SPLIT = {"a": "d0", "b": "d0", "c": "d1", "d": "d1"}
 
 
 def _workers(problem: Problem, *, call: float, handover: float,
-             launch: float | None = None) -> Problem:
+             launch: float | None = None, switch: float = 0.0) -> Problem:
     """``problem`` with every device a CPU worker (``own_thread``): each a process of its own,
     or, with ``launch`` (each node's dispatch), threads of one process sharing its
     interpreter."""
@@ -42,7 +42,8 @@ def _workers(problem: Problem, *, call: float, handover: float,
     launch_s = {} if launch is None else {n.name: dict.fromkeys(names, launch)
                                           for n in problem.graph.nodes}
     host = HostCosts(launch_s=launch_s, call_s=dict.fromkeys(names, call),
-                     handover_s=dict.fromkeys(names, handover), own_thread=own)
+                     handover_s=dict.fromkeys(names, handover), own_thread=own,
+                     switch_s=dict.fromkeys(names, switch))
     return dataclasses.replace(problem, costs=dataclasses.replace(problem.costs, host=host))
 
 
@@ -92,6 +93,13 @@ def test_cpu_worker_threads_of_one_process_share_its_interpreter() -> None:
     assert validate(threads, schedule) == []
     called = simulate(_workers(two, call=1.0, handover=0.0, launch=2.0), split)
     assert called.makespan_s == pytest.approx(6.0)  # call, x, call, y: all on the one lock
+    # Taking the lock from the other thread costs a hand-off: y wants it at 0, x holds it to 2.
+    switched = _workers(two, call=0.0, handover=0.0, launch=2.0, switch=0.5)
+    schedule = simulate(switched, split)
+    assert schedule.makespan_s == pytest.approx(4.5)
+    assert validate(switched, schedule) == []
+    lone = simulate(switched, Placement(device_of={"x": "d0", "y": "d0"}))
+    assert lone.makespan_s == pytest.approx(4.0)  # its own thread: no hand-off
 
 
 def test_launch_bound_work_gains_nothing_from_a_second_device() -> None:
@@ -198,12 +206,13 @@ def test_a_node_is_released_once_the_thread_has_launched_its_ancestors() -> None
     assert lower_bound_s(two) == pytest.approx(3.5)
 
 
-def test_plan_json_keeps_the_launcher_and_re_simulates_the_same(tmp_path) -> None:
+@pytest.mark.parametrize("devices", ["2xA100-40GB", "2xcpu-thread"])
+def test_plan_json_keeps_the_launcher_and_re_simulates_the_same(tmp_path, devices) -> None:
     planned = plan(
         TwoBranch(),
         (torch.randn(8, 16),),
         Config(
-            devices="2xA100-40GB",
+            devices=devices,
             solve=Solve(time_limit_s=1, whatif=False, min_gain=0.0),
             emit=Emit(verify=False),
         ),
@@ -276,9 +285,12 @@ def test_cpu_workers_get_their_threads_and_threads_of_one_process_one_interprete
         "cpu:0": "cpu:0", "cpu:1": "cpu:1"}  # each rank a process: its own interpreter
     assert not any(own.launch_s.values())
     measured = measure_worker(engine=runtime_namespace(), calls=50, rounds=3)
-    assert all(0 <= t < 1e-3 for t in measured) and measured[1] > 0 and measured[2] > 0
-    given = costs(traced.graph, threads, worker=(1e-6, 2e-6, 3e-6)).host
+    assert len(measured) == 4 and all(0 <= t < 1e-3 for t in measured)
+    assert measured[1] > 0 and measured[2] > 0
+    given = costs(traced.graph, threads, worker=(1e-6, 2e-6, 3e-6, 4e-6)).host
     assert (given.call_s["cpu:1"], given.handover_s["cpu:1"]) == (1e-6, 2e-6)
+    assert given.switch_s == {"cpu:0": 4e-6, "cpu:1": 4e-6}
+    assert not own.switch_s  # a process of its own: nobody to take the interpreter from
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

@@ -441,7 +441,8 @@ def _host_dict(problem: Problem, s: Schedule) -> dict[str, Any]:
     host = problem.costs.host
     if host is None:
         return {}
-    threads = {"own_thread": dict(host.own_thread)} if host.own_thread else {}
+    threads = ({"own_thread": dict(host.own_thread), "switch_s": dict(host.switch_s)}
+               if host.own_thread else {})
     return {"host": {"call_s": dict(host.call_s), "handover_s": dict(host.handover_s),
                      **threads},
             "launch_order": list(s.launch_order)}
@@ -486,7 +487,8 @@ def _problem_from(data: Mapping[str, Any]) -> Problem:
                                 if "launch_s" in n},
                       call_s=dict(data["host"]["call_s"]),
                       handover_s=dict(data["host"]["handover_s"]),
-                      own_thread=dict(data["host"].get("own_thread", {}))))
+                      own_thread=dict(data["host"].get("own_thread", {})),
+                      switch_s=dict(data["host"].get("switch_s", {}))))
     shared = tuple(SharedLink(name=r["name"], bandwidth_bytes_per_s=r["bandwidth_bytes_per_s"],
                               pairs=tuple((a, b) for a, b in r["pairs"]))
                    for r in data.get("shared", ()))

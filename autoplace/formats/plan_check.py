@@ -104,7 +104,7 @@ def _group_and_row_references(plan: Mapping[str, Any], refs: _References) -> Non
         refs.device(f"plan.memory.{name}", name)
     if "launch_order" in plan and sorted(plan["launch_order"]) != sorted(refs.nodes):
         refs.problems.append("plan.launch_order: must list every node of the plan once")
-    for part in ("call_s", "handover_s", "own_thread"):
+    for part in ("call_s", "handover_s", "own_thread", "switch_s"):
         for name in plan.get("host", {}).get(part, {}):
             refs.device(f"plan.host.{part}.{name}", name)
     for i, row in enumerate(plan.get("whatif", ())):

@@ -29,13 +29,16 @@ class HostCosts:
     their own ops. ``own_thread[device]`` names what those calls, handovers and each op's
     dispatch (``launch_s``, within its ``compute_s``) hold: the Python interpreter of the
     worker's process, which the ``cpu-thread`` workers of one process share (its lock), while
-    a ``cpu-process`` worker has one to itself (named as the device).
+    a ``cpu-process`` worker has one to itself (named as the device). ``switch_s[device]``:
+    what the device's thread pays to take that interpreter over from another thread that
+    holds it when it wants it (the lock's hand-off: a wake-up and a thread switch).
     """
 
     launch_s: Mapping[str, Mapping[str, float]]
     call_s: Mapping[str, float]
     handover_s: Mapping[str, float]
     own_thread: Mapping[str, str] = field(default_factory=dict)
+    switch_s: Mapping[str, float] = field(default_factory=dict)
 
     def launch_of(self, node: str, device: str) -> float:
         return self.launch_s.get(node, {}).get(device, 0.0)
@@ -51,7 +54,7 @@ class HostCosts:
             if per_device:
                 launch_s[group] = per_device
         return HostCosts(launch_s=launch_s, call_s=self.call_s, handover_s=self.handover_s,
-                         own_thread=self.own_thread)
+                         own_thread=self.own_thread, switch_s=self.switch_s)
 
     def restricted(self, devices: Iterable[str]) -> HostCosts | None:
         """The same on ``devices`` only; ``None`` when none of them has a launcher."""
@@ -63,4 +66,5 @@ class HostCosts:
                       for n, per in self.launch_s.items()},
             call_s={d: t for d, t in self.call_s.items() if d in keep},
             handover_s={d: t for d, t in self.handover_s.items() if d in keep},
-            own_thread={d: t for d, t in self.own_thread.items() if d in keep})
+            own_thread={d: t for d, t in self.own_thread.items() if d in keep},
+            switch_s={d: t for d, t in self.switch_s.items() if d in keep})

@@ -55,9 +55,9 @@ class ProfileResult:
     # (segment call, handover) seconds of the launcher thread, measured on a GPU here
     # (``launcher.measure_launcher``); None without one.
     launcher: tuple[float, float] | None = None
-    # A CPU worker's (segment call, handover, op dispatch) seconds (``launcher.measure_worker``);
-    # None without one.
-    worker: tuple[float, float, float] | None = None
+    # A CPU worker's (segment call, handover, op dispatch, interpreter switch) seconds
+    # (``launcher.measure_worker``); None without one.
+    worker: tuple[float, float, float, float] | None = None
     cache: Mapping[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     wall_s: float = 0.0
@@ -281,14 +281,15 @@ def _launcher(present: Sequence[Device], notes: list[str],
 
 
 def _worker(present: Sequence[Device], notes: list[str],
-            engine: Mapping[str, Any] | None) -> tuple[float, float, float] | None:
-    """A CPU worker's segment call, handover and op dispatch, measured by ``engine`` on this
-    thread, where a CPU worker is here."""
+            engine: Mapping[str, Any] | None) -> tuple[float, float, float, float] | None:
+    """A CPU worker's segment call, handover, op dispatch and interpreter switch, measured by
+    ``engine`` on this thread, where a CPU worker is here."""
     if engine is None or not any(get_device_type(d.type).name in WORKER_TYPES for d in present):
         return None
     measured = measure_worker(engine=engine)
     notes.append("a CPU worker measured: a segment call {:.1f} us, a handover {:.1f} us, an "
-                 "op's dispatch {:.1f} us".format(*(t * 1e6 for t in measured)))
+                 "op's dispatch {:.1f} us, taking the interpreter from another thread "
+                 "{:.1f} us".format(*(t * 1e6 for t in measured)))
     return measured
 
 
@@ -302,15 +303,18 @@ def _links(present: Sequence[Device], inv: Inventory, *, cache: ProfileCache,
                 continue
             if src.type == dst.type == "cpu-process":  # gloo ranks: the catalog's measured link
                 continue
-            src_key = f"{device_key(src.torch_device, inv)}@{src.torch_device}"
-            dst_key = f"{device_key(dst.torch_device, inv)}@{dst.torch_device}"
+            threads = is_thread_worker(src.torch_device) and is_thread_worker(dst.torch_device)
+            # A wake-up after a sleep (``measure_handover``), not a record of the older rule.
+            woken = "+woken" if threads else ""
+            src_key = f"{device_key(src.torch_device, inv)}@{src.torch_device}{woken}"
+            dst_key = f"{device_key(dst.torch_device, inv)}@{dst.torch_device}{woken}"
             record = cache.get_link(src_key, dst_key)
             if record is None:
                 try:
                     with threads_for(src.torch_device):
                         latency, bandwidth, points = measure_link(src.torch_device,
                                                                   dst.torch_device)
-                    if is_thread_worker(src.torch_device) and is_thread_worker(dst.torch_device):
+                    if threads:
                         # No bytes move between worker threads; the handover's wake-up is the
                         # latency, the copy's bandwidth stays as an upper bound.
                         latency = measure_handover()

@@ -24,6 +24,7 @@ from cost_models.devices import (
     CPU_WORKER_CALL_S,
     CPU_WORKER_DISPATCH_S,
     CPU_WORKER_HANDOVER_S,
+    CPU_WORKER_SWITCH_S,
     GPU_HANDOVER_S,
     GPU_SEGMENT_CALL_S,
 )
@@ -120,7 +121,7 @@ def costs(
     measured: Mapping[str, Mapping[str, float]] | None = None,
     fits: Mapping[str, CalibrationFit] | None = None,
     launcher: tuple[float, float] | None = None,
-    worker: tuple[float, float, float] | None = None,
+    worker: tuple[float, float, float, float] | None = None,
     tf32: Tf32 | None = None,
 ) -> Costs:
     """Every node's time on every device, and where each figure came from.
@@ -129,7 +130,8 @@ def costs(
     the calibrated roofline; else the analytic roofline, each at ``math_dtype``'s peak
     (``tf32``: which float32 ops run on TF32, default torch's settings now). ``launcher``: the
     GPUs' launcher thread's segment call and handover, measured here (``host_costs``);
-    ``worker``: a CPU worker's segment call, handover and op dispatch, measured here.
+    ``worker``: a CPU worker's segment call, handover, op dispatch and interpreter switch,
+    measured here.
     """
     measured = measured or {}
     fits = fits or {}
@@ -178,7 +180,7 @@ def host_costs(
     fits: Mapping[str, CalibrationFit] | None = None,
     *,
     launcher: tuple[float, float] | None = None,
-    worker: tuple[float, float, float] | None = None,
+    worker: tuple[float, float, float, float] | None = None,
 ) -> HostCosts | None:
     """What the launcher thread pays for each node on each GPU (``ir.HostCosts``): its launches
     times the per-launch overhead (the calibrated law's for the node's family where a fit of the
@@ -186,9 +188,10 @@ def host_costs(
     there; a segment call and a handover as ``launcher`` measured them here, else the catalog's
     estimates (``GPU_SEGMENT_CALL_S``, ``GPU_HANDOVER_S``). A CPU worker runs on its own thread
     (``own_thread``), holding its process's interpreter for its segment calls, its handovers
-    and its ops' dispatch (``worker``: the three as measured here, else ``CPU_WORKER_CALL_S``,
-    ``CPU_WORKER_HANDOVER_S``, ``CPU_WORKER_DISPATCH_S``): the ``cpu-thread`` workers of a host
-    share one interpreter, each ``cpu-process`` worker has its own (and no dispatch charged).
+    and its ops' dispatch, and paying a switch to take it from another thread (``worker``: the
+    four as measured here, else ``CPU_WORKER_CALL_S``, ``CPU_WORKER_HANDOVER_S``,
+    ``CPU_WORKER_DISPATCH_S``, ``CPU_WORKER_SWITCH_S``): the ``cpu-thread`` workers of a host
+    share one interpreter, each ``cpu-process`` worker has its own (no dispatch charged).
     ``None`` without a GPU or a CPU worker, or for a graph that counts no launches (a
     benchmark's)."""
     fits = fits or {}
@@ -198,8 +201,8 @@ def host_costs(
            for d in cluster.devices if types[d.name].name in WORKER_TYPES}
     if not (launched or own) or not any(n.launches for n in graph.nodes):
         return None
-    worker_call_s, worker_handover_s, dispatch_s = worker or (
-        CPU_WORKER_CALL_S, CPU_WORKER_HANDOVER_S, CPU_WORKER_DISPATCH_S)
+    worker_call_s, worker_handover_s, dispatch_s, switch_s = worker or (
+        CPU_WORKER_CALL_S, CPU_WORKER_HANDOVER_S, CPU_WORKER_DISPATCH_S, CPU_WORKER_SWITCH_S)
     shared = [name for name, lock in own.items() if lock != name]
     launch_s: dict[str, dict[str, float]] = {}
     for node in graph.nodes:
@@ -220,7 +223,7 @@ def host_costs(
                              **dict.fromkeys(own, worker_call_s)},
                      handover_s={**dict.fromkeys(launched, handover_s),
                                  **dict.fromkeys(own, worker_handover_s)},
-                     own_thread=own)
+                     own_thread=own, switch_s=dict.fromkeys(shared, switch_s))
 
 
 def analytic_cpu_note(graph: OpGraph, cluster: Cluster, costs: Costs) -> str | None:

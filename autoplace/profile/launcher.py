@@ -81,14 +81,15 @@ def measure_launcher(torch_device: str, *, engine: Mapping[str, Any], calls: int
 
 
 def measure_worker(*, engine: Mapping[str, Any], calls: int = 500,
-                   rounds: int = 5) -> tuple[float, float, float]:
-    """``(segment call, handover, dispatch)`` seconds a CPU worker's thread pays (``cpu-thread``,
-    ``cpu-process``), run by ``engine`` on this thread on one intra-op thread, as a worker runs:
-    a ``RunStep`` of a one-op segment timed against the bare op, a ``HandoverStep`` to another
-    worker followed by the reader's ``wait`` (the reader's wake-up is the link's latency,
-    ``links.measure_handover``), and one op of one element called as generated code calls it
-    (``torch.ops.aten``), nearly all of it dispatch. Medians of ``rounds`` batches of
-    ``calls``."""
+                   rounds: int = 5) -> tuple[float, float, float, float]:
+    """``(segment call, handover, dispatch, switch)`` seconds a CPU worker's thread pays
+    (``cpu-thread``, ``cpu-process``), run by ``engine`` on this thread on one intra-op thread,
+    as a worker runs: a ``RunStep`` of a one-op segment timed against the bare op, a
+    ``HandoverStep`` to another worker followed by the reader's ``wait`` (the reader's wake-up
+    is the link's latency, ``links.measure_handover``), one op of one element called as
+    generated code calls it (``torch.ops.aten``), nearly all of it dispatch; and taking the
+    interpreter over from another thread: two threads calling that op at once each take
+    ``2 x (dispatch + switch)`` per call. Medians of ``rounds`` batches of ``calls``."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -128,7 +129,36 @@ def measure_worker(*, engine: Mapping[str, Any], calls: int = 500,
             return statistics.median(times)
 
         per_call(segment)  # warm up
-        return (max(0.0, per_call(segment) - per_call(bare)), per_call(handover),
-                per_call(dispatch))
+        alone = per_call(dispatch)
+        return (max(0.0, per_call(segment) - per_call(bare)), per_call(handover), alone,
+                max(0.0, _paired(dispatch, rounds) / 2 - alone))
     finally:
         torch.set_num_threads(before)
+
+
+def _paired(fn: Callable[[], None], rounds: int, window_s: float = 0.05) -> float:
+    """Seconds per call of ``fn`` on each of two threads calling it at once for ``window_s``,
+    started together (the median over ``rounds``)."""
+    import threading
+
+    times = []
+    for _ in range(rounds):
+        counts: list[int] = []
+        gate = threading.Barrier(2)
+
+        def loop(counts: list[int] = counts, gate: threading.Barrier = gate) -> None:
+            torch.set_num_threads(1)
+            gate.wait()
+            stop, done = time.perf_counter() + window_s, 0
+            while time.perf_counter() < stop:
+                fn()
+                done += 1
+            counts.append(done)
+
+        threads = [threading.Thread(target=loop) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        times.append(window_s / max(statistics.mean(counts), 1))
+    return statistics.median(times)

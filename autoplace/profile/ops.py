@@ -221,7 +221,7 @@ def profile_device(
     if walk.stopped is not None:
         walk.notes.append(f"profiling on {device.name} stopped at {walk.stopped}; the "
                           f"{len(unmeasured)} ops not measured keep calibrated or analytic costs")
-    whole = (_whole_forward_cached(model, args, kwargs, on=on, walk=walk)
+    whole = (_whole_forward_cached(gm, args, kwargs, on=on, walk=walk)
              if whole_forward and model is not None and walk.stopped is None else None)
     return DeviceProfile(device=device.name, torch_device=device.torch_device,
                          device_key=device_key, device_type=device.type, ops=walk.ops,

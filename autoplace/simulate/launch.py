@@ -54,8 +54,10 @@ def launched(
     CPU (a device without a launcher, or its own) waits for it on the host. A CPU worker
     (``HostCosts.own_thread``) is its own launcher: at a segment's first node it waits for the
     node's inputs and its own last work, then pays the call; after the segment it pays a
-    handover per value it sends, which leaves when that is done. Devices without a launcher run
-    as in ``_run``, their nodes taken as soon as their inputs are launched.
+    handover per value it sends, which leaves when that is done. Its calls, handovers and ops'
+    dispatch hold its interpreter (``own_thread``), taken from another thread at a hand-off.
+    Devices without a launcher run as in ``_run``, their nodes taken as soon as their inputs
+    are launched.
     """
     run = _Pass(problem, device_of, moved_from, contended)
     queues: dict[str, list[str]] = defaultdict(list)
@@ -94,6 +96,7 @@ class _Pass:
         self.host, self.launchers = problem.costs.host, problem.launchers
         self.edge_s, self.copy_s = contended or ({}, {})
         self.clock = dict.fromkeys(self.launchers.values(), 0.0)  # each launcher's time
+        self.holder: dict[str, str] = {}  # each CPU worker's interpreter: who took it last
         self.free = dict.fromkeys(problem.cluster.names, 0.0)  # each device's (its thread's)
         self.engine = dict.fromkeys(problem.cluster.names, 0.0)  # each device's copy stream
         self.copied: dict[tuple[str, str], float] = {}  # (value, device) -> its copy's start
@@ -135,9 +138,9 @@ class _Pass:
             # A CPU worker waits for the segment's inputs, then calls it (``engine._work``); the
             # call and each op's dispatch hold its launcher (its process's interpreter).
             if not self.segment:
-                clock[launcher] = free[dev] = (max(clock[launcher], free[dev], ready)
+                clock[launcher] = free[dev] = (self.acquire(dev, max(free[dev], ready))
                                                + host.call_s[dev])
-            at = max(clock[launcher], free[dev], ready)
+            at = self.acquire(dev, max(free[dev], ready))
             clock[launcher] = at + host.launch_of(name, dev)
             return at
         # The runtime waits for a CPU worker's value before the segment call (``_wait``).
@@ -146,6 +149,17 @@ class _Pass:
             clock[launcher] += host.call_s[dev]
         at = max(clock[launcher], free[dev], ready)
         clock[launcher] += host.launch_of(name, dev)
+        return at
+
+    def acquire(self, dev: str, wanted: float) -> float:
+        """When CPU worker ``dev``'s thread holds its interpreter, wanted from ``wanted``: once
+        the thread that holds it lets go, plus the hand-off (``switch_s``) where that thread is
+        another's."""
+        lock = self.launchers[dev]
+        at = max(self.clock[lock], wanted)
+        if self.clock[lock] > wanted and self.holder.get(lock, dev) != dev:
+            at += self.host.switch_s.get(dev, 0.0)
+        self.holder[lock] = dev
         return at
 
     def close(self) -> None:
@@ -167,7 +181,7 @@ class _Pass:
         host, clock = self.host, self.clock
         launcher = self.launchers.get(src)
         if src in host.own_thread:
-            clock[launcher] = self.free[src] = (max(clock[launcher], self.free[src], began)
+            clock[launcher] = self.free[src] = (self.acquire(src, max(self.free[src], began))
                                                 + host.handover_s[src])
             return clock[launcher]
         if launcher is not None:
