@@ -289,6 +289,6 @@ def test_cli_plans_inception_on_two_cpu_threads_and_runs_it_threaded(tmp_path) -
     assert {d["type"] for d in planned["devices"]} == {"cpu-thread"}
     assert planned["verification"]["status"] == "passed"
     assert planned["profile"]["devices"][0]["device_key"].endswith(":1t-cputime")
-    used = [d for d, seq in planned["order"].items() if seq]
+    used = {n["device"] for n in planned["nodes"] if not n["is_input"]}
     meta = json.loads((out / "model" / "meta.json").read_text())
     assert meta["runtime"] == ("threaded" if len(used) > 1 else "sequential")

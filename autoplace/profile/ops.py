@@ -90,10 +90,9 @@ class DeviceProfile:
     @property
     def whole_scale(self) -> float:
         """What the ops' times are scaled by so that, on the CPU, they add up to the whole
-        forward pass where it took longer: ops timed in situ leave out the interpreter's work
-        between them and the ops that launch nothing (views, checks), which the emitted model
-        pays all the same, spread over the ops in proportion to their times. 1 on a GPU
-        (ops timed alone, their launches overlapping), or without a whole pass."""
+        pass where it took longer: ops timed in situ leave out the interpreter's work between
+        them and the ops that launch nothing (views, checks), which the emitted model pays
+        all the same. 1 on a GPU (ops timed alone), or without a whole pass."""
         whole = self.whole_forward
         if (whole is None or not self.ops or not self.sum_s
                 or torch.device(self.torch_device).type != "cpu"):

@@ -43,7 +43,7 @@ def launched(
     so the order is chosen here, and the emitted program keeps it (``Schedule.launch_order``).
     The launcher stays on its device while that device has work queued; it moves to another
     device whose next node's inputs are launched once that device's queue runs out two segment
-    calls earlier (``_next_device``).
+    calls earlier (``_next_device``). CPU workers keep the first pass's order.
 
     A node starts once its launcher begins to launch it, its device is free and its inputs are
     there. (Its time on the device, ``compute_s``, includes its launches: a lone device is never
@@ -65,6 +65,7 @@ def launched(
         queues[device_of[name]].append(name)
     pointer = dict.fromkeys(queues, 0)
     waiting = {name: len({e.src for e in problem.graph.in_edges(name)}) for name in first_pass}
+    position = {name: i for i, name in enumerate(first_pass)}
     while len(run.order) < len(first_pass):
         ready_devices = [d for d, q in queues.items()
                          if pointer[d] < len(q) and waiting[q[pointer[d]]] == 0]
@@ -74,7 +75,7 @@ def launched(
             current = device_of[run.segment[-1]] if run.segment else None
             dev = _next_device(ready_devices, current, run.free, run.launchers, run.host,
                                [problem.graph.node(queues[d][pointer[d]])
-                                for d in ready_devices])
+                                for d in ready_devices], position)
         name = queues[dev][pointer[dev]]
         pointer[dev] += 1
         for succ in dict.fromkeys(e.dst for e in problem.graph.out_edges(name)):
@@ -222,14 +223,20 @@ def _arrivals(problem: Problem, device_of: Mapping[str, str], name: str,
 
 
 def _next_device(ready: list[str], current: str | None, free: Mapping[str, float],
-                 launchers: Mapping[str, str], host: HostCosts, nodes: list[OpNode]) -> str:
+                 launchers: Mapping[str, str], host: HostCosts, nodes: list[OpNode],
+                 position: Mapping[str, int]) -> str:
     """Which of the ``ready`` devices (each with the next node of its order, ``nodes``, whose
     inputs are launched) the launch order takes next: an input, or a device without a launcher,
-    first (they cost no launcher time); else the open segment's device, unless another device
-    runs out of work more than two segment calls earlier; else the one that runs out first."""
+    first (they cost no launcher time); then a CPU worker, the one whose node comes first in
+    the first pass (``position``: the runtime runs each worker's steps on its own thread, so
+    its order is time's); else the open segment's device, unless another device runs out of
+    work more than two segment calls earlier; else the one that runs out first."""
     for d, node in zip(ready, nodes):
         if d not in launchers or node.is_input:
             return d
+    workers = [(position[node.name], d) for d, node in zip(ready, nodes) if d in host.own_thread]
+    if workers:
+        return min(workers)[1]
     soonest = min(ready, key=lambda d: (free[d], d != current))
     if current in ready and free[soonest] + 2 * host.call_s[soonest] >= free[current]:
         return current
