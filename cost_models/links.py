@@ -63,12 +63,13 @@ NVLINK_LATENCY_S = 2e-6
 PCIE_LATENCY_S = 1e-5
 NETWORK_LATENCY_S = 1e-5
 MEMCPY_LATENCY_S = 1e-6
-# A value handed from one worker thread to another: the ``threading.Event`` set and the waiting
-# thread woken after it slept 1 ms (about a segment), 43 us as
-# ``autoplace.profile.links.measure_handover`` measured it on this project's 2-core machine (a
-# virtual machine's CPUs; 13 us after no sleep, 80 us after 5 ms); ``autoplace profile``
-# measures it where it runs.
-THREAD_HANDOVER_LATENCY_S = 4.3e-5
+# A value handed from one worker thread to another, as the emitted runtime makes it between
+# segments: two threads taking turns at about 1 ms of matmuls each paid 60 to 220 us a turn
+# more than one thread running them all, on this project's 2-core machine (a virtual machine's
+# CPUs: the sleeping thread's wake-up, 13 us for a bare event after no sleep and 43 us after
+# 1 ms, and its core's caches after the sleep), ``autoplace.profile.links.measure_handover``;
+# ``autoplace profile`` measures it where it runs.
+THREAD_HANDOVER_LATENCY_S = 1e-4
 
 _PCIE_SOURCE = (
     "PCI-SIG PCI Express Base Specification (x16, 128b/130b encoding), "

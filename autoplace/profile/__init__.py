@@ -304,8 +304,8 @@ def _links(present: Sequence[Device], inv: Inventory, *, cache: ProfileCache,
             if src.type == dst.type == "cpu-process":  # gloo ranks: the catalog's measured link
                 continue
             threads = is_thread_worker(src.torch_device) and is_thread_worker(dst.torch_device)
-            # A wake-up after a sleep (``measure_handover``), not a record of the older rule.
-            woken = "+woken" if threads else ""
+            # Threads taking turns (``measure_handover``), not a record of an older rule.
+            woken = "+turns" if threads else ""
             src_key = f"{device_key(src.torch_device, inv)}@{src.torch_device}{woken}"
             dst_key = f"{device_key(dst.torch_device, inv)}@{dst.torch_device}{woken}"
             record = cache.get_link(src_key, dst_key)

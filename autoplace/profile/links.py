@@ -8,8 +8,8 @@ stable median (``timing.measure``), and ``fit_alpha_beta`` fits the line by leas
 relative error, so the small copies (which set the latency) weigh as much as the large ones
 (which set the bandwidth). The copy is the one the emitted model makes (``Tensor.to`` from
 ordinary, pageable memory), not a pinned-memory best case. Between two ``cpu-thread`` workers
-no byte moves (the threads share memory): ``measure_handover`` times the wake-up of a
-thread that slept instead.
+no byte moves (the threads share memory): ``measure_handover`` times what two threads taking
+turns at real work pay per handover instead.
 """
 
 from __future__ import annotations
@@ -69,37 +69,59 @@ def measure_link(
     return latency, bandwidth, tuple(points)
 
 
-def measure_handover(*, rounds: int = 100, idle_s: float = 1e-3) -> float:
-    """Seconds from one thread setting a ``threading.Event`` to another thread, asleep on it
-    for ``idle_s``, running on: the median of ``rounds``. This is how the emitted runtime hands
-    a value from one ``cpu-thread`` worker to another, whose thread sleeps in ``wait`` until
-    then; a thread that slept wakes slower than one just gone to sleep (13 us after none, 43 us
-    after 1 ms and 80 us after 5 ms on this project's 2-core machine, whose CPUs are a virtual
-    machine's), and a worker waits about a segment's time, so ``idle_s`` is 1 ms."""
+def measure_handover(*, rounds: int = 40, repeats: int = 5, work: int = 10) -> float:
+    """Seconds one ``cpu-thread`` worker's handover to another costs, as the emitted runtime
+    makes it between segments: two threads take turns, each running ``work`` matmuls of its
+    own (4 x 512 by a 2 MiB weight, about 1 ms a turn here) and then setting the other's
+    ``threading.Event``, ``rounds`` turns each; one thread running the same matmuls in the
+    same order takes less, and the difference per turn is the handover: the sleeping thread's
+    wake-up, and its core's caches and clock after the sleep. The median of ``repeats``.
+    (On this project's 2-core machine, a virtual machine's CPUs, 60 to 220 us, where a bare
+    event's wake-up took 13 us after no sleep and 43 us after 1 ms.)"""
     import statistics
     import threading
     import time
 
-    ping, pong = threading.Event(), threading.Event()
-    set_at = [0.0]
-    woke: list[float] = []
+    import torch
 
-    def echo() -> None:
-        for _ in range(rounds):
-            ping.wait()
-            woke.append(time.perf_counter() - set_at[0])
-            ping.clear()
-            pong.set()
+    data = [(torch.randn(4, 512), torch.randn(1024, 512)) for _ in range(2)]
 
-    partner = threading.Thread(target=echo, daemon=True)
-    partner.start()
-    for _ in range(rounds):
+    def turn(i: int) -> None:
+        x, weight = data[i]
+        for _ in range(work):
+            torch.nn.functional.linear(x, weight)
+
+    def alone() -> float:
         began = time.perf_counter()
-        while time.perf_counter() - began < idle_s:  # the partner sleeps meanwhile
-            pass
-        set_at[0] = time.perf_counter()
-        ping.set()
-        pong.wait()
-        pong.clear()
-    partner.join()
-    return statistics.median(woke)
+        for _ in range(rounds):
+            turn(0)
+            turn(1)
+        return time.perf_counter() - began
+
+    def taking_turns() -> float:
+        events = [threading.Event(), threading.Event()]
+
+        def worker(i: int) -> None:
+            torch.set_num_threads(1)
+            for _ in range(rounds):
+                events[i].wait()
+                events[i].clear()
+                turn(i)
+                events[1 - i].set()
+
+        threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(2)]
+        for thread in threads:
+            thread.start()
+        began = time.perf_counter()
+        events[0].set()
+        for thread in threads:
+            thread.join()
+        return time.perf_counter() - began
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        costs = [(taking_turns() - alone()) / (2 * rounds) for _ in range(repeats)]
+    finally:
+        torch.set_num_threads(before)
+    return max(statistics.median(costs), 1e-6)
