@@ -5,6 +5,7 @@ catch a wrong gradient or a missed update."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -137,9 +138,12 @@ def _plan(dtype: str, microbatches: int, devices: Any = "2xcpu-thread", *,
 def test_a_split_mlp_trains_in_mixed_precision_as_the_original(dtype: str,
                                                                microbatches: int) -> None:
     original = _mlp()[0].model
-    # One micro-batch's step is kept on one CPU worker for its latency (its updates follow the
-    # whole backward, as the emitted step runs them); the busiest worker's load splits it.
-    planned, emitted = _plan(dtype, microbatches, objective="throughput")
+    # The step needs 6.27 MB on one CPU worker, and two threads' handovers cost more than its
+    # halves would overlap: two workers of 6 MB each must split it.
+    cluster, _ = resolve_cluster(spec="2xcpu-thread")
+    small = replace(cluster, devices=tuple(replace(d, memory_bytes=6_000_000)
+                                           for d in cluster.devices))
+    planned, emitted = _plan(dtype, microbatches, small, objective="throughput")
     assert original.fc1.weight.dtype == torch.float32  # the caller's model is not cast
     training = planned.training
     assert training.dtype == dtype and training.replicas == 1
