@@ -13,7 +13,7 @@ from autoplace.ir import HostCosts, OpNode, Problem, Transfer
 from autoplace.simulate.contention import replay
 from autoplace.simulate.memory import Cuts
 
-__all__ = ["Contended", "as_delays", "contended_times", "launched", "timed"]
+__all__ = ["Contended", "as_delays", "contended_times", "launched", "take_interpreter", "timed"]
 
 # The copies over shared resources: each such edge's delay from its copy's start, and each
 # such copy's time (``contention``), keyed (producer, reader) and (producer, device).
@@ -156,12 +156,8 @@ class _Pass:
         """When CPU worker ``dev``'s thread holds its interpreter, wanted from ``wanted``: once
         the thread that holds it lets go, plus the hand-off (``switch_s``) where that thread is
         another's."""
-        lock = self.launchers[dev]
-        at = max(self.clock[lock], wanted)
-        if self.clock[lock] > wanted and self.holder.get(lock, dev) != dev:
-            at += self.host.switch_s.get(dev, 0.0)
-        self.holder[lock] = dev
-        return at
+        return take_interpreter(self.host, self.clock, self.holder, self.launchers[dev], dev,
+                                wanted)
 
     def close(self) -> None:
         """End the open segment: its values handed over to the devices that read them."""
@@ -190,6 +186,18 @@ class _Pass:
             began = max(began, clock[launcher], self.engine[src])
             self.engine[src] = began + secs
         return began
+
+
+def take_interpreter(host: HostCosts, clock: dict[str, float], holder: dict[str, str],
+                     lock: str, device: str, wanted: float) -> float:
+    """When CPU worker ``device``'s thread holds interpreter ``lock`` (``clock[lock]``: when its
+    holder lets go; ``holder[lock]``: who took it last, updated), wanted from ``wanted``: once
+    it is free, plus the hand-off (``switch_s``) where another thread held it then."""
+    at = max(clock[lock], wanted)
+    if clock[lock] > wanted and holder.get(lock, device) != device:
+        at += host.switch_s.get(device, 0.0)
+    holder[lock] = device
+    return at
 
 
 def _given_device(name: str, device_of: Mapping[str, str], ready: list[str],

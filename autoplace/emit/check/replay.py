@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from autoplace.emit.distributed.devices import emitted_devices
 from autoplace.emit.runtime.program import Handover, Program, Run
-from autoplace.ir import HostCosts, Problem, Schedule
+from autoplace.ir import Problem, Schedule
+from autoplace.simulate.launch import take_interpreter
 
 __all__ = ["Replay", "replay"]
 
@@ -108,8 +109,9 @@ def replay(
         own = host is not None and device in host.own_thread
         if own:  # a CPU worker calls it once its inputs are there, holding its interpreter
             lock = launchers[device]  # for the call and its ops' dispatch
-            start[index] = clock[lock] = (_acquire(host, clock, holder, lock, device,
-                                                   start[index]) + host.call_s[device])
+            start[index] = clock[lock] = (
+                take_interpreter(host, clock, holder, lock, device, start[index])
+                + host.call_s[device])
             clock[lock] += launch[index]
         end[index] = start[index] + cost[index]
         if device in launchers and not own:
@@ -133,7 +135,7 @@ def replay(
                 copy_streams and h.src_device.startswith("cuda"))
             if own:  # it hands the value over itself, then goes on
                 began = free[device] = clock[lock] = (
-                    _acquire(host, clock, holder, lock, device, max(free[device], began))
+                    take_interpreter(host, clock, holder, lock, device, max(free[device], began))
                     + host.handover_s[device])
             elif device in launchers:
                 clock[launchers[device]] += host.handover_s[device]
@@ -144,17 +146,6 @@ def replay(
                 engine_free[h.src_device] = began + took
             arrival[h.id] = began + took
     return Replay(makespan_s=max(end.values(), default=0.0), start_s=start, end_s=end)
-
-
-def _acquire(host: HostCosts, clock: dict[str, float], holder: dict[str, str], lock: str,
-             device: str, wanted: float) -> float:
-    """When CPU worker ``device`` holds interpreter ``lock``, wanted from ``wanted``
-    (``simulate.launch``'s rule: a hand-off where another thread held it)."""
-    at = max(clock[lock], wanted)
-    if clock[lock] > wanted and holder.get(lock, device) != device:
-        at += host.switch_s.get(device, 0.0)
-    holder[lock] = device
-    return at
 
 
 def _segment_costs(problem: Problem, device_of: Mapping[str, str],
