@@ -29,6 +29,41 @@ class _AddOne(torch.nn.Module):
         return x + 1
 
 
+class _Steps:
+    """What both measurements run through ``engine``: a call holding value ``x``, a run step
+    of a one-op segment (``functions``) and the bare op it runs, and a handover of ``x`` to
+    ``target`` with the run step that waits for it."""
+
+    def __init__(self, engine: Mapping[str, Any], x: torch.Tensor,
+                 target: torch.device) -> None:
+        gm = torch.fx.symbolic_trace(_AddOne())
+        self.call = call = engine["_Call"](1)
+        call.values["x"] = x
+        self.hand = engine["_HandoverStep"](handover=0, value="x", target=target,
+                                            key=("x", "reader"))
+        self.wait = engine["_RunStep"](segment=0, waits=(0,))
+        self.step = engine["_RunStep"](segment=0)
+        self.functions = {0: lambda: call.values.__setitem__("y", gm(call.values["x"]))}
+
+    def bare(self) -> None:
+        self.call.values["y"] = self.call.values["x"] + 1
+
+
+def _per_call(fn: Callable[[], None], calls: int, rounds: int,
+              sync: Callable[[], None] = lambda: None) -> float:
+    """Seconds per call of ``fn``: the median of ``rounds`` batches of ``calls``, ``sync``
+    run before each batch and after the last."""
+    times = []
+    for _ in range(rounds):
+        sync()
+        began = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - began) / calls)
+    sync()
+    return statistics.median(times)
+
+
 def measure_launcher(torch_device: str, *, engine: Mapping[str, Any], calls: int = 500,
                      rounds: int = 5) -> tuple[float, float]:
     """``(segment call, handover)`` seconds of host time on CUDA device ``torch_device``, run
@@ -38,46 +73,28 @@ def measure_launcher(torch_device: str, *, engine: Mapping[str, Any], calls: int
     # on one GPU it stays there, as between two planned devices that share it.
     others = [i for i in range(torch.cuda.device_count()) if i != device.index]
     target = torch.device("cuda", others[0]) if others else device
-    x = torch.zeros(16, device=device)
-    gm = torch.fx.symbolic_trace(_AddOne())
-    call = engine["_Call"](1)
-    call.values["x"] = x
+    it = _Steps(engine, torch.zeros(16, device=device), target)
     streams: dict = {}
     run = torch.cuda.Stream(device)
     reader = torch.cuda.Stream(target)
-    hand = engine["_HandoverStep"](handover=0, value="x", target=target, key=("x", "reader"))
-    wait = engine["_RunStep"](segment=0, waits=(0,))
-    step = engine["_RunStep"](segment=0)
-    functions = {0: lambda: call.values.__setitem__("y", gm(call.values["x"]))}
 
     def segment() -> None:  # a run step as ``_launch`` takes it: on its stream, via ``run_step``
         with torch.cuda.stream(run):
-            engine["_run_step"](call, step, functions, device, streams)
-
-    def bare() -> None:
-        call.values["y"] = call.values["x"] + 1
+            engine["_run_step"](it.call, it.step, it.functions, device, streams)
 
     def handover() -> None:
-        call.ready[0].clear()
+        it.call.ready[0].clear()
         with torch.cuda.stream(run):
-            engine["_hand_over"](call, hand, device, streams)
+            engine["_hand_over"](it.call, it.hand, device, streams)
         with torch.cuda.stream(reader):
-            engine["_wait"](call, wait, target)
+            engine["_wait"](it.call, it.wait, target)
 
     def per_call(fn: Callable[[], None]) -> float:
-        times = []
-        for _ in range(rounds):
-            torch.cuda.synchronize(device)
-            began = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            times.append((time.perf_counter() - began) / calls)
-        torch.cuda.synchronize(device)
-        return statistics.median(times)
+        return _per_call(fn, calls, rounds, sync=lambda: torch.cuda.synchronize(device))
 
     per_call(segment)  # warm up: kernels loaded, streams made
     per_call(handover)
-    return max(0.0, per_call(segment) - per_call(bare)), per_call(handover)
+    return max(0.0, per_call(segment) - per_call(it.bare)), per_call(handover)
 
 
 def measure_worker(*, engine: Mapping[str, Any], calls: int = 500,
@@ -94,20 +111,10 @@ def measure_worker(*, engine: Mapping[str, Any], calls: int = 500,
     torch.set_num_threads(1)
     try:
         device, target = torch.device("cpu", 0), torch.device("cpu", 1)
-        gm = torch.fx.symbolic_trace(_AddOne())
-        call = engine["_Call"](1)
-        call.values["x"] = torch.zeros(16)
-        hand = engine["_HandoverStep"](handover=0, value="x", target=target,
-                                       key=("x", "reader"))
-        wait = engine["_RunStep"](segment=0, waits=(0,))
-        step = engine["_RunStep"](segment=0)
-        functions = {0: lambda: call.values.__setitem__("y", gm(call.values["x"]))}
+        it = _Steps(engine, torch.zeros(16), target)
 
         def segment() -> None:
-            engine["_run_step"](call, step, functions, device, {})
-
-        def bare() -> None:
-            call.values["y"] = call.values["x"] + 1
+            engine["_run_step"](it.call, it.step, it.functions, device, {})
 
         one, add = torch.zeros(1), torch.ops.aten.add.Tensor
 
@@ -115,22 +122,16 @@ def measure_worker(*, engine: Mapping[str, Any], calls: int = 500,
             add(one, one)
 
         def handover() -> None:
-            call.ready[0].clear()
-            engine["_hand_over"](call, hand, device, {})
-            engine["_wait"](call, wait, target)
+            it.call.ready[0].clear()
+            engine["_hand_over"](it.call, it.hand, device, {})
+            engine["_wait"](it.call, it.wait, target)
 
         def per_call(fn: Callable[[], None]) -> float:
-            times = []
-            for _ in range(rounds):
-                began = time.perf_counter()
-                for _ in range(calls):
-                    fn()
-                times.append((time.perf_counter() - began) / calls)
-            return statistics.median(times)
+            return _per_call(fn, calls, rounds)
 
         per_call(segment)  # warm up
         alone = per_call(dispatch)
-        return (max(0.0, per_call(segment) - per_call(bare)), per_call(handover), alone,
+        return (max(0.0, per_call(segment) - per_call(it.bare)), per_call(handover), alone,
                 max(0.0, _paired(dispatch, rounds) / 2 - alone))
     finally:
         torch.set_num_threads(before)
