@@ -190,7 +190,7 @@ def profile_device(
 ) -> DeviceProfile:
     """Time every op of ``traced`` that launches work on ``device`` (see the module docstring).
 
-    ``model`` is the original module, for the whole-forward comparison (skipped when None).
+    ``model``: the original module; without it (None) the traced graph's whole pass is not timed.
     ``timer`` defaults to the device's (``timing.timer_for``); tests pass their own.
     ``in_situ`` times ops where they run in the model rather than each alone; by default on the
     CPU only. A cached time is reused only when it was taken the same way.
@@ -399,15 +399,15 @@ def _take_in_situ(samples: Mapping[str, list[float]], *, on: _OnDevice, walk: _W
                 **{**profile.__dict__, "node": name, "method": "cached"})
 
 
-def _whole_forward_cached(model: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any], *,
+def _whole_forward_cached(graph: torch.nn.Module, args: tuple, kwargs: Mapping[str, Any], *,
                           on: _OnDevice, walk: _Walk) -> Measurement | None:
-    """The whole forward pass, from the cache (keyed by the model's op signatures in order) or
-    timed now and stored."""
-    model_key = hashlib.sha256("\n".join(walk.signatures).encode()).hexdigest()
+    """The traced graph's whole pass, from the cache (keyed by its op signatures in order, under
+    "graph": older records timed the original module) or timed now and stored."""
+    model_key = hashlib.sha256("\n".join(["graph", *walk.signatures]).encode()).hexdigest()
     known = on.cache.get_forward(model_key, on.device_key)
     if known is not None:
         return Measurement(median_s=known[0], spread=known[1], samples=known[2], calls=1)
-    whole = _whole_forward(model, args, kwargs, dev=on.dev, timer=on.timer, notes=walk.notes)
+    whole = _whole_forward(graph, args, kwargs, dev=on.dev, timer=on.timer, notes=walk.notes)
     if whole is not None:
         on.cache.put_forward(model_key, on.device_key, median_s=whole.median_s,
                              spread=whole.spread, samples=whole.samples)
