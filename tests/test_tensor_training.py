@@ -183,9 +183,116 @@ def test_a_gradient_left_unreduced_fails_the_check(tmp_path, monkeypatch) -> Non
     assert check["status"] == "passed" and check["steps"] == 3
 
 
+def test_the_mlp_example_trains_on_a_dp_by_tp_mesh(tmp_path, capsys) -> None:
+    """4 ranks, a 2 x 2 mesh: each tp group on half the batch, FSDP2 over dp on top of
+    DTensor's split (torchtitan's FSDP + TP); 3 Adam steps equal the original's, and
+    ``autoplace run`` trains it as 4 processes."""
+    from autoplace.cli import main
+    from autoplace.formats.plan import read_plan
+
+    out = tmp_path / "out"
+    assert main(["plan", str(EXAMPLES / "mlp.py"), "--mode", "training", "--devices",
+                 "4xcpu-process", "--tp", "2", "--dp", "2", "--fsdp", "on", "--time-limit", "2",
+                 "--out", str(out), "--quiet"]) == 0
+    tp = read_plan(out / "plan.json").tensor_parallel  # passes its schema and reads back
+    assert (tp.ranks, tp.dp, tp.world, tp.sharding, tp.check) == (2, 2, 4, "fsdp", "passed")
+    assert tp.devices == ("cpu:0", "cpu:1", "cpu:2", "cpu:3")
+    # the split is found on the whole graph, though FSDP2's units cut the model in segments
+    assert (tp.columns, tp.rows) == (2, 1) and len({k.split(".")[0] for k in tp.split}) == 3
+    assert "dp 2 x tp 2 (FSDP2 over dp) over cpu:0, cpu:1, cpu:2, cpu:3" in (
+        out / "summary.txt").read_text()
+    assert "DP = 2" in (out / "tensor_parallel" / "train.py").read_text()
+    capsys.readouterr()
+    assert main(["run", str(out), "--nproc", "4", "--tensor-parallel", "--train", "3",
+                 "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["predicted_s"] == tp.makespan_s and len(result["losses"]) == 3
+    assert main(["run", str(out), "--nproc", "2", "--tensor-parallel", "--train", "1"]) == 2
+    assert "a 2 x 2 mesh of 4 ranks" in capsys.readouterr().err
+
+
+def test_the_data_parallel_collectives_are_priced_on_rank_0s_shards() -> None:
+    """Over dp, rank 0 averages (or FSDP2 gathers and reduce-scatters) its tp shards, not the
+    whole parameters: each update grows by the all-reduce of its shard's bytes over the dp
+    group's ring, and FSDP2's gathers go on the forward and the backward."""
+    from autoplace.cluster import resolve_cluster
+    from autoplace.fold import fold
+    from autoplace.ir import Placement, Problem
+    from autoplace.profile.cost import costs
+    from autoplace.simulate import simulate
+    from autoplace.simulate.schedules import STEP
+    from autoplace.solve.tensor import observe
+    from autoplace.solve.tensor_train import tensor_step_problem
+    from autoplace.train.dataparallel import allreduce_s, ring_link, with_allreduce
+    from autoplace.train.sharded import with_fsdp
+
+    model, args, targets = _mlp()
+    wrapped, emitted, kwargs = _step_model(model, args, targets)
+    seen = observe(emitted, column_row(emitted), 2, args, kwargs, optimizer="adamw")
+    cluster, _ = resolve_cluster(spec="4xA100-40GB")
+    traced = trace_model(wrapped, args, kwargs)
+    folded = fold(traced.graph, costs(traced.graph, cluster))
+    problem = Problem(graph=folded.graph, cluster=cluster, costs=folded.costs)
+    groups = [("cuda:0",), ("cuda:2",)]
+    alone, ddp, fsdp = (tensor_step_problem(
+        problem, seen, ("cuda:0", "cuda:1"), optimizer="adamw", data_parallel=over)
+        for over in (None, lambda p: with_allreduce(p, cluster, groups),
+                     lambda p: with_fsdp(p, cluster, groups)))
+    ring = ring_link(cluster, ["cuda:0", "cuda:2"])
+    updates = [n for n in alone.graph.nodes if n.name.endswith(STEP)]
+    assert sum(n.trainable_bytes for n in alone.graph.nodes) == seen.trained_bytes
+    for node in updates:
+        shard = alone.graph.node(node.name.removesuffix(STEP)).trainable_bytes
+        assert ddp.costs.of(node.name, "cuda:0") == pytest.approx(
+            alone.costs.of(node.name, "cuda:0") + allreduce_s(shard, 2, *ring))
+
+    def step_s(p: Problem) -> float:
+        return simulate(p, Placement(device_of={n.name: "cuda:0"
+                                                for n in p.graph.nodes})).makespan_s
+
+    assert step_s(alone) < step_s(ddp) and step_s(alone) < step_s(fsdp)
+    # FSDP2 keeps half of rank 0's shards: its gradients and Adam's state halve (rounded up)
+    held = [sum(n.param_bytes for n in p.graph.nodes if n.name.endswith(STEP))
+            for p in (alone, fsdp)]
+    assert held[1] == pytest.approx(held[0] / 2, abs=4 * len(updates))
+
+
+def test_gradients_left_unaveraged_over_dp_fail_the_check(tmp_path, monkeypatch) -> None:
+    """On a 2 x 2 mesh whose ranks skip the gradients' averaging over dp (in their processes,
+    by a sitecustomize), each tp group steps on its half of the batch's gradient: the first
+    loss is the original's, the gradients are not, and the check names the first."""
+    import os
+
+    from autoplace.emit.distributed.tensor_train import verify_tensor_training
+
+    (tmp_path / "sitecustomize.py").write_text(
+        "import autoplace.train.dataparallel as dataparallel\n"
+        "dataparallel.average_gradients = lambda params, group=None: None\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    model, args, targets = _mlp()
+    wrapped, emitted, _ = _step_model(model, args, targets)
+    with pytest.raises(VerificationError, match=r"the gradient of model\.\d\.\w+ of the 4 "
+                       r"tensor-parallel ranks' \(gathered whole\) at step 1 differs"):
+        verify_tensor_training(emitted, wrapped, args, {}, targets, ranks=2, dp=2,
+                               sharding="ddp", optimizer="adamw", split=column_row(emitted))
+    monkeypatch.delenv("PYTHONPATH")  # the same model, honest ranks: it passes
+    check = verify_tensor_training(emitted, wrapped, args, {}, targets, ranks=2, dp=2,
+                                   sharding="ddp", optimizer="adamw", split=column_row(emitted))
+    assert (check["status"], check["steps"], check["replicas"]) == ("passed", 3, 2)
+
+
 @pytest.mark.parametrize(("argv", "says"), [
     (["--tp", "3"], "--tp 3 asks for more ranks than the 2 devices"),
     (["--tp", "2", "--dtype", "bfloat16"], "--tp in training in bfloat16"),
+    (["--dp", "2"], "--dp is the data-parallel degree of a tensor-parallel mesh: give --tp"),
+    (["--tp", "2", "--dp", "2"], "--dp 2 x --tp 2 make a mesh of 4 ranks, and the cluster "
+     "has 2 devices"),
+    (["--tp", "2", "--dp", "3", "--devices", "6xcpu-thread"],
+     "--dp 3: the batch of 64 (dimension 0 of args.0, the first tensor input) does not "
+     "divide into 3 data-parallel groups"),
+    (["--tp", "2", "--dp", "2", "--devices", "4xcpu-thread", "--mode", "inference"],
+     "--dp (a dp x tp mesh) is built for training plans"),
 ])
 def test_a_tp_that_cannot_train_is_refused_before_any_work(tmp_path, capsys, argv, says) -> None:
     from autoplace.cli import main

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 
 from autoplace.cli import run_generate
+from autoplace.cli.flags import replicas_flag, tp_flag
 from autoplace.cluster import DEFAULT_SIMULATED_SPEC
 from autoplace.config import (
     Fsdp,
@@ -48,12 +49,6 @@ Automatic device placement for PyTorch models.
   autoplace report autoplace-out/plan.json
   autoplace run autoplace-out --repeats 10
 """
-
-
-def _replicas(text: str) -> int | str:
-    """``--replicas``: a whole number, or the text as given (``auto``; anything else is
-    refused by ``config.Training``, with the plan's other errors)."""
-    return int(text) if text.isdigit() else text
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -118,7 +113,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --mode training: cut the batch into M equal micro-batches (M "
                    "must divide it) and pipeline them over the devices (default: 1); the "
                    "batch's loss must be the mean or the sum of theirs, which is checked")
-    p.add_argument("--replicas", type=_replicas, default="auto", metavar="R",
+    p.add_argument("--replicas", type=replicas_flag, default="auto", metavar="R",
                    help="with --mode training: R data-parallel replicas (DistributedDataParallel,"
                    " or with --microbatches each replica's micro-batches in the plan's order and "
                    "then the gradients' all-reduce; one process each, OUT/train.py under "
@@ -130,7 +125,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="plan greedy generation of N tokens after the example input_ids (a "
                    "causal LM's prompt), each layer's static key-value cache on its device; "
                    "the emitted model generates the original's tokens (docs/generation.md)")
-    p.add_argument("--tp", type=_tp_degree, metavar="N|auto",
+    p.add_argument("--tp", type=tp_flag, metavar="N|auto",
                    help="weigh N tensor-parallel ranks (one device each, the first N; auto: "
                    "each N dividing the leading alike devices, the fastest kept) beside the "
                    "placement: matmuls split as columns and rows, run by DTensor, simulated "
@@ -138,6 +133,11 @@ def _parser() -> argparse.ArgumentParser:
                    "OUT/tensor_parallel/ (`autoplace run OUT --nproc N --tensor-parallel`). "
                    "With --mode training: each rank's step on the whole batch, checked by 3 "
                    "steps (run with --train K; docs/concepts.md, docs/training.md)")
+    p.add_argument("--dp", type=int, metavar="N",
+                   help="with --mode training and --tp T: a dp x tp mesh of every device "
+                   "(N x T of them), each tp group training on 1/N of the batch, the model "
+                   "sharded over dp by FSDP2 (--fsdp on), its gradients averaged (off) or "
+                   "the faster of the two (auto); checked on N x T gloo ranks")
     p.add_argument("--fsdp", choices=tuple(Fsdp), default="auto",
                    help="with --mode training: whether the data-parallel replicas shard "
                    "parameters, gradients and optimizer state (FSDP2's fully_shard per block, "
@@ -300,17 +300,6 @@ def _run_parser(sub: argparse._SubParsersAction) -> None:
                    "of planned torch devices, the first match wins), e.g. "
                    "'{\"cuda:*\": \"cpu\"}' to rehearse a GPU plan on CPU ranks (default: "
                    "the planned devices, those absent here on the CPU)")
-
-
-def _tp_degree(text: str) -> int | str:
-    """``--tp``'s value: ``auto`` or a whole number (``Parallel`` checks it is 2 or more)."""
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is neither a whole number nor auto"
-                                         ) from None
 
 
 def _cache_option(p: argparse.ArgumentParser) -> None:

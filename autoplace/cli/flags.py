@@ -9,7 +9,7 @@ import argparse
 
 from autoplace.config import Config, Cost, Devices, Emit, Parallel, Solve, Training
 
-__all__ = ["FLAGS", "config_of", "solve_of"]
+__all__ = ["FLAGS", "config_of", "replicas_flag", "solve_of", "tp_flag"]
 
 FLAGS = {
     "devices.spec": "--devices", "devices.file": "--cluster",
@@ -23,7 +23,7 @@ FLAGS = {
     "training.optimizer": "--optimizer", "training.microbatches": "--microbatches",
     "training.schedule": "--schedule", "training.replicas": "--replicas",
     "training.recompute": "--recompute", "training.fsdp": "--fsdp", "training.layers": "--layers",
-    "parallel.tp": "--tp", "generate": "--generate",
+    "parallel.tp": "--tp", "parallel.dp": "--dp", "generate": "--generate",
 }
 
 
@@ -49,6 +49,23 @@ def config_of(args: argparse.Namespace, *, name: str = "model") -> Config:
                           schedule=args.schedule, replicas=args.replicas,
                           recompute=args.recompute, fsdp=args.fsdp, layers=args.layers),
         emit=Emit(model=args.emit, verify=args.verify, check_memory=args.check_memory),
-        parallel=Parallel(tp=args.tp),
+        parallel=Parallel(tp=args.tp, dp=args.dp),
         pins=pins or None, checkpoint=args.checkpoint, no_split=args.no_split, name=name,
         generate=args.generate)
+
+
+def replicas_flag(text: str) -> int | str:
+    """``--replicas``: a whole number, or the text as given (``auto``; anything else is
+    refused by ``config.Training``, with the plan's other errors)."""
+    return int(text) if text.isdigit() else text
+
+
+def tp_flag(text: str) -> int | str:
+    """``--tp``'s value: ``auto`` or a whole number (``Parallel`` checks it is 2 or more)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a whole number nor auto"
+                                         ) from None

@@ -108,8 +108,11 @@ def train_tensor(directory: str | os.PathLike[str], *, nproc: int, steps: int,
                             *(["--lr", repr(lr)] if lr is not None else [])])
         report = json.loads(report_file.read_text())
     remapped = _remapped(here)
+    batch = (f"a {record.dp} x {record.ranks} mesh, each tp group on 1/{record.dp} of the "
+             f"batch ({'FSDP2' if record.sharding == 'fsdp' else 'gradients averaged'} over "
+             "dp)" if record.dp > 1 else "each on the whole batch")
     notes = (f"{nproc} processes ran (torchrun, {report['backend']}), one per tensor-parallel "
-             f"rank, each on the whole batch, {record.columns} column and {record.rows} row "
+             f"rank, {batch}, {record.columns} column and {record.rows} row "
              "matmuls split by DTensor: the losses and step times are rank 0's; predicted: "
              "plan.json's tensor_parallel.makespan_s",)
     return TrainResult(losses=tuple(report["losses"]), times_s=tuple(report["times_s"]),
@@ -144,12 +147,14 @@ def _candidate(directory: str | os.PathLike[str], *, nproc: int,
                         "model they split: plan it again with --tp N (an older autoplace, "
                         "--no-emit, or a model on the meta device, whose candidate is planned, "
                         "not emitted, wrote none)")
-    if nproc != record.ranks:
-        raise AutoplaceError(f"--nproc {nproc}: the tensor-parallel candidate has "
-                             f"{record.ranks} ranks ({', '.join(record.devices)}): pass "
-                             f"--nproc {record.ranks}, or plan again with --tp {nproc}")
+    if nproc != record.world:
+        shape = (f"a {record.dp} x {record.ranks} mesh of {record.world} ranks"
+                 if record.dp > 1 else f"{record.ranks} ranks")
+        raise AutoplaceError(f"--nproc {nproc}: the tensor-parallel candidate has {shape} "
+                             f"({', '.join(record.devices)}): pass --nproc {record.world}, or "
+                             f"plan again for {nproc} ranks")
     torch_device = {d.name: d.torch_device for d in plan.problem.cluster.devices}
-    planned = [torch_device[name] for name in record.devices]
+    planned = list(record.torch_devices) or [torch_device[name] for name in record.devices]
     return plan, record, root, where_ranks_run(planned, device_map)
 
 

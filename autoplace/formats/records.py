@@ -326,7 +326,12 @@ class TensorParallelRecord:
     its simulated makespan (the fastest is this one). ``optimizer``: a training plan's
     candidate (``--mode training``), whose makespan is a step of it, forward, backward and
     update, every rank on the whole batch; ``check`` then says its 3 steps equalled the
-    original's, ``measured_s`` is the median step."""
+    original's, ``measured_s`` is the median step. ``dp``: a training candidate's
+    data-parallel degree (``--dp``): ``devices`` are then a dp x ``ranks`` mesh in rank order,
+    each tp group on 1/dp of the batch, ``sharding`` over dp (``fsdp``: FSDP2; ``ddp``: the
+    gradients averaged), ``weighed_sharding`` each one priced (``--fsdp auto``).
+    ``torch_devices``: each device's torch device, in the order of ``devices`` (the plan's
+    cluster may hold only a replica's devices)."""
 
     ranks: int
     devices: tuple[str, ...]
@@ -342,6 +347,15 @@ class TensorParallelRecord:
     split: Mapping[str, tuple[str, int]] = field(default_factory=dict)
     weighed: Mapping[int, float] = field(default_factory=dict)
     optimizer: str | None = None
+    dp: int = 1
+    sharding: str | None = None
+    weighed_sharding: Mapping[str, float] = field(default_factory=dict)
+    torch_devices: tuple[str, ...] = ()
+
+    @property
+    def world(self) -> int:
+        """The ranks that run it: ``dp`` x ``ranks``."""
+        return self.dp * self.ranks
 
     def to_dict(self) -> dict[str, Any]:
         return {"ranks": self.ranks, "devices": list(self.devices),
@@ -351,7 +365,10 @@ class TensorParallelRecord:
                 "split": {k: list(v) for k, v in self.split.items()}} | _present([
                     ("max_abs_diff", self.max_abs_diff), ("measured_s", self.measured_s),
                     ("weighed", {str(d): s for d, s in self.weighed.items()} or None),
-                    ("optimizer", self.optimizer)])
+                    ("optimizer", self.optimizer), ("dp", self.dp if self.dp > 1 else None),
+                    ("sharding", self.sharding),
+                    ("weighed_sharding", dict(self.weighed_sharding) or None),
+                    ("torch_devices", list(self.torch_devices) or None)])
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TensorParallelRecord:
@@ -362,7 +379,10 @@ class TensorParallelRecord:
                    max_abs_diff=data.get("max_abs_diff"), measured_s=data.get("measured_s"),
                    split={k: (v[0], v[1]) for k, v in data.get("split", {}).items()},
                    weighed={int(d): s for d, s in data.get("weighed", {}).items()},
-                   optimizer=data.get("optimizer"))
+                   optimizer=data.get("optimizer"), dp=data.get("dp", 1),
+                   sharding=data.get("sharding"),
+                   weighed_sharding=dict(data.get("weighed_sharding", {})),
+                   torch_devices=tuple(data.get("torch_devices", ())))
 
 
 @dataclass(frozen=True)

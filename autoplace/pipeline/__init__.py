@@ -185,10 +185,11 @@ def _tensor_parallel(plan: Plan, model: PartitionedModel, directory: Path) -> No
     device_of = {d.name: d.torch_device for d in plan.problem.cluster.devices}
     directory.mkdir()
     autoplace.emit.save_model(model, directory / "model")
-    devices = [device_of[n] for n in record.devices]
+    devices = list(record.torch_devices) or [device_of[n] for n in record.devices]
     if record.optimizer is not None:
         write_tensor_train(directory, devices=devices, names=list(record.devices),
-                           split=record.split, optimizer=record.optimizer)
+                           split=record.split, optimizer=record.optimizer, dp=record.dp,
+                           sharding=record.sharding or "ddp")
     else:
         write_tensor_launch(directory, devices=devices, names=list(record.devices),
                             split=record.split)

@@ -12,7 +12,7 @@ point (``launch.py``, or ``train.py``) to ``OUT/tensor_parallel/``."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -50,14 +50,17 @@ def tensor_step_candidate(planned: Plan, solved: Any, cluster: Cluster, config: 
                           ) -> tuple[Plan, PartitionedModel | None]:
     """``tensor_candidate`` of a training plan's ``solved`` step (``pipeline.training``): the
     model and its loss on the whole batch (every rank sees it all; traced again where the
-    plan's step traced a replica's shard or a micro-batch), with the plan's optimizer."""
+    plan's step traced a replica's shard or a micro-batch), with the plan's optimizer; with
+    ``parallel.dp`` a dp x tp mesh, each tp group traced and priced on its share of the batch
+    (``Mesh``)."""
     from autoplace.pipeline.forward import Tracing, traced_problem
     from autoplace.pipeline.measured import backward_factors
     from autoplace.train.layers import kept_state
 
     step, model = solved.step, solved.model
     args, kwargs = step.whole
-    if not tensor_degrees(cluster, config.parallel.tp):
+    dp = config.parallel.dp or 1
+    if not tensor_degrees(cluster, config.parallel.tp, dp=dp):
         note(_NOT_WEIGHED)
         return planned, None
     if step.forward.traced.has_meta_params:
@@ -65,45 +68,86 @@ def tensor_step_candidate(planned: Plan, solved: Any, cluster: Cluster, config: 
              "training a candidate on fake tensors is not built yet (inference plans weigh "
              "one)")
         return planned, None
+    shard = _dp_shard(args, kwargs, dp)
     with kept_state(model):  # tracing, observing and checking run it in train()
         forward = step.forward
-        if step.replicas > 1 or step.microbatches > 1:
+        if step.replicas > 1 or step.microbatches > 1 or dp > 1:
             with collecting():  # the plan's step said what tracing finds
-                forward = traced_problem(model, args, kwargs, cluster,
+                forward = traced_problem(model, *shard, cluster,
                                          Tracing.of(config, checked=True))
         with collecting():
-            factors, _ = backward_factors(forward.profiled, model, args, kwargs, cluster)
+            factors, _ = backward_factors(forward.profiled, model, *shard, cluster)
+        mesh = None if dp == 1 else Mesh(dp=dp, shardings=_SHARDINGS[str(config.training.fsdp)],
+                                         profiled=forward.profiled, cache=config.cost.cache)
         return tensor_candidate(planned, forward.problem, forward.traced, model, args, kwargs,
                                 ranks=config.parallel.tp, verify=config.emit.verify,
-                                training=(config.training.optimizer, factors, config.dtype))
+                                training=(config.training.optimizer, factors, config.dtype),
+                                mesh=mesh)
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """A training candidate's data-parallel dimension (``--dp``): ``dp`` tp groups, each on
+    1/dp of the batch, and the ``shardings`` to price over dp (``fsdp``: FSDP2 per unit,
+    ``train.sharded``; ``ddp``: the gradients averaged in DDP's buckets,
+    ``train.dataparallel``), the faster kept; measured as gloo processes here where the
+    devices are ``profiled`` CPU workers (the figures kept in ``cache``)."""
+
+    dp: int
+    shardings: tuple[str, ...]
+    profiled: Any = None
+    cache: Any = None
+
+
+_SHARDINGS = {"on": ("fsdp",), "off": ("ddp",), "auto": ("fsdp", "ddp")}
+
+
+def _dp_shard(args: tuple[Any, ...], kwargs: dict[str, Any], dp: int
+              ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The first tp group's share of the batch (``ConfigError`` naming ``--dp`` where ``dp``
+    does not divide it)."""
+    from autoplace.emit.train.microbatch import split_batch
+    from autoplace.errors import AutoplaceError
+
+    try:
+        return split_batch(args, kwargs, dp, what="data-parallel groups")[0]
+    except AutoplaceError as exc:
+        raise ConfigError(f"{{parallel.dp={dp}}}: {exc}") from None
 
 
 def tensor_candidate(planned: Plan, problem: Problem, traced: TracedModel,
                      model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *,
                      ranks: int | str, verify: bool,
-                     training: tuple[str, Mapping[str, float], str] | None = None
-                     ) -> tuple[Plan, PartitionedModel | None]:
+                     training: tuple[str, Mapping[str, float], str] | None = None,
+                     mesh: Mesh | None = None) -> tuple[Plan, PartitionedModel | None]:
     """``planned`` with its ``tensor_parallel`` record for ``ranks`` ranks on the first
-    devices of ``problem``'s cluster (``"auto"``: each degree ``tensor_degrees`` gives, the
+    devices of ``problem``'s cluster (``mesh``: ``mesh.dp`` such groups, ``problem`` one
+    group's share of the batch) (``"auto"``: each degree ``tensor_degrees`` gives, the
     fastest kept), and the one-device model they split (``None`` for a model on the meta
     device: planned, not emitted; and where ``auto`` finds no degree); ``verify``: run the
     kept one on gloo ranks. ``training``: a training step's optimizer, backward factors (per
     device, ``train.step_problem``'s) and dtype; ``problem`` is then the forward of the model
     and its loss, ``kwargs`` holding the ``targets``."""
-    degrees = tensor_degrees(problem.cluster, ranks)
+    dp = mesh.dp if mesh is not None else 1
+    degrees = tensor_degrees(problem.cluster, ranks, dp=dp)
     if not degrees:
         note(_NOT_WEIGHED)
         return planned, None
     stage("tensor parallel")
     meta = traced.has_meta_params
     one = _one_device(traced)
+    pairs = column_row(one)  # the same for every degree; one segment: every matmul's inputs
+    units = _units(problem) if dp > 1 else None
+    if units is not None:  # each FSDP2 unit's ops a segment of their own, the split named so
+        one = _one_device(traced, units=units)
+        pairs = _renamed(pairs, one)
     one.example_inputs = (tuple(args), dict(kwargs))  # saved with it: what its ranks run
-    pairs = column_row(one)  # the same for every degree
+    observed_on = _dp_shard(args, kwargs, dp)
     weighed: dict[int, tuple[TensorParallelRecord, Observed]] = {}
     for degree in degrees:
         try:
-            weighed[degree] = _weigh(problem, traced, one, pairs, degree, args, kwargs,
-                                     training=training)
+            weighed[degree] = _weigh(problem, traced, one, pairs, degree, *observed_on,
+                                     training=training, mesh=mesh, units=units)
         except ConfigError as refused:
             if ranks != "auto":
                 raise
@@ -117,7 +161,8 @@ def tensor_candidate(planned: Plan, problem: Problem, traced: TracedModel,
     if verify and not meta and training is not None:
         inputs = {k: v for k, v in kwargs.items() if k != "targets"}
         check = verify_tensor_training(one, model, args, inputs, kwargs.get("targets", ()),
-                                       ranks=best, optimizer=training[0], split=record.split)
+                                       ranks=best, optimizer=training[0], split=record.split,
+                                       dp=dp, sharding=record.sharding or "ddp")
         record = replace(record, check="passed", measured_s=check["measured_s"],
                          max_abs_diff=max(check["max_abs_diff_gradients"],
                                           check["max_abs_diff_parameters"]))
@@ -127,17 +172,17 @@ def tensor_candidate(planned: Plan, problem: Problem, traced: TracedModel,
                                        repeats=TIMED_PASSES, split=record.split)
         record = replace(record, check="passed", max_abs_diff=check["max_abs_diff"],
                          measured_s=check["measured_s"])
-    note(_said(record, planned, observed, here=_on_workers(tensor_devices(problem.cluster, best)),
-               meta=meta))
+    note(_said(record, planned, observed,
+               here=_on_workers(tensor_devices(problem.cluster, best, dp=dp)), meta=meta))
     return replace(planned, tensor_parallel=record), None if meta else one
 
 
-def tensor_degrees(cluster: Cluster, ranks: int | str) -> list[int]:
-    """The degrees to weigh: ``[ranks]`` (its devices checked by ``tensor_devices``), or for
-    ``"auto"`` every degree of 2 or more that divides the number of leading devices alike
-    (the first's type and memory)."""
+def tensor_degrees(cluster: Cluster, ranks: int | str, *, dp: int = 1) -> list[int]:
+    """The degrees to weigh: ``[ranks]`` (its devices, ``dp`` groups of them, checked by
+    ``tensor_devices``), or for ``"auto"`` every degree of 2 or more that divides the number
+    of leading devices alike (the first's type and memory)."""
     if ranks != "auto":
-        tensor_devices(cluster, int(ranks))
+        tensor_devices(cluster, int(ranks), dp=dp)
         return [int(ranks)]
     devices = cluster.devices
     alike = next((i for i, d in enumerate(devices)
@@ -149,19 +194,22 @@ def tensor_degrees(cluster: Cluster, ranks: int | str) -> list[int]:
 def _weigh(problem: Problem, traced: TracedModel, one: PartitionedModel,
            pairs: Mapping[str, tuple[str, int]], ranks: int, args: tuple[Any, ...],
            kwargs: dict[str, Any], *,
-           training: tuple[str, Mapping[str, float], str] | None = None
+           training: tuple[str, Mapping[str, float], str] | None = None,
+           mesh: Mesh | None = None, units: Mapping[str, str] | None = None
            ) -> tuple[TensorParallelRecord, Observed]:
     """The candidate of ``ranks`` ranks, unchecked: ``one`` split as ``pairs`` (its
     ``column_row``) where the ranks divide the split dimension, observed under DTensor on fake
-    ranks and rank 0 simulated (``training``: its step, ``tensor_candidate``'s);
-    ``ConfigError`` where DTensor cannot run it."""
-    chosen = tensor_devices(problem.cluster, ranks)
+    ranks and rank 0 simulated (``training``: its step, ``tensor_candidate``'s; ``mesh``: with
+    its data-parallel collectives, each sharding priced, the faster kept); ``ConfigError``
+    where DTensor cannot run it."""
+    dp = mesh.dp if mesh is not None else 1
+    chosen = tensor_devices(problem.cluster, ranks, dp=dp)
     split, whole = divisible(one, pairs, ranks)
     if whole:
         note(f"tensor parallel over {ranks} ranks: {', '.join(whole)} kept whole, their split "
              f"dimension not a multiple of {ranks}")
     try:
-        observed = observe(_one_device(traced), split, ranks, args, kwargs,  # a copy: it shards
+        observed = observe(_one_device(traced, units), split, ranks, args, kwargs,  # it shards
                            optimizer=training[0] if training else None)
     except SplitError as failed:
         module = next((n.module for n in problem.graph.nodes if failed.op in n.ops), None)
@@ -171,26 +219,106 @@ def _weigh(problem: Problem, traced: TracedModel, one: PartitionedModel,
             + (f" ({module})" if module else "") + f" split over {ranks} ranks: {first}; "
             "choose a degree that divides the model's attention heads (key/value heads "
             "included) and hidden sizes") from None
-    names = tuple(d.name for d in chosen)
+    everyone = tuple(d.name for d in chosen)
+    names = everyone[:ranks]  # rank 0's tp group; its dp group is everyone[::ranks]
     here = _on_workers(chosen)
     measured_s = _collectives_s(observed, ranks) if here else None
+    priced: dict[str, float] = {}
     if training is None:
         rank0 = tensor_problem(problem, observed, names, measured=here, collectives_s=measured_s)
     else:
         optimizer, factors, dtype = training
-        rank0 = tensor_step_problem(problem, observed, names, optimizer=optimizer,
-                                    factors=factors, measured=here, collectives_s=measured_s,
-                                    dtype=dtype)
-    schedule = simulate(rank0, Placement(device_of={n.name: names[0]
-                                                    for n in rank0.graph.nodes}))
+        steps = {sharding: tensor_step_problem(
+            problem, observed, names, optimizer=optimizer, factors=factors, measured=here,
+            collectives_s=measured_s, dtype=dtype,
+            data_parallel=_over_dp(problem.cluster, everyone[::ranks], sharding, mesh,
+                                   optimizer)) for sharding in (
+            mesh.shardings if mesh is not None else (None,))}
+        priced = {k: simulate(v, _on(v, names[0])).makespan_s for k, v in steps.items()}
+        kept = min(priced, key=lambda k: (priced[k], k != "ddp"))
+        rank0 = steps[kept]
+    schedule = simulate(rank0, _on(rank0, names[0]))
     moved = [c for table in (observed.collectives, observed.backward_collectives)
              for per in table.values() for c in per]
     columns, rows = matmuls(split)
     return TensorParallelRecord(
-        ranks=ranks, devices=names, makespan_s=schedule.makespan_s,
+        ranks=ranks, devices=everyone, makespan_s=schedule.makespan_s,
         peak_bytes=schedule.peak_bytes[names[0]], columns=columns, rows=rows,
         collectives=len(moved), collective_bytes=sum(b for _, b in moved),
-        split=split, optimizer=training[0] if training else None), observed
+        split=split, optimizer=training[0] if training else None, dp=dp,
+        torch_devices=tuple(d.torch_device for d in chosen),
+        sharding=kept if mesh is not None else None,
+        weighed_sharding=priced if mesh is not None and len(priced) > 1 else {}), observed
+
+
+def _on(problem: Problem, device: str) -> Placement:
+    """Every node of ``problem`` on ``device``."""
+    return Placement(device_of={n.name: device for n in problem.graph.nodes})
+
+
+def _over_dp(cluster: Cluster, group: tuple[str, ...], sharding: str | None,
+             mesh: Mesh | None, optimizer: str) -> Any:
+    """What the data-parallel dimension adds to rank 0's step (``sharding`` over the ``group``
+    of devices that hold its part, one from each tp group), as ``tensor_step_problem``'s
+    ``data_parallel``: FSDP2's gathers, reduce-scatters and shards (``train.sharded``) or the
+    gradients' averaging (``train.dataparallel``), by the ring formulas or, where the devices
+    are this machine's profiled CPU workers, measured on gloo processes (``_averaging_s``);
+    ``None`` without a mesh."""
+    from autoplace.train.dataparallel import with_allreduce
+    from autoplace.train.sharded import with_fsdp
+
+    if mesh is None or sharding is None:
+        return None
+    groups = [(name,) for name in group]
+
+    def priced(step: Problem) -> Problem:
+        measured = _averaging_s(step, cluster, groups, sharding, mesh, optimizer)
+        if sharding == "fsdp":
+            return with_fsdp(step, cluster, groups, measured_s=measured)
+        return with_allreduce(step, cluster, groups, measured_s=measured)
+
+    return priced
+
+
+def _averaging_s(step: Problem, cluster: Cluster, groups: list[tuple[str, ...]], sharding: str,
+                 mesh: Mesh, optimizer: str) -> float | None:
+    """What averaging rank 0's gradients over the ``groups`` adds to its step, measured on
+    gloo processes of this host (``profile.allreduce``: bucketed all-reduces, or FSDP2 by
+    unit with ``optimizer``'s update) for the float32 elements each of the step's forward
+    nodes trains (rank 0's shards: a node's parameters as one tensor), where every device is
+    a profiled CPU worker; ``None`` elsewhere, or when it fails (the ring formulas then)."""
+    from autoplace.profile import open_cache
+    from autoplace.profile.allreduce import allreduce_s
+    from autoplace.simulate.schedules import phase_of
+    from autoplace.train.sharded import fsdp_units
+
+    keys = {d.device: d.device_key for d in getattr(mesh.profiled, "devices", ())}
+    if not all(g[0] in keys and cluster.device(g[0]).torch_device.startswith("cpu")
+               for g in groups):
+        return None
+    trained = [(n.name, n.trainable_bytes // 4) for n in step.graph.nodes
+               if phase_of(n.name)[1] == "forward" and n.trainable_bytes]
+    numels: Any = [numel for _, numel in trained]
+    mode = "buckets"
+    if sharding == "fsdp":
+        unit_of = fsdp_units(step.graph)
+        by_unit: dict[str | None, list[int]] = {}
+        for name, numel in trained:
+            by_unit.setdefault(unit_of.get(name), []).append(numel)
+        mode, numels = "fsdp", [v for k, v in by_unit.items() if k is not None] + [
+            by_unit.get(None, [])]
+    try:
+        seconds, _ = allreduce_s(numels, replicas=len(groups), mode=mode,
+                                 cache=mesh.cache if mesh.cache is not None else open_cache(),
+                                 device_key=keys[groups[0][0]],
+                                 optimizer=optimizer if mode == "fsdp" else None)
+    except Exception as exc:  # noqa: BLE001 - the ring formulas still price it
+        note(f"the data-parallel {sharding} averaging could not be measured "
+             f"({type(exc).__name__}: {exc}); the ring formulas price it")
+        return None
+    note(f"dp {len(groups)} of the tensor-parallel mesh, {sharding} over gloo processes here: "
+         f"{seconds * 1e3:.3f} ms a step measured for rank 0's shards")
+    return seconds
 
 
 def _on_workers(devices: tuple[Device, ...]) -> bool:
@@ -229,15 +357,23 @@ def _said(record: TensorParallelRecord, planned: Plan, observed: Observed, *, he
             "the plan's backward factor times the rank's share of the forward (2x unless "
             "profiled: train.graph's rule, not observed op by op)")
             + f", the {record.optimizer} update on rank 0's shards")
-    return (f"{weighed}tensor parallel {'training ' if training else ''}over {ranks} ranks "
-            f"({', '.join(record.devices)}), each on the whole batch: " if training else
+    if record.dp > 1:
+        over = {"fsdp": "FSDP2", "ddp": "gradients averaged"}
+        weighed += (f"a dp {record.dp} x tp {ranks} mesh ({', '.join(record.devices)}), each "
+                    f"tp group on 1/{record.dp} of the batch, {over[record.sharding or 'ddp']}"
+                    " over dp" + ("" if not record.weighed_sharding else " (weighed: " + ", ".join(
+                        f"{over[k]} {v * 1e3:.3f} ms" for k, v in record.weighed_sharding.items())
+                        + ")") + "; ")
+    return (f"{weighed}tensor parallel {'training ' if training else ''}over {ranks} ranks"
+            + ("" if record.dp > 1 else f" ({', '.join(record.devices)}), each on the whole "
+               "batch") + ": " if training else
             f"{weighed}tensor parallel over {ranks} ranks ({', '.join(record.devices)}): ") + (
             f"{record.columns} column and {record.rows} row matmuls, {moved}; "
             f"{record.makespan_s * 1e3:.3f} ms a {unit} predicted against the "
             f"{'plan' if training else 'placement'}'s {planned.makespan_s * 1e3:.3f} ms: "
             + ("faster" if faster else f"the {'plan' if training else 'placement'} is faster")
             + f"; {where}"
-            + (f"; {'steps' if training else 'outputs'} equal on {ranks} gloo ranks, "
+            + (f"; {'steps' if training else 'outputs'} equal on {record.world} gloo ranks, "
                f"{record.measured_s * 1e3:.3f} ms a {unit} measured there"
                + ("" if here else " (this machine's CPU, not the planned devices)")
                if record.measured_s is not None else ""))
@@ -245,8 +381,12 @@ def _said(record: TensorParallelRecord, planned: Plan, observed: Observed, *, he
 
 def _trained(check: Mapping[str, Any], ranks: int) -> str:
     """The training check's note (``verify_tensor_training``'s record)."""
+    dp = check.get("dp", 1)
+    mesh = (f"{dp * ranks} gloo ranks, a dp {dp} x tp {ranks} mesh ("
+            + ("FSDP2" if check.get("sharding") == "fsdp" else "gradients averaged")
+            + " over dp, DTensor over tp" if dp > 1 else f"{ranks} gloo ranks (DTensor")
     return (f"tensor-parallel training check passed: {check['steps']} {check['optimizer']} "
-            f"steps on {ranks} gloo ranks (DTensor, every dropout at zero) give the original's "
+            f"steps on {mesh}, every dropout at zero) give the original's "
             f"losses ({', '.join(f'{v:.6g}' for v in check['losses'])}), gradients (gathered "
             f"whole) and updated parameters"
             + (f"; dropout is active in the step: its {check['dropout_ops']} dropout(s) on, "
@@ -254,13 +394,22 @@ def _trained(check: Mapping[str, Any], ranks: int) -> str:
                if check.get("dropout_ops") else ""))
 
 
-def tensor_devices(cluster: Cluster, ranks: int) -> tuple[Device, ...]:
-    """The first ``ranks`` devices of ``cluster``, which must be alike; else ``ConfigError``."""
+def tensor_devices(cluster: Cluster, ranks: int, *, dp: int = 1) -> tuple[Device, ...]:
+    """The first ``ranks`` devices of ``cluster`` (with ``dp`` > 1 every device, a dp x
+    ``ranks`` mesh in rank order, their product the devices' count), which must be alike;
+    else ``ConfigError``."""
     devices = cluster.devices
+    if dp > 1 and dp * ranks != len(devices):
+        fits = [f"--dp {d} --tp {len(devices) // d}" for d in range(2, len(devices) // 2 + 1)
+                if len(devices) % d == 0]
+        raise ConfigError(f"{{parallel.dp={dp}}} x {{parallel.tp={ranks}}} make a mesh of "
+                          f"{dp * ranks} ranks, and the cluster has {len(devices)} devices: "
+                          "choose degrees whose product is the devices' count"
+                          + (f" ({', '.join(fits)})" if fits else ""))
     if ranks > len(devices):
         raise ConfigError(f"{{parallel.tp={ranks}}} asks for more ranks than the "
                           f"{len(devices)} devices: choose at most {len(devices)}")
-    chosen = devices[:ranks]
+    chosen = devices[:ranks * dp]
     if len({(d.type, d.memory_bytes) for d in chosen}) > 1:
         raise ConfigError(f"{{parallel.tp={ranks}}} splits every op evenly, and "
                           f"{', '.join(d.name for d in chosen)} are not alike: plan it on "
@@ -291,10 +440,27 @@ def _collectives_s(observed: Observed, ranks: int) -> float | None:
     return seconds
 
 
-def _one_device(traced: TracedModel) -> Any:
+def _one_device(traced: TracedModel, units: Mapping[str, str] | None = None) -> Any:
     """``traced`` emitted whole on this machine's CPU (a fresh copy each call: ``observe``
-    replaces its parameters)."""
+    replaces its parameters), each FSDP2 unit's ops (``units``) cut into segments of their
+    own."""
     here = local_device_map(["cpu"])["cpu"]
     return emit_model(traced.module, {n.name: here for n in traced.module.graph.nodes
                                       if n.op == "call_function"}, runtime="sequential",
-                      meta_weights=traced.has_meta_params)
+                      meta_weights=traced.has_meta_params, units=units)
+
+
+def _renamed(split: Mapping[str, tuple[str, int]], model: Any) -> dict[str, tuple[str, int]]:
+    """``split`` (of ``traced`` emitted as one segment, ``seg0.<name>``) named as ``model``
+    (the same emitted in several) holds each parameter: ``seg<i>.<name>``."""
+    where = {name.split(".", 1)[1]: name for name, _ in model.named_parameters()}
+    return {where[name.split(".", 1)[1]]: how for name, how in split.items()}
+
+
+def _units(problem: Problem) -> dict[str, str]:
+    """The FSDP2 unit of each op of ``problem``'s forward that has one (``train.sharded``)."""
+    from autoplace.train.sharded import fsdp_units
+
+    unit_of = fsdp_units(problem.graph)
+    return {op: unit for n in problem.graph.nodes
+            if (unit := unit_of.get(n.name)) is not None for op in n.ops}

@@ -99,10 +99,14 @@ def tensor_text(ov: Overview) -> str | None:
     kept = (f"faster: its ranks run from tensor_parallel/{'train' if training else 'launch'}.py"
             if tp.makespan_s < ov.makespan_s
             else f"the {'plan' if training else 'placement'} faster")
-    checked = (f"; 3 {tp.optimizer} steps checked on {tp.ranks} gloo ranks" if training
+    checked = (f"; 3 {tp.optimizer} steps checked on {tp.world} gloo ranks" if training
                else f"; outputs checked on {tp.ranks} gloo ranks")
-    return (f"tp {tp.ranks} over {', '.join(tp.devices)}: "
-            + (f"training step (every rank on the whole batch) {format_seconds(tp.makespan_s)}"
+    over = "FSDP2" if tp.sharding == "fsdp" else "gradients averaged"
+    mesh = f"dp {tp.dp} x tp {tp.ranks} ({over} over dp)" if tp.dp > 1 else f"tp {tp.ranks}"
+    batch = (f"each tp group on 1/{tp.dp} of the batch" if tp.dp > 1
+             else "every rank on the whole batch")
+    return (f"{mesh} over {', '.join(tp.devices)}: "
+            + (f"training step ({batch}) {format_seconds(tp.makespan_s)}"
                if training else format_seconds(tp.makespan_s))
             + f" predicted, {kept}"
             + (checked if tp.check == "passed" else "")

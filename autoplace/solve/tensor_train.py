@@ -16,7 +16,7 @@ docs/training.md, "Tensor-parallel training".
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from autoplace.ir import Problem
@@ -38,14 +38,17 @@ __all__ = ["tensor_step_problem"]
 def tensor_step_problem(problem: Problem, observed: Observed, devices: tuple[str, ...], *,
                         optimizer: str, factors: Mapping[str, float] | None = None,
                         measured: bool = False, collectives_s: float | None = None,
-                        dtype: str = "float32") -> Problem:
+                        dtype: str = "float32",
+                        data_parallel: Callable[[Problem], Problem] | None = None) -> Problem:
     """The training step of ``problem`` (the forward of the model and its loss on the whole
     batch) as rank 0 of ``devices`` runs it (see the module's docstring): its forward scaled
     by its shares, its backward ``factors[device]`` times that (2x where absent), its
     updates on rank 0's part of each parameter, and every collective the forward and the
     backward waited for added where it waited, each a ring over ``devices`` or, with
     ``collectives_s`` (all of a step's measured), shared by the rings' times. ``measured``:
-    the devices are this machine's CPU workers, whose passes ``observed`` timed."""
+    the devices are this machine's CPU workers, whose passes ``observed`` timed.
+    ``data_parallel``: what a dp dimension adds to the step (``pipeline.tensor``'s mesh),
+    applied last but for the updates' move after the backward."""
     device = devices[0]
     rank0 = tensor_problem(problem, replace(observed, collectives={}), devices,
                            measured=measured)
@@ -58,6 +61,8 @@ def tensor_step_problem(problem: Problem, observed: Observed, devices: tuple[str
     if measured and observed.update_s is not None and trained:
         step = with_measured_updates(step, {device: observed.update_s / trained})
     step = _with_collectives(step, problem, observed, devices, collectives_s)
+    if data_parallel is not None:
+        step = data_parallel(step)
     return after_backward(step) if measured else step
 
 

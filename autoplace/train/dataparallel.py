@@ -19,10 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from autoplace.ir import Cluster, Problem
@@ -132,16 +134,19 @@ def ddp_replica(model: torch.nn.Module) -> DistributedDataParallel:
     return DistributedDataParallel(model, device_ids=None, gradient_as_bucket_view=True)
 
 
-def average_gradients(params: Sequence[torch.Tensor]) -> None:
+def average_gradients(params: Sequence[torch.Tensor], group: Any = None) -> None:
     """Replace the gradient of each of ``params`` with its mean over the replicas (every rank
-    calls this, after its backward). The gradients that are set (the same on every rank: one
-    model, one graph) go in buckets (``_buckets``), each flattened, all-reduced (a sum),
-    divided by R and copied back, one bucket after another: a copy of one bucket is held at
-    a time, beyond what the plan counts."""
-    world = dist.get_world_size()
-    for bucket in _buckets([p.grad for p in params if p.grad is not None]):
+    calls this, after its backward; ``group``: the process group of the replicas, by default
+    every rank). The gradients that are set (the same on every rank: one model, one graph; a
+    DTensor's, its local shard) go in buckets (``_buckets``), each flattened, all-reduced (a
+    sum), divided by R and copied back, one bucket after another: a copy of one bucket is held
+    at a time, beyond what the plan counts."""
+    world = dist.get_world_size(group)
+    grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+             for p in params if p.grad is not None]
+    for bucket in _buckets(grads):
         flat = _flatten_dense_tensors(bucket)
-        dist.all_reduce(flat)
+        dist.all_reduce(flat, group=group)
         flat /= world
         for grad, mean in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
             grad.copy_(mean)

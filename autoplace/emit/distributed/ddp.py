@@ -49,9 +49,10 @@ from autoplace.train.dataparallel import average_gradients, ddp_replica
 from autoplace.train.graph import make_optimizer
 from autoplace.train.layers import no_dropout
 
-__all__ = ["INIT_TIMEOUT_S", "SHARDINGS", "add_training_flags", "batch_size", "microbatching",
-           "print_error", "replica_backend", "replica_device_map", "replica_exit",
-           "replica_main", "replicas_of", "say_trained", "shard", "write_train_script"]
+__all__ = ["INIT_TIMEOUT_S", "SHARDINGS", "add_training_flags", "batch_size",
+           "fully_shard_units", "microbatching", "print_error", "replica_backend",
+           "replica_device_map", "replica_exit", "replica_main", "replicas_of", "say_trained",
+           "shard", "write_train_script"]
 
 # The rendezvous and every collective after it: a rank that died or never came makes the others
 # fail within this, rather than wait for ever.
@@ -341,17 +342,9 @@ def _fsdp_step(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
     model, over a mesh of every rank; the backward reduce-scatters the gradients (their mean,
     each rank keeping its shard). The step returns the shard's loss."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
 
     kind = torch.device(model.devices[0]).type
-    mesh = init_device_mesh(kind, (dist.get_world_size(),))
-    units: dict[str, list[torch.nn.Module]] = {}
-    for seg in model.segment_info:
-        if seg.unit is not None:
-            units.setdefault(seg.unit, []).append(getattr(model, f"seg{seg.index}"))
-    for modules in units.values():
-        fully_shard(modules if len(modules) > 1 else modules[0], mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    fully_shard_units(model, init_device_mesh(kind, (dist.get_world_size(),)))
 
     def step() -> torch.Tensor:
         loss = model(*args, **kwargs)
@@ -359,6 +352,20 @@ def _fsdp_step(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
         return loss
 
     return step
+
+
+def fully_shard_units(model: torch.nn.Module, mesh: Any) -> None:
+    """FSDP2's ``fully_shard`` over ``mesh`` on each unit's segments of ``model`` (the plan's,
+    ``SegmentInfo.unit``: ``train.sharded``), then on the whole model (the root's)."""
+    from torch.distributed.fsdp import fully_shard
+
+    units: dict[str, list[torch.nn.Module]] = {}
+    for seg in model.segment_info:
+        if seg.unit is not None:
+            units.setdefault(seg.unit, []).append(getattr(model, f"seg{seg.index}"))
+    for modules in units.values():
+        fully_shard(modules if len(modules) > 1 else modules[0], mesh=mesh)
+    fully_shard(model, mesh=mesh)
 
 
 def _fsdp_peak_bytes(step: Step, model: torch.nn.Module, opt: torch.optim.Optimizer,

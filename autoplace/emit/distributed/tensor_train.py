@@ -2,15 +2,14 @@
 
 A training plan's candidate (``--tp N --mode training``): the one-device model of the model and
 its loss, its matmuls split as ``tensor.column_row`` finds them, trained by N ranks, each on the
-whole batch (no batch split: the ranks divide each matmul's work). ``write_tensor_train`` writes
-``OUT/tensor_parallel/train.py``; each rank (``tensor_train_main``) loads the model, makes its
-parameters DTensors (``tensor.shard_model``) and runs ``--steps`` steps of the plan's optimizer:
-forward and backward under ``tensor._handlers`` (a row's partial sums and a column's input
-gradient all-reduced at once, attention by heads), each rank updating its shards. Rank 0
-reports each loss and the step times. ``verify_tensor_training`` trains it on N gloo ranks with
-every dropout at zero and compares the losses, the gradients (gathered whole) and the updated
-parameters with the original's step by step (``replicas._compare``). ``solve.tensor_train``
-prices it.
+whole batch (the ranks divide each matmul's work); with ``--dp D`` a D x N mesh, each tp group
+on 1/D of the batch, sharded over dp by FSDP2 (``fully_shard`` per unit, torchtitan's FSDP + TP)
+or its gradients averaged over dp (DDP's algorithm: DDP takes no DTensor). ``write_tensor_train``
+writes ``OUT/tensor_parallel/train.py``; each rank (``tensor_train_main``) makes its parameters
+DTensors (``tensor.shard_model``) and runs ``--steps`` steps under ``tensor._handlers``.
+``verify_tensor_training`` trains it on gloo ranks with every dropout at zero and compares the
+losses, the gradients (gathered whole) and the updated parameters with the original's step by
+step (``replicas._compare``). ``solve.tensor_train`` prices it.
 """
 
 from __future__ import annotations
@@ -37,30 +36,34 @@ from autoplace.errors import AutoplaceError, VerificationError
 __all__ = ["tensor_train_main", "verify_tensor_training", "write_tensor_train"]
 
 VERIFY_TIMEOUT_S = 300.0
+SHARDED = {"fsdp": "FSDP2", "ddp": "gradients averaged"}
 _TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "tensor_train.py.tmpl"
 
 
 def write_tensor_train(directory: str | os.PathLike[str], *, devices: Sequence[str],
                        names: Sequence[str], split: Mapping[str, tuple[str, int]],
-                       optimizer: str) -> Path:
+                       optimizer: str, dp: int = 1, sharding: str = "ddp") -> Path:
     """Write ``directory/train.py`` (``templates/tensor_train.py.tmpl``: ``tensor_train_main``
-    for rank r on ``devices[r]``, plan name ``names[r]``, with ``optimizer``) and
-    ``directory/split.json``; the script's path. The model it trains is ``directory/model``."""
+    for rank r on ``devices[r]``, plan name ``names[r]``, with ``optimizer``; ``dp``
+    data-parallel groups, ``sharding`` over them) and ``directory/split.json``; the script's
+    path. The model it trains is ``directory/model``."""
     root = Path(directory)
     (root / "split.json").write_text(json.dumps({k: list(v) for k, v in split.items()},
                                                 indent=1) + "\n")
     path = root / "train.py"
     path.write_text(Template(_TEMPLATE.read_text()).substitute(
         world=len(devices), devices=repr(list(devices)), names=repr(list(names)),
-        optimizer=repr(optimizer)))
+        optimizer=repr(optimizer), dp=dp, sharding=repr(sharding)))
     return path
 
 
 def tensor_train_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *,
-                      devices: Sequence[str], names: Sequence[str], optimizer: str) -> int:
+                      devices: Sequence[str], names: Sequence[str], optimizer: str,
+                      dp: int = 1, sharding: str = "ddp") -> int:
     """One rank of ``torchrun --nproc-per-node N train.py``: train ``model_dir`` split over the
-    N ranks (``--split FILE``) for ``--steps`` steps on its saved example batch, on this
-    rank's device (``devices[rank]``, remapped by ``--device-map``). Rank 0 writes the report
+    N ranks (``--split FILE``; with ``dp`` > 1 a dp x N/dp mesh, ``sharding`` over dp) for
+    ``--steps`` steps on its saved example batch (its dp group's share), on this rank's
+    device (``devices[rank]``, remapped by ``--device-map``). Rank 0 writes the report
     (``--json``) and, for ``verify_tensor_training``, each step's loss, gradients, parameters
     and optimizer state gathered whole (``--record``, ``torch.save``). The exit code; an
     ``AutoplaceError`` is printed as one line and exits with 2."""
@@ -71,9 +74,11 @@ def tensor_train_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *,
         say_trained,
     )
 
+    mesh = (f"a {dp} x {len(devices) // dp} mesh (dp x tp, {SHARDED[sharding]} over dp)"
+            if dp > 1 else f"{len(devices)} tensor-parallel ranks")
     parser = argparse.ArgumentParser(
-        prog="train.py", description=f"Train {model_dir} as {len(devices)} tensor-parallel "
-        f"ranks with {optimizer}; run under torchrun --nproc-per-node {len(devices)}.")
+        prog="train.py", description=f"Train {model_dir} as {mesh} with {optimizer}; run "
+        f"under torchrun --nproc-per-node {len(devices)}.")
     parser.add_argument("--split", required=True, metavar="FILE",
                         help="each split weight: [column or row, dimension], as JSON")
     add_training_flags(parser)
@@ -89,27 +94,28 @@ def tensor_train_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *,
     options = parser.parse_args(list(argv))
     rank = int(os.environ.get("RANK", "-1"))
     try:
-        check_world(rank, len(devices), what=f"trains {len(devices)} tensor-parallel ranks",
-                    script="train.py")
+        check_world(rank, len(devices), what=f"trains {mesh}", script="train.py")
         if options.steps < 1:
             raise AutoplaceError(f"--steps must be 1 or more, got {options.steps}")
         device = _rank_device(rank, devices, names, options.device_map)
-        report, record = _train(Path(model_dir), options, device=device, optimizer=optimizer)
+        report, record = _train(Path(model_dir), options, device=device, optimizer=optimizer,
+                                dp=dp, sharding=sharding)
     except AutoplaceError as error:
         print_error(type(error).__name__, error)
         return 2
     if rank == 0:
         say_trained(options, report, record, what=(
-            f"{report['ranks']} tensor-parallel ranks ({report['backend']}), each on the whole "
-            f"batch, {len(report['losses'])} steps of {optimizer}"))
+            f"{mesh} ({report['backend']}), "
+            + (f"each tp group on 1/{dp} of the batch" if dp > 1 else "each on the whole batch")
+            + f", {len(report['losses'])} steps of {optimizer}"))
     return 0
 
 
-def _train(model_dir: Path, options: argparse.Namespace, *, device: str, optimizer: str
-           ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """This rank's part: the process group, the mesh, the split model, the steps (``ddp._steps``,
-    the loss a plain tensor: every rank holds it whole). Rank 0's report and record."""
-    from torch.distributed.device_mesh import init_device_mesh
+def _train(model_dir: Path, options: argparse.Namespace, *, device: str, optimizer: str,
+           dp: int = 1, sharding: str = "ddp") -> tuple[dict[str, Any], dict[str, Any]]:
+    """This rank's part: the process group, the mesh (``dp`` x tp), the split model (sharded
+    over dp), its share of the batch, the steps (``ddp._steps``, the loss a plain tensor:
+    every rank of a tp group holds it whole). Rank 0's report and record."""
     from torch.distributed.tensor.experimental import implicit_replication
 
     from autoplace.emit.distributed.ddp import INIT_TIMEOUT_S, _steps
@@ -126,11 +132,11 @@ def _train(model_dir: Path, options: argparse.Namespace, *, device: str, optimiz
                             timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S))
     try:
         world = dist.get_world_size()
-        mesh = init_device_mesh(kind, (world,))
-        model, args, kwargs = load_sharded(model_dir, options.split, mesh=mesh, device=device)
+        model, args, kwargs, averaged = _meshed(model_dir, options.split, kind=kind,
+                                                device=device, dp=dp, sharding=sharding)
         opt = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad],
                              options.lr)
-        step = _step(model, args, kwargs)
+        step = _step(model, args, kwargs, averaged)
         with implicit_replication(), _handlers(), (
                 no_dropout() if options.no_dropout else contextlib.nullcontext()):
             losses, times, record = _steps(step, model, opt, steps=options.steps,
@@ -143,21 +149,57 @@ def _train(model_dir: Path, options: argparse.Namespace, *, device: str, optimiz
         torch.set_num_threads(threads)
     timed = times[1:] or times
     report = {"losses": losses, "times_s": times, "measured_s": statistics.median(timed),
-              "ranks": world, "backend": "nccl" if kind == "cuda" else "gloo",
+              "ranks": world, "dp": dp, "sharding": sharding,
+              "backend": "nccl" if kind == "cuda" else "gloo",
               "optimizer": optimizer, "lr": options.lr, "device": device,
               "threads": 1 if kind == "cpu" else threads}
-    return report, record | {"optimizer": optimizer, "replicas": 1, "ranks": world}
+    return report, record | {"optimizer": optimizer, "replicas": dp, "ranks": world}
 
 
-def _step(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
-          ) -> Callable[[], torch.Tensor]:
-    """A step's forward and backward of the split ``model`` on the whole batch; the step
-    returns the loss as a plain tensor (replicated: every rank holds it whole)."""
+def _meshed(model_dir: Path, split: str, *, kind: str, device: str, dp: int, sharding: str
+            ) -> tuple[torch.nn.Module, tuple[Any, ...], dict[str, Any], Any]:
+    """This rank's model split over its tp group (``load_sharded``) and its inputs: with
+    ``dp`` > 1, on a ``("dp", "tp")`` mesh, its dp group's share of the batch
+    (``ddp.shard``), the model sharded over dp by FSDP2 (``sharding="fsdp"``:
+    ``ddp.fully_shard_units``) or, returned last, the dp process group whose gradients the
+    step averages (``None``: nothing to average)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from autoplace.emit.distributed.ddp import fully_shard_units, shard
+
+    world = dist.get_world_size()
+    if dp == 1:
+        mesh = init_device_mesh(kind, (world,))
+        return *load_sharded(model_dir, split, mesh=mesh, device=device), None
+    if world % dp:
+        raise AutoplaceError(f"{world} ranks do not make a mesh of {dp} data-parallel groups: "
+                             f"run {dp} x tp ranks")
+    mesh = init_device_mesh(kind, (dp, world // dp), mesh_dim_names=("dp", "tp"))
+    model, args, kwargs = load_sharded(model_dir, split, mesh=mesh["tp"], device=device)
+    args, kwargs = shard((args, kwargs), rank=mesh["dp"].get_local_rank(), replicas=dp)
+    if sharding == "fsdp":
+        fully_shard_units(model, mesh["dp"])
+        return model, args, kwargs, None
+    return model, args, kwargs, mesh["dp"].get_group()
+
+
+def _step(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+          averaged: Any = None) -> Callable[[], torch.Tensor]:
+    """A step's forward and backward of the split ``model`` on this rank's batch, its
+    gradients then averaged over the ``averaged`` process group (DDP's buckets,
+    ``train.dataparallel.average_gradients``) where there is one; the step returns the loss
+    as a plain tensor (replicated: every rank of a tp group holds it whole)."""
     from torch.distributed.tensor import DTensor
+
+    from autoplace.train.dataparallel import average_gradients
+
+    params = [p for p in model.parameters() if p.requires_grad]
 
     def step() -> torch.Tensor:
         loss = model(*args, **kwargs)
         loss.backward()
+        if averaged is not None:
+            average_gradients(params, averaged)
         return loss.full_tensor() if isinstance(loss, DTensor) else loss
 
     return step
@@ -167,9 +209,11 @@ def verify_tensor_training(emitted: PartitionedModel, original: torch.nn.Module,
                            args: tuple[Any, ...], kwargs: Mapping[str, Any],
                            targets: tuple[Any, ...], *, ranks: int, optimizer: str,
                            split: Mapping[str, tuple[str, int]], steps: int | None = None,
+                           dp: int = 1, sharding: str = "ddp",
                            timeout_s: float = VERIFY_TIMEOUT_S) -> dict[str, Any]:
     """Train ``emitted`` (one device's model of the model and its loss) split as ``split`` over
-    ``ranks`` gloo processes for ``steps`` (3) steps of ``optimizer`` on the batch
+    ``ranks`` gloo processes (``dp`` x ``ranks`` of them on a dp x tp mesh, ``sharding`` over
+    dp, each tp group on 1/dp of the batch) for ``steps`` (3) steps of ``optimizer`` on the batch
     ``args``/``kwargs``/``targets``, every dropout at probability zero, and a copy of
     ``original`` (a ``train.LossModel``) here; compare every step's loss, gradients (gathered
     whole) and updated parameters (``replicas._compare``). Where the emitted graph drops out,
@@ -185,20 +229,23 @@ def verify_tensor_training(emitted: PartitionedModel, original: torch.nn.Module,
     with tempfile.TemporaryDirectory(prefix="autoplace-tensor-train-") as tmp:
         root = Path(tmp)
         _save(emitted, root / "model", batch)
-        script = write_tensor_train(root, devices=["cpu"] * ranks,
-                                    names=[f"rank {r}" for r in range(ranks)], split=split,
-                                    optimizer=optimizer)
-        launch_replicas(script, replicas=ranks, timeout_s=timeout_s, what="tensor-parallel",
+        world = ranks * dp
+        script = write_tensor_train(root, devices=["cpu"] * world,
+                                    names=[f"rank {r}" for r in range(world)], split=split,
+                                    optimizer=optimizer, dp=dp, sharding=sharding)
+        launch_replicas(script, replicas=world, timeout_s=timeout_s, what="tensor-parallel",
                         argv=["--steps", str(steps), "--record", str(root / "record.pt"),
                               "--json", str(root / "report.json"), "--no-dropout"])
         record = torch.load(root / "record.pt", weights_only=True)
         report = json.loads((root / "report.json").read_text())
-    if (record["optimizer"], record["ranks"]) != (optimizer, ranks):
+    if (record["optimizer"], record["ranks"], record["replicas"]) != (optimizer, world, dp):
         raise VerificationError(f"the tensor-parallel ranks trained {record['ranks']} ranks "
-                                f"with {record['optimizer']}, not {ranks} with {optimizer}")
+                                f"in {record['replicas']} data-parallel groups with "
+                                f"{record['optimizer']}, not {world} in {dp} with {optimizer}")
     with kept_state(emitted, original):
         dropout = dropout_active(emitted, _forward(emitted, batch))
         check = _compare(record, original, tuple(args), dict(kwargs), tuple(targets),
-                         optimizer=optimizer, lr=None, dropout=dropout)
-    return check | dropout | {"ranks": ranks, "measured_s": report["measured_s"],
+                         optimizer=optimizer, lr=None, cut=(dp, None), dropout=dropout)
+    return check | dropout | {"ranks": ranks, "dp": dp, "sharding": sharding,
+                              "measured_s": report["measured_s"],
                               "times_s": report["times_s"]}

@@ -1,0 +1,157 @@
+"""Tensor parallelism on a mesh, trained: tp 2, and dp 2 x tp 2 with FSDP2 or averaged
+gradients over dp, on this machine's CPU processes (gloo).
+
+    python benchmarks/mesh_cpu.py          # writes benchmarks/results/mesh-cpu.md
+
+For each model (the MLP and GPT-2 examples; the Llama and T5 examples with a batch of 2, so
+that two data-parallel groups divide it, T5 with a cross-entropy loss on its decoder's logits):
+``autoplace plan MODEL --mode training --optimizer adamw --devices Nxcpu-process --tp 2
+[--dp 2 --fsdp on|off]`` (profiled), whose tensor-parallel candidate is trained 3 steps on N
+gloo ranks against the original (losses, gradients gathered whole, updated parameters:
+``assert_close``); then ``autoplace run OUT --nproc N --tensor-parallel --train 5 --json``
+trains the emitted ``OUT/tensor_parallel/train.py`` under torchrun and times it. The table
+gives the check, its largest difference, the predicted step against both measurements, and the
+1-minute load average before the plan: four ranks share two cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import RESULTS, machine_line, write_markdown  # noqa: E402
+
+MODELS = ("mlp", "gpt2", "llama", "t5")
+MESHES = {"tp 2": ("2xcpu-process", ()),
+          "dp 2 x tp 2, FSDP2": ("4xcpu-process", ("--dp", "2", "--fsdp", "on")),
+          "dp 2 x tp 2, averaged": ("4xcpu-process", ("--dp", "2", "--fsdp", "off"))}
+STEPS = 5
+_BATCH_OF_2 = {
+    "llama": '''
+import sys
+sys.path.insert(0, {root!r})
+import torch
+from examples.llama import build as _build, loss  # noqa: F401
+
+
+def build():
+    model, _ = _build()
+    return model, {{"input_ids": torch.randint(0, 16000, (2, 64),
+                                              generator=torch.Generator().manual_seed(2))}}
+
+
+example_targets = (torch.randint(0, 16000, (2, 64), generator=torch.Generator().manual_seed(1)),)
+''',
+    "t5": '''
+import sys
+sys.path.insert(0, {root!r})
+import torch
+import torch.nn.functional as F
+from examples.t5 import build as _build
+
+
+def build():
+    model, _ = _build()
+    g = torch.Generator().manual_seed(2)
+    return model, {{"input_ids": torch.randint(0, 16000, (2, 64), generator=g),
+                   "decoder_input_ids": torch.randint(0, 16000, (2, 16), generator=g)}}
+
+
+def loss(outputs, labels):
+    logits = outputs.logits
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+example_targets = (torch.randint(0, 16000, (2, 16), generator=torch.Generator().manual_seed(1)),)
+'''}
+
+
+def _model_file(model: str, tmp: Path) -> Path:
+    if model not in _BATCH_OF_2:
+        return ROOT / "examples" / f"{model}.py"
+    path = tmp / f"{model}_batch2.py"
+    path.write_text(_BATCH_OF_2[model].format(root=str(ROOT)))
+    return path
+
+
+def _row(model: str, mesh: str) -> str:
+    devices, extra = MESHES[mesh]
+    world = int(devices[0])
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out"
+        began = time.perf_counter()
+        planned = subprocess.run(
+            [sys.executable, "-m", "autoplace.cli", "plan", str(_model_file(model, Path(tmp))),
+             "--mode", "training", "--optimizer", "adamw", "--devices", devices, "--tp", "2",
+             *extra, "--time-limit", "2", "--no-check-memory", "--out", str(out), "--quiet"],
+            capture_output=True, text=True, cwd=ROOT)
+        wall = time.perf_counter() - began
+        if planned.returncode:
+            last = (planned.stderr.strip().splitlines() or ["?"])[-1]
+            return f"| {model} | {mesh} | failed: {last} |" + " |" * 9
+        tp = json.loads((out / "plan.json").read_text())["tensor_parallel"]
+        ran = json.loads(subprocess.run(
+            [sys.executable, "-m", "autoplace.cli", "run", str(out), "--nproc", str(world),
+             "--tensor-parallel", "--train", str(STEPS), "--json"],
+            capture_output=True, text=True, check=True, cwd=ROOT).stdout)
+    predicted = tp["makespan_s"]
+    at_plan = tp.get("measured_s")
+    shard = (f"fsdp {tp['weighed_sharding']['fsdp'] * 1e3:.1f} / ddp "
+             f"{tp['weighed_sharding']['ddp'] * 1e3:.1f}" if tp.get("weighed_sharding") else "")
+    return (f"| {model} | {mesh} | {tp['check']} | {tp.get('max_abs_diff', 0):.1e} | "
+            f"{tp['columns']} / {tp['rows']} | {predicted * 1e3:.1f} | "
+            + (f"{at_plan * 1e3:.1f} | {at_plan / predicted:.2f}" if at_plan else "n/a | n/a")
+            + f" | {ran['measured_s'] * 1e3:.1f} | {ran['measured_s'] / predicted:.2f} | "
+            f"{', '.join(f'{v:.4f}' for v in ran['losses'][:3])} | {wall:.0f} | {load:.2f} |"
+            + (f" {shard} |" if shard else " |"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", default=list(MODELS))
+    parser.add_argument("--meshes", nargs="*", default=list(MESHES))
+    parser.add_argument("--out", default=str(RESULTS / "mesh-cpu.md"))
+    args = parser.parse_args(argv)
+    rows = []
+    for model in args.only:
+        for mesh in args.meshes:
+            rows.append(_row(model, mesh))
+            print(rows[-1], flush=True)
+    lines = [
+        "# Tensor parallelism on a mesh, trained on CPU processes: tp 2 and dp 2 x tp 2", "",
+        f"{machine_line()}. Command: `python benchmarks/mesh_cpu.py`. "
+        "`autoplace plan MODEL --mode training --optimizer adamw --devices Nxcpu-process --tp 2 "
+        "[--dp 2 --fsdp on|off] --time-limit 2 --no-check-memory` (profiled; Llama and T5 with a "
+        "batch of 2, T5 with a cross-entropy loss on its decoder's logits: "
+        "`benchmarks/mesh_cpu.py`). *check*: the plan's own, 3 AdamW steps of the candidate on "
+        "N gloo ranks against the original, every dropout at zero (losses, gradients gathered "
+        "whole, parameters; *largest difference* of gradients and parameters); *split*: column "
+        "/ row matmuls; *predicted*: rank 0's step simulated (`plan.json` "
+        "`tensor_parallel.makespan_s`); *measured at plan time*: the check's median step; "
+        f"*measured by `autoplace run`*: `autoplace run OUT --nproc N --tensor-parallel --train "
+        f"{STEPS} --json`, rank 0's median of steps 2 on; *losses*: that run's first three "
+        "(rank 0's, the mean over dp); *plan s*: the whole `autoplace plan`; *load*: the 1-minute "
+        "load average before it. With `--fsdp auto` both shardings are priced (the last column, "
+        "ms) and the faster kept; here each is asked for.",
+        "",
+        "| model | mesh | check | largest difference | split | predicted step (ms) | "
+        "measured at plan time (ms) | / predicted | measured by `autoplace run` (ms) | / "
+        "predicted | losses | plan s | load | weighed |",
+        "|---|---|---|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---|",
+        *rows,
+    ]
+    return write_markdown(args.out, lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
