@@ -1,5 +1,5 @@
-"""Tensor parallelism on a mesh, trained: tp 2, and dp 2 x tp 2 with FSDP2 or averaged
-gradients over dp, on this machine's CPU processes (gloo).
+"""Tensor parallelism on a mesh: tp 2, and dp 2 x tp 2 (trained with FSDP2 or averaged
+gradients over dp), on this machine's CPU processes (gloo), in training and inference.
 
     python benchmarks/mesh_cpu.py          # writes benchmarks/results/mesh-cpu.md
 
@@ -11,7 +11,9 @@ gloo ranks against the original (losses, gradients gathered whole, updated param
 ``assert_close``); then ``autoplace run OUT --nproc N --tensor-parallel --train 5 --json``
 trains the emitted ``OUT/tensor_parallel/train.py`` under torchrun and times it. The table
 gives the check, its largest difference, the predicted step against both measurements, and the
-1-minute load average before the plan: four ranks share two cores.
+1-minute load average before the plan: four ranks share two cores. Then inference: ``autoplace
+plan MODEL --devices Nxcpu-process --tp 2 [--dp 2]``, its outputs checked on N gloo ranks
+against the original's, then ``autoplace run OUT --nproc N --tensor-parallel --json``.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ MODELS = ("mlp", "gpt2", "llama", "t5")
 MESHES = {"tp 2": ("2xcpu-process", ()),
           "dp 2 x tp 2, FSDP2": ("4xcpu-process", ("--dp", "2", "--fsdp", "on")),
           "dp 2 x tp 2, averaged": ("4xcpu-process", ("--dp", "2", "--fsdp", "off"))}
+INFERENCE = {"tp 2": ("2xcpu-process", ()), "dp 2 x tp 2": ("4xcpu-process", ("--dp", "2"))}
 STEPS = 5
 _BATCH_OF_2 = {
     "llama": '''
@@ -116,6 +119,33 @@ def _row(model: str, mesh: str) -> str:
             + (f" {shard} |" if shard else " |"))
 
 
+def _inference_row(model: str, mesh: str) -> str:
+    devices, extra = INFERENCE[mesh]
+    world = int(devices[0])
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out"
+        planned = subprocess.run(
+            [sys.executable, "-m", "autoplace.cli", "plan", str(_model_file(model, Path(tmp))),
+             "--devices", devices, "--tp", "2", *extra, "--time-limit", "2", "--out", str(out),
+             "--quiet"], capture_output=True, text=True, cwd=ROOT)
+        if planned.returncode:
+            last = (planned.stderr.strip().splitlines() or ["?"])[-1]
+            return f"| {model} | {mesh} | failed: {last} |" + " |" * 7
+        tp = json.loads((out / "plan.json").read_text())["tensor_parallel"]
+        ran = json.loads(subprocess.run(
+            [sys.executable, "-m", "autoplace.cli", "run", str(out), "--nproc", str(world),
+             "--tensor-parallel", "--json"],
+            capture_output=True, text=True, check=True, cwd=ROOT).stdout)
+    predicted = tp["makespan_s"]
+    at_plan = tp.get("measured_s")
+    return (f"| {model} | {mesh} | {tp['check']} | {tp.get('max_abs_diff', 0):.1e} | "
+            f"{ran['max_abs_diff']:.1e} | {predicted * 1e3:.1f} | "
+            + (f"{at_plan * 1e3:.1f} | {at_plan / predicted:.2f}" if at_plan else "n/a | n/a")
+            + f" | {ran['measured_s'] * 1e3:.1f} | {ran['measured_s'] / predicted:.2f} | "
+            f"{load:.2f} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=list(MODELS))
@@ -127,6 +157,11 @@ def main(argv: list[str] | None = None) -> int:
         for mesh in args.meshes:
             rows.append(_row(model, mesh))
             print(rows[-1], flush=True)
+    inference = []
+    for model in args.only:
+        for mesh in INFERENCE:
+            inference.append(_inference_row(model, mesh))
+            print(inference[-1], flush=True)
     lines = [
         "# Tensor parallelism on a mesh, trained on CPU processes: tp 2 and dp 2 x tp 2", "",
         f"{machine_line()}. Command: `python benchmarks/mesh_cpu.py`. "
@@ -149,6 +184,21 @@ def main(argv: list[str] | None = None) -> int:
         "predicted | losses | plan s | load | weighed |",
         "|---|---|---|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---|",
         *rows,
+        "",
+        "## Inference",
+        "",
+        "`autoplace plan MODEL --devices Nxcpu-process --tp 2 [--dp 2] --time-limit 2` (the "
+        "same models): *check*: the candidate's outputs on N gloo ranks against the original's "
+        "(`assert_close`; with dp each tp group on half the batch, the outputs joined in batch "
+        "order); *difference by `autoplace run`*: `autoplace run OUT --nproc N "
+        "--tensor-parallel --json` against the one-device model; *predicted*: one group's pass "
+        "on its share of the batch; the measured passes are medians of 5.",
+        "",
+        "| model | mesh | check | largest difference | difference by `autoplace run` | "
+        "predicted pass (ms) | measured at plan time (ms) | / predicted | measured by "
+        "`autoplace run` (ms) | / predicted | load |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *inference,
     ]
     return write_markdown(args.out, lines)
 

@@ -210,6 +210,39 @@ def test_autoplace_run_checks_and_times_the_emitted_tensor_parallel_ranks(tmp_pa
     assert "holds no launch.py and model/" in capsys.readouterr().err
 
 
+def test_a_dp_by_tp_mesh_runs_each_tp_group_on_its_share_of_the_batch(tmp_path, capsys
+                                                                      ) -> None:
+    """4 ranks, a 2 x 2 mesh: each tp group runs half the batch, and rank 0 joins every
+    group's outputs in batch order, as the original computes the whole batch (groups swapped,
+    or one group's rows twice, would fail)."""
+    from safetensors.torch import load_file
+
+    from autoplace.cli import main
+    from autoplace.config import Config, Cost, Parallel
+    from autoplace.emit.distributed.tensor import by_batch
+    from autoplace.pipeline import plan, save
+
+    model, args = _mlp()
+    planned = plan(model, args, Config(devices="4xcpu-thread", cost=Cost(profile=False),
+                                       parallel=Parallel(tp=2, dp=2)))
+    tp = planned.plan.tensor_parallel
+    assert (tp.ranks, tp.dp, tp.world, tp.check, tp.sharding) == (2, 2, 4, "passed", None)
+    out = tmp_path / "out"
+    save(planned, out)
+    assert "DP = 2" in (out / "tensor_parallel" / "launch.py").read_text()
+    assert main(["run", str(out), "--nproc", "4", "--tensor-parallel", "--repeats", "1",
+                 "--json", "--save-outputs", str(tmp_path / "o.safetensors")]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["outputs_equal"] and result["nproc"] == 4
+    with torch.no_grad():
+        expected = model(*args)
+    torch.testing.assert_close(load_file(str(tmp_path / "o.safetensors"))["output"], expected)
+    one, two = torch.zeros(2, 3), torch.ones(2, 3)
+    assert by_batch([[one, two], [torch.tensor(5.0), torch.tensor(6.0)]])[0].tolist() == (
+        torch.cat([one, two]).tolist())
+    assert by_batch([[torch.tensor(5.0), torch.tensor(6.0)]])[0].item() == 5.0
+
+
 def test_a_plan_without_a_candidate_says_to_plan_with_tp(tmp_path, capsys) -> None:
     from autoplace.cli import main
     from autoplace.config import Config, Cost

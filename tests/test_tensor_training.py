@@ -257,6 +257,32 @@ def test_the_data_parallel_collectives_are_priced_on_rank_0s_shards() -> None:
     assert held[1] == pytest.approx(held[0] / 2, abs=4 * len(updates))
 
 
+def test_ranks_that_outnumber_the_cores_are_priced_sharing_them(monkeypatch) -> None:
+    """4 single-threaded ranks on 2 cores each get half a core: every node of rank 0's step
+    takes twice its time alone; 2 ranks on 2 cores keep theirs."""
+    import autoplace.cluster.local as local
+    from autoplace.cluster import resolve_cluster
+    from autoplace.ir import Problem
+    from autoplace.pipeline.tensor import _stretch, _stretched
+    from autoplace.profile.cost import costs
+    from autoplace.progress.notes import collecting
+
+    monkeypatch.setattr(local, "cores_here", lambda: 2)
+    with collecting() as notes:
+        assert (_stretch(2), _stretch(4), _stretch(6)) == (1.0, 2.0, 3.0)
+    assert sum("which has 2 cores: they share them" in n for n in notes) == 2
+
+    cluster, _ = resolve_cluster(spec="1xcpu-process")
+    model, args, _ = _mlp()
+    traced = trace_model(model, args, {})
+    problem = Problem(graph=traced.graph, cluster=cluster, costs=costs(traced.graph, cluster))
+    twice = _stretched(problem, 2.0)
+    for node in problem.graph.nodes:
+        assert twice.costs.of(node.name, "cpu:0") == pytest.approx(
+            2 * problem.costs.of(node.name, "cpu:0"))
+    assert _stretched(problem, 1.0) is problem
+
+
 def test_gradients_left_unaveraged_over_dp_fail_the_check(tmp_path, monkeypatch) -> None:
     """On a 2 x 2 mesh whose ranks skip the gradients' averaging over dp (in their processes,
     by a sitecustomize), each tp group steps on its half of the batch's gradient: the first
@@ -291,8 +317,6 @@ def test_gradients_left_unaveraged_over_dp_fail_the_check(tmp_path, monkeypatch)
     (["--tp", "2", "--dp", "3", "--devices", "6xcpu-thread"],
      "--dp 3: the batch of 64 (dimension 0 of args.0, the first tensor input) does not "
      "divide into 3 data-parallel groups"),
-    (["--tp", "2", "--dp", "2", "--devices", "4xcpu-thread", "--mode", "inference"],
-     "--dp (a dp x tp mesh) is built for training plans"),
 ])
 def test_a_tp_that_cannot_train_is_refused_before_any_work(tmp_path, capsys, argv, says) -> None:
     from autoplace.cli import main

@@ -134,10 +134,10 @@ def _parser() -> argparse.ArgumentParser:
                    "With --mode training: each rank's step on the whole batch, checked by 3 "
                    "steps (run with --train K; docs/concepts.md, docs/training.md)")
     p.add_argument("--dp", type=int, metavar="N",
-                   help="with --mode training and --tp T: a dp x tp mesh of every device "
-                   "(N x T of them), each tp group training on 1/N of the batch, the model "
-                   "sharded over dp by FSDP2 (--fsdp on), its gradients averaged (off) or "
-                   "the faster of the two (auto); checked on N x T gloo ranks")
+                   help="with --tp T: the candidate is a dp x tp mesh of every device (N x T "
+                   "of them), each tp group on 1/N of the batch, checked on N x T gloo ranks; "
+                   "with --mode training the model sharded over dp by FSDP2 (--fsdp on), its "
+                   "gradients averaged (off) or the faster of the two (auto)")
     p.add_argument("--fsdp", choices=tuple(Fsdp), default="auto",
                    help="with --mode training: whether the data-parallel replicas shard "
                    "parameters, gradients and optimizer state (FSDP2's fully_shard per block, "

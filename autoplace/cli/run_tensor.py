@@ -21,6 +21,7 @@ import statistics
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
@@ -29,8 +30,9 @@ from autoplace.cli.run import TrainResult, _on_cpu, _remapped, plan_and_model, s
 from autoplace.cli.run_ranks import RUN_TIMEOUT_S, RanksResult, where_ranks_run
 from autoplace.emit import load_model
 from autoplace.emit.distributed.replicas import launch_replicas
-from autoplace.emit.distributed.tensor import compare_outputs
+from autoplace.emit.distributed.tensor import by_batch, compare_outputs
 from autoplace.emit.files.saving import load_inputs
+from autoplace.emit.train.microbatch import split_batch
 from autoplace.errors import AutoplaceError, EmitError, OutputError
 from autoplace.formats.plan import Plan
 from autoplace.formats.records import TensorParallelRecord
@@ -62,10 +64,7 @@ def run_tensor(directory: str | os.PathLike[str], *, nproc: int, warmup: int = 1
                             "--warmup", str(warmup), "--repeats", str(repeats),
                             "--device-map", json.dumps(here), "--outputs", str(saved_file)])
         saved = torch.load(saved_file, weights_only=True)
-    model = load_model(root / "model", device_map={"*": "cpu"})
-    args, kwargs = load_inputs(root / "model")
-    with torch.no_grad():
-        expected = model(*args, **kwargs)
+    expected = _one_device_outputs(root / "model", record.dp)
     diff = compare_outputs(saved["outputs"], expected, what=f"the {nproc} tensor-parallel ranks",
                            against="the one-device model's")
     written = () if outputs_file is None else tuple(save_outputs(
@@ -85,6 +84,24 @@ def run_tensor(directory: str | os.PathLike[str], *, nproc: int, warmup: int = 1
         backend=saved["backend"], max_abs_diff=diff, ranks=tuple(record.devices),
         inputs=f"the example inputs ({root / 'model' / 'inputs.safetensors'})",
         notes=tuple(notes), written=written)
+
+
+def _one_device_outputs(model_dir: Path, dp: int) -> Any:
+    """The one-device model's outputs on its example inputs, in this process: with ``dp`` > 1
+    (traced on one tp group's share of the batch) on each group's share, each output joined
+    in batch order (``tensor.by_batch``), as the ranks' rank 0 joins theirs."""
+    model = load_model(model_dir, device_map={"*": "cpu"})
+    args, kwargs = load_inputs(model_dir)
+    with torch.no_grad():
+        if dp == 1:
+            return model(*args, **kwargs)
+        outs = [model(*a, **k) for a, k in split_batch(args, kwargs, dp,
+                                                        what="data-parallel groups")]
+    leaves = [[x for x in pytree.tree_leaves(o) if isinstance(x, torch.Tensor)] for o in outs]
+    joined = iter(by_batch(list(zip(*leaves))))
+    flat, spec = pytree.tree_flatten(outs[0])
+    return pytree.tree_unflatten([next(joined) if isinstance(x, torch.Tensor) else x
+                                  for x in flat], spec)
 
 
 def train_tensor(directory: str | os.PathLike[str], *, nproc: int, steps: int,

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-__all__ = ["free_port", "intra_op_threads", "is_thread_worker", "worker_threads"]
+__all__ = ["cores_here", "free_port", "intra_op_threads", "is_thread_worker", "worker_threads"]
 
 
 def is_thread_worker(torch_device: str) -> bool:
@@ -53,6 +53,17 @@ def worker_threads(torch_devices: Iterable[str]) -> Iterator[int]:
     finally:
         if count != before:
             torch.set_num_threads(before)
+
+
+def cores_here() -> int:
+    """The cores this process may run on (its affinity; ``os.cpu_count`` where that is not
+    known)."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def free_port() -> int:

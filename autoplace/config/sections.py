@@ -208,9 +208,10 @@ class Parallel:
     """Parallelism beside placement: ``tp``, N tensor-parallel ranks (one device each, the
     first N) weighed beside the plan's placement or training step (``solve.tensor``,
     ``emit.distributed.tensor``; ``docs/concepts.md``, ``docs/training.md``); ``"auto"``:
-    every degree that divides the leading alike devices, the fastest kept. ``dp``: a training
+    every degree that divides the leading alike devices, the fastest kept. ``dp``: the
     candidate's data-parallel degree beside ``tp``, a dp x tp mesh of every device, each tp
-    group on 1/dp of the batch (FSDP2 over dp, or its gradients averaged: ``training.fsdp``)."""
+    group on 1/dp of the batch (in training FSDP2 over dp, or its gradients averaged:
+    ``training.fsdp``)."""
 
     tp: int | str | None = None
     dp: int | None = None
@@ -299,9 +300,6 @@ class Config:
             raise ConfigError("{parallel.tp} is weighed for plans of ops (a device map of "
                               "tensor-parallel ranks is not built yet): drop it, or plan with "
                               "{granularity=op}")
-        if self.parallel.dp is not None and self.mode != Mode.TRAINING:
-            raise ConfigError("{parallel.dp} (a dp x tp mesh) is built for training plans: set "
-                              "{mode=training}, or drop it (inference weighs tp alone)")
         if self.parallel.tp is not None and self.mode == Mode.TRAINING and (
                 self.dtype != DType.FLOAT32):
             raise ConfigError(f"{{parallel.tp}} in training in {self.dtype} (mixed precision) "

@@ -40,7 +40,7 @@ from autoplace.pipeline.forward import load
 from autoplace.pipeline.generation import GenerationStages
 from autoplace.pipeline.inference import InferenceStages
 from autoplace.pipeline.record import min_gain, plan_of
-from autoplace.pipeline.tensor import tensor_candidate, tensor_degrees, tensor_step_candidate
+from autoplace.pipeline.tensor import tensor_degrees, tensor_pass_candidate, tensor_step_candidate
 from autoplace.pipeline.training import TrainingStages
 from autoplace.progress.notes import collecting, note, note_all
 from autoplace.solve import solve
@@ -111,9 +111,8 @@ def plan(model: torch.nn.Module, example_inputs: Any, config: Config | None = No
         if config.parallel.tp is not None and config.mode == Mode.TRAINING:
             planned, tensor_model = tensor_step_candidate(planned, solved, cluster, config)
         elif config.parallel.tp is not None:
-            planned, tensor_model = tensor_candidate(
-                planned, solved.problem, solved.forward.traced, loaded.model, loaded.args,
-                loaded.kwargs, ranks=config.parallel.tp, verify=config.emit.verify)
+            planned, tensor_model = tensor_pass_candidate(planned, solved, loaded, cluster,
+                                                          config)
     profiled = solved.forward.profiled
     return Planned(replace(planned, notes=tuple(notes),
                            profile=ProfileRecord.from_dict(profiled.to_dict()) if profiled
@@ -192,7 +191,7 @@ def _tensor_parallel(plan: Plan, model: PartitionedModel, directory: Path) -> No
                            sharding=record.sharding or "ddp")
     else:
         write_tensor_launch(directory, devices=devices, names=list(record.devices),
-                            split=record.split)
+                            split=record.split, dp=record.dp)
 
 
 def _launch_script(plan: Plan, model: PartitionedModel, directory: Path) -> None:

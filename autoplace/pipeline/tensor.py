@@ -39,7 +39,7 @@ from autoplace.solve.tensor_train import tensor_step_problem
 from autoplace.trace import TracedModel
 
 __all__ = ["TIMED_PASSES", "tensor_candidate", "tensor_degrees", "tensor_devices",
-           "tensor_step_candidate"]
+           "tensor_pass_candidate", "tensor_step_candidate"]
 
 TIMED_PASSES = 5  # passes timed on the gloo ranks, after the checked one
 _NOT_WEIGHED = ("tensor parallelism not weighed (--tp auto): the first two devices are not "
@@ -83,6 +83,26 @@ def tensor_step_candidate(planned: Plan, solved: Any, cluster: Cluster, config: 
                                 ranks=config.parallel.tp, verify=config.emit.verify,
                                 training=(config.training.optimizer, factors, config.dtype),
                                 mesh=mesh)
+
+
+def tensor_pass_candidate(planned: Plan, solved: Any, loaded: Any, cluster: Cluster,
+                          config: Config) -> tuple[Plan, PartitionedModel | None]:
+    """``tensor_candidate`` of an inference plan's ``solved`` pass (``loaded``: the model and
+    its inputs); with ``parallel.dp`` a dp x tp mesh, each tp group traced and priced on its
+    share of the batch (the groups run apart: no collective between them)."""
+    from autoplace.pipeline.forward import Tracing, traced_problem
+
+    dp = config.parallel.dp or 1
+    problem, traced = solved.problem, solved.forward.traced
+    if dp > 1 and tensor_degrees(cluster, config.parallel.tp, dp=dp):
+        shard = _dp_shard(loaded.args, loaded.kwargs, dp)
+        with collecting():  # the plan's pass said what tracing finds
+            forward = traced_problem(loaded.model, *shard, cluster,
+                                     Tracing.of(config, checked=True))
+        problem, traced = forward.problem, forward.traced
+    return tensor_candidate(planned, problem, traced, loaded.model, loaded.args,
+                            loaded.kwargs, ranks=config.parallel.tp, verify=config.emit.verify,
+                            mesh=Mesh(dp=dp, shardings=()) if dp > 1 else None)
 
 
 @dataclass(frozen=True)
@@ -137,7 +157,7 @@ def tensor_candidate(planned: Plan, problem: Problem, traced: TracedModel,
     meta = traced.has_meta_params
     one = _one_device(traced)
     pairs = column_row(one)  # the same for every degree; one segment: every matmul's inputs
-    units = _units(problem) if dp > 1 else None
+    units = _units(problem) if dp > 1 and training is not None else None
     if units is not None:  # each FSDP2 unit's ops a segment of their own, the split named so
         one = _one_device(traced, units=units)
         pairs = _renamed(pairs, one)
@@ -169,7 +189,7 @@ def tensor_candidate(planned: Plan, problem: Problem, traced: TracedModel,
         note(_trained(check, best))
     elif verify and not meta:
         check = verify_tensor_parallel(one, model, args, kwargs, ranks=best,
-                                       repeats=TIMED_PASSES, split=record.split)
+                                       repeats=TIMED_PASSES, split=record.split, dp=dp)
         record = replace(record, check="passed", max_abs_diff=check["max_abs_diff"],
                          measured_s=check["measured_s"])
     note(_said(record, planned, observed,
@@ -226,6 +246,7 @@ def _weigh(problem: Problem, traced: TracedModel, one: PartitionedModel,
     priced: dict[str, float] = {}
     if training is None:
         rank0 = tensor_problem(problem, observed, names, measured=here, collectives_s=measured_s)
+        rank0 = _stretched(rank0, _stretch(len(everyone)) if here else 1.0)
     else:
         optimizer, factors, dtype = training
         steps = {sharding: tensor_step_problem(
@@ -234,6 +255,9 @@ def _weigh(problem: Problem, traced: TracedModel, one: PartitionedModel,
             data_parallel=_over_dp(problem.cluster, everyone[::ranks], sharding, mesh,
                                    optimizer)) for sharding in (
             mesh.shardings if mesh is not None else (None,))}
+        if here:
+            stretch = _stretch(len(everyone))
+            steps = {k: _stretched(v, stretch) for k, v in steps.items()}
         priced = {k: simulate(v, _on(v, names[0])).makespan_s for k, v in steps.items()}
         kept = min(priced, key=lambda k: (priced[k], k != "ddp"))
         rank0 = steps[kept]
@@ -247,8 +271,32 @@ def _weigh(problem: Problem, traced: TracedModel, one: PartitionedModel,
         collectives=len(moved), collective_bytes=sum(b for _, b in moved),
         split=split, optimizer=training[0] if training else None, dp=dp,
         torch_devices=tuple(d.torch_device for d in chosen),
-        sharding=kept if mesh is not None else None,
+        sharding=kept if mesh is not None and training is not None else None,
         weighed_sharding=priced if mesh is not None and len(priced) > 1 else {}), observed
+
+
+def _stretch(ranks: int) -> float:
+    """How much longer each of ``ranks`` single-threaded processes of this host takes where
+    they outnumber its cores: every rank busy at once, each gets cores / ranks of one (gloo's
+    copies and sums run on the same cores); 1 where each has a core of its own."""
+    from autoplace.cluster.local import cores_here
+
+    cores = cores_here()
+    if ranks <= cores:
+        return 1.0
+    note(f"the {ranks} ranks are processes of this host, which has {cores} cores: they share "
+         f"them, so rank 0's step is priced at {ranks / cores:.2f}x its time on a core of its "
+         "own")
+    return ranks / cores
+
+
+def _stretched(problem: Problem, stretch: float) -> Problem:
+    """``problem`` with every node's time ``stretch`` times as long."""
+    if stretch == 1.0:
+        return problem
+    return replace(problem, costs=replace(problem.costs, compute_s={
+        name: {d: t * stretch for d, t in per.items()}
+        for name, per in problem.costs.compute_s.items()}))
 
 
 def _on(problem: Problem, device: str) -> Placement:
@@ -360,8 +408,9 @@ def _said(record: TensorParallelRecord, planned: Plan, observed: Observed, *, he
     if record.dp > 1:
         over = {"fsdp": "FSDP2", "ddp": "gradients averaged"}
         weighed += (f"a dp {record.dp} x tp {ranks} mesh ({', '.join(record.devices)}), each "
-                    f"tp group on 1/{record.dp} of the batch, {over[record.sharding or 'ddp']}"
-                    " over dp" + ("" if not record.weighed_sharding else " (weighed: " + ", ".join(
+                    f"tp group on 1/{record.dp} of the batch"
+                    + (f", {over[record.sharding]} over dp" if record.sharding else "")
+                    + ("" if not record.weighed_sharding else " (weighed: " + ", ".join(
                         f"{over[k]} {v * 1e3:.3f} ms" for k, v in record.weighed_sharding.items())
                         + ")") + "; ")
     return (f"{weighed}tensor parallel {'training ' if training else ''}over {ranks} ranks"

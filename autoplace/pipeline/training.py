@@ -64,6 +64,11 @@ class TrainingStages:
         targets = training_targets(loaded.targets)
         training, solving = self.config.training, self.config.solving
         note(TRAINING_NOTES[training.layers])
+        fsdp = training.fsdp
+        if self.config.parallel.dp is not None and fsdp != "auto":
+            note(f"--fsdp {fsdp} with --dp: the tensor-parallel mesh's sharding over dp; the "
+                 "plan's own replicas are weighed as with --fsdp auto")
+            fsdp = "auto"
         with kept_state(loaded.model):
             model = loss_model(loaded.model, loaded.loss, loaded.args, loaded.kwargs, targets)
             step = plan_step(model, (loaded.args, {**loaded.kwargs, "targets": targets}),
@@ -71,7 +76,7 @@ class TrainingStages:
                              optimizer=training.optimizer, microbatches=training.microbatches,
                              schedule=training.schedule, replicas=training.replicas,
                              recompute=training.recompute, dtype=self.config.dtype,
-                             fsdp=training.fsdp, layers=training.layers)
+                             fsdp=fsdp, layers=training.layers)
         result, gain = min_gain(step.solved, solving.min_gain)
         if result.schedule is not step.solved.schedule and step.single:
             # the single device chosen, with its own recomputing graph

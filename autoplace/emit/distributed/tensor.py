@@ -37,8 +37,9 @@ from autoplace.emit.check.outputs import max_abs_diff
 from autoplace.emit.codegen.model import PartitionedModel
 from autoplace.errors import AutoplaceError, EmitError, VerificationError
 
-__all__ = ["column_row", "compare_outputs", "divisible", "load_sharded", "matmuls", "run_sharded",
-           "shard_model", "tensor_main", "verify_tensor_parallel", "write_tensor_launch"]
+__all__ = ["by_batch", "column_row", "compare_outputs", "divisible", "load_sharded", "matmuls",
+           "run_sharded", "shard_model", "tensor_main", "verify_tensor_parallel",
+           "write_tensor_launch"]
 
 aten = torch.ops.aten
 COLUMN, ROW = "column", "row"
@@ -243,11 +244,12 @@ def _attention_by_heads(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], 
 
 
 def tensor_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *,
-                devices: Sequence[str], names: Sequence[str]) -> int:
+                devices: Sequence[str], names: Sequence[str], dp: int = 1) -> int:
     """One rank of ``torchrun --nproc-per-node N``: load ``model_dir`` on this rank's device
     (``devices[rank]``, plan name ``names[rank]``; ``--device-map`` remaps it as
     ``launch.py``'s does), split it over the N ranks (``--split FILE``: ``column_row``'s, as
-    JSON), run it on the saved example inputs ``--warmup`` times (once at least: rank 0's
+    JSON; with ``dp`` > 1 over its tp group of a dp x N/dp mesh, on its group's share of the
+    batch), run it on the saved example inputs ``--warmup`` times (once at least: rank 0's
     outputs are that pass's) and then ``--repeats`` times, the ranks lined up by a barrier
     before each timed pass; rank 0 saves the output tensors (in pytree order) and the timed
     passes' seconds (``--outputs FILE``, ``torch.save``). The exit code; an
@@ -276,7 +278,7 @@ def tensor_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *,
     except AutoplaceError as error:
         print_error(type(error).__name__, error)
         return 2
-    return _run_rank(Path(model_dir), options, device=device, world=world)
+    return _run_rank(Path(model_dir), options, device=device, world=world, dp=dp)
 
 
 def _rank_device(rank: int, devices: Sequence[str], names: Sequence[str],
@@ -314,9 +316,11 @@ def load_sharded(model_dir: Path, split_file: str, *, mesh: Any, device: str
     return model, args, kwargs
 
 
-def _run_rank(model_dir: Path, options: argparse.Namespace, *, device: str, world: int) -> int:
-    """``tensor_main``'s run on ``device``: the process group (gloo, nccl on GPUs), the mesh,
-    the split model, the passes; rank 0 writes what it measured."""
+def _run_rank(model_dir: Path, options: argparse.Namespace, *, device: str, world: int,
+              dp: int = 1) -> int:
+    """``tensor_main``'s run on ``device``: the process group (gloo, nccl on GPUs), the mesh
+    (``dp`` x tp), the split model, the passes; rank 0 writes what it measured, with every
+    group's outputs in batch order (``_gathered``)."""
     import datetime
     import time
 
@@ -332,8 +336,17 @@ def _run_rank(model_dir: Path, options: argparse.Namespace, *, device: str, worl
     dist.init_process_group("nccl" if kind == "cuda" else "gloo",
                             timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S))
     try:
-        mesh = init_device_mesh(kind, (world,))
-        model, args, kwargs = load_sharded(model_dir, options.split, mesh=mesh, device=device)
+        if dp > 1:
+            from autoplace.emit.distributed.ddp import shard
+
+            grid = init_device_mesh(kind, (dp, world // dp), mesh_dim_names=("dp", "tp"))
+            model, args, kwargs = load_sharded(model_dir, options.split, mesh=grid["tp"],
+                                               device=device)
+            args, kwargs = shard((args, kwargs), rank=grid["dp"].get_local_rank(), replicas=dp)
+        else:
+            mesh = init_device_mesh(kind, (world,))
+            model, args, kwargs = load_sharded(model_dir, options.split, mesh=mesh,
+                                               device=device)
         for _ in range(max(options.warmup, 1)):
             outputs = run_sharded(model, args, kwargs)
         times = []
@@ -344,8 +357,10 @@ def _run_rank(model_dir: Path, options: argparse.Namespace, *, device: str, worl
             outputs = run_sharded(model, args, kwargs)
             _synchronize(device)
             times.append(time.perf_counter() - began)
+        leaves = [x.cpu() for x in pytree.tree_leaves(outputs) if isinstance(x, torch.Tensor)]
+        if dp > 1:
+            leaves = _gathered(leaves, grid["dp"].get_group(), dp)
         if dist.get_rank() == 0 and options.outputs:
-            leaves = [x.cpu() for x in pytree.tree_leaves(outputs) if isinstance(x, torch.Tensor)]
             torch.save({"outputs": leaves, "times_s": times, "device": device,
                         "backend": dist.get_backend()}, options.outputs)
         if dist.get_rank() == 0 and times:
@@ -365,16 +380,34 @@ def _run_rank(model_dir: Path, options: argparse.Namespace, *, device: str, worl
     return 0
 
 
+def _gathered(leaves: list[torch.Tensor], group: Any, dp: int) -> list[torch.Tensor]:
+    """This tp group's output tensors joined with every other group's of ``group`` (the dp
+    group, on the CPU: gloo), in batch order: each along dimension 0 (``by_batch``)."""
+    parts: list[list[torch.Tensor]] = [[] for _ in leaves]
+    for i, leaf in enumerate(leaves):
+        gathered = [torch.empty_like(leaf) for _ in range(dp)]
+        dist.all_gather(gathered, leaf.contiguous(), group=group)
+        parts[i] = gathered
+    return by_batch(parts)
+
+
+def by_batch(parts: Sequence[Sequence[torch.Tensor]]) -> list[torch.Tensor]:
+    """Each output's parts (one per data-parallel group, in batch order) joined along
+    dimension 0; an output without one (a scalar) is the first group's."""
+    return [torch.cat(list(p)) if p[0].dim() else p[0] for p in parts]
+
+
 def _synchronize(device: str) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(torch.device(device))
 
 
 def write_tensor_launch(directory: str | os.PathLike[str], *, devices: Sequence[str],
-                        names: Sequence[str], split: Mapping[str, tuple[str, int]]) -> Path:
+                        names: Sequence[str], split: Mapping[str, tuple[str, int]],
+                        dp: int = 1) -> Path:
     """Write ``directory/launch.py`` (``templates/tensor_launch.py.tmpl``: ``tensor_main`` for
-    rank r on ``devices[r]``, plan name ``names[r]``) and ``directory/split.json``; the
-    script's path. The model it runs is ``directory/model``."""
+    rank r on ``devices[r]``, plan name ``names[r]``, ``dp`` data-parallel groups) and
+    ``directory/split.json``; the script's path. The model it runs is ``directory/model``."""
     from string import Template
 
     root = Path(directory)
@@ -382,17 +415,18 @@ def write_tensor_launch(directory: str | os.PathLike[str], *, devices: Sequence[
                                                 indent=1) + "\n")
     path = root / "launch.py"
     path.write_text(Template(_TENSOR_TEMPLATE.read_text()).substitute(
-        world=len(devices), devices=repr(list(devices)), names=repr(list(names))))
+        world=len(devices), devices=repr(list(devices)), names=repr(list(names)), dp=dp))
     return path
 
 
 def verify_tensor_parallel(emitted: PartitionedModel, original: torch.nn.Module,
                            args: tuple[Any, ...], kwargs: dict[str, Any], *, ranks: int,
                            repeats: int = 0, timeout_s: float = VERIFY_TIMEOUT_S,
-                           split: Mapping[str, tuple[str, int]] | None = None
+                           split: Mapping[str, tuple[str, int]] | None = None, dp: int = 1
                            ) -> dict[str, Any]:
     """Run ``emitted`` split over ``ranks`` gloo processes (``column_row``, ``shard_model``,
-    ``run_sharded``; one intra-op thread each) on ``args``/``kwargs`` and check its outputs
+    ``run_sharded``; one intra-op thread each; ``dp`` x ``ranks`` of them on a dp x tp mesh,
+    each tp group on 1/dp of the batch) on ``args``/``kwargs`` and check its outputs
     against ``original``'s with ``torch.testing.assert_close`` (``VerificationError`` where
     they differ), then time ``repeats`` passes more. Returns the split, the largest
     difference and the median pass (``measured_s``, with ``repeats``). ``split``: the one to
@@ -403,15 +437,17 @@ def verify_tensor_parallel(emitted: PartitionedModel, original: torch.nn.Module,
     with tempfile.TemporaryDirectory(prefix="autoplace-tensor-") as tmp:
         root = Path(tmp)
         _save(emitted, root / "model", (tuple(args), dict(kwargs)))
-        script = write_tensor_launch(root, devices=["cpu"] * ranks,
-                                     names=[f"rank {r}" for r in range(ranks)], split=split)
-        launch_replicas(script, replicas=ranks, timeout_s=timeout_s, what="tensor-parallel",
+        world = ranks * dp
+        script = write_tensor_launch(root, devices=["cpu"] * world,
+                                     names=[f"rank {r}" for r in range(world)], split=split,
+                                     dp=dp)
+        launch_replicas(script, replicas=world, timeout_s=timeout_s, what="tensor-parallel",
                         argv=["--repeats", str(repeats), "--outputs", str(root / "outputs.pt")])
         saved = torch.load(root / "outputs.pt", weights_only=True)
     ours, times = saved["outputs"], saved["times_s"]
     with torch.no_grad():
         expected = original(*args, **kwargs)
-    worst = compare_outputs(ours, expected, what=f"the {ranks} tensor-parallel ranks",
+    worst = compare_outputs(ours, expected, what=f"the {world} tensor-parallel ranks",
                             against="the original's")
     columns, rows = matmuls(split)
     return {"status": "passed", "ranks": ranks, "split": split, "max_abs_diff": worst,

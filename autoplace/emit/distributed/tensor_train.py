@@ -222,6 +222,7 @@ def verify_tensor_training(emitted: PartitionedModel, original: torch.nn.Module,
     ``VerificationError`` naming the first step and tensor that differ."""
     from autoplace.emit.check.training import TRAINING_STEPS, dropout_active
     from autoplace.emit.distributed.replicas import _compare, _forward, _save, launch_replicas
+    from autoplace.emit.train.microbatch import split_batch
     from autoplace.train.layers import kept_state
 
     steps = TRAINING_STEPS if steps is None else steps
@@ -242,8 +243,9 @@ def verify_tensor_training(emitted: PartitionedModel, original: torch.nn.Module,
         raise VerificationError(f"the tensor-parallel ranks trained {record['ranks']} ranks "
                                 f"in {record['replicas']} data-parallel groups with "
                                 f"{record['optimizer']}, not {world} in {dp} with {optimizer}")
-    with kept_state(emitted, original):
-        dropout = dropout_active(emitted, _forward(emitted, batch))
+    with kept_state(emitted, original):  # the emitted graph runs one tp group's share
+        dropout = dropout_active(emitted, _forward(emitted, split_batch(
+            *batch, dp, what="data-parallel groups")[0]))
         check = _compare(record, original, tuple(args), dict(kwargs), tuple(targets),
                          optimizer=optimizer, lr=None, cut=(dp, None), dropout=dropout)
     return check | dropout | {"ranks": ranks, "dp": dp, "sharding": sharding,
