@@ -243,6 +243,27 @@ def test_a_dp_by_tp_mesh_runs_each_tp_group_on_its_share_of_the_batch(tmp_path, 
     assert by_batch([[torch.tensor(5.0), torch.tensor(6.0)]])[0].item() == 5.0
 
 
+def test_dp_auto_weighs_tp_on_the_leading_devices_and_the_mesh_of_every_device() -> None:
+    """--tp 2 --dp auto on 4 devices: tp 2 over the first two (dp 1) and a 2 x 2 mesh, each
+    predicted, the faster kept and checked; a batch of 3 leaves no mesh but dp 1."""
+    from autoplace.config import Config, Cost, Emit, Parallel
+    from autoplace.pipeline import plan
+
+    model, args = _mlp()
+    planned = plan(model, args, Config(devices="4xcpu-thread", cost=Cost(profile=False),
+                                       parallel=Parallel(tp=2, dp="auto")))
+    tp = planned.plan.tensor_parallel
+    assert set(tp.meshes) == {"1x2", "2x2"} and tp.check == "passed"
+    assert tp.makespan_s == min(tp.meshes.values())
+    assert tp.meshes[f"{tp.dp}x{tp.ranks}"] == tp.makespan_s
+    assert any("meshes weighed (--dp auto)" in n for n in planned.plan.notes)
+    odd = plan(model, (torch.randn(3, 32),), Config(
+        devices="4xcpu-thread", cost=Cost(profile=False), emit=Emit(verify=False),
+        parallel=Parallel(tp=2, dp="auto")))
+    assert (odd.plan.tensor_parallel.dp, odd.plan.tensor_parallel.meshes) == (1, {})
+    assert any("dp 2 x tp 2 not weighed (--dp auto)" in n for n in odd.plan.notes)
+
+
 def test_a_plan_without_a_candidate_says_to_plan_with_tp(tmp_path, capsys) -> None:
     from autoplace.cli import main
     from autoplace.config import Config, Cost

@@ -263,24 +263,24 @@ def test_ranks_that_outnumber_the_cores_are_priced_sharing_them(monkeypatch) -> 
     import autoplace.cluster.local as local
     from autoplace.cluster import resolve_cluster
     from autoplace.ir import Problem
-    from autoplace.pipeline.tensor import _stretch, _stretched
+    from autoplace.pipeline.mesh import stretch, stretched
     from autoplace.profile.cost import costs
     from autoplace.progress.notes import collecting
 
     monkeypatch.setattr(local, "cores_here", lambda: 2)
     with collecting() as notes:
-        assert (_stretch(2), _stretch(4), _stretch(6)) == (1.0, 2.0, 3.0)
+        assert (stretch(2), stretch(4), stretch(6)) == (1.0, 2.0, 3.0)
     assert sum("which has 2 cores: they share them" in n for n in notes) == 2
 
     cluster, _ = resolve_cluster(spec="1xcpu-process")
     model, args, _ = _mlp()
     traced = trace_model(model, args, {})
     problem = Problem(graph=traced.graph, cluster=cluster, costs=costs(traced.graph, cluster))
-    twice = _stretched(problem, 2.0)
+    twice = stretched(problem, 2.0)
     for node in problem.graph.nodes:
         assert twice.costs.of(node.name, "cpu:0") == pytest.approx(
             2 * problem.costs.of(node.name, "cpu:0"))
-    assert _stretched(problem, 1.0) is problem
+    assert stretched(problem, 1.0) is problem
 
 
 def test_gradients_left_unaveraged_over_dp_fail_the_check(tmp_path, monkeypatch) -> None:
@@ -312,6 +312,8 @@ def test_gradients_left_unaveraged_over_dp_fail_the_check(tmp_path, monkeypatch)
     (["--tp", "3"], "--tp 3 asks for more ranks than the 2 devices"),
     (["--tp", "2", "--dtype", "bfloat16"], "--tp in training in bfloat16"),
     (["--dp", "2"], "--dp is the data-parallel degree of a tensor-parallel mesh: give --tp"),
+    (["--dp", "auto"], "--dp is the data-parallel degree of a tensor-parallel mesh: give --tp"),
+    (["--tp", "auto", "--dp", "2"], "give --tp too, a whole number"),
     (["--tp", "2", "--dp", "2"], "--dp 2 x --tp 2 make a mesh of 4 ranks, and the cluster "
      "has 2 devices"),
     (["--tp", "2", "--dp", "3", "--devices", "6xcpu-thread"],

@@ -133,11 +133,13 @@ def _parser() -> argparse.ArgumentParser:
                    "OUT/tensor_parallel/ (`autoplace run OUT --nproc N --tensor-parallel`). "
                    "With --mode training: each rank's step on the whole batch, checked by 3 "
                    "steps (run with --train K; docs/concepts.md, docs/training.md)")
-    p.add_argument("--dp", type=int, metavar="N",
+    p.add_argument("--dp", type=tp_flag, metavar="N|auto",
                    help="with --tp T: the candidate is a dp x tp mesh of every device (N x T "
                    "of them), each tp group on 1/N of the batch, checked on N x T gloo ranks; "
                    "with --mode training the model sharded over dp by FSDP2 (--fsdp on), its "
-                   "gradients averaged (off) or the faster of the two (auto)")
+                   "gradients averaged (off) or the faster of the two (auto); auto: dp 1 "
+                   "(tp on the leading devices) and the mesh of every device weighed, the "
+                   "fastest kept")
     p.add_argument("--fsdp", choices=tuple(Fsdp), default="auto",
                    help="with --mode training: whether the data-parallel replicas shard "
                    "parameters, gradients and optimizer state (FSDP2's fully_shard per block, "

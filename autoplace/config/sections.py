@@ -211,10 +211,11 @@ class Parallel:
     every degree that divides the leading alike devices, the fastest kept. ``dp``: the
     candidate's data-parallel degree beside ``tp``, a dp x tp mesh of every device, each tp
     group on 1/dp of the batch (in training FSDP2 over dp, or its gradients averaged:
-    ``training.fsdp``)."""
+    ``training.fsdp``); ``"auto"``: one tp group on the leading devices and the mesh of every
+    device, each weighed, the fastest kept."""
 
     tp: int | str | None = None
-    dp: int | None = None
+    dp: int | str | None = None
 
     def __post_init__(self) -> None:
         if self.tp is not None and self.tp != "auto":
@@ -223,11 +224,13 @@ class Parallel:
                                   f"auto, got {self.tp!r}")
             _whole(self.tp, "parallel.tp", least=2)
         if self.dp is not None:
-            _whole(self.dp, "parallel.dp", least=2)
-            if not isinstance(self.tp, int):
+            if self.dp != "auto":
+                _whole(self.dp, "parallel.dp", least=2)
+            if self.tp is None or (self.dp != "auto" and not isinstance(self.tp, int)):
                 raise ConfigError("{parallel.dp} is the data-parallel degree of a "
-                                  "tensor-parallel mesh: give {parallel.tp} a whole number too "
-                                  "(data parallelism alone is {training.replicas})")
+                                  "tensor-parallel mesh: give {parallel.tp} too, a whole number "
+                                  "(or auto with {parallel.dp=auto}; data parallelism alone is "
+                                  "{training.replicas})")
 
 
 @dataclass(frozen=True)

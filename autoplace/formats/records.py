@@ -331,7 +331,8 @@ class TensorParallelRecord:
     each tp group on 1/dp of the batch, ``sharding`` over dp (``fsdp``: FSDP2; ``ddp``: the
     gradients averaged), ``weighed_sharding`` each one priced (``--fsdp auto``).
     ``torch_devices``: each device's torch device, in the order of ``devices`` (the plan's
-    cluster may hold only a replica's devices)."""
+    cluster may hold only a replica's devices). ``meshes``: with ``--dp auto``, each mesh
+    weighed (``"DPxTP"``) and its prediction (this record is the fastest's)."""
 
     ranks: int
     devices: tuple[str, ...]
@@ -351,6 +352,7 @@ class TensorParallelRecord:
     sharding: str | None = None
     weighed_sharding: Mapping[str, float] = field(default_factory=dict)
     torch_devices: tuple[str, ...] = ()
+    meshes: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def world(self) -> int:
@@ -368,7 +370,8 @@ class TensorParallelRecord:
                     ("optimizer", self.optimizer), ("dp", self.dp if self.dp > 1 else None),
                     ("sharding", self.sharding),
                     ("weighed_sharding", dict(self.weighed_sharding) or None),
-                    ("torch_devices", list(self.torch_devices) or None)])
+                    ("torch_devices", list(self.torch_devices) or None),
+                    ("meshes", dict(self.meshes) or None)])
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TensorParallelRecord:
@@ -382,7 +385,8 @@ class TensorParallelRecord:
                    optimizer=data.get("optimizer"), dp=data.get("dp", 1),
                    sharding=data.get("sharding"),
                    weighed_sharding=dict(data.get("weighed_sharding", {})),
-                   torch_devices=tuple(data.get("torch_devices", ())))
+                   torch_devices=tuple(data.get("torch_devices", ())),
+                   meshes=dict(data.get("meshes", {})))
 
 
 @dataclass(frozen=True)

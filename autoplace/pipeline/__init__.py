@@ -89,7 +89,8 @@ def plan(model: torch.nn.Module, example_inputs: Any, config: Config | None = No
         cluster, found = config.devices.resolve()
         note_all(found)
         if config.parallel.tp is not None:
-            tensor_degrees(cluster, config.parallel.tp)  # before the work: a clear error
+            tensor_degrees(cluster, config.parallel.tp,  # before the work: a clear error
+                           dp=config.parallel.dp if isinstance(config.parallel.dp, int) else 1)
         loaded = load(model, example_inputs, config, loss=loss, example_targets=example_targets)
         stages = (TrainingStages(config) if config.mode == Mode.TRAINING
                   else GenerationStages(config) if config.generate is not None

@@ -31,6 +31,16 @@ from autoplace.errors import ConfigError
 from autoplace.formats.plan import Plan
 from autoplace.formats.records import TensorParallelRecord
 from autoplace.ir import Cluster, Device, Placement, Problem
+from autoplace.pipeline.mesh import (
+    SHARDINGS,
+    Mesh,
+    dp_shard,
+    fsdp_ops,
+    over_dp,
+    renamed,
+    stretch,
+    stretched,
+)
 from autoplace.progress import stage
 from autoplace.progress.notes import collecting, note
 from autoplace.simulate import simulate
@@ -38,8 +48,8 @@ from autoplace.solve.tensor import Observed, SplitError, observe, tensor_problem
 from autoplace.solve.tensor_train import tensor_step_problem
 from autoplace.trace import TracedModel
 
-__all__ = ["TIMED_PASSES", "tensor_candidate", "tensor_degrees", "tensor_devices",
-           "tensor_pass_candidate", "tensor_step_candidate"]
+__all__ = ["TIMED_PASSES", "tensor_degrees", "tensor_devices", "tensor_pass_candidate",
+           "tensor_step_candidate"]
 
 TIMED_PASSES = 5  # passes timed on the gloo ranks, after the checked one
 _NOT_WEIGHED = ("tensor parallelism not weighed (--tp auto): the first two devices are not "
@@ -48,19 +58,20 @@ _NOT_WEIGHED = ("tensor parallelism not weighed (--tp auto): the first two devic
 
 def tensor_step_candidate(planned: Plan, solved: Any, cluster: Cluster, config: Config
                           ) -> tuple[Plan, PartitionedModel | None]:
-    """``tensor_candidate`` of a training plan's ``solved`` step (``pipeline.training``): the
-    model and its loss on the whole batch (every rank sees it all; traced again where the
-    plan's step traced a replica's shard or a micro-batch), with the plan's optimizer; with
-    ``parallel.dp`` a dp x tp mesh, each tp group traced and priced on its share of the batch
-    (``Mesh``)."""
+    """The tensor-parallel candidate of a training plan's ``solved`` step
+    (``pipeline.training``): the model and its loss on the whole batch (every rank sees it all;
+    traced again where the plan's step traced a replica's shard or a micro-batch), with the
+    plan's optimizer; with ``parallel.dp`` a dp x tp mesh, each tp group traced and priced on
+    its share of the batch (``Mesh``; ``auto``: each of ``_dp_values`` weighed, the fastest
+    kept and checked)."""
     from autoplace.pipeline.forward import Tracing, traced_problem
     from autoplace.pipeline.measured import backward_factors
     from autoplace.train.layers import kept_state
 
     step, model = solved.step, solved.model
     args, kwargs = step.whole
-    dp = config.parallel.dp or 1
-    if not tensor_degrees(cluster, config.parallel.tp, dp=dp):
+    dps = _dp_values(cluster, config, args, kwargs)
+    if not any(tensor_degrees(cluster, config.parallel.tp, dp=dp) for dp in dps):
         note(_NOT_WEIGHED)
         return planned, None
     if step.forward.traced.has_meta_params:
@@ -68,101 +79,105 @@ def tensor_step_candidate(planned: Plan, solved: Any, cluster: Cluster, config: 
              "training a candidate on fake tensors is not built yet (inference plans weigh "
              "one)")
         return planned, None
-    shard = _dp_shard(args, kwargs, dp)
+    found = []
     with kept_state(model):  # tracing, observing and checking run it in train()
-        forward = step.forward
-        if step.replicas > 1 or step.microbatches > 1 or dp > 1:
-            with collecting():  # the plan's step said what tracing finds
-                forward = traced_problem(model, *shard, cluster,
-                                         Tracing.of(config, checked=True))
-        with collecting():
-            factors, _ = backward_factors(forward.profiled, model, *shard, cluster)
-        mesh = None if dp == 1 else Mesh(dp=dp, shardings=_SHARDINGS[str(config.training.fsdp)],
-                                         profiled=forward.profiled, cache=config.cost.cache)
-        return tensor_candidate(planned, forward.problem, forward.traced, model, args, kwargs,
-                                ranks=config.parallel.tp, verify=config.emit.verify,
-                                training=(config.training.optimizer, factors, config.dtype),
-                                mesh=mesh)
+        for dp in dps:
+            forward = step.forward
+            if step.replicas > 1 or step.microbatches > 1 or dp > 1:
+                with collecting():  # the plan's step said what tracing finds
+                    forward = traced_problem(model, *dp_shard(args, kwargs, dp), cluster,
+                                             Tracing.of(config, checked=True))
+            with collecting():
+                factors, _ = backward_factors(forward.profiled, model,
+                                              *dp_shard(args, kwargs, dp), cluster)
+            mesh = None if dp == 1 else Mesh(
+                dp=dp, shardings=SHARDINGS[str(config.training.fsdp)],
+                profiled=forward.profiled, cache=config.cost.cache)
+            found.append(_weighed(forward.problem, forward.traced, args, kwargs,
+                                  ranks=config.parallel.tp, mesh=mesh,
+                                  training=(config.training.optimizer, factors, config.dtype)))
+        return _kept(planned, found, model, args, kwargs, verify=config.emit.verify,
+                     optimizer=config.training.optimizer)
 
 
 def tensor_pass_candidate(planned: Plan, solved: Any, loaded: Any, cluster: Cluster,
                           config: Config) -> tuple[Plan, PartitionedModel | None]:
-    """``tensor_candidate`` of an inference plan's ``solved`` pass (``loaded``: the model and
-    its inputs); with ``parallel.dp`` a dp x tp mesh, each tp group traced and priced on its
-    share of the batch (the groups run apart: no collective between them)."""
+    """The tensor-parallel candidate of an inference plan's ``solved`` pass (``loaded``: the
+    model and its inputs); with ``parallel.dp`` a dp x tp mesh, each tp group traced and priced
+    on its share of the batch (the groups run apart: no collective between them; ``auto``:
+    each of ``_dp_values`` weighed, the fastest kept and checked)."""
     from autoplace.pipeline.forward import Tracing, traced_problem
 
-    dp = config.parallel.dp or 1
-    problem, traced = solved.problem, solved.forward.traced
-    if dp > 1 and tensor_degrees(cluster, config.parallel.tp, dp=dp):
-        shard = _dp_shard(loaded.args, loaded.kwargs, dp)
-        with collecting():  # the plan's pass said what tracing finds
-            forward = traced_problem(loaded.model, *shard, cluster,
-                                     Tracing.of(config, checked=True))
-        problem, traced = forward.problem, forward.traced
-    return tensor_candidate(planned, problem, traced, loaded.model, loaded.args,
-                            loaded.kwargs, ranks=config.parallel.tp, verify=config.emit.verify,
-                            mesh=Mesh(dp=dp, shardings=()) if dp > 1 else None)
+    args, kwargs = loaded.args, loaded.kwargs
+    found = []
+    for dp in _dp_values(cluster, config, args, kwargs):
+        problem, traced = solved.problem, solved.forward.traced
+        if dp > 1:
+            with collecting():  # the plan's pass said what tracing finds
+                forward = traced_problem(loaded.model, *dp_shard(args, kwargs, dp), cluster,
+                                         Tracing.of(config, checked=True))
+            problem, traced = forward.problem, forward.traced
+        found.append(_weighed(problem, traced, args, kwargs, ranks=config.parallel.tp,
+                              mesh=Mesh(dp=dp, shardings=()) if dp > 1 else None))
+    return _kept(planned, found, loaded.model, args, kwargs, verify=config.emit.verify)
+
+
+def _dp_values(cluster: Cluster, config: Config, args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> list[int]:
+    """The data-parallel degrees to weigh: 1 without ``parallel.dp``, its value, or for
+    ``auto`` 1 (tp on the leading devices) and each mesh of every device that a tp degree
+    leaves (devices / tp, 2 or more, dividing the batch; a note names one that does not)."""
+    dp = config.parallel.dp
+    if dp is None or isinstance(dp, int):
+        return [dp or 1]
+    count, values = len(cluster.devices), [1]
+    for degree in tensor_degrees(cluster, config.parallel.tp):
+        groups = count // degree
+        if count % degree or groups < 2 or groups in values:
+            continue
+        try:
+            dp_shard(args, kwargs, groups)
+        except ConfigError as refused:
+            note(f"dp {groups} x tp {degree} not weighed (--dp auto): {refused}")
+            continue
+        values.append(groups)
+    return values
 
 
 @dataclass(frozen=True)
-class Mesh:
-    """A training candidate's data-parallel dimension (``--dp``): ``dp`` tp groups, each on
-    1/dp of the batch, and the ``shardings`` to price over dp (``fsdp``: FSDP2 per unit,
-    ``train.sharded``; ``ddp``: the gradients averaged in DDP's buckets,
-    ``train.dataparallel``), the faster kept; measured as gloo processes here where the
-    devices are ``profiled`` CPU workers (the figures kept in ``cache``)."""
+class Weighed:
+    """A mesh weighed (``_weighed``): its record (unchecked), what DTensor did, and the
+    one-device model its ranks split."""
 
-    dp: int
-    shardings: tuple[str, ...]
-    profiled: Any = None
-    cache: Any = None
+    record: TensorParallelRecord
+    observed: Observed
+    one: PartitionedModel
+    cluster: Cluster
 
 
-_SHARDINGS = {"on": ("fsdp",), "off": ("ddp",), "auto": ("fsdp", "ddp")}
-
-
-def _dp_shard(args: tuple[Any, ...], kwargs: dict[str, Any], dp: int
-              ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The first tp group's share of the batch (``ConfigError`` naming ``--dp`` where ``dp``
-    does not divide it)."""
-    from autoplace.emit.train.microbatch import split_batch
-    from autoplace.errors import AutoplaceError
-
-    try:
-        return split_batch(args, kwargs, dp, what="data-parallel groups")[0]
-    except AutoplaceError as exc:
-        raise ConfigError(f"{{parallel.dp={dp}}}: {exc}") from None
-
-
-def tensor_candidate(planned: Plan, problem: Problem, traced: TracedModel,
-                     model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *,
-                     ranks: int | str, verify: bool,
-                     training: tuple[str, Mapping[str, float], str] | None = None,
-                     mesh: Mesh | None = None) -> tuple[Plan, PartitionedModel | None]:
-    """``planned`` with its ``tensor_parallel`` record for ``ranks`` ranks on the first
-    devices of ``problem``'s cluster (``mesh``: ``mesh.dp`` such groups, ``problem`` one
-    group's share of the batch) (``"auto"``: each degree ``tensor_degrees`` gives, the
-    fastest kept), and the one-device model they split (``None`` for a model on the meta
-    device: planned, not emitted; and where ``auto`` finds no degree); ``verify``: run the
-    kept one on gloo ranks. ``training``: a training step's optimizer, backward factors (per
-    device, ``train.step_problem``'s) and dtype; ``problem`` is then the forward of the model
-    and its loss, ``kwargs`` holding the ``targets``."""
+def _weighed(problem: Problem, traced: TracedModel, args: tuple[Any, ...],
+             kwargs: dict[str, Any], *, ranks: int | str,
+             training: tuple[str, Mapping[str, float], str] | None = None,
+             mesh: Mesh | None = None) -> Weighed | None:
+    """The candidate of ``ranks`` ranks on the first devices of ``problem``'s cluster
+    (``mesh``: ``mesh.dp`` such groups, ``problem`` one group's share of the batch;
+    ``"auto"``: each degree ``tensor_degrees`` gives, the fastest kept), weighed, not checked;
+    ``None`` where ``auto`` finds no degree. ``training``: a training step's optimizer,
+    backward factors (per device, ``train.step_problem``'s) and dtype; ``problem`` is then the
+    forward of the model and its loss, ``kwargs`` holding the ``targets``."""
     dp = mesh.dp if mesh is not None else 1
     degrees = tensor_degrees(problem.cluster, ranks, dp=dp)
     if not degrees:
-        note(_NOT_WEIGHED)
-        return planned, None
+        return None
     stage("tensor parallel")
-    meta = traced.has_meta_params
     one = _one_device(traced)
     pairs = column_row(one)  # the same for every degree; one segment: every matmul's inputs
-    units = _units(problem) if dp > 1 and training is not None else None
+    units = fsdp_ops(problem) if dp > 1 and training is not None else None
     if units is not None:  # each FSDP2 unit's ops a segment of their own, the split named so
         one = _one_device(traced, units=units)
-        pairs = _renamed(pairs, one)
+        pairs = renamed(pairs, one)
     one.example_inputs = (tuple(args), dict(kwargs))  # saved with it: what its ranks run
-    observed_on = _dp_shard(args, kwargs, dp)
+    observed_on = dp_shard(args, kwargs, dp)
     weighed: dict[int, tuple[TensorParallelRecord, Observed]] = {}
     for degree in degrees:
         try:
@@ -173,38 +188,63 @@ def tensor_candidate(planned: Plan, problem: Problem, traced: TracedModel,
                 raise
             note(f"tensor parallel over {degree} ranks not weighed (--tp auto): {refused}")
     if not weighed:
-        return planned, None
+        return None
     best = min(weighed, key=lambda d: weighed[d][0].makespan_s)
     record, observed = weighed[best]
     record = replace(record, weighed={d: r.makespan_s for d, (r, _) in weighed.items()}
                      if ranks == "auto" else {})
-    if verify and not meta and training is not None:
+    return Weighed(record=record, observed=observed, one=one, cluster=problem.cluster)
+
+
+def _kept(planned: Plan, found: list[Weighed | None], model: torch.nn.Module,
+          args: tuple[Any, ...], kwargs: dict[str, Any], *, verify: bool,
+          optimizer: str | None = None) -> tuple[Plan, PartitionedModel | None]:
+    """``planned`` with the fastest of the meshes ``found`` as its ``tensor_parallel`` record
+    (``meshes``: each one's prediction, where several were weighed), checked on gloo ranks
+    with ``verify`` (a training step's with ``optimizer``), and the one-device model its
+    ranks split (``None`` for a model on the meta device: planned, not emitted)."""
+    found = [w for w in found if w is not None]
+    if not found:
+        note(_NOT_WEIGHED)
+        return planned, None
+    kept = min(found, key=lambda w: w.record.makespan_s)
+    record, one, meta = kept.record, kept.one, kept.one is None or any(
+        p.is_meta for p in kept.one.parameters())
+    if len(found) > 1:
+        record = replace(record, meshes={f"{w.record.dp}x{w.record.ranks}": w.record.makespan_s
+                                         for w in found})
+    ranks, dp = record.ranks, record.dp
+    if verify and not meta and optimizer is not None:
         inputs = {k: v for k, v in kwargs.items() if k != "targets"}
         check = verify_tensor_training(one, model, args, inputs, kwargs.get("targets", ()),
-                                       ranks=best, optimizer=training[0], split=record.split,
+                                       ranks=ranks, optimizer=optimizer, split=record.split,
                                        dp=dp, sharding=record.sharding or "ddp")
         record = replace(record, check="passed", measured_s=check["measured_s"],
                          max_abs_diff=max(check["max_abs_diff_gradients"],
                                           check["max_abs_diff_parameters"]))
-        note(_trained(check, best))
+        note(_trained(check, ranks))
     elif verify and not meta:
-        check = verify_tensor_parallel(one, model, args, kwargs, ranks=best,
+        check = verify_tensor_parallel(one, model, args, kwargs, ranks=ranks,
                                        repeats=TIMED_PASSES, split=record.split, dp=dp)
         record = replace(record, check="passed", max_abs_diff=check["max_abs_diff"],
                          measured_s=check["measured_s"])
-    note(_said(record, planned, observed,
-               here=_on_workers(tensor_devices(problem.cluster, best, dp=dp)), meta=meta))
+    note(_said(record, planned, kept.observed,
+               here=_on_workers(tensor_devices(kept.cluster, ranks, dp=dp)), meta=meta))
     return replace(planned, tensor_parallel=record), None if meta else one
 
 
 def tensor_degrees(cluster: Cluster, ranks: int | str, *, dp: int = 1) -> list[int]:
     """The degrees to weigh: ``[ranks]`` (its devices, ``dp`` groups of them, checked by
     ``tensor_devices``), or for ``"auto"`` every degree of 2 or more that divides the number
-    of leading devices alike (the first's type and memory)."""
+    of leading devices alike (the first's type and memory; with ``dp`` > 1 the one that makes
+    a mesh of every device, where they are alike)."""
     if ranks != "auto":
         tensor_devices(cluster, int(ranks), dp=dp)
         return [int(ranks)]
     devices = cluster.devices
+    if dp > 1:  # the mesh of every device
+        return [t for t in [len(devices) // dp] if t >= 2 and t * dp == len(devices)
+                and len({(d.type, d.memory_bytes) for d in devices}) == 1]
     alike = next((i for i, d in enumerate(devices)
                   if (d.type, d.memory_bytes) != (devices[0].type, devices[0].memory_bytes)),
                  len(devices))
@@ -246,18 +286,18 @@ def _weigh(problem: Problem, traced: TracedModel, one: PartitionedModel,
     priced: dict[str, float] = {}
     if training is None:
         rank0 = tensor_problem(problem, observed, names, measured=here, collectives_s=measured_s)
-        rank0 = _stretched(rank0, _stretch(len(everyone)) if here else 1.0)
+        rank0 = stretched(rank0, stretch(len(everyone)) if here else 1.0)
     else:
         optimizer, factors, dtype = training
         steps = {sharding: tensor_step_problem(
             problem, observed, names, optimizer=optimizer, factors=factors, measured=here,
             collectives_s=measured_s, dtype=dtype,
-            data_parallel=_over_dp(problem.cluster, everyone[::ranks], sharding, mesh,
+            data_parallel=over_dp(problem.cluster, everyone[::ranks], sharding, mesh,
                                    optimizer)) for sharding in (
             mesh.shardings if mesh is not None else (None,))}
         if here:
-            stretch = _stretch(len(everyone))
-            steps = {k: _stretched(v, stretch) for k, v in steps.items()}
+            factor = stretch(len(everyone))
+            steps = {k: stretched(v, factor) for k, v in steps.items()}
         priced = {k: simulate(v, _on(v, names[0])).makespan_s for k, v in steps.items()}
         kept = min(priced, key=lambda k: (priced[k], k != "ddp"))
         rank0 = steps[kept]
@@ -275,98 +315,9 @@ def _weigh(problem: Problem, traced: TracedModel, one: PartitionedModel,
         weighed_sharding=priced if mesh is not None and len(priced) > 1 else {}), observed
 
 
-def _stretch(ranks: int) -> float:
-    """How much longer each of ``ranks`` single-threaded processes of this host takes where
-    they outnumber its cores: every rank busy at once, each gets cores / ranks of one (gloo's
-    copies and sums run on the same cores); 1 where each has a core of its own."""
-    from autoplace.cluster.local import cores_here
-
-    cores = cores_here()
-    if ranks <= cores:
-        return 1.0
-    note(f"the {ranks} ranks are processes of this host, which has {cores} cores: they share "
-         f"them, so rank 0's step is priced at {ranks / cores:.2f}x its time on a core of its "
-         "own")
-    return ranks / cores
-
-
-def _stretched(problem: Problem, stretch: float) -> Problem:
-    """``problem`` with every node's time ``stretch`` times as long."""
-    if stretch == 1.0:
-        return problem
-    return replace(problem, costs=replace(problem.costs, compute_s={
-        name: {d: t * stretch for d, t in per.items()}
-        for name, per in problem.costs.compute_s.items()}))
-
-
 def _on(problem: Problem, device: str) -> Placement:
     """Every node of ``problem`` on ``device``."""
     return Placement(device_of={n.name: device for n in problem.graph.nodes})
-
-
-def _over_dp(cluster: Cluster, group: tuple[str, ...], sharding: str | None,
-             mesh: Mesh | None, optimizer: str) -> Any:
-    """What the data-parallel dimension adds to rank 0's step (``sharding`` over the ``group``
-    of devices that hold its part, one from each tp group), as ``tensor_step_problem``'s
-    ``data_parallel``: FSDP2's gathers, reduce-scatters and shards (``train.sharded``) or the
-    gradients' averaging (``train.dataparallel``), by the ring formulas or, where the devices
-    are this machine's profiled CPU workers, measured on gloo processes (``_averaging_s``);
-    ``None`` without a mesh."""
-    from autoplace.train.dataparallel import with_allreduce
-    from autoplace.train.sharded import with_fsdp
-
-    if mesh is None or sharding is None:
-        return None
-    groups = [(name,) for name in group]
-
-    def priced(step: Problem) -> Problem:
-        measured = _averaging_s(step, cluster, groups, sharding, mesh, optimizer)
-        if sharding == "fsdp":
-            return with_fsdp(step, cluster, groups, measured_s=measured)
-        return with_allreduce(step, cluster, groups, measured_s=measured)
-
-    return priced
-
-
-def _averaging_s(step: Problem, cluster: Cluster, groups: list[tuple[str, ...]], sharding: str,
-                 mesh: Mesh, optimizer: str) -> float | None:
-    """What averaging rank 0's gradients over the ``groups`` adds to its step, measured on
-    gloo processes of this host (``profile.allreduce``: bucketed all-reduces, or FSDP2 by
-    unit with ``optimizer``'s update) for the float32 elements each of the step's forward
-    nodes trains (rank 0's shards: a node's parameters as one tensor), where every device is
-    a profiled CPU worker; ``None`` elsewhere, or when it fails (the ring formulas then)."""
-    from autoplace.profile import open_cache
-    from autoplace.profile.allreduce import allreduce_s
-    from autoplace.simulate.schedules import phase_of
-    from autoplace.train.sharded import fsdp_units
-
-    keys = {d.device: d.device_key for d in getattr(mesh.profiled, "devices", ())}
-    if not all(g[0] in keys and cluster.device(g[0]).torch_device.startswith("cpu")
-               for g in groups):
-        return None
-    trained = [(n.name, n.trainable_bytes // 4) for n in step.graph.nodes
-               if phase_of(n.name)[1] == "forward" and n.trainable_bytes]
-    numels: Any = [numel for _, numel in trained]
-    mode = "buckets"
-    if sharding == "fsdp":
-        unit_of = fsdp_units(step.graph)
-        by_unit: dict[str | None, list[int]] = {}
-        for name, numel in trained:
-            by_unit.setdefault(unit_of.get(name), []).append(numel)
-        mode, numels = "fsdp", [v for k, v in by_unit.items() if k is not None] + [
-            by_unit.get(None, [])]
-    try:
-        seconds, _ = allreduce_s(numels, replicas=len(groups), mode=mode,
-                                 cache=mesh.cache if mesh.cache is not None else open_cache(),
-                                 device_key=keys[groups[0][0]],
-                                 optimizer=optimizer if mode == "fsdp" else None)
-    except Exception as exc:  # noqa: BLE001 - the ring formulas still price it
-        note(f"the data-parallel {sharding} averaging could not be measured "
-             f"({type(exc).__name__}: {exc}); the ring formulas price it")
-        return None
-    note(f"dp {len(groups)} of the tensor-parallel mesh, {sharding} over gloo processes here: "
-         f"{seconds * 1e3:.3f} ms a step measured for rank 0's shards")
-    return seconds
 
 
 def _on_workers(devices: tuple[Device, ...]) -> bool:
@@ -392,6 +343,10 @@ def _said(record: TensorParallelRecord, planned: Plan, observed: Observed, *, he
         where = "tensor_parallel/ beside plan.json runs the candidate all the same"
     weighed = "" if not record.weighed else "weighed (--tp auto) " + ", ".join(
         f"tp {d} {s * 1e3:.3f} ms" for d, s in sorted(record.weighed.items())) + "; kept "
+    if record.meshes:
+        weighed = "meshes weighed (--dp auto) " + ", ".join(
+            "dp {} x tp {} {:.3f} ms".format(*key.split("x"), s * 1e3)
+            for key, s in record.meshes.items()) + "; kept " + weighed
     unit = "step" if training else "pass"
     moved = (f"{record.collectives} collectives of {record.collective_bytes} bytes a {unit} "
              f"(DTensor's, observed on {ranks} fake ranks"
@@ -498,18 +453,3 @@ def _one_device(traced: TracedModel, units: Mapping[str, str] | None = None) -> 
                                       if n.op == "call_function"}, runtime="sequential",
                       meta_weights=traced.has_meta_params, units=units)
 
-
-def _renamed(split: Mapping[str, tuple[str, int]], model: Any) -> dict[str, tuple[str, int]]:
-    """``split`` (of ``traced`` emitted as one segment, ``seg0.<name>``) named as ``model``
-    (the same emitted in several) holds each parameter: ``seg<i>.<name>``."""
-    where = {name.split(".", 1)[1]: name for name, _ in model.named_parameters()}
-    return {where[name.split(".", 1)[1]]: how for name, how in split.items()}
-
-
-def _units(problem: Problem) -> dict[str, str]:
-    """The FSDP2 unit of each op of ``problem``'s forward that has one (``train.sharded``)."""
-    from autoplace.train.sharded import fsdp_units
-
-    unit_of = fsdp_units(problem.graph)
-    return {op: unit for n in problem.graph.nodes
-            if (unit := unit_of.get(n.name)) is not None for op in n.ops}

@@ -1,0 +1,156 @@
+"""The dp dimension of a tensor-parallel candidate (``--dp``, ``pipeline.tensor``): a dp x tp
+mesh whose tp groups each run 1/dp of the batch (``dp_shard``). In training, what dp adds to
+rank 0's step (``over_dp``): FSDP2 over dp (``train.sharded``) or the gradients averaged
+(``train.dataparallel``), on rank 0's shards, measured on gloo processes here where the
+devices are this machine's CPU workers (``_averaging_s``); the FSDP2 units cut the one-device
+model into segments (``fsdp_ops``), the split renamed to them (``renamed``). Ranks that
+outnumber this host's cores share them (``stretch``). docs/training.md, "A dp x tp mesh".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from autoplace.errors import ConfigError
+from autoplace.ir import Cluster, Problem
+from autoplace.progress.notes import note
+
+__all__ = ["SHARDINGS", "Mesh", "dp_shard", "fsdp_ops", "over_dp", "renamed", "stretch",
+           "stretched"]
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """A training candidate's data-parallel dimension (``--dp``): ``dp`` tp groups, each on
+    1/dp of the batch, and the ``shardings`` to price over dp (``fsdp``: FSDP2 per unit,
+    ``train.sharded``; ``ddp``: the gradients averaged in DDP's buckets,
+    ``train.dataparallel``), the faster kept; measured as gloo processes here where the
+    devices are ``profiled`` CPU workers (the figures kept in ``cache``)."""
+
+    dp: int
+    shardings: tuple[str, ...]
+    profiled: Any = None
+    cache: Any = None
+
+
+SHARDINGS = {"on": ("fsdp",), "off": ("ddp",), "auto": ("fsdp", "ddp")}
+
+
+def dp_shard(args: tuple[Any, ...], kwargs: dict[str, Any], dp: int
+              ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The first tp group's share of the batch (``ConfigError`` naming ``--dp`` where ``dp``
+    does not divide it)."""
+    from autoplace.emit.train.microbatch import split_batch
+    from autoplace.errors import AutoplaceError
+
+    try:
+        return split_batch(args, kwargs, dp, what="data-parallel groups")[0]
+    except AutoplaceError as exc:
+        raise ConfigError(f"{{parallel.dp={dp}}}: {exc}") from None
+
+
+def over_dp(cluster: Cluster, group: tuple[str, ...], sharding: str | None,
+             mesh: Mesh | None, optimizer: str) -> Any:
+    """What the data-parallel dimension adds to rank 0's step (``sharding`` over the ``group``
+    of devices that hold its part, one from each tp group), as ``tensor_step_problem``'s
+    ``data_parallel``: FSDP2's gathers, reduce-scatters and shards (``train.sharded``) or the
+    gradients' averaging (``train.dataparallel``), by the ring formulas or, where the devices
+    are this machine's profiled CPU workers, measured on gloo processes (``_averaging_s``);
+    ``None`` without a mesh."""
+    from autoplace.train.dataparallel import with_allreduce
+    from autoplace.train.sharded import with_fsdp
+
+    if mesh is None or sharding is None:
+        return None
+    groups = [(name,) for name in group]
+
+    def priced(step: Problem) -> Problem:
+        measured = _averaging_s(step, cluster, groups, sharding, mesh, optimizer)
+        if sharding == "fsdp":
+            return with_fsdp(step, cluster, groups, measured_s=measured)
+        return with_allreduce(step, cluster, groups, measured_s=measured)
+
+    return priced
+
+
+def _averaging_s(step: Problem, cluster: Cluster, groups: list[tuple[str, ...]], sharding: str,
+                 mesh: Mesh, optimizer: str) -> float | None:
+    """What averaging rank 0's gradients over the ``groups`` adds to its step, measured on
+    gloo processes of this host (``profile.allreduce``: bucketed all-reduces, or FSDP2 by
+    unit with ``optimizer``'s update) for the float32 elements each of the step's forward
+    nodes trains (rank 0's shards: a node's parameters as one tensor), where every device is
+    a profiled CPU worker; ``None`` elsewhere, or when it fails (the ring formulas then)."""
+    from autoplace.profile import open_cache
+    from autoplace.profile.allreduce import allreduce_s
+    from autoplace.simulate.schedules import phase_of
+    from autoplace.train.sharded import fsdp_units
+
+    keys = {d.device: d.device_key for d in getattr(mesh.profiled, "devices", ())}
+    if not all(g[0] in keys and cluster.device(g[0]).torch_device.startswith("cpu")
+               for g in groups):
+        return None
+    trained = [(n.name, n.trainable_bytes // 4) for n in step.graph.nodes
+               if phase_of(n.name)[1] == "forward" and n.trainable_bytes]
+    numels: Any = [numel for _, numel in trained]
+    mode = "buckets"
+    if sharding == "fsdp":
+        unit_of = fsdp_units(step.graph)
+        by_unit: dict[str | None, list[int]] = {}
+        for name, numel in trained:
+            by_unit.setdefault(unit_of.get(name), []).append(numel)
+        mode, numels = "fsdp", [v for k, v in by_unit.items() if k is not None] + [
+            by_unit.get(None, [])]
+    try:
+        seconds, _ = allreduce_s(numels, replicas=len(groups), mode=mode,
+                                 cache=mesh.cache if mesh.cache is not None else open_cache(),
+                                 device_key=keys[groups[0][0]],
+                                 optimizer=optimizer if mode == "fsdp" else None)
+    except Exception as exc:  # noqa: BLE001 - the ring formulas still price it
+        note(f"the data-parallel {sharding} averaging could not be measured "
+             f"({type(exc).__name__}: {exc}); the ring formulas price it")
+        return None
+    note(f"dp {len(groups)} of the tensor-parallel mesh, {sharding} over gloo processes here: "
+         f"{seconds * 1e3:.3f} ms a step measured for rank 0's shards")
+    return seconds
+
+
+def stretch(ranks: int) -> float:
+    """How much longer each of ``ranks`` single-threaded processes of this host takes where
+    they outnumber its cores: every rank busy at once, each gets cores / ranks of one (gloo's
+    copies and sums run on the same cores); 1 where each has a core of its own."""
+    from autoplace.cluster.local import cores_here
+
+    cores = cores_here()
+    if ranks <= cores:
+        return 1.0
+    note(f"the {ranks} ranks are processes of this host, which has {cores} cores: they share "
+         f"them, so rank 0's step is priced at {ranks / cores:.2f}x its time on a core of its "
+         "own")
+    return ranks / cores
+
+
+def stretched(problem: Problem, stretch: float) -> Problem:
+    """``problem`` with every node's time ``stretch`` times as long."""
+    if stretch == 1.0:
+        return problem
+    return replace(problem, costs=replace(problem.costs, compute_s={
+        name: {d: t * stretch for d, t in per.items()}
+        for name, per in problem.costs.compute_s.items()}))
+
+
+def renamed(split: Mapping[str, tuple[str, int]], model: Any) -> dict[str, tuple[str, int]]:
+    """``split`` (of ``traced`` emitted as one segment, ``seg0.<name>``) named as ``model``
+    (the same emitted in several) holds each parameter: ``seg<i>.<name>``."""
+    where = {name.split(".", 1)[1]: name for name, _ in model.named_parameters()}
+    return {where[name.split(".", 1)[1]]: how for name, how in split.items()}
+
+
+def fsdp_ops(problem: Problem) -> dict[str, str]:
+    """The FSDP2 unit of each op of ``problem``'s forward that has one (``train.sharded``)."""
+    from autoplace.train.sharded import fsdp_units
+
+    unit_of = fsdp_units(problem.graph)
+    return {op: unit for n in problem.graph.nodes
+            if (unit := unit_of.get(n.name)) is not None for op in n.ops}
