@@ -283,6 +283,41 @@ def test_ranks_that_outnumber_the_cores_are_priced_sharing_them(monkeypatch) -> 
     assert stretched(problem, 1.0) is problem
 
 
+def test_a_model_on_the_meta_device_gets_a_planned_training_candidate(tmp_path) -> None:
+    """A Llama shape on the meta device, --tp 2 --dp 2 --mode training on 4 A100s: observed
+    forward and backward on fake tensors, priced with FSDP2 over dp, recorded, not emitted
+    (no weights), and a note says why."""
+    from autoplace.cli import main
+    from autoplace.formats.plan import read_plan
+
+    (tmp_path / "meta_llama.py").write_text(
+        "import torch\n"
+        "import torch.nn.functional as F\n"
+        "from transformers import LlamaConfig, LlamaForCausalLM\n"
+        "def build():\n"
+        "    config = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512,\n"
+        "                         num_hidden_layers=2, num_attention_heads=8,\n"
+        "                         num_key_value_heads=4, use_cache=False)\n"
+        "    with torch.device('meta'):\n"
+        "        model = LlamaForCausalLM(config)\n"
+        "    return model, {'input_ids': torch.randint(0, 512, (2, 32))}\n"
+        "def loss(outputs, labels):\n"
+        "    logits = outputs.logits\n"
+        "    return F.cross_entropy(logits.reshape(-1, 512), labels.reshape(-1))\n"
+        "example_targets = (torch.randint(0, 512, (2, 32)),)\n")
+    out = tmp_path / "out"
+    assert main(["plan", str(tmp_path / "meta_llama.py"), "--mode", "training", "--devices",
+                 "4xA100-80GB", "--tp", "2", "--dp", "2", "--time-limit", "1", "--out",
+                 str(out), "--quiet"]) == 0
+    plan = read_plan(out / "plan.json")
+    tp = plan.tensor_parallel
+    assert (tp.ranks, tp.dp, tp.check, tp.optimizer) == (2, 2, "skipped", "adam")
+    assert (tp.columns, tp.rows) == (11, 4) and tp.makespan_s > 0
+    assert set(tp.weighed_sharding) == {"fsdp", "ddp"}
+    assert any("planned on fake tensors" in n and "not emitted" in n for n in plan.notes)
+    assert not (out / "tensor_parallel").exists()
+
+
 def test_gradients_left_unaveraged_over_dp_fail_the_check(tmp_path, monkeypatch) -> None:
     """On a 2 x 2 mesh whose ranks skip the gradients' averaging over dp (in their processes,
     by a sitecustomize), each tp group steps on its half of the batch's gradient: the first

@@ -74,11 +74,6 @@ def tensor_step_candidate(planned: Plan, solved: Any, cluster: Cluster, config: 
     if not any(tensor_degrees(cluster, config.parallel.tp, dp=dp) for dp in dps):
         note(_NOT_WEIGHED)
         return planned, None
-    if step.forward.traced.has_meta_params:
-        note("tensor-parallel training not weighed: the model is on the meta device, and "
-             "training a candidate on fake tensors is not built yet (inference plans weigh "
-             "one)")
-        return planned, None
     found = []
     with kept_state(model):  # tracing, observing and checking run it in train()
         for dp in dps:

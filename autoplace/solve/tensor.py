@@ -239,7 +239,7 @@ def _timed(emitted: torch.nn.Module, interpreters: Iterable[_Interpreter],
 
 def _fake_copy(emitted: torch.nn.Module) -> Any:
     """A ``FakeTensorMode`` in which ``emitted``'s meta parameters and buffers are now fake
-    CPU tensors of their shapes and dtypes (in place)."""
+    CPU tensors of their shapes and dtypes (in place), a parameter trained as before."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode()
@@ -247,7 +247,8 @@ def _fake_copy(emitted: torch.nn.Module) -> Any:
         for module in emitted.modules():
             for name, p in list(module.named_parameters(recurse=False)):
                 module.register_parameter(name, torch.nn.Parameter(
-                    torch.empty(p.shape, dtype=p.dtype, device="cpu"), requires_grad=False))
+                    torch.empty(p.shape, dtype=p.dtype, device="cpu"),
+                    requires_grad=p.requires_grad))
             for name, b in list(module.named_buffers(recurse=False)):
                 if b is not None:
                     module.register_buffer(name, torch.zeros(b.shape, dtype=b.dtype,
