@@ -86,64 +86,63 @@ def _model_file(model: str, tmp: Path) -> Path:
     return path
 
 
-def _row(model: str, mesh: str) -> str:
-    devices, extra = MESHES[mesh]
-    world = int(devices[0])
-    load = os.getloadavg()[0]
+def _planned_and_run(model: str, devices: str, plan_flags: list[str], run_flags: list[str]
+                     ) -> tuple[dict, dict, float] | str:
+    """``autoplace plan MODEL --devices DEVICES --tp 2 PLAN_FLAGS`` and then ``autoplace run OUT
+    --nproc N --tensor-parallel RUN_FLAGS --json``: the plan's ``tensor_parallel``, the run's
+    report and the plan's wall seconds; or the plan's last error line."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out"
         began = time.perf_counter()
         planned = subprocess.run(
             [sys.executable, "-m", "autoplace.cli", "plan", str(_model_file(model, Path(tmp))),
-             "--mode", "training", "--optimizer", "adamw", "--devices", devices, "--tp", "2",
-             *extra, "--time-limit", "2", "--no-check-memory", "--out", str(out), "--quiet"],
-            capture_output=True, text=True, cwd=ROOT)
+             "--devices", devices, "--tp", "2", *plan_flags, "--time-limit", "2", "--out",
+             str(out), "--quiet"], capture_output=True, text=True, cwd=ROOT)
         wall = time.perf_counter() - began
         if planned.returncode:
-            last = (planned.stderr.strip().splitlines() or ["?"])[-1]
-            return f"| {model} | {mesh} | failed: {last} |" + " |" * 9
+            return (planned.stderr.strip().splitlines() or ["?"])[-1]
         tp = json.loads((out / "plan.json").read_text())["tensor_parallel"]
         ran = json.loads(subprocess.run(
-            [sys.executable, "-m", "autoplace.cli", "run", str(out), "--nproc", str(world),
-             "--tensor-parallel", "--train", str(STEPS), "--json"],
+            [sys.executable, "-m", "autoplace.cli", "run", str(out), "--nproc", devices[0],
+             "--tensor-parallel", *run_flags, "--json"],
             capture_output=True, text=True, check=True, cwd=ROOT).stdout)
-    predicted = tp["makespan_s"]
-    at_plan = tp.get("measured_s")
+    return tp, ran, wall
+
+
+def _against(tp: dict, ran: dict) -> str:
+    """The predicted step or pass against the plan's measurement and ``autoplace run``'s."""
+    predicted, at_plan = tp["makespan_s"], tp.get("measured_s")
+    return (f"{predicted * 1e3:.1f} | "
+            + (f"{at_plan * 1e3:.1f} | {at_plan / predicted:.2f}" if at_plan else "n/a | n/a")
+            + f" | {ran['measured_s'] * 1e3:.1f} | {ran['measured_s'] / predicted:.2f}")
+
+
+def _row(model: str, mesh: str) -> str:
+    devices, extra = MESHES[mesh]
+    load = os.getloadavg()[0]
+    found = _planned_and_run(model, devices, ["--mode", "training", "--optimizer", "adamw",
+                                              *extra, "--no-check-memory"],
+                             ["--train", str(STEPS)])
+    if isinstance(found, str):
+        return f"| {model} | {mesh} | failed: {found} |" + " |" * 11
+    tp, ran, wall = found
     shard = (f"fsdp {tp['weighed_sharding']['fsdp'] * 1e3:.1f} / ddp "
              f"{tp['weighed_sharding']['ddp'] * 1e3:.1f}" if tp.get("weighed_sharding") else "")
     return (f"| {model} | {mesh} | {tp['check']} | {tp.get('max_abs_diff', 0):.1e} | "
-            f"{tp['columns']} / {tp['rows']} | {predicted * 1e3:.1f} | "
-            + (f"{at_plan * 1e3:.1f} | {at_plan / predicted:.2f}" if at_plan else "n/a | n/a")
-            + f" | {ran['measured_s'] * 1e3:.1f} | {ran['measured_s'] / predicted:.2f} | "
+            f"{tp['columns']} / {tp['rows']} | {_against(tp, ran)} | "
             f"{', '.join(f'{v:.4f}' for v in ran['losses'][:3])} | {wall:.0f} | {load:.2f} |"
             + (f" {shard} |" if shard else " |"))
 
 
 def _inference_row(model: str, mesh: str) -> str:
     devices, extra = INFERENCE[mesh]
-    world = int(devices[0])
     load = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "out"
-        planned = subprocess.run(
-            [sys.executable, "-m", "autoplace.cli", "plan", str(_model_file(model, Path(tmp))),
-             "--devices", devices, "--tp", "2", *extra, "--time-limit", "2", "--out", str(out),
-             "--quiet"], capture_output=True, text=True, cwd=ROOT)
-        if planned.returncode:
-            last = (planned.stderr.strip().splitlines() or ["?"])[-1]
-            return f"| {model} | {mesh} | failed: {last} |" + " |" * 7
-        tp = json.loads((out / "plan.json").read_text())["tensor_parallel"]
-        ran = json.loads(subprocess.run(
-            [sys.executable, "-m", "autoplace.cli", "run", str(out), "--nproc", str(world),
-             "--tensor-parallel", "--json"],
-            capture_output=True, text=True, check=True, cwd=ROOT).stdout)
-    predicted = tp["makespan_s"]
-    at_plan = tp.get("measured_s")
+    found = _planned_and_run(model, devices, list(extra), [])
+    if isinstance(found, str):
+        return f"| {model} | {mesh} | failed: {found} |" + " |" * 8
+    tp, ran, _ = found
     return (f"| {model} | {mesh} | {tp['check']} | {tp.get('max_abs_diff', 0):.1e} | "
-            f"{ran['max_abs_diff']:.1e} | {predicted * 1e3:.1f} | "
-            + (f"{at_plan * 1e3:.1f} | {at_plan / predicted:.2f}" if at_plan else "n/a | n/a")
-            + f" | {ran['measured_s'] * 1e3:.1f} | {ran['measured_s'] / predicted:.2f} | "
-            f"{load:.2f} |")
+            f"{ran['max_abs_diff']:.1e} | {_against(tp, ran)} | {load:.2f} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
             inference.append(_inference_row(model, mesh))
             print(inference[-1], flush=True)
     lines = [
-        "# Tensor parallelism on a mesh, trained on CPU processes: tp 2 and dp 2 x tp 2", "",
+        "# Tensor parallelism on a mesh of CPU processes: tp 2 and dp 2 x tp 2, trained and run",
+        "",
         f"{machine_line()}. Command: `python benchmarks/mesh_cpu.py`. "
         "`autoplace plan MODEL --mode training --optimizer adamw --devices Nxcpu-process --tp 2 "
         "[--dp 2 --fsdp on|off] --time-limit 2 --no-check-memory` (profiled; Llama and T5 with a "
@@ -175,9 +175,10 @@ def main(argv: list[str] | None = None) -> int:
         "`tensor_parallel.makespan_s`); *measured at plan time*: the check's median step; "
         f"*measured by `autoplace run`*: `autoplace run OUT --nproc N --tensor-parallel --train "
         f"{STEPS} --json`, rank 0's median of steps 2 on; *losses*: that run's first three "
-        "(rank 0's, the mean over dp); *plan s*: the whole `autoplace plan`; *load*: the 1-minute "
-        "load average before it. With `--fsdp auto` both shardings are priced (the last column, "
-        "ms) and the faster kept; here each is asked for.",
+        "(rank 0's, the mean over dp; dropout on, so GPT-2's and T5's differ from row to row, "
+        "while the check compares with it at zero); *plan s*: the whole `autoplace plan`; "
+        "*load*: the 1-minute load average before it. With `--fsdp auto` both shardings are "
+        "priced (the last column, ms) and the faster kept; here each is asked for.",
         "",
         "| model | mesh | check | largest difference | split | predicted step (ms) | "
         "measured at plan time (ms) | / predicted | measured by `autoplace run` (ms) | / "
