@@ -86,6 +86,15 @@ def test_the_backward_runs_under_the_observation_and_its_collectives_are_charged
     assert placed.makespan_s > 0
 
 
+def _in_the_ranks(directory: Path, monkeypatch) -> None:
+    """The ``sitecustomize.py`` written in ``directory`` runs in every process started from
+    here on (the ranks), as Python imports it at start-up from ``PYTHONPATH``."""
+    import os
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(directory), *filter(None, [os.environ.get("PYTHONPATH")])]))
+
+
 def _plan(tmp_path: Path, example: str, *extra: str) -> Path:
     from autoplace.cli import main
 
@@ -145,7 +154,6 @@ def test_a_gradient_left_unreduced_fails_the_check(tmp_path, monkeypatch) -> Non
     partial sums taken as whole where autograd runs it, so a column's input gradient is not
     all-reduced and each rank keeps its own part. The forward is untouched, so the first loss
     is the original's; the gradients are not, and the check names the first that differs."""
-    import os
 
     from autoplace.emit.distributed.tensor_train import verify_tensor_training
 
@@ -169,8 +177,7 @@ def test_a_gradient_left_unreduced_fails_the_check(tmp_path, monkeypatch) -> Non
         "                                  run_check=False)\n"
         "    return out\n"
         "tensor._reduced_matmul = sabotaged\n")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    _in_the_ranks(tmp_path, monkeypatch)
     model, args, targets = _mlp()
     wrapped, emitted, _ = _step_model(model, args, targets)
     with pytest.raises(VerificationError, match=r"the gradient of model\.0\.weight of the 2 "
@@ -322,15 +329,13 @@ def test_gradients_left_unaveraged_over_dp_fail_the_check(tmp_path, monkeypatch)
     """On a 2 x 2 mesh whose ranks skip the gradients' averaging over dp (in their processes,
     by a sitecustomize), each tp group steps on its half of the batch's gradient: the first
     loss is the original's, the gradients are not, and the check names the first."""
-    import os
 
     from autoplace.emit.distributed.tensor_train import verify_tensor_training
 
     (tmp_path / "sitecustomize.py").write_text(
         "import autoplace.train.dataparallel as dataparallel\n"
         "dataparallel.average_gradients = lambda params, group=None: None\n")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    _in_the_ranks(tmp_path, monkeypatch)
     model, args, targets = _mlp()
     wrapped, emitted, _ = _step_model(model, args, targets)
     with pytest.raises(VerificationError, match=r"the gradient of model\.\d\.\w+ of the 4 "

@@ -16,7 +16,8 @@ from autoplace.pipeline.forward import Tracing
 from autoplace.progress.notes import note
 from autoplace.train.sharded import fsdp_units, unit_of
 
-__all__ = ["backward_factors", "per_kind", "replica_averaging", "unit_numels", "update_rates"]
+__all__ = ["backward_factors", "measured_averaging", "per_kind", "replica_averaging",
+           "unit_numels", "update_rates"]
 
 T = TypeVar("T")
 
@@ -83,6 +84,34 @@ def replica_averaging(profiled: Any, model: torch.nn.Module, cluster: Cluster,
     then)."""
     if profiled is None:
         return None
+    numels: Any = [p.numel() for p in model.parameters() if p.requires_grad]
+    mode = "ddp" if microbatches == 1 else "buckets"
+    if sharding == "fsdp":
+        assert forward is not None
+        mode, numels = "fsdp", unit_numels(model, forward)
+    found = measured_averaging(profiled, cluster, groups, numels, mode=mode,
+                               cache=how.cache, optimizer=optimizer)
+    if found is None:
+        return None
+    seconds, cached = found
+    way = {"ddp": "DistributedDataParallel", "buckets": "bucketed all-reduces",
+           "fsdp": f"FSDP2's gathers, reduce-scatters and sharded {optimizer} update"}[mode]
+    note(f"gradients averaged across {len(groups)} replicas ({way}, gloo over "
+         f"127.0.0.1) measured{' before' if cached else ''}: {seconds * 1e3:.3f} ms a "
+         "step for the model's gradients, charged to the updates by bytes")
+    return seconds
+
+
+def measured_averaging(profiled: Any, cluster: Cluster, groups: Sequence[Sequence[str]],
+                       numels: Any, *, mode: str, cache: Any = None, optimizer: str = "adam"
+                       ) -> tuple[float, bool] | None:
+    """``profile.allreduce.allreduce_s`` of ``numels`` over the ``groups`` as processes of
+    this host (``mode``: ``ddp``, ``buckets`` or ``fsdp``, with ``optimizer``'s update),
+    kept in ``cache`` (the default one where ``None``), with whether it came from there:
+    where every device of every group is a CPU device ``profiled`` here; ``None`` elsewhere,
+    or when it cannot be measured (a note says why: the ring formulas price it then)."""
+    if profiled is None:
+        return None
     here = {dp.device: dp.device_key for dp in profiled.devices}
     if not all(d in here and cluster.device(d).torch_device.startswith("cpu")
                for g in groups for d in g):
@@ -90,26 +119,15 @@ def replica_averaging(profiled: Any, model: torch.nn.Module, cluster: Cluster,
     from autoplace.profile import open_cache
     from autoplace.profile.allreduce import allreduce_s
 
-    numels: Any = [p.numel() for p in model.parameters() if p.requires_grad]
-    mode = "ddp" if microbatches == 1 else "buckets"
-    if sharding == "fsdp":
-        assert forward is not None
-        mode, numels = "fsdp", unit_numels(model, forward)
-    cache = how.cache if how.cache is not None else open_cache()
     try:
-        seconds, cached = allreduce_s(numels, replicas=len(groups), mode=mode, cache=cache,
-                                      device_key=here[groups[0][0]],
-                                      optimizer=optimizer if mode == "fsdp" else None)
+        return allreduce_s(numels, replicas=len(groups), mode=mode,
+                           cache=cache if cache is not None else open_cache(),
+                           device_key=here[groups[0][0]],
+                           optimizer=optimizer if mode == "fsdp" else None)
     except Exception as exc:  # noqa: BLE001 - the ring formula still prices it
-        note(f"the gradients' averaging across {len(groups)} replicas could not be "
+        note(f"the gradients' averaging across {len(groups)} groups ({mode}) could not be "
              f"measured ({type(exc).__name__}: {exc}); the ring formula prices it")
         return None
-    way = {"ddp": "DistributedDataParallel", "buckets": "bucketed all-reduces",
-           "fsdp": f"FSDP2's gathers, reduce-scatters and sharded {optimizer} update"}[mode]
-    note(f"gradients averaged across {len(groups)} replicas ({way}, gloo over "
-         f"127.0.0.1) measured{' before' if cached else ''}: {seconds * 1e3:.3f} ms a "
-         "step for the model's gradients, charged to the updates by bytes")
-    return seconds
 
 
 def unit_numels(model: torch.nn.Module, forward: Problem) -> list[list[int]]:

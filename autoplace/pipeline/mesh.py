@@ -82,15 +82,10 @@ def _averaging_s(step: Problem, cluster: Cluster, groups: list[tuple[str, ...]],
     unit with ``optimizer``'s update) for the float32 elements each of the step's forward
     nodes trains (rank 0's shards: a node's parameters as one tensor), where every device is
     a profiled CPU worker; ``None`` elsewhere, or when it fails (the ring formulas then)."""
-    from autoplace.profile import open_cache
-    from autoplace.profile.allreduce import allreduce_s
+    from autoplace.pipeline.measured import measured_averaging
     from autoplace.simulate.schedules import phase_of
     from autoplace.train.sharded import fsdp_units
 
-    keys = {d.device: d.device_key for d in getattr(mesh.profiled, "devices", ())}
-    if not all(g[0] in keys and cluster.device(g[0]).torch_device.startswith("cpu")
-               for g in groups):
-        return None
     trained = [(n.name, n.trainable_bytes // 4) for n in step.graph.nodes
                if phase_of(n.name)[1] == "forward" and n.trainable_bytes]
     numels: Any = [numel for _, numel in trained]
@@ -102,18 +97,13 @@ def _averaging_s(step: Problem, cluster: Cluster, groups: list[tuple[str, ...]],
             by_unit.setdefault(unit_of.get(name), []).append(numel)
         mode, numels = "fsdp", [v for k, v in by_unit.items() if k is not None] + [
             by_unit.get(None, [])]
-    try:
-        seconds, _ = allreduce_s(numels, replicas=len(groups), mode=mode,
-                                 cache=mesh.cache if mesh.cache is not None else open_cache(),
-                                 device_key=keys[groups[0][0]],
-                                 optimizer=optimizer if mode == "fsdp" else None)
-    except Exception as exc:  # noqa: BLE001 - the ring formulas still price it
-        note(f"the data-parallel {sharding} averaging could not be measured "
-             f"({type(exc).__name__}: {exc}); the ring formulas price it")
+    found = measured_averaging(mesh.profiled, cluster, groups, numels, mode=mode,
+                               cache=mesh.cache, optimizer=optimizer)
+    if found is None:
         return None
     note(f"dp {len(groups)} of the tensor-parallel mesh, {sharding} over gloo processes here: "
-         f"{seconds * 1e3:.3f} ms a step measured for rank 0's shards")
-    return seconds
+         f"{found[0] * 1e3:.3f} ms a step measured for rank 0's shards")
+    return found[0]
 
 
 def stretch(ranks: int) -> float:
