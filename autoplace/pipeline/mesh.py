@@ -23,8 +23,8 @@ __all__ = ["SHARDINGS", "Mesh", "dp_shard", "fsdp_ops", "over_dp", "renamed", "s
 
 @dataclass(frozen=True)
 class Mesh:
-    """A training candidate's data-parallel dimension (``--dp``): ``dp`` tp groups, each on
-    1/dp of the batch, and the ``shardings`` to price over dp (``fsdp``: FSDP2 per unit,
+    """A candidate's data-parallel dimension (``--dp``): ``dp`` tp groups, each on 1/dp of
+    the batch, and in training the ``shardings`` to price over dp (``fsdp``: FSDP2 per unit,
     ``train.sharded``; ``ddp``: the gradients averaged in DDP's buckets,
     ``train.dataparallel``), the faster kept; measured as gloo processes here where the
     devices are ``profiled`` CPU workers (the figures kept in ``cache``)."""
@@ -39,7 +39,7 @@ SHARDINGS = {"on": ("fsdp",), "off": ("ddp",), "auto": ("fsdp", "ddp")}
 
 
 def dp_shard(args: tuple[Any, ...], kwargs: dict[str, Any], dp: int
-              ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+             ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The first tp group's share of the batch (``ConfigError`` naming ``--dp`` where ``dp``
     does not divide it)."""
     from autoplace.emit.train.microbatch import split_batch
@@ -52,7 +52,7 @@ def dp_shard(args: tuple[Any, ...], kwargs: dict[str, Any], dp: int
 
 
 def over_dp(cluster: Cluster, group: tuple[str, ...], sharding: str | None,
-             mesh: Mesh | None, optimizer: str) -> Any:
+            mesh: Mesh | None, optimizer: str) -> Any:
     """What the data-parallel dimension adds to rank 0's step (``sharding`` over the ``group``
     of devices that hold its part, one from each tp group), as ``tensor_step_problem``'s
     ``data_parallel``: FSDP2's gathers, reduce-scatters and shards (``train.sharded``) or the

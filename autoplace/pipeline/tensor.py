@@ -5,9 +5,11 @@ as rank 0 runs it (``solve.tensor``), then run on N gloo ranks against the origi
 there (``verify_tensor_parallel``). A training plan's (``tensor_step_candidate``) is the model
 and its loss on the whole batch, its step observed forward and backward and priced with its
 optimizer (``solve.tensor_train``), trained 3 steps on the gloo ranks against the original
-(``verify_tensor_training``). The plan records it beside its placement (``plan.tensor_parallel``)
-and says which is faster; ``save`` writes the one-device model with its split and ranks' entry
-point (``launch.py``, or ``train.py``) to ``OUT/tensor_parallel/``."""
+(``verify_tensor_training``). With ``--dp`` the ranks are a dp x tp mesh (``pipeline.mesh``;
+``auto``: each mesh ``_weighed``, the fastest ``_kept``). The plan records it beside its
+placement (``plan.tensor_parallel``) and says which is faster; ``save`` writes the one-device
+model with its split and ranks' entry point (``launch.py``, ``train.py``) to
+``OUT/tensor_parallel/``."""
 
 from __future__ import annotations
 
