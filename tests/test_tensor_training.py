@@ -325,6 +325,27 @@ def test_a_model_on_the_meta_device_gets_a_planned_training_candidate(tmp_path) 
     assert not (out / "tensor_parallel").exists()
 
 
+def test_a_step_that_fits_nowhere_says_the_candidate_was_not_weighed() -> None:
+    """The tensor-parallel candidate is weighed beside a plan of the step: where the step fits
+    no device, the error says the candidate was not weighed, not that nothing could fit."""
+    import dataclasses
+
+    from autoplace.cluster import resolve_cluster
+    from autoplace.config import Config, Cost, Parallel, Solve
+    from autoplace.errors import InfeasibleError
+    from autoplace.pipeline import plan
+
+    cluster, _ = resolve_cluster(spec="2xA100-40GB")
+    tiny = dataclasses.replace(cluster, devices=tuple(
+        dataclasses.replace(d, memory_bytes=20_000, reserved_bytes=0) for d in cluster.devices))
+    model, args, targets = _mlp()
+    with pytest.raises(InfeasibleError, match="The tensor-parallel candidate \\(--tp\\) is "
+                       "weighed beside a plan of the step that fits, so it was not weighed"):
+        plan(model, args, Config(devices=tiny, mode="training", cost=Cost(profile=False),
+                                 solve=Solve(time_limit_s=1), parallel=Parallel(tp=2)),
+             loss=F.cross_entropy, example_targets=targets)
+
+
 def test_gradients_left_unaveraged_over_dp_fail_the_check(tmp_path, monkeypatch) -> None:
     """On a 2 x 2 mesh whose ranks skip the gradients' averaging over dp (in their processes,
     by a sitecustomize), each tp group steps on its half of the batch's gradient: the first

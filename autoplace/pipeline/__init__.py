@@ -30,7 +30,7 @@ from autoplace.emit.distributed.ranks import write_launch_script
 from autoplace.emit.distributed.tensor import write_tensor_launch
 from autoplace.emit.distributed.tensor_train import write_tensor_train
 from autoplace.emit.generate import DECODE_DIR, save_decode
-from autoplace.errors import EmitError
+from autoplace.errors import EmitError, InfeasibleError
 from autoplace.formats.output import atomic_output_dir
 from autoplace.formats.plan import Plan
 from autoplace.formats.records import Coarsening, ProfileRecord
@@ -95,7 +95,14 @@ def plan(model: torch.nn.Module, example_inputs: Any, config: Config | None = No
         stages = (TrainingStages(config) if config.mode == Mode.TRAINING
                   else GenerationStages(config) if config.generate is not None
                   else InferenceStages(config))
-        solved = stages.solve(loaded, cluster)
+        try:
+            solved = stages.solve(loaded, cluster)
+        except InfeasibleError as failed:
+            if config.parallel.tp is None:
+                raise
+            raise InfeasibleError(
+                f"{failed} The tensor-parallel candidate (--tp) is weighed beside a plan of "
+                "the step that fits, so it was not weighed here.") from None
         planned = stages.record(solved)
         emitted = None
         if config.emit.model:
