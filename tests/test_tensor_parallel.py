@@ -230,6 +230,9 @@ def test_a_dp_by_tp_mesh_runs_each_tp_group_on_its_share_of_the_batch(tmp_path, 
     out = tmp_path / "out"
     save(planned, out)
     assert "DP = 2" in (out / "tensor_parallel" / "launch.py").read_text()
+    report = (out / "report.html").read_text()  # the mesh drawn: rank r at dp r // 2, tp r % 2
+    assert 'id="mesh"' in report and "dp 2 × tp 2" in report
+    assert "<tr><th>dp 1</th><td>cpu:2</td><td>cpu:3</td></tr>" in report
     assert main(["run", str(out), "--nproc", "4", "--tensor-parallel", "--repeats", "1",
                  "--json", "--save-outputs", str(tmp_path / "o.safetensors")]) == 0
     result = json.loads(capsys.readouterr().out)
