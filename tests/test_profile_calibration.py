@@ -226,3 +226,34 @@ def test_float32_matmuls_and_convolutions_are_priced_at_tf32_where_torch_runs_th
     assert said is not None and said.startswith("float32 convolutions (torch.backends.cudnn")
     assert "A100-40GB" in said and "matmuls" not in said
     assert tf32_note(graph, cluster, priced, Tf32(matmul=False, conv=False)) is None
+    asked = tf32_note(graph, cluster, priced, allowed, asked=True)
+    assert asked.startswith("float32 convolutions and matmuls are priced at the TF32")
+    assert "(--dtype tf32)" in asked and "the emitted model does not turn TF32 on" in asked
+
+
+def test_dtype_tf32_plans_float32_with_its_matmuls_on_tf32_cores() -> None:
+    """--dtype tf32 is float32 (the bytes) whose matmuls are priced at the TF32 peak whatever
+    torch's settings say; float32 follows the settings (here: matmuls off, torch's default)."""
+    import torch
+    from torch import nn
+
+    from autoplace.config import Config, Cost, DType, Emit, Solve
+    from autoplace.pipeline import plan
+
+    assert (Config(dtype="tf32").dtype, Config(dtype="tf32").cost.tf32) == (DType.FLOAT32, True)
+    assert Config(dtype="tf32", cost=Cost(profile=False)).cost.profile is False
+    assert Config(dtype="float32").cost.tf32 is None
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 4096)).eval()
+    args = (torch.randn(512, 4096),)
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # torch's default
+    try:
+        found = {dtype: plan(model, args, Config(
+            devices="A100-40GB", dtype=dtype, emit=Emit(model=False, verify=False),
+            solve=Solve(time_limit_s=1))).plan for dtype in ("float32", "tf32")}
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+    assert found["tf32"].makespan_s < found["float32"].makespan_s / 3  # 156 against 19.5 TF/s
+    assert all(n.dtype == "float32" for n in found["tf32"].problem.graph.nodes if n.flops)
+    assert any("(--dtype tf32)" in n for n in found["tf32"].notes)

@@ -108,7 +108,9 @@ def _parser() -> argparse.ArgumentParser:
                    "tracing, so the plan's bytes and costs are that dtype's. With --mode "
                    "training a half dtype is mixed precision: float32 master weights updated "
                    "by the optimizer (Adam: 16 bytes per parameter in all), float16 with "
-                   "torch.amp.GradScaler's dynamic loss scale")
+                   "torch.amp.GradScaler's dynamic loss scale. tf32: float32, its matmuls and "
+                   "convolutions priced on the GPUs' TF32 tensor cores (default: as torch's "
+                   "settings say; the emitted model does not turn TF32 on)")
     p.add_argument("--microbatches", type=int, default=1, metavar="M",
                    help="with --mode training: cut the batch into M equal micro-batches (M "
                    "must divide it) and pipeline them over the devices (default: 1); the "

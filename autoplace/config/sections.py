@@ -126,11 +126,15 @@ class Solve:
 class Cost:
     """How ops are costed: with ``profile``, measured on the devices that are here and
     calibrated for the others from ``cache`` (``None``: the cache at its documented place);
-    otherwise analytic. ``progress`` shows the profiler's progress on stderr."""
+    otherwise analytic. ``progress`` shows the profiler's progress on stderr. ``tf32``: whether
+    float32 matmuls and convolutions run on TF32 tensor cores where a GPU has them
+    (``profile.cost.Tf32``; ``None``: as torch's settings say when the plan is made;
+    ``dtype="tf32"`` sets it)."""
 
     profile: bool = False
     cache: ProfileCache | None = None
     progress: bool = False
+    tf32: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -270,6 +274,11 @@ class Config:
         elif self.devices is None:
             put(self, "devices", Devices())
         put(self, "mode", choice(Mode, self.mode, "mode"))
+        if str(self.dtype).strip().lower() in ("tf32", "tfloat32"):  # float32 on TF32 cores
+            if not isinstance(self.cost, Cost):
+                raise ConfigError(f"{{cost}} must be the Cost(...) section, got {self.cost!r}")
+            put(self, "cost", replace(self.cost, tf32=True))
+            put(self, "dtype", DType.FLOAT32)
         put(self, "granularity", choice(Granularity, self.granularity, "granularity"))
         put(self, "dtype", choice(DType, self.dtype, "dtype"))
         if self.pins is not None:

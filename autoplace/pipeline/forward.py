@@ -75,11 +75,14 @@ class Tracing:
     # The model has run on its inputs already (a training step's loss check), so tracing need
     # not run it first.
     checked: bool = False
+    # float32 matmuls and convolutions on TF32 cores (``Cost.tf32``; None: torch's settings).
+    tf32: bool | None = None
 
     @classmethod
     def of(cls, config: Config, *, checked: bool = False) -> Tracing:
         return cls(name=config.name, profile=config.cost.profile, cache=config.cost.cache,
-                   progress=config.cost.progress, pins=config.pins, checked=checked)
+                   progress=config.cost.progress, pins=config.pins, checked=checked,
+                   tf32=config.cost.tf32)
 
 
 @dataclass(frozen=True)
@@ -119,14 +122,15 @@ def traced_problem(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[s
         cluster = profiled.apply_links(cluster)
         graph = profiled.with_workspace(graph)
     stage("cost")
-    tf32 = Tf32.from_torch()  # the user's settings, after the model file ran
+    # as asked (--dtype tf32), else the user's settings, after the model file ran
+    tf32 = Tf32.from_torch() if how.tf32 is None else Tf32(matmul=how.tf32, conv=how.tf32)
     costs = cost_nodes(graph, cluster,
                        measured=profiled.measured() if profiled else None,
                        fits=profiled.fits if profiled else None,
                        launcher=profiled.launcher if profiled else None,
                        worker=profiled.worker if profiled else None, tf32=tf32)
     note(analytic_cpu_note(graph, cluster, costs))
-    note(tf32_note(graph, cluster, costs, tf32))
+    note(tf32_note(graph, cluster, costs, tf32, asked=how.tf32 is True))
     stage("fold")
     unpinned = None
     if pins is not None:

@@ -90,9 +90,11 @@ def math_dtype(node: OpNode, tf32: Tf32) -> str:
     return node.dtype
 
 
-def tf32_note(graph: OpGraph, cluster: Cluster, costs: Costs, tf32: Tf32) -> str | None:
-    """Which float32 ops the plan prices at the GPUs' TF32 peak (where not measured), and why;
-    ``None`` where none is (no GPU with one, or no such op)."""
+def tf32_note(graph: OpGraph, cluster: Cluster, costs: Costs, tf32: Tf32, *,
+              asked: bool = False) -> str | None:
+    """Which float32 ops the plan prices at the GPUs' TF32 peak (where not measured), and why
+    (``asked``: ``--dtype tf32``, else torch's settings); ``None`` where none is (no GPU with
+    one, or no such op)."""
     gpus = {d.name: d.type for d in cluster.devices
             if "tfloat32" in get_device_type(d.type).peak_flops_per_s}
     priced = [n for n in graph.nodes if not n.is_input and math_dtype(n, tf32) == "tfloat32"
@@ -103,6 +105,14 @@ def tf32_note(graph: OpGraph, cluster: Cluster, costs: Costs, tf32: Tf32) -> str
     why = {"matmul": "matmuls (torch.backends.cuda.matmul.allow_tf32 or "
            "torch.set_float32_matmul_precision('high'))",
            "conv": "convolutions (torch.backends.cudnn.allow_tf32, torch's default)"}
+    if asked:
+        plural = {"matmul": "matmuls", "conv": "convolutions"}
+        return (f"float32 {' and '.join(plural[k] for k in kinds)} are priced at the TF32 "
+                "tensor-core peak "
+                f"of {', '.join(sorted(set(gpus.values())))} (--dtype tf32): the emitted model "
+                "does not turn TF32 on, so set torch.backends.cuda.matmul.allow_tf32 = True "
+                "(or torch.set_float32_matmul_precision('high')) and "
+                "torch.backends.cudnn.allow_tf32 = True where it runs")
     return (f"float32 {' and '.join(why[k] for k in kinds)} are priced at the TF32 "
             f"tensor-core peak of {', '.join(sorted(set(gpus.values())))}, as torch runs them "
             "there; "
