@@ -233,6 +233,9 @@ def test_a_dp_by_tp_mesh_runs_each_tp_group_on_its_share_of_the_batch(tmp_path, 
     report = (out / "report.html").read_text()  # the mesh drawn: rank r at dp r // 2, tp r % 2
     assert 'id="mesh"' in report and "dp 2 × tp 2" in report
     assert "<tr><th>dp 1</th><td>cpu:2</td><td>cpu:3</td></tr>" in report
+    assert ("tensor parallel  dp 2 x tp 2 over cpu:0, cpu:1, cpu:2, cpu:3: " in
+            (out / "summary.txt").read_text().replace("\n", " "))
+    assert "outputs checked on 4 gloo ranks" in (out / "summary.md").read_text()
     assert main(["run", str(out), "--nproc", "4", "--tensor-parallel", "--repeats", "1",
                  "--json", "--save-outputs", str(tmp_path / "o.safetensors")]) == 0
     result = json.loads(capsys.readouterr().out)

@@ -100,9 +100,10 @@ def tensor_text(ov: Overview) -> str | None:
             if tp.makespan_s < ov.makespan_s
             else f"the {'plan' if training else 'placement'} faster")
     checked = (f"; 3 {tp.optimizer} steps checked on {tp.world} gloo ranks" if training
-               else f"; outputs checked on {tp.ranks} gloo ranks")
-    over = "FSDP2" if tp.sharding == "fsdp" else "gradients averaged"
-    mesh = f"dp {tp.dp} x tp {tp.ranks} ({over} over dp)" if tp.dp > 1 else f"tp {tp.ranks}"
+               else f"; outputs checked on {tp.world} gloo ranks")
+    over = {"fsdp": " (FSDP2 over dp)", "ddp": " (gradients averaged over dp)"}.get(
+        tp.sharding or "", "")
+    mesh = f"dp {tp.dp} x tp {tp.ranks}{over}" if tp.dp > 1 else f"tp {tp.ranks}"
     batch = (f"each tp group on 1/{tp.dp} of the batch" if tp.dp > 1
              else "every rank on the whole batch")
     return (f"{mesh} over {', '.join(tp.devices)}: "
