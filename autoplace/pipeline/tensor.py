@@ -205,8 +205,8 @@ def _kept(planned: Plan, found: list[Weighed | None], model: torch.nn.Module,
         note(_NOT_WEIGHED)
         return planned, None
     kept = min(found, key=lambda w: w.record.makespan_s)
-    record, one, meta = kept.record, kept.one, kept.one is None or any(
-        p.is_meta for p in kept.one.parameters())
+    record, one = kept.record, kept.one
+    meta = any(p.is_meta for p in one.parameters())  # planned on fake tensors, not emitted
     if len(found) > 1:
         record = replace(record, meshes={f"{w.record.dp}x{w.record.ranks}": w.record.makespan_s
                                          for w in found})
