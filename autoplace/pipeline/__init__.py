@@ -39,6 +39,7 @@ from autoplace.pipeline.emitting import emit_plan
 from autoplace.pipeline.forward import load
 from autoplace.pipeline.generation import GenerationStages
 from autoplace.pipeline.inference import InferenceStages
+from autoplace.pipeline.mesh import dp_shard
 from autoplace.pipeline.record import min_gain, plan_of
 from autoplace.pipeline.tensor import tensor_degrees, tensor_pass_candidate, tensor_step_candidate
 from autoplace.pipeline.training import TrainingStages
@@ -92,6 +93,8 @@ def plan(model: torch.nn.Module, example_inputs: Any, config: Config | None = No
             tensor_degrees(cluster, config.parallel.tp,  # before the work: a clear error
                            dp=config.parallel.dp if isinstance(config.parallel.dp, int) else 1)
         loaded = load(model, example_inputs, config, loss=loss, example_targets=example_targets)
+        if isinstance(config.parallel.dp, int):  # its groups divide the batch: a clear error
+            dp_shard(loaded.args, loaded.kwargs, config.parallel.dp)
         stages = (TrainingStages(config) if config.mode == Mode.TRAINING
                   else GenerationStages(config) if config.generate is not None
                   else InferenceStages(config))
