@@ -357,9 +357,10 @@ def _run_rank(model_dir: Path, options: argparse.Namespace, *, device: str, worl
             outputs = run_sharded(model, args, kwargs)
             _synchronize(device)
             times.append(time.perf_counter() - began)
-        leaves = [x.cpu() for x in pytree.tree_leaves(outputs) if isinstance(x, torch.Tensor)]
-        if dp > 1:
+        leaves = [x for x in pytree.tree_leaves(outputs) if isinstance(x, torch.Tensor)]
+        if dp > 1:  # on the ranks' devices, as the backend (nccl on GPUs) moves them
             leaves = _gathered(leaves, grid["dp"].get_group(), dp)
+        leaves = [x.cpu() for x in leaves]
         if dist.get_rank() == 0 and options.outputs:
             torch.save({"outputs": leaves, "times_s": times, "device": device,
                         "backend": dist.get_backend()}, options.outputs)
@@ -382,7 +383,7 @@ def _run_rank(model_dir: Path, options: argparse.Namespace, *, device: str, worl
 
 def _gathered(leaves: list[torch.Tensor], group: Any, dp: int) -> list[torch.Tensor]:
     """This tp group's output tensors joined with every other group's of ``group`` (the dp
-    group, on the CPU: gloo), in batch order: each along dimension 0 (``by_batch``)."""
+    group), in batch order: each along dimension 0 (``by_batch``)."""
     parts: list[list[torch.Tensor]] = [[] for _ in leaves]
     for i, leaf in enumerate(leaves):
         gathered = [torch.empty_like(leaf) for _ in range(dp)]
