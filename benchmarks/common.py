@@ -5,13 +5,25 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import os
 import platform
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
+
+
+def cli_json(*argv: str) -> dict:
+    """``autoplace ARGV --json`` in a child process (this checkout's autoplace), its report;
+    ``CalledProcessError`` where it fails."""
+    done = subprocess.run([sys.executable, "-m", "autoplace.cli", *argv, "--json"],
+                          capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return json.loads(done.stdout)
 
 
 def machine_line() -> str:

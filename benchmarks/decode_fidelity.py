@@ -21,10 +21,8 @@ the summary gives the median ratios and how many were within 20% of the plan.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,19 +41,18 @@ from autoplace.trace.generate import (  # noqa: E402
     generation_inputs,
     layer_cache_bytes,
 )
-from benchmarks.common import capped, machine_line, weight_bytes, write_markdown  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    capped,
+    cli_json,
+    machine_line,
+    weight_bytes,
+    write_markdown,
+)
 from benchmarks.generation import BATCH, NEW, PROMPT, models  # noqa: E402
 
 RUNS = 3
 TRIALS = 3
 TURNS = 10
-
-
-def _run(out: Path) -> float:
-    done = subprocess.run([sys.executable, "-m", "autoplace.cli", "run", str(out), "--generate",
-                           str(NEW), "--json"], capture_output=True, text=True, check=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    return json.loads(done.stdout)["ms_per_token"]
 
 
 def _whole_profiled_ms(notes: tuple[str, ...]) -> float:
@@ -103,7 +100,9 @@ def trial(name: str, model: torch.nn.Module, tmp: Path) -> tuple[str, list[float
     autoplace.save(planned, tmp / "out")
     gen = planned.plan.generation
     predicted = gen.step_s * 1e3
-    measured = [gen.measured_step_s * 1e3] + [_run(tmp / "out") for _ in range(RUNS)]
+    measured = [gen.measured_step_s * 1e3] + [
+        cli_json("run", str(tmp / "out"), "--generate", str(NEW))["ms_per_token"]
+        for _ in range(RUNS)]
     ratios = [m / predicted for m in measured]
     step_ms, whole_ms = _in_turns(model, prompt, tmp / "out")
     profiled = _whole_profiled_ms(planned.plan.notes)

@@ -19,9 +19,7 @@ The load average is printed: other work on the two cores slows the steps.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -43,7 +41,14 @@ from transformers import (  # noqa: E402
 import autoplace  # noqa: E402
 from autoplace.emit.generate import reference  # noqa: E402
 from autoplace.trace.generate import layer_cache_bytes  # noqa: E402
-from benchmarks.common import capped, machine_line, mb, weight_bytes, write_markdown  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    capped,
+    cli_json,
+    machine_line,
+    mb,
+    weight_bytes,
+    write_markdown,
+)
 
 BATCH, PROMPT, NEW = 4, 64, 64
 
@@ -61,13 +66,6 @@ def models() -> dict[str, torch.nn.Module]:
             vocab_size=12000, hidden_size=384, intermediate_size=1024, num_hidden_layers=4,
             num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256)),
     }
-
-
-def _cli(*argv: str) -> dict:
-    done = subprocess.run([sys.executable, "-m", "autoplace.cli", *argv, "--json"],
-                          capture_output=True, text=True, check=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    return json.loads(done.stdout)
 
 
 def _from_pretrained(model: torch.nn.Module, prompt: torch.Tensor, room: int, tmp: Path) -> str:
@@ -98,8 +96,8 @@ def row(name: str, model: torch.nn.Module, tmp: Path) -> str:
     out = tmp / "out"
     autoplace.save(planned, out)
     gen = planned.plan.generation
-    one = _cli("run", str(out), "--generate", str(NEW))
-    ranks = _cli("run", str(out), "--generate", str(NEW), "--nproc", "2")
+    one = cli_json("run", str(out), "--generate", str(NEW))
+    ranks = cli_json("run", str(out), "--generate", str(NEW), "--nproc", "2")
     mapped = _from_pretrained(model, prompt, room, tmp)
     return (f"| {name} | {', '.join(f'{d} {mb(b)}' for d, b in gen.cache_bytes.items())} | "
             f"{', '.join(f'{d} {mb(b)}' for d, b in (gen.measured_cache_bytes or {}).items())}"

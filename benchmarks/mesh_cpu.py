@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import RESULTS, machine_line, write_markdown  # noqa: E402
+from benchmarks.common import RESULTS, cli_json, machine_line, write_markdown  # noqa: E402
 
 MODELS = ("mlp", "gpt2", "llama", "t5")
 MESHES = {"tp 2": ("2xcpu-process", ()),
@@ -102,10 +102,7 @@ def _planned_and_run(model: str, devices: str, plan_flags: list[str], run_flags:
         if planned.returncode:
             return (planned.stderr.strip().splitlines() or ["?"])[-1]
         tp = json.loads((out / "plan.json").read_text())["tensor_parallel"]
-        ran = json.loads(subprocess.run(
-            [sys.executable, "-m", "autoplace.cli", "run", str(out), "--nproc", devices[0],
-             "--tensor-parallel", *run_flags, "--json"],
-            capture_output=True, text=True, check=True, cwd=ROOT).stdout)
+        ran = cli_json("run", str(out), "--nproc", devices[0], "--tensor-parallel", *run_flags)
     return tp, ran, wall
 
 
