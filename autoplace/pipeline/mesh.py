@@ -2,9 +2,9 @@
 mesh whose tp groups each run 1/dp of the batch (``dp_shard``). In training, what dp adds to
 rank 0's step (``over_dp``): FSDP2 over dp (``train.sharded``) or the gradients averaged
 (``train.dataparallel``), on rank 0's shards, measured on gloo processes here where the
-devices are this machine's CPU workers (``_averaging_s``); the FSDP2 units cut the one-device
-model into segments (``fsdp_ops``), the split renamed to them (``renamed``). Ranks that
-outnumber this host's cores share them (``stretch``). docs/training.md, "A dp x tp mesh".
+devices are this machine's CPU workers (``_averaging_s``); the split renamed to the one-device
+model that FSDP2's units cut into segments (``renamed``). Ranks that outnumber this host's
+cores share them (``stretch``). docs/training.md, "A dp x tp mesh".
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from autoplace.errors import ConfigError
 from autoplace.ir import Cluster, Problem
 from autoplace.progress.notes import note
 
-__all__ = ["SHARDINGS", "Mesh", "dp_shard", "fsdp_ops", "over_dp", "renamed", "stretch",
-           "stretched"]
+__all__ = ["SHARDINGS", "Mesh", "dp_shard", "over_dp", "renamed", "stretch", "stretched"]
 
 
 @dataclass(frozen=True)
@@ -136,11 +135,3 @@ def renamed(split: Mapping[str, tuple[str, int]], model: Any) -> dict[str, tuple
     where = {name.split(".", 1)[1]: name for name, _ in model.named_parameters()}
     return {where[name.split(".", 1)[1]]: how for name, how in split.items()}
 
-
-def fsdp_ops(problem: Problem) -> dict[str, str]:
-    """The FSDP2 unit of each op of ``problem``'s forward that has one (``train.sharded``)."""
-    from autoplace.train.sharded import fsdp_units
-
-    unit_of = fsdp_units(problem.graph)
-    return {op: unit for n in problem.graph.nodes
-            if (unit := unit_of.get(n.name)) is not None for op in n.ops}

@@ -37,7 +37,6 @@ from autoplace.pipeline.mesh import (
     SHARDINGS,
     Mesh,
     dp_shard,
-    fsdp_ops,
     over_dp,
     renamed,
     stretch,
@@ -49,6 +48,7 @@ from autoplace.simulate import simulate
 from autoplace.solve.tensor import Observed, SplitError, observe, tensor_problem
 from autoplace.solve.tensor_train import tensor_step_problem
 from autoplace.trace import TracedModel
+from autoplace.train.sharded import fsdp_op_units
 
 __all__ = ["TIMED_PASSES", "tensor_degrees", "tensor_devices", "tensor_pass_candidate",
            "tensor_step_candidate"]
@@ -79,14 +79,13 @@ def tensor_step_candidate(planned: Plan, solved: Any, cluster: Cluster, config: 
     found = []
     with kept_state(model):  # tracing, observing and checking run it in train()
         for dp in dps:
-            forward = step.forward
+            forward, shard = step.forward, dp_shard(args, kwargs, dp)
             if step.replicas > 1 or step.microbatches > 1 or dp > 1:
                 with collecting():  # the plan's step said what tracing finds
-                    forward = traced_problem(model, *dp_shard(args, kwargs, dp), cluster,
+                    forward = traced_problem(model, *shard, cluster,
                                              Tracing.of(config, checked=True))
             with collecting():
-                factors, _ = backward_factors(forward.profiled, model,
-                                              *dp_shard(args, kwargs, dp), cluster)
+                factors, _ = backward_factors(forward.profiled, model, *shard, cluster)
             mesh = None if dp == 1 else Mesh(
                 dp=dp, shardings=SHARDINGS[str(config.training.fsdp)],
                 profiled=forward.profiled, cache=config.cost.cache)
@@ -169,7 +168,7 @@ def _weighed(problem: Problem, traced: TracedModel, args: tuple[Any, ...],
     stage("tensor parallel")
     one = _one_device(traced)
     pairs = column_row(one)  # the same for every degree; one segment: every matmul's inputs
-    units = fsdp_ops(problem) if dp > 1 and training is not None else None
+    units = fsdp_op_units(problem.graph) if dp > 1 and training is not None else None
     if units is not None:  # each FSDP2 unit's ops a segment of their own, the split named so
         one = _one_device(traced, units=units)
         pairs = renamed(pairs, one)

@@ -26,7 +26,7 @@ from autoplace.solve import SolveResult
 from autoplace.solve.whatif import whatif_options, whatif_table
 from autoplace.train import TRAINING_NOTES, loss_model, training_targets
 from autoplace.train.layers import kept_state
-from autoplace.train.sharded import fsdp_units
+from autoplace.train.sharded import fsdp_op_units
 
 __all__ = ["Solved", "TrainingStages"]
 
@@ -123,9 +123,7 @@ class TrainingStages:
         args, kwargs = step.batches[0]
         units = None
         if step.sharding == "fsdp":
-            unit_of = fsdp_units(forward.graph)
-            units = {op: unit for n in forward.graph.nodes
-                     if (unit := unit_of.get(n.name)) is not None for op in n.ops}
+            units = fsdp_op_units(forward.graph)
         return Emitting(problem=forward,
                         schedule=simulate(forward, Placement(device_of=device_of)),
                         device_of_op={op: device_of[n.name] for n in forward.graph.nodes

@@ -24,7 +24,7 @@ from autoplace.simulate.schedules import BACKWARD, STEP, phase_of
 from autoplace.train.dataparallel import ring_link
 from cost_models import ring_allgather_s
 
-__all__ = ["fsdp_units", "unit_of", "with_fsdp"]
+__all__ = ["fsdp_op_units", "fsdp_units", "unit_of", "with_fsdp"]
 
 
 def unit_of(module: str) -> str | None:
@@ -54,6 +54,15 @@ def fsdp_units(graph: OpGraph) -> dict[str, str | None]:
             shared |= keys
     return {name: unit if unit in holding and unit not in shared else None
             for name, unit in units.items()}
+
+
+def fsdp_op_units(graph: OpGraph) -> dict[str, str]:
+    """The FSDP2 unit of each traced op of ``graph``'s forward nodes that has one
+    (``fsdp_units``): what the emitter cuts into segments of their own
+    (``codegen.model.emit_model``'s ``units``)."""
+    unit_of = fsdp_units(graph)
+    return {op: unit for n in graph.nodes
+            if (unit := unit_of.get(n.name)) is not None for op in n.ops}
 
 
 def with_fsdp(problem: Problem, cluster: Cluster, groups: Sequence[Sequence[str]], *,
