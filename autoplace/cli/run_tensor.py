@@ -98,10 +98,7 @@ def _one_device_outputs(model_dir: Path, dp: int) -> Any:
         outs = [model(*a, **k) for a, k in split_batch(args, kwargs, dp,
                                                         what="data-parallel groups")]
     leaves = [[x for x in pytree.tree_leaves(o) if isinstance(x, torch.Tensor)] for o in outs]
-    joined = iter(by_batch(list(zip(*leaves))))
-    flat, spec = pytree.tree_flatten(outs[0])
-    return pytree.tree_unflatten([next(joined) if isinstance(x, torch.Tensor) else x
-                                  for x in flat], spec)
+    return _as_returned(outs[0], by_batch(list(zip(*leaves))))
 
 
 def train_tensor(directory: str | os.PathLike[str], *, nproc: int, steps: int,
@@ -176,7 +173,8 @@ def _candidate(directory: str | os.PathLike[str], *, nproc: int,
 
 
 def _as_returned(expected: object, ours: list[torch.Tensor]) -> object:
-    """``expected``'s structure with its tensors, in order, replaced by rank 0's."""
+    """``expected``'s structure with its tensors, in order, replaced by ``ours`` (rank 0's, or
+    the groups' joined)."""
     leaves, spec = pytree.tree_flatten(expected)
     mine = iter(ours)
     return pytree.tree_unflatten([next(mine) if isinstance(x, torch.Tensor) else x
