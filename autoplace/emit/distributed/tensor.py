@@ -298,11 +298,23 @@ def _rank_device(rank: int, devices: Sequence[str], names: Sequence[str],
     return here[rank]
 
 
-def load_sharded(model_dir: Path, split_file: str, *, mesh: Any, device: str
-                 ) -> tuple[torch.nn.Module, tuple[Any, ...], dict[str, Any]]:
+def load_sharded(model_dir: Path, split_file: str, *, kind: str, device: str, dp: int = 1
+                 ) -> tuple[torch.nn.Module, tuple[Any, ...], dict[str, Any], Any]:
     """A rank's model: the one-device model in ``model_dir`` on ``device``, its weights split
-    over ``mesh`` as ``split_file`` (``split.json``) says, and its example inputs there."""
+    as ``split_file`` (``split.json``) says over a mesh of every rank (``kind``'s devices),
+    or with ``dp`` > 1 over this rank's tp group of a ``("dp", "tp")`` mesh; its example inputs
+    there (with ``dp`` > 1 its dp group's share of the batch, ``ddp.shard``); and the mesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from autoplace.emit.distributed.ddp import shard
     from autoplace.emit.files.saving import load_inputs, load_model
+
+    world = dist.get_world_size()
+    if world % dp:
+        raise AutoplaceError(f"{world} ranks do not make a mesh of {dp} data-parallel groups: "
+                             f"run {dp} x tp ranks")
+    mesh = (init_device_mesh(kind, (dp, world // dp), mesh_dim_names=("dp", "tp")) if dp > 1
+            else init_device_mesh(kind, (world,)))
 
     model = load_model(model_dir, device_map={"*": device})
     example = load_inputs(model_dir)
@@ -312,8 +324,10 @@ def load_sharded(model_dir: Path, split_file: str, *, mesh: Any, device: str
     args, kwargs = pytree.tree_map(
         lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, example)
     split = {k: tuple(v) for k, v in json.loads(Path(split_file).read_text()).items()}
-    shard_model(model, mesh, split)
-    return model, args, kwargs
+    shard_model(model, mesh["tp"] if dp > 1 else mesh, split)
+    if dp > 1:
+        args, kwargs = shard((args, kwargs), rank=mesh["dp"].get_local_rank(), replicas=dp)
+    return model, args, kwargs, mesh
 
 
 def _run_rank(model_dir: Path, options: argparse.Namespace, *, device: str, world: int,
@@ -323,8 +337,6 @@ def _run_rank(model_dir: Path, options: argparse.Namespace, *, device: str, worl
     group's outputs in batch order (``_gathered``)."""
     import datetime
     import time
-
-    from torch.distributed.device_mesh import init_device_mesh
 
     from autoplace.emit.distributed.ddp import INIT_TIMEOUT_S, print_error
 
@@ -336,17 +348,8 @@ def _run_rank(model_dir: Path, options: argparse.Namespace, *, device: str, worl
     dist.init_process_group("nccl" if kind == "cuda" else "gloo",
                             timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S))
     try:
-        if dp > 1:
-            from autoplace.emit.distributed.ddp import shard
-
-            grid = init_device_mesh(kind, (dp, world // dp), mesh_dim_names=("dp", "tp"))
-            model, args, kwargs = load_sharded(model_dir, options.split, mesh=grid["tp"],
-                                               device=device)
-            args, kwargs = shard((args, kwargs), rank=grid["dp"].get_local_rank(), replicas=dp)
-        else:
-            mesh = init_device_mesh(kind, (world,))
-            model, args, kwargs = load_sharded(model_dir, options.split, mesh=mesh,
-                                               device=device)
+        model, args, kwargs, mesh = load_sharded(model_dir, options.split, kind=kind,
+                                                 device=device, dp=dp)
         for _ in range(max(options.warmup, 1)):
             outputs = run_sharded(model, args, kwargs)
         times = []
@@ -359,7 +362,7 @@ def _run_rank(model_dir: Path, options: argparse.Namespace, *, device: str, worl
             times.append(time.perf_counter() - began)
         leaves = [x for x in pytree.tree_leaves(outputs) if isinstance(x, torch.Tensor)]
         if dp > 1:  # on the ranks' devices, as the backend (nccl on GPUs) moves them
-            leaves = _gathered(leaves, grid["dp"].get_group(), dp)
+            leaves = _gathered(leaves, mesh["dp"].get_group(), dp)
         leaves = [x.cpu() for x in leaves]
         if dist.get_rank() == 0 and options.outputs:
             torch.save({"outputs": leaves, "times_s": times, "device": device,

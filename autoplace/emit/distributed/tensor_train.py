@@ -158,25 +158,15 @@ def _train(model_dir: Path, options: argparse.Namespace, *, device: str, optimiz
 
 def _meshed(model_dir: Path, split: str, *, kind: str, device: str, dp: int, sharding: str
             ) -> tuple[torch.nn.Module, tuple[Any, ...], dict[str, Any], Any]:
-    """This rank's model split over its tp group (``load_sharded``) and its inputs: with
-    ``dp`` > 1, on a ``("dp", "tp")`` mesh, its dp group's share of the batch
-    (``ddp.shard``), the model sharded over dp by FSDP2 (``sharding="fsdp"``:
-    ``ddp.fully_shard_units``) or, returned last, the dp process group whose gradients the
-    step averages (``None``: nothing to average)."""
-    from torch.distributed.device_mesh import init_device_mesh
+    """This rank's model split over its tp group and its inputs (``tensor.load_sharded``:
+    with ``dp`` > 1 its dp group's share of the batch), the model sharded over dp by FSDP2
+    (``sharding="fsdp"``: ``ddp.fully_shard_units``) or, returned last, the dp process group
+    whose gradients the step averages (``None``: nothing to average)."""
+    from autoplace.emit.distributed.ddp import fully_shard_units
 
-    from autoplace.emit.distributed.ddp import fully_shard_units, shard
-
-    world = dist.get_world_size()
+    model, args, kwargs, mesh = load_sharded(model_dir, split, kind=kind, device=device, dp=dp)
     if dp == 1:
-        mesh = init_device_mesh(kind, (world,))
-        return *load_sharded(model_dir, split, mesh=mesh, device=device), None
-    if world % dp:
-        raise AutoplaceError(f"{world} ranks do not make a mesh of {dp} data-parallel groups: "
-                             f"run {dp} x tp ranks")
-    mesh = init_device_mesh(kind, (dp, world // dp), mesh_dim_names=("dp", "tp"))
-    model, args, kwargs = load_sharded(model_dir, split, mesh=mesh["tp"], device=device)
-    args, kwargs = shard((args, kwargs), rank=mesh["dp"].get_local_rank(), replicas=dp)
+        return model, args, kwargs, None
     if sharding == "fsdp":
         fully_shard_units(model, mesh["dp"])
         return model, args, kwargs, None
