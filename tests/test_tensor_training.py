@@ -325,24 +325,73 @@ def test_a_model_on_the_meta_device_gets_a_planned_training_candidate(tmp_path) 
     assert not (out / "tensor_parallel").exists()
 
 
-def test_a_step_that_fits_nowhere_says_the_candidate_was_not_weighed() -> None:
-    """The tensor-parallel candidate is weighed beside a plan of the step: where the step fits
-    no device, the error says the candidate was not weighed, not that nothing could fit."""
+def _wide() -> tuple[nn.Module, tuple, tuple]:
+    # The first layer's weight, gradient and Adam state take 540,672 bytes, all on one device
+    # in any placement; a tp rank holds half of it, and FSDP2 over dp half of that again.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 1024), nn.ReLU(), nn.Linear(1024, 8))
+    return model, (torch.randn(4, 32),), (torch.randint(0, 8, (4,)),)
+
+
+def _of_memory(spec: str, memory_bytes: int):
     import dataclasses
 
     from autoplace.cluster import resolve_cluster
+
+    cluster, _ = resolve_cluster(spec=spec)
+    return dataclasses.replace(cluster, devices=tuple(
+        dataclasses.replace(d, memory_bytes=memory_bytes, reserved_bytes=0)
+        for d in cluster.devices))
+
+
+def test_where_no_placement_fits_the_mesh_that_fits_is_the_plan(tmp_path) -> None:
+    """No placement of the step fits devices of 420,000 bytes (its first layer's state needs
+    540,672 on one). The dp 2 x tp 2 mesh fits with FSDP2 over dp and not with the gradients
+    averaged, though that is faster: the one that fits is kept, and it is the plan, rank 0's
+    step its schedule, no bound claimed; saved with its ranks' train.py, and `autoplace run`
+    says how to run it."""
+    from autoplace.cli.run import plan_and_model
+    from autoplace.config import Config, Cost, Emit, Parallel, Solve
+    from autoplace.errors import EmitError
+    from autoplace.formats.plan import read_plan
+    from autoplace.pipeline import plan, save
+
+    model, args, targets = _wide()
+    planned = plan(model, args, Config(
+        devices=_of_memory("4xA100-40GB", 420_000), mode="training", cost=Cost(profile=False),
+        solve=Solve(time_limit_s=1), parallel=Parallel(tp=2, dp=2), emit=Emit(verify=False)),
+        loss=F.cross_entropy, example_targets=targets)
+    made, tp = planned.plan, planned.plan.tensor_parallel
+    assert made.is_mesh and made.gap is None and planned.model is None
+    assert (tp.dp, tp.ranks, tp.sharding, tp.over_bytes) == (2, 2, "fsdp", 0)
+    assert tp.weighed_sharding["ddp"] < tp.weighed_sharding["fsdp"]  # faster, and over memory
+    assert any("gradients averaged over dp: rank 0 peaks" in n for n in made.notes)
+    assert made.makespan_s == pytest.approx(tp.makespan_s)
+    assert made.schedule.peak_bytes[tp.devices[0]] == tp.peak_bytes <= 420_000
+    assert made.training is not None and made.training.optimizer == "adam"
+    out = save(planned, tmp_path / "out")
+    assert (out / "tensor_parallel" / "train.py").is_file() and not (out / "model").exists()
+    again = read_plan(out / "plan.json")
+    assert again.is_mesh and again.tensor_parallel == tp
+    assert ("No placement fits: run dp 2 x tp 2 (FSDP2 over dp) over 4 GPUs with "
+            "tensor_parallel/train.py") in (out / "summary.md").read_text()
+    with pytest.raises(EmitError, match="--tensor-parallel --nproc 4 --train K"):
+        plan_and_model(out)
+
+
+def test_where_neither_a_placement_nor_the_mesh_fits_the_error_names_both() -> None:
     from autoplace.config import Config, Cost, Parallel, Solve
     from autoplace.errors import InfeasibleError
     from autoplace.pipeline import plan
 
-    cluster, _ = resolve_cluster(spec="2xA100-40GB")
-    tiny = dataclasses.replace(cluster, devices=tuple(
-        dataclasses.replace(d, memory_bytes=20_000, reserved_bytes=0) for d in cluster.devices))
-    model, args, targets = _mlp()
-    with pytest.raises(InfeasibleError, match="The tensor-parallel candidate \\(--tp\\) is "
-                       "weighed beside a plan of the step that fits, so it was not weighed"):
-        plan(model, args, Config(devices=tiny, mode="training", cost=Cost(profile=False),
-                                 solve=Solve(time_limit_s=1), parallel=Parallel(tp=2)),
+    model, args, targets = _wide()
+    with pytest.raises(InfeasibleError, match=r"271872 bytes\) short.*The tensor-parallel "
+                       r"candidate \(--tp\) does not fit either: tp 2 peaks at \d+ bytes on "
+                       r"rank 0, \d+ bytes over cuda:0's memory: add devices, or shard the "
+                       r"model over a dp dimension of the mesh"):
+        plan(model, args, Config(devices=_of_memory("2xA100-40GB", 200_000), mode="training",
+                                 cost=Cost(profile=False), solve=Solve(time_limit_s=1),
+                                 parallel=Parallel(tp=2)),
              loss=F.cross_entropy, example_targets=targets)
 
 

@@ -44,8 +44,8 @@ from autoplace.errors import AutoplaceError, EmitError, OutputError
 from autoplace.formats.plan import Plan, plan_path, read_plan
 from cost_models.units import format_bytes
 
-__all__ = ["TRAIN_TIMEOUT_S", "RunResult", "TrainResult", "plan_and_model", "read_inputs_file",
-           "run_plan", "save_outputs", "train_plan"]
+__all__ = ["TRAIN_TIMEOUT_S", "RunResult", "TrainResult", "plan_and_model", "plan_in",
+           "read_inputs_file", "run_plan", "save_outputs", "train_plan"]
 
 # ``--train`` of a plan with replicas runs them as processes: a bound on the whole run, for a
 # process that neither ends nor fails (each collective already fails after ddp.INIT_TIMEOUT_S).
@@ -349,20 +349,30 @@ def _on_cpu(device_map: Mapping[str, str], threads: int) -> dict[str, int]:
             if torch.device(ran).type != "cuda"}
 
 
-def plan_and_model(directory: str | os.PathLike[str]) -> tuple[Plan, Path]:
-    """``directory``'s plan (checked against the schema) and its ``model/`` folder, or a clear
-    error naming what is missing."""
+def plan_in(directory: str | os.PathLike[str]) -> Plan:
+    """``directory``'s plan, checked against the schema, or a clear error."""
     root = Path(directory)
     if not root.is_dir():
         raise OutputError(f"{str(root)!r} is not a directory: pass the output directory of "
                           "`autoplace plan` (holding plan.json and model/)")
-    plan = read_plan(plan_path(root))
+    return read_plan(plan_path(root))
+
+
+def plan_and_model(directory: str | os.PathLike[str]) -> tuple[Plan, Path]:
+    """``directory``'s plan (checked against the schema) and its ``model/`` folder, or a clear
+    error naming what is missing."""
+    root, plan = Path(directory), plan_in(directory)
     model_dir = root / "model"
     if not model_dir.is_dir() and plan.device_map is not None:
         raise EmitError(f"{str(root)!r} holds a --granularity module plan: its artefact is "
                         f"{root / 'device_map.json'}, not an emitted model. Load the model with "
                         "from_pretrained(..., device_map=<that file's map>) or accelerate's "
                         "dispatch_model, or plan at op granularity to emit and run one")
+    if not model_dir.is_dir() and plan.is_mesh and plan.tensor_parallel is not None:
+        tp = plan.tensor_parallel
+        raise EmitError(f"{str(root)!r} holds the plan of a tensor-parallel mesh (no placement "
+                        f"fit): run it with --tensor-parallel --nproc {tp.world}"
+                        + (" --train K" if tp.optimizer is not None else ""))
     if not model_dir.is_dir():
         raise EmitError(f"{str(root)!r} holds a plan but no emitted model ({model_dir} is "
                         "missing): plan it again without --no-emit")

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from autoplace.cli.run import TrainResult, _on_cpu, _remapped, plan_and_model, save_outputs
+from autoplace.cli.run import TrainResult, _on_cpu, _remapped, plan_in, save_outputs
 from autoplace.cli.run_ranks import RUN_TIMEOUT_S, RanksResult, where_ranks_run
 from autoplace.emit import load_model
 from autoplace.emit.distributed.replicas import launch_replicas
@@ -143,7 +143,7 @@ def _candidate(directory: str | os.PathLike[str], *, nproc: int,
     device runs here, once every check on the user's input has passed (before any process
     starts): a candidate there, of the mode asked for, of ``nproc`` ranks, its entry point
     written, its devices able to run here."""
-    plan, _ = plan_and_model(directory)
+    plan = plan_in(directory)  # a mesh alone has no model/
     record = plan.tensor_parallel
     if record is None:
         raise AutoplaceError(f"{directory}'s plan has no tensor-parallel candidate for "

@@ -58,6 +58,7 @@ from autoplace.ir import (
 )
 
 __all__ = [
+    "MESH_SOLVER",
     "SCHEMA_VERSION",
     "BaselineResult",
     "Plan",
@@ -203,6 +204,11 @@ class Verification:
                    peak_method=data.get("peak_method"))
 
 
+# The solver of a plan whose placement is a tensor-parallel mesh's rank 0, no placement having
+# fit (``pipeline.mesh.mesh_plan``): no lower bound is proven for it.
+MESH_SOLVER = "tensor-parallel mesh"
+
+
 @dataclass(frozen=True)
 class Plan:
     """A placement with everything needed to check, report and run it.
@@ -257,8 +263,18 @@ class Plan:
         return self.schedule.objective_s(self.objective)
 
     @property
-    def gap(self) -> float:
+    def gap(self) -> float | None:
+        """How far the plan may be from the best placement (``None`` where no bound is proven:
+        a plan of a tensor-parallel mesh, ``MESH_SOLVER``)."""
+        if self.is_mesh:
+            return None
         return optimality_gap(self.objective_s, self.lower_bound_s)
+
+    @property
+    def is_mesh(self) -> bool:
+        """Whether the plan is a tensor-parallel mesh (``tensor_parallel``), no placement
+        having fit: its problem and schedule are rank 0's."""
+        return self.solver.name == MESH_SOLVER
 
     @property
     def single_device(self) -> BaselineResult | None:

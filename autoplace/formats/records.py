@@ -332,7 +332,9 @@ class TensorParallelRecord:
     gradients averaged), ``weighed_sharding`` each one priced (``--fsdp auto``).
     ``torch_devices``: each device's torch device, in the order of ``devices`` (the plan's
     cluster may hold only a replica's devices). ``meshes``: with ``--dp auto``, each mesh
-    weighed (``"DPxTP"``) and its prediction (this record is the fastest's)."""
+    weighed (``"DPxTP"``) and its prediction (this record is the fastest's). ``over_bytes``:
+    how far rank 0's simulated peak exceeds its device's memory (0: it fits); a candidate that
+    fits is kept before any faster one that does not."""
 
     ranks: int
     devices: tuple[str, ...]
@@ -353,6 +355,12 @@ class TensorParallelRecord:
     weighed_sharding: Mapping[str, float] = field(default_factory=dict)
     torch_devices: tuple[str, ...] = ()
     meshes: Mapping[str, float] = field(default_factory=dict)
+    over_bytes: int = 0
+
+    @property
+    def fits(self) -> bool:
+        """Whether rank 0's simulated peak is within its device's memory."""
+        return self.over_bytes == 0
 
     @property
     def world(self) -> int:
@@ -371,7 +379,8 @@ class TensorParallelRecord:
                     ("sharding", self.sharding),
                     ("weighed_sharding", dict(self.weighed_sharding) or None),
                     ("torch_devices", list(self.torch_devices) or None),
-                    ("meshes", dict(self.meshes) or None)])
+                    ("meshes", dict(self.meshes) or None),
+                    ("over_bytes", self.over_bytes or None)])
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TensorParallelRecord:
@@ -386,7 +395,7 @@ class TensorParallelRecord:
                    sharding=data.get("sharding"),
                    weighed_sharding=dict(data.get("weighed_sharding", {})),
                    torch_devices=tuple(data.get("torch_devices", ())),
-                   meshes=dict(data.get("meshes", {})))
+                   meshes=dict(data.get("meshes", {})), over_bytes=data.get("over_bytes", 0))
 
 
 @dataclass(frozen=True)

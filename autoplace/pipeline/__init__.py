@@ -103,9 +103,9 @@ def plan(model: torch.nn.Module, example_inputs: Any, config: Config | None = No
         except InfeasibleError as failed:
             if config.parallel.tp is None:
                 raise
-            raise InfeasibleError(
-                f"{failed} The tensor-parallel candidate (--tp) is weighed beside a plan of "
-                "the step that fits, so it was not weighed here.") from None
+            planned, tensor_model = _mesh_alone(str(failed), loaded, cluster, config)
+            return Planned(replace(planned, notes=tuple(notes)), None,
+                           tensor_model if config.emit.model else None)
         planned = stages.record(solved)
         emitted = None
         if config.emit.model:
@@ -120,15 +120,32 @@ def plan(model: torch.nn.Module, example_inputs: Any, config: Config | None = No
                                           if config.mode == Mode.TRAINING else loaded.checkpoint)
         tensor_model = None
         if config.parallel.tp is not None and config.mode == Mode.TRAINING:
-            planned, tensor_model = tensor_step_candidate(planned, solved, cluster, config)
+            step = solved.step  # its trace, where it traced the whole batch
+            planned, tensor_model = tensor_step_candidate(
+                planned, solved.model, step.whole, cluster, config,
+                forward=step.forward if step.replicas == step.microbatches == 1 else None)
         elif config.parallel.tp is not None:
-            planned, tensor_model = tensor_pass_candidate(planned, solved, loaded, cluster,
-                                                          config)
+            planned, tensor_model = tensor_pass_candidate(planned, loaded, cluster, config,
+                                                          forward=solved.forward)
     profiled = solved.forward.profiled
     return Planned(replace(planned, notes=tuple(notes),
                            profile=ProfileRecord.from_dict(profiled.to_dict()) if profiled
                            else None), emitted,
                    tensor_model if config.emit.model else None)
+
+
+def _mesh_alone(failure: str, loaded: Any, cluster: Any, config: Config
+                ) -> tuple[Plan, PartitionedModel | None]:
+    """The plan where no placement fits (``failure`` says why) and ``--tp`` was asked: the
+    tensor-parallel candidate, if it fits (``pipeline.tensor``; ``InfeasibleError`` naming
+    both where it does not)."""
+    if config.mode != Mode.TRAINING:
+        return tensor_pass_candidate(None, loaded, cluster, config, failure=failure)
+    from autoplace.train.layers import kept_state
+
+    with kept_state(loaded.model):
+        model, whole = TrainingStages.step_model(loaded)
+    return tensor_step_candidate(None, model, whole, cluster, config, failure=failure)
 
 
 def solve_graph(problem: Problem, solving: Solve | None = None, *,

@@ -4,7 +4,8 @@ rank 0's step (``over_dp``): FSDP2 over dp (``train.sharded``) or the gradients 
 (``train.dataparallel``), on rank 0's shards, measured on gloo processes here where the
 devices are this machine's CPU workers (``_averaging_s``); the split renamed to the one-device
 model that FSDP2's units cut into segments (``renamed``). Ranks that outnumber this host's
-cores share them (``stretch``). docs/training.md, "A dp x tp mesh".
+cores share them (``stretch``). Where no placement fits, the plan is the mesh (``mesh_plan``).
+docs/training.md, "A dp x tp mesh".
 """
 
 from __future__ import annotations
@@ -14,10 +15,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from autoplace.errors import ConfigError
-from autoplace.ir import Cluster, Problem
+from autoplace.formats.plan import MESH_SOLVER, Plan, SolverRecord
+from autoplace.formats.records import Coarsening, TensorParallelRecord, TrainingRecord
+from autoplace.ir import Cluster, Problem, Schedule
 from autoplace.progress.notes import note
 
-__all__ = ["SHARDINGS", "Mesh", "dp_shard", "over_dp", "renamed", "stretch", "stretched"]
+__all__ = ["SHARDINGS", "Mesh", "dp_shard", "mesh_plan", "over_dp", "renamed", "stretch",
+           "stretched"]
 
 
 @dataclass(frozen=True)
@@ -135,3 +139,23 @@ def renamed(split: Mapping[str, tuple[str, int]], model: Any) -> dict[str, tuple
     where = {name.split(".", 1)[1]: name for name, _ in model.named_parameters()}
     return {where[name.split(".", 1)[1]]: how for name, how in split.items()}
 
+
+
+def mesh_plan(record: TensorParallelRecord, rank0: Problem, schedule: Schedule, *, name: str,
+              tracer: str, dtype: str, traced_ops: int) -> Plan:
+    """The plan where no placement fits and the tensor-parallel candidate ``record`` does: its
+    problem and schedule rank 0's (``rank0``, on its one device; every rank runs its mirror),
+    its solver ``MESH_SOLVER`` with no lower bound proven (``Plan.gap`` is ``None``), no
+    baselines (none fits), and a training plan's step one rank's. ``traced_ops``: the ops
+    traced, of which rank 0's problem holds its share."""
+    import datetime as _dt
+
+    return Plan(
+        problem=rank0, schedule=schedule, lower_bound_s=0.0,
+        solver=SolverRecord(name=MESH_SOLVER, status="NO_PLACEMENT_FITS", wall_s=0.0),
+        baselines={}, best_single_device=None, model=name, tracer=tracer,
+        coarsening=Coarsening(traced_ops=traced_ops, plan_nodes=len(rank0.graph.nodes)),
+        training=TrainingRecord(optimizer=record.optimizer, dtype=dtype, microbatches=1,
+                                schedule="gpipe", replicas=1)
+        if record.optimizer is not None else None,
+        created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))

@@ -29,14 +29,15 @@ from autoplace.emit.distributed.tensor import (
     verify_tensor_parallel,
 )
 from autoplace.emit.distributed.tensor_train import verify_tensor_training
-from autoplace.errors import ConfigError
+from autoplace.errors import ConfigError, InfeasibleError
 from autoplace.formats.plan import Plan
 from autoplace.formats.records import TensorParallelRecord
-from autoplace.ir import Cluster, Device, Placement, Problem
+from autoplace.ir import Cluster, Device, Placement, Problem, Schedule
 from autoplace.pipeline.mesh import (
     SHARDINGS,
     Mesh,
     dp_shard,
+    mesh_plan,
     over_dp,
     renamed,
     stretch,
@@ -53,25 +54,28 @@ from autoplace.train.sharded import fsdp_op_units
 __all__ = ["TIMED_PASSES", "tensor_degrees", "tensor_devices", "tensor_pass_candidate",
            "tensor_step_candidate"]
 
+_OVER_DP = {"fsdp": "FSDP2", "ddp": "gradients averaged"}  # a mesh's sharding, said
 TIMED_PASSES = 5  # passes timed on the gloo ranks, after the checked one
 _NOT_WEIGHED = ("tensor parallelism not weighed (--tp auto): the first two devices are not "
                 "alike, or there is one device")
 
 
-def tensor_step_candidate(planned: Plan, solved: Any, cluster: Cluster, config: Config
+def tensor_step_candidate(planned: Plan | None, model: torch.nn.Module,
+                          whole: tuple[tuple[Any, ...], dict[str, Any]], cluster: Cluster,
+                          config: Config, *, forward: Any = None, failure: str | None = None
                           ) -> tuple[Plan, PartitionedModel | None]:
-    """The tensor-parallel candidate of a training plan's ``solved`` step
-    (``pipeline.training``): the model and its loss on the whole batch (every rank sees it all;
-    traced again where the plan's step traced a replica's shard or a micro-batch), with the
+    """The tensor-parallel candidate of a training plan's step (``pipeline.training``):
+    ``model`` (the model and its loss) on the ``whole`` batch (every rank sees it all;
+    ``forward``, the plan's trace of it where the plan made one, else traced here), with the
     plan's optimizer; with ``parallel.dp`` a dp x tp mesh, each tp group traced and priced on
     its share of the batch (``Mesh``; ``auto``: each of ``_dp_values`` weighed, the fastest
-    kept and checked)."""
+    kept and checked). ``planned`` ``None``: no placement of the step fits (``failure`` says
+    why), and the plan is the mesh (``_kept``)."""
     from autoplace.pipeline.forward import Tracing, traced_problem
     from autoplace.pipeline.measured import backward_factors
     from autoplace.train.layers import kept_state
 
-    step, model = solved.step, solved.model
-    args, kwargs = step.whole
+    args, kwargs = whole
     dps = _dp_values(cluster, config, args, kwargs)
     if not any(tensor_degrees(cluster, config.parallel.tp, dp=dp) for dp in dps):
         note(_NOT_WEIGHED)
@@ -79,43 +83,48 @@ def tensor_step_candidate(planned: Plan, solved: Any, cluster: Cluster, config: 
     found = []
     with kept_state(model):  # tracing, observing and checking run it in train()
         for dp in dps:
-            forward, shard = step.forward, dp_shard(args, kwargs, dp)
-            if step.replicas > 1 or step.microbatches > 1 or dp > 1:
+            traced, shard = forward, dp_shard(args, kwargs, dp)
+            if traced is None or dp > 1:
                 with collecting():  # the plan's step said what tracing finds
-                    forward = traced_problem(model, *shard, cluster,
-                                             Tracing.of(config, checked=True))
+                    traced = traced_problem(model, *shard, cluster,
+                                            Tracing.of(config, checked=True))
             with collecting():
-                factors, _ = backward_factors(forward.profiled, model, *shard, cluster)
+                factors, _ = backward_factors(traced.profiled, model, *shard, cluster)
             mesh = None if dp == 1 else Mesh(
                 dp=dp, shardings=SHARDINGS[str(config.training.fsdp)],
-                profiled=forward.profiled, cache=config.cost.cache)
-            found.append(_weighed(forward.problem, forward.traced, args, kwargs,
+                profiled=traced.profiled, cache=config.cost.cache)
+            found.append(_weighed(traced.problem, traced.traced, args, kwargs,
                                   ranks=config.parallel.tp, mesh=mesh,
                                   training=(config.training.optimizer, factors, config.dtype)))
         return _kept(planned, found, model, args, kwargs, verify=config.emit.verify,
-                     optimizer=config.training.optimizer)
+                     optimizer=config.training.optimizer,
+                     unplaced=_Unplaced(failure, config.name, config.dtype))
 
 
-def tensor_pass_candidate(planned: Plan, solved: Any, loaded: Any, cluster: Cluster,
-                          config: Config) -> tuple[Plan, PartitionedModel | None]:
-    """The tensor-parallel candidate of an inference plan's ``solved`` pass (``loaded``: the
-    model and its inputs); with ``parallel.dp`` a dp x tp mesh, each tp group traced and priced
-    on its share of the batch (the groups run apart: no collective between them; ``auto``:
-    each of ``_dp_values`` weighed, the fastest kept and checked)."""
+def tensor_pass_candidate(planned: Plan | None, loaded: Any, cluster: Cluster, config: Config,
+                          *, forward: Any = None, failure: str | None = None
+                          ) -> tuple[Plan, PartitionedModel | None]:
+    """The tensor-parallel candidate of an inference plan's pass of ``loaded`` (the model and
+    its inputs; ``forward``, the plan's trace, else traced here); with ``parallel.dp`` a dp x
+    tp mesh, each tp group traced and priced on its share of the batch (the groups run apart:
+    no collective between them; ``auto``: each of ``_dp_values`` weighed, the fastest kept and
+    checked). ``planned`` ``None``: no placement fits (``failure`` says why), and the plan is
+    the mesh."""
     from autoplace.pipeline.forward import Tracing, traced_problem
 
     args, kwargs = loaded.args, loaded.kwargs
     found = []
     for dp in _dp_values(cluster, config, args, kwargs):
-        problem, traced = solved.problem, solved.forward.traced
-        if dp > 1:
+        traced = forward
+        if traced is None or dp > 1:
             with collecting():  # the plan's pass said what tracing finds
-                forward = traced_problem(loaded.model, *dp_shard(args, kwargs, dp), cluster,
-                                         Tracing.of(config, checked=True))
-            problem, traced = forward.problem, forward.traced
-        found.append(_weighed(problem, traced, args, kwargs, ranks=config.parallel.tp,
+                traced = traced_problem(loaded.model, *dp_shard(args, kwargs, dp), cluster,
+                                        Tracing.of(config, checked=True))
+        found.append(_weighed(traced.problem, traced.traced, args, kwargs,
+                              ranks=config.parallel.tp,
                               mesh=Mesh(dp=dp, shardings=()) if dp > 1 else None))
-    return _kept(planned, found, loaded.model, args, kwargs, verify=config.emit.verify)
+    return _kept(planned, found, loaded.model, args, kwargs, verify=config.emit.verify,
+                 unplaced=_Unplaced(failure, config.name, config.dtype))
 
 
 def _dp_values(cluster: Cluster, config: Config, args: tuple[Any, ...],
@@ -141,14 +150,30 @@ def _dp_values(cluster: Cluster, config: Config, args: tuple[Any, ...],
 
 
 @dataclass(frozen=True)
-class Weighed:
-    """A mesh weighed (``_weighed``): its record (unchecked), what DTensor did, and the
-    one-device model its ranks split."""
+class Priced:
+    """One degree of a mesh priced (``_weigh``): its record (unchecked), what DTensor did, and
+    rank 0's problem and simulated schedule, which every rank's mirrors."""
 
     record: TensorParallelRecord
     observed: Observed
+    rank0: Problem
+    schedule: Schedule
+
+
+@dataclass(frozen=True)
+class Weighed:
+    """A mesh weighed (``_weighed``): its fastest degree ``priced``, the one-device model its
+    ranks split, and the cluster."""
+
+    priced: Priced
     one: PartitionedModel
     cluster: Cluster
+    tracer: str
+    traced_ops: int
+
+    @property
+    def record(self) -> TensorParallelRecord:
+        return self.priced.record
 
 
 def _weighed(problem: Problem, traced: TracedModel, args: tuple[Any, ...],
@@ -174,7 +199,7 @@ def _weighed(problem: Problem, traced: TracedModel, args: tuple[Any, ...],
         pairs = renamed(pairs, one)
     one.example_inputs = (tuple(args), dict(kwargs))  # saved with it: what its ranks run
     observed_on = dp_shard(args, kwargs, dp)
-    weighed: dict[int, tuple[TensorParallelRecord, Observed]] = {}
+    weighed: dict[int, Priced] = {}
     for degree in degrees:
         try:
             weighed[degree] = _weigh(problem, traced, one, pairs, degree, *observed_on,
@@ -185,26 +210,52 @@ def _weighed(problem: Problem, traced: TracedModel, args: tuple[Any, ...],
             note(f"tensor parallel over {degree} ranks not weighed (--tp auto): {refused}")
     if not weighed:
         return None
-    best = min(weighed, key=lambda d: weighed[d][0].makespan_s)
-    record, observed = weighed[best]
-    record = replace(record, weighed={d: r.makespan_s for d, (r, _) in weighed.items()}
+    best = weighed[min(weighed, key=lambda d: _first(weighed[d].record))]
+    record = replace(best.record, weighed={d: p.record.makespan_s for d, p in weighed.items()}
                      if ranks == "auto" else {})
-    return Weighed(record=record, observed=observed, one=one, cluster=problem.cluster)
+    return Weighed(priced=replace(best, record=record), one=one, cluster=problem.cluster,
+                   tracer=traced.tracer, traced_ops=len(traced.graph.nodes))
 
 
-def _kept(planned: Plan, found: list[Weighed | None], model: torch.nn.Module,
+@dataclass(frozen=True)
+class _Unplaced:
+    """What a plan of the mesh alone needs (``mesh_plan``): why no placement fits
+    (``failure``; ``None``: one does, and the mesh is weighed beside it), the model's name and
+    the dtype."""
+
+    failure: str | None
+    name: str
+    dtype: str
+
+
+def _kept(planned: Plan | None, found: list[Weighed | None], model: torch.nn.Module,
           args: tuple[Any, ...], kwargs: dict[str, Any], *, verify: bool,
-          optimizer: str | None = None) -> tuple[Plan, PartitionedModel | None]:
-    """``planned`` with the fastest of the meshes ``found`` as its ``tensor_parallel`` record
-    (``meshes``: each one's prediction, where several were weighed), checked on gloo ranks
-    with ``verify`` (a training step's with ``optimizer``), and the one-device model its
-    ranks split (``None`` for a model on the meta device: planned, not emitted)."""
+          optimizer: str | None = None, unplaced: _Unplaced
+          ) -> tuple[Plan, PartitionedModel | None]:
+    """``planned`` with the fastest of the meshes ``found`` that fits (any, where none does)
+    as its ``tensor_parallel`` record (``meshes``: each one's prediction, where several were
+    weighed), checked on gloo ranks with ``verify`` (a training step's with ``optimizer``), and
+    the one-device model its ranks split (``None`` for a model on the meta device: planned,
+    not emitted). ``planned`` ``None``: no placement fits, and the plan is the mesh
+    (``mesh_plan``), or ``InfeasibleError`` where it does not fit either."""
     found = [w for w in found if w is not None]
+    if not found and planned is None:
+        raise InfeasibleError(f"{unplaced.failure.rstrip('. ')}. The tensor-parallel "
+                              "candidate (--tp) was not weighed either: "
+                              + _NOT_WEIGHED.split(": ", 1)[1])
     if not found:
         note(_NOT_WEIGHED)
         return planned, None
-    kept = min(found, key=lambda w: w.record.makespan_s)
+    kept = min(found, key=lambda w: _first(w.record))
     record, one = kept.record, kept.one
+    if planned is None and not record.fits:
+        raise InfeasibleError(
+            f"{unplaced.failure.rstrip('. ')}. The tensor-parallel candidate (--tp) does not "
+            "fit either: "
+            f"{_mesh_name(record)} peaks at {record.peak_bytes} bytes on rank 0, "
+            f"{record.over_bytes} bytes over {record.devices[0]}'s memory: add devices"
+            + ("" if record.sharding == "fsdp" else ", or shard the model over a dp dimension "
+               "of the mesh (--dp with --fsdp on)"))
     meta = any(p.is_meta for p in one.parameters())  # planned on fake tensors, not emitted
     if len(found) > 1:
         record = replace(record, meshes={f"{w.record.dp}x{w.record.ranks}": w.record.makespan_s
@@ -224,9 +275,26 @@ def _kept(planned: Plan, found: list[Weighed | None], model: torch.nn.Module,
                                        repeats=TIMED_PASSES, split=record.split, dp=dp)
         record = replace(record, check="passed", max_abs_diff=check["max_abs_diff"],
                          measured_s=check["measured_s"])
-    note(_said(record, planned, kept.observed,
+    if planned is None:
+        failure = unplaced.failure.rstrip(". ")
+        note(("" if failure.startswith("no placement") else "no placement fits: ")
+             + f"{failure}. The plan is the tensor-parallel candidate, which fits: "
+             f"{_mesh_name(record)}, rank 0's {'step' if optimizer else 'pass'} simulated as "
+             "the plan's schedule; no lower bound is proven for it")
+        planned = mesh_plan(record, kept.priced.rank0, kept.priced.schedule,
+                            name=unplaced.name, tracer=kept.tracer, dtype=unplaced.dtype,
+                            traced_ops=kept.traced_ops)
+    note(_said(record, planned, kept.priced.observed,
                here=_on_workers(tensor_devices(kept.cluster, ranks, dp=dp)), meta=meta))
     return replace(planned, tensor_parallel=record), None if meta else one
+
+
+def _mesh_name(record: TensorParallelRecord) -> str:
+    """``"dp 8 x tp 8 (FSDP2 over dp)"``, ``"tp 2"``."""
+    if record.dp == 1:
+        return f"tp {record.ranks}"
+    return (f"dp {record.dp} x tp {record.ranks}"
+            + (f" ({_OVER_DP[record.sharding]} over dp)" if record.sharding else ""))
 
 
 def tensor_degrees(cluster: Cluster, ranks: int | str, *, dp: int = 1) -> list[int]:
@@ -251,8 +319,7 @@ def _weigh(problem: Problem, traced: TracedModel, one: PartitionedModel,
            pairs: Mapping[str, tuple[str, int]], ranks: int, args: tuple[Any, ...],
            kwargs: dict[str, Any], *,
            training: tuple[str, Mapping[str, float], str] | None = None,
-           mesh: Mesh | None = None, units: Mapping[str, str] | None = None
-           ) -> tuple[TensorParallelRecord, Observed]:
+           mesh: Mesh | None = None, units: Mapping[str, str] | None = None) -> Priced:
     """The candidate of ``ranks`` ranks, unchecked: ``one`` split as ``pairs`` (its
     ``column_row``) where the ranks divide the split dimension, observed under DTensor on fake
     ranks and rank 0 simulated (``training``: its step, ``tensor_candidate``'s; ``mesh``: with
@@ -294,21 +361,37 @@ def _weigh(problem: Problem, traced: TracedModel, one: PartitionedModel,
         if here:
             factor = stretch(len(everyone))
             steps = {k: stretched(v, factor) for k, v in steps.items()}
-        priced = {k: simulate(v, _on(v, names[0])).makespan_s for k, v in steps.items()}
-        kept = min(priced, key=lambda k: (priced[k], k != "ddp"))
+        schedules = {k: simulate(v, _on(v, names[0])) for k, v in steps.items()}
+        priced = {k: v.makespan_s for k, v in schedules.items()}
+        kept = min(priced, key=lambda k: (_over(schedules[k]) > 0, priced[k], k != "ddp"))
+        for k, v in schedules.items():
+            if _over(v) and k != kept:
+                note(f"dp {dp} x tp {ranks} with {_OVER_DP[k]} over dp: rank 0 peaks "
+                     f"{_over(v)} bytes over {names[0]}'s memory")
         rank0 = steps[kept]
     schedule = simulate(rank0, _on(rank0, names[0]))
     moved = [c for table in (observed.collectives, observed.backward_collectives)
              for per in table.values() for c in per]
     columns, rows = matmuls(split)
-    return TensorParallelRecord(
+    return Priced(record=TensorParallelRecord(
         ranks=ranks, devices=everyone, makespan_s=schedule.makespan_s,
         peak_bytes=schedule.peak_bytes[names[0]], columns=columns, rows=rows,
         collectives=len(moved), collective_bytes=sum(b for _, b in moved),
         split=split, optimizer=training[0] if training else None, dp=dp,
         torch_devices=tuple(d.torch_device for d in chosen),
         sharding=kept if mesh is not None and training is not None else None,
-        weighed_sharding=priced if mesh is not None and len(priced) > 1 else {}), observed
+        weighed_sharding=priced if mesh is not None and len(priced) > 1 else {},
+        over_bytes=_over(schedule)), observed=observed, rank0=rank0, schedule=schedule)
+
+
+def _over(schedule: Any) -> int:
+    """How many bytes a rank's simulated ``schedule`` peaks over its device's memory."""
+    return sum(schedule.over_capacity.values())
+
+
+def _first(record: TensorParallelRecord) -> tuple[bool, float]:
+    """The order candidates are kept in: those that fit, then the fastest."""
+    return not record.fits, record.makespan_s
 
 
 def _on(problem: Problem, device: str) -> Placement:
@@ -327,9 +410,12 @@ def _said(record: TensorParallelRecord, planned: Plan, observed: Observed, *, he
     """The candidate's note: what is split, what DTensor moves, the prediction against the
     placement's, where it runs, and what was measured."""
     ranks, training = record.ranks, record.optimizer is not None
-    faster = record.makespan_s < planned.makespan_s
+    faster = record.fits and (planned.is_mesh or record.makespan_s < planned.makespan_s)
     script = "train.py" if training else "launch.py"
-    if meta:
+    if not record.fits:
+        where = (f"it does not fit: rank 0 peaks at {record.peak_bytes} bytes, "
+                 f"{record.over_bytes} over {record.devices[0]}'s memory")
+    elif meta:
         where = ("planned on fake tensors (the parameters are on the meta device: DTensor's "
                  f"dispatch priced at {(observed.dispatch_s or 0) * 1e6:.0f} us an op, "
                  "measured here), not emitted: there are no weights to run")
@@ -357,7 +443,7 @@ def _said(record: TensorParallelRecord, planned: Plan, observed: Observed, *, he
             "profiled: train.graph's rule, not observed op by op)")
             + f", the {record.optimizer} update on rank 0's shards")
     if record.dp > 1:
-        over = {"fsdp": "FSDP2", "ddp": "gradients averaged"}
+        over = _OVER_DP
         weighed += (f"a dp {record.dp} x tp {ranks} mesh ({', '.join(record.devices)}), each "
                     f"tp group on 1/{record.dp} of the batch"
                     + (f", {over[record.sharding]} over dp" if record.sharding else "")
@@ -369,10 +455,13 @@ def _said(record: TensorParallelRecord, planned: Plan, observed: Observed, *, he
                "batch") + ": " if training else
             f"{weighed}tensor parallel over {ranks} ranks ({', '.join(record.devices)}): ") + (
             f"{record.columns} column and {record.rows} row matmuls, {moved}; "
-            f"{record.makespan_s * 1e3:.3f} ms a {unit} predicted against the "
-            f"{'plan' if training else 'placement'}'s {planned.makespan_s * 1e3:.3f} ms: "
-            + ("faster" if faster else f"the {'plan' if training else 'placement'} is faster")
-            + f"; {where}"
+            f"{record.makespan_s * 1e3:.3f} ms a {unit} predicted"
+            + (": no placement fits, and this is the plan; " if planned.is_mesh else
+               f" against the {'plan' if training else 'placement'}'s "
+               f"{planned.makespan_s * 1e3:.3f} ms: "
+               + ("faster; " if faster else "" if not record.fits
+                  else f"the {'plan' if training else 'placement'} is faster; "))
+            + where
             + (f"; {'steps' if training else 'outputs'} equal on {record.world} gloo ranks, "
                f"{record.measured_s * 1e3:.3f} ms a {unit} measured there"
                + ("" if here else " (this machine's CPU, not the planned devices)")

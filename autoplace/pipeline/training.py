@@ -61,7 +61,6 @@ class TrainingStages:
         runs the model on its inputs: tracing need not run it again). The model's buffers
         and the random state are as they were afterwards (``train.layers.kept_state``): in
         ``train()`` every run while planning would update batch norm's statistics."""
-        targets = training_targets(loaded.targets)
         training, solving = self.config.training, self.config.solving
         note(TRAINING_NOTES[training.layers])
         fsdp = training.fsdp
@@ -70,9 +69,9 @@ class TrainingStages:
                  "plan's own replicas are weighed as with --fsdp auto")
             fsdp = "auto"
         with kept_state(loaded.model):
-            model = loss_model(loaded.model, loaded.loss, loaded.args, loaded.kwargs, targets)
-            step = plan_step(model, (loaded.args, {**loaded.kwargs, "targets": targets}),
-                             cluster, solving.options(), Tracing.of(self.config, checked=True),
+            model, whole = self.step_model(loaded)
+            step = plan_step(model, whole, cluster, solving.options(),
+                             Tracing.of(self.config, checked=True),
                              optimizer=training.optimizer, microbatches=training.microbatches,
                              schedule=training.schedule, replicas=training.replicas,
                              recompute=training.recompute, dtype=self.config.dtype,
@@ -82,6 +81,15 @@ class TrainingStages:
             # the single device chosen, with its own recomputing graph
             step = replace(step, problem=step.single.problem, recompute=step.single.devices)
         return Solved(step=step, result=result, gain=gain, model=model)
+
+    @staticmethod
+    def step_model(loaded: Loaded) -> tuple[torch.nn.Module, Any]:
+        """The model and its loss (``train.LossModel``, which runs the model once to check
+        the loss: in ``train.layers.kept_state``) and the whole batch it takes, the targets
+        among its keywords."""
+        targets = training_targets(loaded.targets)
+        return (loss_model(loaded.model, loaded.loss, loaded.args, loaded.kwargs, targets),
+                (loaded.args, {**loaded.kwargs, "targets": targets}))
 
     def record(self, solved: Solved) -> Plan:
         """The plan, with its ``training`` record (its check to come) and what-if table."""

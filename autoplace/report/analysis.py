@@ -4,9 +4,9 @@ each baseline's result) is read from it, not worked out again.
 
 Read in this order:
 
-* ``overview``: the summary facts (speed-ups over the best single device and over each baseline,
-  gap, solver, which costs were used, what-if rows, the critical path), the one object that the
-  HTML page, the markdown summary and the terminal summary all render.
+* ``overview``: the summary facts (speed-ups, gap, solver, costs, what-if rows, the critical
+  path, ``report.advice``'s sentence), the one object that the HTML page, the markdown summary
+  and the terminal summary all render.
 * ``critical_path``: the chain of nodes and transfers that sets the makespan, walked back from
   the last node to finish; computed once, by ``overview``.
 * ``memory_timelines``: bytes in use per device over time.
@@ -27,8 +27,8 @@ from autoplace.config.choices import Objective
 from autoplace.formats.plan import BaselineResult, Plan, SolverRecord, Verification
 from autoplace.formats.records import GenerationRecord, PinsRecord, TensorParallelRecord
 from autoplace.ir import Device, OpNode, Transfer
+from autoplace.report.advice import advice, no_speedup_reason
 from autoplace.report.devicemap import DeviceMapFacts, device_map_facts
-from autoplace.report.units import format_seconds
 from autoplace.simulate import simulate
 from autoplace.simulate.schedules import phase_of
 from autoplace.train.breakdown import memory_breakdown
@@ -220,65 +220,6 @@ def overview(plan: Plan) -> Overview:
         pins=plan.pins, pins_cost_s=plan.pins_cost_s, advice=advice(plan),
         tensor_parallel=plan.tensor_parallel, generation=plan.generation,
     )
-
-
-def no_speedup_reason(pins: PinsRecord | None) -> str:
-    """Why a plan has no speed-up over one device (``pins``: the plan's pins record)."""
-    if pins is not None and len(set(pins.modules.values())) > 1:
-        return "the pins span several devices"
-    return "the model fits no single device"
-
-
-def _kind_of(devices: Sequence[Device]) -> str:
-    """What to call ``devices`` in a sentence: GPU, CPU worker, or device."""
-    if all(d.torch_device.startswith("cuda") for d in devices):
-        return "GPU"
-    if all(d.torch_device.startswith("cpu:") for d in devices):
-        return "CPU worker"
-    return "device"
-
-
-def advice(plan: Plan) -> str:
-    """One sentence that says what to do with the plan and why: "Use one GPU (cuda:0): a split
-    over 2 gains 1.1%, under --min-gain 5%."; "Split over 2 GPUs (cuda:0, cuda:1): 1.32x
-    faster than cuda:0 alone, 14.5% from the lower bound." Read from the plan's own figures
-    (its placement, the --min-gain record, the speed-up and the gap), as every summary shows
-    them."""
-    cluster = plan.problem.cluster.devices
-    placed = set(plan.schedule.placement.device_of.values())
-    used = [d for d in cluster if d.name in placed]
-    kind = _kind_of(used)
-    names = ", ".join(d.name for d in used)
-    label = ("step" if plan.training is not None else
-             "largest device load" if plan.objective == Objective.THROUGHPUT else "makespan")
-    value = f"{label} {format_seconds(plan.objective_s)}"
-    replicas = int(plan.training.replicas or 1) if plan.training is not None else 1
-    fsdp = plan.training is not None and plan.training.sharding == "fsdp"
-    sharded = "sharded (FSDP2, ZeRO-3) " if fsdp else ""
-    lead = (f"Train {replicas} {sharded}data-parallel replicas, each on" if replicas > 1
-            else "Use")
-    if len(used) == 1:
-        gain = plan.min_gain
-        if gain is not None and gain.single_device_chosen and gain.split_gain is not None:
-            why = (f"a split over {gain.split_devices} gains {gain.split_gain:.1%}, "
-                   f"under --min-gain {gain.threshold:.0%}")
-        elif len(cluster) > 1:
-            why = f"no split over the {len(cluster)} devices was faster ({value})"
-        else:
-            why = value
-        return f"{lead} one {kind} ({names}): {why}."
-    speedup, single = plan.speedup_over_single, plan.best_single_device
-    if speedup is None or single is None:
-        why = f"{no_speedup_reason(plan.pins)} ({value})"
-    else:
-        why = f"{speedup:.2f}x faster than {single} alone"
-    if plan.gap is not None:
-        why += f", {plan.gap:.1%} from the lower bound"
-    idle = len(cluster) - len(used)
-    if idle:
-        why += f"; {idle} of the {len(cluster)} devices unused"
-    lead = "Split" if replicas == 1 else lead
-    return f"{lead} {'over ' if replicas == 1 else ''}{len(used)} {kind}s ({names}): {why}."
 
 
 def _memory_rows(plan: Plan) -> tuple[dict[str, Any], ...]:
