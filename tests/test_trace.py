@@ -57,6 +57,33 @@ def test_meta_device_model_traces_without_weights_and_same_flops():
     assert a.graph.total_param_bytes == b.graph.total_param_bytes
 
 
+class _Attention(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.proj(x).view(2, 128, 4, 16).transpose(1, 2)
+        return torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+
+def test_attention_is_counted_as_its_fused_kernel_runs_with_weights_or_on_meta():
+    """scaled_dot_product_attention on CPU runs a fused kernel the FLOP counter does not know:
+    its FLOPs are the two matmuls' (2 x 2 x B x H x L x L x E), and it holds no L x L scores.
+    On the meta device ATen takes the math path, which holds them (B x H x L x L floats, twice):
+    a meta model is counted as a real one runs, not as that."""
+    x = torch.randn(2, 128, 64)
+    real = _Attention()
+    with torch.device("meta"):
+        meta = _Attention()
+    scores = 2 * 4 * 128 * 128 * 4  # B x H x L x L float32
+    for model in (real, meta):
+        (node,) = [n for n in trace_model(model, (x,)).graph.nodes
+                   if n.name == "scaled_dot_product_attention"]
+        assert node.flops == 4 * (2 * 4 * 128 * 16) * 128
+        assert node.workspace_bytes < scores / 4
+
+
 def test_falls_back_to_fx_when_export_fails(monkeypatch):
     def broken_export(*args, **kwargs):
         raise RuntimeError("export is unhappy")

@@ -23,8 +23,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from cost_models.calibration import POOLING_OPS
 
-__all__ = ["CountingInterpreter", "count_ops", "flat_inputs", "nbytes", "op_name", "tensors",
-           "value_bytes"]
+__all__ = ["CountingInterpreter", "attention_flops", "count_ops", "flat_inputs", "nbytes",
+           "op_name", "tensors", "value_bytes"]
 
 
 def op_name(target: Any) -> str:
@@ -57,6 +57,16 @@ def nbytes(t: torch.Tensor) -> int:
 def value_bytes(value: Any) -> int:
     """The bytes of the tensors in a (possibly nested) value."""
     return sum(nbytes(t) for t in tensors(value))
+
+
+def attention_flops(name: str, args: tuple) -> float:
+    """A fused attention kernel's FLOPs (``name``: its op's), which the FLOP counter's registry
+    leaves at zero for the CPU's: ``2 * 2 * B * H * Lq * Lk * E`` (two matmuls), the formula
+    the registry uses for the others; 0 for any other op."""
+    if ("scaled_dot_product" in name and len(args) >= 3
+            and all(isinstance(a, torch.Tensor) for a in args[:2])):
+        return 4.0 * args[0].numel() * args[1].shape[-2]
+    return 0.0
 
 
 def _fake_like(t: torch.Tensor, device: str) -> torch.Tensor:
@@ -121,14 +131,32 @@ class CountingInterpreter(torch.fx.Interpreter):
             counter, transient = FlopCounterMode(display=False), _Transient()
             with counter, transient:
                 result = super().run_node(n)
-            self.flops[n.name] = int(counter.get_total_flops()) or self._window_reads(n, result)
+            self.flops[n.name] = (int(counter.get_total_flops())
+                                  or int(attention_flops(op_name(n.target),
+                                                         self.fetch_args_kwargs_from_env(n)[0]))
+                                  or self._window_reads(n, result))
             output_bytes = value_bytes(result)
-            self.transient_bytes[n.name] = max(0, transient.peak_bytes - output_bytes,
-                                               self._branch_bytes(n))
+            peak = self._on_cpu_peak(n) if self.device == "meta" else None
+            self.transient_bytes[n.name] = max(
+                0, (transient.peak_bytes if peak is None else peak) - output_bytes,
+                self._branch_bytes(n))
             if key is not None:
                 self.seen[key] = self.flops[n.name], self.transient_bytes[n.name]
         self.values[n.name] = result
         return result
+
+    def _on_cpu_peak(self, n: torch.fx.Node) -> int | None:
+        """What an attention op holds at its peak on fake CPU tensors, its fused kernel's
+        (a meta tensor takes ATen's math path, which holds the L x L scores), for a graph on
+        the meta device; ``None`` for any other op."""
+        if n.op != "call_function" or "scaled_dot_product" not in op_name(n.target):
+            return None
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        moved = torch.utils._pytree.tree_map(
+            lambda v: _fake_like(v, "cpu") if isinstance(v, torch.Tensor) else v, (args, kwargs))
+        with _Transient() as transient:
+            n.target(*moved[0], **moved[1])
+        return transient.peak_bytes
 
     def signature(self, n: torch.fx.Node) -> tuple | None:
         """What a function's FLOPs and transient bytes depend on: the function and its

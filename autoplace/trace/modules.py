@@ -31,7 +31,7 @@ from torch.utils.flop_counter import flop_registry
 from autoplace.errors import ModelLoadError, TraceError
 from autoplace.ir import Edge, OpGraph, OpNode
 from autoplace.trace import to_meta
-from autoplace.trace.count import nbytes
+from autoplace.trace.count import attention_flops, nbytes
 from autoplace.trace.load import describe_failure
 
 __all__ = ["INPUT", "ModuleTrace", "Unit", "Units", "module_units", "trace_modules", "units"]
@@ -107,16 +107,12 @@ def _sources(t: torch.Tensor) -> frozenset[str]:
 
 
 def _flops(func: Any, args: tuple, kwargs: dict, out: Any) -> float:
-    """``func``'s FLOPs by ``torch.utils.flop_counter``'s formulas. The CPU's fused attention
-    kernel is not in its registry: it is ``2 * 2 * B * H * Lq * Lk * E`` (two matmuls), the
-    formula the registry uses for the others."""
+    """``func``'s FLOPs by ``torch.utils.flop_counter``'s formulas, and the CPU's fused
+    attention kernel's, which is not in its registry (``count.attention_flops``)."""
     packet = func._overloadpacket
     if packet in flop_registry:
         return float(flop_registry[packet](*args, **kwargs, out_val=out))
-    if "scaled_dot_product" in str(packet) and len(args) >= 3:
-        q, k = args[0], args[1]
-        return 4.0 * q.numel() * k.shape[-2]
-    return 0.0
+    return attention_flops(str(packet), args)
 
 
 class _Watch(TorchDispatchMode):
