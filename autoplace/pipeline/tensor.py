@@ -253,9 +253,11 @@ def _kept(planned: Plan | None, found: list[Weighed | None], model: torch.nn.Mod
             f"{unplaced.failure.rstrip('. ')}. The tensor-parallel candidate (--tp) does not "
             "fit either: "
             f"{_mesh_name(record)} peaks at {record.peak_bytes} bytes on rank 0, "
-            f"{record.over_bytes} bytes over {record.devices[0]}'s memory: add devices"
-            + ("" if record.sharding == "fsdp" else ", or shard the model over a dp dimension "
-               "of the mesh (--dp with --fsdp on)"))
+            f"{record.over_bytes} bytes over {record.devices[0]}'s memory (the least of "
+            "those weighed): add devices"
+            + ("" if record.sharding == "fsdp" or "fsdp" in record.weighed_sharding
+               else ", or shard the model over a dp dimension of the mesh (--dp with --fsdp "
+               "on)"))
     meta = any(p.is_meta for p in one.parameters())  # planned on fake tensors, not emitted
     if len(found) > 1:
         record = replace(record, meshes={f"{w.record.dp}x{w.record.ranks}": w.record.makespan_s
@@ -363,7 +365,7 @@ def _weigh(problem: Problem, traced: TracedModel, one: PartitionedModel,
             steps = {k: stretched(v, factor) for k, v in steps.items()}
         schedules = {k: simulate(v, _on(v, names[0])) for k, v in steps.items()}
         priced = {k: v.makespan_s for k, v in schedules.items()}
-        kept = min(priced, key=lambda k: (_over(schedules[k]) > 0, priced[k], k != "ddp"))
+        kept = min(priced, key=lambda k: (_over(schedules[k]), priced[k], k != "ddp"))
         for k, v in schedules.items():
             if _over(v) and k != kept:
                 note(f"dp {dp} x tp {ranks} with {_OVER_DP[k]} over dp: rank 0 peaks "
@@ -389,9 +391,10 @@ def _over(schedule: Any) -> int:
     return sum(schedule.over_capacity.values())
 
 
-def _first(record: TensorParallelRecord) -> tuple[bool, float]:
-    """The order candidates are kept in: those that fit, then the fastest."""
-    return not record.fits, record.makespan_s
+def _first(record: TensorParallelRecord) -> tuple[int, float]:
+    """The order candidates are kept in: those that fit, the fastest first; where none does,
+    the one that overflows least (the closest to fitting says the most)."""
+    return record.over_bytes, record.makespan_s
 
 
 def _on(problem: Problem, device: str) -> Placement:
