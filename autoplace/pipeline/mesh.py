@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from autoplace.errors import ConfigError
-from autoplace.formats.plan import MESH_SOLVER, Plan, SolverRecord
+from autoplace.formats.plan import MESH_SOLVER, Plan, SolverRecord, Verification
 from autoplace.formats.records import Coarsening, TensorParallelRecord, TrainingRecord
 from autoplace.ir import Cluster, Problem, Schedule
 from autoplace.progress.notes import note
@@ -146,8 +146,8 @@ def mesh_plan(record: TensorParallelRecord, rank0: Problem, schedule: Schedule, 
     """The plan where no placement fits and the tensor-parallel candidate ``record`` does: its
     problem and schedule rank 0's (``rank0``, on its one device; every rank runs its mirror),
     its solver ``MESH_SOLVER`` with no lower bound proven (``Plan.gap`` is ``None``), no
-    baselines (none fits), and a training plan's step one rank's. ``traced_ops``: the ops
-    traced, of which rank 0's problem holds its share."""
+    baselines (none fits), a training plan's step one rank's, and its check the mesh's on gloo
+    ranks. ``traced_ops``: the ops traced, of which rank 0's problem holds its share."""
     import datetime as _dt
 
     return Plan(
@@ -155,6 +155,11 @@ def mesh_plan(record: TensorParallelRecord, rank0: Problem, schedule: Schedule, 
         solver=SolverRecord(name=MESH_SOLVER, status="NO_PLACEMENT_FITS", wall_s=0.0),
         baselines={}, best_single_device=None, model=name, tracer=tracer,
         coarsening=Coarsening(traced_ops=traced_ops, plan_nodes=len(rank0.graph.nodes)),
+        verification=Verification(
+            status="passed", max_abs_diff=record.max_abs_diff,
+            detail=f"the mesh's {record.world} gloo ranks gave the original's "
+            + ("losses, gradients and parameters" if record.optimizer else "outputs"))
+        if record.check == "passed" else Verification(detail="the mesh was not run"),
         training=TrainingRecord(optimizer=record.optimizer, dtype=dtype, microbatches=1,
                                 schedule="gpipe", replicas=1)
         if record.optimizer is not None else None,

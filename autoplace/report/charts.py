@@ -283,8 +283,8 @@ def _add_path(fig: Any, path: Sequence[PathStep], lane: Mapping[str, int], scale
 def _marker_lines(plan: Plan, scale: float) -> tuple[list, list]:
     # Dashed: the makespan; dotted: the lower bound. Their distance is the gap, drawn.
     shapes, annotations = [], []
-    for x, label, dash in ((plan.makespan_s, "makespan", "dash"),
-                           (plan.lower_bound_s, "lower bound", "dot")):
+    lines = [(plan.makespan_s, "makespan", "dash"), (plan.lower_bound_s, "lower bound", "dot")]
+    for x, label, dash in lines[:1] if plan.gap is None else lines:  # a mesh's: no bound
         shapes.append(dict(type="line", xref="x", yref="paper", x0=x * scale, x1=x * scale,
                            y0=0, y1=1, line=dict(color="#57606a", width=1, dash=dash)))
         # Both labels end at their line; the bound's sits at the foot so the two never collide.
@@ -418,10 +418,11 @@ def comparison_figure(ov: Overview) -> Any:
         textposition="auto", customdata=[format_seconds(r[1]) for r in rows],
         hovertemplate="%{y}: %{customdata}<extra></extra>"), row=1, col=1)
     x_bound = ov.lower_bound_s * scale
-    fig.add_shape(type="line", x0=x_bound, x1=x_bound, y0=-0.5, y1=len(rows) - 0.5,
-                  line=dict(color="#57606a", dash="dot", width=1), row=1, col=1)
-    fig.add_annotation(x=x_bound, y=len(rows) - 0.5, text="lower bound", showarrow=False,
-                       yanchor="bottom", font=dict(size=10, color="#57606a"), row=1, col=1)
+    if ov.gap is not None:  # a tensor-parallel mesh's plan proves no bound
+        fig.add_shape(type="line", x0=x_bound, x1=x_bound, y0=-0.5, y1=len(rows) - 0.5,
+                      line=dict(color="#57606a", dash="dot", width=1), row=1, col=1)
+        fig.add_annotation(x=x_bound, y=len(rows) - 0.5, text="lower bound", showarrow=False,
+                           yanchor="bottom", font=dict(size=10, color="#57606a"), row=1, col=1)
     devices = [m["device"] for m in ov.memory]
     peak = max([b for r in rows for b in r[4].values()] + [1])
     b_unit, b_scale = bytes_unit(peak)

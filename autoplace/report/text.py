@@ -154,7 +154,8 @@ def _facts(ov: Overview) -> Any:
     if ov.value_label != "makespan":
         facts.add_row(ov.value_label, Text(format_seconds(ov.value_s), style="bold"))
     facts.add_row("speed-up", speedup_text(ov))
-    facts.add_row("lower bound", f"{format_seconds(ov.lower_bound_s)} ({gap_text(ov)})")
+    facts.add_row("lower bound", "none proven for a tensor-parallel mesh" if ov.gap is None
+                  else f"{format_seconds(ov.lower_bound_s)} ({gap_text(ov)})")
     facts.add_row("solver", solver_text(ov))
     facts.add_row("costs", ov.costs_text)
     facts.add_row("critical path", critical_text(ov))
