@@ -270,3 +270,53 @@ def test_a_value_from_the_same_device_is_made_again_not_kept_and_the_gradients_a
         torch.testing.assert_close(p, q, rtol=0, atol=0)
     # GPipe holds four micro-batches; recomputing, cpu:0 keeps neither h nor the activations
     assert peaks[1]["cpu:0"] < peaks[0]["cpu:0"]
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 64), nn.Linear(64, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.b(torch.relu(self.a(x)))
+
+
+def test_each_unit_recomputes_once_its_gradients_have_come() -> None:
+    """Activation checkpointing per block on one device (a tensor-parallel rank's step): every
+    forward node of a block runs again (``@recompute``) after the gradient of the block's output
+    and before the block's backward; the step holds less at its peak and takes longer by a
+    forward of the blocks."""
+    from autoplace.cluster import resolve_cluster
+    from autoplace.ir import Problem
+    from autoplace.profile.cost import costs
+    from autoplace.trace import trace_model
+    from autoplace.train import loss_model
+    from autoplace.train.recompute import recompute_units
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[_Block() for _ in range(3)])
+    args, targets = (torch.randn(4096, 16),), (torch.randint(0, 16, (4096,)),)
+    traced = trace_model(loss_model(model, F.cross_entropy, args, {}, targets), args,
+                         {"targets": targets})
+    cluster, _ = resolve_cluster(spec="1xA100-40GB")
+    step = step_problem(Problem(graph=traced.graph, cluster=cluster,
+                                costs=costs(traced.graph, cluster)), "adam")
+    again = recompute_units(step)
+    names = {n.name for n in again.graph.nodes}
+    recomputed = sorted(n.removesuffix("@recompute") for n in names if n.endswith("@recompute"))
+    block_of = {n.name: ".".join(n.module.split(".")[:2]) for n in step.graph.nodes
+                if n.module.startswith("model.")}  # model.k: the loss wrapper's k-th block
+    assert recomputed == sorted(n for n in block_of if n + "@backward" in names)
+    on = {n: "cuda:0" for n in names}
+    plain = simulate(step, Placement(device_of={n.name: "cuda:0" for n in step.graph.nodes}))
+    ran = simulate(again, Placement(device_of=on))
+    for name in recomputed:
+        block = [n for n, b in block_of.items() if b == block_of[name]]
+        waits = [e.src for e in step.graph.edges if e.dst.removesuffix("@backward") in block
+                 and e.src.endswith("@backward") and e.src.removesuffix("@backward") not in block]
+        assert waits and ran.start_s[name + "@recompute"] >= max(ran.end_s[w] for w in waits)
+        assert ran.end_s[name + "@recompute"] <= ran.start_s[name + "@backward"]
+    reserve = cluster.devices[0].reserved_bytes
+    assert ran.peak_bytes["cuda:0"] - reserve < 0.75 * (plain.peak_bytes["cuda:0"] - reserve)
+    forward = sum(step.costs.of(n, "cuda:0") for n in recomputed)
+    assert ran.makespan_s == pytest.approx(plain.makespan_s + forward, rel=0.05)

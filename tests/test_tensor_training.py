@@ -390,12 +390,84 @@ def test_where_neither_a_placement_nor_the_mesh_fits_the_error_names_both() -> N
     model, args, targets = _wide()
     with pytest.raises(InfeasibleError, match=r"271872 bytes\) short.*The tensor-parallel "
                        r"candidate \(--tp\) does not fit either: tp 2 peaks at \d+ bytes on "
-                       r"rank 0, \d+ bytes over cuda:0's memory: add devices, or shard the "
-                       r"model over a dp dimension of the mesh"):
+                       r"rank 0, \d+ bytes over cuda:0's memory \(the least of those "
+                       r"weighed\): add devices, or shard the model over a dp dimension"):
         plan(model, args, Config(devices=_of_memory("2xA100-40GB", 200_000), mode="training",
                                  cost=Cost(profile=False), solve=Solve(time_limit_s=1),
                                  parallel=Parallel(tp=2)),
              loss=F.cross_entropy, example_targets=targets)
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 64), nn.Linear(64, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.b(torch.relu(self.a(x)))
+
+
+def _blocks_plan(tmp_path: Path):
+    """4 blocks on a batch of 512 over 4 devices of 300,000 bytes, --tp 2 --dp 2: rank 0 of
+    the mesh peaks 228,640 bytes over with FSDP2 and none of its activations recomputed."""
+    from autoplace.config import Config, Cost, Parallel, Solve
+    from autoplace.pipeline import plan
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[_Block() for _ in range(4)])
+    args, targets = (torch.randn(512, 16),), (torch.randint(0, 16, (512,)),)
+    return plan(model, args, Config(
+        devices=_of_memory("4xA100-40GB", 300_000), mode="training", cost=Cost(profile=False),
+        solve=Solve(time_limit_s=1), parallel=Parallel(tp=2, dp=2)),
+        loss=F.cross_entropy, example_targets=targets)
+
+
+def test_a_mesh_that_fits_only_recomputing_each_block_does_and_is_checked(tmp_path) -> None:
+    """Where no sharding of the mesh fits, each block's forward runs again in its backward
+    (torch.utils.checkpoint per FSDP2 unit): rank 0 fits, the 3 steps on 4 gloo ranks give the
+    original's losses, gradients and parameters with every block run twice a step, and the
+    ranks' train.py recomputes."""
+    from autoplace.pipeline import save
+
+    planned = _blocks_plan(tmp_path)
+    tp = planned.plan.tensor_parallel
+    assert (tp.recompute, tp.sharding, tp.over_bytes, tp.check) == (True, "fsdp", 0, "passed")
+    assert any("rank 0 peaks 228640 bytes over" in n and "FSDP2" in n
+               for n in planned.plan.notes)
+    assert any("each unit's forward recomputed in the backward" in n
+               for n in planned.plan.notes)
+    out = save(planned, tmp_path / "out")
+    assert "RECOMPUTE = True" in (out / "tensor_parallel" / "train.py").read_text()
+
+
+def test_ranks_that_do_not_recompute_fail_the_check(tmp_path, monkeypatch) -> None:
+    """Two tp ranks of blocks emitted in FSDP2's units, to recompute each: ranks that leave the
+    blocks unchecked (in their processes, by a sitecustomize) train the same numbers, but not as
+    priced, and the check says the blocks did not run twice a step; honest ranks pass."""
+    from autoplace.emit.distributed.tensor_train import verify_tensor_training
+    from autoplace.train.sharded import fsdp_op_units
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[_Block() for _ in range(2)])
+    args, targets = (torch.randn(8, 16),), (torch.randint(0, 16, (8,)),)
+    wrapped = loss_model(model, F.cross_entropy, args, {}, targets)
+    traced = trace_model(wrapped, args, {"targets": targets})
+    one = emit_model(traced.module, {n.name: "cpu" for n in traced.module.graph.nodes
+                                     if n.op == "call_function"},
+                     units=fsdp_op_units(traced.graph))
+    assert sum(seg.unit is not None for seg in one.segment_info) == 2
+    (tmp_path / "sitecustomize.py").write_text(
+        "import autoplace.emit.distributed.tensor_train as tensor_train\n"
+        "tensor_train.checkpointed = lambda model: []\n")
+    _in_the_ranks(tmp_path, monkeypatch)
+    with pytest.raises(VerificationError, match="were to recompute each unit's forward in the "
+                       "backward: 0 segments checkpointed ran 0 forwards in 3 steps"):
+        verify_tensor_training(one, wrapped, args, {}, targets, ranks=2, optimizer="adamw",
+                               split=column_row(one), recompute=True)
+    monkeypatch.delenv("PYTHONPATH")  # honest ranks: each block twice a step
+    check = verify_tensor_training(one, wrapped, args, {}, targets, ranks=2,
+                                   optimizer="adamw", split=column_row(one), recompute=True)
+    assert (check["status"], check["recompute"]) == ("passed", True)
 
 
 def test_gradients_left_unaveraged_over_dp_fail_the_check(tmp_path, monkeypatch) -> None:

@@ -163,7 +163,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --microbatches: recompute each micro-batch's forward in its "
                    "backward on a device, keeping only the inputs it received, at the cost of "
                    "one more forward: auto (default) where a placement overflows a device "
-                   "without it, all on every device, off never")
+                   "without it, all on every device, off never; auto also recomputes each "
+                   "block of a --tp mesh whose rank 0 fits no other way")
     p.add_argument("--granularity", choices=tuple(Granularity), default="op",
                    help="op: place every traced op and emit the partitioned model (default); "
                    "module: place whole modules and write OUT/device_map.json, a Hugging Face "

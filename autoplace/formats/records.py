@@ -334,7 +334,9 @@ class TensorParallelRecord:
     cluster may hold only a replica's devices). ``meshes``: with ``--dp auto``, each mesh
     weighed (``"DPxTP"``) and its prediction (this record is the fastest's). ``over_bytes``:
     how far rank 0's simulated peak exceeds its device's memory (0: it fits); a candidate that
-    fits is kept before any faster one that does not."""
+    fits is kept before any faster one that does not. ``recompute``: a training candidate's
+    units (its FSDP2 units, blocks) recompute their forward before their backward, which it
+    needed to fit (``train.recompute.recompute_units``)."""
 
     ranks: int
     devices: tuple[str, ...]
@@ -356,6 +358,7 @@ class TensorParallelRecord:
     torch_devices: tuple[str, ...] = ()
     meshes: Mapping[str, float] = field(default_factory=dict)
     over_bytes: int = 0
+    recompute: bool = False
 
     @property
     def fits(self) -> bool:
@@ -380,7 +383,8 @@ class TensorParallelRecord:
                     ("weighed_sharding", dict(self.weighed_sharding) or None),
                     ("torch_devices", list(self.torch_devices) or None),
                     ("meshes", dict(self.meshes) or None),
-                    ("over_bytes", self.over_bytes or None)])
+                    ("over_bytes", self.over_bytes or None),
+                    ("recompute", self.recompute or None)])
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TensorParallelRecord:
@@ -395,7 +399,8 @@ class TensorParallelRecord:
                    sharding=data.get("sharding"),
                    weighed_sharding=dict(data.get("weighed_sharding", {})),
                    torch_devices=tuple(data.get("torch_devices", ())),
-                   meshes=dict(data.get("meshes", {})), over_bytes=data.get("over_bytes", 0))
+                   meshes=dict(data.get("meshes", {})), over_bytes=data.get("over_bytes", 0),
+                   recompute=data.get("recompute", False))
 
 
 @dataclass(frozen=True)

@@ -216,7 +216,7 @@ def _tensor_parallel(plan: Plan, model: PartitionedModel, directory: Path) -> No
     if record.optimizer is not None:
         write_tensor_train(directory, devices=devices, names=list(record.devices),
                            split=record.split, optimizer=record.optimizer, dp=record.dp,
-                           sharding=record.sharding or "ddp")
+                           sharding=record.sharding or "ddp", recompute=record.recompute)
     else:
         write_tensor_launch(directory, devices=devices, names=list(record.devices),
                             split=record.split, dp=record.dp)

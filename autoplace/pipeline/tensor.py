@@ -95,7 +95,8 @@ def tensor_step_candidate(planned: Plan | None, model: torch.nn.Module,
                 profiled=traced.profiled, cache=config.cost.cache)
             found.append(_weighed(traced.problem, traced.traced, args, kwargs,
                                   ranks=config.parallel.tp, mesh=mesh,
-                                  training=(config.training.optimizer, factors, config.dtype)))
+                                  training=(config.training.optimizer, factors, config.dtype,
+                                            str(config.training.recompute))))
         return _kept(planned, found, model, args, kwargs, verify=config.emit.verify,
                      optimizer=config.training.optimizer,
                      unplaced=_Unplaced(failure, config.name, config.dtype))
@@ -178,7 +179,7 @@ class Weighed:
 
 def _weighed(problem: Problem, traced: TracedModel, args: tuple[Any, ...],
              kwargs: dict[str, Any], *, ranks: int | str,
-             training: tuple[str, Mapping[str, float], str] | None = None,
+             training: tuple[str, Mapping[str, float], str, str] | None = None,
              mesh: Mesh | None = None) -> Weighed | None:
     """The candidate of ``ranks`` ranks on the first devices of ``problem``'s cluster
     (``mesh``: ``mesh.dp`` such groups, ``problem`` one group's share of the batch;
@@ -193,7 +194,7 @@ def _weighed(problem: Problem, traced: TracedModel, args: tuple[Any, ...],
     stage("tensor parallel")
     one = _one_device(traced)
     pairs = column_row(one)  # the same for every degree; one segment: every matmul's inputs
-    units = fsdp_op_units(problem.graph) if dp > 1 and training is not None else None
+    units = fsdp_op_units(problem.graph) if training is not None else None  # FSDP2's, AC's
     if units is not None:  # each FSDP2 unit's ops a segment of their own, the split named so
         one = _one_device(traced, units=units)
         pairs = renamed(pairs, one)
@@ -267,7 +268,8 @@ def _kept(planned: Plan | None, found: list[Weighed | None], model: torch.nn.Mod
         inputs = {k: v for k, v in kwargs.items() if k != "targets"}
         check = verify_tensor_training(one, model, args, inputs, kwargs.get("targets", ()),
                                        ranks=ranks, optimizer=optimizer, split=record.split,
-                                       dp=dp, sharding=record.sharding or "ddp")
+                                       dp=dp, sharding=record.sharding or "ddp",
+                                       recompute=record.recompute)
         record = replace(record, check="passed", measured_s=check["measured_s"],
                          max_abs_diff=max(check["max_abs_diff_gradients"],
                                           check["max_abs_diff_parameters"]))
@@ -293,10 +295,11 @@ def _kept(planned: Plan | None, found: list[Weighed | None], model: torch.nn.Mod
 
 def _mesh_name(record: TensorParallelRecord) -> str:
     """``"dp 8 x tp 8 (FSDP2 over dp)"``, ``"tp 2"``."""
+    again = ", each unit recomputed" if record.recompute else ""
     if record.dp == 1:
-        return f"tp {record.ranks}"
+        return f"tp {record.ranks}{again}"
     return (f"dp {record.dp} x tp {record.ranks}"
-            + (f" ({_OVER_DP[record.sharding]} over dp)" if record.sharding else ""))
+            + (f" ({_OVER_DP[record.sharding]} over dp)" if record.sharding else "") + again)
 
 
 def tensor_degrees(cluster: Cluster, ranks: int | str, *, dp: int = 1) -> list[int]:
@@ -320,7 +323,7 @@ def tensor_degrees(cluster: Cluster, ranks: int | str, *, dp: int = 1) -> list[i
 def _weigh(problem: Problem, traced: TracedModel, one: PartitionedModel,
            pairs: Mapping[str, tuple[str, int]], ranks: int, args: tuple[Any, ...],
            kwargs: dict[str, Any], *,
-           training: tuple[str, Mapping[str, float], str] | None = None,
+           training: tuple[str, Mapping[str, float], str, str] | None = None,
            mesh: Mesh | None = None, units: Mapping[str, str] | None = None) -> Priced:
     """The candidate of ``ranks`` ranks, unchecked: ``one`` split as ``pairs`` (its
     ``column_row``) where the ranks divide the split dimension, observed under DTensor on fake
@@ -349,28 +352,14 @@ def _weigh(problem: Problem, traced: TracedModel, one: PartitionedModel,
     here = _on_workers(chosen)
     measured_s = _collectives_s(observed, ranks) if here else None
     priced: dict[str, float] = {}
+    recompute, kept = False, None
     if training is None:
         rank0 = tensor_problem(problem, observed, names, measured=here, collectives_s=measured_s)
         rank0 = stretched(rank0, stretch(len(everyone)) if here else 1.0)
     else:
-        optimizer, factors, dtype = training
-        steps = {sharding: tensor_step_problem(
-            problem, observed, names, optimizer=optimizer, factors=factors, measured=here,
-            collectives_s=measured_s, dtype=dtype,
-            data_parallel=over_dp(problem.cluster, everyone[::ranks], sharding, mesh,
-                                   optimizer)) for sharding in (
-            mesh.shardings if mesh is not None else (None,))}
-        if here:
-            factor = stretch(len(everyone))
-            steps = {k: stretched(v, factor) for k, v in steps.items()}
-        schedules = {k: simulate(v, _on(v, names[0])) for k, v in steps.items()}
-        priced = {k: v.makespan_s for k, v in schedules.items()}
-        kept = min(priced, key=lambda k: (_over(schedules[k]), priced[k], k != "ddp"))
-        for k, v in schedules.items():
-            if _over(v) and k != kept:
-                note(f"dp {dp} x tp {ranks} with {_OVER_DP[k]} over dp: rank 0 peaks "
-                     f"{_over(v)} bytes over {names[0]}'s memory")
-        rank0 = steps[kept]
+        rank0, kept, priced, recompute = _step_of(
+            problem, observed, everyone, ranks=ranks, training=training, mesh=mesh,
+            here=here, collectives_s=measured_s)
     schedule = simulate(rank0, _on(rank0, names[0]))
     moved = [c for table in (observed.collectives, observed.backward_collectives)
              for per in table.values() for c in per]
@@ -381,9 +370,54 @@ def _weigh(problem: Problem, traced: TracedModel, one: PartitionedModel,
         collectives=len(moved), collective_bytes=sum(b for _, b in moved),
         split=split, optimizer=training[0] if training else None, dp=dp,
         torch_devices=tuple(d.torch_device for d in chosen),
-        sharding=kept if mesh is not None and training is not None else None,
+        sharding=kept if mesh is not None else None,
         weighed_sharding=priced if mesh is not None and len(priced) > 1 else {},
-        over_bytes=_over(schedule)), observed=observed, rank0=rank0, schedule=schedule)
+        over_bytes=_over(schedule), recompute=recompute),
+        observed=observed, rank0=rank0, schedule=schedule)
+
+
+def _step_of(problem: Problem, observed: Observed, everyone: tuple[str, ...], *, ranks: int,
+             training: tuple[str, Mapping[str, float], str, str], mesh: Mesh | None,
+             here: bool, collectives_s: float | None
+             ) -> tuple[Problem, str | None, dict[str, float], bool]:
+    """Rank 0's training step (``tensor_step_problem``) over ``everyone`` (a dp x ``ranks``
+    mesh in rank order), each of ``mesh``'s shardings priced, and again with each unit
+    recomputed where ``training``'s recompute is ``auto`` and none fits without: the kept
+    step (one that fits, the fastest; else the least over), its sharding, each sharding's
+    time with the kept recomputation, and whether it recomputes."""
+    optimizer, factors, dtype, recompute = training
+    names, dp = everyone[:ranks], len(everyone) // ranks
+    factor = stretch(len(everyone)) if here else 1.0
+
+    def priced_with(again: bool) -> dict[tuple[str | None, bool], tuple[Problem, Any]]:
+        found = {}
+        for sharding in mesh.shardings if mesh is not None else (None,):
+            step = stretched(tensor_step_problem(
+                problem, observed, names, optimizer=optimizer, factors=factors, measured=here,
+                collectives_s=collectives_s, dtype=dtype, recompute=again,
+                data_parallel=over_dp(problem.cluster, everyone[::ranks], sharding, mesh,
+                                      optimizer)), factor)
+            found[sharding, again] = step, simulate(step, _on(step, names[0]))
+        return found
+
+    found = priced_with(False)
+    if recompute == "auto" and all(_over(schedule) for _, schedule in found.values()):
+        found |= priced_with(True)
+    kept = min(found, key=lambda k: (_over(found[k][1]), found[k][1].makespan_s,
+                                     k[0] != "ddp", k[1]))
+    mesh_name = f"dp {dp} x tp {ranks}" if dp > 1 else f"tp {ranks}"
+    for (sharding, again), (_, schedule) in found.items():
+        if _over(schedule) and (sharding, again) != kept:
+            note(f"{mesh_name}" + (f" with {_OVER_DP[sharding]} over dp" if sharding else "")
+                 + (", each unit recomputed" if again else "")
+                 + f": rank 0 peaks {_over(schedule)} bytes over {names[0]}'s memory")
+    if kept[1]:
+        note(f"{mesh_name}: each unit's forward runs again before its backward (activation "
+             "checkpointing per block, torch.utils.checkpoint), which rank 0 needs to fit: "
+             f"{found[kept][1].makespan_s * 1e3:.3f} ms a step with it")
+    return (found[kept][0], kept[0],
+            {s: found[s, kept[1]][1].makespan_s for s, again in found if again == kept[1]},
+            kept[1])
 
 
 def _over(schedule: Any) -> int:
@@ -478,7 +512,9 @@ def _trained(check: Mapping[str, Any], ranks: int) -> str:
             + ("FSDP2" if check.get("sharding") == "fsdp" else "gradients averaged")
             + " over dp, DTensor over tp" if dp > 1 else f"{ranks} gloo ranks (DTensor")
     return (f"tensor-parallel training check passed: {check['steps']} {check['optimizer']} "
-            f"steps on {mesh}, every dropout at zero) give the original's "
+            f"steps on {mesh}, every dropout at zero"
+            + (", each unit's forward recomputed in the backward" if check.get("recompute")
+               else "") + ") give the original's "
             f"losses ({', '.join(f'{v:.6g}' for v in check['losses'])}), gradients (gathered "
             f"whole) and updated parameters"
             + (f"; dropout is active in the step: its {check['dropout_ops']} dropout(s) on, "

@@ -83,7 +83,7 @@ def _mesh_advice(plan: Plan, tp: TensorParallelRecord) -> str:
     device = plan.problem.cluster.devices[0]
     mesh = (f"dp {tp.dp} x tp {tp.ranks}" if tp.dp > 1 else f"tp {tp.ranks}") + {
         "fsdp": " (FSDP2 over dp)", "ddp": " (gradients averaged over dp)"}.get(
-            tp.sharding or "", "")
+            tp.sharding or "", "") + (", each block recomputed" if tp.recompute else "")
     script = "train.py" if tp.optimizer is not None else "launch.py"
     return (f"No placement fits: run {mesh} over {tp.world} {_kind_of([device])}s with "
             f"tensor_parallel/{script}: {'step' if tp.optimizer is not None else 'makespan'} "

@@ -106,7 +106,8 @@ def tensor_text(ov: Overview) -> str | None:
                else f"; outputs checked on {tp.world} gloo ranks")
     over = {"fsdp": " (FSDP2 over dp)", "ddp": " (gradients averaged over dp)"}.get(
         tp.sharding or "", "")
-    mesh = f"dp {tp.dp} x tp {tp.ranks}{over}" if tp.dp > 1 else f"tp {tp.ranks}"
+    mesh = (f"dp {tp.dp} x tp {tp.ranks}{over}" if tp.dp > 1 else f"tp {tp.ranks}") + (
+        ", each block recomputed" if tp.recompute else "")
     batch = (f"each tp group on 1/{tp.dp} of the batch" if tp.dp > 1
              else "every rank on the whole batch")
     return (f"{mesh} over {', '.join(tp.devices)}: "

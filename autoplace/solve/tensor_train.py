@@ -30,6 +30,7 @@ from autoplace.solve.tensor import (
 )
 from autoplace.train import step_problem
 from autoplace.train.graph import trained_bytes
+from autoplace.train.recompute import recompute_units
 from autoplace.train.updates import after_backward, with_measured_forward, with_measured_updates
 
 __all__ = ["tensor_step_problem"]
@@ -39,7 +40,8 @@ def tensor_step_problem(problem: Problem, observed: Observed, devices: tuple[str
                         optimizer: str, factors: Mapping[str, float] | None = None,
                         measured: bool = False, collectives_s: float | None = None,
                         dtype: str = "float32",
-                        data_parallel: Callable[[Problem], Problem] | None = None) -> Problem:
+                        data_parallel: Callable[[Problem], Problem] | None = None,
+                        recompute: bool = False) -> Problem:
     """The training step of ``problem`` (the forward of the model and its loss on the whole
     batch) as rank 0 of ``devices`` runs it (see the module's docstring): its forward scaled
     by its shares, its backward ``factors[device]`` times that (2x where absent), its
@@ -48,7 +50,9 @@ def tensor_step_problem(problem: Problem, observed: Observed, devices: tuple[str
     ``collectives_s`` (all of a step's measured), shared by the rings' times. ``measured``:
     the devices are this machine's CPU workers, whose passes ``observed`` timed.
     ``data_parallel``: what a dp dimension adds to the step (``pipeline.tensor``'s mesh),
-    applied last but for the updates' move after the backward."""
+    applied last but for the updates' move after the backward. ``recompute``: each unit's
+    forward runs again before its backward, its collectives included
+    (``train.recompute.recompute_units``: per-block activation checkpointing)."""
     device = devices[0]
     rank0 = tensor_problem(problem, replace(observed, collectives={}), devices,
                            measured=measured)
@@ -61,6 +65,8 @@ def tensor_step_problem(problem: Problem, observed: Observed, devices: tuple[str
     if measured and observed.update_s is not None and trained:
         step = with_measured_updates(step, {device: observed.update_s / trained})
     step = _with_collectives(step, problem, observed, devices, collectives_s)
+    if recompute:
+        step = recompute_units(step)
     if data_parallel is not None:
         step = data_parallel(step)
     return after_backward(step) if measured else step

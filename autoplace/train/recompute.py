@@ -20,11 +20,11 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 
-from autoplace.ir import Costs, OpGraph, Placement, Problem, Schedule
+from autoplace.ir import Costs, Edge, OpGraph, Placement, Problem, Schedule
 from autoplace.simulate import simulate
 from autoplace.simulate.schedules import BACKWARD, RECOMPUTE, microbatch_name, phase_of
 
-__all__ = ["RECOMPUTE", "Recomputed", "recompute_all", "recomputed_nodes",
+__all__ = ["RECOMPUTE", "Recomputed", "recompute_all", "recompute_units", "recomputed_nodes",
            "with_recompute", "with_recompute_where_needed"]
 
 
@@ -58,6 +58,46 @@ def with_recompute(problem: Problem, placement: Placement,
         **device_of, **{_recompute_name(n): device_of[n] for n in again}})
 
 
+def recompute_units(problem: Problem) -> Problem:
+    """``problem`` (a step of one micro-batch on one device: a tensor-parallel rank's) as
+    activation checkpointing per unit runs it (``torch.utils.checkpoint`` around each FSDP
+    unit's segments, ``train.sharded.fsdp_units``; torchtitan's per-block checkpointing): each
+    forward node of a unit keeps its output only until its forward readers are done, and
+    ``f@recompute`` runs it again once the gradients the unit's backward waits for have come,
+    from its unit's recomputed values and the kept outputs of the nodes before the unit (its
+    inputs, which the checkpoint keeps); the unit's backward reads those. Unchanged where no
+    unit holds a parameter."""
+    from autoplace.ir.graphs import topological_order
+    from autoplace.train.sharded import fsdp_units
+
+    names = {n.name for n in problem.graph.nodes}
+    unit_of = {n: u for n, u in fsdp_units(problem.graph).items() if u is not None}
+    again = {n for n in unit_of if n + BACKWARD in names}
+    if not again:
+        return problem
+
+    def source(src: str, dst: str) -> str:
+        return _recompute_name(src) if unit_of.get(src) == unit_of.get(phase_of(dst)[0]) else src
+
+    rebuilt = _rebuild(problem, again, source)
+    waits: dict[str, set[str]] = {}  # a unit's gradients, from backward nodes outside it
+    for e in problem.graph.edges:
+        (base, phase, _), (src, src_phase, _) = phase_of(e.dst), phase_of(e.src)
+        if (phase == src_phase == "backward" and base in again
+                and unit_of.get(src) != unit_of[base]):
+            waits.setdefault(unit_of[base], set()).add(e.src)
+    graph = rebuilt.graph
+    edges = [*graph.edges, *(Edge(src=w, dst=_recompute_name(f), bytes=0) for f in sorted(again)
+                             for w in sorted(waits.get(unit_of[f], ())))]
+    by_name = {n.name: n for n in graph.nodes}
+    order = topological_order([n.name for n in graph.nodes], [(e.src, e.dst) for e in edges])
+    place = {name: i for i, name in enumerate(order)}
+    edges.sort(key=lambda e: (place[e.src], place[e.dst]))
+    return replace(rebuilt, graph=OpGraph(nodes=tuple(by_name[n] for n in order),
+                                          edges=tuple(edges), colocate=graph.colocate,
+                                          name=graph.name))
+
+
 def recompute_all(problem: Problem) -> Problem:
     """``problem`` with every node of ``recomputed_nodes`` recomputing, and every recomputed
     node reading its inputs' recomputed values, wherever they are (the module's docstring):
@@ -68,7 +108,7 @@ def recompute_all(problem: Problem) -> Problem:
 
 def _recompute_name(name: str) -> str:
     base, _, k = phase_of(name)
-    return microbatch_name(base + RECOMPUTE, k)
+    return base + RECOMPUTE if k is None else microbatch_name(base + RECOMPUTE, k)
 
 
 def _rebuild(problem: Problem, again: set[str], source: Callable[[str, str], str]) -> Problem:

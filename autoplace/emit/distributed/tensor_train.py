@@ -33,7 +33,7 @@ from autoplace.emit.codegen.model import PartitionedModel
 from autoplace.emit.distributed.tensor import _handlers, _rank_device, load_sharded
 from autoplace.errors import AutoplaceError, VerificationError
 
-__all__ = ["tensor_train_main", "verify_tensor_training", "write_tensor_train"]
+__all__ = ["checkpointed", "tensor_train_main", "verify_tensor_training", "write_tensor_train"]
 
 VERIFY_TIMEOUT_S = 300.0
 SHARDED = {"fsdp": "FSDP2", "ddp": "gradients averaged"}
@@ -42,26 +42,28 @@ _TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "tensor_train.py
 
 def write_tensor_train(directory: str | os.PathLike[str], *, devices: Sequence[str],
                        names: Sequence[str], split: Mapping[str, tuple[str, int]],
-                       optimizer: str, dp: int = 1, sharding: str = "ddp") -> Path:
+                       optimizer: str, dp: int = 1, sharding: str = "ddp",
+                       recompute: bool = False) -> Path:
     """Write ``directory/train.py`` (``templates/tensor_train.py.tmpl``: ``tensor_train_main``
     for rank r on ``devices[r]``, plan name ``names[r]``, with ``optimizer``; ``dp``
-    data-parallel groups, ``sharding`` over them) and ``directory/split.json``; the script's
-    path. The model it trains is ``directory/model``."""
+    data-parallel groups, ``sharding`` over them; ``recompute``, each unit checkpointed) and
+    ``directory/split.json``; the script's path. The model it trains is ``directory/model``."""
     root = Path(directory)
     (root / "split.json").write_text(json.dumps({k: list(v) for k, v in split.items()},
                                                 indent=1) + "\n")
     path = root / "train.py"
     path.write_text(Template(_TEMPLATE.read_text()).substitute(
         world=len(devices), devices=repr(list(devices)), names=repr(list(names)),
-        optimizer=repr(optimizer), dp=dp, sharding=repr(sharding)))
+        optimizer=repr(optimizer), dp=dp, sharding=repr(sharding), recompute=recompute))
     return path
 
 
 def tensor_train_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *,
                       devices: Sequence[str], names: Sequence[str], optimizer: str,
-                      dp: int = 1, sharding: str = "ddp") -> int:
+                      dp: int = 1, sharding: str = "ddp", recompute: bool = False) -> int:
     """One rank of ``torchrun --nproc-per-node N train.py``: train ``model_dir`` split over the
-    N ranks (``--split FILE``; with ``dp`` > 1 a dp x N/dp mesh, ``sharding`` over dp) for
+    N ranks (``--split FILE``; with ``dp`` > 1 a dp x N/dp mesh, ``sharding`` over dp; with
+    ``recompute`` each unit's segments checkpointed, ``checkpointed``) for
     ``--steps`` steps on its saved example batch (its dp group's share), on this rank's
     device (``devices[rank]``, remapped by ``--device-map``). Rank 0 writes the report
     (``--json``) and, for ``verify_tensor_training``, each step's loss, gradients, parameters
@@ -99,7 +101,7 @@ def tensor_train_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *,
             raise AutoplaceError(f"--steps must be 1 or more, got {options.steps}")
         device = _rank_device(rank, devices, names, options.device_map)
         report, record = _train(Path(model_dir), options, device=device, optimizer=optimizer,
-                                dp=dp, sharding=sharding)
+                                dp=dp, sharding=sharding, recompute=recompute)
     except AutoplaceError as error:
         print_error(type(error).__name__, error)
         return 2
@@ -112,7 +114,8 @@ def tensor_train_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *,
 
 
 def _train(model_dir: Path, options: argparse.Namespace, *, device: str, optimizer: str,
-           dp: int = 1, sharding: str = "ddp") -> tuple[dict[str, Any], dict[str, Any]]:
+           dp: int = 1, sharding: str = "ddp", recompute: bool = False
+           ) -> tuple[dict[str, Any], dict[str, Any]]:
     """This rank's part: the process group, the mesh (``dp`` x tp), the split model (sharded
     over dp), its share of the batch, the steps (``ddp._steps``, the loss a plain tensor:
     every rank of a tp group holds it whole). Rank 0's report and record."""
@@ -134,6 +137,7 @@ def _train(model_dir: Path, options: argparse.Namespace, *, device: str, optimiz
         world = dist.get_world_size()
         model, args, kwargs, averaged = _meshed(model_dir, options.split, kind=kind,
                                                 device=device, dp=dp, sharding=sharding)
+        runs = checkpointed(model) if recompute else []
         opt = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad],
                              options.lr)
         step = _step(model, args, kwargs, averaged)
@@ -152,7 +156,8 @@ def _train(model_dir: Path, options: argparse.Namespace, *, device: str, optimiz
               "ranks": world, "dp": dp, "sharding": sharding,
               "backend": "nccl" if kind == "cuda" else "gloo",
               "optimizer": optimizer, "lr": options.lr, "device": device,
-              "threads": 1 if kind == "cpu" else threads}
+              "threads": 1 if kind == "cpu" else threads,
+              "checkpointed": len(runs), "unit_forwards": sum(runs)}
     return report, record | {"optimizer": optimizer, "replicas": dp, "ranks": world}
 
 
@@ -171,6 +176,31 @@ def _meshed(model_dir: Path, split: str, *, kind: str, device: str, dp: int, sha
         fully_shard_units(model, mesh["dp"])
         return model, args, kwargs, None
     return model, args, kwargs, mesh["dp"].get_group()
+
+
+def checkpointed(model: torch.nn.Module) -> list[int]:
+    """Each segment of ``model`` that belongs to a unit (``SegmentInfo.unit``, FSDP2's) runs
+    under ``torch.utils.checkpoint`` (non-reentrant): it keeps its inputs, and its forward runs
+    again in the backward (torchtitan's per-block activation checkpointing; FSDP2's hooks stay
+    outside it, as they do around torchtitan's checkpoint wrapper). Returns each such
+    segment's count of forward runs, which the runs add to (twice a step)."""
+    import functools
+
+    from torch.utils.checkpoint import checkpoint
+
+    runs: list[int] = []
+    for seg in model.segment_info:
+        if seg.unit is not None:
+            module = getattr(model, f"seg{seg.index}")
+            runs.append(0)
+
+            def counted(*args: Any, _forward: Any = module.forward, _i: int = len(runs) - 1,
+                        **kwargs: Any) -> Any:
+                runs[_i] += 1
+                return _forward(*args, **kwargs)
+
+            module.forward = functools.partial(checkpoint, counted, use_reentrant=False)
+    return runs
 
 
 def _step(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -199,7 +229,7 @@ def verify_tensor_training(emitted: PartitionedModel, original: torch.nn.Module,
                            args: tuple[Any, ...], kwargs: Mapping[str, Any],
                            targets: tuple[Any, ...], *, ranks: int, optimizer: str,
                            split: Mapping[str, tuple[str, int]], steps: int | None = None,
-                           dp: int = 1, sharding: str = "ddp",
+                           dp: int = 1, sharding: str = "ddp", recompute: bool = False,
                            timeout_s: float = VERIFY_TIMEOUT_S) -> dict[str, Any]:
     """Train ``emitted`` (one device's model of the model and its loss) split as ``split`` over
     ``ranks`` gloo processes (``dp`` x ``ranks`` of them on a dp x tp mesh, ``sharding`` over
@@ -223,7 +253,8 @@ def verify_tensor_training(emitted: PartitionedModel, original: torch.nn.Module,
         world = ranks * dp
         script = write_tensor_train(root, devices=["cpu"] * world,
                                     names=[f"rank {r}" for r in range(world)], split=split,
-                                    optimizer=optimizer, dp=dp, sharding=sharding)
+                                    optimizer=optimizer, dp=dp, sharding=sharding,
+                                    recompute=recompute)
         launch_replicas(script, replicas=world, timeout_s=timeout_s, what="tensor-parallel",
                         argv=["--steps", str(steps), "--record", str(root / "record.pt"),
                               "--json", str(root / "report.json"), "--no-dropout"])
@@ -233,11 +264,18 @@ def verify_tensor_training(emitted: PartitionedModel, original: torch.nn.Module,
         raise VerificationError(f"the tensor-parallel ranks trained {record['ranks']} ranks "
                                 f"in {record['replicas']} data-parallel groups with "
                                 f"{record['optimizer']}, not {world} in {dp} with {optimizer}")
+    if recompute and not (report["checkpointed"] and report["unit_forwards"]
+                          == 2 * report["checkpointed"] * len(report["losses"])):
+        raise VerificationError(
+            f"the tensor-parallel ranks were to recompute each unit's forward in the backward: "
+            f"{report['checkpointed']} segments checkpointed ran {report['unit_forwards']} "
+            f"forwards in {len(report['losses'])} steps, not twice a step each")
     with kept_state(emitted, original):  # the emitted graph runs one tp group's share
         dropout = dropout_active(emitted, _forward(emitted, split_batch(
             *batch, dp, what="data-parallel groups")[0]))
         check = _compare(record, original, tuple(args), dict(kwargs), tuple(targets),
                          optimizer=optimizer, lr=None, cut=(dp, None), dropout=dropout)
     return check | dropout | {"ranks": ranks, "dp": dp, "sharding": sharding,
+                              "recompute": recompute,
                               "measured_s": report["measured_s"],
                               "times_s": report["times_s"]}
