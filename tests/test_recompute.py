@@ -320,3 +320,47 @@ def test_each_unit_recomputes_once_its_gradients_have_come() -> None:
     assert ran.peak_bytes["cuda:0"] - reserve < 0.75 * (plain.peak_bytes["cuda:0"] - reserve)
     forward = sum(step.costs.of(n, "cuda:0") for n in recomputed)
     assert ran.makespan_s == pytest.approx(plain.makespan_s + forward, rel=0.05)
+
+
+class _Scaled(nn.Module):
+    """Blocks between two scalings that belong to the outer module: one unit (its own
+    parameters) at both ends of the model, as a language model's embedding and final norm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.last = nn.Parameter(torch.ones(16)), nn.Parameter(torch.ones(16))
+        self.blocks = nn.Sequential(*[_Block() for _ in range(2)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(x * self.first) * self.last
+
+
+def test_a_unit_at_both_ends_recomputes_each_end_when_its_own_gradients_come() -> None:
+    """The outer unit's last scaling is recomputed once the loss's gradient has come, its first
+    once the first block's has: waiting for every gradient of the unit would wait for the
+    first block's backward before the last scaling's, a cycle."""
+    from autoplace.cluster import resolve_cluster
+    from autoplace.ir import Problem
+    from autoplace.profile.cost import costs
+    from autoplace.trace import trace_model
+    from autoplace.train import loss_model
+    from autoplace.train.recompute import recompute_units
+
+    torch.manual_seed(0)
+    args, targets = (torch.randn(64, 16),), (torch.randint(0, 16, (64,)),)
+    traced = trace_model(loss_model(_Scaled(), F.cross_entropy, args, {}, targets), args,
+                         {"targets": targets})
+    cluster, _ = resolve_cluster(spec="1xA100-40GB")
+    step = step_problem(Problem(graph=traced.graph, cluster=cluster,
+                                costs=costs(traced.graph, cluster)), "adam")
+    outer = [n.name for n in step.graph.nodes if n.module == "model" and n.trainable_bytes]
+    assert len(outer) == 2  # the two scalings
+    again = recompute_units(step)  # no cycle
+    ran = simulate(again, Placement(device_of={n.name: "cuda:0" for n in again.graph.nodes}))
+    first, last = sorted(outer, key=lambda n: ran.start_s[n])
+    block_backward = [n for n in ran.start_s if n.endswith("@backward")
+                      and n.removesuffix("@backward") in {m.name for m in step.graph.nodes
+                                                          if m.module.startswith("model.blocks")}]
+    assert ran.start_s[last + "@recompute"] < min(ran.start_s[n] for n in block_backward)
+    assert ran.start_s[first + "@recompute"] >= max(ran.end_s[n] for n in block_backward
+                                                    if n.startswith(("linear", "add")))

@@ -80,15 +80,23 @@ def recompute_units(problem: Problem) -> Problem:
         return _recompute_name(src) if unit_of.get(src) == unit_of.get(phase_of(dst)[0]) else src
 
     rebuilt = _rebuild(problem, again, source)
-    waits: dict[str, set[str]] = {}  # a unit's gradients, from backward nodes outside it
+    waits: dict[str, set[str]] = {}  # a unit's gradients: its outside readers' backward nodes
+    inputs_of: dict[str, set[str]] = {}  # each forward node's inputs
     for e in problem.graph.edges:
         (base, phase, _), (src, src_phase, _) = phase_of(e.dst), phase_of(e.src)
-        if (phase == src_phase == "backward" and base in again
-                and unit_of.get(src) != unit_of[base]):
-            waits.setdefault(unit_of[base], set()).add(e.src)
+        if phase == src_phase == "forward" and base == e.dst and src == e.src:
+            inputs_of.setdefault(e.dst, set()).add(e.src)
+        elif (phase == src_phase == "backward" and base in again
+              and unit_of.get(src) != unit_of[base]):
+            waits.setdefault(unit_of[base], set()).add(src)
+    # f's recomputation waits for those of its unit's gradients that come after its own
+    # readers' (a reader's backward comes before f's): never for one that needs f's backward
+    edges = [*rebuilt.graph.edges, *(
+        Edge(src=reader + BACKWARD, dst=_recompute_name(f), bytes=0)
+        for reader in sorted(set().union(*waits.values()))
+        for f in sorted(_upstream(reader, inputs_of) & again)
+        if reader in waits.get(unit_of[f], ()))]
     graph = rebuilt.graph
-    edges = [*graph.edges, *(Edge(src=w, dst=_recompute_name(f), bytes=0) for f in sorted(again)
-                             for w in sorted(waits.get(unit_of[f], ())))]
     by_name = {n.name: n for n in graph.nodes}
     order = topological_order([n.name for n in graph.nodes], [(e.src, e.dst) for e in edges])
     place = {name: i for i, name in enumerate(order)}
@@ -96,6 +104,18 @@ def recompute_units(problem: Problem) -> Problem:
     return replace(rebuilt, graph=OpGraph(nodes=tuple(by_name[n] for n in order),
                                           edges=tuple(edges), colocate=graph.colocate,
                                           name=graph.name))
+
+
+def _upstream(node: str, inputs_of: Mapping[str, Collection[str]]) -> set[str]:
+    """Every node ``node`` reads from, directly or not, along ``inputs_of``."""
+    seen: set[str] = set()
+    stack = list(inputs_of.get(node, ()))
+    while stack:
+        name = stack.pop()
+        if name not in seen:
+            seen.add(name)
+            stack.extend(inputs_of.get(name, ()))
+    return seen
 
 
 def recompute_all(problem: Problem) -> Problem:
