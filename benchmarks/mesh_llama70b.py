@@ -87,7 +87,8 @@ def _row(layers: int, tmp: Path) -> str:
     own = ("no placement fits: the plan is the mesh" if plan["solver"]["name"] == MESH_SOLVER
            else f"{plan['training']['replicas']} replicas: {plan['makespan_s']:.3f}")
     return head + (f"{own} | "
-                   f"dp {tp['dp']} x tp {tp['ranks']}, {tp['sharding']}: "
+                   f"dp {tp['dp']} x tp {tp['ranks']}, {tp['sharding']}"
+                   + (", each block recomputed" if tp.get("recompute") else "") + ": "
                    f"{tp['makespan_s']:.3f} ({weighed}) | {tp['peak_bytes'] / 2**30:.1f} | "
                    f"{tp['collectives']} |")
 
@@ -107,8 +108,8 @@ def main() -> int:
         "device, batch 8 x 2,048 tokens, Adam in float32; analytic costs). *wall s* and *RSS "
         "GiB*: the planning process's; *load*: the 1-minute load average before it; *plan*: "
         "the plan's own step (replicas of a placement), seconds, or where none fits the plan is "
-        "the mesh; *candidate*: the dp x tp mesh "
-        "kept, its step in seconds and each sharding's (`ddp`: averaged gradients); *rank 0 "
+        "the mesh; *candidate*: the dp x tp mesh kept, its step in seconds and each sharding's "
+        "(`ddp`: averaged gradients; recomputing each block where none fits without); *rank 0 "
         "peak*: the candidate's simulated memory on rank 0; *collectives*: DTensor's in a step, "
         "observed on 8 fake ranks. Targets for 80 layers (issue 28): 60 s and 2 GiB.",
         "",

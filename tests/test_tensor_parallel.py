@@ -277,6 +277,8 @@ def test_an_inference_plan_where_no_placement_fits_is_the_mesh_checked_on_its_ra
     report = (out / "report.html").read_text()
     assert "none is proven for a tensor-parallel mesh" in report
     assert "no placement can beat the bound" not in report
+    assert "(1x cpu-process: rank 0 of the tensor-parallel mesh's 4)" in (
+        out / "summary.md").read_text()
     assert "No placement fits: run dp 2 x tp 2 over 4 CPU workers with tensor_parallel/" \
         "launch.py" in (out / "summary.txt").read_text().replace("\n", " ")
 

@@ -174,8 +174,11 @@ class Overview:
     @property
     def devices_text(self) -> str:
         """``"2x A100-40GB + 2x T4-16GB"``; a training plan of R > 1 data-parallel replicas
-        says that these are one replica's, and how many devices the R take."""
+        says that these are one replica's, and how many devices the R take; a mesh's plan,
+        that this is its rank 0."""
         text = " + ".join(f"{count}x {kind}" for kind, count in self.device_counts)
+        if self.gap is None and self.tensor_parallel is not None:
+            return f"{text}: rank 0 of the tensor-parallel mesh's {self.tensor_parallel.world}"
         replicas = self.training.replicas if self.training is not None else 1
         if replicas > 1:
             text += (f" per replica; {replicas} data-parallel replicas, "
