@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+import zoo
 from test_microbatch import _small_threads
 from test_schedules import _split
 from test_train import MLP, WithLoss, _forward_problem
@@ -272,15 +273,6 @@ def test_a_value_from_the_same_device_is_made_again_not_kept_and_the_gradients_a
     assert peaks[1]["cpu:0"] < peaks[0]["cpu:0"]
 
 
-class _Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.a, self.b = nn.Linear(16, 64), nn.Linear(64, 16)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.b(torch.relu(self.a(x)))
-
-
 def test_each_unit_recomputes_once_its_gradients_have_come() -> None:
     """Activation checkpointing per block on one device (a tensor-parallel rank's step): every
     forward node of a block runs again (``@recompute``) after the gradient of the block's output
@@ -294,7 +286,7 @@ def test_each_unit_recomputes_once_its_gradients_have_come() -> None:
     from autoplace.train.recompute import recompute_units
 
     torch.manual_seed(0)
-    model = nn.Sequential(*[_Block() for _ in range(3)])
+    model = nn.Sequential(*[zoo.Block() for _ in range(3)])
     args, targets = (torch.randn(4096, 16),), (torch.randint(0, 16, (4096,)),)
     traced = trace_model(loss_model(model, F.cross_entropy, args, {}, targets), args,
                          {"targets": targets})
@@ -329,7 +321,7 @@ class _Scaled(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.first, self.last = nn.Parameter(torch.ones(16)), nn.Parameter(torch.ones(16))
-        self.blocks = nn.Sequential(*[_Block() for _ in range(2)])
+        self.blocks = nn.Sequential(*[zoo.Block() for _ in range(2)])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.blocks(x * self.first) * self.last

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+import zoo
 from torch import nn
 
 from autoplace.emit import emit_model
@@ -363,6 +364,7 @@ def test_where_no_placement_fits_the_mesh_that_fits_is_the_plan(tmp_path) -> Non
         loss=F.cross_entropy, example_targets=targets)
     made, tp = planned.plan, planned.plan.tensor_parallel
     assert made.is_mesh and made.gap is None and planned.model is None
+    assert made.solver.wall_s > 0  # the mesh's weighing
     assert (tp.dp, tp.ranks, tp.sharding, tp.over_bytes) == (2, 2, "fsdp", 0)
     assert tp.weighed_sharding["ddp"] < tp.weighed_sharding["fsdp"]  # faster, and over memory
     assert any("gradients averaged over dp: rank 0 peaks" in n for n in made.notes)
@@ -398,15 +400,6 @@ def test_where_neither_a_placement_nor_the_mesh_fits_the_error_names_both() -> N
              loss=F.cross_entropy, example_targets=targets)
 
 
-class _Block(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.a, self.b = nn.Linear(16, 64), nn.Linear(64, 16)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.b(torch.relu(self.a(x)))
-
-
 def _blocks_plan(tmp_path: Path):
     """4 blocks on a batch of 512 over 4 devices of 300,000 bytes, --tp 2 --dp 2: rank 0 of
     the mesh peaks 228,640 bytes over with FSDP2 and none of its activations recomputed."""
@@ -414,7 +407,7 @@ def _blocks_plan(tmp_path: Path):
     from autoplace.pipeline import plan
 
     torch.manual_seed(0)
-    model = nn.Sequential(*[_Block() for _ in range(4)])
+    model = nn.Sequential(*[zoo.Block() for _ in range(4)])
     args, targets = (torch.randn(512, 16),), (torch.randint(0, 16, (512,)),)
     return plan(model, args, Config(
         devices=_of_memory("4xA100-40GB", 300_000), mode="training", cost=Cost(profile=False),
@@ -448,7 +441,7 @@ def test_ranks_that_do_not_recompute_fail_the_check(tmp_path, monkeypatch) -> No
     from autoplace.train.sharded import fsdp_op_units
 
     torch.manual_seed(0)
-    model = nn.Sequential(*[_Block() for _ in range(2)])
+    model = nn.Sequential(*[zoo.Block() for _ in range(2)])
     args, targets = (torch.randn(8, 16),), (torch.randint(0, 16, (8,)),)
     wrapped = loss_model(model, F.cross_entropy, args, {}, targets)
     traced = trace_model(wrapped, args, {"targets": targets})

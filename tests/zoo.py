@@ -234,6 +234,17 @@ class LastRow(nn.Module):
         return self.b(self.a(x)[:, -1])
 
 
+class Block(nn.Module):
+    # A residual block, 16 -> 64 -> 16: the unit of activation checkpointing per block
+    # (``train.recompute.recompute_units``) and of FSDP2 (its own parameters).
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 64), nn.Linear(64, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.b(torch.relu(self.a(x)))
+
+
 class MLP(nn.Module):
     # The seed tutorial's 784-256-128-10 MLP. Parameters: fc1 784*256+256 = 200,960 floats
     # (803,840 bytes), fc2 32,896 (131,584 bytes), fc3 1,290 (5,160 bytes): 940,584 bytes.

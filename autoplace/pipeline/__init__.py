@@ -139,13 +139,20 @@ def _mesh_alone(failure: str, loaded: Any, cluster: Any, config: Config
     """The plan where no placement fits (``failure`` says why) and ``--tp`` was asked: the
     tensor-parallel candidate, if it fits (``pipeline.tensor``; ``InfeasibleError`` naming
     both where it does not)."""
-    if config.mode != Mode.TRAINING:
-        return tensor_pass_candidate(None, loaded, cluster, config, failure=failure)
+    import time
+
     from autoplace.train.layers import kept_state
 
-    with kept_state(loaded.model):
-        model, whole = TrainingStages.step_model(loaded)
-    return tensor_step_candidate(None, model, whole, cluster, config, failure=failure)
+    began = time.perf_counter()
+    if config.mode != Mode.TRAINING:
+        planned, model = tensor_pass_candidate(None, loaded, cluster, config, failure=failure)
+    else:
+        with kept_state(loaded.model):
+            step_model, whole = TrainingStages.step_model(loaded)
+        planned, model = tensor_step_candidate(None, step_model, whole, cluster, config,
+                                               failure=failure)
+    return replace(planned, solver=replace(  # the mesh's weighing and check took this
+        planned.solver, wall_s=time.perf_counter() - began)), model
 
 
 def solve_graph(problem: Problem, solving: Solve | None = None, *,

@@ -140,12 +140,12 @@ def renamed(split: Mapping[str, tuple[str, int]], model: Any) -> dict[str, tuple
     return {where[name.split(".", 1)[1]]: how for name, how in split.items()}
 
 
-
 def mesh_plan(record: TensorParallelRecord, rank0: Problem, schedule: Schedule, *, name: str,
               tracer: str, dtype: str, traced_ops: int) -> Plan:
     """The plan where no placement fits and the tensor-parallel candidate ``record`` does: its
     problem and schedule rank 0's (``rank0``, on its one device; every rank runs its mirror),
-    its solver ``MESH_SOLVER`` with no lower bound proven (``Plan.gap`` is ``None``), no
+    its solver ``MESH_SOLVER`` with no lower bound proven (``Plan.gap`` is ``None``; its
+    ``wall_s`` the caller's to set), no
     baselines (none fits), a training plan's step one rank's, and its check the mesh's on gloo
     ranks. ``traced_ops``: the ops traced, of which rank 0's problem holds its share."""
     import datetime as _dt

@@ -77,9 +77,9 @@ def tensor_step_candidate(planned: Plan | None, model: torch.nn.Module,
 
     args, kwargs = whole
     dps = _dp_values(cluster, config, args, kwargs)
+    unplaced = _Unplaced(failure, config.name, config.dtype)
     if not any(tensor_degrees(cluster, config.parallel.tp, dp=dp) for dp in dps):
-        note(_NOT_WEIGHED)
-        return planned, None
+        return _kept(planned, [], model, args, kwargs, verify=False, unplaced=unplaced)
     found = []
     with kept_state(model):  # tracing, observing and checking run it in train()
         for dp in dps:
@@ -98,8 +98,7 @@ def tensor_step_candidate(planned: Plan | None, model: torch.nn.Module,
                                   training=(config.training.optimizer, factors, config.dtype,
                                             str(config.training.recompute))))
         return _kept(planned, found, model, args, kwargs, verify=config.emit.verify,
-                     optimizer=config.training.optimizer,
-                     unplaced=_Unplaced(failure, config.name, config.dtype))
+                     optimizer=config.training.optimizer, unplaced=unplaced)
 
 
 def tensor_pass_candidate(planned: Plan | None, loaded: Any, cluster: Cluster, config: Config,

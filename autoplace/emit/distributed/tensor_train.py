@@ -4,7 +4,8 @@ A training plan's candidate (``--tp N --mode training``): the one-device model o
 its loss, its matmuls split as ``tensor.column_row`` finds them, trained by N ranks, each on the
 whole batch (the ranks divide each matmul's work); with ``--dp D`` a D x N mesh, each tp group
 on 1/D of the batch, sharded over dp by FSDP2 (``fully_shard`` per unit, torchtitan's FSDP + TP)
-or its gradients averaged over dp (DDP's algorithm: DDP takes no DTensor). ``write_tensor_train``
+or its gradients averaged over dp (DDP's algorithm: DDP takes no DTensor); each unit
+checkpointed where the plan recomputes (``checkpointed``). ``write_tensor_train``
 writes ``OUT/tensor_parallel/train.py``; each rank (``tensor_train_main``) makes its parameters
 DTensors (``tensor.shard_model``) and runs ``--steps`` steps under ``tensor._handlers``.
 ``verify_tensor_training`` trains it on gloo ranks with every dropout at zero and compares the
