@@ -251,35 +251,35 @@ def test_a_dp_by_tp_mesh_runs_each_tp_group_on_its_share_of_the_batch(tmp_path, 
 
 def test_an_inference_plan_where_no_placement_fits_is_the_mesh_checked_on_its_ranks(tmp_path
                                                                                     ) -> None:
-    """A 32 -> 1024 -> 8 MLP on 4 CPU processes of 150,000 bytes each: its first layer's
-    135,168 bytes and their activations fit no device, so no placement fits; dp 2 x tp 2 holds
-    half of each weight on a rank and fits. The plan is the mesh, its outputs checked on 4 gloo
-    ranks, and the report claims no bound."""
+    """A 32 -> 1024 -> 8 MLP on 2 CPU processes of 150,000 bytes each: its first layer's
+    135,168 bytes and their activations fit no device, so no placement fits; tp 2 holds half of
+    each weight on a rank and fits. The plan is the mesh, its outputs checked on 2 gloo ranks,
+    and the report claims no bound."""
     import dataclasses
 
     from autoplace.cluster import resolve_cluster
     from autoplace.config import Config, Parallel, Solve
     from autoplace.pipeline import plan, save
 
-    cluster, _ = resolve_cluster(spec="4xcpu-process")
+    cluster, _ = resolve_cluster(spec="2xcpu-process")
     cluster = dataclasses.replace(cluster, devices=tuple(
         dataclasses.replace(d, memory_bytes=150_000, reserved_bytes=0) for d in cluster.devices))
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 1024), nn.ReLU(), nn.Linear(1024, 8))
     planned = plan(model, (torch.randn(4, 32),), Config(
-        devices=cluster, solve=Solve(time_limit_s=1), parallel=Parallel(tp=2, dp=2)))
+        devices=cluster, solve=Solve(time_limit_s=1), parallel=Parallel(tp=2)))
     made, tp = planned.plan, planned.plan.tensor_parallel
     assert made.is_mesh and planned.model is None and planned.tensor_model is not None
-    assert (tp.dp, tp.ranks, tp.check, tp.over_bytes) == (2, 2, "passed", 0)
+    assert (tp.dp, tp.ranks, tp.check, tp.over_bytes) == (1, 2, "passed", 0)
     assert made.verification.status == "passed" and made.training is None
     assert made.makespan_s == pytest.approx(tp.makespan_s)
     out = save(planned, tmp_path / "out")
     report = (out / "report.html").read_text()
     assert "none is proven for a tensor-parallel mesh" in report
     assert "no placement can beat the bound" not in report
-    assert "(1x cpu-process: rank 0 of the tensor-parallel mesh's 4)" in (
+    assert "(1x cpu-process: rank 0 of the tensor-parallel mesh's 2)" in (
         out / "summary.md").read_text()
-    assert "No placement fits: run dp 2 x tp 2 over 4 CPU workers with tensor_parallel/" \
+    assert "No placement fits: run tp 2 over 2 CPU workers with tensor_parallel/" \
         "launch.py" in (out / "summary.txt").read_text().replace("\n", " ")
 
 

@@ -436,7 +436,8 @@ def test_a_mesh_that_fits_only_recomputing_each_block_does_and_is_checked(tmp_pa
 def test_ranks_that_do_not_recompute_fail_the_check(tmp_path, monkeypatch) -> None:
     """Two tp ranks of blocks emitted in FSDP2's units, to recompute each: ranks that leave the
     blocks unchecked (in their processes, by a sitecustomize) train the same numbers, but not as
-    priced, and the check says the blocks did not run twice a step; honest ranks pass."""
+    priced, and the check says the blocks did not run twice a step (honest ranks pass:
+    ``test_a_mesh_that_fits_only_recomputing_each_block_does_and_is_checked``)."""
     from autoplace.emit.distributed.tensor_train import verify_tensor_training
     from autoplace.train.sharded import fsdp_op_units
 
@@ -457,10 +458,6 @@ def test_ranks_that_do_not_recompute_fail_the_check(tmp_path, monkeypatch) -> No
                        "backward: 0 segments checkpointed ran 0 forwards in 3 steps"):
         verify_tensor_training(one, wrapped, args, {}, targets, ranks=2, optimizer="adamw",
                                split=column_row(one), recompute=True)
-    monkeypatch.delenv("PYTHONPATH")  # honest ranks: each block twice a step
-    check = verify_tensor_training(one, wrapped, args, {}, targets, ranks=2,
-                                   optimizer="adamw", split=column_row(one), recompute=True)
-    assert (check["status"], check["recompute"]) == ("passed", True)
 
 
 def test_gradients_left_unaveraged_over_dp_fail_the_check(tmp_path, monkeypatch) -> None:

@@ -110,7 +110,9 @@ def tensor_text(ov: Overview) -> str | None:
         ", each block recomputed" if tp.recompute else "")
     batch = (f"each tp group on 1/{tp.dp} of the batch" if tp.dp > 1
              else "every rank on the whole batch")
-    return (f"{mesh} over {', '.join(tp.devices)}: "
+    where = (", ".join(tp.devices) if len(tp.devices) <= 8 else  # a cluster's: the ends
+             f"{tp.devices[0]}, ..., {tp.devices[-1]} ({len(tp.devices)} devices)")
+    return (f"{mesh} over {where}: "
             + (f"training step ({batch}) {format_seconds(tp.makespan_s)}"
                if training else format_seconds(tp.makespan_s))
             + f" predicted, {kept}"
