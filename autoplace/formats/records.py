@@ -20,8 +20,11 @@ from autoplace.config.choices import Objective
 
 __all__ = ["AccelerateMapRecord", "Coarsening", "DeviceMapRecord", "GenerationRecord", "MinGain",
            "PinsRecord",
-           "ProfileRecord", "ReplicaOption", "TensorParallelRecord", "TrainingCheck",
-           "TrainingRecord", "WhatIfRecord"]
+           "ProfileRecord", "ReplicaOption", "SHARDING_SAID", "TensorParallelRecord",
+           "TrainingCheck", "TrainingRecord", "WhatIfRecord"]
+
+# How a tensor-parallel mesh holds the model over dp, in words (``TensorParallelRecord.sharding``).
+SHARDING_SAID = {"fsdp": "FSDP2", "ddp": "gradients averaged"}
 
 # A Hugging Face device_map: module name -> a GPU index, "cpu" or "disk".
 HfDeviceMap = Mapping[str, int | str]
@@ -369,6 +372,14 @@ class TensorParallelRecord:
     def world(self) -> int:
         """The ranks that run it: ``dp`` x ``ranks``."""
         return self.dp * self.ranks
+
+    @property
+    def mesh_text(self) -> str:
+        """The mesh in words: ``"dp 8 x tp 8 (FSDP2 over dp), each block recomputed"``,
+        ``"tp 2"``; every note, error and summary that names it says this."""
+        return ((f"dp {self.dp} x tp {self.ranks}" if self.dp > 1 else f"tp {self.ranks}")
+                + (f" ({SHARDING_SAID[self.sharding]} over dp)" if self.sharding else "")
+                + (", each block recomputed" if self.recompute else ""))
 
     def to_dict(self) -> dict[str, Any]:
         return {"ranks": self.ranks, "devices": list(self.devices),

@@ -31,7 +31,7 @@ from autoplace.emit.distributed.tensor import (
 from autoplace.emit.distributed.tensor_train import verify_tensor_training
 from autoplace.errors import ConfigError, InfeasibleError
 from autoplace.formats.plan import Plan
-from autoplace.formats.records import TensorParallelRecord
+from autoplace.formats.records import SHARDING_SAID, TensorParallelRecord
 from autoplace.ir import Cluster, Device, Placement, Problem, Schedule
 from autoplace.pipeline.mesh import (
     SHARDINGS,
@@ -54,7 +54,6 @@ from autoplace.train.sharded import fsdp_op_units
 __all__ = ["TIMED_PASSES", "tensor_degrees", "tensor_devices", "tensor_pass_candidate",
            "tensor_step_candidate"]
 
-_OVER_DP = {"fsdp": "FSDP2", "ddp": "gradients averaged"}  # a mesh's sharding, said
 TIMED_PASSES = 5  # passes timed on the gloo ranks, after the checked one
 _NOT_WEIGHED = ("tensor parallelism not weighed (--tp auto): the first two devices are not "
                 "alike, or there is one device")
@@ -252,7 +251,7 @@ def _kept(planned: Plan | None, found: list[Weighed | None], model: torch.nn.Mod
         raise InfeasibleError(
             f"{unplaced.failure.rstrip('. ')}. The tensor-parallel candidate (--tp) does not "
             "fit either: "
-            f"{_mesh_name(record)} peaks at {record.peak_bytes} bytes on rank 0, "
+            f"{record.mesh_text} peaks at {record.peak_bytes} bytes on rank 0, "
             f"{record.over_bytes} bytes over {record.devices[0]}'s memory (the least of "
             "those weighed): add devices"
             + ("" if record.sharding == "fsdp" or "fsdp" in record.weighed_sharding
@@ -282,7 +281,7 @@ def _kept(planned: Plan | None, found: list[Weighed | None], model: torch.nn.Mod
         failure = unplaced.failure.rstrip(". ")
         note(("" if failure.startswith("no placement") else "no placement fits: ")
              + f"{failure}. The plan is the tensor-parallel candidate, which fits: "
-             f"{_mesh_name(record)}, rank 0's {'step' if optimizer else 'pass'} simulated as "
+             f"{record.mesh_text}, rank 0's {'step' if optimizer else 'pass'} simulated as "
              "the plan's schedule; no lower bound is proven for it")
         planned = mesh_plan(record, kept.priced.rank0, kept.priced.schedule,
                             name=unplaced.name, tracer=kept.tracer, dtype=unplaced.dtype,
@@ -290,15 +289,6 @@ def _kept(planned: Plan | None, found: list[Weighed | None], model: torch.nn.Mod
     note(_said(record, planned, kept.priced.observed,
                here=_on_workers(tensor_devices(kept.cluster, ranks, dp=dp)), meta=meta))
     return replace(planned, tensor_parallel=record), None if meta else one
-
-
-def _mesh_name(record: TensorParallelRecord) -> str:
-    """``"dp 8 x tp 8 (FSDP2 over dp)"``, ``"tp 2"``."""
-    again = ", each unit recomputed" if record.recompute else ""
-    if record.dp == 1:
-        return f"tp {record.ranks}{again}"
-    return (f"dp {record.dp} x tp {record.ranks}"
-            + (f" ({_OVER_DP[record.sharding]} over dp)" if record.sharding else "") + again)
 
 
 def tensor_degrees(cluster: Cluster, ranks: int | str, *, dp: int = 1) -> list[int]:
@@ -388,7 +378,7 @@ def _step_of(problem: Problem, observed: Observed, everyone: tuple[str, ...], *,
     names, dp = everyone[:ranks], len(everyone) // ranks
     factor = stretch(len(everyone)) if here else 1.0
 
-    def priced_with(again: bool) -> dict[tuple[str | None, bool], tuple[Problem, Any]]:
+    def priced_with(again: bool) -> dict[tuple[str | None, bool], tuple[Problem, Schedule]]:
         found = {}
         for sharding in mesh.shardings if mesh is not None else (None,):
             step = stretched(tensor_step_problem(
@@ -407,8 +397,8 @@ def _step_of(problem: Problem, observed: Observed, everyone: tuple[str, ...], *,
     mesh_name = f"dp {dp} x tp {ranks}" if dp > 1 else f"tp {ranks}"
     for (sharding, again), (_, schedule) in found.items():
         if _over(schedule) and (sharding, again) != kept:
-            note(f"{mesh_name}" + (f" with {_OVER_DP[sharding]} over dp" if sharding else "")
-                 + (", each unit recomputed" if again else "")
+            note(f"{mesh_name}" + (f" with {SHARDING_SAID[sharding]} over dp" if sharding else "")
+                 + (", each block recomputed" if again else "")
                  + f": rank 0 peaks {_over(schedule)} bytes over {names[0]}'s memory")
     if kept[1]:
         note(f"{mesh_name}: each unit's forward runs again before its backward (activation "
@@ -479,7 +469,7 @@ def _said(record: TensorParallelRecord, planned: Plan, observed: Observed, *, he
             "profiled: train.graph's rule, not observed op by op)")
             + f", the {record.optimizer} update on rank 0's shards")
     if record.dp > 1:
-        over = _OVER_DP
+        over = SHARDING_SAID
         weighed += (f"a dp {record.dp} x tp {ranks} mesh ({', '.join(record.devices)}), each "
                     f"tp group on 1/{record.dp} of the batch"
                     + (f", {over[record.sharding]} over dp" if record.sharding else "")

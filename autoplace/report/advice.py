@@ -81,11 +81,8 @@ def _mesh_advice(plan: Plan, tp: TensorParallelRecord) -> str:
     placement fits: run dp 8 x tp 8 (FSDP2 over dp) over 64 GPUs with tensor_parallel/train.py:
     step 1.2 s predicted, rank 0 peaking at 60.1 GiB of 80 GiB."."""
     device = plan.problem.cluster.devices[0]
-    mesh = (f"dp {tp.dp} x tp {tp.ranks}" if tp.dp > 1 else f"tp {tp.ranks}") + {
-        "fsdp": " (FSDP2 over dp)", "ddp": " (gradients averaged over dp)"}.get(
-            tp.sharding or "", "") + (", each block recomputed" if tp.recompute else "")
     script = "train.py" if tp.optimizer is not None else "launch.py"
-    return (f"No placement fits: run {mesh} over {tp.world} {_kind_of([device])}s with "
+    return (f"No placement fits: run {tp.mesh_text} over {tp.world} {_kind_of([device])}s with "
             f"tensor_parallel/{script}: {'step' if tp.optimizer is not None else 'makespan'} "
             f"{format_seconds(tp.makespan_s)} predicted, rank 0 peaking at "
             f"{format_bytes(tp.peak_bytes)} of {format_bytes(device.memory_bytes)}.")

@@ -104,15 +104,11 @@ def tensor_text(ov: Overview) -> str | None:
             else f"the {'plan' if training else 'placement'} faster")
     checked = (f"; 3 {tp.optimizer} steps checked on {tp.world} gloo ranks" if training
                else f"; outputs checked on {tp.world} gloo ranks")
-    over = {"fsdp": " (FSDP2 over dp)", "ddp": " (gradients averaged over dp)"}.get(
-        tp.sharding or "", "")
-    mesh = (f"dp {tp.dp} x tp {tp.ranks}{over}" if tp.dp > 1 else f"tp {tp.ranks}") + (
-        ", each block recomputed" if tp.recompute else "")
     batch = (f"each tp group on 1/{tp.dp} of the batch" if tp.dp > 1
              else "every rank on the whole batch")
     where = (", ".join(tp.devices) if len(tp.devices) <= 8 else  # a cluster's: the ends
              f"{tp.devices[0]}, ..., {tp.devices[-1]} ({len(tp.devices)} devices)")
-    return (f"{mesh} over {where}: "
+    return (f"{tp.mesh_text} over {where}: "
             + (f"training step ({batch}) {format_seconds(tp.makespan_s)}"
                if training else format_seconds(tp.makespan_s))
             + f" predicted, {kept}"

@@ -33,11 +33,11 @@ import torch.distributed as dist
 from autoplace.emit.codegen.model import PartitionedModel
 from autoplace.emit.distributed.tensor import _handlers, _rank_device, load_sharded
 from autoplace.errors import AutoplaceError, VerificationError
+from autoplace.formats.records import SHARDING_SAID
 
 __all__ = ["checkpointed", "tensor_train_main", "verify_tensor_training", "write_tensor_train"]
 
 VERIFY_TIMEOUT_S = 300.0
-SHARDED = {"fsdp": "FSDP2", "ddp": "gradients averaged"}
 _TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "tensor_train.py.tmpl"
 
 
@@ -77,7 +77,7 @@ def tensor_train_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *,
         say_trained,
     )
 
-    mesh = (f"a {dp} x {len(devices) // dp} mesh (dp x tp, {SHARDED[sharding]} over dp)"
+    mesh = (f"a {dp} x {len(devices) // dp} mesh (dp x tp, {SHARDING_SAID[sharding]} over dp)"
             if dp > 1 else f"{len(devices)} tensor-parallel ranks")
     parser = argparse.ArgumentParser(
         prog="train.py", description=f"Train {model_dir} as {mesh} with {optimizer}; run "
