@@ -345,11 +345,11 @@ def _weigh(problem: Problem, traced: TracedModel, one: PartitionedModel,
     if training is None:
         rank0 = tensor_problem(problem, observed, names, measured=here, collectives_s=measured_s)
         rank0 = stretched(rank0, stretch(len(everyone)) if here else 1.0)
+        schedule = simulate(rank0, _on(rank0, names[0]))
     else:
-        rank0, kept, priced, recompute = _step_of(
+        rank0, schedule, kept, priced, recompute = _step_of(
             problem, observed, everyone, ranks=ranks, training=training, mesh=mesh,
             here=here, collectives_s=measured_s)
-    schedule = simulate(rank0, _on(rank0, names[0]))
     moved = [c for table in (observed.collectives, observed.backward_collectives)
              for per in table.values() for c in per]
     columns, rows = matmuls(split)
@@ -368,12 +368,12 @@ def _weigh(problem: Problem, traced: TracedModel, one: PartitionedModel,
 def _step_of(problem: Problem, observed: Observed, everyone: tuple[str, ...], *, ranks: int,
              training: tuple[str, Mapping[str, float], str, str], mesh: Mesh | None,
              here: bool, collectives_s: float | None
-             ) -> tuple[Problem, str | None, dict[str, float], bool]:
+             ) -> tuple[Problem, Schedule, str | None, dict[str, float], bool]:
     """Rank 0's training step (``tensor_step_problem``) over ``everyone`` (a dp x ``ranks``
     mesh in rank order), each of ``mesh``'s shardings priced, and again with each unit
     recomputed where ``training``'s recompute is ``auto`` and none fits without: the kept
-    step (one that fits, the fastest; else the least over), its sharding, each sharding's
-    time with the kept recomputation, and whether it recomputes."""
+    step (one that fits, the fastest; else the least over) and its simulation, its sharding,
+    each sharding's time with the kept recomputation, and whether it recomputes."""
     optimizer, factors, dtype, recompute = training
     names, dp = everyone[:ranks], len(everyone) // ranks
     factor = stretch(len(everyone)) if here else 1.0
@@ -404,7 +404,7 @@ def _step_of(problem: Problem, observed: Observed, everyone: tuple[str, ...], *,
         note(f"{mesh_name}: each unit's forward runs again before its backward (activation "
              "checkpointing per block, torch.utils.checkpoint), which rank 0 needs to fit: "
              f"{found[kept][1].makespan_s * 1e3:.3f} ms a step with it")
-    return (found[kept][0], kept[0],
+    return (*found[kept], kept[0],
             {s: found[s, kept[1]][1].makespan_s for s, again in found if again == kept[1]},
             kept[1])
 
