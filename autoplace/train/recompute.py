@@ -63,10 +63,12 @@ def recompute_units(problem: Problem) -> Problem:
     activation checkpointing per unit runs it (``torch.utils.checkpoint`` around each FSDP
     unit's segments, ``train.sharded.fsdp_units``; torchtitan's per-block checkpointing): each
     forward node of a unit keeps its output only until its forward readers are done, and
-    ``f@recompute`` runs it again once the gradients the unit's backward waits for have come,
-    from its unit's recomputed values and the kept outputs of the nodes before the unit (its
-    inputs, which the checkpoint keeps); the unit's backward reads those. Unchanged where no
-    unit holds a parameter."""
+    ``f@recompute`` runs it again once its unit's gradients from the readers downstream of it
+    have come (their backward comes before its own), from its unit's recomputed values and the
+    kept outputs of the nodes before the unit (its inputs, which the checkpoint keeps); the
+    unit's backward reads those. Unchanged where no unit holds a parameter."""
+    import networkx as nx
+
     from autoplace.ir.graphs import topological_order
     from autoplace.train.sharded import fsdp_units
 
@@ -81,20 +83,18 @@ def recompute_units(problem: Problem) -> Problem:
 
     rebuilt = _rebuild(problem, again, source)
     waits: dict[str, set[str]] = {}  # a unit's gradients: its outside readers' backward nodes
-    inputs_of: dict[str, set[str]] = {}  # each forward node's inputs
     for e in problem.graph.edges:
         (base, phase, _), (src, src_phase, _) = phase_of(e.dst), phase_of(e.src)
-        if phase == src_phase == "forward" and base == e.dst and src == e.src:
-            inputs_of.setdefault(e.dst, set()).add(e.src)
-        elif (phase == src_phase == "backward" and base in again
-              and unit_of.get(src) != unit_of[base]):
+        if (phase == src_phase == "backward" and base in again
+                and unit_of.get(src) != unit_of[base]):
             waits.setdefault(unit_of[base], set()).add(src)
-    # f's recomputation waits for those of its unit's gradients that come after its own
-    # readers' (a reader's backward comes before f's): never for one that needs f's backward
+    # f's recomputation waits for those of its unit's gradients whose reader reads f, directly
+    # or not (only forward nodes feed a forward node): never for one that needs f's backward
+    step = problem.graph.to_networkx()
     edges = [*rebuilt.graph.edges, *(
         Edge(src=reader + BACKWARD, dst=_recompute_name(f), bytes=0)
         for reader in sorted(set().union(*waits.values()))
-        for f in sorted(_upstream(reader, inputs_of) & again)
+        for f in sorted(nx.ancestors(step, reader) & again)
         if reader in waits.get(unit_of[f], ()))]
     graph = rebuilt.graph
     by_name = {n.name: n for n in graph.nodes}
@@ -104,18 +104,6 @@ def recompute_units(problem: Problem) -> Problem:
     return replace(rebuilt, graph=OpGraph(nodes=tuple(by_name[n] for n in order),
                                           edges=tuple(edges), colocate=graph.colocate,
                                           name=graph.name))
-
-
-def _upstream(node: str, inputs_of: Mapping[str, Collection[str]]) -> set[str]:
-    """Every node ``node`` reads from, directly or not, along ``inputs_of``."""
-    seen: set[str] = set()
-    stack = list(inputs_of.get(node, ()))
-    while stack:
-        name = stack.pop()
-        if name not in seen:
-            seen.add(name)
-            stack.extend(inputs_of.get(name, ()))
-    return seen
 
 
 def recompute_all(problem: Problem) -> Problem:
