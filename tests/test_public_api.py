@@ -40,3 +40,22 @@ def test_every_error_is_exported():
     assert set(autoplace.errors.__all__) <= set(autoplace.__all__)
     for name in autoplace.errors.__all__:
         assert getattr(autoplace, name) is getattr(autoplace.errors, name)
+
+
+def test_a_rank_loads_the_modules_it_runs_and_not_the_planner():
+    """``import autoplace`` loads its names on first use: a torchrun rank of an emitted model,
+    or a process timing the gradients' averaging, imports one module and starts in the time
+    torch takes, not the solver's, the report's and the pipeline's too."""
+    import subprocess
+    import sys
+
+    planner = ("autoplace.pipeline", "autoplace.solve", "autoplace.report", "ortools")
+    for module in ("autoplace.emit.distributed.tensor_train", "autoplace.emit.distributed.ddp",
+                   "autoplace.emit.distributed.ranks", "autoplace.profile.allreduce"):
+        loaded = subprocess.run(
+            [sys.executable, "-c", f"import sys, {module}; print(*sorted(m for m in "
+             f"{planner!r} if m in sys.modules))"],
+            capture_output=True, text=True, check=True).stdout.split()
+        assert loaded == [], f"{module} loads {loaded}"
+    assert autoplace.plan is autoplace.pipeline.plan and callable(autoplace.simulate)
+    assert "Planned" in dir(autoplace)
