@@ -198,6 +198,8 @@ def measure_allreduce_s(numels: Numels, *, replicas: int, mode: str = "ddp",
     ``mode`` way (see the module's docstring); at least 0, but for ``fsdp``, whose sharded
     update may save more than its collectives cost. Raises ``RuntimeError`` when the
     processes fail or take longer than ``timeout_s``."""
+    import multiprocessing
+
     import torch.multiprocessing as mp
 
     if mode not in MODES:
@@ -210,11 +212,15 @@ def measure_allreduce_s(numels: Numels, *, replicas: int, mode: str = "ddp",
         sizes = [[int(k), int(b)] for k, b in numels]  # type: ignore[misc]
     else:
         sizes = [int(n) for n in numels if n]  # type: ignore[arg-type]
+    # The ranks fork from a server process that imported this module (and torch) once: the
+    # first measurement of a planning process starts it, the next ones pay no imports (a
+    # spawned rank imports torch each time: seconds per rank).
+    multiprocessing.set_forkserver_preload(["__main__", __name__])
     with tempfile.TemporaryDirectory(prefix="autoplace-allreduce-") as tmp:
         out = Path(tmp) / "times"
         context = mp.start_processes(_rank, args=(replicas, free_port(), sizes, mode, rounds,
                                                   str(out), optimizer),
-                                     nprocs=replicas, join=False, start_method="spawn")
+                                     nprocs=replicas, join=False, start_method="forkserver")
         deadline = time.monotonic() + timeout_s
         try:
             while not context.join(timeout=max(0.1, min(1.0, deadline - time.monotonic()))):
