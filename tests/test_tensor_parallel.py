@@ -143,6 +143,37 @@ def test_dtensor_is_observed_on_fake_ranks_and_each_collective_charged_where_it_
     assert placed.makespan_s > 0
 
 
+def test_the_collectives_measured_here_are_kept_in_the_profile_cache(monkeypatch) -> None:
+    """A candidate's collectives are timed on gloo processes once: planned again, their time
+    comes from the profile cache (as the gradients' averaging does), and a note says so; other
+    collectives, or another rank count, are measured anew."""
+    import autoplace.profile.allreduce as allreduce
+    from autoplace.pipeline.tensor import _collectives_s
+    from autoplace.profile import open_cache
+    from autoplace.progress.notes import collecting
+    from autoplace.solve.tensor import Observed
+
+    runs = []
+
+    def timed(numels, *, replicas, mode, **_):
+        runs.append((replicas, mode, [list(n) for n in numels]))
+        return 0.001 * len(runs)
+
+    monkeypatch.setattr(allreduce, "measure_allreduce_s", timed)
+    cache = open_cache(use_cache=False)
+    pass_ = Observed(collectives={"mm": (("all_reduce", 256),),
+                                  "cat": (("all_gather_into_tensor", 64),)})
+    with collecting() as notes:
+        first = _collectives_s(pass_, 2, "cpu", cache)
+        again = _collectives_s(pass_, 2, "cpu", cache)
+    assert first == again == 0.001 and runs == [(2, "collectives", [[0, 256], [1, 64]])]
+    assert "measured on 2 gloo" in notes[0] and "measured before on 2 gloo" in notes[1]
+    assert _collectives_s(pass_, 4, "cpu", cache) == 0.002
+    assert _collectives_s(Observed(collectives={"mm": (("all_reduce", 512),)}), 2, "cpu",
+                          cache) == 0.003
+    assert _collectives_s(Observed(), 2, "cpu", cache) == 0.0 and len(runs) == 3
+
+
 def test_the_planner_records_the_candidate_beside_the_placement(tmp_path) -> None:
     from autoplace.config import Config, Cost, Parallel
     from autoplace.formats.plan import Plan

@@ -95,7 +95,8 @@ def tensor_step_candidate(planned: Plan | None, model: torch.nn.Module,
             found.append(_weighed(traced.problem, traced.traced, args, kwargs,
                                   ranks=config.parallel.tp, mesh=mesh,
                                   training=(config.training.optimizer, factors, config.dtype,
-                                            str(config.training.recompute))))
+                                            str(config.training.recompute)),
+                                  cache=config.cost.cache))
         return _kept(planned, found, model, args, kwargs, verify=config.emit.verify,
                      optimizer=config.training.optimizer, unplaced=unplaced)
 
@@ -121,7 +122,8 @@ def tensor_pass_candidate(planned: Plan | None, loaded: Any, cluster: Cluster, c
                                         Tracing.of(config, checked=True))
         found.append(_weighed(traced.problem, traced.traced, args, kwargs,
                               ranks=config.parallel.tp,
-                              mesh=Mesh(dp=dp, shardings=()) if dp > 1 else None))
+                              mesh=Mesh(dp=dp, shardings=()) if dp > 1 else None,
+                              cache=config.cost.cache))
     return _kept(planned, found, loaded.model, args, kwargs, verify=config.emit.verify,
                  unplaced=_Unplaced(failure, config.name, config.dtype))
 
@@ -178,13 +180,14 @@ class Weighed:
 def _weighed(problem: Problem, traced: TracedModel, args: tuple[Any, ...],
              kwargs: dict[str, Any], *, ranks: int | str,
              training: tuple[str, Mapping[str, float], str, str] | None = None,
-             mesh: Mesh | None = None) -> Weighed | None:
+             mesh: Mesh | None = None, cache: Any = None) -> Weighed | None:
     """The candidate of ``ranks`` ranks on the first devices of ``problem``'s cluster
     (``mesh``: ``mesh.dp`` such groups, ``problem`` one group's share of the batch;
     ``"auto"``: each degree ``tensor_degrees`` gives, the fastest kept), weighed, not checked;
     ``None`` where ``auto`` finds no degree. ``training``: a training step's optimizer,
     backward factors (per device, ``train.step_problem``'s) and dtype; ``problem`` is then the
-    forward of the model and its loss, ``kwargs`` holding the ``targets``."""
+    forward of the model and its loss, ``kwargs`` holding the ``targets``. ``cache``: the
+    profile cache that keeps what was measured here (the default one where ``None``)."""
     dp = mesh.dp if mesh is not None else 1
     degrees = tensor_degrees(problem.cluster, ranks, dp=dp)
     if not degrees:
@@ -202,7 +205,7 @@ def _weighed(problem: Problem, traced: TracedModel, args: tuple[Any, ...],
     for degree in degrees:
         try:
             weighed[degree] = _weigh(problem, traced, one, pairs, degree, *observed_on,
-                                     training=training, mesh=mesh, units=units)
+                                     training=training, mesh=mesh, units=units, cache=cache)
         except ConfigError as refused:
             if ranks != "auto":
                 raise
@@ -313,7 +316,8 @@ def _weigh(problem: Problem, traced: TracedModel, one: PartitionedModel,
            pairs: Mapping[str, tuple[str, int]], ranks: int, args: tuple[Any, ...],
            kwargs: dict[str, Any], *,
            training: tuple[str, Mapping[str, float], str, str] | None = None,
-           mesh: Mesh | None = None, units: Mapping[str, str] | None = None) -> Priced:
+           mesh: Mesh | None = None, units: Mapping[str, str] | None = None,
+           cache: Any = None) -> Priced:
     """The candidate of ``ranks`` ranks, unchecked: ``one`` split as ``pairs`` (its
     ``column_row``) where the ranks divide the split dimension, observed under DTensor on fake
     ranks and rank 0 simulated (``training``: its step, ``tensor_candidate``'s; ``mesh``: with
@@ -339,7 +343,8 @@ def _weigh(problem: Problem, traced: TracedModel, one: PartitionedModel,
     everyone = tuple(d.name for d in chosen)
     names = everyone[:ranks]  # rank 0's tp group; its dp group is everyone[::ranks]
     here = _on_workers(chosen)
-    measured_s = _collectives_s(observed, ranks) if here else None
+    measured_s = (_collectives_s(observed, ranks, chosen[0].torch_device, cache)
+                  if here else None)
     priced: dict[str, float] = {}
     recompute, kept = False, None
     if training is None:
@@ -534,11 +539,14 @@ def tensor_devices(cluster: Cluster, ranks: int, *, dp: int = 1) -> tuple[Device
     return chosen
 
 
-def _collectives_s(observed: Observed, ranks: int) -> float | None:
+def _collectives_s(observed: Observed, ranks: int, worker: str, cache: Any) -> float | None:
     """A pass's collectives, in order, measured on ``ranks`` gloo processes here
-    (``profile.allreduce``, mode ``collectives``); ``None`` where that fails (the ring
-    formulas price them then)."""
-    from autoplace.profile.allreduce import COLLECTIVES, measure_allreduce_s
+    (``profile.allreduce``, mode ``collectives``) and kept in the profile ``cache`` under the
+    CPU behind ``worker`` (a torch device), as the gradients' averaging is; ``None`` where
+    that fails (the ring formulas price them then)."""
+    from autoplace.cluster import device_key, inventory
+    from autoplace.profile import open_cache
+    from autoplace.profile.allreduce import COLLECTIVES, allreduce_s
 
     sequence = [[COLLECTIVES.index(kind), nbytes]
                 for table in (observed.collectives, observed.backward_collectives)
@@ -546,14 +554,17 @@ def _collectives_s(observed: Observed, ranks: int) -> float | None:
     if not sequence:
         return 0.0
     try:
-        seconds = measure_allreduce_s(sequence, replicas=ranks, mode="collectives")
+        seconds, before = allreduce_s(sequence, replicas=ranks, mode="collectives",
+                                      cache=cache if cache is not None else open_cache(),
+                                      device_key=device_key(worker, inventory()))
     except Exception as exc:  # noqa: BLE001 - the ring formulas still price them
         note(f"the tensor-parallel collectives could not be measured ({type(exc).__name__}: "
              f"{exc}); the ring formulas price them")
         return None
     note(f"the {len(sequence)} collectives of a tensor-parallel "
-         f"{'step' if observed.backward_collectives else 'pass'} measured on {ranks} gloo "
-         f"processes here: {seconds * 1e3:.3f} ms")
+         f"{'step' if observed.backward_collectives else 'pass'} measured"
+         f"{' before' if before else ''} on {ranks} gloo processes here: "
+         f"{seconds * 1e3:.3f} ms")
     return seconds
 
 
