@@ -286,8 +286,9 @@ def _compare_update(original: Updated, emitted: Updated, what: str,
     mine, ref = twin.detach().to("cpu"), param.detach().to("cpu")
     if start is not None:  # both updated from ``start``: their updates
         mine, ref = mine - start, ref - start
-    worst = _close(mine[keep] if keep is not None else mine,
-                   ref[keep] if keep is not None else ref, what)
+    if keep is not None:  # the elements set apart zero on both sides: equal, and no scale
+        mine, ref = torch.where(keep, mine, 0), torch.where(keep, ref, 0)
+    worst = _close(mine, ref, what)
     if keep is not None and not bool(keep.all()):
         masks[name] = keep & masks.get(name, keep)
         if follow == "emitted":
@@ -495,12 +496,14 @@ def _close(actual: torch.Tensor | None, expected: torch.Tensor | None, what: str
     # "close" to zeros, as assert_close's fixed 1e-5 would have it.
     rtol, atol = tolerance or (RTOL, ATOL)
     # The scale is the finite elements' (an inf on both sides is equal, a nan is not).
-    finite = expected[torch.isfinite(expected)]
-    scale = float(finite.abs().max()) if finite.numel() else 0.0
+    scale = (float(expected.abs().nan_to_num(nan=0.0, posinf=0.0).max()) if expected.numel()
+             else 0.0)
     try:
         torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol * scale + 1e-12)
     except AssertionError as exc:
         raise VerificationError(f"training check failed: {what} differs from the original's: "
                                 f"{' '.join(str(exc).splitlines()[:6])}") from None
+    if not actual.numel():
+        return 0.0
     both = torch.isfinite(actual) & torch.isfinite(expected)
-    return float((actual.double() - expected.double())[both].abs().max()) if both.any() else 0.0
+    return float(torch.where(both, (actual.double() - expected.double()).abs(), 0.0).max())
