@@ -120,3 +120,37 @@ def test_plan_is_on_the_folded_graph_whatever_max_nodes(tmp_path):
     data = json.loads((tmp_path / "out" / "plan.json").read_text())
     assert data["solver"]["scope"] == dict(plan.solver.scope)
     assert autoplace.Plan.load(tmp_path / "out").solver.scope == plan.solver.scope
+
+
+def test_a_trace_asked_for_again_within_a_plan_is_reused_with_its_notes(monkeypatch):
+    """``reusing_traces`` keeps the last forward problem: the same model, inputs (a view of
+    the same rows too), cluster and tracing give it back, its notes made again; other
+    inputs, another cluster object, or a call outside the block trace anew."""
+    import autoplace.pipeline.forward as forward
+    from autoplace.cluster import resolve_cluster
+    from autoplace.progress.notes import collecting
+
+    traced = []
+    real = forward._traced_problem
+
+    def counted(*args):
+        traced.append(args[1])
+        forward.note("traced")
+        return real(*args)
+
+    monkeypatch.setattr(forward, "_traced_problem", counted)
+    model, batch = zoo.TwoLayer(), torch.randn(4, 8)
+    cluster, _ = resolve_cluster(spec="2xA100-40GB")
+    how = forward.Tracing(name="m", profile=False, cache=None, progress=False)
+    with forward.reusing_traces():
+        with collecting() as notes:
+            first = forward.traced_problem(model, (batch[:2],), {}, cluster, how)
+            again = forward.traced_problem(model, (batch.split(2)[0],), {}, cluster, how)
+        assert again is first and notes.count("traced") == 2 and len(traced) == 1
+        other = forward.traced_problem(model, (batch[2:],), {}, cluster, how)  # other rows
+        assert other is not first and len(traced) == 2
+        forward.traced_problem(model, (batch[2:],), {}, resolve_cluster(spec="2xA100-40GB")[0],
+                               how)
+        assert len(traced) == 3
+    forward.traced_problem(model, (batch[2:],), {}, cluster, how)
+    assert len(traced) == 4

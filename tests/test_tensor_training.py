@@ -395,6 +395,27 @@ def test_where_no_placement_fits_the_mesh_that_fits_is_the_plan(tmp_path) -> Non
         plan_and_model(out)
 
 
+def test_the_mesh_where_no_placement_fits_reuses_the_replicas_trace(monkeypatch) -> None:
+    """The mesh's dp 2 shard is the shard 2 replicas traced: the plan traces the model and
+    its loss once (an 80-layer 70B-wide shape takes about 25 s a trace here)."""
+    import autoplace.pipeline.forward as forward
+    from autoplace.config import Config, Cost, Emit, Parallel, Solve, Training
+    from autoplace.pipeline import plan
+
+    traced = []
+    real = forward._traced_problem
+    monkeypatch.setattr(forward, "_traced_problem",
+                        lambda *args: traced.append(args[1]) or real(*args))
+    model, args, targets = _wide()
+    made = plan(model, args, Config(
+        devices=_of_memory("4xA100-40GB", 420_000), mode="training", cost=Cost(profile=False),
+        solve=Solve(time_limit_s=1), parallel=Parallel(tp=2, dp=2),
+        training=Training(replicas=2), emit=Emit(verify=False)),
+        loss=F.cross_entropy, example_targets=targets).plan
+    assert made.is_mesh and made.tensor_parallel.dp == 2
+    assert [a[0].shape[0] for a in traced] == [2]
+
+
 def test_where_neither_a_placement_nor_the_mesh_fits_the_error_names_both() -> None:
     from autoplace.config import Config, Cost, Parallel, Solve
     from autoplace.errors import InfeasibleError

@@ -36,7 +36,7 @@ from autoplace.formats.plan import Plan
 from autoplace.formats.records import Coarsening, ProfileRecord
 from autoplace.ir import Device, Problem
 from autoplace.pipeline.emitting import emit_plan
-from autoplace.pipeline.forward import load
+from autoplace.pipeline.forward import load, reusing_traces
 from autoplace.pipeline.generation import GenerationStages
 from autoplace.pipeline.inference import InferenceStages
 from autoplace.pipeline.mesh import dp_shard
@@ -86,7 +86,8 @@ def plan(model: torch.nn.Module, example_inputs: Any, config: Config | None = No
         from autoplace.pipeline.modules import plan_modules
 
         return Planned(plan_modules(model, example_inputs, config))
-    with collecting() as notes:  # every stage's notes, in order (progress.notes)
+    # every stage's notes, in order (progress.notes); a trace asked for again reused
+    with collecting() as notes, reusing_traces():
         cluster, found = config.devices.resolve()
         note_all(found)
         if config.parallel.tp is not None:
@@ -103,7 +104,7 @@ def plan(model: torch.nn.Module, example_inputs: Any, config: Config | None = No
         except InfeasibleError as failed:
             if config.parallel.tp is None:
                 raise
-            planned, tensor_model = _mesh_alone(str(failed), loaded, cluster, config)
+            planned, tensor_model = _mesh_alone(str(failed), loaded, cluster, config, stages)
             return Planned(replace(planned, notes=tuple(notes)), None,
                            tensor_model if config.emit.model else None)
         planned = stages.record(solved)
@@ -134,21 +135,19 @@ def plan(model: torch.nn.Module, example_inputs: Any, config: Config | None = No
                    tensor_model if config.emit.model else None)
 
 
-def _mesh_alone(failure: str, loaded: Any, cluster: Any, config: Config
+def _mesh_alone(failure: str, loaded: Any, cluster: Any, config: Config, stages: Any
                 ) -> tuple[Plan, PartitionedModel | None]:
     """The plan where no placement fits (``failure`` says why) and ``--tp`` was asked: the
     tensor-parallel candidate, if it fits (``pipeline.tensor``; ``InfeasibleError`` naming
-    both where it does not)."""
+    both where it does not). A training plan's candidate takes the model and loss the
+    placement's ``stages`` traced, so their last trace serves it where it is the same."""
     import time
-
-    from autoplace.train.layers import kept_state
 
     began = time.perf_counter()
     if config.mode != Mode.TRAINING:
         planned, model = tensor_pass_candidate(None, loaded, cluster, config, failure=failure)
     else:
-        with kept_state(loaded.model):
-            step_model, whole = TrainingStages.step_model(loaded)
+        step_model, whole = stages.step_model(loaded)
         planned, model = tensor_step_candidate(None, step_model, whole, cluster, config,
                                                failure=failure)
     return replace(planned, solver=replace(  # the mesh's weighing and check took this

@@ -6,7 +6,7 @@ forward emitted (``emitting``) and then trained beside the original (``check``,
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -55,6 +55,9 @@ class TrainingStages:
     """A training plan's stages, for ``config``."""
 
     config: Config
+    # ``step_model``'s, by the ``Loaded`` it was built for
+    built: dict[int, tuple[Loaded, tuple[torch.nn.Module, Any]]] = field(
+        default_factory=dict, compare=False, repr=False)
 
     def solve(self, loaded: Loaded, cluster: Cluster) -> Solved:
         """Stages trace, cost, fold and solve for the step of the model and its loss (which
@@ -82,14 +85,19 @@ class TrainingStages:
             step = replace(step, problem=step.single.problem, recompute=step.single.devices)
         return Solved(step=step, result=result, gain=gain, model=model)
 
-    @staticmethod
-    def step_model(loaded: Loaded) -> tuple[torch.nn.Module, Any]:
+    def step_model(self, loaded: Loaded) -> tuple[torch.nn.Module, Any]:
         """The model and its loss (``train.LossModel``, which runs the model once to check
-        the loss: in ``train.layers.kept_state``) and the whole batch it takes, the targets
-        among its keywords."""
-        targets = training_targets(loaded.targets)
-        return (loss_model(loaded.model, loaded.loss, loaded.args, loaded.kwargs, targets),
-                (loaded.args, {**loaded.kwargs, "targets": targets}))
+        the loss, in ``train.layers.kept_state``) and the whole batch it takes, the targets
+        among its keywords; built once for ``loaded``, and the same again after."""
+        built = self.built.get(id(loaded))
+        if built is None or built[0] is not loaded:
+            targets = training_targets(loaded.targets)
+            with kept_state(loaded.model):
+                model = loss_model(loaded.model, loaded.loss, loaded.args, loaded.kwargs,
+                                   targets)
+            built = self.built[id(loaded)] = (
+                loaded, (model, (loaded.args, {**loaded.kwargs, "targets": targets})))
+        return built[1]
 
     def record(self, solved: Solved) -> Plan:
         """The plan, with its ``training`` record (its check to come) and what-if table."""
