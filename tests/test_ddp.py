@@ -155,7 +155,16 @@ def test_cpu_workers_run_on_one_intra_op_thread_and_other_devices_as_torch_has_t
 
 @pytest.mark.parametrize("name", ["mlp", "lenet"])
 def test_replicas_train_as_the_original_does_on_the_whole_batch(name: str, mlp: tuple) -> None:
+    """2 replicas, each on its half of the batch, train as the original does on the whole:
+    the plan's own check (``verify_replicas``), and for the MLP ``verify_replicas`` called
+    again here, which leaves the model's example and the original's gradients as they were."""
     planned, original, args, targets = mlp if name == "mlp" else _plan(name)
+    check = planned.plan.training.check
+    assert (check.status, check.replicas, check.steps) == ("passed", 2, 3)
+    torch.testing.assert_close(torch.tensor(check.losses), torch.tensor(check.original_losses))
+    assert check.losses[-1] < check.losses[0]
+    if name != "mlp":
+        return
     before = planned.model.example_inputs
     record = verify_replicas(planned.model, original, args, {}, targets, optimizer="adam",
                              replicas=2)

@@ -291,13 +291,16 @@ def test_auto_does_not_weigh_sharding_where_whole_replicas_fit() -> None:
     ({"fsdp": "on", "microbatches": 2}, "--fsdp on with micro-batches is not built yet"),
 ])
 def test_fsdp_asked_where_it_cannot_be_is_a_config_error(training, flag_says) -> None:
+    """Refused for the plan's replicas; with a mesh's dp (``--tp N --dp D``) ``--fsdp on`` is
+    the mesh's sharding over dp, and the replicas and micro-batches are the placement's."""
     from autoplace.cli.flags import FLAGS
-    from autoplace.config import Training
+    from autoplace.config import Config, Parallel, Training
     from autoplace.errors import ConfigError
 
     with pytest.raises(ConfigError) as caught:
-        Training(**training)
+        Config(mode="training", training=Training(**training))
     assert caught.value.render(FLAGS).startswith(flag_says)
+    Config(mode="training", training=Training(**training), parallel=Parallel(tp=2, dp=2))
 
 
 def test_fsdp_on_with_replicas_of_several_devices_says_what_would_shard(tmp_path) -> None:

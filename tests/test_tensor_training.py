@@ -211,8 +211,8 @@ def test_the_mlp_example_trains_on_a_dp_by_tp_mesh(tmp_path, capsys) -> None:
 
     out = tmp_path / "out"
     assert main(["plan", str(EXAMPLES / "mlp.py"), "--mode", "training", "--devices",
-                 "4xcpu-process", "--tp", "2", "--dp", "2", "--fsdp", "on", "--time-limit", "2",
-                 "--out", str(out), "--quiet"]) == 0
+                 "4xcpu-process", "--tp", "2", "--dp", "2", "--fsdp", "on", "--replicas", "1",
+                 "--time-limit", "2", "--out", str(out), "--quiet"]) == 0
     tp = read_plan(out / "plan.json").tensor_parallel  # passes its schema and reads back
     assert (tp.ranks, tp.dp, tp.world, tp.sharding, tp.check) == (2, 2, 4, "fsdp", "passed")
     assert tp.devices == ("cpu:0", "cpu:1", "cpu:2", "cpu:3")

@@ -173,13 +173,6 @@ class Training:
                            choice(Recompute, self.recompute, "training.recompute"))
         object.__setattr__(self, "fsdp", choice(Fsdp, self.fsdp, "training.fsdp"))
         object.__setattr__(self, "layers", choice(Layers, self.layers, "training.layers"))
-        if self.fsdp == Fsdp.ON and self.replicas == 1:
-            raise ConfigError("{training.fsdp=on} shards the model over data-parallel "
-                              "replicas: set {training.replicas} to 2 or more, or auto")
-        if self.fsdp == Fsdp.ON and self.microbatches > 1:
-            raise ConfigError("{training.fsdp=on} with micro-batches is not built yet (each "
-                              "sharded replica runs its shard of the batch at once): drop "
-                              "{training.microbatches}, or set {training.fsdp=off}")
         if self.schedule != PipelineSchedule.AUTO and self.microbatches == 1:
             raise ConfigError(f"{{training.schedule}} {self.schedule} orders micro-batches: "
                               "add {training.microbatches=M} (M > 1), or leave the schedule "
@@ -323,11 +316,22 @@ class Config:
             if self.training.fsdp == Fsdp.ON and self.dtype != DType.FLOAT32:
                 raise ConfigError(f"{{training.fsdp=on}} in {self.dtype} (mixed precision) is "
                                   "not built yet: use {dtype=float32}")
+            if self.training.fsdp == Fsdp.ON and self.parallel.dp is None:
+                self._check_sharded_replicas()  # with {parallel.dp}: the mesh's, over dp
             return
         changed = self.training.changed()
         if changed:
             raise ConfigError(f"{{{changed[0]}}} is for training plans: set "
                               "{mode=training}")
+
+    def _check_sharded_replicas(self) -> None:
+        if self.training.replicas == 1:
+            raise ConfigError("{training.fsdp=on} shards the model over data-parallel "
+                              "replicas: set {training.replicas} to 2 or more, or auto")
+        if self.training.microbatches > 1:
+            raise ConfigError("{training.fsdp=on} with micro-batches is not built yet (each "
+                              "sharded replica runs its shard of the batch at once): drop "
+                              "{training.microbatches}, or set {training.fsdp=off}")
 
     def _check_granularity(self) -> None:
         if self.granularity == Granularity.OP:
