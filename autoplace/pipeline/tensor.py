@@ -474,12 +474,12 @@ def _said(record: TensorParallelRecord, planned: Plan, observed: Observed, *, he
             "profiled: train.graph's rule, not observed op by op)")
             + f", the {record.optimizer} update on rank 0's shards")
     if record.dp > 1:
-        over = SHARDING_SAID
         weighed += (f"a dp {record.dp} x tp {ranks} mesh ({', '.join(record.devices)}), each "
                     f"tp group on 1/{record.dp} of the batch"
-                    + (f", {over[record.sharding]} over dp" if record.sharding else "")
+                    + (f", {SHARDING_SAID[record.sharding]} over dp" if record.sharding else "")
                     + ("" if not record.weighed_sharding else " (weighed: " + ", ".join(
-                        f"{over[k]} {v * 1e3:.3f} ms" for k, v in record.weighed_sharding.items())
+                        f"{SHARDING_SAID[k]} {v * 1e3:.3f} ms"
+                        for k, v in record.weighed_sharding.items())
                         + ")") + "; ")
     return (f"{weighed}tensor parallel {'training ' if training else ''}over {ranks} ranks"
             + ("" if record.dp > 1 else f" ({', '.join(record.devices)}), each on the whole "
