@@ -171,7 +171,7 @@ def test_a_gradient_left_unreduced_fails_the_check(tmp_path, monkeypatch) -> Non
 
     (tmp_path / "sitecustomize.py").write_text(
         "import torch\n"
-        "import autoplace.emit.distributed.tensor as tensor\n"
+        "import autoplace.emit.distributed.dtensor as tensor\n"
         "honest = tensor._reduced_matmul\n"
         "def sabotaged(op, args, kwargs):\n"
         "    if torch.is_grad_enabled():\n"

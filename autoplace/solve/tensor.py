@@ -160,12 +160,12 @@ def _sharded_pass(emitted: torch.nn.Module, split: Mapping[str, tuple[str, int]]
     each collective recorded against the op whose gradient came last (``_Found.reached``)."""
     from torch.distributed.tensor.experimental import implicit_replication
 
-    from autoplace.emit.distributed.tensor import _handlers, shard_model
+    from autoplace.emit.distributed.dtensor import dtensor_rules, shard_model
 
     shard_model(emitted, mesh, split, copy=train)
     found.hooks = train
     with (torch.enable_grad() if train else torch.no_grad()), implicit_replication(), \
-            _handlers(), recorder:
+            dtensor_rules(), recorder:
         out = emitted(*args, **kwargs)
         recorder.take()
         pytree.tree_map(_whole, out)
@@ -186,7 +186,7 @@ def _timed_step(emitted: torch.nn.Module, optimizer: str, args: tuple[Any, ...],
     each the fastest of ``TIMED`` (after one step that makes the optimizer's state)."""
     from torch.distributed.tensor.experimental import implicit_replication
 
-    from autoplace.emit.distributed.tensor import _handlers
+    from autoplace.emit.distributed.dtensor import dtensor_rules
     from autoplace.train.graph import make_optimizer
 
     opt = make_optimizer(optimizer, [p for p in emitted.parameters() if p.requires_grad])
@@ -194,7 +194,7 @@ def _timed_step(emitted: torch.nn.Module, optimizer: str, args: tuple[Any, ...],
     best = {"forward_s": math.inf, "backward_s": math.inf, "update_s": math.inf}
     try:
         torch.set_num_threads(1)
-        with implicit_replication(), _handlers():
+        with implicit_replication(), dtensor_rules():
             for attempt in range(TIMED + 1):
                 took = {}
                 opt.zero_grad()
@@ -221,14 +221,14 @@ def _timed(emitted: torch.nn.Module, interpreters: Iterable[_Interpreter],
     interpreter; DTensor's handlers on (a split model's)."""
     from torch.distributed.tensor.experimental import implicit_replication
 
-    from autoplace.emit.distributed.tensor import _handlers
+    from autoplace.emit.distributed.dtensor import dtensor_rules
 
     threads = torch.get_num_threads()
     for interpreter in interpreters:
         interpreter.timing = True
     try:
         torch.set_num_threads(1)
-        with torch.no_grad(), implicit_replication(), _handlers():
+        with torch.no_grad(), implicit_replication(), dtensor_rules():
             for _ in range(TIMED):
                 emitted(*args, **kwargs)
     finally:

@@ -7,7 +7,7 @@ on 1/D of the batch, sharded over dp by FSDP2 (``fully_shard`` per unit, torchti
 or its gradients averaged over dp (DDP's algorithm: DDP takes no DTensor); each unit
 checkpointed where the plan recomputes (``checkpointed``). ``write_tensor_train``
 writes ``OUT/tensor_parallel/train.py``; each rank (``tensor_train_main``) makes its parameters
-DTensors (``tensor.shard_model``) and runs ``--steps`` steps under ``tensor._handlers``.
+DTensors (``dtensor.shard_model``) and runs ``--steps`` steps under ``dtensor.dtensor_rules``.
 ``verify_tensor_training`` trains it on gloo ranks with every dropout at zero and compares the
 losses, the gradients (gathered whole) and the updated parameters with the original's step by
 step (``replicas._compare``). ``solve.tensor_train`` prices it.
@@ -31,7 +31,8 @@ import torch
 import torch.distributed as dist
 
 from autoplace.emit.codegen.model import PartitionedModel
-from autoplace.emit.distributed.tensor import _handlers, _rank_device, load_sharded
+from autoplace.emit.distributed.dtensor import dtensor_rules
+from autoplace.emit.distributed.tensor import _rank_device, load_sharded
 from autoplace.errors import AutoplaceError, VerificationError
 from autoplace.formats.records import SHARDING_SAID
 
@@ -142,7 +143,7 @@ def _train(model_dir: Path, options: argparse.Namespace, *, device: str, optimiz
         opt = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad],
                              options.lr)
         step = _step(model, args, kwargs, averaged)
-        with implicit_replication(), _handlers(), (
+        with implicit_replication(), dtensor_rules(), (
                 no_dropout() if options.no_dropout else contextlib.nullcontext()):
             losses, times, record = _steps(step, model, opt, steps=options.steps,
                                            recording=options.record is not None)
