@@ -23,7 +23,7 @@ FLAGS = {
     "training.optimizer": "--optimizer", "training.microbatches": "--microbatches",
     "training.schedule": "--schedule", "training.replicas": "--replicas",
     "training.recompute": "--recompute", "training.fsdp": "--fsdp", "training.layers": "--layers",
-    "parallel.tp": "--tp", "parallel.dp": "--dp", "generate": "--generate",
+    "parallel.tp": "--tp", "parallel.dp": "--dp", "parallel.pp": "--pp", "generate": "--generate",
 }
 
 
@@ -49,7 +49,7 @@ def config_of(args: argparse.Namespace, *, name: str = "model") -> Config:
                           schedule=args.schedule, replicas=args.replicas,
                           recompute=args.recompute, fsdp=args.fsdp, layers=args.layers),
         emit=Emit(model=args.emit, verify=args.verify, check_memory=args.check_memory),
-        parallel=Parallel(tp=args.tp, dp=args.dp),
+        parallel=Parallel(tp=args.tp, dp=args.dp, pp=args.pp),
         pins=pins or None, checkpoint=args.checkpoint, no_split=args.no_split, name=name,
         generate=args.generate)
 

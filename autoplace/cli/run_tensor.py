@@ -70,9 +70,10 @@ def run_tensor(directory: str | os.PathLike[str], *, nproc: int, warmup: int = 1
     written = () if outputs_file is None else tuple(save_outputs(
         _as_returned(expected, saved["outputs"]), outputs_file))
     moved = {d: ran for d, ran in here.items() if d != ran}
+    over = (f"each stage's {record.ranks} ranks (pp {record.pp} x tp {record.ranks})"
+            if record.pp > 1 else f"the {nproc} ranks")
     notes = [f"tensor parallel: {record.columns} column and {record.rows} row matmuls split "
-             f"over the {nproc} ranks by DTensor; predicted: plan.json's "
-             "tensor_parallel.makespan_s"]
+             f"over {over} by DTensor; predicted: plan.json's tensor_parallel.makespan_s"]
     if moved:
         notes.append("devices differ from the plan: " + "; ".join(
             f"{d} ran on {ran}" for d, ran in moved.items())
@@ -80,7 +81,9 @@ def run_tensor(directory: str | os.PathLike[str], *, nproc: int, warmup: int = 1
     times = tuple(saved["times_s"])
     return RanksResult(
         measured_s=statistics.median(times), predicted_s=record.makespan_s, times_s=times,
-        nproc=nproc, microbatches=1, pipelining="tensor parallel (DTensor)",
+        nproc=nproc, microbatches=1, pipelining="tensor parallel (DTensor)" if record.pp == 1
+        else f"{record.pp} stages by torch.distributed.pipelining's ScheduleGPipe, "
+        "tensor parallel (DTensor) in each",
         backend=saved["backend"], max_abs_diff=diff, ranks=tuple(record.devices),
         inputs=f"the example inputs ({root / 'model' / 'inputs.safetensors'})",
         notes=tuple(notes), written=written)
@@ -162,8 +165,9 @@ def _candidate(directory: str | os.PathLike[str], *, nproc: int,
                         "--no-emit, or a model on the meta device, whose candidate is planned, "
                         "not emitted, wrote none)")
     if nproc != record.world:
-        shape = (f"a {record.dp} x {record.ranks} mesh of {record.world} ranks"
-                 if record.dp > 1 else f"{record.ranks} ranks")
+        outer = f"{record.dp} x " if record.dp > 1 else f"pp {record.pp} x tp "
+        shape = (f"a {outer}{record.ranks} mesh of {record.world} ranks"
+                 if record.world > record.ranks else f"{record.ranks} ranks")
         raise AutoplaceError(f"--nproc {nproc}: the tensor-parallel candidate has {shape} "
                              f"({', '.join(record.devices)}): pass --nproc {record.world}, or "
                              f"plan again for {nproc} ranks")

@@ -209,10 +209,14 @@ class Parallel:
     candidate's data-parallel degree beside ``tp``, a dp x tp mesh of every device, each tp
     group on 1/dp of the batch (in training FSDP2 over dp, or its gradients averaged:
     ``training.fsdp``); ``"auto"``: one tp group on the leading devices and the mesh of every
-    device, each weighed, the fastest kept."""
+    device, each weighed, the fastest kept. ``pp``: with a whole ``tp``, the candidate is a
+    pp x tp mesh of the first pp x tp devices: the model cut into ``pp`` stages in its
+    topological order, each run by a tp group and handed on by ``torch.distributed.pipelining``
+    (inference only, for now; ``pipeline.staged``)."""
 
     tp: int | str | None = None
     dp: int | str | None = None
+    pp: int | None = None
 
     def __post_init__(self) -> None:
         if self.tp is not None and self.tp != "auto":
@@ -228,6 +232,15 @@ class Parallel:
                                   "tensor-parallel mesh: give {parallel.tp} too, a whole number "
                                   "(or auto with {parallel.dp=auto}; data parallelism alone is "
                                   "{training.replicas})")
+        if self.pp is not None:
+            _whole(self.pp, "parallel.pp", least=2)
+            if not isinstance(self.tp, int):
+                raise ConfigError("{parallel.pp} cuts a tensor-parallel mesh into pipeline "
+                                  "stages: give {parallel.tp} too, a whole number (pipeline "
+                                  "stages alone are the placement's: plan without {parallel.pp})")
+            if self.dp is not None:
+                raise ConfigError("{parallel.pp} with {parallel.dp} (a 3-D mesh) is not built "
+                                  "yet: drop one of them")
 
 
 @dataclass(frozen=True)
@@ -305,6 +318,10 @@ class Config:
             raise ConfigError("{parallel.tp} is weighed for plans of ops (a device map of "
                               "tensor-parallel ranks is not built yet): drop it, or plan with "
                               "{granularity=op}")
+        if self.parallel.pp is not None and self.mode == Mode.TRAINING:
+            raise ConfigError("{parallel.pp} (pipeline stages of a tensor-parallel mesh) is "
+                              "built for inference plans for now: drop it, or plan "
+                              "{mode=inference}")
         if self.parallel.tp is not None and self.mode == Mode.TRAINING and (
                 self.dtype != DType.FLOAT32):
             raise ConfigError(f"{{parallel.tp}} in training in {self.dtype} (mixed precision) "

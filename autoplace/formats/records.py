@@ -339,7 +339,11 @@ class TensorParallelRecord:
     how far rank 0's simulated peak exceeds its device's memory (0: it fits); a candidate that
     fits is kept before any faster one that does not. ``recompute``: a training candidate's
     units (its FSDP2 units, blocks) recompute their forward before their backward, which it
-    needed to fit (``train.recompute.recompute_units``)."""
+    needed to fit (``train.recompute.recompute_units``). ``pp``: an inference candidate's
+    pipeline stages (``--pp``, ``pipeline.staged``): ``devices`` are a pp x ``ranks`` mesh in
+    rank order, stage s on the s-th group of ``ranks``; ``makespan_s`` is one pass through the
+    stages, ``peak_bytes`` the largest stage's rank peak and ``stage_peak_bytes`` each stage's
+    (its first rank's; the others mirror it)."""
 
     ranks: int
     devices: tuple[str, ...]
@@ -362,6 +366,8 @@ class TensorParallelRecord:
     meshes: Mapping[str, float] = field(default_factory=dict)
     over_bytes: int = 0
     recompute: bool = False
+    pp: int = 1
+    stage_peak_bytes: tuple[int, ...] = ()
 
     @property
     def fits(self) -> bool:
@@ -370,14 +376,15 @@ class TensorParallelRecord:
 
     @property
     def world(self) -> int:
-        """The ranks that run it: ``dp`` x ``ranks``."""
-        return self.dp * self.ranks
+        """The ranks that run it: ``pp`` x ``dp`` x ``ranks``."""
+        return self.pp * self.dp * self.ranks
 
     @property
     def mesh_text(self) -> str:
         """The mesh in words: ``"dp 8 x tp 8 (FSDP2 over dp), each block recomputed"``,
         ``"tp 2"``; every note, error and summary that names it says this."""
-        return ((f"dp {self.dp} x tp {self.ranks}" if self.dp > 1 else f"tp {self.ranks}")
+        return ((f"pp {self.pp} x " if self.pp > 1 else "")
+                + (f"dp {self.dp} x tp {self.ranks}" if self.dp > 1 else f"tp {self.ranks}")
                 + (f" ({SHARDING_SAID[self.sharding]} over dp)" if self.sharding else "")
                 + (", each block recomputed" if self.recompute else ""))
 
@@ -395,7 +402,9 @@ class TensorParallelRecord:
                     ("torch_devices", list(self.torch_devices) or None),
                     ("meshes", dict(self.meshes) or None),
                     ("over_bytes", self.over_bytes or None),
-                    ("recompute", self.recompute or None)])
+                    ("recompute", self.recompute or None),
+                    ("pp", self.pp if self.pp > 1 else None),
+                    ("stage_peak_bytes", list(self.stage_peak_bytes) or None)])
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TensorParallelRecord:
@@ -411,7 +420,8 @@ class TensorParallelRecord:
                    weighed_sharding=dict(data.get("weighed_sharding", {})),
                    torch_devices=tuple(data.get("torch_devices", ())),
                    meshes=dict(data.get("meshes", {})), over_bytes=data.get("over_bytes", 0),
-                   recompute=data.get("recompute", False))
+                   recompute=data.get("recompute", False), pp=data.get("pp", 1),
+                   stage_peak_bytes=tuple(data.get("stage_peak_bytes", ())))
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from autoplace.pipeline.generation import GenerationStages
 from autoplace.pipeline.inference import InferenceStages
 from autoplace.pipeline.mesh import dp_shard
 from autoplace.pipeline.record import min_gain, plan_of
+from autoplace.pipeline.staged import staged_devices, staged_pass_candidate
 from autoplace.pipeline.tensor import tensor_degrees, tensor_pass_candidate, tensor_step_candidate
 from autoplace.pipeline.training import TrainingStages
 from autoplace.progress.notes import collecting, note, note_all
@@ -90,7 +91,9 @@ def plan(model: torch.nn.Module, example_inputs: Any, config: Config | None = No
     with collecting() as notes, reusing_traces():
         cluster, found = config.devices.resolve()
         note_all(found)
-        if config.parallel.tp is not None:
+        if config.parallel.pp is not None:  # before the work: a clear error
+            staged_devices(cluster, config.parallel.pp, config.parallel.tp)
+        elif config.parallel.tp is not None:
             tensor_degrees(cluster, config.parallel.tp,  # before the work: a clear error
                            dp=config.parallel.dp if isinstance(config.parallel.dp, int) else 1)
         loaded = load(model, example_inputs, config, loss=loss, example_targets=example_targets)
@@ -126,8 +129,9 @@ def plan(model: torch.nn.Module, example_inputs: Any, config: Config | None = No
                 planned, solved.model, step.whole, cluster, config,
                 forward=step.forward if step.replicas == step.microbatches == 1 else None)
         elif config.parallel.tp is not None:
-            planned, tensor_model = tensor_pass_candidate(planned, loaded, cluster, config,
-                                                          forward=solved.forward)
+            candidate = staged_pass_candidate if config.parallel.pp else tensor_pass_candidate
+            planned, tensor_model = candidate(planned, loaded, cluster, config,
+                                              forward=solved.forward)
     profiled = solved.forward.profiled
     return Planned(replace(planned, notes=tuple(notes),
                            profile=ProfileRecord.from_dict(profiled.to_dict()) if profiled
@@ -145,7 +149,8 @@ def _mesh_alone(failure: str, loaded: Any, cluster: Any, config: Config, stages:
 
     began = time.perf_counter()
     if config.mode != Mode.TRAINING:
-        planned, model = tensor_pass_candidate(None, loaded, cluster, config, failure=failure)
+        candidate = staged_pass_candidate if config.parallel.pp else tensor_pass_candidate
+        planned, model = candidate(None, loaded, cluster, config, failure=failure)
     else:
         step_model, whole = stages.step_model(loaded)
         planned, model = tensor_step_candidate(None, step_model, whole, cluster, config,
@@ -225,7 +230,7 @@ def _tensor_parallel(plan: Plan, model: PartitionedModel, directory: Path) -> No
                            sharding=record.sharding or "ddp", recompute=record.recompute)
     else:
         write_tensor_launch(directory, devices=devices, names=list(record.devices),
-                            split=record.split, dp=record.dp)
+                            split=record.split, dp=record.dp, pp=record.pp, model=model)
 
 
 def _launch_script(plan: Plan, model: PartitionedModel, directory: Path) -> None:

@@ -277,7 +277,8 @@ def _kept(planned: Plan | None, found: list[Weighed | None], model: torch.nn.Mod
         note(_trained(check, ranks))
     elif verify and not meta:
         check = verify_tensor_parallel(one, model, args, kwargs, ranks=ranks,
-                                       repeats=TIMED_PASSES, split=record.split, dp=dp)
+                                       repeats=TIMED_PASSES, split=record.split, dp=dp,
+                                       pp=record.pp)
         record = replace(record, check="passed", max_abs_diff=check["max_abs_diff"],
                          measured_s=check["measured_s"])
     if planned is None:
@@ -329,17 +330,8 @@ def _weigh(problem: Problem, traced: TracedModel, one: PartitionedModel,
     if whole:
         note(f"tensor parallel over {ranks} ranks: {', '.join(whole)} kept whole, their split "
              f"dimension not a multiple of {ranks}")
-    try:
-        observed = observe(_one_device(traced, units), split, ranks, args, kwargs,  # it shards
-                           optimizer=training[0] if training else None)
-    except SplitError as failed:
-        module = next((n.module for n in problem.graph.nodes if failed.op in n.ops), None)
-        first = str(failed.error).strip().splitlines()[0].rstrip(".")
-        raise ConfigError(
-            f"{{parallel.tp={ranks}}}: DTensor cannot run {failed.op}"
-            + (f" ({module})" if module else "") + f" split over {ranks} ranks: {first}; "
-            "choose a degree that divides the model's attention heads (key/value heads "
-            "included) and hidden sizes") from None
+    observed = _observed(problem, traced, split, ranks, args, kwargs,
+                         optimizer=training[0] if training else None, units=units)
     everyone = tuple(d.name for d in chosen)
     names = everyone[:ranks]  # rank 0's tp group; its dp group is everyone[::ranks]
     here = _on_workers(chosen)
@@ -368,6 +360,26 @@ def _weigh(problem: Problem, traced: TracedModel, one: PartitionedModel,
         weighed_sharding=priced if mesh is not None and len(priced) > 1 else {},
         over_bytes=_over(schedule), recompute=recompute),
         observed=observed, rank0=rank0, schedule=schedule)
+
+
+def _observed(problem: Problem, traced: TracedModel, split: Mapping[str, tuple[str, int]],
+              ranks: int, args: tuple[Any, ...], kwargs: dict[str, Any], *,
+              optimizer: str | None = None, units: Mapping[str, str] | None = None
+              ) -> Observed:
+    """``traced`` emitted on one device (its ``units`` cut apart) and split as ``split``,
+    observed under DTensor on ``ranks`` fake ranks (``solve.tensor.observe``; ``optimizer``:
+    a training step's); ``ConfigError`` naming the op DTensor cannot run."""
+    try:
+        return observe(_one_device(traced, units), split, ranks, args, kwargs,  # it shards
+                       optimizer=optimizer)
+    except SplitError as failed:
+        module = next((n.module for n in problem.graph.nodes if failed.op in n.ops), None)
+        first = str(failed.error).strip().splitlines()[0].rstrip(".")
+        raise ConfigError(
+            f"{{parallel.tp={ranks}}}: DTensor cannot run {failed.op}"
+            + (f" ({module})" if module else "") + f" split over {ranks} ranks: {first}; "
+            "choose a degree that divides the model's attention heads (key/value heads "
+            "included) and hidden sizes") from None
 
 
 def _step_of(problem: Problem, observed: Observed, everyone: tuple[str, ...], *, ranks: int,
@@ -473,6 +485,10 @@ def _said(record: TensorParallelRecord, planned: Plan, observed: Observed, *, he
             "the plan's backward factor times the rank's share of the forward (2x unless "
             "profiled: train.graph's rule, not observed op by op)")
             + f", the {record.optimizer} update on rank 0's shards")
+    if record.pp > 1:
+        weighed += (f"a pp {record.pp} x tp {ranks} mesh, the model cut into {record.pp} "
+                    "pipeline stages (rank peaks by stage: "
+                    + ", ".join(map(str, record.stage_peak_bytes)) + " bytes); ")
     if record.dp > 1:
         weighed += (f"a dp {record.dp} x tp {ranks} mesh ({', '.join(record.devices)}), each "
                     f"tp group on 1/{record.dp} of the batch"

@@ -84,5 +84,6 @@ def _mesh_advice(plan: Plan, tp: TensorParallelRecord) -> str:
     script = "train.py" if tp.optimizer is not None else "launch.py"
     return (f"No placement fits: run {tp.mesh_text} over {tp.world} {_kind_of([device])}s with "
             f"tensor_parallel/{script}: {'step' if tp.optimizer is not None else 'makespan'} "
-            f"{format_seconds(tp.makespan_s)} predicted, rank 0 peaking at "
+            f"{format_seconds(tp.makespan_s)} predicted, "
+            f"{'the fullest stage' if tp.pp > 1 else 'rank 0'} peaking at "
             f"{format_bytes(tp.peak_bytes)} of {format_bytes(device.memory_bytes)}.")

@@ -5,8 +5,8 @@
 taken as replicated. ``dtensor_rules`` is DTensor's dispatcher with what it lacks on the CPU
 and what Megatron-LM does: attention split by heads (``_attention_by_heads``), export's
 ``_assert_tensor_metadata`` skipped, and a row's partial sums reduced at once
-(``_reduced_matmul``). ``tensor`` (a pass), ``tensor_train`` (a step) and ``solve.tensor``
-(observing on fake ranks) run under it.
+(``_reduced_matmul``). ``tensor`` (a pass), ``tensor_train`` (a step), ``tensor_stages`` (a
+pipeline stage) and ``solve.tensor`` (observing on fake ranks) run under it.
 """
 
 from __future__ import annotations

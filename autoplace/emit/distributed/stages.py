@@ -5,7 +5,7 @@ With M > 1 micro-batches, ``OUT/launch.py`` (``ranks.rank_main``) runs the plan 
 one run of the emitted order, the runs in rank order (rank 0 first), and every value that
 crosses a cut between stages, the model's inputs and outputs included, is a tensor cut along
 the batch (dimension 0 is the micro-batch's rows), which is what the schedule splits and
-merges. A stage's module (``_Stage``) takes the values that cross the cut before it and
+merges. A stage's module (``StageModule``) takes the values that cross the cut before it and
 returns those that cross the cut after it (a value made early and read late passes through
 the stages between); the last stage returns the model's outputs, which it then sends to rank
 0 through ``ranks.Exchange``, as every other crossing goes (``gather_outputs``: they land on
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Chain", "chain_of", "gather_outputs", "run_stages"]
+__all__ = ["Chain", "StageModule", "buffers", "chain_of", "gather_outputs", "run_stages"]
 
 
 @dataclass(frozen=True)
@@ -43,10 +43,11 @@ class Chain:
 
 
 def chain_of(model: torch.nn.Module, table: Sequence[Any], *, rank: int, ranks: Sequence[str],
-             first: Sequence[Any], rows: int) -> Chain | None:
+             first: Sequence[Any], rows: int | None) -> Chain | None:
     """Rank ``rank``'s stage where the plan's ranks form a chain (the module says when), else
     ``None``. ``table``: the ``ranks.Crossing`` rows; ``first``: micro-batch 0's flat inputs;
-    ``rows``: its batch."""
+    ``rows``: its batch (``None``: one micro-batch, the batch not cut, so any tensor crosses
+    as it is)."""
     info = model.segment_info
     runs = [seg.planned_device for i, seg in enumerate(info)
             if i == 0 or info[i - 1].planned_device != seg.planned_device]
@@ -81,7 +82,7 @@ def chain_of(model: torch.nn.Module, table: Sequence[Any], *, rank: int, ranks: 
     shapes = {}
     for n in (*takes, *gives):
         spec = _shape(n, crossing, dict(zip(model.input_names, first)))
-        if spec is None or not spec[0] or spec[0][0] != rows:
+        if spec is None or (rows is not None and (not spec[0] or spec[0][0] != rows)):
             return None  # not a tensor cut along the batch: the schedule could not split it
         shapes[n] = spec
     return Chain(rank, index, tuple(ranks.index(d) for d in runs),
@@ -101,7 +102,7 @@ def _shape(name: str, crossing: Mapping[str, Any],
     return tuple(value.shape), str(value.dtype).removeprefix("torch.")
 
 
-class _Stage(torch.nn.Module):
+class StageModule(torch.nn.Module):
     """One rank's segments as a module: the values it takes in, those it gives out."""
 
     def __init__(self, model: torch.nn.Module, chain: Chain) -> None:
@@ -128,14 +129,10 @@ def run_stages(model: torch.nn.Module, batches: Sequence[list[Any]], chain: Chai
 
     count = len(batches)
     device = getattr(model, f"seg{chain.segments[0]}").device  # where its segments run
-
-    def empty(names: Sequence[str]) -> tuple[torch.Tensor, ...]:
-        return tuple(torch.empty(chain.shapes[n][0], dtype=getattr(torch, chain.shapes[n][1]),
-                                 device=device) for n in names)
-
     world = len(chain.order)
-    stage = PipelineStage(_Stage(model, chain), chain.index, world, device,
-                          input_args=empty(chain.takes), output_args=empty(chain.gives))
+    stage = PipelineStage(StageModule(model, chain), chain.index, world, device,
+                          input_args=buffers(chain, chain.takes, device),
+                          output_args=buffers(chain, chain.gives, device))
     schedule = ScheduleGPipe(stage, n_microbatches=count)
     with exchange.named(None):
         if chain.index == 0:
@@ -145,6 +142,13 @@ def run_stages(model: torch.nn.Module, batches: Sequence[list[Any]], chain: Chai
         else:
             merged = schedule.eval()
     return gather_outputs(model, chain, merged, exchange, count=count)
+
+
+def buffers(chain: Chain, names: Sequence[str], device: Any) -> tuple[torch.Tensor, ...]:
+    """Empty tensors shaped as ``chain`` says each of ``names`` is, on ``device``: what
+    ``PipelineStage`` is told a stage takes and gives."""
+    return tuple(torch.empty(chain.shapes[n][0], dtype=getattr(torch, chain.shapes[n][1]),
+                             device=device) for n in names)
 
 
 def gather_outputs(model: torch.nn.Module, chain: Chain, merged: Any, exchange: Any, *,

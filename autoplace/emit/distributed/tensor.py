@@ -8,7 +8,8 @@ up and gate columns and its down projection a row, and a language model's head a
 vocabulary split). ``dtensor.shard_model`` makes each parameter a DTensor on a 1-D mesh of the
 ranks (a column's weight split along its outputs and its bias too, a row's along its inputs;
 the rest replicated), and ``dtensor.run_sharded`` runs the model with its inputs replicated:
-DTensor inserts every collective, a row's partial sums reduced at once.
+DTensor inserts every collective, a row's partial sums reduced at once. With ``pp`` the ranks
+are a pp x tp mesh, the model cut into pipeline stages (``tensor_stages``).
 ``write_tensor_launch`` writes the ranks' ``launch.py`` (``tensor_main`` on each rank's planned
 device); ``verify_tensor_parallel`` runs it on N gloo processes against the original.
 ``solve.tensor`` prices it; ``tensor_train`` trains it.
@@ -17,6 +18,7 @@ device); ``verify_tensor_parallel`` runs it on N gloo processes against the orig
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import operator
 import os
@@ -122,7 +124,7 @@ def _reaches(start: Any, kinds: Mapping[torch.fx.Node, str], kind: str) -> bool:
 
 
 def tensor_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *,
-                devices: Sequence[str], names: Sequence[str], dp: int = 1) -> int:
+                devices: Sequence[str], names: Sequence[str], dp: int = 1, pp: int = 1) -> int:
     """One rank of ``torchrun --nproc-per-node N``: load ``model_dir`` on this rank's device
     (``devices[rank]``, plan name ``names[rank]``; ``--device-map`` remaps it as
     ``launch.py``'s does), split it over the N ranks (``--split FILE``: ``column_row``'s, as
@@ -156,7 +158,7 @@ def tensor_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *,
     except AutoplaceError as error:
         print_error(type(error).__name__, error)
         return 2
-    return _run_rank(Path(model_dir), options, device=device, world=world, dp=dp)
+    return _run_rank(Path(model_dir), options, device=device, world=world, dp=dp, pp=pp)
 
 
 def _rank_device(rank: int, devices: Sequence[str], names: Sequence[str],
@@ -176,22 +178,26 @@ def _rank_device(rank: int, devices: Sequence[str], names: Sequence[str],
     return here[rank]
 
 
-def load_sharded(model_dir: Path, split_file: str, *, kind: str, device: str, dp: int = 1
-                 ) -> tuple[torch.nn.Module, tuple[Any, ...], dict[str, Any], Any]:
+def load_sharded(model_dir: Path, split_file: str, *, kind: str, device: str, dp: int = 1,
+                 pp: int = 1) -> tuple[torch.nn.Module, tuple[Any, ...], dict[str, Any], Any]:
     """A rank's model: the one-device model in ``model_dir`` on ``device``, its weights split
     as ``split_file`` (``split.json``) says over a mesh of every rank (``kind``'s devices),
     or with ``dp`` > 1 over this rank's tp group of a ``("dp", "tp")`` mesh; its example inputs
-    there (with ``dp`` > 1 its dp group's share of the batch, ``ddp.shard``); and the mesh."""
+    there (with ``dp`` > 1 its dp group's share of the batch, ``ddp.shard``); and the mesh.
+    With ``pp`` > 1 the mesh is ``("pp", "tp")`` and the model is left whole: its stage is
+    ``tensor_stages.stage_runner``'s to split."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from autoplace.emit.distributed.ddp import shard
     from autoplace.emit.files.saving import load_inputs, load_model
 
     world = dist.get_world_size()
-    if world % dp:
-        raise AutoplaceError(f"{world} ranks do not make a mesh of {dp} data-parallel groups: "
-                             f"run {dp} x tp ranks")
-    mesh = (init_device_mesh(kind, (dp, world // dp), mesh_dim_names=("dp", "tp")) if dp > 1
+    if world % (dp * pp):
+        raise AutoplaceError(f"{world} ranks do not make a mesh of {dp * pp} groups: "
+                             f"run {dp * pp} x tp ranks")
+    outer = ("pp", pp) if pp > 1 else ("dp", dp)
+    mesh = (init_device_mesh(kind, (outer[1], world // outer[1]),
+                             mesh_dim_names=(outer[0], "tp")) if outer[1] > 1
             else init_device_mesh(kind, (world,)))
 
     model = load_model(model_dir, device_map={"*": device})
@@ -202,17 +208,18 @@ def load_sharded(model_dir: Path, split_file: str, *, kind: str, device: str, dp
     args, kwargs = pytree.tree_map(
         lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, example)
     split = {k: tuple(v) for k, v in json.loads(Path(split_file).read_text()).items()}
-    shard_model(model, mesh["tp"] if dp > 1 else mesh, split)
+    if pp == 1:
+        shard_model(model, mesh["tp"] if dp > 1 else mesh, split)
     if dp > 1:
         args, kwargs = shard((args, kwargs), rank=mesh["dp"].get_local_rank(), replicas=dp)
     return model, args, kwargs, mesh
 
 
 def _run_rank(model_dir: Path, options: argparse.Namespace, *, device: str, world: int,
-              dp: int = 1) -> int:
+              dp: int = 1, pp: int = 1) -> int:
     """``tensor_main``'s run on ``device``: the process group (gloo, nccl on GPUs), the mesh
-    (``dp`` x tp), the split model, the passes; rank 0 writes what it measured, with every
-    group's outputs in batch order (``_gathered``)."""
+    (``dp`` x tp, or ``pp`` x tp), the split model, the passes; rank 0 writes what it
+    measured, with every group's outputs in batch order (``_gathered``)."""
     import datetime
     import time
 
@@ -227,15 +234,22 @@ def _run_rank(model_dir: Path, options: argparse.Namespace, *, device: str, worl
                             timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S))
     try:
         model, args, kwargs, mesh = load_sharded(model_dir, options.split, kind=kind,
-                                                 device=device, dp=dp)
+                                                 device=device, dp=dp, pp=pp)
+        once = functools.partial(run_sharded, model, args, kwargs)
+        if pp > 1:
+            from autoplace.emit.distributed.tensor_stages import STAGES_FILE, stage_runner
+
+            split = {k: tuple(v) for k, v in json.loads(Path(options.split).read_text()).items()}
+            once = stage_runner(model, mesh, split, Path(options.split).parent / STAGES_FILE,
+                                args, kwargs)
         for _ in range(max(options.warmup, 1)):
-            outputs = run_sharded(model, args, kwargs)
+            outputs = once()
         times = []
         for _ in range(options.repeats):
             dist.barrier()
             _synchronize(device)
             began = time.perf_counter()
-            outputs = run_sharded(model, args, kwargs)
+            outputs = once()
             _synchronize(device)
             times.append(time.perf_counter() - began)
         leaves = [x for x in pytree.tree_leaves(outputs) if isinstance(x, torch.Tensor)]
@@ -252,7 +266,7 @@ def _run_rank(model_dir: Path, options: argparse.Namespace, *, device: str, worl
         # The DTensors and the mesh go before the process group, which the ranks leave
         # together (as ddp._train does: left to the interpreter's exit, a rank aborted now
         # and then).
-        del model, outputs
+        del model, outputs, once
         dist.barrier()
     except AutoplaceError as error:
         print_error(type(error).__name__, error)
@@ -286,29 +300,36 @@ def _synchronize(device: str) -> None:
 
 def write_tensor_launch(directory: str | os.PathLike[str], *, devices: Sequence[str],
                         names: Sequence[str], split: Mapping[str, tuple[str, int]],
-                        dp: int = 1) -> Path:
+                        dp: int = 1, pp: int = 1, model: torch.nn.Module | None = None) -> Path:
     """Write ``directory/launch.py`` (``templates/tensor_launch.py.tmpl``: ``tensor_main`` for
-    rank r on ``devices[r]``, plan name ``names[r]``, ``dp`` data-parallel groups) and
-    ``directory/split.json``; the script's path. The model it runs is ``directory/model``."""
+    rank r on ``devices[r]``, plan name ``names[r]``, ``dp`` data-parallel groups, ``pp``
+    pipeline stages) and ``directory/split.json`` (with ``pp`` > 1, ``stages.json`` too, from
+    one pass of ``model`` on its ``example_inputs``); the script's path. The model it runs is
+    ``directory/model``."""
     from string import Template
 
     root = Path(directory)
+    if pp > 1:
+        from autoplace.emit.distributed.tensor_stages import write_stage_table
+
+        write_stage_table(root, model, model.example_inputs)
     (root / "split.json").write_text(json.dumps({k: list(v) for k, v in split.items()},
                                                 indent=1) + "\n")
     path = root / "launch.py"
     path.write_text(Template(_TENSOR_TEMPLATE.read_text()).substitute(
-        world=len(devices), devices=repr(list(devices)), names=repr(list(names)), dp=dp))
+        world=len(devices), devices=repr(list(devices)), names=repr(list(names)), dp=dp, pp=pp))
     return path
 
 
 def verify_tensor_parallel(emitted: PartitionedModel, original: torch.nn.Module,
                            args: tuple[Any, ...], kwargs: dict[str, Any], *, ranks: int,
                            repeats: int = 0, timeout_s: float = VERIFY_TIMEOUT_S,
-                           split: Mapping[str, tuple[str, int]] | None = None, dp: int = 1
-                           ) -> dict[str, Any]:
+                           split: Mapping[str, tuple[str, int]] | None = None, dp: int = 1,
+                           pp: int = 1) -> dict[str, Any]:
     """Run ``emitted`` split over ``ranks`` gloo processes (``column_row``, ``shard_model``,
     ``run_sharded``; one intra-op thread each; ``dp`` x ``ranks`` of them on a dp x tp mesh,
-    each tp group on 1/dp of the batch) on ``args``/``kwargs`` and check its outputs
+    each tp group on 1/dp of the batch; ``pp`` x ``ranks``, ``emitted`` cut into ``pp`` stages
+    on a pp x tp mesh) on ``args``/``kwargs`` and check its outputs
     against ``original``'s with ``torch.testing.assert_close`` (``VerificationError`` where
     they differ), then time ``repeats`` passes more. Returns the split, the largest
     difference and the median pass (``measured_s``, with ``repeats``). ``split``: the one to
@@ -319,10 +340,11 @@ def verify_tensor_parallel(emitted: PartitionedModel, original: torch.nn.Module,
     with tempfile.TemporaryDirectory(prefix="autoplace-tensor-") as tmp:
         root = Path(tmp)
         _save(emitted, root / "model", (tuple(args), dict(kwargs)))
-        world = ranks * dp
+        world = ranks * dp * pp
+        emitted.example_inputs = (tuple(args), dict(kwargs))
         script = write_tensor_launch(root, devices=["cpu"] * world,
                                      names=[f"rank {r}" for r in range(world)], split=split,
-                                     dp=dp)
+                                     dp=dp, pp=pp, model=emitted)
         launch_replicas(script, replicas=world, timeout_s=timeout_s, what="tensor-parallel",
                         argv=["--repeats", str(repeats), "--outputs", str(root / "outputs.pt")])
         saved = torch.load(root / "outputs.pt", weights_only=True)

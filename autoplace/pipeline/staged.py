@@ -1,0 +1,174 @@
+"""The pp x tp candidate of an inference plan (``--pp P --tp T``, ``Config.parallel.pp``): the
+first P x T devices as a mesh, the model cut into P pipeline stages, each stage run by a group
+of T tensor-parallel ranks (Megatron-LM's layout: tensor parallelism inside a group, pipeline
+stages across groups).
+
+The model is observed under DTensor on T fake ranks as ``pipeline.tensor``'s candidate is; each
+stage's group prices its share of it (``solve.tensor.tensor_problem``, its rings over that
+group's devices), and the problem on the stages' first ranks is cut by the contiguous
+partitioner (``solve.baselines.partition.contiguous_dp``, the throughput objective: the
+stages' loads balanced, each stage's memory within its device) and simulated, one pass through
+the stages handing on over the links between them. The one-device model is emitted with each
+stage on a torch device of its own (``cpu:<s>``), which ``emit.distributed.tensor_stages``
+runs on a ``("pp", "tp")`` mesh of gloo ranks and checks against the original.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from autoplace.config import Config
+from autoplace.emit import PartitionedModel, emit_model
+from autoplace.emit.distributed.tensor import column_row, divisible, matmuls
+from autoplace.emit.distributed.tensor_stages import stage_devices
+from autoplace.errors import ConfigError
+from autoplace.formats.plan import Plan
+from autoplace.formats.records import TensorParallelRecord
+from autoplace.ir import Cluster, Costs, Device, Placement, Problem
+from autoplace.pipeline.mesh import renamed, stretch, stretched
+from autoplace.pipeline.tensor import (
+    Priced,
+    Weighed,
+    _collectives_s,
+    _kept,
+    _observed,
+    _on_workers,
+    _one_device,
+    _over,
+    _Unplaced,
+)
+from autoplace.progress import stage
+from autoplace.progress.notes import collecting, note
+from autoplace.simulate import simulate
+from autoplace.solve.baselines.partition import contiguous_dp
+from autoplace.solve.tensor import Observed, tensor_problem
+from autoplace.solve.whatif import restrict
+from autoplace.trace import TracedModel
+
+__all__ = ["staged_devices", "staged_pass_candidate"]
+
+
+def staged_pass_candidate(planned: Plan | None, loaded: Any, cluster: Cluster, config: Config,
+                          *, forward: Any = None, failure: str | None = None
+                          ) -> tuple[Plan, PartitionedModel | None]:
+    """The pp x tp candidate of an inference plan's pass of ``loaded`` beside ``planned``
+    (``None``: no placement fits, ``failure`` says why, and the plan is the mesh), weighed,
+    checked on its gloo ranks and kept as ``pipeline.tensor``'s candidates are."""
+    from autoplace.pipeline.forward import Tracing, traced_problem
+
+    traced = forward
+    if traced is None:
+        with collecting():  # the plan's pass said what tracing finds
+            traced = traced_problem(loaded.model, loaded.args, loaded.kwargs, cluster,
+                                    Tracing.of(config, checked=True))
+    weighed = _staged(traced.problem, traced.traced, loaded.args, loaded.kwargs,
+                      pp=config.parallel.pp, tp=config.parallel.tp, cache=config.cost.cache)
+    return _kept(planned, [weighed], loaded.model, loaded.args, loaded.kwargs,
+                 verify=config.emit.verify,
+                 unplaced=_Unplaced(failure, config.name, config.dtype))
+
+
+def staged_devices(cluster: Cluster, pp: int, tp: int) -> tuple[Device, ...]:
+    """The first ``pp`` x ``tp`` devices of ``cluster``, in rank order (stage s on the s-th
+    ``tp`` of them), which must be there and alike; else ``ConfigError``."""
+    devices = cluster.devices
+    if pp * tp > len(devices):
+        fits = [f"--pp {p} --tp {tp}" for p in range(2, len(devices) // tp + 1)]
+        raise ConfigError(f"{{parallel.pp={pp}}} x {{parallel.tp={tp}}} make a mesh of "
+                          f"{pp * tp} ranks, and the cluster has {len(devices)} devices: "
+                          "choose degrees whose product is at most the devices' count"
+                          + (f" ({', '.join(fits)})" if fits else ""))
+    chosen = devices[:pp * tp]
+    if len({(d.type, d.memory_bytes) for d in chosen}) > 1:
+        raise ConfigError(f"{{parallel.pp={pp}}} x {{parallel.tp={tp}}} split every stage's "
+                          f"ops evenly, and {', '.join(d.name for d in chosen)} are not alike: "
+                          "plan it on devices of one type")
+    return chosen
+
+
+def _staged(problem: Problem, traced: TracedModel, args: tuple[Any, ...],
+            kwargs: dict[str, Any], *, pp: int, tp: int, cache: Any) -> Weighed:
+    """The pp x tp candidate, unchecked: observed, priced per stage group, cut into stages,
+    simulated, and the one-device model emitted as its stages."""
+    chosen = staged_devices(problem.cluster, pp, tp)
+    stage("tensor parallel")
+    one = _one_device(traced)
+    split, whole = divisible(one, column_row(one), tp)
+    if whole:
+        note(f"tensor parallel over {tp} ranks: {', '.join(whole)} kept whole, their split "
+             f"dimension not a multiple of {tp}")
+    observed = _observed(problem, traced, split, tp, args, kwargs)
+    everyone = tuple(d.name for d in chosen)
+    groups = [everyone[s * tp:(s + 1) * tp] for s in range(pp)]
+    here = _on_workers(chosen)
+    measured_s = (_collectives_s(observed, tp, chosen[0].torch_device, cache)
+                  if here else None)
+    staged = stretched(_stage_problem(problem, observed, groups, here=here,
+                                      collectives_s=measured_s),
+                       stretch(len(everyone)) if here else 1.0)
+    leaders = [g[0] for g in groups]
+    placement = _cut(staged, leaders)
+    schedule = simulate(staged, placement)
+    stage_of = {d: s for s, d in enumerate(leaders)}
+    cut = emit_model(
+        traced.module, {op: f"cpu:{stage_of[placement.device_of[n.name]]}"
+                        for n in staged.graph.nodes for op in n.ops},
+        order=[op for n in staged.graph.nodes for op in n.ops], device_map={"cpu:*": "cpu"},
+        runtime="sequential", meta_weights=traced.has_meta_params)
+    if len(stage_devices(cut)) != pp:  # the emitter keeps each stage's ops in one run
+        raise ConfigError(f"{{parallel.pp={pp}}}: the emitted model holds "
+                          f"{len(stage_devices(cut))} stages; plan with fewer")
+    cut.example_inputs = (tuple(args), dict(kwargs))  # saved with it: what its ranks run
+    split = renamed(split, cut)
+    columns, rows = matmuls(split)
+    moved = [c for per in observed.collectives.values() for c in per]
+    peaks = tuple(schedule.peak_bytes[d] for d in leaders)
+    record = TensorParallelRecord(
+        ranks=tp, devices=everyone, makespan_s=schedule.makespan_s, peak_bytes=max(peaks),
+        columns=columns, rows=rows, collectives=len(moved),
+        collective_bytes=sum(b for _, b in moved), split=split,
+        torch_devices=tuple(d.torch_device for d in chosen), over_bytes=_over(schedule),
+        pp=pp, stage_peak_bytes=peaks)
+    return Weighed(priced=Priced(record=record, observed=observed, rank0=staged,
+                                 schedule=schedule),
+                   one=cut, cluster=problem.cluster, tracer=traced.tracer,
+                   traced_ops=len(traced.graph.nodes))
+
+
+def _stage_problem(problem: Problem, observed: Observed, groups: list[tuple[str, ...]], *,
+                   here: bool, collectives_s: float | None) -> Problem:
+    """``problem`` on the first device of each of ``groups``: every node as that device's tp
+    group runs its share (``tensor_problem``, the collectives a ring over the group), the
+    links between the groups' first devices the cluster's."""
+    per_group = [tensor_problem(problem, observed, g, measured=here, collectives_s=collectives_s)
+                 for g in groups]
+    first = per_group[0]
+    leaders = tuple(g[0] for g in groups)
+    compute = {n: {d: t for p in per_group for d, t in p.costs.compute_s[n].items()}
+               for n in first.costs.compute_s}
+    host = first.costs.host
+    if host is not None:
+        launch = {n: {d: t for p in per_group for d, t in p.costs.host.launch_s.get(n, {}).items()}
+                  for n in host.launch_s}
+        host = replace(problem.costs.host.restricted(leaders), launch_s=launch)
+    return replace(restrict(problem, leaders), graph=first.graph,
+                   costs=Costs(compute_s=compute, source=first.costs.source, host=host))
+
+
+def _cut(staged: Problem, leaders: list[str]) -> Placement:
+    """The stages: ``staged``'s topological order cut into one run of nodes a stage, the
+    stages' loads balanced and each within its device's memory (``contiguous_dp``); a
+    ``ConfigError`` where no cut fits or some stage would be empty."""
+    placement = contiguous_dp(staged, "throughput")
+    pp = len(leaders)
+    if placement is None:
+        raise ConfigError(f"{{parallel.pp={pp}}}: no cut of the model into {pp} stages fits "
+                          "each stage's devices: add devices, or raise {parallel.tp}")
+    used = len(set(placement.device_of.values()))
+    if used < pp:
+        fewer = (f"choose {{parallel.pp={used}}} or fewer" if used > 1
+                 else "plan it without {parallel.pp}")
+        raise ConfigError(f"{{parallel.pp={pp}}}: the model's graph cuts into at most {used} "
+                          f"stages worth running: {fewer}")
+    return placement

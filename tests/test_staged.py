@@ -1,0 +1,93 @@
+"""A pp x tp mesh (``--pp P --tp T``): the model cut into pipeline stages, each run by a tensor-
+parallel group, planned, emitted and checked on P x T gloo ranks against the original."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from autoplace.errors import ConfigError
+
+MLP = str(Path(__file__).parent.parent / "examples" / "mlp.py")
+
+
+def test_a_pp_by_tp_mesh_plans_runs_and_checks_each_stage_on_its_tp_group(tmp_path, capsys
+                                                                           ) -> None:
+    """4 CPU processes, pp 2 x tp 2: the plan cuts the MLP into two stages (each stage's
+    rank peak recorded), its 4 gloo ranks give the original's outputs, and ``autoplace run``
+    runs the emitted ranks again and checks them."""
+    from autoplace.cli import main
+
+    out = tmp_path / "out"
+    assert main(["plan", MLP, "--devices", "4xcpu-process", "--tp", "2", "--pp", "2",
+                 "--time-limit", "2", "--out", str(out)]) == 0
+    tp = json.loads((out / "plan.json").read_text())["tensor_parallel"]
+    assert (tp["pp"], tp["ranks"], tp["check"]) == (2, 2, "passed")
+    assert len(tp["stage_peak_bytes"]) == 2 and all(b > 0 for b in tp["stage_peak_bytes"])
+    assert tp["peak_bytes"] == max(tp["stage_peak_bytes"]) and tp["max_abs_diff"] < 1e-5
+    stages = json.loads((out / "tensor_parallel" / "stages.json").read_text())
+    assert stages["stages"] == ["cpu:0", "cpu:1"] and stages["crossings"]
+    assert "PP = 2" in (out / "tensor_parallel" / "launch.py").read_text()
+    assert "pp 2 x tp 2 over cpu:0, cpu:1, cpu:2, cpu:3" in (
+        (out / "summary.txt").read_text().replace("\n", " "))
+    report = (out / "report.html").read_text()
+    assert "pp 2 × tp 2" in report and "<tr><th>pp 1</th><td>cpu:2</td><td>cpu:3</td>" in report
+    capsys.readouterr()
+    assert main(["run", str(out), "--nproc", "4", "--tensor-parallel", "--repeats", "1",
+                 "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["outputs_equal"] and result["nproc"] == 4
+    assert "ScheduleGPipe" in result["pipelining"]
+
+
+def test_a_llama_cut_into_two_stages_of_two_tensor_parallel_ranks_gives_its_outputs() -> None:
+    """The Llama example's shape: rotary embeddings made once cross the stages whole (not cut
+    along the batch), attention split by heads in each stage."""
+    from autoplace.config import Config, Cost, Parallel, Solve
+    from autoplace.pipeline import plan
+    from tests.test_tensor_parallel import _llama
+
+    model, kwargs = _llama()
+    model.eval()
+    planned = plan(model, kwargs, Config(
+        devices="4xcpu-process", cost=Cost(profile=False), solve=Solve(time_limit_s=1),
+        parallel=Parallel(tp=2, pp=2)))
+    tp = planned.plan.tensor_parallel
+    assert (tp.pp, tp.ranks, tp.world, tp.check) == (2, 2, 4, "passed")
+    assert tp.max_abs_diff < 1e-4 and tp.rows >= 2
+    stage_of = [s.planned_device for s in planned.tensor_model.segment_info]
+    assert stage_of == sorted(stage_of) and set(stage_of) == {"cpu:0", "cpu:1"}
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--pp", "2"], "--pp cuts a tensor-parallel mesh into pipeline stages: give --tp too"),
+    (["--pp", "2", "--tp", "2", "--dp", "2"], "--pp with --dp (a 3-D mesh) is not built yet"),
+    (["--pp", "2", "--tp", "2", "--mode", "training"], "--pp (pipeline stages of a "),
+    (["--pp", "3", "--tp", "2"], "--pp 3 x --tp 2 make a mesh of 6 ranks, and the cluster has "
+     "4 devices: choose degrees whose product is at most the devices' count (--pp 2 --tp 2)"),
+    (["--pp", "1", "--tp", "2"], "--pp must be"),
+])
+def test_a_pp_that_cannot_be_is_refused_before_any_work(tmp_path, capsys, argv, says) -> None:
+    from autoplace.cli import main
+
+    code = main(["plan", MLP, "--devices", "4xcpu-thread", "--no-profile",
+                 "--out", str(tmp_path / "o"), *argv])
+    assert code == 2 and says in capsys.readouterr().err.replace("\n", " ")
+    assert not (tmp_path / "o").exists()
+
+
+def test_more_stages_than_the_graph_can_cut_says_how_many_it_can() -> None:
+    """A single linear layer is one op worth running: two stages of it are refused, naming
+    the flag, before any rank starts."""
+    from autoplace.config import Config, Cost, Parallel, Solve
+    from autoplace.pipeline import plan
+
+    torch.manual_seed(0)
+    with pytest.raises(ConfigError, match=r"parallel.pp=2: the model's graph cuts into at "
+                       r"most 1 stages worth running: plan it without parallel.pp"):
+        plan(torch.nn.Linear(8, 4), (torch.randn(2, 8),), Config(
+            devices="4xcpu-thread", cost=Cost(profile=False), solve=Solve(time_limit_s=1),
+            parallel=Parallel(tp=2, pp=2)))
