@@ -87,7 +87,37 @@ def test_more_stages_than_the_graph_can_cut_says_how_many_it_can() -> None:
 
     torch.manual_seed(0)
     with pytest.raises(ConfigError, match=r"parallel.pp=2: the model's graph cuts into at "
-                       r"most 1 stages worth running: plan it without parallel.pp"):
+                       r"most 1 stages worth running \(each with 5% or more of a pass's "
+                       r"compute\): plan it without parallel.pp"):
         plan(torch.nn.Linear(8, 4), (torch.randn(2, 8),), Config(
             devices="4xcpu-thread", cost=Cost(profile=False), solve=Solve(time_limit_s=1),
             parallel=Parallel(tp=2, pp=2)))
+
+
+def test_a_weight_both_stages_read_crosses_as_a_value_and_the_outputs_hold() -> None:
+    """An embedding tied to the output layer through a transpose: the transpose, made in
+    stage 0 and read in stage 1, crosses the stages as any value does (a view of a parameter,
+    sent contiguous), and the 4 ranks give the original's outputs."""
+    from autoplace.config import Config, Cost, Parallel, Solve
+    from autoplace.pipeline import plan
+
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(40, 16)
+            self.mix = torch.nn.Linear(16, 16)
+            self.more = torch.nn.Linear(16, 16)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return torch.relu(self.more(torch.relu(self.mix(self.embed(ids))))) @ (
+                self.embed.weight.t())
+
+    torch.manual_seed(0)
+    planned = plan(Tied(), (torch.randint(0, 40, (4, 6)),), Config(
+        devices="4xcpu-thread", cost=Cost(profile=False), solve=Solve(time_limit_s=1),
+        parallel=Parallel(tp=2, pp=2)))
+    tp = planned.plan.tensor_parallel
+    assert (tp.pp, tp.check) == (2, "passed") and tp.max_abs_diff < 1e-5
+    crossing = {n for s in planned.tensor_model.segment_info
+                if s.planned_device == "cpu:1" for n in s.inputs}
+    assert "t" in crossing

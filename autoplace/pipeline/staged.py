@@ -46,7 +46,9 @@ from autoplace.solve.tensor import Observed, tensor_problem
 from autoplace.solve.whatif import restrict
 from autoplace.trace import TracedModel
 
-__all__ = ["staged_devices", "staged_pass_candidate"]
+__all__ = ["WORTH", "staged_devices", "staged_pass_candidate"]
+
+WORTH = 0.05  # the least share of a pass's compute that makes a stage worth its ranks
 
 
 def staged_pass_candidate(planned: Plan | None, loaded: Any, cluster: Cluster, config: Config,
@@ -159,16 +161,24 @@ def _stage_problem(problem: Problem, observed: Observed, groups: list[tuple[str,
 def _cut(staged: Problem, leaders: list[str]) -> Placement:
     """The stages: ``staged``'s topological order cut into one run of nodes a stage, the
     stages' loads balanced and each within its device's memory (``contiguous_dp``); a
-    ``ConfigError`` where no cut fits or some stage would be empty."""
+    ``ConfigError`` where no cut fits or some stage would have under ``WORTH`` of the
+    compute (a colocation group, tied weights, is never cut)."""
     placement = contiguous_dp(staged, "throughput")
     pp = len(leaders)
     if placement is None:
         raise ConfigError(f"{{parallel.pp={pp}}}: no cut of the model into {pp} stages fits "
                           "each stage's devices: add devices, or raise {parallel.tp}")
-    used = len(set(placement.device_of.values()))
+    load = dict.fromkeys(leaders, 0.0)
+    for node, device in placement.device_of.items():
+        load[device] += staged.costs.of(node, device)
+    used = sum(t >= WORTH * sum(load.values()) for t in load.values())
     if used < pp:
         fewer = (f"choose {{parallel.pp={used}}} or fewer" if used > 1
                  else "plan it without {parallel.pp}")
+        shared = ("; a weight that both ends of the model read (a tied embedding, as GPT-2's "
+                  "and T5's) keeps every op between its readers in one stage for now"
+                  if staged.graph.colocate else "")
         raise ConfigError(f"{{parallel.pp={pp}}}: the model's graph cuts into at most {used} "
-                          f"stages worth running: {fewer}")
+                          f"stages worth running (each with {WORTH:.0%} or more of a pass's "
+                          f"compute){shared}: {fewer}")
     return placement

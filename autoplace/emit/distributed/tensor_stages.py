@@ -58,7 +58,7 @@ def write_stage_table(directory: Path, model: torch.nn.Module,
 
 class _TensorStage(StageModule):
     """A stage's segments run on DTensors (plain tensors taken as replicated), each value it
-    hands on made whole."""
+    hands on made whole and contiguous (gloo sends no view: a tied weight's transpose)."""
 
     def forward(self, *taken: torch.Tensor) -> tuple[torch.Tensor, ...]:
         from torch.distributed.tensor import DTensor
@@ -66,7 +66,8 @@ class _TensorStage(StageModule):
 
         with implicit_replication(), dtensor_rules():
             given = super().forward(*taken)
-        return tuple(x.full_tensor() if isinstance(x, DTensor) else x for x in given)
+        whole = (x.full_tensor() if isinstance(x, DTensor) else x for x in given)
+        return tuple(x.contiguous() if isinstance(x, torch.Tensor) else x for x in whole)
 
 
 def stage_runner(model: torch.nn.Module, mesh: Any, split: Mapping[str, tuple[str, int]],
