@@ -45,27 +45,40 @@ _TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "tensor_train.py
 def write_tensor_train(directory: str | os.PathLike[str], *, devices: Sequence[str],
                        names: Sequence[str], split: Mapping[str, tuple[str, int]],
                        optimizer: str, dp: int = 1, sharding: str = "ddp",
-                       recompute: bool = False) -> Path:
+                       recompute: bool = False, pp: int = 1, microbatches: int = 1,
+                       schedule: str = "gpipe", model: torch.nn.Module | None = None,
+                       example: Any = None) -> Path:
     """Write ``directory/train.py`` (``templates/tensor_train.py.tmpl``: ``tensor_train_main``
     for rank r on ``devices[r]``, plan name ``names[r]``, with ``optimizer``; ``dp``
-    data-parallel groups, ``sharding`` over them; ``recompute``, each unit checkpointed) and
-    ``directory/split.json``; the script's path. The model it trains is ``directory/model``."""
+    data-parallel groups, ``sharding`` over them; ``recompute``, each unit checkpointed;
+    ``pp`` pipeline stages run by ``schedule`` with ``microbatches``) and
+    ``directory/split.json`` (with ``pp`` > 1 ``stages.json`` too, from one pass of ``model``
+    on ``example``, one micro-batch of the batch and its targets); the script's path. The
+    model it trains is ``directory/model``."""
     root = Path(directory)
+    if pp > 1:
+        from autoplace.emit.distributed.tensor_stages import write_stage_table
+
+        write_stage_table(root, model, example)
     (root / "split.json").write_text(json.dumps({k: list(v) for k, v in split.items()},
                                                 indent=1) + "\n")
     path = root / "train.py"
     path.write_text(Template(_TEMPLATE.read_text()).substitute(
         world=len(devices), devices=repr(list(devices)), names=repr(list(names)),
-        optimizer=repr(optimizer), dp=dp, sharding=repr(sharding), recompute=recompute))
+        optimizer=repr(optimizer), dp=dp, sharding=repr(sharding), recompute=recompute, pp=pp,
+        microbatches=microbatches, schedule=repr(schedule)))
     return path
 
 
 def tensor_train_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *,
                       devices: Sequence[str], names: Sequence[str], optimizer: str,
-                      dp: int = 1, sharding: str = "ddp", recompute: bool = False) -> int:
+                      dp: int = 1, sharding: str = "ddp", recompute: bool = False,
+                      pp: int = 1, microbatches: int = 1, schedule: str = "gpipe") -> int:
     """One rank of ``torchrun --nproc-per-node N train.py``: train ``model_dir`` split over the
     N ranks (``--split FILE``; with ``dp`` > 1 a dp x N/dp mesh, ``sharding`` over dp; with
-    ``recompute`` each unit's segments checkpointed, ``checkpointed``) for
+    ``recompute`` each unit's segments checkpointed, ``checkpointed``; with ``pp`` > 1 a pp x
+    N/pp mesh of pipeline stages, ``microbatches`` of them scheduled by ``schedule``,
+    ``tensor_stages_train``) for
     ``--steps`` steps on its saved example batch (its dp group's share), on this rank's
     device (``devices[rank]``, remapped by ``--device-map``). Rank 0 writes the report
     (``--json``) and, for ``verify_tensor_training``, each step's loss, gradients, parameters
@@ -79,7 +92,9 @@ def tensor_train_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *,
     )
 
     mesh = (f"a {dp} x {len(devices) // dp} mesh (dp x tp, {SHARDING_SAID[sharding]} over dp)"
-            if dp > 1 else f"{len(devices)} tensor-parallel ranks")
+            if dp > 1 else f"a {pp} x {len(devices) // pp} mesh (pp x tp, {microbatches} "
+            f"micro-batches by {schedule})" if pp > 1
+            else f"{len(devices)} tensor-parallel ranks")
     parser = argparse.ArgumentParser(
         prog="train.py", description=f"Train {model_dir} as {mesh} with {optimizer}; run "
         f"under torchrun --nproc-per-node {len(devices)}.")
@@ -103,7 +118,8 @@ def tensor_train_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *,
             raise AutoplaceError(f"--steps must be 1 or more, got {options.steps}")
         device = _rank_device(rank, devices, names, options.device_map)
         report, record = _train(Path(model_dir), options, device=device, optimizer=optimizer,
-                                dp=dp, sharding=sharding, recompute=recompute)
+                                dp=dp, sharding=sharding, recompute=recompute,
+                                stages=(pp, microbatches, schedule))
     except AutoplaceError as error:
         print_error(type(error).__name__, error)
         return 2
@@ -116,11 +132,13 @@ def tensor_train_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *,
 
 
 def _train(model_dir: Path, options: argparse.Namespace, *, device: str, optimizer: str,
-           dp: int = 1, sharding: str = "ddp", recompute: bool = False
+           dp: int = 1, sharding: str = "ddp", recompute: bool = False,
+           stages: tuple[int, int, str] = (1, 1, "gpipe")
            ) -> tuple[dict[str, Any], dict[str, Any]]:
     """This rank's part: the process group, the mesh (``dp`` x tp), the split model (sharded
     over dp), its share of the batch, the steps (``ddp._steps``, the loss a plain tensor:
-    every rank of a tp group holds it whole). Rank 0's report and record."""
+    every rank of a tp group holds it whole); with ``stages`` (pp, micro-batches, schedule)
+    a pp x tp mesh's (``tensor_stages_train``). Rank 0's report and record."""
     from torch.distributed.tensor.experimental import implicit_replication
 
     from autoplace.emit.distributed.ddp import INIT_TIMEOUT_S, _steps
@@ -136,19 +154,24 @@ def _train(model_dir: Path, options: argparse.Namespace, *, device: str, optimiz
     dist.init_process_group("nccl" if kind == "cuda" else "gloo",
                             timeout=datetime.timedelta(seconds=INIT_TIMEOUT_S))
     try:
-        world = dist.get_world_size()
-        model, args, kwargs, averaged = _meshed(model_dir, options.split, kind=kind,
-                                                device=device, dp=dp, sharding=sharding)
-        runs = checkpointed(model) if recompute else []
-        opt = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad],
-                             options.lr)
-        step = _step(model, args, kwargs, averaged)
-        with implicit_replication(), dtensor_rules(), (
-                no_dropout() if options.no_dropout else contextlib.nullcontext()):
-            losses, times, record = _steps(step, model, opt, steps=options.steps,
-                                           recording=options.record is not None)
-        # The DTensors and the mesh go before the process group (as tensor._run_rank does).
-        del model, opt, step
+        world, runs = dist.get_world_size(), []
+        if stages[0] > 1:
+            losses, times, record = _train_stages(model_dir, options, kind=kind, device=device,
+                                                  optimizer=optimizer, stages=stages)
+        else:
+            model, args, kwargs, averaged = _meshed(model_dir, options.split, kind=kind,
+                                                    device=device, dp=dp, sharding=sharding)
+            runs = checkpointed(model) if recompute else []
+            opt = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad],
+                                 options.lr)
+            step = _step(model, args, kwargs, averaged)
+            with implicit_replication(), dtensor_rules(), (
+                    no_dropout() if options.no_dropout else contextlib.nullcontext()):
+                losses, times, record = _steps(step, model, opt, steps=options.steps,
+                                               recording=options.record is not None)
+            # The DTensors and the mesh go before the process group (as tensor._run_rank
+            # does).
+            del model, opt, step
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -161,6 +184,28 @@ def _train(model_dir: Path, options: argparse.Namespace, *, device: str, optimiz
               "threads": 1 if kind == "cpu" else threads,
               "checkpointed": len(runs), "unit_forwards": sum(runs)}
     return report, record | {"optimizer": optimizer, "replicas": dp, "ranks": world}
+
+
+def _train_stages(model_dir: Path, options: argparse.Namespace, *, kind: str, device: str,
+                  optimizer: str, stages: tuple[int, int, str]
+                  ) -> tuple[list[float], list[float], dict[str, Any]]:
+    """``_train``'s steps on a pp x tp mesh (``tensor_stages_train.train_stages``), each
+    dropout at zero with ``--no-dropout``."""
+    from autoplace.emit.distributed.tensor_stages import STAGES_FILE
+    from autoplace.emit.distributed.tensor_stages_train import train_stages
+    from autoplace.train.layers import no_dropout
+
+    pp, microbatches, schedule = stages
+    model, args, kwargs, mesh = load_sharded(model_dir, options.split, kind=kind,
+                                             device=device, pp=pp)
+    split = {k: tuple(v) for k, v in json.loads(Path(options.split).read_text()).items()}
+    with no_dropout() if options.no_dropout else contextlib.nullcontext():
+        found = train_stages(model, mesh, split, Path(options.split).parent / STAGES_FILE,
+                             args, kwargs, optimizer=optimizer, lr=options.lr,
+                             microbatches=microbatches, schedule=schedule,
+                             steps=options.steps, recording=options.record is not None)
+    del model, mesh
+    return found
 
 
 def _meshed(model_dir: Path, split: str, *, kind: str, device: str, dp: int, sharding: str
@@ -232,13 +277,16 @@ def verify_tensor_training(emitted: PartitionedModel, original: torch.nn.Module,
                            targets: tuple[Any, ...], *, ranks: int, optimizer: str,
                            split: Mapping[str, tuple[str, int]], steps: int | None = None,
                            dp: int = 1, sharding: str = "ddp", recompute: bool = False,
-                           timeout_s: float = VERIFY_TIMEOUT_S) -> dict[str, Any]:
+                           timeout_s: float = VERIFY_TIMEOUT_S, pp: int = 1,
+                           microbatches: int = 1, schedule: str = "gpipe") -> dict[str, Any]:
     """Train ``emitted`` (one device's model of the model and its loss) split as ``split`` over
     ``ranks`` gloo processes (``dp`` x ``ranks`` of them on a dp x tp mesh, ``sharding`` over
     dp, each tp group on 1/dp of the batch) for ``steps`` (3) steps of ``optimizer`` on the batch
     ``args``/``kwargs``/``targets``, every dropout at probability zero, and a copy of
     ``original`` (a ``train.LossModel``) here; compare every step's loss, gradients (gathered
-    whole) and updated parameters (``replicas._compare``). Where the emitted graph drops out,
+    whole) and updated parameters (``replicas._compare``); with ``pp`` > 1 ``emitted`` is cut
+    into that many stages on a pp x tp mesh, ``microbatches`` scheduled by ``schedule``.
+    Where the emitted graph drops out,
     a step with dropout on shows it active (``check.training.dropout_active``). Returns the
     record (``verify_replicas``'s, with ``measured_s``: rank 0's median step); raises
     ``VerificationError`` naming the first step and tensor that differ."""
@@ -252,11 +300,13 @@ def verify_tensor_training(emitted: PartitionedModel, original: torch.nn.Module,
     with tempfile.TemporaryDirectory(prefix="autoplace-tensor-train-") as tmp:
         root = Path(tmp)
         _save(emitted, root / "model", batch)
-        world = ranks * dp
+        world = ranks * dp * pp
         script = write_tensor_train(root, devices=["cpu"] * world,
                                     names=[f"rank {r}" for r in range(world)], split=split,
                                     optimizer=optimizer, dp=dp, sharding=sharding,
-                                    recompute=recompute)
+                                    recompute=recompute, pp=pp, microbatches=microbatches,
+                                    schedule=schedule, model=emitted,
+                                    example=split_batch(*batch, microbatches)[0])
         launch_replicas(script, replicas=world, timeout_s=timeout_s, what="tensor-parallel",
                         argv=["--steps", str(steps), "--record", str(root / "record.pt"),
                               "--json", str(root / "report.json"), "--no-dropout"])
