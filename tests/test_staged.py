@@ -43,6 +43,31 @@ def test_a_pp_by_tp_mesh_plans_runs_and_checks_each_stage_on_its_tp_group(tmp_pa
     assert "ScheduleGPipe" in result["pipelining"]
 
 
+def test_a_pp_by_tp_training_step_is_checked_by_three_steps_and_trains(tmp_path, capsys
+                                                                        ) -> None:
+    """The MLP's training step on pp 2 x tp 2 with 2 micro-batches: GPipe and 1F1B weighed
+    (the step's micro-batch copies keep the updates' order edges once), the kept schedule run
+    by torch's own class on 4 gloo ranks, whose 3 Adam steps give the original's losses,
+    gradients and parameters; ``autoplace run --train`` trains the written ranks."""
+    from autoplace.cli import main
+
+    out = tmp_path / "out"
+    assert main(["plan", MLP, "--mode", "training", "--devices", "4xcpu-process", "--tp", "2",
+                 "--pp", "2", "--microbatches", "2", "--replicas", "1", "--time-limit", "2",
+                 "--out", str(out)]) == 0
+    tp = json.loads((out / "plan.json").read_text())["tensor_parallel"]
+    assert (tp["pp"], tp["microbatches"], tp["optimizer"], tp["check"]) == (2, 2, "adam",
+                                                                           "passed")
+    assert tp["schedule"] in ("gpipe", "1f1b") and tp["max_abs_diff"] < 1e-5
+    train = (out / "tensor_parallel" / "train.py").read_text()
+    assert "PP = 2" in train and "MICROBATCHES = 2" in train
+    capsys.readouterr()
+    assert main(["run", str(out), "--nproc", "4", "--tensor-parallel", "--train", "2",
+                 "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert len(result["losses"]) == 2 and result["losses"][1] < result["losses"][0]
+
+
 def test_a_llama_cut_into_two_stages_of_two_tensor_parallel_ranks_gives_its_outputs() -> None:
     """The Llama example's shape: rotary embeddings made once cross the stages whole (not cut
     along the batch), attention split by heads in each stage."""
@@ -65,7 +90,6 @@ def test_a_llama_cut_into_two_stages_of_two_tensor_parallel_ranks_gives_its_outp
 @pytest.mark.parametrize(("argv", "says"), [
     (["--pp", "2"], "--pp cuts a tensor-parallel mesh into pipeline stages: give --tp too"),
     (["--pp", "2", "--tp", "2", "--dp", "2"], "--pp with --dp (a 3-D mesh) is not built yet"),
-    (["--pp", "2", "--tp", "2", "--mode", "training"], "--pp (pipeline stages of a "),
     (["--pp", "3", "--tp", "2"], "--pp 3 x --tp 2 make a mesh of 6 ranks, and the cluster has "
      "4 devices: choose degrees whose product is at most the devices' count (--pp 2 --tp 2)"),
     (["--pp", "1", "--tp", "2"], "--pp must be"),

@@ -127,7 +127,9 @@ def train_tensor(directory: str | os.PathLike[str], *, nproc: int, steps: int,
     remapped = _remapped(here)
     batch = (f"a {record.dp} x {record.ranks} mesh, each tp group on 1/{record.dp} of the "
              f"batch ({'FSDP2' if record.sharding == 'fsdp' else 'gradients averaged'} over "
-             "dp)" if record.dp > 1 else "each on the whole batch")
+             "dp)" if record.dp > 1 else f"a {record.mesh_text} mesh of pipeline stages "
+             "(torch.distributed.pipelining), the loss the last stage's" if record.pp > 1
+             else "each on the whole batch")
     notes = (f"{nproc} processes ran (torchrun, {report['backend']}), one per tensor-parallel "
              f"rank, {batch}, {record.columns} column and {record.rows} row "
              "matmuls split by DTensor: the losses and step times are rank 0's; predicted: "

@@ -212,7 +212,8 @@ class Parallel:
     device, each weighed, the fastest kept. ``pp``: with a whole ``tp``, the candidate is a
     pp x tp mesh of the first pp x tp devices: the model cut into ``pp`` stages in its
     topological order, each run by a tp group and handed on by ``torch.distributed.pipelining``
-    (inference only, for now; ``pipeline.staged``)."""
+    (in training ``training.microbatches`` of them in ``training.schedule``'s order;
+    ``pipeline.staged``)."""
 
     tp: int | str | None = None
     dp: int | str | None = None
@@ -318,10 +319,6 @@ class Config:
             raise ConfigError("{parallel.tp} is weighed for plans of ops (a device map of "
                               "tensor-parallel ranks is not built yet): drop it, or plan with "
                               "{granularity=op}")
-        if self.parallel.pp is not None and self.mode == Mode.TRAINING:
-            raise ConfigError("{parallel.pp} (pipeline stages of a tensor-parallel mesh) is "
-                              "built for inference plans for now: drop it, or plan "
-                              "{mode=inference}")
         if self.parallel.tp is not None and self.mode == Mode.TRAINING and (
                 self.dtype != DType.FLOAT32):
             raise ConfigError(f"{{parallel.tp}} in training in {self.dtype} (mixed precision) "

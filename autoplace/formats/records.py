@@ -343,7 +343,8 @@ class TensorParallelRecord:
     pipeline stages (``--pp``, ``pipeline.staged``): ``devices`` are a pp x ``ranks`` mesh in
     rank order, stage s on the s-th group of ``ranks``; ``makespan_s`` is one pass through the
     stages, ``peak_bytes`` the largest stage's rank peak and ``stage_peak_bytes`` each stage's
-    (its first rank's; the others mirror it)."""
+    (its first rank's; the others mirror it); a training candidate's ``microbatches`` run in
+    ``schedule``'s order (``gpipe`` or ``1f1b``), its makespan the step of them all."""
 
     ranks: int
     devices: tuple[str, ...]
@@ -368,6 +369,8 @@ class TensorParallelRecord:
     recompute: bool = False
     pp: int = 1
     stage_peak_bytes: tuple[int, ...] = ()
+    microbatches: int = 1
+    schedule: str | None = None
 
     @property
     def fits(self) -> bool:
@@ -382,11 +385,27 @@ class TensorParallelRecord:
     @property
     def mesh_text(self) -> str:
         """The mesh in words: ``"dp 8 x tp 8 (FSDP2 over dp), each block recomputed"``,
-        ``"tp 2"``; every note, error and summary that names it says this."""
+        ``"pp 2 x tp 2, 1F1B with 4 micro-batches"``, ``"tp 2"``; every note, error and
+        summary that names it says this."""
         return ((f"pp {self.pp} x " if self.pp > 1 else "")
                 + (f"dp {self.dp} x tp {self.ranks}" if self.dp > 1 else f"tp {self.ranks}")
                 + (f" ({SHARDING_SAID[self.sharding]} over dp)" if self.sharding else "")
+                + (f", {self.schedule.upper()} with {self.microbatches} micro-batches"
+                   if self.schedule and self.microbatches > 1 else "")
                 + (", each block recomputed" if self.recompute else ""))
+
+    @property
+    def stages_text(self) -> str:
+        """A pp x tp mesh's stages in words, for its note (empty without ``pp``): ``"a pp 2 x
+        tp 2 mesh, the model cut into 2 pipeline stages (rank peaks by stage: 9, 8 bytes), 4
+        micro-batches a step in 1F1B's order; "``."""
+        if self.pp == 1:
+            return ""
+        return (f"a pp {self.pp} x tp {self.ranks} mesh, the model cut into {self.pp} pipeline "
+                "stages (rank peaks by stage: " + ", ".join(map(str, self.stage_peak_bytes))
+                + " bytes)" + (f", {self.microbatches} micro-batches a step in "
+                               f"{self.schedule.upper()}'s order"
+                               if self.schedule and self.microbatches > 1 else "") + "; ")
 
     def to_dict(self) -> dict[str, Any]:
         return {"ranks": self.ranks, "devices": list(self.devices),
@@ -404,7 +423,9 @@ class TensorParallelRecord:
                     ("over_bytes", self.over_bytes or None),
                     ("recompute", self.recompute or None),
                     ("pp", self.pp if self.pp > 1 else None),
-                    ("stage_peak_bytes", list(self.stage_peak_bytes) or None)])
+                    ("stage_peak_bytes", list(self.stage_peak_bytes) or None),
+                    ("microbatches", self.microbatches if self.microbatches > 1 else None),
+                    ("schedule", self.schedule)])
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TensorParallelRecord:
@@ -421,7 +442,8 @@ class TensorParallelRecord:
                    torch_devices=tuple(data.get("torch_devices", ())),
                    meshes=dict(data.get("meshes", {})), over_bytes=data.get("over_bytes", 0),
                    recompute=data.get("recompute", False), pp=data.get("pp", 1),
-                   stage_peak_bytes=tuple(data.get("stage_peak_bytes", ())))
+                   stage_peak_bytes=tuple(data.get("stage_peak_bytes", ())),
+                   microbatches=data.get("microbatches", 1), schedule=data.get("schedule"))
 
 
 @dataclass(frozen=True)

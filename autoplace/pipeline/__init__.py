@@ -30,6 +30,7 @@ from autoplace.emit.distributed.ranks import write_launch_script
 from autoplace.emit.distributed.tensor import write_tensor_launch
 from autoplace.emit.distributed.tensor_train import write_tensor_train
 from autoplace.emit.generate import DECODE_DIR, save_decode
+from autoplace.emit.train.microbatch import split_batch
 from autoplace.errors import EmitError, InfeasibleError
 from autoplace.formats.output import atomic_output_dir
 from autoplace.formats.plan import Plan
@@ -41,7 +42,11 @@ from autoplace.pipeline.generation import GenerationStages
 from autoplace.pipeline.inference import InferenceStages
 from autoplace.pipeline.mesh import dp_shard
 from autoplace.pipeline.record import min_gain, plan_of
-from autoplace.pipeline.staged import staged_devices, staged_pass_candidate
+from autoplace.pipeline.staged import (
+    staged_devices,
+    staged_pass_candidate,
+    staged_step_candidate,
+)
 from autoplace.pipeline.tensor import tensor_degrees, tensor_pass_candidate, tensor_step_candidate
 from autoplace.pipeline.training import TrainingStages
 from autoplace.progress.notes import collecting, note, note_all
@@ -125,7 +130,8 @@ def plan(model: torch.nn.Module, example_inputs: Any, config: Config | None = No
         tensor_model = None
         if config.parallel.tp is not None and config.mode == Mode.TRAINING:
             step = solved.step  # its trace, where it traced the whole batch
-            planned, tensor_model = tensor_step_candidate(
+            candidate = staged_step_candidate if config.parallel.pp else tensor_step_candidate
+            planned, tensor_model = candidate(
                 planned, solved.model, step.whole, cluster, config,
                 forward=step.forward if step.replicas == step.microbatches == 1 else None)
         elif config.parallel.tp is not None:
@@ -153,8 +159,8 @@ def _mesh_alone(failure: str, loaded: Any, cluster: Any, config: Config, stages:
         planned, model = candidate(None, loaded, cluster, config, failure=failure)
     else:
         step_model, whole = stages.step_model(loaded)
-        planned, model = tensor_step_candidate(None, step_model, whole, cluster, config,
-                                               failure=failure)
+        candidate = staged_step_candidate if config.parallel.pp else tensor_step_candidate
+        planned, model = candidate(None, step_model, whole, cluster, config, failure=failure)
     return replace(planned, solver=replace(  # the mesh's weighing and check took this
         planned.solver, wall_s=time.perf_counter() - began)), model
 
@@ -225,9 +231,13 @@ def _tensor_parallel(plan: Plan, model: PartitionedModel, directory: Path) -> No
     autoplace.emit.save_model(model, directory / "model")
     devices = list(record.torch_devices) or [device_of[n] for n in record.devices]
     if record.optimizer is not None:
+        example = getattr(model, "example_inputs", None)
         write_tensor_train(directory, devices=devices, names=list(record.devices),
                            split=record.split, optimizer=record.optimizer, dp=record.dp,
-                           sharding=record.sharding or "ddp", recompute=record.recompute)
+                           sharding=record.sharding or "ddp", recompute=record.recompute,
+                           pp=record.pp, microbatches=record.microbatches,
+                           schedule=record.schedule or "gpipe", model=model,
+                           example=example and split_batch(*example, record.microbatches)[0])
     else:
         write_tensor_launch(directory, devices=devices, names=list(record.devices),
                             split=record.split, dp=record.dp, pp=record.pp, model=model)

@@ -15,8 +15,11 @@ runs on a ``("pp", "tp")`` mesh of gloo ranks and checks against the original.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any
+
+import torch
 
 from autoplace.config import Config
 from autoplace.emit import PartitionedModel, emit_model
@@ -25,8 +28,8 @@ from autoplace.emit.distributed.tensor_stages import stage_devices
 from autoplace.errors import ConfigError
 from autoplace.formats.plan import Plan
 from autoplace.formats.records import TensorParallelRecord
-from autoplace.ir import Cluster, Costs, Device, Placement, Problem
-from autoplace.pipeline.mesh import renamed, stretch, stretched
+from autoplace.ir import Cluster, Costs, Device, Placement, Problem, Schedule
+from autoplace.pipeline.mesh import dp_shard, renamed, stretch, stretched
 from autoplace.pipeline.tensor import (
     Priced,
     Weighed,
@@ -41,12 +44,15 @@ from autoplace.pipeline.tensor import (
 from autoplace.progress import stage
 from autoplace.progress.notes import collecting, note
 from autoplace.simulate import simulate
+from autoplace.simulate.schedules import phase_of
 from autoplace.solve.baselines.partition import contiguous_dp
 from autoplace.solve.tensor import Observed, tensor_problem
+from autoplace.solve.tensor_train import tensor_step_problem
 from autoplace.solve.whatif import restrict
 from autoplace.trace import TracedModel
+from autoplace.train.graph import microbatch_copies
 
-__all__ = ["WORTH", "staged_devices", "staged_pass_candidate"]
+__all__ = ["WORTH", "staged_devices", "staged_pass_candidate", "staged_step_candidate"]
 
 WORTH = 0.05  # the least share of a pass's compute that makes a stage worth its ranks
 
@@ -71,6 +77,41 @@ def staged_pass_candidate(planned: Plan | None, loaded: Any, cluster: Cluster, c
                  unplaced=_Unplaced(failure, config.name, config.dtype))
 
 
+def staged_step_candidate(planned: Plan | None, model: torch.nn.Module,
+                          whole: tuple[tuple[Any, ...], dict[str, Any]], cluster: Cluster,
+                          config: Config, *, forward: Any = None, failure: str | None = None
+                          ) -> tuple[Plan, PartitionedModel | None]:
+    """The pp x tp candidate of a training plan's step: ``model`` (the model and its loss) on
+    the ``whole`` batch cut into ``training.microbatches``, traced and observed on one of them
+    (``forward``, the plan's trace, serves where it is the whole batch's and there is one
+    micro-batch), each stage group's step priced with the plan's optimizer, its micro-batches
+    scheduled as ``training.schedule`` says (``auto``: GPipe and 1F1B weighed), checked by 3
+    steps on its gloo ranks and kept as ``pipeline.tensor``'s candidates are."""
+    from autoplace.pipeline.forward import Tracing, traced_problem
+    from autoplace.pipeline.measured import backward_factors
+    from autoplace.train.layers import kept_state
+
+    args, kwargs = whole
+    count = config.training.microbatches
+    chosen = str(config.training.schedule)
+    schedules = (chosen,) if chosen != "auto" else ("gpipe", "1f1b") if count > 1 else ("gpipe",)
+    with kept_state(model):  # tracing, observing and checking run it in train()
+        shard = dp_shard(args, kwargs, count)  # one micro-batch
+        traced = forward if count == 1 else None
+        if traced is None:
+            with collecting():  # the plan's step said what tracing finds
+                traced = traced_problem(model, *shard, cluster, Tracing.of(config, checked=True))
+        with collecting():
+            factors, _ = backward_factors(traced.profiled, model, *shard, cluster)
+        weighed = _staged(traced.problem, traced.traced, args, kwargs, pp=config.parallel.pp,
+                          tp=config.parallel.tp, cache=config.cost.cache, observed_on=shard,
+                          step=_Step(config.training.optimizer, factors, config.dtype, count,
+                                     schedules))
+        return _kept(planned, [weighed], model, args, kwargs, verify=config.emit.verify,
+                     optimizer=config.training.optimizer,
+                     unplaced=_Unplaced(failure, config.name, config.dtype))
+
+
 def staged_devices(cluster: Cluster, pp: int, tp: int) -> tuple[Device, ...]:
     """The first ``pp`` x ``tp`` devices of ``cluster``, in rank order (stage s on the s-th
     ``tp`` of them), which must be there and alike; else ``ConfigError``."""
@@ -89,10 +130,25 @@ def staged_devices(cluster: Cluster, pp: int, tp: int) -> tuple[Device, ...]:
     return chosen
 
 
+@dataclass(frozen=True)
+class _Step:
+    """A training candidate's step: the optimizer, the backward factors per device
+    (``train.step_problem``'s), the dtype, the micro-batches and the schedules to weigh."""
+
+    optimizer: str
+    factors: Mapping[str, float]
+    dtype: str
+    microbatches: int
+    schedules: tuple[str, ...]
+
+
 def _staged(problem: Problem, traced: TracedModel, args: tuple[Any, ...],
-            kwargs: dict[str, Any], *, pp: int, tp: int, cache: Any) -> Weighed:
-    """The pp x tp candidate, unchecked: observed, priced per stage group, cut into stages,
-    simulated, and the one-device model emitted as its stages."""
+            kwargs: dict[str, Any], *, pp: int, tp: int, cache: Any,
+            step: _Step | None = None, observed_on: tuple[Any, Any] | None = None) -> Weighed:
+    """The pp x tp candidate, unchecked: observed (on ``observed_on``, one micro-batch of a
+    training ``step``, else ``args``/``kwargs``), priced per stage group, cut into stages,
+    simulated (a ``step``: each of its schedules, the one that fits fastest kept), and the
+    one-device model emitted as its stages, to run on ``args``/``kwargs``."""
     chosen = staged_devices(problem.cluster, pp, tp)
     stage("tensor parallel")
     one = _one_device(traced)
@@ -100,23 +156,29 @@ def _staged(problem: Problem, traced: TracedModel, args: tuple[Any, ...],
     if whole:
         note(f"tensor parallel over {tp} ranks: {', '.join(whole)} kept whole, their split "
              f"dimension not a multiple of {tp}")
-    observed = _observed(problem, traced, split, tp, args, kwargs)
+    observed = _observed(problem, traced, split, tp, *(observed_on or (args, kwargs)),
+                         optimizer=step.optimizer if step else None)
     everyone = tuple(d.name for d in chosen)
     groups = [everyone[s * tp:(s + 1) * tp] for s in range(pp)]
     here = _on_workers(chosen)
     measured_s = (_collectives_s(observed, tp, chosen[0].torch_device, cache)
                   if here else None)
+    factor = stretch(len(everyone)) if here else 1.0
     staged = stretched(_stage_problem(problem, observed, groups, here=here,
-                                      collectives_s=measured_s),
-                       stretch(len(everyone)) if here else 1.0)
+                                      collectives_s=measured_s), factor)
     leaders = [g[0] for g in groups]
-    placement = _cut(staged, leaders)
-    schedule = simulate(staged, placement)
+    stages = _cut(staged, leaders)  # each forward node's stage
+    kept = None
+    if step is None:
+        schedule = simulate(staged, stages)
+    else:
+        staged, kept, schedule = _stepped(problem, observed, groups, stages, step, here=here,
+                                          collectives_s=measured_s, factor=factor)
     stage_of = {d: s for s, d in enumerate(leaders)}
     cut = emit_model(
-        traced.module, {op: f"cpu:{stage_of[placement.device_of[n.name]]}"
-                        for n in staged.graph.nodes for op in n.ops},
-        order=[op for n in staged.graph.nodes for op in n.ops], device_map={"cpu:*": "cpu"},
+        traced.module, {op: f"cpu:{stage_of[stages.device_of[n.name]]}"
+                        for n in problem.graph.nodes for op in n.ops},
+        order=[op for n in problem.graph.nodes for op in n.ops], device_map={"cpu:*": "cpu"},
         runtime="sequential", meta_weights=traced.has_meta_params)
     if len(stage_devices(cut)) != pp:  # the emitter keeps each stage's ops in one run
         raise ConfigError(f"{{parallel.pp={pp}}}: the emitted model holds "
@@ -124,18 +186,46 @@ def _staged(problem: Problem, traced: TracedModel, args: tuple[Any, ...],
     cut.example_inputs = (tuple(args), dict(kwargs))  # saved with it: what its ranks run
     split = renamed(split, cut)
     columns, rows = matmuls(split)
-    moved = [c for per in observed.collectives.values() for c in per]
+    moved = [c for table in (observed.collectives, observed.backward_collectives)
+             for per in table.values() for c in per]
     peaks = tuple(schedule.peak_bytes[d] for d in leaders)
     record = TensorParallelRecord(
         ranks=tp, devices=everyone, makespan_s=schedule.makespan_s, peak_bytes=max(peaks),
         columns=columns, rows=rows, collectives=len(moved),
         collective_bytes=sum(b for _, b in moved), split=split,
+        optimizer=step.optimizer if step else None,
         torch_devices=tuple(d.torch_device for d in chosen), over_bytes=_over(schedule),
-        pp=pp, stage_peak_bytes=peaks)
+        pp=pp, stage_peak_bytes=peaks, microbatches=step.microbatches if step else 1,
+        schedule=kept)
     return Weighed(priced=Priced(record=record, observed=observed, rank0=staged,
                                  schedule=schedule),
                    one=cut, cluster=problem.cluster, tracer=traced.tracer,
                    traced_ops=len(traced.graph.nodes))
+
+
+def _stepped(problem: Problem, observed: Observed, groups: list[tuple[str, ...]],
+             cut: Placement, step: _Step, *, here: bool, collectives_s: float | None,
+             factor: float) -> tuple[Problem, str, Schedule]:
+    """The training step on the stages ``cut`` (each forward node's stage): each group's
+    step (``tensor_step_problem``) on its first device, copied for the micro-batches in each
+    of ``step.schedules`` (``train.graph.microbatch_copies``), every backward and update on
+    its forward node's stage; the schedule kept (the one that fits, the fastest): its problem,
+    name and simulation."""
+    per_group = [tensor_step_problem(problem, observed, g, optimizer=step.optimizer,
+                                     factors=step.factors, measured=here,
+                                     collectives_s=collectives_s, dtype=step.dtype)
+                 for g in groups]
+    one = stretched(_merged(problem, per_group, groups), factor)
+    last = groups[-1][0]
+    found = {}
+    for schedule in step.schedules:
+        copies = (microbatch_copies(one, step.microbatches, schedule)
+                  if step.microbatches > 1 else one)
+        placement = Placement(device_of={
+            n.name: cut.device_of.get(phase_of(n.name)[0], last) for n in copies.graph.nodes})
+        found[schedule] = copies, simulate(copies, placement)
+    kept = min(found, key=lambda k: (_over(found[k][1]), found[k][1].makespan_s))
+    return found[kept][0], kept, found[kept][1]
 
 
 def _stage_problem(problem: Problem, observed: Observed, groups: list[tuple[str, ...]], *,
@@ -143,8 +233,15 @@ def _stage_problem(problem: Problem, observed: Observed, groups: list[tuple[str,
     """``problem`` on the first device of each of ``groups``: every node as that device's tp
     group runs its share (``tensor_problem``, the collectives a ring over the group), the
     links between the groups' first devices the cluster's."""
-    per_group = [tensor_problem(problem, observed, g, measured=here, collectives_s=collectives_s)
-                 for g in groups]
+    return _merged(problem, [tensor_problem(problem, observed, g, measured=here,
+                                            collectives_s=collectives_s) for g in groups],
+                   groups)
+
+
+def _merged(problem: Problem, per_group: list[Problem], groups: list[tuple[str, ...]]
+            ) -> Problem:
+    """The problems ``per_group`` (each on its group's first device) as one on those devices,
+    the links between them ``problem``'s cluster's."""
     first = per_group[0]
     leaders = tuple(g[0] for g in groups)
     compute = {n: {d: t for p in per_group for d, t in p.costs.compute_s[n].items()}

@@ -270,7 +270,9 @@ def _kept(planned: Plan | None, found: list[Weighed | None], model: torch.nn.Mod
         check = verify_tensor_training(one, model, args, inputs, kwargs.get("targets", ()),
                                        ranks=ranks, optimizer=optimizer, split=record.split,
                                        dp=dp, sharding=record.sharding or "ddp",
-                                       recompute=record.recompute)
+                                       recompute=record.recompute, pp=record.pp,
+                                       microbatches=record.microbatches,
+                                       schedule=record.schedule or "gpipe")
         record = replace(record, check="passed", measured_s=check["measured_s"],
                          max_abs_diff=max(check["max_abs_diff_gradients"],
                                           check["max_abs_diff_parameters"]))
@@ -485,10 +487,7 @@ def _said(record: TensorParallelRecord, planned: Plan, observed: Observed, *, he
             "the plan's backward factor times the rank's share of the forward (2x unless "
             "profiled: train.graph's rule, not observed op by op)")
             + f", the {record.optimizer} update on rank 0's shards")
-    if record.pp > 1:
-        weighed += (f"a pp {record.pp} x tp {ranks} mesh, the model cut into {record.pp} "
-                    "pipeline stages (rank peaks by stage: "
-                    + ", ".join(map(str, record.stage_peak_bytes)) + " bytes); ")
+    weighed += record.stages_text
     if record.dp > 1:
         weighed += (f"a dp {record.dp} x tp {ranks} mesh ({', '.join(record.devices)}), each "
                     f"tp group on 1/{record.dp} of the batch"
@@ -498,8 +497,9 @@ def _said(record: TensorParallelRecord, planned: Plan, observed: Observed, *, he
                         for k, v in record.weighed_sharding.items())
                         + ")") + "; ")
     return (f"{weighed}tensor parallel {'training ' if training else ''}over {ranks} ranks"
-            + ("" if record.dp > 1 else f" ({', '.join(record.devices)}), each on the whole "
-               "batch") + ": " if training else
+            + ("" if record.dp > 1 else f" ({', '.join(record.devices)}), " + (
+                "the batch through the stages" if record.pp > 1 else "each on the whole "
+                "batch")) + ": " if training else
             f"{weighed}tensor parallel over {ranks} ranks ({', '.join(record.devices)}): ") + (
             f"{record.columns} column and {record.rows} row matmuls, {moved}; "
             f"{record.makespan_s * 1e3:.3f} ms a {unit} predicted"

@@ -137,10 +137,12 @@ def microbatch_copies(step: Problem, count: int, schedule: str) -> Problem:
                      **({} if k == 0 else {"param_bytes": 0, "trainable_bytes": 0}))
              for k in range(count) for n in graph.nodes if n.name not in steps]
     nodes += [n for n in graph.nodes if n.name in steps]
-    edges = [Edge(src=microbatch_name(e.src, k),
+    edges = [Edge(src=e.src if e.src in steps else microbatch_name(e.src, k),
                   dst=e.dst if e.dst in steps else microbatch_name(e.dst, k), bytes=e.bytes,
                   transfer_s=e.transfer_s)
-             for k in range(count) for e in graph.edges]
+             for k in range(count) for e in graph.edges
+             if e.src not in steps or e.dst not in steps]
+    edges += [e for e in graph.edges if e.src in steps and e.dst in steps]  # updates' order
 
     def copies(name: str) -> list[str]:
         return [name] if name in steps else [microbatch_name(name, k) for k in range(count)]

@@ -126,7 +126,8 @@ def tensor_train_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *,
     if rank == 0:
         say_trained(options, report, record, what=(
             f"{mesh} ({report['backend']}), "
-            + (f"each tp group on 1/{dp} of the batch" if dp > 1 else "each on the whole batch")
+            + (f"each tp group on 1/{dp} of the batch" if dp > 1 else
+               "the batch through the stages" if pp > 1 else "each on the whole batch")
             + f", {len(report['losses'])} steps of {optimizer}"))
     return 0
 
