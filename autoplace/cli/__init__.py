@@ -143,8 +143,9 @@ def _parser() -> argparse.ArgumentParser:
                    "(tp on the leading devices) and the mesh of every device weighed, the "
                    "fastest kept")
     p.add_argument("--pp", type=int, metavar="N",
-                   help="with --tp T (inference): a pp x tp mesh, the model cut into N pipeline "
-                   "stages, each run by T ranks (torch.distributed.pipelining; N x T gloo ranks)")
+                   help="with --tp T: a pp x tp mesh, the model cut into N pipeline stages, each "
+                   "run by T ranks (torch.distributed.pipelining; N x T gloo ranks); in "
+                   "training its --microbatches in --schedule's order")
     p.add_argument("--fsdp", choices=tuple(Fsdp), default="auto",
                    help="with --mode training: whether the data-parallel replicas shard "
                    "parameters, gradients and optimizer state (FSDP2's fully_shard per block, "
