@@ -118,30 +118,56 @@ def test_more_stages_than_the_graph_can_cut_says_how_many_it_can() -> None:
             parallel=Parallel(tp=2, pp=2)))
 
 
-def test_a_weight_both_stages_read_crosses_as_a_value_and_the_outputs_hold() -> None:
-    """An embedding tied to the output layer through a transpose: the transpose, made in
-    stage 0 and read in stage 1, crosses the stages as any value does (a view of a parameter,
-    sent contiguous), and the 4 ranks give the original's outputs."""
+class _Tied(torch.nn.Module):
+    """An embedding tied to the output layer (GPT-2's and T5's pattern), with a layer between
+    to cut at."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(40, 16)
+        self.mix = torch.nn.Linear(16, 16)
+        self.more = torch.nn.Linear(16, 16)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.more(torch.relu(self.mix(self.embed(ids))))) @ (
+            self.embed.weight.t())
+
+
+def test_a_weight_two_stages_read_is_copied_into_the_later_one_and_the_outputs_hold() -> None:
+    """The tied embedding is read in both stages: stage 1 reads a copy of its own (no weight
+    crosses the stages, and its bytes count in stage 1's memory), and the 4 ranks give the
+    original's outputs."""
     from autoplace.config import Config, Cost, Parallel, Solve
     from autoplace.pipeline import plan
 
-    class Tied(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.embed = torch.nn.Embedding(40, 16)
-            self.mix = torch.nn.Linear(16, 16)
-            self.more = torch.nn.Linear(16, 16)
-
-        def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            return torch.relu(self.more(torch.relu(self.mix(self.embed(ids))))) @ (
-                self.embed.weight.t())
-
     torch.manual_seed(0)
-    planned = plan(Tied(), (torch.randint(0, 40, (4, 6)),), Config(
+    model = _Tied()
+    planned = plan(model, (torch.randint(0, 40, (4, 6)),), Config(
         devices="4xcpu-thread", cost=Cost(profile=False), solve=Solve(time_limit_s=1),
         parallel=Parallel(tp=2, pp=2)))
     tp = planned.plan.tensor_parallel
     assert (tp.pp, tp.check) == (2, "passed") and tp.max_abs_diff < 1e-5
-    crossing = {n for s in planned.tensor_model.segment_info
-                if s.planned_device == "cpu:1" for n in s.inputs}
-    assert "t" in crossing
+    cut = planned.tensor_model
+    later = [s for s in cut.segment_info if s.planned_device == "cpu:1"]
+    copies = [n for s in later for n, _ in getattr(cut, f"seg{s.index}").named_parameters()
+              if "_stage1" in n]
+    assert len(copies) == 1 and not any(
+        "embed" in n for s in later for n in s.inputs)  # no weight crosses
+    assert tp.stage_peak_bytes[1] >= 40 * 16 * 4  # the copy counted where it is held
+
+
+def test_a_tied_weight_across_training_stages_is_refused_naming_it() -> None:
+    import torch.nn.functional as F
+
+    from autoplace.config import Config, Cost, Parallel, Solve, Training
+    from autoplace.pipeline import plan
+
+    torch.manual_seed(0)
+    with pytest.raises(ConfigError, match=r"parallel.pp=2: .* is read in two stages \(a tied "
+                       r"weight\), whose gradients would have to be summed"):
+        plan(_Tied(), (torch.randint(0, 40, (4, 6)),), Config(
+            mode="training", devices="4xcpu-thread", cost=Cost(profile=False),
+            solve=Solve(time_limit_s=1), training=Training(replicas=1),
+            parallel=Parallel(tp=2, pp=2)),
+            loss=lambda out, y: F.cross_entropy(out.reshape(-1, 40), y.reshape(-1)),
+            example_targets=(torch.randint(0, 40, (4, 6)),))

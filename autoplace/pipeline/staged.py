@@ -166,8 +166,17 @@ def _staged(problem: Problem, traced: TracedModel, args: tuple[Any, ...],
     factor = stretch(len(everyone)) if here else 1.0
     staged = stretched(_stage_problem(problem, observed, groups, here=here,
                                       collectives_s=measured_s), factor)
+    staged = replace(staged, graph=replace(staged.graph, colocate=()))  # copies: _copied
     leaders = [g[0] for g in groups]
     stages = _cut(staged, leaders)  # each forward node's stage
+    shared = _shared(traced.module, {op: stages.device_of[n.name] for n in problem.graph.nodes
+                                     for op in n.ops})
+    if shared and step is not None:
+        raise ConfigError(f"{{parallel.pp={pp}}}: {', '.join(shared)} is read in two stages "
+                          "(a tied weight), whose gradients would have to be summed across "
+                          "them, which is not built yet: plan it without {parallel.pp}")
+    staged = _copied(staged, traced.module, shared)
+    module = _with_copies(traced.module, shared)
     kept = None
     if step is None:
         schedule = simulate(staged, stages)
@@ -176,7 +185,7 @@ def _staged(problem: Problem, traced: TracedModel, args: tuple[Any, ...],
                                           collectives_s=measured_s, factor=factor)
     stage_of = {d: s for s, d in enumerate(leaders)}
     cut = emit_model(
-        traced.module, {op: f"cpu:{stage_of[stages.device_of[n.name]]}"
+        module, {op: f"cpu:{stage_of[stages.device_of[n.name]]}"
                         for n in problem.graph.nodes for op in n.ops},
         order=[op for n in problem.graph.nodes for op in n.ops], device_map={"cpu:*": "cpu"},
         runtime="sequential", meta_weights=traced.has_meta_params)
@@ -259,7 +268,7 @@ def _cut(staged: Problem, leaders: list[str]) -> Placement:
     """The stages: ``staged``'s topological order cut into one run of nodes a stage, the
     stages' loads balanced and each within its device's memory (``contiguous_dp``); a
     ``ConfigError`` where no cut fits or some stage would have under ``WORTH`` of the
-    compute (a colocation group, tied weights, is never cut)."""
+    compute."""
     placement = contiguous_dp(staged, "throughput")
     pp = len(leaders)
     if placement is None:
@@ -272,10 +281,83 @@ def _cut(staged: Problem, leaders: list[str]) -> Placement:
     if used < pp:
         fewer = (f"choose {{parallel.pp={used}}} or fewer" if used > 1
                  else "plan it without {parallel.pp}")
-        shared = ("; a weight that both ends of the model read (a tied embedding, as GPT-2's "
-                  "and T5's) keeps every op between its readers in one stage for now"
-                  if staged.graph.colocate else "")
         raise ConfigError(f"{{parallel.pp={pp}}}: the model's graph cuts into at most {used} "
                           f"stages worth running (each with {WORTH:.0%} or more of a pass's "
-                          f"compute){shared}: {fewer}")
+                          f"compute): {fewer}")
     return placement
+
+
+def _shared(module: torch.fx.GraphModule, stage_of: Mapping[str, str]
+            ) -> dict[str, dict[str, list[str]]]:
+    """Each tensor of ``module`` read in more than one stage (a tied weight; ``stage_of``: each
+    op's stage), by its ``get_attr`` node: the ops that read it in each stage but the first
+    that does."""
+    found = {}
+    position = {n: i for i, n in enumerate(module.graph.nodes)}
+    for node in module.graph.nodes:
+        if node.op != "get_attr" or not isinstance(_attr(module, node.target), torch.Tensor):
+            continue
+        by_stage: dict[str, list[str]] = {}
+        for user in sorted(node.users, key=position.__getitem__):  # the first stage first
+            if user.name in stage_of:
+                by_stage.setdefault(stage_of[user.name], []).append(user.name)
+        if len(by_stage) > 1:
+            found[node.name] = dict(list(by_stage.items())[1:])
+    return found
+
+
+def _attr(module: torch.nn.Module, target: str) -> Any:
+    for part in target.split("."):
+        module = getattr(module, part)
+    return module
+
+
+def _copied(staged: Problem, module: torch.fx.GraphModule,
+            shared: Mapping[str, Mapping[str, list[str]]]) -> Problem:
+    """``staged`` with each stage's copy of a ``shared`` tensor counted among its first
+    reader's parameters there (the tensor is kept whole: tied weights are not split)."""
+    if not shared:
+        return staged
+    node_of = {op: n.name for n in staged.graph.nodes for op in n.ops}
+    attrs = {n.name: _attr(module, n.target) for n in module.graph.nodes if n.name in shared}
+    extra: dict[str, int] = {}
+    for name, stages in shared.items():
+        size = attrs[name].numel() * attrs[name].element_size()
+        for ops in stages.values():
+            reader = node_of[ops[0]]
+            extra[reader] = extra.get(reader, 0) + size
+    nodes = tuple(replace(n, param_bytes=n.param_bytes + extra.get(n.name, 0))
+                  for n in staged.graph.nodes)
+    return replace(staged, graph=replace(staged.graph, nodes=nodes))
+
+
+def _with_copies(module: torch.fx.GraphModule,
+                 shared: Mapping[str, Mapping[str, list[str]]]) -> torch.fx.GraphModule:
+    """``module`` (a copy, where anything is ``shared``) in which each stage past the first
+    that reads a shared tensor reads a copy of its own (``<name>_stage<k>``), so that no
+    weight crosses stages: an inference pass's copies stay equal."""
+    if not shared:
+        return module
+    import copy
+
+    module = copy.deepcopy(module)
+    nodes = {n.name: n for n in module.graph.nodes}
+    for name, stages in shared.items():
+        source = nodes[name]
+        tensor = _attr(module, source.target)
+        for k, ops in enumerate(stages.values(), start=1):
+            attr = f"{name}_stage{k}"
+            copied = tensor.detach().clone()
+            if isinstance(tensor, torch.nn.Parameter):
+                module.register_parameter(attr, torch.nn.Parameter(
+                    copied, requires_grad=tensor.requires_grad))
+            else:
+                module.register_buffer(attr, copied)
+            first = nodes[ops[0]]
+            with module.graph.inserting_before(first):
+                getter = module.graph.get_attr(attr)
+            for op in ops:
+                nodes[op].replace_input_with(source, getter)
+    module.graph.lint()
+    module.recompile()
+    return module
