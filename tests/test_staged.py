@@ -156,18 +156,23 @@ def test_a_weight_two_stages_read_is_copied_into_the_later_one_and_the_outputs_h
     assert tp.stage_peak_bytes[1] >= 40 * 16 * 4  # the copy counted where it is held
 
 
-def test_a_tied_weight_across_training_stages_is_refused_naming_it() -> None:
+def test_a_tied_weight_read_in_two_training_stages_has_its_gradients_summed() -> None:
+    """In training, the copy's gradient and the weight's are summed across the stages (an
+    all-reduce per tp rank, priced on the updates), so both take the same step: the 3 Adam
+    steps give the original's losses, gradients (the tied weight's is both readers') and
+    parameters."""
     import torch.nn.functional as F
 
     from autoplace.config import Config, Cost, Parallel, Solve, Training
     from autoplace.pipeline import plan
 
     torch.manual_seed(0)
-    with pytest.raises(ConfigError, match=r"parallel.pp=2: .* is read in two stages \(a tied "
-                       r"weight\), whose gradients would have to be summed"):
-        plan(_Tied(), (torch.randint(0, 40, (4, 6)),), Config(
-            mode="training", devices="4xcpu-thread", cost=Cost(profile=False),
-            solve=Solve(time_limit_s=1), training=Training(replicas=1),
-            parallel=Parallel(tp=2, pp=2)),
-            loss=lambda out, y: F.cross_entropy(out.reshape(-1, 40), y.reshape(-1)),
-            example_targets=(torch.randint(0, 40, (4, 6)),))
+    planned = plan(_Tied(), (torch.randint(0, 40, (4, 6)),), Config(
+        mode="training", devices="4xcpu-thread", cost=Cost(profile=False),
+        solve=Solve(time_limit_s=1), training=Training(replicas=1, microbatches=2),
+        parallel=Parallel(tp=2, pp=2)),
+        loss=lambda out, y: F.cross_entropy(out.reshape(-1, 40), y.reshape(-1)),
+        example_targets=(torch.randint(0, 40, (4, 6)),))
+    tp = planned.plan.tensor_parallel
+    assert (tp.pp, tp.microbatches, tp.check) == (2, 2, "passed") and tp.max_abs_diff < 1e-5
+    assert list(planned.tensor_model.tied.values()) == ["model.embed.weight"]

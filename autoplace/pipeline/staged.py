@@ -44,9 +44,9 @@ from autoplace.pipeline.tensor import (
 from autoplace.progress import stage
 from autoplace.progress.notes import collecting, note
 from autoplace.simulate import simulate
-from autoplace.simulate.schedules import phase_of
+from autoplace.simulate.schedules import STEP, phase_of
 from autoplace.solve.baselines.partition import contiguous_dp
-from autoplace.solve.tensor import Observed, tensor_problem
+from autoplace.solve.tensor import Observed, ring_pricer, tensor_problem
 from autoplace.solve.tensor_train import tensor_step_problem
 from autoplace.solve.whatif import restrict
 from autoplace.trace import TracedModel
@@ -171,18 +171,16 @@ def _staged(problem: Problem, traced: TracedModel, args: tuple[Any, ...],
     stages = _cut(staged, leaders)  # each forward node's stage
     shared = _shared(traced.module, {op: stages.device_of[n.name] for n in problem.graph.nodes
                                      for op in n.ops})
-    if shared and step is not None:
-        raise ConfigError(f"{{parallel.pp={pp}}}: {', '.join(shared)} is read in two stages "
-                          "(a tied weight), whose gradients would have to be summed across "
-                          "them, which is not built yet: plan it without {parallel.pp}")
     staged = _copied(staged, traced.module, shared)
     module = _with_copies(traced.module, shared)
     kept = None
     if step is None:
         schedule = simulate(staged, stages)
     else:
-        staged, kept, schedule = _stepped(problem, observed, groups, stages, step, here=here,
-                                          collectives_s=measured_s, factor=factor)
+        tied = _tied_seconds(problem, traced.module, shared, stages)
+        staged, kept, schedule = _stepped(_copied(problem, traced.module, shared), observed,
+                                          groups, stages, step, here=here,
+                                          collectives_s=measured_s, factor=factor, tied=tied)
     stage_of = {d: s for s, d in enumerate(leaders)}
     cut = emit_model(
         module, {op: f"cpu:{stage_of[stages.device_of[n.name]]}"
@@ -193,6 +191,7 @@ def _staged(problem: Problem, traced: TracedModel, args: tuple[Any, ...],
         raise ConfigError(f"{{parallel.pp={pp}}}: the emitted model holds "
                           f"{len(stage_devices(cut))} stages; plan with fewer")
     cut.example_inputs = (tuple(args), dict(kwargs))  # saved with it: what its ranks run
+    cut.tied = _tied_names(cut, traced.module, shared)  # stages.json: their gradients summed
     split = renamed(split, cut)
     columns, rows = matmuls(split)
     moved = [c for table in (observed.collectives, observed.backward_collectives)
@@ -214,17 +213,21 @@ def _staged(problem: Problem, traced: TracedModel, args: tuple[Any, ...],
 
 def _stepped(problem: Problem, observed: Observed, groups: list[tuple[str, ...]],
              cut: Placement, step: _Step, *, here: bool, collectives_s: float | None,
-             factor: float) -> tuple[Problem, str, Schedule]:
+             factor: float, tied: Mapping[str, float]) -> tuple[Problem, str, Schedule]:
     """The training step on the stages ``cut`` (each forward node's stage): each group's
     step (``tensor_step_problem``) on its first device, copied for the micro-batches in each
     of ``step.schedules`` (``train.graph.microbatch_copies``), every backward and update on
-    its forward node's stage; the schedule kept (the one that fits, the fastest): its problem,
-    name and simulation."""
+    its forward node's stage, each update of a tied weight's copy grown by ``tied`` (its
+    gradients summed across the stages); the schedule kept (the one that fits, the fastest):
+    its problem, name and simulation."""
     per_group = [tensor_step_problem(problem, observed, g, optimizer=step.optimizer,
                                      factors=step.factors, measured=here,
                                      collectives_s=collectives_s, dtype=step.dtype)
                  for g in groups]
     one = stretched(_merged(problem, per_group, groups), factor)
+    one = replace(one, costs=replace(one.costs, compute_s={
+        n: {d: t + tied.get(n, 0.0) for d, t in per.items()}
+        for n, per in one.costs.compute_s.items()}))
     last = groups[-1][0]
     found = {}
     for schedule in step.schedules:
@@ -315,18 +318,23 @@ def _attr(module: torch.nn.Module, target: str) -> Any:
 def _copied(staged: Problem, module: torch.fx.GraphModule,
             shared: Mapping[str, Mapping[str, list[str]]]) -> Problem:
     """``staged`` with each stage's copy of a ``shared`` tensor counted among its first
-    reader's parameters there (the tensor is kept whole: tied weights are not split)."""
+    reader's parameters there, trained where the tensor is (it is kept whole: tied weights
+    are not split)."""
     if not shared:
         return staged
     node_of = {op: n.name for n in staged.graph.nodes for op in n.ops}
     attrs = {n.name: _attr(module, n.target) for n in module.graph.nodes if n.name in shared}
     extra: dict[str, int] = {}
+    trained: dict[str, int] = {}
     for name, stages in shared.items():
         size = attrs[name].numel() * attrs[name].element_size()
         for ops in stages.values():
             reader = node_of[ops[0]]
             extra[reader] = extra.get(reader, 0) + size
-    nodes = tuple(replace(n, param_bytes=n.param_bytes + extra.get(n.name, 0))
+            if attrs[name].requires_grad:
+                trained[reader] = trained.get(reader, 0) + size
+    nodes = tuple(replace(n, param_bytes=n.param_bytes + extra.get(n.name, 0),
+                          trainable_bytes=n.trainable_bytes + trained.get(n.name, 0))
                   for n in staged.graph.nodes)
     return replace(staged, graph=replace(staged.graph, nodes=nodes))
 
@@ -361,3 +369,43 @@ def _with_copies(module: torch.fx.GraphModule,
     module.graph.lint()
     module.recompile()
     return module
+
+
+def _tied_seconds(problem: Problem, module: torch.fx.GraphModule,
+                  shared: Mapping[str, Mapping[str, list[str]]], cut: Placement
+                  ) -> dict[str, float]:
+    """Each update that waits for a trained ``shared`` tensor's gradients summed across the
+    stages that hold it (an all-reduce, a ring over their first devices: Megatron-LM's
+    embedding all-reduce), and how long: the update of the node that reads it first in each
+    stage."""
+    node_of = {op: n.name for n in problem.graph.nodes for op in n.ops}
+    found: dict[str, float] = {}
+    for node in module.graph.nodes:
+        stages = shared.get(node.name)
+        tensor = _attr(module, node.target) if stages else None
+        if tensor is None or not tensor.requires_grad:
+            continue
+        first = next(u.name for u in sorted(node.users, key=list(module.graph.nodes).index)
+                     if u.name in node_of)
+        readers = [node_of[first]] + [node_of[ops[0]] for ops in stages.values()]
+        devices = tuple(dict.fromkeys(cut.device_of[r] for r in readers))
+        seconds = ring_pricer(problem, devices)("all_reduce",
+                                                tensor.numel() * tensor.element_size())
+        for reader in readers:
+            found[reader + STEP] = found.get(reader + STEP, 0.0) + seconds
+    return found
+
+
+def _tied_names(cut: torch.nn.Module, module: torch.fx.GraphModule,
+                shared: Mapping[str, Mapping[str, list[str]]]) -> dict[str, str]:
+    """Each copy ``_with_copies`` made, by its parameter's name in ``cut`` (less its segment),
+    and the name of the parameter it copies there."""
+    names = [n.split(".", 1)[1] for n, _ in cut.named_parameters()]
+    targets = {n.name: n.target for n in module.graph.nodes if n.name in shared}
+    found = {}
+    for name, stages in shared.items():
+        for k in range(1, len(stages) + 1):
+            copy = next((n for n in names if n.endswith(f"{name}_stage{k}")), None)
+            if copy is not None and targets[name] in names:
+                found[copy] = targets[name]
+    return found

@@ -46,13 +46,14 @@ def stage_devices(model: torch.nn.Module) -> list[str]:
 
 def write_stage_table(directory: Path, model: torch.nn.Module,
                       example: tuple[tuple[Any, ...], Mapping[str, Any]]) -> Path:
-    """``directory/stages.json``: ``model``'s stage devices in order and every value crossing
-    stages, shaped by one pass of ``example``."""
+    """``directory/stages.json``: ``model``'s stage devices in order, every value crossing
+    stages, shaped by one pass of ``example``, and each copy of a tied weight a later stage
+    holds (``model.tied``: its name -> the name of the weight it copies)."""
     stages = stage_devices(model)
     table = crossings_of(model, tuple(example[0]), dict(example[1]), ranks=stages)
     path = Path(directory) / STAGES_FILE
-    path.write_text(json.dumps({"stages": stages, "crossings": [c.to_list() for c in table]},
-                               indent=1) + "\n")
+    path.write_text(json.dumps({"stages": stages, "crossings": [c.to_list() for c in table],
+                                "tied": dict(getattr(model, "tied", {}))}, indent=1) + "\n")
     return path
 
 

@@ -49,7 +49,9 @@ def train_stages(model: torch.nn.Module, mesh: Any, split: Mapping[str, tuple[st
     table = {c.value: c for c in map(Crossing.of, saved["crossings"])}
     stages, index = saved["stages"], mesh["pp"].get_local_rank()
     parts = [flat_inputs(model, a, k) for a, k in split_batch(args, kwargs, microbatches)]
-    names = list(_named(model, prefix=True))  # every stage's, in one optimizer's order
+    tied = saved.get("tied", {})  # a copy's name -> the tied weight's
+    names = [n for n in _named(model, prefix=True) if n not in tied]  # one optimizer's order
+    summed = _tied_groups(model, tied, stages, mesh)
     mine = _stage_segments(model, stages, index)
     for i in range(len(model.segment_info)):
         seg = f"seg{i}"
@@ -58,6 +60,8 @@ def train_stages(model: torch.nn.Module, mesh: Any, split: Mapping[str, tuple[st
                 k[len(seg) + 1:]: v for k, v in split.items() if k.startswith(seg + ".")})
         else:  # another stage's: its weights go
             setattr(model, seg, torch.nn.Module())
+    by_name = _named(model, prefix=True)
+    summed = [(by_name[n], group) for n, group in summed]
     takes, gives = _cut(model, stages, index)
     module = _TrainStage(model, mine, takes, gives, parts, mesh["tp"], first=index == 0,
                          last=index == len(stages) - 1, constants={
@@ -90,6 +94,8 @@ def train_stages(model: torch.nn.Module, mesh: Any, split: Mapping[str, tuple[st
                 run.step(target=torch.zeros(microbatches), losses=got)
             else:
                 run.step()
+            for param, group in summed:  # a tied weight's copies: their gradients summed
+                dist.all_reduce(param.grad._local_tensor, group=group)
             opt.step()
         times.append(time.perf_counter() - began)
         losses.append(_loss_on_rank0(got, last))
@@ -99,6 +105,29 @@ def train_stages(model: torch.nn.Module, mesh: Any, split: Mapping[str, tuple[st
                 record.append(step | {"loss": torch.tensor(losses[-1])})
     return losses, times, ({"names": {n: i for i, n in enumerate(names)}, "steps": record}
                            if dist.get_rank() == 0 else {})
+
+
+def _tied_groups(model: torch.nn.Module, tied: Mapping[str, str], stages: Sequence[str],
+                 mesh: Any) -> list[tuple[Any, Any]]:
+    """For each tied weight whose copies later stages hold (``tied``), a process group per tp
+    rank of the ranks that hold it or a copy (every rank makes each, in one order); this
+    rank's parameters among them, each with its group. Called before the other stages'
+    segments are dropped; the parameters are looked up again once this stage is split."""
+    stage_of = {}
+    for name, _ in model.named_parameters():
+        seg, rest = name.split(".", 1)
+        stage_of[rest] = stages.index(model.segment_info[int(seg[3:])].planned_device)
+    copies: dict[str, list[str]] = {}
+    for copy, original in tied.items():
+        copies.setdefault(original, [original]).append(copy)
+    tp, found = mesh["tp"].size(), []
+    for holders in copies.values():
+        held = sorted({stage_of[n] for n in holders})
+        for t in range(tp):
+            group = dist.new_group([s * tp + t for s in held])
+            here = [n for n in holders if stage_of[n] * tp + t == dist.get_rank()]
+            found += [(n, group) for n in here]
+    return found
 
 
 def _stage_segments(model: torch.nn.Module, stages: Sequence[str], index: int) -> list[int]:
@@ -249,6 +278,8 @@ def _merged(pieces: Sequence[Mapping[str, Any]], names: Sequence[str]) -> dict[s
     for piece in pieces:
         group = {k: v for k, v in piece["state"]["param_groups"][0].items() if k != "params"}
         for j, n in enumerate(piece["names"]):
+            if n not in at:  # a tied weight's copy: equal to the weight
+                continue
             grads[at[n]], params[at[n]] = piece["grads"][j], piece["params"][j]
             if j in piece["state"]["state"]:
                 state[at[n]] = piece["state"]["state"][j]
