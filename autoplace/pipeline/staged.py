@@ -191,7 +191,7 @@ def _staged(problem: Problem, traced: TracedModel, args: tuple[Any, ...],
         raise ConfigError(f"{{parallel.pp={pp}}}: the emitted model holds "
                           f"{len(stage_devices(cut))} stages; plan with fewer")
     cut.example_inputs = (tuple(args), dict(kwargs))  # saved with it: what its ranks run
-    cut.tied = _tied_names(cut, traced.module, shared)  # stages.json: their gradients summed
+    cut.tied = _tied_names(module, shared)  # stages.json: their gradients summed
     split = renamed(split, cut)
     columns, rows = matmuls(split)
     moved = [c for table in (observed.collectives, observed.backward_collectives)
@@ -396,16 +396,15 @@ def _tied_seconds(problem: Problem, module: torch.fx.GraphModule,
     return found
 
 
-def _tied_names(cut: torch.nn.Module, module: torch.fx.GraphModule,
-                shared: Mapping[str, Mapping[str, list[str]]]) -> dict[str, str]:
-    """Each copy ``_with_copies`` made, by its parameter's name in ``cut`` (less its segment),
-    and the name of the parameter it copies there."""
-    names = [n.split(".", 1)[1] for n, _ in cut.named_parameters()]
+def _tied_names(module: torch.fx.GraphModule, shared: Mapping[str, Mapping[str, list[str]]]
+                ) -> dict[str, str]:
+    """Each copy ``_with_copies`` made in ``module``, by its name in the emitted model (less
+    its segment), and the name there of the weight it copies: each tensor is emitted under the
+    first ``get_attr`` target that reads it (``codegen.lower``), an alias's maybe."""
+    first: dict[int, str] = {}
+    for node in module.graph.nodes:
+        if node.op == "get_attr":
+            first.setdefault(id(_attr(module, node.target)), node.target)
     targets = {n.name: n.target for n in module.graph.nodes if n.name in shared}
-    found = {}
-    for name, stages in shared.items():
-        for k in range(1, len(stages) + 1):
-            copy = next((n for n in names if n.endswith(f"{name}_stage{k}")), None)
-            if copy is not None and targets[name] in names:
-                found[copy] = targets[name]
-    return found
+    return {first[id(_attr(module, f"{name}_stage{k}"))]: first[id(_attr(module, targets[name]))]
+            for name, stages in shared.items() for k in range(1, len(stages) + 1)}
