@@ -112,6 +112,27 @@ def test_a_step_of_m_micro_batches_copies_forward_and_backward_but_not_the_updat
     assert four.pipeline_schedule == "1f1b" and one.pipeline_schedule is None
 
 
+def test_an_edge_between_two_updates_is_kept_once_across_the_micro_batches() -> None:
+    """A step whose updates run in an order (the tensor-parallel step's: an edge from one
+    update to the next) keeps that edge once, between the updates themselves, not as an edge
+    from a micro-batch copy that does not exist."""
+    from dataclasses import replace
+
+    from autoplace.ir import Edge
+    from autoplace.train.graph import microbatch_copies
+
+    forward = _forward_problem(WithLoss(MLP()), "2xcpu-thread")
+    one = step_problem(forward, "adam")
+    updates = [n.name for n in one.graph.nodes if phase_of(n.name)[1] == "step"]
+    ordered = replace(one, graph=replace(one.graph, edges=(
+        *one.graph.edges, Edge(src=updates[0], dst=updates[1], bytes=0))))
+    three = microbatch_copies(ordered, 3, "gpipe")
+    between = [e for e in three.graph.edges if e.src == updates[0] and e.dst == updates[1]]
+    assert len(between) == 1
+    names = {n.name for n in three.graph.nodes}
+    assert all(e.src in names and e.dst in names for e in three.graph.edges)
+
+
 def test_the_schedule_and_trainable_bytes_survive_plan_json() -> None:
     forward = _forward_problem(WithLoss(MLP()), "2xcpu-thread")
     problem = step_problem(forward, "adam", microbatches=2, schedule="1f1b")
