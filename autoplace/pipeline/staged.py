@@ -1,16 +1,15 @@
-"""The pp x tp candidate of an inference plan (``--pp P --tp T``, ``Config.parallel.pp``): the
-first P x T devices as a mesh, the model cut into P pipeline stages, each stage run by a group
-of T tensor-parallel ranks (Megatron-LM's layout: tensor parallelism inside a group, pipeline
-stages across groups).
-
-The model is observed under DTensor on T fake ranks as ``pipeline.tensor``'s candidate is; each
-stage's group prices its share of it (``solve.tensor.tensor_problem``, its rings over that
-group's devices), and the problem on the stages' first ranks is cut by the contiguous
-partitioner (``solve.baselines.partition.contiguous_dp``, the throughput objective: the
-stages' loads balanced, each stage's memory within its device) and simulated, one pass through
-the stages handing on over the links between them. The one-device model is emitted with each
-stage on a torch device of its own (``cpu:<s>``), which ``emit.distributed.tensor_stages``
-runs on a ``("pp", "tp")`` mesh of gloo ranks and checks against the original.
+"""The pp x tp candidate of a plan (``--pp P --tp T``, ``Config.parallel.pp``): the first
+P x T devices as a mesh, the model cut into P pipeline stages, each run by a group of T
+tensor-parallel ranks (Megatron-LM's layout). The model is observed under DTensor on T fake
+ranks as ``pipeline.tensor``'s candidate is; each group prices its share
+(``solve.tensor.tensor_problem``, its rings over that group), and the problem on the groups'
+first ranks is cut by ``contiguous_dp`` (the throughput objective: stages balanced, each within
+its memory) and simulated: a pass through the stages, or a training step
+(``tensor_step_problem`` per group, copied for the micro-batches in GPipe's or 1F1B's order).
+A tensor two stages read (a tied embedding) is copied into the later one (``_with_copies``;
+in training their gradients summed). The one-device model is emitted with each stage on a
+device of its own (``cpu:<s>``), run by ``emit.distributed.tensor_stages`` (a pass) and
+``tensor_stages_train`` (a step) on a ``("pp", "tp")`` mesh of gloo ranks and checked.
 """
 
 from __future__ import annotations
@@ -184,7 +183,7 @@ def _staged(problem: Problem, traced: TracedModel, args: tuple[Any, ...],
     stage_of = {d: s for s, d in enumerate(leaders)}
     cut = emit_model(
         module, {op: f"cpu:{stage_of[stages.device_of[n.name]]}"
-                        for n in problem.graph.nodes for op in n.ops},
+                 for n in problem.graph.nodes for op in n.ops},
         order=[op for n in problem.graph.nodes for op in n.ops], device_map={"cpu:*": "cpu"},
         runtime="sequential", meta_weights=traced.has_meta_params)
     if len(stage_devices(cut)) != pp:  # the emitter keeps each stage's ops in one run
