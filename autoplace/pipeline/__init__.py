@@ -240,7 +240,8 @@ def _tensor_parallel(plan: Plan, model: PartitionedModel, directory: Path) -> No
                            example=example and split_batch(*example, record.microbatches)[0])
     else:
         write_tensor_launch(directory, devices=devices, names=list(record.devices),
-                            split=record.split, dp=record.dp, pp=record.pp, model=model)
+                            split=record.split, dp=record.dp, pp=record.pp, model=model,
+                            example=getattr(model, "example_inputs", None))
 
 
 def _launch_script(plan: Plan, model: PartitionedModel, directory: Path) -> None:

@@ -300,19 +300,20 @@ def _synchronize(device: str) -> None:
 
 def write_tensor_launch(directory: str | os.PathLike[str], *, devices: Sequence[str],
                         names: Sequence[str], split: Mapping[str, tuple[str, int]],
-                        dp: int = 1, pp: int = 1, model: torch.nn.Module | None = None) -> Path:
+                        dp: int = 1, pp: int = 1, model: torch.nn.Module | None = None,
+                        example: Any = None) -> Path:
     """Write ``directory/launch.py`` (``templates/tensor_launch.py.tmpl``: ``tensor_main`` for
     rank r on ``devices[r]``, plan name ``names[r]``, ``dp`` data-parallel groups, ``pp``
     pipeline stages) and ``directory/split.json`` (with ``pp`` > 1, ``stages.json`` too, from
-    one pass of ``model`` on its ``example_inputs``); the script's path. The model it runs is
-    ``directory/model``."""
+    one pass of ``model`` on ``example``, its ``(args, kwargs)``); the script's path. The model
+    it runs is ``directory/model``."""
     from string import Template
 
     root = Path(directory)
     if pp > 1:
         from autoplace.emit.distributed.tensor_stages import write_stage_table
 
-        write_stage_table(root, model, model.example_inputs)
+        write_stage_table(root, model, example)
     (root / "split.json").write_text(json.dumps({k: list(v) for k, v in split.items()},
                                                 indent=1) + "\n")
     path = root / "launch.py"
@@ -341,10 +342,10 @@ def verify_tensor_parallel(emitted: PartitionedModel, original: torch.nn.Module,
         root = Path(tmp)
         _save(emitted, root / "model", (tuple(args), dict(kwargs)))
         world = ranks * dp * pp
-        emitted.example_inputs = (tuple(args), dict(kwargs))
         script = write_tensor_launch(root, devices=["cpu"] * world,
                                      names=[f"rank {r}" for r in range(world)], split=split,
-                                     dp=dp, pp=pp, model=emitted)
+                                     dp=dp, pp=pp, model=emitted,
+                                     example=(tuple(args), dict(kwargs)))
         launch_replicas(script, replicas=world, timeout_s=timeout_s, what="tensor-parallel",
                         argv=["--repeats", str(repeats), "--outputs", str(root / "outputs.pt")])
         saved = torch.load(root / "outputs.pt", weights_only=True)

@@ -323,9 +323,9 @@ def verify_tensor_training(emitted: PartitionedModel, original: torch.nn.Module,
             f"the tensor-parallel ranks were to recompute each unit's forward in the backward: "
             f"{report['checkpointed']} segments checkpointed ran {report['unit_forwards']} "
             f"forwards in {len(report['losses'])} steps, not twice a step each")
-    with kept_state(emitted, original):  # the emitted graph runs one tp group's share
+    with kept_state(emitted, original):  # the emitted graph runs a tp group's micro-batch
         dropout = dropout_active(emitted, _forward(emitted, split_batch(
-            *batch, dp, what="data-parallel groups")[0]))
+            *batch, dp * microbatches, what="data-parallel groups")[0]))
         check = _compare(record, original, tuple(args), dict(kwargs), tuple(targets),
                          optimizer=optimizer, lr=None, cut=(dp, None), dropout=dropout)
     return check | dropout | {"ranks": ranks, "dp": dp, "sharding": sharding,
