@@ -97,6 +97,8 @@ def train_stages(model: torch.nn.Module, mesh: Any, split: Mapping[str, tuple[st
             for param, group in summed:  # a tied weight's copies: their gradients summed
                 dist.all_reduce(param.grad._local_tensor, group=group)
             opt.step()
+        if device.type == "cuda":  # the step's kernels done before it is timed
+            torch.cuda.synchronize(device)
         times.append(time.perf_counter() - began)
         losses.append(_loss_on_rank0(got, last))
         if recording:
