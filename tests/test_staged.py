@@ -40,25 +40,6 @@ def test_a_pp_by_tp_mesh_plans_runs_and_checks_each_stage_on_its_tp_group(tmp_pa
         capsys.readouterr().err)
 
 
-def test_a_pp_by_tp_training_step_is_checked_by_three_steps(tmp_path) -> None:
-    """The MLP's training step on pp 2 x tp 2 with 2 micro-batches: GPipe and 1F1B weighed
-    (the step's micro-batch copies keep the updates' order edges once), the kept schedule run
-    by torch's own class on 4 gloo ranks, whose 3 Adam steps give the original's losses,
-    gradients and parameters; train.py written to run it (the same script the check ran)."""
-    from autoplace.cli import main
-
-    out = tmp_path / "out"
-    assert main(["plan", MLP, "--mode", "training", "--devices", "4xcpu-process", "--tp", "2",
-                 "--pp", "2", "--microbatches", "2", "--replicas", "1", "--time-limit", "2",
-                 "--out", str(out)]) == 0
-    tp = json.loads((out / "plan.json").read_text())["tensor_parallel"]
-    assert (tp["pp"], tp["microbatches"], tp["optimizer"], tp["check"]) == (2, 2, "adam",
-                                                                           "passed")
-    assert tp["schedule"] in ("gpipe", "1f1b") and tp["max_abs_diff"] < 1e-5
-    train = (out / "tensor_parallel" / "train.py").read_text()
-    assert "PP = 2" in train and "MICROBATCHES = 2" in train
-
-
 def test_a_llama_cut_into_two_stages_of_two_tensor_parallel_ranks_gives_its_outputs() -> None:
     """The Llama example's shape cut in the middle of its ops: the rotary tables made once
     cross the stages whole (not cut along the batch), attention split by heads in each stage,
@@ -126,16 +107,18 @@ class _Tied(torch.nn.Module):
             self.embed.weight.t())
 
 
-def test_a_tied_weight_read_in_two_training_stages_has_its_gradients_summed() -> None:
+def test_a_tied_weight_read_in_two_training_stages_has_its_gradients_summed(tmp_path) -> None:
     """The tied embedding is read in both stages: stage 1 holds a copy of its own (no weight
     crosses the stages; the copy's bytes count in its memory), and the copy's gradient and the
     weight's are summed across the stages (an all-reduce per tp rank, priced on the updates),
-    so both take the same step: the 3 Adam steps give the original's losses, gradients (the
-    tied weight's is both readers') and parameters."""
+    so both take the same step: the 3 Adam steps with 2 micro-batches (GPipe and 1F1B weighed:
+    the step's micro-batch copies keep the updates' order edges once) give the original's
+    losses, gradients (the tied weight's is both readers') and parameters; ``save`` writes
+    the ranks' train.py with the mesh and its schedule."""
     import torch.nn.functional as F
 
     from autoplace.config import Config, Cost, Parallel, Solve, Training
-    from autoplace.pipeline import plan
+    from autoplace.pipeline import plan, save
 
     torch.manual_seed(0)
     planned = plan(_Tied(), (torch.randint(0, 40, (4, 6)),), Config(
@@ -153,3 +136,9 @@ def test_a_tied_weight_read_in_two_training_stages_has_its_gradients_summed() ->
               if "_stage1" in n]
     assert len(copies) == 1 and not any("embed" in n for s in later for n in s.inputs)
     assert tp.stage_peak_bytes[1] >= 40 * 16 * 4 * 4  # the copy, its gradient, Adam's two
+    assert tp.schedule in ("gpipe", "1f1b")
+    save(planned, tmp_path / "out")
+    train = (tmp_path / "out" / "tensor_parallel" / "train.py").read_text()
+    assert "PP = 2" in train and "MICROBATCHES = 2" in train
+    tied = json.loads((tmp_path / "out" / "tensor_parallel" / "stages.json").read_text())["tied"]
+    assert list(tied.values()) == ["model.embed.weight"]
