@@ -28,7 +28,7 @@ from autoplace.emit.distributed.ranks import Crossing, crossings_of, flat_inputs
 from autoplace.emit.distributed.stages import StageModule, buffers, chain_of
 from autoplace.errors import EmitError
 
-__all__ = ["STAGES_FILE", "stage_devices", "stage_runner", "write_stage_table"]
+__all__ = ["STAGES_FILE", "keep_stage", "stage_devices", "stage_runner", "write_stage_table"]
 
 STAGES_FILE = "stages.json"
 
@@ -88,14 +88,7 @@ def stage_runner(model: torch.nn.Module, mesh: Any, split: Mapping[str, tuple[st
     if chain is None:
         raise EmitError("the stages do not form a chain whose crossings are tensors: plan it "
                         "again with fewer stages (--pp)")
-    for i in range(len(model.segment_info)):
-        name = f"seg{i}"
-        if i in chain.segments:
-            prefix = name + "."
-            shard_model(getattr(model, name), mesh["tp"],
-                        {k[len(prefix):]: v for k, v in split.items() if k.startswith(prefix)})
-        else:  # another stage's: its weights go
-            setattr(model, name, torch.nn.Module())
+    keep_stage(model, chain.segments, mesh["tp"], split)
     device = first[0].device if first and isinstance(first[0], torch.Tensor) else "cpu"
     stage = PipelineStage(_TensorStage(model, chain), chain.index, len(chain.order), device,
                           input_args=buffers(chain, chain.takes, device),
@@ -113,6 +106,20 @@ def stage_runner(model: torch.nn.Module, mesh: Any, split: Mapping[str, tuple[st
         return _to_rank0(merged, model.output_names, shapes, last=last, device=device)
 
     return once
+
+
+def keep_stage(model: torch.nn.Module, segments: Sequence[int], tp: Any,
+               split: Mapping[str, tuple[str, int]]) -> None:
+    """``model`` reduced to this rank's stage: its ``segments`` split over the ``tp`` mesh as
+    ``split`` says (``seg<i>.<name>``), every other segment dropped with its weights."""
+    for i in range(len(model.segment_info)):
+        name = f"seg{i}"
+        if i in segments:
+            prefix = name + "."
+            shard_model(getattr(model, name), tp,
+                        {k[len(prefix):]: v for k, v in split.items() if k.startswith(prefix)})
+        else:  # another stage's: its weights go
+            setattr(model, name, torch.nn.Module())
 
 
 def _to_rank0(merged: Any, names: Sequence[str], shapes: Mapping[str, Crossing], *, last: int,

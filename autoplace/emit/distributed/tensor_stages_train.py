@@ -24,8 +24,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from autoplace.emit.distributed.dtensor import dtensor_rules, shard_model
+from autoplace.emit.distributed.dtensor import dtensor_rules
 from autoplace.emit.distributed.ranks import Crossing, flat_inputs
+from autoplace.emit.distributed.tensor_stages import keep_stage
 from autoplace.errors import EmitError
 
 __all__ = ["train_stages"]
@@ -53,13 +54,7 @@ def train_stages(model: torch.nn.Module, mesh: Any, split: Mapping[str, tuple[st
     names = [n for n in _named(model, prefix=True) if n not in tied]  # one optimizer's order
     summed = _tied_groups(model, tied, stages, mesh)
     mine = _stage_segments(model, stages, index)
-    for i in range(len(model.segment_info)):
-        seg = f"seg{i}"
-        if i in mine:
-            shard_model(getattr(model, seg), mesh["tp"], {
-                k[len(seg) + 1:]: v for k, v in split.items() if k.startswith(seg + ".")})
-        else:  # another stage's: its weights go
-            setattr(model, seg, torch.nn.Module())
+    keep_stage(model, mine, mesh["tp"], split)
     by_name = _named(model, prefix=True)
     summed = [(by_name[n], group) for n, group in summed]
     takes, gives = _cut(model, stages, index)
