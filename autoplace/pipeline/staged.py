@@ -22,6 +22,7 @@ import torch
 
 from autoplace.config import Config
 from autoplace.emit import PartitionedModel, emit_model
+from autoplace.emit.codegen.lower import fetch
 from autoplace.emit.distributed.tensor import column_row, divisible, matmuls
 from autoplace.emit.distributed.tensor_stages import stage_devices
 from autoplace.errors import ConfigError
@@ -297,7 +298,7 @@ def _shared(module: torch.fx.GraphModule, stage_of: Mapping[str, str]
     found = {}
     position = {n: i for i, n in enumerate(module.graph.nodes)}
     for node in module.graph.nodes:
-        if node.op != "get_attr" or not isinstance(_attr(module, node.target), torch.Tensor):
+        if node.op != "get_attr" or not isinstance(fetch(module, node.target), torch.Tensor):
             continue
         by_stage: dict[str, list[str]] = {}
         for user in sorted(node.users, key=position.__getitem__):  # the first stage first
@@ -308,12 +309,6 @@ def _shared(module: torch.fx.GraphModule, stage_of: Mapping[str, str]
     return found
 
 
-def _attr(module: torch.nn.Module, target: str) -> Any:
-    for part in target.split("."):
-        module = getattr(module, part)
-    return module
-
-
 def _copied(staged: Problem, module: torch.fx.GraphModule,
             shared: Mapping[str, Mapping[str, list[str]]]) -> Problem:
     """``staged`` with each stage's copy of a ``shared`` tensor counted among its first
@@ -322,7 +317,7 @@ def _copied(staged: Problem, module: torch.fx.GraphModule,
     if not shared:
         return staged
     node_of = {op: n.name for n in staged.graph.nodes for op in n.ops}
-    attrs = {n.name: _attr(module, n.target) for n in module.graph.nodes if n.name in shared}
+    attrs = {n.name: fetch(module, n.target) for n in module.graph.nodes if n.name in shared}
     extra: dict[str, int] = {}
     trained: dict[str, int] = {}
     for name, stages in shared.items():
@@ -351,7 +346,7 @@ def _with_copies(module: torch.fx.GraphModule,
     nodes = {n.name: n for n in module.graph.nodes}
     for name, stages in shared.items():
         source = nodes[name]
-        tensor = _attr(module, source.target)
+        tensor = fetch(module, source.target)
         for k, ops in enumerate(stages.values(), start=1):
             attr = f"{name}_stage{k}"
             copied = tensor.detach().clone()
@@ -381,7 +376,7 @@ def _tied_seconds(problem: Problem, module: torch.fx.GraphModule,
     found: dict[str, float] = {}
     for node in module.graph.nodes:
         stages = shared.get(node.name)
-        tensor = _attr(module, node.target) if stages else None
+        tensor = fetch(module, node.target) if stages else None
         if tensor is None or not tensor.requires_grad:
             continue
         first = next(u.name for u in sorted(node.users, key=list(module.graph.nodes).index)
@@ -403,7 +398,7 @@ def _tied_names(module: torch.fx.GraphModule, shared: Mapping[str, Mapping[str, 
     first: dict[int, str] = {}
     for node in module.graph.nodes:
         if node.op == "get_attr":
-            first.setdefault(id(_attr(module, node.target)), node.target)
+            first.setdefault(id(fetch(module, node.target)), node.target)
     targets = {n.name: n.target for n in module.graph.nodes if n.name in shared}
-    return {first[id(_attr(module, f"{name}_stage{k}"))]: first[id(_attr(module, targets[name]))]
+    return {first[id(fetch(module, f"{name}_stage{k}"))]: first[id(fetch(module, targets[name]))]
             for name, stages in shared.items() for k in range(1, len(stages) + 1)}
