@@ -272,17 +272,27 @@ _RANK_1_FAILS = ("import os, sys, time\n"
                  "if os.environ['RANK'] == '1':\n    sys.exit(3)\ntime.sleep(600)\n")
 
 
-def _running(marker: str) -> list[int]:
-    """The processes whose command line holds ``marker`` (a script's unique path)."""
-    found = []
+def _running(marker: str) -> set[int]:
+    """The processes whose command line holds ``marker`` (a script's unique path: torchrun's
+    workers) and their parents (torchrun, forked from the test's process, holds it not)."""
+    found = set()
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if marker in text:
+                stat = (cmdline.parent / "stat").read_text()
+                found |= {int(cmdline.parent.name), int(stat.rpartition(")")[2].split()[1])}
         except OSError:
             continue
-        if marker in text:
-            found.append(int(cmdline.parent.name))
     return found
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, ended and not yet reaped, does not)."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 @pytest.mark.parametrize("script, error, match, alive", [
@@ -294,11 +304,14 @@ def test_no_process_is_left_behind(tmp_path, script: str, error: type, match: st
     path = tmp_path / "train.py"
     path.write_text(script)
     seen: list[int] = []
+    everyone: set[int] = set()
     done = threading.Event()
 
     def watch() -> None:  # how many processes (torchrun and its workers) ran at once
         while not done.is_set():
-            seen.append(len(_running(str(path))))
+            running = _running(str(path))
+            seen.append(len(running))
+            everyone.update(running)
             time.sleep(0.05)
 
     watcher = threading.Thread(target=watch)
@@ -310,7 +323,10 @@ def test_no_process_is_left_behind(tmp_path, script: str, error: type, match: st
         done.set()
         watcher.join()
     assert max(seen) >= alive  # torchrun and its workers did run (rank 1 may end at once)
-    assert _running(str(path)) == []
+    deadline = time.monotonic() + 1  # a process just killed may not have ended yet
+    while [pid for pid in everyone if _alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [pid for pid in everyone if _alive(pid)] == []
 
 
 # Replicas of a micro-batched step: no DDP; each runs its micro-batches in the plan's order and

@@ -1,6 +1,6 @@
 """``autoplace run OUT/ --nproc N``: an inference plan run as N processes, checked and timed.
 
-Starts ``OUT/launch.py`` (``emit.distributed.ranks``) under ``python -m torch.distributed.run`` on
+Starts ``OUT/launch.py`` (``emit.distributed.ranks``) under torchrun (``cluster.local.torchrun``) on
 127.0.0.1, one rank per planned device (``emit.distributed.replicas.launch_replicas``: a free port,
 a time limit, and torchrun and every rank stopped on a timeout or a failure), rank 0 writing the
 outputs and its pass times to a temporary directory. Then, in this process, runs the same

@@ -4,7 +4,7 @@ trained K steps by its ``train.py`` (``emit.distributed.tensor_train``), rank 0'
 times against ``tensor_parallel.makespan_s``.
 
 Starts ``OUT/tensor_parallel/launch.py`` (``emit.distributed.tensor.tensor_main``) under
-``python -m torch.distributed.run`` on 127.0.0.1 (``replicas.launch_replicas``: a free port, a
+torchrun (``cluster.local.torchrun``) on 127.0.0.1 (``replicas.launch_replicas``: a free port, a
 time limit, every process stopped on a timeout or a failure), rank 0 writing the outputs and
 its pass times to a temporary directory. Then, in this process, runs the one-device model the
 ranks split (``OUT/tensor_parallel/model``) on the same example and compares rank 0's outputs

@@ -17,6 +17,7 @@ flattened bucket is not counted. Rules and figures: ``docs/training.md``.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -24,7 +25,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
-from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from autoplace.ir import Cluster, Problem
@@ -134,6 +134,14 @@ def ddp_replica(model: torch.nn.Module) -> DistributedDataParallel:
     return DistributedDataParallel(model, device_ids=None, gradient_as_bucket_view=True)
 
 
+def is_dtensor(value: Any) -> bool:
+    """Whether ``value`` is a DTensor (FSDP2's shards, tensor parallelism's), without importing
+    DTensor where none was made: a rank of plain DDP then starts without its import (0.6 s of
+    CPU on this project's machines)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(value, module.DTensor)
+
+
 def average_gradients(params: Sequence[torch.Tensor], group: Any = None) -> None:
     """Replace the gradient of each of ``params`` with its mean over the replicas (every rank
     calls this, after its backward; ``group``: the process group of the replicas, by default
@@ -142,7 +150,7 @@ def average_gradients(params: Sequence[torch.Tensor], group: Any = None) -> None
     sum), divided by R and copied back, one bucket after another: a copy of one bucket is held
     at a time, beyond what the plan counts."""
     world = dist.get_world_size(group)
-    grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+    grads = [p.grad.to_local() if is_dtensor(p.grad) else p.grad
              for p in params if p.grad is not None]
     for bucket in _buckets(grads):
         flat = _flatten_dense_tensors(bucket)

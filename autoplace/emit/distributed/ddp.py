@@ -33,7 +33,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 from torch.utils import _pytree as pytree
 
 from autoplace.cluster.local import worker_threads
@@ -45,7 +44,7 @@ from autoplace.emit.train.microbatch import batch_size as cut_size
 from autoplace.errors import AutoplaceError, EmitError
 from autoplace.formats.records import TrainingRecord
 from autoplace.ir import Problem, Schedule
-from autoplace.train.dataparallel import average_gradients, ddp_replica
+from autoplace.train.dataparallel import average_gradients, ddp_replica, is_dtensor
 from autoplace.train.graph import make_optimizer
 from autoplace.train.layers import no_dropout
 
@@ -447,7 +446,7 @@ def _steps(step: Step, model: torch.nn.Module, opt: torch.optim.Optimizer, *, st
 def _cpu(value: Any) -> Any:
     """A tensor copied to the CPU, detached (the next step changes the original in place); a
     DTensor (FSDP2's shards) gathered whole first, which every rank does in the same order."""
-    if isinstance(value, DTensor):
+    if is_dtensor(value):
         value = value.full_tensor()
     if isinstance(value, torch.Tensor):
         return value.detach().to("cpu", copy=True)

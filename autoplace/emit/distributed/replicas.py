@@ -1,7 +1,7 @@
 """Emit: start a training plan's data-parallel replicas, and check them against the original.
 
 ``launch_replicas`` runs ``OUT/train.py`` (``ddp.write_train_script``) as R processes under
-``python -m torch.distributed.run`` on 127.0.0.1 and a free port, within a time limit. On a
+torchrun (``cluster.local.torchrun``) on 127.0.0.1 and a free port, within a time limit. On a
 timeout, an interrupt or an error here it stops torchrun and every worker it started (they lead
 process groups of their own); when a worker fails, the error raised here is the worker's own
 (the ``autoplace: error:`` line ``ddp.replica_main`` prints) or, for a crash, the last lines of
@@ -21,10 +21,9 @@ import copy
 import os
 import re
 import signal
-import subprocess
-import sys
 import tempfile
 from collections.abc import Mapping, Sequence
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from autoplace import errors
-from autoplace.cluster.local import free_port
+from autoplace.cluster.local import free_port, torchrun
 from autoplace.emit.check.training import (
     TRAINING_STEPS,
     _all_trained,
@@ -73,36 +72,37 @@ def launch_replicas(script: str | os.PathLike[str], *, replicas: int, argv: Sequ
     """Run ``torchrun --nproc-per-node replicas script *argv`` on this machine and wait at most
     ``timeout_s``; the processes' output (stdout and stderr). Raises ``AutoplaceError`` (the
     workers' own kind where they printed one) when they fail or run past the limit; either
-    way, no process is left behind. ``what``: the processes, as errors name them."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(replicas),
-               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script),
-               *argv]
+    way, no process is left behind. ``what``: the processes, as errors name them. torchrun
+    runs in a process forked from this one's forkserver (``cluster.local.torchrun``), which
+    spares it the seconds of importing torch that ``python -m torch.distributed.run`` takes."""
+    command = ["--nproc-per-node", str(replicas), "--master-addr", "127.0.0.1",
+               "--master-port", str(free_port()), str(script), *argv]
     path = os.environ.get("PYTHONPATH")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(_ROOT), *([path] if path else [])])}
-    with tempfile.TemporaryFile() as log:
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
-                                   stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    with tempfile.TemporaryDirectory(prefix="autoplace-torchrun-") as tmp:
+        log = Path(tmp) / "output"
+        process = torchrun(command, env=env, log=log)
         try:
-            code = process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise AutoplaceError(
-                f"the {replicas} {what} processes of {script} ran past {timeout_s:g} s: "
-                "stopped them (torchrun and its workers)") from None
+            process.join(timeout_s)
+            if process.exitcode is None:
+                raise AutoplaceError(
+                    f"the {replicas} {what} processes of {script} ran past {timeout_s:g} s: "
+                    "stopped them (torchrun and its workers)")
         finally:
             _stop(process)
-        log.seek(0)
-        output = log.read().decode(errors="replace")
+        code = process.exitcode
+        output = log.read_bytes().decode(errors="replace") if log.exists() else ""
     if code != 0:
         raise _failure(output, code=code, replicas=replicas, script=script, what=what)
     return output
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
+def _stop(process: BaseProcess) -> None:
     """Kill torchrun and every process under it, if it still runs. torchrun is stopped first
     (SIGSTOP: it starts no worker while its tree is read), then each descendant's group (a
     worker leads its own) and torchrun's are killed. Descendants are found through /proc; on a
     system without it, workers outlive torchrun until their rendezvous store goes."""
-    if process.poll() is not None:
+    if process.exitcode is not None:
         return
     try:
         os.killpg(process.pid, signal.SIGSTOP)
@@ -119,7 +119,7 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    process.wait()
+    process.join()
 
 
 def _descendants(pid: int) -> list[int]:
