@@ -204,8 +204,9 @@ def test_a_gradient_left_unreduced_fails_the_check(tmp_path, monkeypatch) -> Non
 
 def test_the_mlp_example_trains_on_a_dp_by_tp_mesh(tmp_path, capsys) -> None:
     """4 ranks, a 2 x 2 mesh: each tp group on half the batch, FSDP2 over dp on top of
-    DTensor's split (torchtitan's FSDP + TP); 3 Adam steps equal the original's, and
-    ``autoplace run`` trains it as 4 processes."""
+    DTensor's split (torchtitan's FSDP + TP); 3 Adam steps equal the original's. ``autoplace
+    run`` starts the same train.py (as test_the_mlp_example_trains_as_two_tensor_parallel_ranks
+    does with 2): here, only its count of processes is refused."""
     from autoplace.cli import main
     from autoplace.formats.plan import read_plan
 
@@ -222,10 +223,6 @@ def test_the_mlp_example_trains_on_a_dp_by_tp_mesh(tmp_path, capsys) -> None:
         out / "summary.txt").read_text()
     assert "DP = 2" in (out / "tensor_parallel" / "train.py").read_text()
     capsys.readouterr()
-    assert main(["run", str(out), "--nproc", "4", "--tensor-parallel", "--train", "3",
-                 "--json"]) == 0
-    result = json.loads(capsys.readouterr().out)
-    assert result["predicted_s"] == tp.makespan_s and len(result["losses"]) == 3
     assert main(["run", str(out), "--nproc", "2", "--tensor-parallel", "--train", "1"]) == 2
     assert "a 2 x 2 mesh of 4 ranks" in capsys.readouterr().err
 
