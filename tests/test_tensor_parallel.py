@@ -148,7 +148,7 @@ def test_the_collectives_measured_here_are_kept_in_the_profile_cache(monkeypatch
     comes from the profile cache (as the gradients' averaging does), and a note says so; other
     collectives, or another rank count, are measured anew."""
     import autoplace.profile.allreduce as allreduce
-    from autoplace.pipeline.tensor import _collectives_s
+    from autoplace.pipeline.tensor import measured_collectives_s
     from autoplace.profile import open_cache
     from autoplace.progress.notes import collecting
     from autoplace.solve.tensor import Observed
@@ -164,14 +164,14 @@ def test_the_collectives_measured_here_are_kept_in_the_profile_cache(monkeypatch
     pass_ = Observed(collectives={"mm": (("all_reduce", 256),),
                                   "cat": (("all_gather_into_tensor", 64),)})
     with collecting() as notes:
-        first = _collectives_s(pass_, 2, "cpu", cache)
-        again = _collectives_s(pass_, 2, "cpu", cache)
+        first = measured_collectives_s(pass_, 2, "cpu", cache)
+        again = measured_collectives_s(pass_, 2, "cpu", cache)
     assert first == again == 0.001 and runs == [(2, "collectives", [[0, 256], [1, 64]])]
     assert "measured on 2 gloo" in notes[0] and "measured before on 2 gloo" in notes[1]
-    assert _collectives_s(pass_, 4, "cpu", cache) == 0.002
-    assert _collectives_s(Observed(collectives={"mm": (("all_reduce", 512),)}), 2, "cpu",
-                          cache) == 0.003
-    assert _collectives_s(Observed(), 2, "cpu", cache) == 0.0 and len(runs) == 3
+    assert measured_collectives_s(pass_, 4, "cpu", cache) == 0.002
+    assert measured_collectives_s(Observed(collectives={"mm": (("all_reduce", 512),)}), 2, "cpu",
+                                  cache) == 0.003
+    assert measured_collectives_s(Observed(), 2, "cpu", cache) == 0.0 and len(runs) == 3
 
 
 def test_the_planner_records_the_candidate_beside_the_placement(tmp_path) -> None:

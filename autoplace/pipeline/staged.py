@@ -32,14 +32,14 @@ from autoplace.ir import Cluster, Costs, Device, Placement, Problem, Schedule
 from autoplace.pipeline.mesh import dp_shard, renamed, stretch, stretched
 from autoplace.pipeline.tensor import (
     Priced,
+    Unplaced,
     Weighed,
-    _collectives_s,
-    _kept,
-    _observed,
-    _on_workers,
-    _one_device,
-    _over,
-    _Unplaced,
+    bytes_over,
+    keep_fastest,
+    measured_collectives_s,
+    observe_split,
+    on_workers_here,
+    one_device_copy,
 )
 from autoplace.progress import stage
 from autoplace.progress.notes import collecting, note
@@ -72,9 +72,9 @@ def staged_pass_candidate(planned: Plan | None, loaded: Any, cluster: Cluster, c
                                     Tracing.of(config, checked=True))
     weighed = _staged(traced.problem, traced.traced, loaded.args, loaded.kwargs,
                       pp=config.parallel.pp, tp=config.parallel.tp, cache=config.cost.cache)
-    return _kept(planned, [weighed], loaded.model, loaded.args, loaded.kwargs,
-                 verify=config.emit.verify,
-                 unplaced=_Unplaced(failure, config.name, config.dtype))
+    return keep_fastest(planned, [weighed], loaded.model, loaded.args, loaded.kwargs,
+                        verify=config.emit.verify,
+                        unplaced=Unplaced(failure, config.name, config.dtype))
 
 
 def staged_step_candidate(planned: Plan | None, model: torch.nn.Module,
@@ -107,9 +107,9 @@ def staged_step_candidate(planned: Plan | None, model: torch.nn.Module,
                           tp=config.parallel.tp, cache=config.cost.cache, observed_on=shard,
                           step=_Step(config.training.optimizer, factors, config.dtype, count,
                                      schedules))
-        return _kept(planned, [weighed], model, args, kwargs, verify=config.emit.verify,
-                     optimizer=config.training.optimizer,
-                     unplaced=_Unplaced(failure, config.name, config.dtype))
+        return keep_fastest(planned, [weighed], model, args, kwargs, verify=config.emit.verify,
+                            optimizer=config.training.optimizer,
+                            unplaced=Unplaced(failure, config.name, config.dtype))
 
 
 def staged_devices(cluster: Cluster, pp: int, tp: int) -> tuple[Device, ...]:
@@ -151,17 +151,17 @@ def _staged(problem: Problem, traced: TracedModel, args: tuple[Any, ...],
     one-device model emitted as its stages, to run on ``args``/``kwargs``."""
     chosen = staged_devices(problem.cluster, pp, tp)
     stage("tensor parallel")
-    one = _one_device(traced)
+    one = one_device_copy(traced)
     split, whole = divisible(one, column_row(one), tp)
     if whole:
         note(f"tensor parallel over {tp} ranks: {', '.join(whole)} kept whole, their split "
              f"dimension not a multiple of {tp}")
-    observed = _observed(problem, traced, split, tp, *(observed_on or (args, kwargs)),
-                         optimizer=step.optimizer if step else None)
+    observed = observe_split(problem, traced, split, tp, *(observed_on or (args, kwargs)),
+                             optimizer=step.optimizer if step else None)
     everyone = tuple(d.name for d in chosen)
     groups = [everyone[s * tp:(s + 1) * tp] for s in range(pp)]
-    here = _on_workers(chosen)
-    measured_s = (_collectives_s(observed, tp, chosen[0].torch_device, cache)
+    here = on_workers_here(chosen)
+    measured_s = (measured_collectives_s(observed, tp, chosen[0].torch_device, cache)
                   if here else None)
     factor = stretch(len(everyone)) if here else 1.0
     staged = stretched(_stage_problem(problem, observed, groups, here=here,
@@ -202,7 +202,7 @@ def _staged(problem: Problem, traced: TracedModel, args: tuple[Any, ...],
         columns=columns, rows=rows, collectives=len(moved),
         collective_bytes=sum(b for _, b in moved), split=split,
         optimizer=step.optimizer if step else None,
-        torch_devices=tuple(d.torch_device for d in chosen), over_bytes=_over(schedule),
+        torch_devices=tuple(d.torch_device for d in chosen), over_bytes=bytes_over(schedule),
         pp=pp, stage_peak_bytes=peaks, microbatches=step.microbatches if step else 1,
         schedule=kept)
     return Weighed(priced=Priced(record=record, observed=observed, rank0=staged,
@@ -236,7 +236,7 @@ def _stepped(problem: Problem, observed: Observed, groups: list[tuple[str, ...]]
         placement = Placement(device_of={
             n.name: cut.device_of.get(phase_of(n.name)[0], last) for n in copies.graph.nodes})
         found[schedule] = copies, simulate(copies, placement)
-    kept = min(found, key=lambda k: (_over(found[k][1]), found[k][1].makespan_s))
+    kept = min(found, key=lambda k: (bytes_over(found[k][1]), found[k][1].makespan_s))
     return found[kept][0], kept, found[kept][1]
 
 

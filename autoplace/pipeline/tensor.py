@@ -6,10 +6,10 @@ there (``verify_tensor_parallel``). A training plan's (``tensor_step_candidate``
 and its loss on the whole batch, its step observed forward and backward and priced with its
 optimizer (``solve.tensor_train``), trained 3 steps on the gloo ranks against the original
 (``verify_tensor_training``). With ``--dp`` the ranks are a dp x tp mesh (``pipeline.mesh``;
-``auto``: each mesh ``_weighed``, the fastest ``_kept``). The plan records it beside its
+``auto``: each mesh ``_weighed``, the fastest ``keep_fastest``). The plan records it beside its
 placement (``plan.tensor_parallel``) and says which is faster; ``save`` writes the one-device
 model with its split and ranks' entry point (``launch.py``, ``train.py``) to
-``OUT/tensor_parallel/``."""
+``OUT/tensor_parallel/``. ``pipeline.staged`` (pp x tp) builds on its public helpers."""
 
 from __future__ import annotations
 
@@ -51,8 +51,9 @@ from autoplace.solve.tensor_train import tensor_step_problem
 from autoplace.trace import TracedModel
 from autoplace.train.sharded import fsdp_op_units
 
-__all__ = ["TIMED_PASSES", "tensor_degrees", "tensor_devices", "tensor_pass_candidate",
-           "tensor_step_candidate"]
+__all__ = ["TIMED_PASSES", "Priced", "Unplaced", "Weighed", "bytes_over", "keep_fastest",
+           "measured_collectives_s", "observe_split", "on_workers_here", "one_device_copy",
+           "tensor_degrees", "tensor_devices", "tensor_pass_candidate", "tensor_step_candidate"]
 
 TIMED_PASSES = 5  # passes timed on the gloo ranks, after the checked one
 _NOT_WEIGHED = ("tensor parallelism not weighed (--tp auto): the first two devices are not "
@@ -69,16 +70,16 @@ def tensor_step_candidate(planned: Plan | None, model: torch.nn.Module,
     plan's optimizer; with ``parallel.dp`` a dp x tp mesh, each tp group traced and priced on
     its share of the batch (``Mesh``; ``auto``: each of ``_dp_values`` weighed, the fastest
     kept and checked). ``planned`` ``None``: no placement of the step fits (``failure`` says
-    why), and the plan is the mesh (``_kept``)."""
+    why), and the plan is the mesh (``keep_fastest``)."""
     from autoplace.pipeline.forward import Tracing, traced_problem
     from autoplace.pipeline.measured import backward_factors
     from autoplace.train.layers import kept_state
 
     args, kwargs = whole
     dps = _dp_values(cluster, config, args, kwargs)
-    unplaced = _Unplaced(failure, config.name, config.dtype)
+    unplaced = Unplaced(failure, config.name, config.dtype)
     if not any(tensor_degrees(cluster, config.parallel.tp, dp=dp) for dp in dps):
-        return _kept(planned, [], model, args, kwargs, verify=False, unplaced=unplaced)
+        return keep_fastest(planned, [], model, args, kwargs, verify=False, unplaced=unplaced)
     found = []
     with kept_state(model):  # tracing, observing and checking run it in train()
         for dp in dps:
@@ -97,8 +98,8 @@ def tensor_step_candidate(planned: Plan | None, model: torch.nn.Module,
                                   training=(config.training.optimizer, factors, config.dtype,
                                             str(config.training.recompute)),
                                   cache=config.cost.cache))
-        return _kept(planned, found, model, args, kwargs, verify=config.emit.verify,
-                     optimizer=config.training.optimizer, unplaced=unplaced)
+        return keep_fastest(planned, found, model, args, kwargs, verify=config.emit.verify,
+                            optimizer=config.training.optimizer, unplaced=unplaced)
 
 
 def tensor_pass_candidate(planned: Plan | None, loaded: Any, cluster: Cluster, config: Config,
@@ -124,8 +125,8 @@ def tensor_pass_candidate(planned: Plan | None, loaded: Any, cluster: Cluster, c
                               ranks=config.parallel.tp,
                               mesh=Mesh(dp=dp, shardings=()) if dp > 1 else None,
                               cache=config.cost.cache))
-    return _kept(planned, found, loaded.model, args, kwargs, verify=config.emit.verify,
-                 unplaced=_Unplaced(failure, config.name, config.dtype))
+    return keep_fastest(planned, found, loaded.model, args, kwargs, verify=config.emit.verify,
+                        unplaced=Unplaced(failure, config.name, config.dtype))
 
 
 def _dp_values(cluster: Cluster, config: Config, args: tuple[Any, ...],
@@ -193,11 +194,11 @@ def _weighed(problem: Problem, traced: TracedModel, args: tuple[Any, ...],
     if not degrees:
         return None
     stage("tensor parallel")
-    one = _one_device(traced)
+    one = one_device_copy(traced)
     pairs = column_row(one)  # the same for every degree; one segment: every matmul's inputs
     units = fsdp_op_units(problem.graph) if training is not None else None  # FSDP2's, AC's
     if units is not None:  # each FSDP2 unit's ops a segment of their own, the split named so
-        one = _one_device(traced, units=units)
+        one = one_device_copy(traced, units=units)
         pairs = renamed(pairs, one)
     one.example_inputs = (tuple(args), dict(kwargs))  # saved with it: what its ranks run
     observed_on = dp_shard(args, kwargs, dp)
@@ -220,7 +221,7 @@ def _weighed(problem: Problem, traced: TracedModel, args: tuple[Any, ...],
 
 
 @dataclass(frozen=True)
-class _Unplaced:
+class Unplaced:
     """What a plan of the mesh alone needs (``mesh_plan``): why no placement fits
     (``failure``; ``None``: one does, and the mesh is weighed beside it), the model's name and
     the dtype."""
@@ -230,10 +231,10 @@ class _Unplaced:
     dtype: str
 
 
-def _kept(planned: Plan | None, found: list[Weighed | None], model: torch.nn.Module,
-          args: tuple[Any, ...], kwargs: dict[str, Any], *, verify: bool,
-          optimizer: str | None = None, unplaced: _Unplaced
-          ) -> tuple[Plan, PartitionedModel | None]:
+def keep_fastest(planned: Plan | None, found: list[Weighed | None], model: torch.nn.Module,
+                 args: tuple[Any, ...], kwargs: dict[str, Any], *, verify: bool,
+                 optimizer: str | None = None, unplaced: Unplaced
+                 ) -> tuple[Plan, PartitionedModel | None]:
     """``planned`` with the fastest of the meshes ``found`` that fits (any, where none does)
     as its ``tensor_parallel`` record (``meshes``: each one's prediction, where several were
     weighed), checked on gloo ranks with ``verify`` (a training step's with ``optimizer``), and
@@ -293,7 +294,7 @@ def _kept(planned: Plan | None, found: list[Weighed | None], model: torch.nn.Mod
                             name=unplaced.name, tracer=kept.tracer, dtype=unplaced.dtype,
                             traced_ops=kept.traced_ops)
     note(_said(record, planned, kept.priced.observed,
-               here=_on_workers(tensor_devices(kept.cluster, ranks, dp=dp)), meta=meta))
+               here=on_workers_here(tensor_devices(kept.cluster, ranks, dp=dp)), meta=meta))
     return replace(planned, tensor_parallel=record), None if meta else one
 
 
@@ -332,12 +333,12 @@ def _weigh(problem: Problem, traced: TracedModel, one: PartitionedModel,
     if whole:
         note(f"tensor parallel over {ranks} ranks: {', '.join(whole)} kept whole, their split "
              f"dimension not a multiple of {ranks}")
-    observed = _observed(problem, traced, split, ranks, args, kwargs,
-                         optimizer=training[0] if training else None, units=units)
+    observed = observe_split(problem, traced, split, ranks, args, kwargs,
+                             optimizer=training[0] if training else None, units=units)
     everyone = tuple(d.name for d in chosen)
     names = everyone[:ranks]  # rank 0's tp group; its dp group is everyone[::ranks]
-    here = _on_workers(chosen)
-    measured_s = (_collectives_s(observed, ranks, chosen[0].torch_device, cache)
+    here = on_workers_here(chosen)
+    measured_s = (measured_collectives_s(observed, ranks, chosen[0].torch_device, cache)
                   if here else None)
     priced: dict[str, float] = {}
     recompute, kept = False, None
@@ -360,19 +361,19 @@ def _weigh(problem: Problem, traced: TracedModel, one: PartitionedModel,
         torch_devices=tuple(d.torch_device for d in chosen),
         sharding=kept if mesh is not None else None,
         weighed_sharding=priced if mesh is not None and len(priced) > 1 else {},
-        over_bytes=_over(schedule), recompute=recompute),
+        over_bytes=bytes_over(schedule), recompute=recompute),
         observed=observed, rank0=rank0, schedule=schedule)
 
 
-def _observed(problem: Problem, traced: TracedModel, split: Mapping[str, tuple[str, int]],
-              ranks: int, args: tuple[Any, ...], kwargs: dict[str, Any], *,
-              optimizer: str | None = None, units: Mapping[str, str] | None = None
-              ) -> Observed:
+def observe_split(problem: Problem, traced: TracedModel, split: Mapping[str, tuple[str, int]],
+                  ranks: int, args: tuple[Any, ...], kwargs: dict[str, Any], *,
+                  optimizer: str | None = None, units: Mapping[str, str] | None = None
+                  ) -> Observed:
     """``traced`` emitted on one device (its ``units`` cut apart) and split as ``split``,
     observed under DTensor on ``ranks`` fake ranks (``solve.tensor.observe``; ``optimizer``:
     a training step's); ``ConfigError`` naming the op DTensor cannot run."""
     try:
-        return observe(_one_device(traced, units), split, ranks, args, kwargs,  # it shards
+        return observe(one_device_copy(traced, units), split, ranks, args, kwargs,  # it shards
                        optimizer=optimizer)
     except SplitError as failed:
         module = next((n.module for n in problem.graph.nodes if failed.op in n.ops), None)
@@ -409,16 +410,16 @@ def _step_of(problem: Problem, observed: Observed, everyone: tuple[str, ...], *,
         return found
 
     found = priced_with(False)
-    if recompute == "auto" and all(_over(schedule) for _, schedule in found.values()):
+    if recompute == "auto" and all(bytes_over(schedule) for _, schedule in found.values()):
         found |= priced_with(True)
-    kept = min(found, key=lambda k: (_over(found[k][1]), found[k][1].makespan_s,
+    kept = min(found, key=lambda k: (bytes_over(found[k][1]), found[k][1].makespan_s,
                                      k[0] != "ddp", k[1]))
     mesh_name = f"dp {dp} x tp {ranks}" if dp > 1 else f"tp {ranks}"
     for (sharding, again), (_, schedule) in found.items():
-        if _over(schedule) and (sharding, again) != kept:
+        if bytes_over(schedule) and (sharding, again) != kept:
             note(f"{mesh_name}" + (f" with {SHARDING_SAID[sharding]} over dp" if sharding else "")
                  + (", each block recomputed" if again else "")
-                 + f": rank 0 peaks {_over(schedule)} bytes over {names[0]}'s memory")
+                 + f": rank 0 peaks {bytes_over(schedule)} bytes over {names[0]}'s memory")
     if kept[1]:
         note(f"{mesh_name}: each unit's forward runs again before its backward (activation "
              "checkpointing per block, torch.utils.checkpoint), which rank 0 needs to fit: "
@@ -428,7 +429,7 @@ def _step_of(problem: Problem, observed: Observed, everyone: tuple[str, ...], *,
             kept[1])
 
 
-def _over(schedule: Any) -> int:
+def bytes_over(schedule: Any) -> int:
     """How many bytes a rank's simulated ``schedule`` peaks over its device's memory."""
     return sum(schedule.over_capacity.values())
 
@@ -444,7 +445,7 @@ def _on(problem: Problem, device: str) -> Placement:
     return Placement(device_of={n.name: device for n in problem.graph.nodes})
 
 
-def _on_workers(devices: tuple[Device, ...]) -> bool:
+def on_workers_here(devices: tuple[Device, ...]) -> bool:
     """Whether ``devices`` are this machine's CPU workers (their ops and collectives are
     measured here)."""
     return all(d.torch_device.startswith("cpu") for d in devices)
@@ -555,7 +556,7 @@ def tensor_devices(cluster: Cluster, ranks: int, *, dp: int = 1) -> tuple[Device
     return chosen
 
 
-def _collectives_s(observed: Observed, ranks: int, worker: str, cache: Any) -> float | None:
+def measured_collectives_s(observed: Observed, ranks: int, worker: str, cache: Any) -> float | None:
     """A pass's collectives, in order, measured on ``ranks`` gloo processes here
     (``profile.allreduce``, mode ``collectives``) and kept in the profile ``cache`` under the
     CPU behind ``worker`` (a torch device), as the gradients' averaging is; ``None`` where
@@ -584,7 +585,7 @@ def _collectives_s(observed: Observed, ranks: int, worker: str, cache: Any) -> f
     return seconds
 
 
-def _one_device(traced: TracedModel, units: Mapping[str, str] | None = None) -> Any:
+def one_device_copy(traced: TracedModel, units: Mapping[str, str] | None = None) -> Any:
     """``traced`` emitted whole on this machine's CPU (a fresh copy each call: ``observe``
     replaces its parameters), each FSDP2 unit's ops (``units``) cut into segments of their
     own."""
