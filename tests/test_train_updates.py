@@ -111,6 +111,20 @@ def test_a_measured_update_replaces_the_roofline_where_measured() -> None:
     assert with_measured_updates(step, {}) is step
 
 
+def test_an_update_measured_faster_than_its_launches_launches_within_its_time() -> None:
+    """A tensor too small for its share of the measured update (T5's norms: bytes x the rate
+    under the launches the roofline priced) launches within its time, as a backward node does:
+    the problem is valid, and elsewhere the launches stay as priced."""
+    step = _step()
+    host = step.costs.host
+    assert host is not None and any(n.endswith("@step") for n in host.launch_s)
+    measured = with_measured_updates(step, {"cpu:0": 1e-18})  # a Problem checks its costs
+    for name, per in measured.costs.host.launch_s.items():
+        if name.endswith("@step"):
+            assert per["cpu:0"] == measured.costs.of(name, "cpu:0") < host.launch_s[name]["cpu:0"]
+            assert per["cpu:1"] == host.launch_s[name]["cpu:1"]
+
+
 def test_the_all_reduce_is_added_to_the_measured_update() -> None:
     cluster, _ = resolve_cluster(spec="2xcpu-thread")
     groups = [("cpu:0",), ("cpu:1",)]

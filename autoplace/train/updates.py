@@ -7,7 +7,7 @@ they add up to the whole forward pass measured there with autograd recording (on
 the split among the nodes stays the one-by-one times'); the backward, a factor of the forward
 (``train.graph``), follows. ``with_measured_updates`` sets each update node ``f@step``'s time on
 such a device to the measured seconds per trainable byte times ``f``'s trainable bytes (elsewhere,
-and where the node may not run, its time stays). Both come before ``dataparallel.with_allreduce``,
+and where the node may not run, its time stays), its launches at most that time. Both come before ``dataparallel.with_allreduce``,
 which adds the all-reduce to the same nodes. ``after_backward`` orders the updates as the emitted
 step runs them on CPU workers: autograd's whole backward, then ``optimizer.step()``, one tensor
 after another on the calling thread (``run.train_plan``, ``emit.distributed.ddp``'s replicas),
@@ -77,8 +77,14 @@ def with_measured_updates(problem: Problem, s_per_byte: Mapping[str, float]) -> 
             d: "calibrated" if d in s_per_byte else costs.source_of(node.name, d)
             for d in costs.compute_s[node.name]}
         source[node.name] = weakest_source(device_source[node.name].values())
+    host = costs.host
+    if host is not None:  # a launch is part of its node's time (a tiny tensor's share is less)
+        host = replace(host, launch_s={
+            name: {d: min(t, compute[name][d]) if name.endswith(STEP) and d in s_per_byte else t
+                   for d, t in per.items()}
+            for name, per in host.launch_s.items()})
     return replace(problem, costs=replace(costs, compute_s=compute, source=source,
-                                          device_source=device_source))
+                                          device_source=device_source, host=host))
 
 
 def after_backward(problem: Problem) -> Problem:
