@@ -216,6 +216,41 @@ def test_the_training_check_fails_on_a_model_that_trains_differently() -> None:
         verify_training(emitted, model, args, kwargs, targets, optimizer="adam")
 
 
+def test_every_step_is_compared_from_the_original_s_weights() -> None:
+    """Gradients a rounding apart (here shifted by 1e-5 of their largest element, well within
+    the tolerance) step the emitted weights a little apart; the check then sets them to the
+    original's, so each step starts from the weights the original has then. Left apart, Adam
+    grows such noise past the tolerance within 3 steps (T5's tied embedding over 4 workers)."""
+    import copy
+
+    from autoplace.train.graph import make_optimizer
+
+    model, args, kwargs, targets = _mlp()
+    emitted = _split(model, args, kwargs, targets)
+    seen: list[dict[tuple[int, ...], torch.Tensor]] = []  # by shape: the MLP's are distinct
+
+    def shifted_step() -> torch.Tensor:
+        seen.append({tuple(p.shape): p.detach().clone() for p in emitted.parameters()})
+        loss = emitted(*args, **kwargs, targets=targets)
+        loss.backward()
+        with torch.no_grad():
+            for p in emitted.parameters():
+                p.grad.add_(1e-5 * float(p.grad.abs().max()))
+        return loss
+
+    record = verify_training(emitted, model, args, kwargs, targets, optimizer="sgd-momentum",
+                             emitted_step=shifted_step)
+    assert record["status"] == "passed" and record["max_abs_diff_gradients"] > 0
+    reference = copy.deepcopy(model)
+    opt = make_optimizer("sgd-momentum", reference.parameters())
+    for step in range(3):
+        for p in reference.parameters():
+            torch.testing.assert_close(seen[step][tuple(p.shape)], p.detach(), rtol=0, atol=0)
+        opt.zero_grad()
+        reference(*args, **kwargs, targets=targets).backward()
+        opt.step()
+
+
 def test_a_training_plan_end_to_end(tmp_path, monkeypatch) -> None:
     from autoplace.emit import load_model
     from autoplace.formats.plan import read_plan

@@ -123,7 +123,8 @@ def verify_training(emitted: torch.nn.Module, original: torch.nn.Module, args: t
     hold (batch norm's running statistics) are compared after every step, and a buffer the
     original's step updates must be the emitted model's too, and the original must drop out at
     as many places as the emitted graphs. Before the steps, emitted graphs with dropout run
-    one step with it on and one without (``dropout_active``): their losses must differ."""
+    one step with it on and one without (``dropout_active``): their losses must differ. In
+    float32 every step starts both from the original's weights (``_realign``)."""
     reference = copy.deepcopy(original)
     ours, theirs = _named(emitted, prefix=True), _named(reference, prefix=False)
     _known(ours, theirs)
@@ -191,6 +192,8 @@ def verify_training(emitted: torch.nn.Module, original: torch.nn.Module, args: t
                 masks, name, follow="emitted", start=start.get(name)))
         if opts[1].mixed:
             _restart(opts, ours, theirs)
+        else:
+            _realign(ours, theirs)
         opts[1].sync()
         done += 1
     if done < steps:
@@ -403,6 +406,19 @@ def _restart(opts: Sequence[MasterWeights], ours: Mapping[str, torch.Tensor],
     for name, p in ours.items():
         take_step_state(emitted.master(p), emitted.optimizer,
                         reference.master(theirs[name]), reference.optimizer)
+
+
+def _realign(ours: Mapping[str, torch.Tensor], theirs: Mapping[str, torch.Tensor]) -> None:
+    """In float32, once a step's updates are compared: the emitted model's parameters set to
+    the original's, each optimizer keeping its own state, so that every step is compared from
+    the same weights. Otherwise Adam turns the first gradients' rounding (6e-8 in T5's, summed
+    in another order over 4 workers) into weights 5e-7 apart after two steps, and by step 3 a
+    ReLU near zero flips and moves a few of the tied embedding's gradients by 1.6e-6, past the
+    tolerance: training's noise grown, not the split's doing. A wrong update is caught at its
+    own step, a lost optimizer state at the next."""
+    with torch.no_grad():
+        for name, p in ours.items():
+            p.copy_(theirs[name].to(p.device))
 
 
 def take_step_state(param: torch.Tensor, opt: torch.optim.Optimizer, source: torch.Tensor,
