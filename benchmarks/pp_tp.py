@@ -2,14 +2,14 @@
 
     python benchmarks/pp_tp.py      # writes benchmarks/results/pp-tp.md
 
-For each example (MLP, GPT-2, Llama, T5) in inference, and those with a loss (MLP, GPT-2,
-Llama) in training with AdamW: ``autoplace plan EXAMPLE --devices 4xcpu-process --tp 2 --pp 2
-[--mode training --optimizer adamw --replicas 1]`` (profiled): the model cut into 2 pipeline
-stages, each run by 2 tensor-parallel ranks (``pipeline/staged.py``), simulated, then run on 4
-gloo processes (one thread each) and checked against the original: outputs in inference; 3
-AdamW steps' losses, gradients and parameters in training. The table gives each stage's rank
-peak, the prediction against what the ranks measured while planning, the check and the
-placement beside it. The load average is printed: other work on the two cores slows the ranks.
+For each example (MLP, GPT-2, Llama, T5) in inference and in training with AdamW:
+``autoplace plan EXAMPLE --devices 4xcpu-process --tp 2 --pp 2 [--mode training --optimizer
+adamw --replicas 1]`` (profiled): the model cut into 2 pipeline stages, each run by 2
+tensor-parallel ranks (``pipeline/staged.py``), simulated, then run on 4 gloo processes (one
+thread each) and checked against the original: outputs in inference; 3 AdamW steps' losses,
+gradients and parameters in training. The table gives each stage's rank peak, the prediction
+against what the ranks measured while planning, the check and the placement beside it. The
+load average is printed: other work on the two cores slows the ranks.
 A row that stops gives the error.
 """
 
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.common import RESULTS, machine_line, write_markdown  # noqa: E402
 
 INFERENCE = ("mlp", "gpt2", "llama", "t5")
-TRAINING = ("mlp", "gpt2", "llama")  # examples/t5.py defines no loss
+TRAINING = ("mlp", "gpt2", "llama", "t5")
 TRAINING_FLAGS = ("--mode", "training", "--optimizer", "adamw", "--replicas", "1")
 
 
@@ -76,8 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps; *check*: outputs equal in inference, 3 AdamW steps' losses, gradients and "
         "parameters equal in training (`torch.testing.assert_close`), the largest difference; "
         "*placement*: the plan's own makespan or step, which it keeps (faster here); *wall*: "
-        "the planning process; *load*: the 1-minute load average before it. examples/t5.py "
-        "defines no loss, so it is not trained.",
+        "the planning process; *load*: the 1-minute load average before it.",
         "",
         "| example | mode | split (columns / rows) | stage peaks (MB) | predicted (ms) | "
         "measured (ms) | measured / predicted | check (max abs diff) | placement (ms) | "
