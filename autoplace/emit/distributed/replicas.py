@@ -73,8 +73,8 @@ def launch_replicas(script: str | os.PathLike[str], *, replicas: int, argv: Sequ
     ``timeout_s``; the processes' output (stdout and stderr). Raises ``AutoplaceError`` (the
     workers' own kind where they printed one) when they fail or run past the limit; either
     way, no process is left behind. ``what``: the processes, as errors name them. torchrun
-    runs in a process forked from this one's forkserver (``cluster.local.torchrun``), which
-    spares it the seconds of importing torch that ``python -m torch.distributed.run`` takes."""
+    runs in a forked copy of this process (``cluster.local.torchrun``), which spares it the
+    seconds of importing torch that ``python -m torch.distributed.run`` takes."""
     command = ["--nproc-per-node", str(replicas), "--master-addr", "127.0.0.1",
                "--master-port", str(free_port()), str(script), *argv]
     path = os.environ.get("PYTHONPATH")
