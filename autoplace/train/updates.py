@@ -5,14 +5,14 @@
 ``with_measured_forward`` scales the forward nodes' times on a device with a measurement so that
 they add up to the whole forward pass measured there with autograd recording (one ratio per device:
 the split among the nodes stays the one-by-one times'); the backward, a factor of the forward
-(``train.graph``), follows. ``with_measured_updates`` sets each update node ``f@step``'s time on
-such a device to the measured seconds per trainable byte times ``f``'s trainable bytes (elsewhere,
-and where the node may not run, its time stays), its launches at most that time. Both come before ``dataparallel.with_allreduce``,
-which adds the all-reduce to the same nodes. ``after_backward`` orders the updates as the emitted
-step runs them on CPU workers: autograd's whole backward, then ``optimizer.step()``, one tensor
-after another on the calling thread (``run.train_plan``, ``emit.distributed.ddp``'s replicas),
-where the simulator would otherwise run one device's updates beside another's backward and beside
-its updates (``docs/training.md``, "The updates after the whole backward").
+(``train.graph``), follows. ``with_measured_updates`` sets each update node ``f@step``'s time
+on such a device to the measured seconds per trainable byte times ``f``'s trainable bytes, its
+launches at most that (elsewhere, and where the node may not run, its time stays). Both come
+before ``dataparallel.with_allreduce``, which adds the all-reduce to the same nodes.
+``after_backward`` orders the updates as the emitted step runs them on CPU workers: the whole
+backward, then ``optimizer.step()``, a tensor at a time on the calling thread (``run.train_plan``,
+``ddp``'s replicas), where the simulator would run one device's updates beside another's backward
+and its updates (``docs/training.md``, "The updates after the whole backward").
 """
 
 from __future__ import annotations
