@@ -64,3 +64,49 @@ def capped(spec: str, cap: int) -> Any:
     cluster, _ = resolve_cluster(spec=spec)
     return dataclasses.replace(cluster, devices=tuple(
         dataclasses.replace(d, memory_bytes=cap, reserved_bytes=0) for d in cluster.devices))
+
+
+# Llama's and T5's examples run a batch of one; two data-parallel groups (DDP, FSDP or a mesh's
+# dp) need two. Each file builds the example's model with a batch of 2 and keeps its loss.
+_BATCH_OF_2 = {
+    "llama": '''
+import sys
+sys.path.insert(0, {root!r})
+import torch
+from examples.llama import build as _build, loss  # noqa: F401
+
+
+def build():
+    model, _ = _build()
+    return model, {{"input_ids": torch.randint(0, 16000, (2, 64),
+                                              generator=torch.Generator().manual_seed(2))}}
+
+
+example_targets = (torch.randint(0, 16000, (2, 64), generator=torch.Generator().manual_seed(1)),)
+''',
+    "t5": '''
+import sys
+sys.path.insert(0, {root!r})
+import torch
+from examples.t5 import build as _build, loss  # noqa: F401
+
+
+def build():
+    model, _ = _build()
+    g = torch.Generator().manual_seed(2)
+    return model, {{"input_ids": torch.randint(0, 16000, (2, 64), generator=g),
+                   "decoder_input_ids": torch.randint(0, 16000, (2, 16), generator=g)}}
+
+
+example_targets = (torch.randint(0, 16000, (2, 16), generator=torch.Generator().manual_seed(1)),)
+'''}
+
+
+def batch_of_2(example: str, tmp: Path) -> Path:
+    """The model file of ``example`` for two data-parallel groups: ``examples/EXAMPLE.py``, or
+    for Llama and T5 a file in ``tmp`` that builds it with a batch of 2."""
+    if example not in _BATCH_OF_2:
+        return ROOT / "examples" / f"{example}.py"
+    path = tmp / f"{example}_batch2.py"
+    path.write_text(_BATCH_OF_2[example].format(root=str(ROOT)))
+    return path

@@ -2,7 +2,8 @@
 
     python benchmarks/fsdp_cpu.py      # writes benchmarks/results/fsdp-cpu.md
 
-Step time. For each example with a loss (MLP, LeNet, GPT-2), two plans on ``2xcpu-thread``,
+Step time. For each example (by default MLP, LeNet, GPT-2; ``--only llama t5`` builds those with
+a batch of 2, ``benchmarks.common.batch_of_2``), two plans on ``2xcpu-thread``,
 profiled (the default): ``autoplace plan EXAMPLE --mode training --fsdp on`` (2 sharded
 replicas, FSDP2 ``fully_shard`` per block; their overhead over an unsharded step measured as
 two gloo processes, ``autoplace/profile/allreduce.py`` mode fsdp) and ``--fsdp off --replicas
@@ -38,10 +39,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import RESULTS, capped, machine_line, write_markdown  # noqa: E402
+from benchmarks.common import RESULTS, batch_of_2, capped, machine_line, write_markdown  # noqa: E402
 
 EXAMPLES = ("mlp", "lenet", "gpt2")
-STEPS = {"mlp": 20, "lenet": 20, "gpt2": 10}
+STEPS = {"mlp": 20, "lenet": 20, "gpt2": 10, "llama": 5, "t5": 5}
 MODES = {"fsdp": ("--fsdp", "on"), "ddp": ("--fsdp", "off", "--replicas", "2")}
 SPEC = "2xcpu-thread"
 FRACTIONS = (1.0, 0.9, 0.8, 0.7, 0.6)  # of the uncapped DDP plan's peak
@@ -54,8 +55,13 @@ def _say(text: str) -> None:
 
 
 def _autoplace(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "autoplace.cli", *argv], capture_output=True,
-                          text=True, check=True, cwd=ROOT)
+    """``autoplace ARGV``, which must succeed: else the benchmark stops with its error."""
+    done = subprocess.run([sys.executable, "-m", "autoplace.cli", *argv], capture_output=True,
+                          text=True, cwd=ROOT)
+    if done.returncode:
+        raise SystemExit(f"autoplace {' '.join(argv)} exited with {done.returncode}: "
+                         + (done.stderr.strip().splitlines() or ["(no output)"])[-1])
+    return done
 
 
 def wait_for_quiet(below: float | None, *, at_most_s: float) -> None:
@@ -75,7 +81,7 @@ def step_times(example: str, *, repeat: int, time_limit_s: float, quiet: float |
         for mode, flags in MODES.items():
             _say(f"plan {example} {' '.join(flags)}")
             out = Path(tmp) / mode
-            _autoplace("plan", str(ROOT / "examples" / f"{example}.py"), "--devices", SPEC,
+            _autoplace("plan", str(batch_of_2(example, Path(tmp))), "--devices", SPEC,
                        "--mode", "training", "--time-limit", str(time_limit_s), *flags,
                        "--out", str(out))
             plans[mode] = json.loads((out / "plan.json").read_text())
@@ -329,10 +335,21 @@ def main(argv: list[str] | None = None) -> int:
         "lowest and highest seen before and after the runs: above about 1, other work shares "
         "the two cores.", "",
         *step_table(rows), "",
+    ]
+    if scans:
+        lines += memory_intro(args.scan_time_limit)
+    for scan in scans:
+        lines += [*memory_table(scan), ""]
+    return write_markdown(args.out, lines)
+
+
+def memory_intro(time_limit_s: float) -> list[str]:
+    """The memory section's heading and what its tables hold."""
+    return [
         "## Memory: the smallest per-device memory at which each plan fits", "",
         "`autoplace.plan(model, inputs, Config(devices=capped, mode=\"training\", "
         "cost=Cost(profile=False), emit=Emit(verify=False), solve=Solve(time_limit_s="
-        f"{args.scan_time_limit:g}, whatif=False), training=...), loss=..., "
+        f"{time_limit_s:g}, whatif=False), training=...), loss=..., "
         "example_targets=...)` on two CPU workers each capped at the bytes given "
         "(`benchmarks.common.capped`: `memory_bytes` set, no reserve): analytic costs, so the "
         "steps here are the roofline's, not this CPU's; no training check (verify off), so "
@@ -341,9 +358,6 @@ def main(argv: list[str] | None = None) -> int:
         "plan's replicas and sharding, its predicted peak per device (MB) and step, or that "
         "`InfeasibleError` was raised.", "",
     ]
-    for scan in scans:
-        lines += [*memory_table(scan), ""]
-    return write_markdown(args.out, lines)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import RESULTS, cli_json, machine_line, write_markdown  # noqa: E402
+from benchmarks.common import RESULTS, batch_of_2, cli_json, machine_line, write_markdown  # noqa: E402
 
 MODELS = ("mlp", "gpt2", "llama", "t5")
 MESHES = {"tp 2": ("2xcpu-process", ()),
@@ -38,54 +38,6 @@ MESHES = {"tp 2": ("2xcpu-process", ()),
           "dp 2 x tp 2, averaged": ("4xcpu-process", ("--dp", "2", "--fsdp", "off"))}
 INFERENCE = {"tp 2": ("2xcpu-process", ()), "dp 2 x tp 2": ("4xcpu-process", ("--dp", "2"))}
 STEPS = 5
-_BATCH_OF_2 = {
-    "llama": '''
-import sys
-sys.path.insert(0, {root!r})
-import torch
-from examples.llama import build as _build, loss  # noqa: F401
-
-
-def build():
-    model, _ = _build()
-    return model, {{"input_ids": torch.randint(0, 16000, (2, 64),
-                                              generator=torch.Generator().manual_seed(2))}}
-
-
-example_targets = (torch.randint(0, 16000, (2, 64), generator=torch.Generator().manual_seed(1)),)
-''',
-    "t5": '''
-import sys
-sys.path.insert(0, {root!r})
-import torch
-import torch.nn.functional as F
-from examples.t5 import build as _build
-
-
-def build():
-    model, _ = _build()
-    g = torch.Generator().manual_seed(2)
-    return model, {{"input_ids": torch.randint(0, 16000, (2, 64), generator=g),
-                   "decoder_input_ids": torch.randint(0, 16000, (2, 16), generator=g)}}
-
-
-def loss(outputs, labels):
-    logits = outputs.logits
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
-
-
-example_targets = (torch.randint(0, 16000, (2, 16), generator=torch.Generator().manual_seed(1)),)
-'''}
-
-
-def _model_file(model: str, tmp: Path) -> Path:
-    if model not in _BATCH_OF_2:
-        return ROOT / "examples" / f"{model}.py"
-    path = tmp / f"{model}_batch2.py"
-    path.write_text(_BATCH_OF_2[model].format(root=str(ROOT)))
-    return path
-
-
 def _planned_and_run(model: str, devices: str, plan_flags: list[str], run_flags: list[str]
                      ) -> tuple[dict, dict, float] | str:
     """``autoplace plan MODEL --devices DEVICES --tp 2 PLAN_FLAGS`` and then ``autoplace run OUT
@@ -95,7 +47,7 @@ def _planned_and_run(model: str, devices: str, plan_flags: list[str], run_flags:
         out = Path(tmp) / "out"
         began = time.perf_counter()
         planned = subprocess.run(
-            [sys.executable, "-m", "autoplace.cli", "plan", str(_model_file(model, Path(tmp))),
+            [sys.executable, "-m", "autoplace.cli", "plan", str(batch_of_2(model, Path(tmp))),
              "--devices", devices, "--tp", "2", *plan_flags, "--time-limit", "2", "--out",
              str(out), "--quiet"], capture_output=True, text=True, cwd=ROOT)
         wall = time.perf_counter() - began
