@@ -65,6 +65,9 @@ def test_the_forward_nodes_add_up_to_the_whole_forward_measured_and_the_backward
     assert step.costs.of(f"{busy}@backward", "cpu:0") == pytest.approx(
         2 * plain.costs.of(f"{busy}@backward", "cpu:0"))
     assert with_measured_forward(forward, {}) is forward
+    quick = with_measured_forward(forward, {"cpu:0": 1e-12})  # under the launches: within
+    assert all(per["cpu:0"] <= quick.costs.of(name, "cpu:0")
+               for name, per in quick.costs.host.launch_s.items())
 
 
 def _step(*, on: tuple[str, ...] | None = None) -> Problem:

@@ -6,9 +6,9 @@
 they add up to the whole forward pass measured there with autograd recording (one ratio per device:
 the split among the nodes stays the one-by-one times'); the backward, a factor of the forward
 (``train.graph``), follows. ``with_measured_updates`` sets each update node ``f@step``'s time
-on such a device to the measured seconds per trainable byte times ``f``'s trainable bytes, its
-launches at most that (elsewhere, and where the node may not run, its time stays). Both come
-before ``dataparallel.with_allreduce``, which adds the all-reduce to the same nodes.
+on such a device to the measured seconds per trainable byte times ``f``'s trainable bytes
+(elsewhere, and where the node may not run, its time stays); each keeps a node's launches
+within its time. Both come before ``dataparallel.with_allreduce`` (the all-reduce, added).
 ``after_backward`` orders the updates as the emitted step runs them on CPU workers: the whole
 backward, then ``optimizer.step()``, a tensor at a time on the calling thread (``run.train_plan``,
 ``ddp``'s replicas), where the simulator would run one device's updates beside another's backward
@@ -21,7 +21,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import replace
 
-from autoplace.ir import Edge, Problem
+from autoplace.ir import Edge, HostCosts, Problem
 from autoplace.profile.cost import weakest_source
 from autoplace.simulate.schedules import STEP, phase_of
 from autoplace.train.graph import trained_bytes
@@ -53,7 +53,8 @@ def with_measured_forward(problem: Problem, forward_s: Mapping[str, float]) -> P
     source = {**costs.source, **{name: weakest_source(per.values())
                                  for name, per in device_source.items()}}
     return replace(problem, costs=replace(costs, compute_s=compute, source=source,
-                                          device_source=device_source))
+                                          device_source=device_source,
+                                          host=_launched_within(costs.host, compute)))
 
 
 def with_measured_updates(problem: Problem, s_per_byte: Mapping[str, float]) -> Problem:
@@ -77,14 +78,20 @@ def with_measured_updates(problem: Problem, s_per_byte: Mapping[str, float]) -> 
             d: "calibrated" if d in s_per_byte else costs.source_of(node.name, d)
             for d in costs.compute_s[node.name]}
         source[node.name] = weakest_source(device_source[node.name].values())
-    host = costs.host
-    if host is not None:  # a launch is part of its node's time (a tiny tensor's share is less)
-        host = replace(host, launch_s={
-            name: {d: min(t, compute[name][d]) if name.endswith(STEP) and d in s_per_byte else t
-                   for d, t in per.items()}
-            for name, per in host.launch_s.items()})
     return replace(problem, costs=replace(costs, compute_s=compute, source=source,
-                                          device_source=device_source, host=host))
+                                          device_source=device_source,
+                                          host=_launched_within(costs.host, compute)))
+
+
+def _launched_within(host: HostCosts | None, compute: Mapping[str, Mapping[str, float]]
+                     ) -> HostCosts | None:
+    """``host`` with each node's launches at most its time on that device (a launch is part of
+    it): a time measured as a share (an update's by its bytes, a forward node's scaled to the
+    whole pass) may fall under the launches the roofline priced (T5's small norms did)."""
+    if host is None:
+        return None
+    return replace(host, launch_s={name: {d: min(t, compute[name][d]) for d, t in per.items()}
+                                   for name, per in host.launch_s.items()})
 
 
 def after_backward(problem: Problem) -> Problem:
