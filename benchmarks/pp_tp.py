@@ -9,8 +9,8 @@ tensor-parallel ranks (``pipeline/staged.py``), simulated, then run on 4 gloo pr
 thread each) and checked against the original: outputs in inference; 3 AdamW steps' losses,
 gradients and parameters in training. The table gives each stage's rank peak, the prediction
 against what the ranks measured while planning, the check and the placement beside it. The
-load average is printed: other work on the two cores slows the ranks.
-A row that stops gives the error.
+load average is printed: other work on the two cores slows the ranks. A row that stops gives
+the error.
 """
 
 from __future__ import annotations
