@@ -109,6 +109,8 @@ def step_times(example: str, *, repeat: int, time_limit_s: float, quiet: float |
             "spread_s": (measured[0], measured[-1]),
             "check": training["check"]["status"],
             "peak_bytes": {d: m["peak_bytes"] for d, m in planned["memory"].items()},
+            "measured_peak_bytes": {d: m["measured_bytes"] for d, m in
+                                    (training["check"].get("peak_bytes") or {}).items()},
             "fastest_s": min(t for r in runs[mode] for t in (r["times_s"][1:] or r["times_s"])),
             "collective_ms": float(found.group(2)) if found else None,
             "collective_cached": bool(found and found.group(1)),
@@ -211,11 +213,14 @@ def step_table(rows: list[dict]) -> list[str]:
         "What each plan charged for its collectives (the plan's note: measured as two gloo "
         "processes of this host, `autoplace/profile/allreduce.py`; *cached*: taken from the "
         "profile cache, measured by an earlier plan) and its predicted peak per replica device "
-        "(plan.json `memory`):", "",
+        "(plan.json `memory`), with the peak the plan's training check measured on that "
+        "device (FSDP: rank 0 under torch's `FSDPMemTracker`; DDP: the emitted step in the "
+        "planning process, `training.check.peak_bytes`):", "",
         "| example | FSDP: gathers, reduce-scatters and sharded update, measured (ms a step) | "
-        "DDP: gradients' all-reduce, measured (ms a step) | FSDP: predicted peak (MB) | DDP: "
-        "predicted peak (MB) | FSDP / DDP peak |",
-        "|---|---|---|---|---|---|",
+        "DDP: gradients' all-reduce, measured (ms a step) | FSDP: predicted peak (MB) | FSDP: "
+        "measured peak (MB) | DDP: predicted peak (MB) | DDP: measured peak (MB) | FSDP / DDP "
+        "peak |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         f, d = r["fsdp"], r["ddp"]
@@ -224,7 +229,7 @@ def step_table(rows: list[dict]) -> list[str]:
             f"| {r['example']} | "
             + " | ".join("n/a" if m["collective_ms"] is None else f"{m['collective_ms']:.3f}"
                          + (" (cached)" if m["collective_cached"] else "") for m in (f, d))
-            + f" | {_mb(fp)} | {_mb(dp)} | {fp / dp:.2f} |")
+            + f" | {_mb(fp)} | {_measured(f)} | {_mb(dp)} | {_measured(d)} | {fp / dp:.2f} |")
     flagged = [f"{r['example']} ({mode})" for r in rows for mode in MODES
                if r[mode]["analytic_note"]]
     if flagged:
@@ -232,6 +237,12 @@ def step_table(rows: list[dict]) -> list[str]:
                   "op times on the CPU workers are analytic (the roofline), though the plan "
                   "was profiled."]
     return lines
+
+
+def _measured(mode: dict) -> str:
+    """The largest peak the plan's training check measured, or why there is none."""
+    peaks = mode.get("measured_peak_bytes")
+    return _mb(max(peaks.values())) if peaks else "not measured"
 
 
 def _cell(result: dict) -> str:

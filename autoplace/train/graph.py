@@ -207,13 +207,15 @@ def _step_graph(graph: OpGraph, grads: set[str], opt: Optimizer, dtype: str
     edges = list(graph.edges)
     backward: list[OpNode] = []
     steps: list[OpNode] = []
+    tied = tied_gradients(graph, grads)
     for n in reversed(graph.nodes):
         if n.name not in grads:
             continue
         ins = [e for e in graph.in_edges(n.name) if e.src in grads]
         name = n.name + BACKWARD
         backward.append(OpNode(name=name, module=n.module, output_bytes=sum(e.bytes for e in ins),
-                               workspace_bytes=n.workspace_bytes + n.trainable_bytes,
+                               workspace_bytes=(n.workspace_bytes + n.trainable_bytes
+                                                + tied.get(n.name, 0)),
                                flops=BACKWARD_FACTOR * n.flops, dtype=n.dtype,
                                bytes_accessed=int(BACKWARD_FACTOR * n.bytes_accessed),
                                launches=int(BACKWARD_FACTOR * n.launches)))
@@ -249,6 +251,25 @@ def _step_graph(graph: OpGraph, grads: set[str], opt: Optimizer, dtype: str
             colocate.append((n.name, n.name + BACKWARD,
                              *((n.name + STEP,) if n.trainable_bytes else ())))
     return [*nodes, *backward, *steps], edges, colocate
+
+
+def tied_gradients(graph: OpGraph, grads: set[str]) -> dict[str, int]:
+    """What the backward of each reader of a tied weight (a colocation group, ``_needs_gradient``)
+    holds beyond its own node's: every reader makes a gradient of the weight (the one that
+    holds it counts that already), and autograd adds each to the sum of those made before it
+    out of place, so each reader but the first to run (the last in the forward) holds the new
+    sum too. The group's weight is bounded by its readers' trainable bytes."""
+    extra: dict[str, int] = {}
+    for group in graph.colocate:
+        readers = [m for m in group if m in grads]
+        weight = sum(graph.node(m).trainable_bytes for m in group)
+        if len(readers) < 2 or not weight:
+            continue
+        first = max(readers, key=graph.index.__getitem__)
+        for m in readers:
+            extra[m] = (extra.get(m, 0) + (0 if graph.node(m).trainable_bytes else weight)
+                        + (0 if m == first else weight))
+    return extra
 
 
 def _step_costs(problem: Problem, graph: OpGraph, grads: set[str], opt: Optimizer,

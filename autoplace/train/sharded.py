@@ -84,9 +84,6 @@ def with_fsdp(problem: Problem, cluster: Cluster, groups: Sequence[Sequence[str]
     unsharded: dict[str | None, int] = {}
     for node in forward:
         unsharded[units[node.name]] = unsharded.get(units[node.name], 0) + node.trainable_bytes
-    order = list(dict.fromkeys(units[n.name] for n in forward
-                               if units[n.name] is not None and unsharded[units[n.name]]))
-    prefetched = {u: unsharded[order[i - 1]] if i else 0 for i, u in enumerate(order)}
     bandwidth, latency = ring_link(cluster, [g[0] for g in groups])
 
     def gather(nbytes: int) -> float:
@@ -105,33 +102,135 @@ def with_fsdp(problem: Problem, cluster: Cluster, groups: Sequence[Sequence[str]
         if unit is not None:
             extra_s[name + BACKWARD] += gather(unsharded[unit])  # gathered again for backward
     total = sum(unsharded.values())
+    for name in extra_s:
+        if name.endswith(STEP):
+            grads, unit = graph.node(phase_of(name)[0]).trainable_bytes, units.get(
+                phase_of(name)[0])
+            extra_s[name] += (gather(unsharded[unit]) * grads / unsharded[unit]
+                              if measured_s is None else measured_s * grads / total)
+    timed = _timed(problem, extra_s, replicas, measured=measured_s)
+    device = groups[0][0]
+    gloo = all(cluster.device(g[0]).torch_device.split(":")[0] == "cpu" for g in groups)
+    held = _held(graph, units, unsharded, gloo=gloo,
+                 runs={name: per.get(device, 0.0) > 0 for name, per in timed.items()})
     nodes = []
     for node in graph.nodes:
         base, phase, _ = phase_of(node.name)
         unit, trained = units.get(base), node.trainable_bytes
-        if phase == "forward" and unit is not None:
-            node = replace(node, param_bytes=node.param_bytes - trained + _share(trained,
-                                                                                 replicas),
-                           trainable_bytes=_share(trained, replicas),
-                           workspace_bytes=node.workspace_bytes + unsharded[unit])
-        elif phase == "backward" and unit is not None:
-            # regathered parameters, unsharded gradients, the reduce-scatter's input (FSDP2's
-            # foreach_reduce copies them into one) and the next unit prefetched
-            held = graph.node(base).trainable_bytes
-            node = replace(node, workspace_bytes=node.workspace_bytes + 3 * unsharded[unit]
-                           - held + prefetched.get(unit, 0))
+        if phase == "forward" and base in units:
+            # the root's parameters stay unsharded from its forward to the end of the backward:
+            # counted whole beside their shard for the whole step
+            whole = trained if unit is None else 0
+            node = replace(node, param_bytes=node.param_bytes - trained + whole
+                           + _share(trained, replicas), trainable_bytes=_share(trained, replicas))
         elif phase == "step":
             grads = graph.node(base).trainable_bytes
-            state = node.param_bytes - grads
-            kept = _share(grads, replicas) if unit is not None else grads
-            extra_s[node.name] += (gather(unsharded[unit]) * grads / unsharded[unit]
-                                   if measured_s is None else measured_s * grads / total)
-            node = replace(node, param_bytes=kept + _share(state, replicas),
+            node = replace(node, param_bytes=_share(grads, replicas)
+                           + _share(node.param_bytes - grads, replicas),
                            workspace_bytes=_share(node.workspace_bytes, replicas))
+        if node.name in held:
+            node = replace(node, workspace_bytes=held[node.name])
         nodes.append(node)
     return replace(problem, graph=replace(graph, nodes=tuple(nodes)),
-                   costs=replace(problem.costs, compute_s=_timed(problem, extra_s, replicas,
-                                                                  measured=measured_s)))
+                   costs=replace(problem.costs, compute_s=timed))
+
+
+def _held(graph: OpGraph, units: dict[str, str | None], unsharded: dict[str | None, int], *,
+          gloo: bool, runs: dict[str, bool]) -> dict[str, int]:
+    """Each forward and backward node's workspace with what FSDP2 holds beside it (an upper
+    bound; docs/training.md, "Sharded replicas", has each term and the measurement behind it):
+    the buffer of the last all-gather, kept until the next one (the root's, then at most the
+    largest unit's, ``last``); a unit's parameters and that buffer while it runs; in the
+    backward its gradients, their reduce-scatter input (gloo's copy of it too) and the next
+    unit prefetched; the root's gradients, and the parameters and gradients of units whose
+    post-backward waits for the end of the backward, held to it; and at that end (the root's
+    final callback: the root's reduce-scatter, then those units') its peak on the last
+    backward node. Only nodes that take time (``runs``) hold it: the simulator stacks the
+    workspaces of nodes that start and end at one instant."""
+    root = unsharded.get(None, 0)
+    last = max((b for u, b in unsharded.items() if u is not None), default=0)
+    scatter = 2 if gloo else 1  # gloo's reduce_scatter_tensor reduces a copy of its input
+    forward = [n for n in graph.nodes if n.name in units and not n.is_input]
+    backward = [graph.node(n.name + BACKWARD) for n in reversed(forward)
+                if n.name + BACKWARD in graph.index]
+    held: dict[str, int] = {}
+    buffer = root  # the root's all-gather buffer, until the first unit's all-gather
+    for i, node in enumerate(forward):
+        unit = units[node.name]
+        starts = i == 0 or units[forward[i - 1].name] != unit
+        if runs[node.name]:
+            held[node.name] = node.workspace_bytes + (
+                buffer if unit is None else 2 * unsharded[unit] + (buffer if starts else 0))
+        if unit is not None:
+            buffer = last
+    deferred = _deferred(graph, units, forward)
+    ahead = [units[phase_of(n.name)[0]] for n in backward]
+    tied = _tied(graph, units)
+    started: set[int] = set()
+    grads = after = 0  # the root's gradients made so far; held for deferred units after theirs
+    for i, node in enumerate(backward):
+        base = phase_of(node.name)[0]
+        unit = units[base]
+        nxt = next((u for u in ahead[i + 1:] if u is not None and u != unit), None)
+        prefetched = unsharded[nxt] if nxt is not None else 0
+        if unit is None:
+            own = last + prefetched
+        else:
+            # its parameters and gradients, or its reduce-scatter input and gloo's copy of it
+            # once the parameters are freed (the gradients with them: measured)
+            own = (max(2, scatter) * unsharded[unit] - graph.node(base).trainable_bytes
+                   + prefetched)
+        if runs[node.name]:
+            held[node.name] = node.workspace_bytes + own + grads + after
+        if unit is None:
+            group = tied.get(base)
+            if group is None:
+                grads += graph.node(base).trainable_bytes
+            elif id(group) not in started:
+                started.add(id(group))
+                grads += sum(graph.node(m).trainable_bytes for m in group)
+        elif unit in deferred and unit not in ahead[i + 1:]:
+            after += 2 * unsharded[unit]
+    ending = [n.name for n in backward if runs[n.name]]
+    if ending:
+        # the final callback: the root reshards (its parameters, counted whole through the
+        # step, are freed), then reduce-scatters its gradients (held meanwhile: measured)
+        # while the deferred units still hold theirs; then each deferred unit does the same
+        # in turn, its gradients freed once copied into the reduce-scatter's input
+        rest = [2 * unsharded[u] for u in deferred]
+        peak = max([last + (1 + scatter) * root + sum(rest)]
+                   + [last + scatter * unsharded[u] + sum(rest[k + 1:])
+                      for k, u in enumerate(deferred)]) - root
+        held[ending[-1]] = max(held[ending[-1]], peak)
+    return held
+
+
+def _deferred(graph: OpGraph, units: dict[str, str | None], forward: list) -> list[str]:
+    """The units whose post-backward FSDP2 runs only in the root's final callback, in the
+    forward's order: those whose first segment takes no input that needs a gradient (FSDP2
+    hooks a unit's post-backward on its inputs' gradients; an embedding reads token ids)."""
+    deferred, seen = [], set()
+    for i, node in enumerate(forward):
+        unit = units[node.name]
+        if unit is None or unit in seen:
+            continue
+        seen.add(unit)
+        run = set()
+        for later in forward[i:]:
+            if units[later.name] != unit:
+                break
+            run.add(later.name)
+        if not any(e.src not in run and e.src + BACKWARD in graph.index
+                   for name in run for e in graph.in_edges(name)):
+            deferred.append(unit)
+    return deferred
+
+
+def _tied(graph: OpGraph, units: dict[str, str | None]) -> dict[str, tuple[str, ...]]:
+    """The root's readers of a tied weight (a colocation group of forward nodes), each to its
+    group: autograd holds the sum of their gradients from the first reader's backward."""
+    return {m: group for group in graph.colocate for m in group
+            if m in units and units[m] is None and sum(1 for r in group if r in units) > 1}
 
 
 def _timed(problem: Problem, extra_s: dict[str, float], replicas: int, *,
