@@ -79,15 +79,20 @@ def _moved(model: cp_model.CpModel, problem: Problem, x: Vars, u: str, res: str,
     out = [e for e in problem.graph.out_edges(u) if e.transfer_s is None]
     moved = []
     for b, sources in senders.items():
-        reads = [(a, e) for e in out if b in allowed[e.dst] for a in sources if a in allowed[u]]
-        ticks = {e.dst: _ticks_down(e.bytes, bytes_per_tick) for _, e in reads}
+        usable = [a for a in sources if a in allowed[u]]
+        if not usable:
+            continue
+        ticks = {e.dst: _ticks_down(e.bytes, bytes_per_tick) for e in out
+                 if b in allowed[e.dst]}
         top = max(ticks.values(), default=0)
         if top <= 0:
             continue
         var = model.new_int_var(0, top, f"moved[{u},{res},{b}]")
-        for a, e in reads:
-            if ticks[e.dst]:
-                model.add(var >= ticks[e.dst] * (x[u, a] + x[e.dst, b] - 1))
+        # u sits on one device (add_exactly_one): whether it sits on a sender is their sum
+        sending = sum(x[u, a] for a in usable)
+        for dst, t in ticks.items():
+            if t:
+                model.add(var >= t * (sending + x[dst, b] - 1))
         moved.append(var)
     return moved
 
@@ -111,9 +116,10 @@ def _add_fan_in(model: cp_model.CpModel, problem: Problem, x: Vars, v: str, res:
         c = model.new_bool_var(f"crossing[{u},{v},{res}]")
         for b in allowed[v]:
             sources = [a for a in senders.get(b, ()) if a in allowed[u]]
-            model.add(sum(x[u, a] for a in sources) >= c).only_enforce_if(x[v, b])
-            for a in sources:
-                model.add(c >= x[u, a] + x[v, b] - 1)
+            sending = sum(x[u, a] for a in sources)  # 0 or 1: u sits on one device
+            model.add(sending >= c).only_enforce_if(x[v, b])
+            if sources:
+                model.add(c >= sending + x[v, b] - 1)
         crossing[u] = c
     first = model.new_int_var(0, 2 * horizon, f"first[{v},{res}]")
     model.add_min_equality(first, [end[u] + horizon * (1 - crossing[u]) for u, _ in inputs])
