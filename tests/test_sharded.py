@@ -326,6 +326,36 @@ def test_auto_shards_where_whole_replicas_do_not_fit_and_the_shards_train_as_the
     assert "2 replicas (FSDP2, ZeRO-3), layers in train(); training" in summary
 
 
+def test_a_replica_whose_devices_cannot_hold_the_state_is_not_traced(monkeypatch) -> None:
+    # 2 devices of 800 kB: four 128 x 128 layers' parameters, gradients and Adam state
+    # (1.06 MB) fit the two together (R=1), never one (R=2): that replica is refused untraced
+    import autoplace.pipeline.step as step
+    from autoplace.config import Config, Cost, Training
+    from autoplace.pipeline import plan
+
+    traced = []
+
+    def counting(model, args, kwargs, cluster, how):
+        traced.append(args[0].shape[0])
+        return real(model, args, kwargs, cluster, how)
+
+    real = step.traced_problem
+    monkeypatch.setattr(step, "traced_problem", counting)
+    cluster, _ = resolve_cluster(spec="2xcpu-thread")
+    cluster = dataclasses.replace(cluster, devices=tuple(
+        dataclasses.replace(d, memory_bytes=800_000) for d in cluster.devices))
+    torch.manual_seed(0)
+    model = nn.Sequential(*(nn.Linear(128, 128) for _ in range(4)))
+    x, y = torch.randn(8, 128), torch.randint(0, 128, (8,))
+    planned = plan(model, (x,), Config(devices=cluster, mode="training", cost=Cost(
+        profile=False), training=Training(fsdp="off")), loss=F.cross_entropy,
+        example_targets=(y,))
+    assert traced == [8]  # R=1's whole batch only
+    options = {o.replicas: o for o in planned.plan.training.replica_options}
+    assert options[1].fits and not options[2].fits and options[2].step_s is None
+    assert any("R=2 (up to 1 device each) fits no device" in n for n in planned.plan.notes)
+
+
 def test_auto_does_not_weigh_sharding_where_whole_replicas_fit() -> None:
     from autoplace.errors import InfeasibleError
 

@@ -38,6 +38,7 @@ from autoplace.solve.bounds import lower_bound_s
 from autoplace.solve.whatif import restrict
 from autoplace.train import step_problem, training_memory
 from autoplace.train.dataparallel import replica_groups, with_allreduce
+from autoplace.train.graph import resident_state_bytes
 from autoplace.train.layers import dropout_ops, updates_statistics
 from autoplace.train.recompute import (
     Recomputed,
@@ -254,6 +255,14 @@ def _replica_step(model: torch.nn.Module, whole: Batch, r: int, groups: list[tup
     """The step of ``r`` replicas on ``groups``: replica 0's shard cut into micro-batches, one
     traced, its step solved on ``groups[0]`` within ``share`` (``InfeasibleError`` where none
     fits)."""
+    held = resident_state_bytes(model, optimizer, dtype) // (r if sharding == "fsdp" else 1)
+    room = sum(cluster.device(d).memory_bytes for d in groups[0])
+    if held > room:  # no step fits: not traced (80 layers of a 70B Llama: half a minute)
+        raise InfeasibleError(
+            f"a replica of R={r} holds {room} bytes on its {len(groups[0])} device(s), "
+            f"{held - room} fewer than the {held} bytes of its parameters, buffers, gradients "
+            f"and {optimizer} state" + (f" (1/{r} of each, sharded)" if sharding == "fsdp"
+                                        else "") + ", before any activation")
     shard = split_batch(*whole, r, what=REPLICA_SHARDS)[0]
     batches, rule = split_batch(*shard, microbatches), None
     if microbatches > 1:

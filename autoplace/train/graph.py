@@ -31,8 +31,8 @@ from autoplace.profile.cost import weakest_source
 from autoplace.simulate.schedules import BACKWARD, SCHEDULES, STEP, microbatch_name, phase_of
 from autoplace.train.precision import element_bytes, update_of
 
-__all__ = ["OPTIMIZERS", "Optimizer", "make_optimizer", "microbatch_copies", "step_problem",
-           "trained_bytes", "training_memory"]
+__all__ = ["OPTIMIZERS", "Optimizer", "make_optimizer", "microbatch_copies",
+           "resident_state_bytes", "step_problem", "trained_bytes", "training_memory"]
 
 # Backward against forward, in time and in launches (see the module's docstring).
 BACKWARD_FACTOR = 2.0
@@ -336,6 +336,17 @@ def trained_bytes(graph: OpGraph) -> dict[str, int]:
         if phase == "forward" and k in (None, 0):
             trained[base] = node.trainable_bytes
     return trained
+
+
+def resident_state_bytes(model: torch.nn.Module, optimizer: str, dtype: str = "float32") -> int:
+    """What a training step of ``model`` holds before any activation, as ``step_problem``
+    charges it: its parameters and buffers, its trained parameters' gradients and
+    ``optimizer``'s state (under mixed precision with the float32 masters)."""
+    update = update_of(OPTIMIZERS[optimizer], dtype)
+    params = list(model.parameters())
+    weights = sum(t.numel() * t.element_size() for t in (*params, *model.buffers()))
+    return weights + sum(p.numel() * (p.element_size() + update.held_bytes_per_param)
+                         for p in params if p.requires_grad)
 
 
 def training_memory(graph: OpGraph, optimizer: str, capacity: int | None = None,
