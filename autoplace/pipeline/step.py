@@ -38,7 +38,7 @@ from autoplace.solve.bounds import lower_bound_s
 from autoplace.solve.whatif import restrict
 from autoplace.train import step_problem, training_memory
 from autoplace.train.dataparallel import replica_groups, with_allreduce
-from autoplace.train.graph import resident_state_bytes
+from autoplace.train.graph import resident_state_bytes, state_memory
 from autoplace.train.layers import dropout_ops, updates_statistics
 from autoplace.train.recompute import (
     Recomputed,
@@ -255,14 +255,16 @@ def _replica_step(model: torch.nn.Module, whole: Batch, r: int, groups: list[tup
     """The step of ``r`` replicas on ``groups``: replica 0's shard cut into micro-batches, one
     traced, its step solved on ``groups[0]`` within ``share`` (``InfeasibleError`` where none
     fits)."""
-    held = resident_state_bytes(model, optimizer, dtype) // (r if sharding == "fsdp" else 1)
+    shards = r if sharding == "fsdp" else 1
+    weights, trained, held = resident_state_bytes(model, optimizer, dtype)
     room = sum(cluster.device(d).memory_bytes for d in groups[0])
-    if held > room:  # no step fits: not traced (80 layers of a 70B Llama: half a minute)
+    if held // shards > room:  # no step fits: not traced (80 layers of a 70B Llama: 30 s)
         raise InfeasibleError(
-            f"a replica of R={r} holds {room} bytes on its {len(groups[0])} device(s), "
-            f"{held - room} fewer than the {held} bytes of its parameters, buffers, gradients "
-            f"and {optimizer} state" + (f" (1/{r} of each, sharded)" if sharding == "fsdp"
-                                        else "") + ", before any activation")
+            f"no placement fits: a replica of R={r} holds {room} bytes on its "
+            f"{len(groups[0])} device(s), {held // shards - room} bytes short of its "
+            "parameters, buffers, gradients and optimizer state before any activation. "
+            + state_memory(weights, trained, optimizer, room, microbatches, recompute, dtype,
+                           shards))
     shard = split_batch(*whole, r, what=REPLICA_SHARDS)[0]
     batches, rule = split_batch(*shard, microbatches), None
     if microbatches > 1:

@@ -32,7 +32,8 @@ from autoplace.simulate.schedules import BACKWARD, SCHEDULES, STEP, microbatch_n
 from autoplace.train.precision import element_bytes, update_of
 
 __all__ = ["OPTIMIZERS", "Optimizer", "make_optimizer", "microbatch_copies",
-           "resident_state_bytes", "step_problem", "trained_bytes", "training_memory"]
+           "resident_state_bytes", "state_memory", "step_problem", "trained_bytes",
+           "training_memory"]
 
 # Backward against forward, in time and in launches (see the module's docstring).
 BACKWARD_FACTOR = 2.0
@@ -338,15 +339,19 @@ def trained_bytes(graph: OpGraph) -> dict[str, int]:
     return trained
 
 
-def resident_state_bytes(model: torch.nn.Module, optimizer: str, dtype: str = "float32") -> int:
+def resident_state_bytes(model: torch.nn.Module, optimizer: str, dtype: str = "float32"
+                         ) -> tuple[int, int, int]:
     """What a training step of ``model`` holds before any activation, as ``step_problem``
-    charges it: its parameters and buffers, its trained parameters' gradients and
-    ``optimizer``'s state (under mixed precision with the float32 masters)."""
+    charges it: the bytes of its parameters and buffers, of its trained parameters, and all
+    of it with their gradients and ``optimizer``'s state (under mixed precision with the
+    float32 masters)."""
     update = update_of(OPTIMIZERS[optimizer], dtype)
     params = list(model.parameters())
     weights = sum(t.numel() * t.element_size() for t in (*params, *model.buffers()))
-    return weights + sum(p.numel() * (p.element_size() + update.held_bytes_per_param)
-                         for p in params if p.requires_grad)
+    trained = [p for p in params if p.requires_grad]
+    return (weights, sum(p.numel() * p.element_size() for p in trained),
+            weights + sum(p.numel() * (p.element_size() + update.held_bytes_per_param)
+                          for p in trained))
 
 
 def training_memory(graph: OpGraph, optimizer: str, capacity: int | None = None,
@@ -357,9 +362,18 @@ def training_memory(graph: OpGraph, optimizer: str, capacity: int | None = None,
     (together) lacks for them, and what would shrink them (``recompute``: what was asked):
     the numbers ``step_problem`` charges (under mixed precision the state holds the float32
     master weights too); ``sharded``: FSDP's R, each device holding 1/R of all three."""
+    return state_memory(sum(n.param_bytes for n in graph.nodes),
+                        sum(n.trainable_bytes for n in graph.nodes), optimizer, capacity,
+                        microbatches, recompute, dtype, sharded)
+
+
+def state_memory(params: int, trained: int, optimizer: str, capacity: int | None = None,
+                 microbatches: int = 1, recompute: str = "off", dtype: str = "float32",
+                 sharded: int = 1) -> str:
+    """``training_memory``'s sentence from the bytes of the parameters and buffers
+    (``params``) and of the trained parameters (``trained``), before any sharding."""
     opt = OPTIMIZERS[optimizer]
-    params = sum(n.param_bytes for n in graph.nodes) // sharded
-    trained = sum(n.trainable_bytes for n in graph.nodes) // sharded
+    params, trained = params // sharded, trained // sharded
     state = int(trained / element_bytes(dtype) * update_of(opt, dtype).held_bytes_per_param)
     lighter = [o.name for o in OPTIMIZERS.values()
                if o.state_bytes_per_param < opt.state_bytes_per_param]

@@ -7,9 +7,8 @@ part, else a leaf module; a unit that shares a parameter with another is the roo
 emitter cuts into segments and ``OUT/train.py`` wraps (``emit.distributed.ddp``). ``with_fsdp``
 prices and sizes one replica's step: two all-gathers per unit and a reduce-scatter per gradient
 (``cost_models.ring_allgather_s``; or, between CPU processes here, FSDP2's overhead measured,
-``profile.allreduce``), the update on 1/R; shards resident, a unit's unsharded parameters and
-gradients (and the reduce-scatter's copy of them) while it runs and one unit prefetched in the
-backward. Rules, figures and sources:
+``profile.allreduce``), the update on 1/R; shards resident and, beside them, what FSDP2 holds
+unsharded as torch's ``FSDPMemTracker`` showed it (``_held``). Rules, figures and sources:
 docs/training.md, "Sharded replicas (FSDP2, ZeRO-3)".
 """
 
@@ -19,7 +18,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
-from autoplace.ir import Cluster, OpGraph, Problem
+from autoplace.ir import Cluster, OpGraph, OpNode, Problem
 from autoplace.simulate.schedules import BACKWARD, STEP, phase_of
 from autoplace.train.dataparallel import ring_link
 from cost_models import ring_allgather_s
@@ -103,9 +102,9 @@ def with_fsdp(problem: Problem, cluster: Cluster, groups: Sequence[Sequence[str]
             extra_s[name + BACKWARD] += gather(unsharded[unit])  # gathered again for backward
     total = sum(unsharded.values())
     for name in extra_s:
-        if name.endswith(STEP):
-            grads, unit = graph.node(phase_of(name)[0]).trainable_bytes, units.get(
-                phase_of(name)[0])
+        base, phase, _ = phase_of(name)
+        if phase == "step":
+            grads, unit = graph.node(base).trainable_bytes, units.get(base)
             extra_s[name] += (gather(unsharded[unit]) * grads / unsharded[unit]
                               if measured_s is None else measured_s * grads / total)
     timed = _timed(problem, extra_s, replicas, measured=measured_s)
@@ -205,7 +204,8 @@ def _held(graph: OpGraph, units: dict[str, str | None], unsharded: dict[str | No
     return held
 
 
-def _deferred(graph: OpGraph, units: dict[str, str | None], forward: list) -> list[str]:
+def _deferred(graph: OpGraph, units: dict[str, str | None], forward: list[OpNode]
+              ) -> list[str]:
     """The units whose post-backward FSDP2 runs only in the root's final callback, in the
     forward's order: those whose first segment takes no input that needs a gradient (FSDP2
     hooks a unit's post-backward on its inputs' gradients; an embedding reads token ids)."""
