@@ -38,7 +38,7 @@ from autoplace.solve.bounds import lower_bound_s
 from autoplace.solve.whatif import restrict
 from autoplace.train import step_problem, training_memory
 from autoplace.train.dataparallel import replica_groups, with_allreduce
-from autoplace.train.graph import resident_state_bytes, state_memory
+from autoplace.train.graph import model_bytes, state_memory, step_state_bytes
 from autoplace.train.layers import dropout_ops, updates_statistics
 from autoplace.train.recompute import (
     Recomputed,
@@ -256,7 +256,8 @@ def _replica_step(model: torch.nn.Module, whole: Batch, r: int, groups: list[tup
     traced, its step solved on ``groups[0]`` within ``share`` (``InfeasibleError`` where none
     fits)."""
     shards = r if sharding == "fsdp" else 1
-    weights, trained, held = resident_state_bytes(model, optimizer, dtype)
+    weights, trained = model_bytes(model)
+    held = step_state_bytes(weights, trained, optimizer, dtype)
     room = sum(cluster.device(d).memory_bytes for d in groups[0])
     if held // shards > room:  # no step fits: not traced (80 layers of a 70B Llama: 30 s)
         raise InfeasibleError(

@@ -32,7 +32,7 @@ from autoplace.simulate.schedules import BACKWARD, SCHEDULES, STEP, microbatch_n
 from autoplace.train.precision import element_bytes, update_of
 
 __all__ = ["OPTIMIZERS", "Optimizer", "make_optimizer", "microbatch_copies",
-           "resident_state_bytes", "state_memory", "step_problem", "trained_bytes",
+           "model_bytes", "state_memory", "step_problem", "step_state_bytes", "trained_bytes",
            "training_memory"]
 
 # Backward against forward, in time and in launches (see the module's docstring).
@@ -339,19 +339,19 @@ def trained_bytes(graph: OpGraph) -> dict[str, int]:
     return trained
 
 
-def resident_state_bytes(model: torch.nn.Module, optimizer: str, dtype: str = "float32"
-                         ) -> tuple[int, int, int]:
-    """What a training step of ``model`` holds before any activation, as ``step_problem``
-    charges it: the bytes of its parameters and buffers, of its trained parameters, and all
-    of it with their gradients and ``optimizer``'s state (under mixed precision with the
-    float32 masters)."""
-    update = update_of(OPTIMIZERS[optimizer], dtype)
+def model_bytes(model: torch.nn.Module) -> tuple[int, int]:
+    """The bytes of ``model``'s parameters and buffers, and of its trained parameters."""
     params = list(model.parameters())
-    weights = sum(t.numel() * t.element_size() for t in (*params, *model.buffers()))
-    trained = [p for p in params if p.requires_grad]
-    return (weights, sum(p.numel() * p.element_size() for p in trained),
-            weights + sum(p.numel() * (p.element_size() + update.held_bytes_per_param)
-                          for p in trained))
+    return (sum(t.numel() * t.element_size() for t in (*params, *model.buffers())),
+            sum(p.numel() * p.element_size() for p in params if p.requires_grad))
+
+
+def step_state_bytes(params: int, trained: int, optimizer: str, dtype: str = "float32") -> int:
+    """What a training step holds before any activation, as ``step_problem`` charges it: the
+    parameters and buffers (``params`` bytes), the trained ones' gradients (``trained``) and
+    ``optimizer``'s state (under mixed precision with the float32 masters)."""
+    held = update_of(OPTIMIZERS[optimizer], dtype).held_bytes_per_param
+    return params + trained + int(trained / element_bytes(dtype) * held)
 
 
 def training_memory(graph: OpGraph, optimizer: str, capacity: int | None = None,
@@ -374,7 +374,7 @@ def state_memory(params: int, trained: int, optimizer: str, capacity: int | None
     (``params``) and of the trained parameters (``trained``), before any sharding."""
     opt = OPTIMIZERS[optimizer]
     params, trained = params // sharded, trained // sharded
-    state = int(trained / element_bytes(dtype) * update_of(opt, dtype).held_bytes_per_param)
+    state = step_state_bytes(params, trained, optimizer, dtype) - params - trained
     lighter = [o.name for o in OPTIMIZERS.values()
                if o.state_bytes_per_param < opt.state_bytes_per_param]
     short = params + trained + state - (capacity or 0)
