@@ -174,14 +174,24 @@ def test_the_collectives_measured_here_are_kept_in_the_profile_cache(monkeypatch
     assert measured_collectives_s(Observed(), 2, "cpu", cache) == 0.0 and len(runs) == 3
 
 
-def test_the_planner_records_the_candidate_beside_the_placement(tmp_path) -> None:
+@pytest.fixture(scope="module")
+def mlp_tp2():
+    """``_mlp`` planned with ``--tp 2`` on two CPU threads (its candidate checked on 2 gloo
+    ranks): the model, its inputs and the plan, shared by the tests that read them."""
     from autoplace.config import Config, Cost, Parallel
-    from autoplace.formats.plan import Plan
-    from autoplace.pipeline import plan, save
+    from autoplace.pipeline import plan
 
     model, args = _mlp()
-    planned = plan(model, args, Config(devices="2xcpu-thread", cost=Cost(profile=False),
-                                       parallel=Parallel(tp=2)))
+    return model, args, plan(model, args, Config(devices="2xcpu-thread",
+                                                 cost=Cost(profile=False),
+                                                 parallel=Parallel(tp=2)))
+
+
+def test_the_planner_records_the_candidate_beside_the_placement(tmp_path, mlp_tp2) -> None:
+    from autoplace.formats.plan import Plan
+    from autoplace.pipeline import save
+
+    _, _, planned = mlp_tp2
     tp = planned.plan.tensor_parallel
     assert tp is not None and tp.ranks == 2 and tp.devices == ("cpu:0", "cpu:1")
     # two column matmuls and a row; the row's all-reduce and the output's gather
@@ -207,17 +217,14 @@ def test_the_planner_records_the_candidate_beside_the_placement(tmp_path) -> Non
     assert "DEVICES = ['cpu:0', 'cpu:1']" in (written / "launch.py").read_text()
 
 
-def test_autoplace_run_checks_and_times_the_emitted_tensor_parallel_ranks(tmp_path, capsys
-                                                                          ) -> None:
+def test_autoplace_run_checks_and_times_the_emitted_tensor_parallel_ranks(tmp_path, capsys,
+                                                                          mlp_tp2) -> None:
     from safetensors.torch import load_file
 
     from autoplace.cli import main
-    from autoplace.config import Config, Cost, Parallel
-    from autoplace.pipeline import plan, save
+    from autoplace.pipeline import save
 
-    model, args = _mlp()
-    planned = plan(model, args, Config(devices="2xcpu-thread", cost=Cost(profile=False),
-                                       parallel=Parallel(tp=2)))
+    model, args, planned = mlp_tp2
     out = tmp_path / "out"
     save(planned, out)
     assert main(["run", str(out), "--nproc", "2", "--tensor-parallel", "--repeats", "2",
