@@ -46,6 +46,7 @@ from autoplace.pipeline.mesh import (
 from autoplace.progress import stage
 from autoplace.progress.notes import collecting, note
 from autoplace.simulate import simulate
+from autoplace.solve.repeats import Unlike
 from autoplace.solve.tensor import Observed, SplitError, observe, tensor_problem
 from autoplace.solve.tensor_train import tensor_step_problem
 from autoplace.trace import TracedModel
@@ -108,9 +109,8 @@ def tensor_pass_candidate(planned: Plan | None, loaded: Any, cluster: Cluster, c
     """The tensor-parallel candidate of an inference plan's pass of ``loaded`` (the model and
     its inputs; ``forward``, the plan's trace, else traced here); with ``parallel.dp`` a dp x
     tp mesh, each tp group traced and priced on its share of the batch (the groups run apart:
-    no collective between them; ``auto``: each of ``_dp_values`` weighed, the fastest kept and
-    checked). ``planned`` ``None``: no placement fits (``failure`` says why), and the plan is
-    the mesh."""
+    no collective between them; ``auto``: each of ``_dp_values`` weighed, the fastest kept,
+    checked). ``planned`` ``None``: no placement fits (``failure`` says why); the mesh is it."""
     from autoplace.pipeline.forward import Tracing, traced_problem
 
     args, kwargs = loaded.args, loaded.kwargs
@@ -373,8 +373,12 @@ def observe_split(problem: Problem, traced: TracedModel, split: Mapping[str, tup
     observed under DTensor on ``ranks`` fake ranks (``solve.tensor.observe``; ``optimizer``:
     a training step's); ``ConfigError`` naming the op DTensor cannot run."""
     try:
-        return observe(one_device_copy(traced, units), split, ranks, args, kwargs,  # it shards
-                       optimizer=optimizer)
+        try:  # observe shards the copy; alike segments given unlike inputs: each observed
+            return observe(one_device_copy(traced, units), split, ranks, args, kwargs,
+                           optimizer=optimizer)
+        except Unlike:
+            return observe(one_device_copy(traced, units), split, ranks, args, kwargs,
+                           optimizer=optimizer, repeated=False)
     except SplitError as failed:
         module = next((n.module for n in problem.graph.nodes if failed.op in n.ops), None)
         first = str(failed.error).strip().splitlines()[0].rstrip(".")

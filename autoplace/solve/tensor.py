@@ -32,6 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from autoplace.errors import EmitError
 from autoplace.ir import Problem
+from autoplace.solve.repeats import Repeats
 from autoplace.solve.whatif import restrict
 from autoplace.train.dataparallel import ring_link
 from cost_models import ring_allgather_s, ring_allreduce_s
@@ -80,6 +81,9 @@ class Observed:
     backward_s: float | None = None
     update_s: float | None = None
     trained_bytes: int = 0
+    # Fake tensors: the segments that repeated one already run, whose records are its
+    # (``solve.repeats``).
+    repeated_segments: int = 0
 
     def overhead_s(self, op: str) -> float:
         """What DTensor adds to ``op`` on the host: its time split, less its share of its time
@@ -91,12 +95,14 @@ class Observed:
 
 def observe(emitted: torch.nn.Module, split: Mapping[str, tuple[str, int]], ranks: int,
             args: tuple[Any, ...], kwargs: dict[str, Any], *,
-            optimizer: str | None = None) -> Observed:
+            optimizer: str | None = None, repeated: bool = True) -> Observed:
     """Run ``emitted`` (one device's, its segments fx graphs) split as ``split`` says over
     ``ranks`` fake ranks on ``args``/``kwargs`` (see the module's docstring). The emitted
     model's parameters are replaced by DTensors: pass a copy. A model whose parameters are on
     the meta device runs on fake tensors (``FakeTensorMode``: shapes, no data, nothing timed);
-    each op on DTensors is then charged ``dispatch_s()``, DTensor's dispatch measured here.
+    each op on DTensors is then charged ``dispatch_s()``, DTensor's dispatch measured here,
+    and a segment that repeats one already run (``repeated``) is observed once
+    (``solve.repeats``).
 
     With ``optimizer`` (a training step: ``emitted`` returns the loss) the pass records
     autograd's graph and its backward runs under the same observation, each collective charged
@@ -107,11 +113,13 @@ def observe(emitted: torch.nn.Module, split: Mapping[str, tuple[str, int]], rank
     recorder, found, plain = _Recorder(), _Found(), _Found()
     steps: dict[str, float] = {}
     interpreters = {}
-    for index in range(len(emitted.segment_info)):
-        segment = getattr(emitted, f"seg{index}")
-        interpreters[index] = _Interpreter(segment, recorder, plain)
-        segment.forward = _run_with(interpreters[index])
     fake = any(p.is_meta for p in emitted.parameters())
+    segments = [getattr(emitted, f"seg{i}") for i in range(len(emitted.segment_info))]
+    repeats = Repeats(segments, split) if fake and repeated else None
+    for index, segment in enumerate(segments):
+        interpreters[index] = _Interpreter(segment, recorder, plain)
+        run = _run_with(interpreters[index])
+        segment.forward = repeats.forward(index, run) if repeats is not None else run
     try:
         if fake:
             mode = _fake_copy(emitted)
@@ -134,6 +142,8 @@ def observe(emitted: torch.nn.Module, split: Mapping[str, tuple[str, int]], rank
                     steps = _timed_step(emitted, optimizer, args, kwargs)
     finally:
         _plain_forward(emitted, interpreters)
+    if repeats is not None:
+        repeats.copy_into(found)
     return Observed(share=found.share, seconds=found.seconds, plain_seconds=plain.seconds,
                     param_share=found.param_share, param_bytes=found.param_bytes,
                     output_share=found.output_share,
@@ -142,7 +152,9 @@ def observe(emitted: torch.nn.Module, split: Mapping[str, tuple[str, int]], rank
                     on_dtensors=frozenset(found.on_dtensors),
                     backward_collectives={k: tuple(v) for k, v in found.backward.items()},
                     trained_bytes=sum(_nbytes(p, local=True) for p in emitted.parameters()
-                                      if p.requires_grad), **steps)
+                                      if p.requires_grad),
+                    repeated_segments=len(repeats.repeated) if repeats is not None else 0,
+                    **steps)
 
 
 def _plain_forward(emitted: torch.nn.Module, interpreters: Mapping[int, Any]) -> None:
