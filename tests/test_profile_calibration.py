@@ -116,6 +116,26 @@ def test_an_unmeasured_gpu_borrows_a_measured_gpus_efficiencies_but_never_the_cp
     assert "A100-40GB" not in chosen
 
 
+def test_alike_devices_share_a_figure_but_not_one_measured_on_one_of_them():
+    """Devices of one type (and fit) get one analytic figure, worked out once; a time measured
+    on one of them is that device's alone."""
+    graph = OpGraph(nodes=(
+        OpNode(name="x", is_input=True, output_bytes=400),
+        OpNode(name="mm", targets=("aten.addmm.default",), flops=2e9, bytes_accessed=4e6,
+               launches=1, output_bytes=400),
+    ), edges=(Edge("x", "mm", 400),))
+    cluster = resolve_cluster(spec="3xA100-40GB")[0]
+    analytic = costs(graph, cluster).of("mm", "cuda:0")
+    result = costs(graph, cluster, measured={"mm": {"cuda:0": 0.25}})
+    assert result.of("mm", "cuda:0") == 0.25 and result.source_of("mm", "cuda:0") == "measured"
+    for device in ("cuda:1", "cuda:2"):
+        assert result.of("mm", device) == analytic and result.source_of("mm", device) == (
+            "analytic")
+    result = costs(graph, cluster, measured={"mm": {"cuda:1": 0.25}})
+    assert [result.of("mm", d) for d in ("cuda:0", "cuda:1", "cuda:2")] == [
+        analytic, 0.25, analytic]
+
+
 def test_costs_prefer_measured_then_calibrated_then_analytic():
     graph = OpGraph(nodes=(
         OpNode(name="x", is_input=True, output_bytes=400),

@@ -159,10 +159,14 @@ def costs(
         times: dict[str, float] = {}
         kinds: dict[str, str] = {}
         dtype = math_dtype(node, tf32)
+        alike: dict[tuple[int, int], str] = {}  # devices of one type and fit: one figure
         for name, device_type in device_types.items():
             fitted = device_fit[name]
+            same = alike.setdefault((id(device_type), id(fitted)), name)
             if name in measured.get(node.name, {}):
                 times[name], kinds[name] = measured[node.name][name], "measured"
+            elif same != name and kinds[same] != "measured":
+                times[name], kinds[name] = times[same], kinds[same]
             elif fitted is not None and node.launches:
                 times[name] = fitted.op_time_s(
                     family=node_family(node), flops=node.flops,

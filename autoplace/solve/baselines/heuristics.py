@@ -50,11 +50,18 @@ def _group_bytes(problem: Problem) -> dict[str, int]:
 
 
 def group_devices(problem: Problem) -> dict[str, tuple[str, ...]]:
-    """For each node, the devices where every member of its colocation group can run."""
-    allowed = problem.allowed
-    return {name: tuple(d for d in problem.cluster.names
-                        if all(d in allowed[m] for m in group))
-            for name, group in problem.graph.colocation_of.items()}
+    """For each node, the devices where every member of its colocation group can run, in the
+    cluster's order, each group's worked out once with sets (looking each device up in each
+    member's tuple took 0.6 s a call for an 80-layer Llama's 5,196 nodes on 64 devices)."""
+    allowed, names = problem.allowed, problem.cluster.names
+    common: dict[tuple[str, ...], tuple[str, ...]] = {}
+    runs_on = {}
+    for name, group in problem.graph.colocation_of.items():
+        if group not in common:
+            shared = set(allowed[group[0]]).intersection(*(allowed[m] for m in group[1:]))
+            common[group] = tuple(d for d in names if d in shared)
+        runs_on[name] = common[group]
+    return runs_on
 
 
 def majority_devices(problem: Problem, members: Mapping[str, Iterable[str]],
