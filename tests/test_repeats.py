@@ -4,6 +4,7 @@ runs every segment."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -92,3 +93,18 @@ def test_real_tensors_run_every_segment() -> None:
     one = one_device_copy(traced, fsdp_op_units(traced.graph))
     seen = observe(one, column_row(one), 2, args, {"targets": targets}, optimizer="adamw")
     assert seen.repeated_segments == 0 and seen.seconds
+
+
+def test_a_repeat_given_other_inputs_than_its_period_says_so() -> None:
+    from autoplace.solve.repeats import Repeats, Unlike
+
+    segments = [torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+                for _ in range(5)]
+    repeats = Repeats(segments, {})
+    assert repeats.template == {2: 1, 3: 1}  # five alike segments: the 3rd and 4th repeat
+    runs = [repeats.forward(i, segments[i]) for i in range(5)]
+    x = runs[1](runs[0](torch.zeros(2, 4)))
+    assert runs[2](x) is x  # the second's outputs, as it was given the same
+    assert repeats.repeated == [(1, 2)]
+    with pytest.raises(Unlike, match="seg3 repeats seg1"):
+        runs[3](torch.zeros(3, 4))  # another batch: not what the second was given
