@@ -14,6 +14,7 @@ import torch
 from autoplace.ir import Cluster, Problem
 from autoplace.pipeline.forward import Tracing
 from autoplace.progress.notes import note
+from autoplace.train.graph import model_bytes
 from autoplace.train.sharded import fsdp_units, unit_of
 
 __all__ = ["backward_factors", "measured_averaging", "per_kind", "replica_averaging",
@@ -63,8 +64,7 @@ def update_rates(profiled: Any, model: torch.nn.Module, args: tuple[Any, ...],
 
     rates = {d: r for d, r in per_kind(profiled, cluster, measure).items() if r is not None}
     if rates:
-        trained = sum(p.numel() * p.element_size() for p in model.parameters()
-                      if p.requires_grad)
+        _, trained = model_bytes(model)
         note(f"{optimizer} update measured through torch.optim: " + ", ".join(
             f"{r * trained * 1e3:.3f} ms for all {trained} trainable bytes on {d}"
             for d, r in rates.items()) + " (the roofline elsewhere)")

@@ -40,7 +40,7 @@ from autoplace.profile.timing import (
     relative_spread,
     timer_for,
 )
-from autoplace.trace import TracedModel
+from autoplace.trace import TracedModel, attr_of
 from autoplace.trace.count import flat_inputs, value_bytes
 
 __all__ = ["DeviceProfile", "OpProfile", "op_signature", "profile_device"]
@@ -165,13 +165,6 @@ def _record(profile: OpProfile, ir: Any, *, device_key: str, device_type: str) -
         median_s=profile.median_s, spread=profile.spread, samples=profile.samples,
         param_bytes=profile.param_bytes, output_bytes=profile.output_bytes,
         workspace_bytes=profile.workspace_bytes, method=profile.method)
-
-
-def _attr(gm: torch.fx.GraphModule, target: str) -> Any:
-    obj: Any = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def profile_device(
@@ -304,7 +297,7 @@ def _first_walk(gm: torch.fx.GraphModule, fx_nodes: list[torch.fx.Node], args: t
             env[node.name] = _to_device(next(inputs, None), on.dev)
             continue
         if node.op == "get_attr":
-            env[node.name] = _to_device(_attr(gm, str(node.target)), on.dev)
+            env[node.name] = _to_device(attr_of(gm, str(node.target)), on.dev)
             continue
         fn_target = _callable(gm, node)
         call_args, call_kwargs = _inputs(node, env, on.dev)
@@ -444,7 +437,7 @@ def _time_in_situ(
     0.2 us with ``time.perf_counter``), which is small beside any op that launches work.
     """
     inputs = [_to_device(v, dev) for v in flat_inputs(gm, args, dict(kwargs))]
-    consts = {n.name: _to_device(_attr(gm, str(n.target)), dev)
+    consts = {n.name: _to_device(attr_of(gm, str(n.target)), dev)
               for n in nodes if n.op == "get_attr"}
     # An in-place op would change the inputs or the model's state once more on every walk:
     # what it writes gets a fresh copy per walk.

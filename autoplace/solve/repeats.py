@@ -12,13 +12,14 @@ its backward are done (``copy_into``). Real tensors are never skipped: their ops
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
+
+from autoplace.trace import attr_of
 
 __all__ = ["Repeats", "Unlike", "periodic"]
 
@@ -114,7 +115,7 @@ def _code(index: int, segment: torch.fx.GraphModule, split: Mapping[str, tuple[s
     code = []
     for n in segment.graph.nodes:
         if n.op == "get_attr":
-            value = functools.reduce(getattr, str(n.target).split("."), segment)
+            value = attr_of(segment, str(n.target))
             code.append(("get_attr", tuple(value.shape), value.dtype, value.requires_grad,
                          split.get(f"seg{index}.{n.target}"))
                         if isinstance(value, torch.Tensor) else ("get_attr", repr(value)))

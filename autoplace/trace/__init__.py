@@ -42,8 +42,8 @@ from autoplace.trace.count import (
 from autoplace.trace.load import run_example
 from autoplace.trace.writes import drop_dead_writes
 
-__all__ = ["CACHE_NOTE", "SHAPE_ONLY_OPS", "VIEW_OPS", "TracedModel", "cache_off", "flat_inputs",
-           "to_meta", "trace_model"]
+__all__ = ["CACHE_NOTE", "SHAPE_ONLY_OPS", "VIEW_OPS", "TracedModel", "attr_of", "cache_off",
+           "flat_inputs", "to_meta", "trace_model"]
 
 # Ops that launch no kernel and move no bytes: views, metadata checks, and eval-mode dropout
 # (a dropout in training draws a mask and scales: ``_launches_nothing``). They cost nothing on
@@ -326,6 +326,14 @@ def _in_edges(
 
 def _has_meta_params(model: torch.nn.Module) -> bool:
     return any(t.is_meta for t in list(model.parameters()) + list(model.buffers()))
+
+
+def attr_of(gm: torch.fx.GraphModule, target: str) -> Any:
+    """What a ``get_attr`` node of ``gm`` reads: the attribute at the dotted path ``target``."""
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 def to_meta(value: Any) -> Any:
