@@ -127,7 +127,8 @@ def _deep_plan(recompute: str, memory_bytes: int | None = 3_000_000, **extra):
     x, y = torch.randn(1024, 128), torch.randint(0, 10, (1024,))
     devices = _small_threads(memory_bytes) if memory_bytes else "2xcpu-thread"
     config = Config(devices=devices, mode="training",
-                    solve=Solve(time_limit_s=1.5, whatif=False, min_gain=0.0),
+                    solve=Solve(time_limit_s=1.5, whatif=False, min_gain=0.0,
+                                deterministic=True),
                     training=Training(optimizer="adam", microbatches=4, schedule="gpipe",
                                       recompute=recompute),
                     emit=Emit(**extra))
