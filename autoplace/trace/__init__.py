@@ -40,6 +40,7 @@ from autoplace.trace.count import (
     value_bytes,
 )
 from autoplace.trace.load import run_example
+from autoplace.trace.repeat import KEPT, export_repeated, repeated_blocks
 from autoplace.trace.writes import drop_dead_writes
 
 __all__ = ["CACHE_NOTE", "SHAPE_ONLY_OPS", "VIEW_OPS", "TracedModel", "attr_of", "cache_off",
@@ -164,10 +165,21 @@ def _no_stack_traces() -> Iterator[None]:
         config.do_not_emit_stack_traces = before
 
 
-def _export(model: torch.nn.Module, args: tuple, kwargs: dict) -> torch.fx.GraphModule:
+def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
+            notes: list[str] | None = None) -> torch.fx.GraphModule:
+    """torch.export's graph of ``model``; where it repeats blocks, exported with three and
+    the rest copied (``repeat.py``), with a note."""
+    def export() -> torch.fx.GraphModule:
+        return torch.export.export(model, args, kwargs, strict=False).module()
+
     with _no_stack_traces():
-        exported = torch.export.export(model, args, kwargs, strict=False)
-        return exported.module()
+        blocks = repeated_blocks(model)
+        if blocks is not None and (gm := export_repeated(model, blocks, export)) is not None:
+            (notes if notes is not None else []).append(f"{blocks.path}'s {blocks.count} blocks exported as their first "
+                         f"{KEPT}, the last copied for the other {blocks.count - KEPT} "
+                         "(trace.repeat)")
+            return gm
+        return export()
 
 
 def _dtype_of(values: Iterable[torch.Tensor]) -> str:
@@ -442,7 +454,7 @@ def _trace(model: torch.nn.Module, args: tuple, kwargs: dict, notes: list[str]
            ) -> tuple[torch.fx.GraphModule, str]:
     """The graph and the tracer that made it: torch.export, else torch.fx (with a note)."""
     try:
-        return _export(model, args, kwargs), "export"
+        return _export(model, args, kwargs, notes), "export"
     except Exception as export_exc:  # export raises many types; all mean "fall back"
         reason = f"{type(export_exc).__name__}: {str(export_exc).strip().splitlines()[0][:300]}"
         try:
