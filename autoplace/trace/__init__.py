@@ -175,9 +175,10 @@ def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
     with _no_stack_traces():
         blocks = repeated_blocks(model)
         if blocks is not None and (gm := export_repeated(model, blocks, export)) is not None:
-            (notes if notes is not None else []).append(f"{blocks.path}'s {blocks.count} blocks exported as their first "
-                         f"{KEPT}, the last copied for the other {blocks.count - KEPT} "
-                         "(trace.repeat)")
+            if notes is not None:
+                notes.append(f"{blocks.path}'s {blocks.count} blocks exported as their first "
+                             f"{KEPT}, the last copied for the other {blocks.count - KEPT} "
+                             "(trace.repeat)")
             return gm
         return export()
 
