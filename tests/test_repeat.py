@@ -97,6 +97,10 @@ class Stack(nn.Module):
             for i in range(6):
                 x = self.blocks[i](x)
             return x
+        if self.how == "len":  # reads the list's length: cut to three, it would be 3
+            for block in self.blocks:
+                x = block(x)
+            return x / len(self.blocks)
         first = None
         for i, block in enumerate(self.blocks):
             x = block(x, flip=self.how == "flip" and i % 2 == 1)  # blocks 1 and 2 differ
@@ -112,6 +116,7 @@ class Stack(nn.Module):
     ("index", None, True),  # found, but the three do not export
     ("flip", None, True),  # found, but blocks 1 and 2 trace to other code
     ("skip", None, True),  # found, but ops run between the blocks
+    ("len", None, True),  # found, but the forward reads how many there are
 ])
 def test_blocks_that_do_not_repeat_are_exported_whole(monkeypatch, how: str,
                                                       scales: list[float] | None,

@@ -1,10 +1,11 @@
 """A model's repeated blocks exported once: the longest ``nn.ModuleList`` of alike blocks (one
-class, parameters and buffers of the same names, shapes and dtypes, equal plain attributes but
-for their index, no hooks) is exported with its first ``KEPT`` blocks, and the graph of the last
-of them copied for each block after it, reading that block's own parameters: the graph torch.export
-gives the whole model, node for node and name for name (``tests/test_repeat.py``), in the time of
-a few blocks. Where the traced blocks do not repeat (the last two differ, a later op reads a block
-before the last, the short list does not export) the model is exported whole."""
+class, tensors of the same names, shapes and dtypes, equal plain attributes but for their index,
+no hooks; the first may differ) is exported with its first ``KEPT`` blocks, and the ops of the
+last copied for each block after it, reading that block's own parameters: the graph
+torch.export gives the whole model, node for node and name for name (``tests/test_repeat.py``),
+in the time of a few blocks. Where the traced blocks do not repeat (the last two differ, a later
+op reads a block before the last, the short list does not export or its length is read) the
+model is exported whole."""
 
 from __future__ import annotations
 
@@ -59,14 +60,30 @@ def export_repeated(model: torch.nn.Module, blocks: Blocks,
 
 @contextlib.contextmanager
 def _first(model: torch.nn.Module, path: str, kept: int) -> Iterator[None]:
+    """``model`` with the list at ``path`` cut to its first ``kept`` blocks, which refuse
+    ``len()``: a forward that reads the list's length (to scale by it, say) would trace
+    another graph than the whole model's."""
     parent_name, _, attr = path.rpartition(".")
     parent = model.get_submodule(parent_name)
     whole = parent._modules[attr]
-    parent._modules[attr] = torch.nn.ModuleList(list(whole)[:kept])
+    cut = torch.nn.ModuleList(list(whole)[:kept])
+    cut.__class__ = _Cut
+    parent._modules[attr] = cut
     try:
         yield
     finally:
         parent._modules[attr] = whole
+
+
+class _Cut(torch.nn.ModuleList):
+    """A list of blocks cut short: iterated and sliced as a list, its length unknown."""
+
+    def __len__(self) -> int:
+        raise TypeError("the length of a list of blocks cut short is not its own")
+
+    def __getitem__(self, index: Any) -> Any:
+        blocks = list(self._modules.values())
+        return torch.nn.ModuleList(blocks[index]) if isinstance(index, slice) else blocks[index]
 
 
 def _alike(blocks: list[torch.nn.Module]) -> bool:
