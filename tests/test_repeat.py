@@ -11,7 +11,7 @@ from torch import nn
 
 import autoplace.trace as trace
 from autoplace.trace import trace_model
-from autoplace.trace.repeat import KEPT, repeated_blocks
+from autoplace.trace.repeat import KEPT, REPEAT_OF, repeated_blocks
 from autoplace.train import LossModel
 
 
@@ -60,7 +60,12 @@ def test_repeated_blocks_trace_to_the_graph_of_the_whole_model(monkeypatch, buil
     whole = _whole(monkeypatch, model, (), kwargs)
     assert any("blocks exported as their first 3, the last copied for the other 3" in n
                for n in copied.notes)
-    # node for node and name for name, each op's module path, FLOPs, bytes and edges
+    # node for node and name for name, each op's module path, FLOPs, bytes and edges (the
+    # copies' counts taken from the ops they copy, not counted)
+    last = blocks.path + ".5"
+    layer = [n for n in copied.module.graph.nodes if n.op == "call_function" and any(
+        v[0].startswith(last) for v in n.meta["nn_module_stack"].values())]
+    assert layer and all(n.meta.get(REPEAT_OF) for n in layer)
     assert copied.module.code == whole.module.code
     assert copied.graph == whole.graph
     assert [n.meta.get("nn_module_stack") for n in copied.module.graph.nodes] == [

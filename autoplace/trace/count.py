@@ -21,6 +21,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from autoplace.trace.repeat import REPEAT_OF
 from cost_models.calibration import POOLING_OPS
 
 __all__ = ["CountingInterpreter", "attention_flops", "count_ops", "flat_inputs", "nbytes",
@@ -104,7 +105,8 @@ class _Transient(TorchDispatchMode):
 
 class CountingInterpreter(torch.fx.Interpreter):
     """Runs each node on fake tensors under FlopCounterMode, recording FLOPs and results, and
-    what each op holds beyond its output while it runs (``_Transient``)."""
+    what each op holds beyond its output while it runs (``_Transient``). An op that copies
+    another of a repeated block (``repeat.REPEAT_OF``) takes that op's, without running."""
 
     def __init__(self, module: torch.fx.GraphModule, device: str):
         super().__init__(module, garbage_collect_values=False)
@@ -122,6 +124,11 @@ class CountingInterpreter(torch.fx.Interpreter):
         return value
 
     def run_node(self, n: torch.fx.Node) -> Any:
+        if (of := n.meta.get(REPEAT_OF)) in self.values:  # a repeated block's copy of ``of``
+            self.flops[n.name] = self.flops[of]
+            self.transient_bytes[n.name] = self.transient_bytes[of]
+            result = self.values[n.name] = self.values[of]
+            return result
         if n.op in ("placeholder", "output", "get_attr"):
             result = super().run_node(n)
         elif (key := self.signature(n)) is not None and key in self.seen:

@@ -21,6 +21,10 @@ import torch
 # before it as the last does (the first block reads the embedding, not a block).
 KEPT = 3
 
+# A copied op's meta names the op of the last traced block it copies: the counting pass takes
+# that op's results (``count.CountingInterpreter``), the same shapes, FLOPs and bytes.
+REPEAT_OF = "autoplace_repeat_of"
+
 _PLAIN = (int, float, bool, str, type(None))
 _SUFFIX = re.compile(r"(.*)_(\d+)$")  # torch.fx's own: a name's base and number
 
@@ -190,8 +194,7 @@ def _grow(gm: torch.fx.GraphModule, model: torch.nn.Module, blocks: Blocks
     for n in grown.nodes:
         if n.op == "get_attr" and (_block_of(n, blocks.path) or 0) > last:
             torch.fx.graph_module._copy_attr(model, gm, str(n.target))
-    gm.graph = grown
-    gm.recompile()
+    gm.graph = grown  # which recompiles it
     return gm
 
 
@@ -269,6 +272,7 @@ def _copied(gm: torch.fx.GraphModule, nodes: list[torch.fx.Node],
                     copy[t] = _make(graph, t, lookup, _base(t.name))
                     copy[t].meta["nn_module_stack"] = _renamed(
                         t.meta.get("nn_module_stack"), blocks.path, last, j)
+                    copy[t].meta[REPEAT_OF] = t.name
                 before = copy
             env.update(before)  # what follows reads the last block's ops
             renumber = True
