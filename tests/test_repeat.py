@@ -108,7 +108,8 @@ class Stack(nn.Module):
             return x / len(self.blocks)
         first = None
         for i, block in enumerate(self.blocks):
-            x = block(x, flip=self.how == "flip" and i % 2 == 1)  # blocks 1 and 2 differ
+            x = block(x, flip=self.how == "flip" and i % 2 == 1  # blocks 1 and 2 differ
+                      or self.how == "fourth" and i == 4)  # only a block not traced does
             if self.how == "skip":  # each block's output plus the first's: ops between
                 first = x if first is None else first
                 x = x + first
@@ -122,6 +123,7 @@ class Stack(nn.Module):
     ("flip", None, True),  # found, but blocks 1 and 2 trace to other code
     ("skip", None, True),  # found, but ops run between the blocks
     ("len", None, True),  # found, but the forward reads how many there are
+    ("fourth", None, True),  # found, grown, but computes otherwise than the model
 ])
 def test_blocks_that_do_not_repeat_are_exported_whole(monkeypatch, how: str,
                                                       scales: list[float] | None,

@@ -168,13 +168,16 @@ def _no_stack_traces() -> Iterator[None]:
 def _export(model: torch.nn.Module, args: tuple, kwargs: dict,
             notes: list[str] | None = None) -> torch.fx.GraphModule:
     """torch.export's graph of ``model``; where it repeats blocks, exported with three and
-    the rest copied (``repeat.py``), with a note."""
+    the rest copied (``repeat.py``; with weights, checked on the example inputs), with a
+    note."""
     def export() -> torch.fx.GraphModule:
         return torch.export.export(model, args, kwargs, strict=False).module()
 
     with _no_stack_traces():
         blocks = repeated_blocks(model)
-        if blocks is not None and (gm := export_repeated(model, blocks, export)) is not None:
+        example = None if _has_meta_params(model) else (args, kwargs)
+        if blocks is not None and (
+                gm := export_repeated(model, blocks, export, example)) is not None:
             if notes is not None:
                 notes.append(f"{blocks.path}'s {blocks.count} blocks exported as their first "
                              f"{KEPT}, the last copied for the other {blocks.count - KEPT} "

@@ -50,16 +50,43 @@ def repeated_blocks(model: torch.nn.Module) -> Blocks | None:
 
 
 def export_repeated(model: torch.nn.Module, blocks: Blocks,
-                    export: Callable[[], torch.fx.GraphModule]) -> torch.fx.GraphModule | None:
+                    export: Callable[[], torch.fx.GraphModule],
+                    example: tuple[tuple, dict] | None = None) -> torch.fx.GraphModule | None:
     """``export()`` run with ``blocks`` cut to their first ``KEPT``, its graph grown to every
-    block (``_grow``); ``None`` where the short model does not export or its blocks do not
-    repeat: the caller exports the whole model."""
+    block (``_grow``) and, given the ``example`` inputs (a model with weights), checked to
+    compute what ``model`` does on them; ``None`` where the short model does not export, its
+    blocks do not repeat or the check fails (the forward treats a later block apart, say):
+    the caller exports the whole model."""
     try:
         with _first(model, blocks.path, KEPT):
             gm = export()
     except Exception:  # the model needs its whole list (it indexes past the cut, say)
         return None
-    return _grow(gm, model, blocks)
+    grown = _grow(gm, model, blocks)
+    if grown is None or example is None or _computes_as(grown, model, *example):
+        return grown
+    return None
+
+
+def _computes_as(gm: torch.fx.GraphModule, model: torch.nn.Module, args: tuple,
+                 kwargs: dict) -> bool:
+    """Whether ``gm`` and ``model`` give equal outputs on ``args``/``kwargs``, each run
+    without gradients from one random state (dropout draws alike), the random state and the
+    buffers (batch norm's running statistics, which ``gm`` shares) restored."""
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    outputs = []
+    try:
+        for run in (model, gm):
+            with torch.random.fork_rng(devices=[]), torch.no_grad():
+                torch.manual_seed(0)
+                outputs.append(run(*args, **kwargs))
+            with torch.no_grad():
+                for name, saved in buffers.items():
+                    model.get_buffer(name).copy_(saved)
+        torch.testing.assert_close(outputs[1], outputs[0])
+    except Exception:  # unequal, or not comparable: not known to be the model's graph
+        return False
+    return True
 
 
 @contextlib.contextmanager
