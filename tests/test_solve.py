@@ -504,3 +504,20 @@ def test_throughput_charges_a_copy_only_for_the_edges_read_on_its_device():
     assert r.objective_s == pytest.approx(7.0)
     assert simulate(p, r.placement).max_load_s == pytest.approx(r.objective_s)
     assert r.bound_s <= simulate(p, r.placement).max_load_s + 1e-9
+
+
+def test_a_model_too_large_for_cpsat_is_not_built_and_the_heuristics_plan_stands(monkeypatch):
+    # 512 devices make each edge of a coarse graph 261,632 delays; here the limit is cut to 1
+    import autoplace.solve.cpsat as cpsat
+
+    p = zoo.fork_join(zoo.cluster(2))
+    assert cpsat.delay_terms(p) == 4 * len(p.graph.edges)  # both ends on either device
+    monkeypatch.setattr(cpsat, "MAX_DELAY_TERMS", 1)
+    r = solve(p, time_limit_s=10, workers=1)
+    assert r.solver.status == "TOO_LARGE"
+    said = (f"CP-SAT not run: its model of {len(p.graph.nodes)} nodes on 2 devices would hold "
+            f"{4 * len(p.graph.edges)} transfer delays")
+    assert any(n.startswith(said) for n in r.notes)
+    assert validate(p, r.schedule) == []
+    best = min(b.makespan_s for b in r.baselines.values() if b is not None and b.feasible)
+    assert r.schedule.makespan_s <= best and r.lower_bound_s <= r.schedule.makespan_s

@@ -30,7 +30,13 @@ from autoplace.ir import Placement, Problem, Schedule, optimality_gap
 from autoplace.simulate import simulate
 from autoplace.solve.baselines import best_baseline, is_contiguous, run_baselines, run_within
 from autoplace.solve.bounds import check_memory, lower_bound_s
-from autoplace.solve.cpsat import TIME_QUANTUM_S, CpSatResult, node_activation_bytes, solve_cpsat
+from autoplace.solve.cpsat import (
+    MAX_DELAY_TERMS,
+    TIME_QUANTUM_S,
+    CpSatResult,
+    node_activation_bytes,
+    solve_cpsat,
+)
 from autoplace.solve.large import EXACT_MAX_NODES, coarse_solve, improve
 from autoplace.solve.options import (
     DEFAULT_TIME_LIMIT_S,
@@ -360,6 +366,8 @@ def _first_round(state: _SolveState, result: CpSatResult) -> None:
     every device must hold its parameters and any one node's working set."""
     if result.placement is not None:
         state.bound = max(state.bound, result.bound_s)
+    elif result.status == "TOO_LARGE":
+        _say_too_large(state, result, len(state.problem.graph.nodes))
     elif result.status == "INFEASIBLE" and state.best is not None:
         state.notes.append("CP-SAT reported INFEASIBLE although the "
                            f"{state.best[0]} baseline fits: a solver fault; the plan is the "
@@ -370,6 +378,15 @@ def _first_round(state: _SolveState, result: CpSatResult) -> None:
             "some device once activations are counted"
             f"{' (with contiguous stages)' if state.options.contiguous else ''}; add devices "
             "or use larger ones")
+
+
+def _say_too_large(state: _SolveState, result: CpSatResult, nodes: int) -> None:
+    """The note for a CP-SAT model not built (``cpsat.MAX_DELAY_TERMS``)."""
+    state.notes.append(
+        f"CP-SAT not run: its model of {nodes} nodes on {len(state.problem.cluster.devices)} "
+        f"devices would hold {result.delay_terms} transfer delays (each edge by each pair of "
+        f"devices its ends may run on), over {MAX_DELAY_TERMS}; the plan is the heuristics' "
+        "best, and the bound the analytic one")
 
 
 def _cut_overflow(state: _SolveState, rounds: _Rounds, placement: Placement,
@@ -449,6 +466,8 @@ def _solve_large(state: _SolveState) -> SolveResult:
             raise
         return _interrupted(state, best[1], best[0], steps=tuple(steps))
     state.coarsening = large.coarsening
+    if large.cpsat is not None and large.cpsat.status == "TOO_LARGE":
+        _say_too_large(state, large.cpsat, large.coarse_nodes)
     candidates = [s for s in (large.schedule, best[1] if best else None) if state.acceptable(s)]
     if not candidates:
         raise InfeasibleError(

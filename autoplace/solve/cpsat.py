@@ -48,6 +48,10 @@ _STOPPED_SLACK_S = 0.05
 # (``solve_cpsat``): enough to settle small models, cheap for large ones (about 40 probes).
 _BINARY_SEARCH_CONFLICTS = 100
 
+# The most (edge, source, destination device) delays a model may hold, about 200 bytes each:
+# 300 edges on 64 devices are 1.2 million, on 512 devices 79 million (``TOO_LARGE``: not run).
+MAX_DELAY_TERMS = 5_000_000
+
 
 @dataclass(frozen=True)
 class CpSatResult:
@@ -62,6 +66,7 @@ class CpSatResult:
     wall_s: float
     progress: tuple[tuple[float, float | None, float], ...] = field(default_factory=tuple)
     interrupted: bool = False
+    delay_terms: int = 0  # where ``TOO_LARGE``: the delays the model would have held
 
 
 class _Progress(cp_model.CpSolverSolutionCallback):
@@ -120,6 +125,13 @@ def node_activation_bytes(problem: Problem) -> dict[str, int]:
     return working
 
 
+def delay_terms(problem: Problem) -> int:
+    """How many transfer delays CP-SAT's model of ``problem`` holds: one per edge and pair of
+    devices its ends may run on."""
+    allowed = problem.allowed
+    return sum(len(allowed[e.src]) * len(allowed[e.dst]) for e in problem.graph.edges)
+
+
 def _quantum(problem: Problem) -> tuple[float, bool]:
     """The time unit of the integer model, and whether every time is a whole number of it."""
     values = [t for per in problem.costs.compute_s.values() for t in per.values()
@@ -174,10 +186,8 @@ def _identical_classes(problem: Problem) -> list[list[str]]:
 
     def speed(d: str) -> list[tuple]:  # (bandwidth, latency) to and from each device
         if d not in speeds:
-            speeds[d] = [(None,) * 4 if o == d else (
-                cluster.link(d, o).bandwidth_bytes_per_s, cluster.link(d, o).latency_s,
-                cluster.link(o, d).bandwidth_bytes_per_s, cluster.link(o, d).latency_s)
-                for o in names]
+            speeds[d] = [(None,) if o == d else tuple((k.bandwidth_bytes_per_s, k.latency_s)
+                         for k in (cluster.link(d, o), cluster.link(o, d))) for o in names]
         return speeds[d]
 
     none: set[str] = set()
@@ -191,7 +201,7 @@ def _identical_classes(problem: Problem) -> list[list[str]]:
                     a, none) - {b} != ins.get(b, none) - {a}:
                 return False  # on different NICs or switches
         row_a, row_b = speed(a), speed(b)
-        if row_a[names.index(b)][:2] != row_b[names.index(a)][:2]:
+        if row_a[names.index(b)][0] != row_b[names.index(a)][0]:
             return False  # a -> b and b -> a differ
         return all(x == y for o, x, y in zip(names, row_a, row_b) if o not in (a, b))
 
@@ -259,6 +269,9 @@ def solve_cpsat(
     the search as Ctrl-C does (the result is then ``interrupted``).
     """
     building = time.perf_counter()
+    if (terms := delay_terms(problem)) > MAX_DELAY_TERMS:
+        return CpSatResult(placement=None, status="TOO_LARGE", objective_s=None, bound_s=0.0,
+                           wall_s=0.0, delay_terms=terms)
     quantum, exact = _quantum(problem)
     model = cp_model.CpModel()
     x, hinted = _add_placement(model, problem, activation_bytes or {}, nogoods, hint, contiguous)
