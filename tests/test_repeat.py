@@ -84,8 +84,11 @@ class Block(nn.Module):
         self.linear = nn.Linear(8, 8)
         self.scale = scale
 
-    def forward(self, x: torch.Tensor, flip: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, flip: bool = False,
+                before: nn.Module | None = None) -> torch.Tensor:
         y = torch.relu(self.linear(x)) * self.scale
+        if before is not None:  # reads the block before's parameter
+            y = y + before.linear.bias
         return -y if flip else y
 
 
@@ -109,7 +112,8 @@ class Stack(nn.Module):
         first = None
         for i, block in enumerate(self.blocks):
             x = block(x, flip=self.how == "flip" and i % 2 == 1  # blocks 1 and 2 differ
-                      or self.how == "fourth" and i == 4)  # only a block not traced does
+                      or self.how == "fourth" and i == 4,  # only a block not traced does
+                      before=self.blocks[i - 1] if self.how == "before" and i else None)
             if self.how == "skip":  # each block's output plus the first's: ops between
                 first = x if first is None else first
                 x = x + first
@@ -124,6 +128,7 @@ class Stack(nn.Module):
     ("skip", None, True),  # found, but ops run between the blocks
     ("len", None, True),  # found, but the forward reads how many there are
     ("fourth", None, True),  # found, grown, but computes otherwise than the model
+    ("before", None, True),  # found, but each block reads the one before's parameter
 ])
 def test_blocks_that_do_not_repeat_are_exported_whole(monkeypatch, how: str,
                                                       scales: list[float] | None,
@@ -149,3 +154,14 @@ def test_a_list_of_shared_or_few_blocks_is_not_repeated() -> None:
     few = Stack("plain")
     few.blocks = nn.ModuleList(Block() for _ in range(KEPT))
     assert repeated_blocks(few) is None
+
+
+def test_a_block_reading_another_blocks_parameter_is_exported_whole_on_meta() -> None:
+    # On the meta device nothing runs to compare: the graph's own reads must refuse it
+    with torch.device("meta"):
+        model = Stack("before")
+    traced = trace_model(model, (torch.randn(4, 8),))
+    assert repeated_blocks(model) is not None
+    assert not any("trace.repeat" in n for n in traced.notes)
+    assert sum(n.op == "call_function" and "linear" in str(n.target)
+               for n in traced.module.graph.nodes) == 6

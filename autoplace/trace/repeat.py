@@ -213,6 +213,9 @@ def _grow(gm: torch.fx.GraphModule, model: torch.nn.Module, blocks: Blocks
     if _code(ops[last], where, local, blocks.path, last) != _code(
             ops[last - 1], where, local, blocks.path, last - 1):
         return None
+    if any(i.op == "get_attr" and where.get(i, last) != last
+           for t in ops[last] for i in t.all_input_nodes):
+        return None  # the block reads another block's parameter: a copy would read the same
     after = nodes[nodes.index(ops[last][-1]) + 1:]
     if any(i in where and (where[i] != last or i.op == "get_attr")
            for n in after for i in n.all_input_nodes):
