@@ -14,6 +14,7 @@ import importlib.util
 import sys
 import sysconfig
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,8 @@ import torch
 
 from autoplace.errors import ModelLoadError
 
-__all__ = ["LoadedModel", "describe_failure", "load_model_file", "normalize_inputs",
-           "run_example"]
+__all__ = ["LoadedModel", "describe_failure", "kept_state", "load_model_file",
+           "normalize_inputs", "run_example"]
 
 _CONTRACT = (
     "define `build()` returning `(model, example_inputs)`, or module-level `model` and "
@@ -186,3 +187,23 @@ def run_example(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str,
         with torch.no_grad(), contextlib.suppress(AttributeError, RuntimeError):
             for name, saved in buffers.items():
                 model.get_buffer(name).copy_(saved)
+
+
+@contextlib.contextmanager
+def kept_state(*modules: torch.nn.Module) -> Iterator[None]:
+    """Run inside; afterwards every buffer of ``modules`` holds its value from before, and the
+    random generators their state: a batch norm in ``train()`` updates its running statistics
+    on every forward, and the runs made to plan or check a step (the loss checked, ops
+    profiled, a backward measured) are not steps the user took."""
+    buffers = {id(b): (b, b.detach().clone()) for m in modules for b in m.buffers()}
+    cpu = torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buffer, value in buffers.values():
+                buffer.copy_(value)
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from autoplace.trace.load import kept_state
+
 # Blocks exported: the last is copied, checked against the one before it, which reads a block
 # before it as the last does (the first block reads the embedding, not a block).
 KEPT = 3
@@ -72,17 +74,14 @@ def _computes_as(gm: torch.fx.GraphModule, model: torch.nn.Module, args: tuple,
                  kwargs: dict) -> bool:
     """Whether ``gm`` and ``model`` give equal outputs on ``args``/``kwargs``, each run
     without gradients from one random state (dropout draws alike), the random state and the
-    buffers (batch norm's running statistics, which ``gm`` shares) restored."""
-    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    buffers (batch norm's running statistics, which ``gm`` shares) restored after each
+    (``load.kept_state``)."""
     outputs = []
     try:
         for run in (model, gm):
-            with torch.random.fork_rng(devices=[]), torch.no_grad():
+            with kept_state(model), torch.no_grad():
                 torch.manual_seed(0)
                 outputs.append(run(*args, **kwargs))
-            with torch.no_grad():
-                for name, saved in buffers.items():
-                    model.get_buffer(name).copy_(saved)
         torch.testing.assert_close(outputs[1], outputs[0])
     except Exception:  # unequal, or not comparable: not known to be the model's graph
         return False

@@ -2,14 +2,15 @@
 on, batch norm normalizing by the batch and updating its running statistics), or ``eval``.
 
 Read ``set_layers`` (the mode a training plan traces and runs the model in), ``kept_state``
-(runs made while planning and checking leave the buffers and the random state as they found
-them), then the exact comparison's tools: ``no_dropout`` (an eager model run with every dropout
-probability at zero), ``zero_dropout`` (the same for an emitted model's fx graphs, whose
-segments may run on worker threads that a ``TorchFunctionMode`` does not reach),
-``dropout_ops`` and ``updates_statistics`` (what a traced graph holds). A dropout of
-probability zero returns its input and draws nothing (ATen's ``_dropout_impl``), so a model in
-``train()`` with zero probabilities computes what it computes without dropout, batch norm still
-on the batch's statistics. ``docs/training.md``, "The layers' mode".
+(``trace.load``'s, kept here too: runs made while planning and checking leave the buffers and
+the random state as they found them), then the exact comparison's tools: ``no_dropout`` (an
+eager model run with every dropout probability at zero), ``zero_dropout`` (the same for an
+emitted model's fx graphs, whose segments may run on worker threads that a
+``TorchFunctionMode`` does not reach), ``dropout_ops`` and ``updates_statistics`` (what a traced
+graph holds). A dropout of probability zero returns its input and draws nothing (ATen's
+``_dropout_impl``), so a model in ``train()`` with zero probabilities computes what it computes
+without dropout, batch norm still on the batch's statistics. ``docs/training.md``, "The
+layers' mode".
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+
+from autoplace.trace.load import kept_state
 
 __all__ = ["TRAINING_NOTES", "NoDropout", "dropout_ops", "in_eval", "kept_state", "no_dropout",
            "set_layers", "updates_statistics", "zero_dropout"]
@@ -68,26 +71,6 @@ def set_layers(model: torch.nn.Module, layers: str) -> str | None:
     model.train()
     return ("the model was in eval() (from_pretrained returns models so): switched to train() "
             "for the training plan, as users train (--layers eval keeps eval())")
-
-
-@contextlib.contextmanager
-def kept_state(*modules: torch.nn.Module) -> Iterator[None]:
-    """Run inside; afterwards every buffer of ``modules`` holds its value from before, and the
-    random generators their state: a batch norm in ``train()`` updates its running statistics
-    on every forward, and the runs made to plan or check a step (the loss checked, ops
-    profiled, a backward measured) are not steps the user took."""
-    buffers = {id(b): (b, b.detach().clone()) for m in modules for b in m.buffers()}
-    cpu = torch.get_rng_state()
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for buffer, value in buffers.values():
-                buffer.copy_(value)
-        torch.set_rng_state(cpu)
-        if cuda is not None:
-            torch.cuda.set_rng_state_all(cuda)
 
 
 @contextlib.contextmanager
