@@ -48,8 +48,9 @@ _STOPPED_SLACK_S = 0.05
 # (``solve_cpsat``): enough to settle small models, cheap for large ones (about 40 probes).
 _BINARY_SEARCH_CONFLICTS = 100
 
-# The most (edge, source, destination device) delays a model may hold, about 200 bytes each:
-# 300 edges on 64 devices are 1.2 million, on 512 devices 79 million (``TOO_LARGE``: not run).
+# The most (edge, source, destination device) delays a model may hold; their table alone takes
+# 145 bytes each here (0.7 GB at the limit). 300 edges on 64 devices are 1.2 million, on 512
+# devices 79 million (``TOO_LARGE``: not run).
 MAX_DELAY_TERMS = 5_000_000
 
 
