@@ -73,9 +73,9 @@ def test_repeated_blocks_trace_to_the_graph_of_the_whole_model(monkeypatch, buil
     if device == "cpu":  # the copies read their own blocks' weights
         assert sorted(copied.module.state_dict()) == sorted(whole.module.state_dict())
         torch.testing.assert_close(copied.module(**kwargs), model(**kwargs), rtol=0, atol=0)
+        original = model.state_dict(keep_vars=True)
         for name, value in copied.module.state_dict().items():
-            assert value is dict(model.state_dict(keep_vars=True))[name] or torch.equal(
-                value, model.state_dict()[name]), name
+            assert value is original[name] or torch.equal(value, original[name]), name
 
 
 class Block(nn.Module):
