@@ -23,6 +23,7 @@ from autoplace.fold import fold
 from autoplace.ir import Placement, Problem
 from autoplace.profile.cost import costs as cost_nodes
 from autoplace.simulate import simulate, validate
+from autoplace.simulate.schedules import phase_of
 from autoplace.solve import solve
 from autoplace.trace import trace_model
 from autoplace.train import OPTIMIZERS, LossModel, step_problem
@@ -40,9 +41,10 @@ class WithLoss(nn.Module):
 BATCH = 64
 
 
-def _forward_problem(model: nn.Module, devices: str, *, targets: bool = True) -> Problem:
+def _forward_problem(model: nn.Module, devices: str, *, targets: bool = True,
+                     batch: int = BATCH) -> Problem:
     torch.manual_seed(0)
-    args = (torch.randn(BATCH, 784), torch.randint(0, 10, (BATCH,)))[:2 if targets else 1]
+    args = (torch.randn(batch, 784), torch.randint(0, 10, (batch,)))[:2 if targets else 1]
     traced = trace_model(model, args, {})
     cluster, _ = resolve_cluster(spec=devices)
     folded = fold(traced.graph, cost_nodes(traced.graph, cluster))
@@ -520,3 +522,57 @@ def test_the_first_step_s_memory_is_measured_per_device_and_checked_against_the_
     for p, q in zip(emitted.parameters(), before):
         torch.testing.assert_close(p.detach(), q, rtol=0, atol=0)
         assert p.grad is None
+
+
+class _Scaled(nn.Module):
+    """The MLP on ``x * 2 + 1``: the product needs no gradient, so it is freed once the sum
+    is made, long before the loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mlp = MLP()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(x * 2.0 + 1.0)
+
+
+def test_the_values_kept_across_the_loss_bound_every_placement_s_memory() -> None:
+    import dataclasses
+
+    from autoplace.errors import InfeasibleError
+    from autoplace.solve.bounds import check_memory, kept_across
+
+    batch = 2048  # the activations outweigh the parameters, gradients and moments
+    forward = _forward_problem(WithLoss(_Scaled()), "2xcpu-thread", batch=batch)
+    step = step_problem(forward, "adam")
+    loss = forward.graph.outputs[0]
+    kept = kept_across(step, loss)
+    # The sum fc1 reads and the two hidden layers' outputs wait for the backward; the product
+    # before the sum does not.
+    assert kept >= batch * (784 + 256 + 128) * 4
+    product = next(n for n in step.graph.nodes if n.name.startswith("mul"))
+    everything = sum(n.output_bytes - n.view_bytes for n in step.graph.nodes
+                     if phase_of(n.name)[1] == "forward" and n.name != loss)
+    assert kept <= everything - product.output_bytes
+    held = step.graph.total_param_bytes + sum(d.reserved_bytes for d in step.cluster.devices)
+    cpu0, cpu1 = step.cluster.names
+    half = len(step.graph.nodes) // 2
+    for device_of in ({n.name: cpu0 for n in step.graph.nodes},
+                      {n.name: cpu1 for n in step.graph.nodes},
+                      {n.name: cpu0 if i < half else cpu1 for i, n in enumerate(step.graph.nodes)}):
+        schedule = simulate(step, Placement(device_of=device_of))
+        turn = schedule.start_s[loss]  # the devices' levels once the loss has started
+        level = sum(max((p for p in points if p[0] <= turn), default=(0.0, 0))[1]
+                    for points in schedule.memory_timeline.values())
+        assert level >= held + kept
+    # Devices that hold the parameters, gradients and Adam's moments, but not those and the
+    # values kept across the loss: no placement fits, said before any is tried.
+    each = (held + kept) // 2 - 1
+    small = dataclasses.replace(step, cluster=dataclasses.replace(step.cluster, devices=tuple(
+        dataclasses.replace(d, memory_bytes=each) for d in step.cluster.devices)))
+    with pytest.raises(InfeasibleError, match=f"keeps .*{kept} bytes.* of activations for its "
+                                              f"backward when its loss \\({loss!r}\\) starts"):
+        check_memory(small)
+    roomy = dataclasses.replace(small, cluster=dataclasses.replace(small.cluster, devices=tuple(
+        dataclasses.replace(d, memory_bytes=each + 2) for d in small.cluster.devices)))
+    check_memory(roomy)

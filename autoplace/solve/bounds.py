@@ -11,20 +11,22 @@
   node's ancestors, and the longest path from the node (its tail) runs after that;
 * for the throughput objective (largest per-device load), total work, the largest node and
   colocation (the critical path does not bound a pipeline's load).
-
-``check_memory`` fails fast, with the bytes missing and where, when no placement can fit.
+``check_memory`` fails fast, with the bytes missing and where, when no placement can fit: the
+parameters, one device's share of them, or a training step's values kept across its loss.
 """
 
 from __future__ import annotations
 
 import math
 
+import networkx as nx
 import numpy as np
 
 from autoplace.config.choices import Objective
 from autoplace.errors import InfeasibleError
 from autoplace.ir import Problem
 from autoplace.ir.graphs import longest_path_length
+from autoplace.simulate.schedules import phase_of
 from autoplace.solve.baselines.heuristics import group_devices
 
 __all__ = ["check_memory", "launch_release_s", "lower_bound_s"]
@@ -58,7 +60,9 @@ def _holders(problem: Problem) -> dict[str, list[str]]:
 
 
 def check_memory(problem: Problem) -> None:
-    """Raise ``InfeasibleError`` when the parameters cannot fit the devices at all."""
+    """Raise ``InfeasibleError`` when the parameters cannot fit the devices at all, or a
+    training step's resident bytes and the values it keeps across a loss (``kept_across``)
+    cannot."""
     graph, cluster = problem.graph, problem.cluster
     total = graph.total_param_bytes
     capacity = sum(d.memory_bytes for d in cluster.devices)
@@ -87,6 +91,53 @@ def check_memory(problem: Problem) -> None:
                 f"{_fmt(need - largest.memory_bytes)} short. Use a device with more memory."
             )
     _check_forced(problem, runs_on)
+    _check_turn(problem)
+
+
+def kept_across(problem: Problem, cut: str, graph: nx.DiGraph | None = None) -> int:
+    """The bytes of the values every placement holds at once when node ``cut`` starts, under
+    the simulator's rule (``simulate.memory``): each value computed before it (an ancestor)
+    and read after it (by a descendant) that takes time on every device, so that the read
+    ends after ``cut`` starts and the value is not freed before. (A value that is a view of
+    another's storage counts the bytes it allocates.) ``graph``: the problem's, as networkx's,
+    where the caller has it."""
+    nodes = problem.graph
+    compute = problem.costs.compute_s
+    if graph is None:
+        graph = nx.DiGraph((e.src, e.dst) for e in nodes.edges)
+    if cut not in graph:
+        return 0
+    before, after = nx.ancestors(graph, cut), nx.descendants(graph, cut)
+    takes_time = {r for r in after if min(compute[r].values(), default=0.0) > 0.0}
+    kept = 0
+    for name in before:
+        if any(e.dst in takes_time for e in nodes.out_edges(name)):
+            node = nodes.node(name)
+            kept += node.output_bytes - node.view_bytes
+    return kept
+
+
+def _check_turn(problem: Problem) -> None:
+    """A training step's losses (forward nodes read by backward nodes only: one per
+    micro-batch) each cut the step: what ``kept_across`` the one that keeps most, beside every
+    parameter, gradient, optimizer state and runtime reserve, must fit the devices together."""
+    nodes, cluster = problem.graph, problem.cluster
+    losses = [n.name for n in nodes.nodes if phase_of(n.name)[1] == "forward" and (
+        readers := nodes.out_edges(n.name)) and all(
+            phase_of(e.dst)[1] == "backward" for e in readers)]
+    if not losses or not any(phase_of(n.name)[1] == "step" for n in nodes.nodes):
+        return
+    graph = nx.DiGraph((e.src, e.dst) for e in nodes.edges)
+    kept, loss = max((kept_across(problem, cut, graph), cut) for cut in losses)
+    held = nodes.total_param_bytes + sum(d.reserved_bytes for d in cluster.devices)
+    capacity = sum(d.memory_bytes for d in cluster.devices)
+    if held + kept > capacity:
+        raise InfeasibleError(
+            f"the training step keeps {_fmt(kept)} of activations for its backward when its "
+            f"loss ({loss!r}) starts, beside {_fmt(held)} of parameters, gradients, optimizer "
+            f"state and runtime reserve on its {len(cluster.devices)} devices, which hold "
+            f"{_fmt(capacity)} together: {_fmt(held + kept - capacity)} short, whatever the "
+            "placement.")
 
 
 def _check_forced(problem: Problem, runs_on: dict[str, tuple[str, ...]]) -> None:
