@@ -40,14 +40,14 @@ from autoplace.pipeline.emitting import emit_plan
 from autoplace.pipeline.forward import load, reusing_traces
 from autoplace.pipeline.generation import GenerationStages
 from autoplace.pipeline.inference import InferenceStages
-from autoplace.pipeline.mesh import dp_shard
+from autoplace.pipeline.mesh import dp_shard, tensor_degrees
 from autoplace.pipeline.record import min_gain, plan_of
 from autoplace.pipeline.staged import (
     staged_devices,
     staged_pass_candidate,
     staged_step_candidate,
 )
-from autoplace.pipeline.tensor import tensor_degrees, tensor_pass_candidate, tensor_step_candidate
+from autoplace.pipeline.tensor import tensor_pass_candidate, tensor_step_candidate
 from autoplace.pipeline.training import TrainingStages
 from autoplace.progress.notes import collecting, note, note_all
 from autoplace.solve import solve

@@ -1,11 +1,12 @@
-"""The dp dimension of a tensor-parallel candidate (``--dp``, ``pipeline.tensor``): a dp x tp
-mesh whose tp groups each run 1/dp of the batch (``dp_shard``). In training, what dp adds to
-rank 0's step (``over_dp``): FSDP2 over dp (``train.sharded``) or the gradients averaged
-(``train.dataparallel``), on rank 0's shards, measured on gloo processes here where the
-devices are this machine's CPU workers (``_averaging_s``); the split renamed to the one-device
-model that FSDP2's units cut into segments (``renamed``). Ranks that outnumber this host's
-cores share them (``stretch``). Where no placement fits, the plan is the mesh (``mesh_plan``).
-docs/training.md, "A dp x tp mesh".
+"""The mesh of a tensor-parallel candidate (``pipeline.tensor``): its devices and the degrees
+weighed (``tensor_devices``, ``tensor_degrees``, ``dp_values``); its dp dimension (``--dp``):
+a dp x tp mesh whose tp groups each run 1/dp of the batch (``dp_shard``). In training, what
+dp adds to rank 0's step (``over_dp``): FSDP2 over dp (``train.sharded``) or the gradients
+averaged (``train.dataparallel``), on rank 0's shards, measured on gloo processes here where
+the devices are this machine's CPU workers (``_averaging_s``); the split renamed to the
+one-device model that FSDP2's units cut into segments (``renamed``). Ranks that outnumber this
+host's cores share them (``stretch``). Where no placement fits, the plan is the mesh
+(``mesh_plan``). docs/training.md, "A dp x tp mesh".
 """
 
 from __future__ import annotations
@@ -14,14 +15,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from autoplace.config import Config
 from autoplace.errors import ConfigError
 from autoplace.formats.plan import MESH_SOLVER, Plan, SolverRecord, Verification
 from autoplace.formats.records import Coarsening, TensorParallelRecord, TrainingRecord
-from autoplace.ir import Cluster, Problem, Schedule
+from autoplace.ir import Cluster, Device, Problem, Schedule
 from autoplace.progress.notes import note
 
-__all__ = ["SHARDINGS", "Mesh", "dp_shard", "mesh_plan", "over_dp", "renamed", "stretch",
-           "stretched"]
+__all__ = ["SHARDINGS", "Mesh", "dp_shard", "dp_values", "mesh_plan", "over_dp", "renamed",
+           "stretch", "stretched", "tensor_degrees", "tensor_devices"]
 
 
 @dataclass(frozen=True)
@@ -164,3 +166,66 @@ def mesh_plan(record: TensorParallelRecord, rank0: Problem, schedule: Schedule, 
                                 schedule="gpipe", replicas=1)
         if record.optimizer is not None else None,
         created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
+
+
+def dp_values(cluster: Cluster, config: Config, args: tuple[Any, ...],
+               kwargs: dict[str, Any]) -> list[int]:
+    """The data-parallel degrees to weigh: 1 without ``parallel.dp``, its value, or for
+    ``auto`` 1 (tp on the leading devices) and each mesh of every device that a tp degree
+    leaves (devices / tp, 2 or more, dividing the batch; a note names one that does not)."""
+    dp = config.parallel.dp
+    if dp is None or isinstance(dp, int):
+        return [dp or 1]
+    count, values = len(cluster.devices), [1]
+    for degree in tensor_degrees(cluster, config.parallel.tp):
+        groups = count // degree
+        if count % degree or groups < 2 or groups in values:
+            continue
+        try:
+            dp_shard(args, kwargs, groups)
+        except ConfigError as refused:
+            note(f"dp {groups} x tp {degree} not weighed (--dp auto): {refused}")
+            continue
+        values.append(groups)
+    return values
+
+
+def tensor_degrees(cluster: Cluster, ranks: int | str, *, dp: int = 1) -> list[int]:
+    """The degrees to weigh: ``[ranks]`` (its devices, ``dp`` groups of them, checked by
+    ``tensor_devices``), or for ``"auto"`` every degree of 2 or more that divides the number
+    of leading devices alike (the first's type and memory; with ``dp`` > 1 the one that makes
+    a mesh of every device, where they are alike)."""
+    if ranks != "auto":
+        tensor_devices(cluster, int(ranks), dp=dp)
+        return [int(ranks)]
+    devices = cluster.devices
+    if dp > 1:  # the mesh of every device
+        return [t for t in [len(devices) // dp] if t >= 2 and t * dp == len(devices)
+                and len({(d.type, d.memory_bytes) for d in devices}) == 1]
+    alike = next((i for i, d in enumerate(devices)
+                  if (d.type, d.memory_bytes) != (devices[0].type, devices[0].memory_bytes)),
+                 len(devices))
+    return [d for d in range(2, alike + 1) if alike % d == 0]
+
+
+def tensor_devices(cluster: Cluster, ranks: int, *, dp: int = 1) -> tuple[Device, ...]:
+    """The first ``ranks`` devices of ``cluster`` (with ``dp`` > 1 every device, a dp x
+    ``ranks`` mesh in rank order, their product the devices' count), which must be alike;
+    else ``ConfigError``."""
+    devices = cluster.devices
+    if dp > 1 and dp * ranks != len(devices):
+        fits = [f"--dp {d} --tp {len(devices) // d}" for d in range(2, len(devices) // 2 + 1)
+                if len(devices) % d == 0]
+        raise ConfigError(f"{{parallel.dp={dp}}} x {{parallel.tp={ranks}}} make a mesh of "
+                          f"{dp * ranks} ranks, and the cluster has {len(devices)} devices: "
+                          "choose degrees whose product is the devices' count"
+                          + (f" ({', '.join(fits)})" if fits else ""))
+    if ranks > len(devices):
+        raise ConfigError(f"{{parallel.tp={ranks}}} asks for more ranks than the "
+                          f"{len(devices)} devices: choose at most {len(devices)}")
+    chosen = devices[:ranks * dp]
+    if len({(d.type, d.memory_bytes) for d in chosen}) > 1:
+        raise ConfigError(f"{{parallel.tp={ranks}}} splits every op evenly, and "
+                          f"{', '.join(d.name for d in chosen)} are not alike: plan it on "
+                          "devices of one type")
+    return chosen

@@ -37,11 +37,14 @@ from autoplace.pipeline.mesh import (
     SHARDINGS,
     Mesh,
     dp_shard,
+    dp_values,
     mesh_plan,
     over_dp,
     renamed,
     stretch,
     stretched,
+    tensor_degrees,
+    tensor_devices,
 )
 from autoplace.progress import stage
 from autoplace.progress.notes import collecting, note
@@ -54,7 +57,7 @@ from autoplace.train.sharded import fsdp_op_units
 
 __all__ = ["TIMED_PASSES", "Priced", "Unplaced", "Weighed", "bytes_over", "keep_fastest",
            "measured_collectives_s", "observe_split", "on_workers_here", "one_device_copy",
-           "tensor_degrees", "tensor_devices", "tensor_pass_candidate", "tensor_step_candidate"]
+           "tensor_pass_candidate", "tensor_step_candidate"]
 
 TIMED_PASSES = 5  # passes timed on the gloo ranks, after the checked one
 _NOT_WEIGHED = ("tensor parallelism not weighed (--tp auto): the first two devices are not "
@@ -69,7 +72,7 @@ def tensor_step_candidate(planned: Plan | None, model: torch.nn.Module,
     ``model`` (the model and its loss) on the ``whole`` batch (every rank sees it all;
     ``forward``, the plan's trace of it where the plan made one, else traced here), with the
     plan's optimizer; with ``parallel.dp`` a dp x tp mesh, each tp group traced and priced on
-    its share of the batch (``Mesh``; ``auto``: each of ``_dp_values`` weighed, the fastest
+    its share of the batch (``Mesh``; ``auto``: each of ``dp_values`` weighed, the fastest
     kept and checked). ``planned`` ``None``: no placement of the step fits (``failure`` says
     why), and the plan is the mesh (``keep_fastest``)."""
     from autoplace.pipeline.forward import Tracing, traced_problem
@@ -77,7 +80,7 @@ def tensor_step_candidate(planned: Plan | None, model: torch.nn.Module,
     from autoplace.train.layers import kept_state
 
     args, kwargs = whole
-    dps = _dp_values(cluster, config, args, kwargs)
+    dps = dp_values(cluster, config, args, kwargs)
     unplaced = Unplaced(failure, config.name, config.dtype)
     if not any(tensor_degrees(cluster, config.parallel.tp, dp=dp) for dp in dps):
         return keep_fastest(planned, [], model, args, kwargs, verify=False, unplaced=unplaced)
@@ -109,13 +112,13 @@ def tensor_pass_candidate(planned: Plan | None, loaded: Any, cluster: Cluster, c
     """The tensor-parallel candidate of an inference plan's pass of ``loaded`` (the model and
     its inputs; ``forward``, the plan's trace, else traced here); with ``parallel.dp`` a dp x
     tp mesh, each tp group traced and priced on its share of the batch (the groups run apart:
-    no collective between them; ``auto``: each of ``_dp_values`` weighed, the fastest kept,
+    no collective between them; ``auto``: each of ``dp_values`` weighed, the fastest kept,
     checked). ``planned`` ``None``: no placement fits (``failure`` says why); the mesh is it."""
     from autoplace.pipeline.forward import Tracing, traced_problem
 
     args, kwargs = loaded.args, loaded.kwargs
     found = []
-    for dp in _dp_values(cluster, config, args, kwargs):
+    for dp in dp_values(cluster, config, args, kwargs):
         traced = forward
         if traced is None or dp > 1:
             with collecting():  # the plan's pass said what tracing finds
@@ -127,28 +130,6 @@ def tensor_pass_candidate(planned: Plan | None, loaded: Any, cluster: Cluster, c
                               cache=config.cost.cache))
     return keep_fastest(planned, found, loaded.model, args, kwargs, verify=config.emit.verify,
                         unplaced=Unplaced(failure, config.name, config.dtype))
-
-
-def _dp_values(cluster: Cluster, config: Config, args: tuple[Any, ...],
-               kwargs: dict[str, Any]) -> list[int]:
-    """The data-parallel degrees to weigh: 1 without ``parallel.dp``, its value, or for
-    ``auto`` 1 (tp on the leading devices) and each mesh of every device that a tp degree
-    leaves (devices / tp, 2 or more, dividing the batch; a note names one that does not)."""
-    dp = config.parallel.dp
-    if dp is None or isinstance(dp, int):
-        return [dp or 1]
-    count, values = len(cluster.devices), [1]
-    for degree in tensor_degrees(cluster, config.parallel.tp):
-        groups = count // degree
-        if count % degree or groups < 2 or groups in values:
-            continue
-        try:
-            dp_shard(args, kwargs, groups)
-        except ConfigError as refused:
-            note(f"dp {groups} x tp {degree} not weighed (--dp auto): {refused}")
-            continue
-        values.append(groups)
-    return values
 
 
 @dataclass(frozen=True)
@@ -296,24 +277,6 @@ def keep_fastest(planned: Plan | None, found: list[Weighed | None], model: torch
     note(_said(record, planned, kept.priced.observed,
                here=on_workers_here(tensor_devices(kept.cluster, ranks, dp=dp)), meta=meta))
     return replace(planned, tensor_parallel=record), None if meta else one
-
-
-def tensor_degrees(cluster: Cluster, ranks: int | str, *, dp: int = 1) -> list[int]:
-    """The degrees to weigh: ``[ranks]`` (its devices, ``dp`` groups of them, checked by
-    ``tensor_devices``), or for ``"auto"`` every degree of 2 or more that divides the number
-    of leading devices alike (the first's type and memory; with ``dp`` > 1 the one that makes
-    a mesh of every device, where they are alike)."""
-    if ranks != "auto":
-        tensor_devices(cluster, int(ranks), dp=dp)
-        return [int(ranks)]
-    devices = cluster.devices
-    if dp > 1:  # the mesh of every device
-        return [t for t in [len(devices) // dp] if t >= 2 and t * dp == len(devices)
-                and len({(d.type, d.memory_bytes) for d in devices}) == 1]
-    alike = next((i for i, d in enumerate(devices)
-                  if (d.type, d.memory_bytes) != (devices[0].type, devices[0].memory_bytes)),
-                 len(devices))
-    return [d for d in range(2, alike + 1) if alike % d == 0]
 
 
 def _weigh(problem: Problem, traced: TracedModel, one: PartitionedModel,
@@ -535,29 +498,6 @@ def _trained(check: Mapping[str, Any], ranks: int) -> str:
             + (f"; dropout is active in the step: its {check['dropout_ops']} dropout(s) on, "
                f"the first loss is {check['loss_with_dropout']:.6g}"
                if check.get("dropout_ops") else ""))
-
-
-def tensor_devices(cluster: Cluster, ranks: int, *, dp: int = 1) -> tuple[Device, ...]:
-    """The first ``ranks`` devices of ``cluster`` (with ``dp`` > 1 every device, a dp x
-    ``ranks`` mesh in rank order, their product the devices' count), which must be alike;
-    else ``ConfigError``."""
-    devices = cluster.devices
-    if dp > 1 and dp * ranks != len(devices):
-        fits = [f"--dp {d} --tp {len(devices) // d}" for d in range(2, len(devices) // 2 + 1)
-                if len(devices) % d == 0]
-        raise ConfigError(f"{{parallel.dp={dp}}} x {{parallel.tp={ranks}}} make a mesh of "
-                          f"{dp * ranks} ranks, and the cluster has {len(devices)} devices: "
-                          "choose degrees whose product is the devices' count"
-                          + (f" ({', '.join(fits)})" if fits else ""))
-    if ranks > len(devices):
-        raise ConfigError(f"{{parallel.tp={ranks}}} asks for more ranks than the "
-                          f"{len(devices)} devices: choose at most {len(devices)}")
-    chosen = devices[:ranks * dp]
-    if len({(d.type, d.memory_bytes) for d in chosen}) > 1:
-        raise ConfigError(f"{{parallel.tp={ranks}}} splits every op evenly, and "
-                          f"{', '.join(d.name for d in chosen)} are not alike: plan it on "
-                          "devices of one type")
-    return chosen
 
 
 def measured_collectives_s(observed: Observed, ranks: int, worker: str, cache: Any) -> float | None:
