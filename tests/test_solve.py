@@ -521,3 +521,22 @@ def test_a_model_too_large_for_cpsat_is_not_built_and_the_heuristics_plan_stands
     assert validate(p, r.schedule) == []
     best = min(b.makespan_s for b in r.baselines.values() if b is not None and b.feasible)
     assert r.schedule.makespan_s <= best and r.lower_bound_s <= r.schedule.makespan_s
+
+
+def test_a_time_to_beat_at_or_below_the_lower_bound_stops_the_solve_before_any_placement(
+        monkeypatch):
+    import autoplace.solve as solving
+    from autoplace.errors import Outpaced
+
+    p = zoo.fork_join(zoo.cluster(2))
+    bound = lower_bound_s(p)
+    tried = []
+    monkeypatch.setattr(solving, "run_within", lambda *a, **k: tried.append(a) or 1 / 0)
+    with pytest.raises(Outpaced, match=f"at least {bound:.6g} s") as beaten:
+        solve(p, time_limit_s=10, workers=1, beat_s=bound)
+    assert (beaten.value.bound_s, beaten.value.beat_s) == (bound, bound) and not tried
+    monkeypatch.undo()
+    r = solve(p, time_limit_s=10, workers=1, beat_s=bound * 1.5)
+    assert r.lower_bound_s >= bound and validate(p, r.schedule) == []
+    # The bound is of the latency objective: a throughput solve ignores a time to beat.
+    assert solve(p, time_limit_s=10, workers=1, objective="throughput", beat_s=0.0) is not None

@@ -419,6 +419,48 @@ def test_the_mesh_where_no_placement_fits_reuses_the_replicas_trace(monkeypatch)
     assert [a[0].shape[0] for a in traced] == [2]
 
 
+def test_a_step_that_cannot_beat_the_mesh_is_not_solved(monkeypatch) -> None:
+    """A chain of three 4096-wide layers on the meta device, a batch of 2,048, on 2 A100s:
+    one replica's step runs the chain one op after another (its lower bound, 21.7 ms), and
+    tp 2 halves the matmuls (11.9 ms). The mesh is weighed first and that step is not solved;
+    two replicas (11.7 ms) are, and are the plan. With one replica only, the plan is the mesh,
+    and its status and notes say why."""
+    import autoplace.solve as solving
+    from autoplace.config import Config, Cost, Emit, Parallel, Solve, Training
+    from autoplace.formats.plan import NO_FASTER_PLACEMENT
+    from autoplace.pipeline import plan
+
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 4096),
+                              nn.ReLU(), nn.Linear(4096, 8))
+    solved = []
+    real = solving.run_within
+    monkeypatch.setattr(solving, "run_within", lambda p, *a, **k: solved.append(
+        len(p.cluster.devices)) or real(p, *a, **k))
+
+    def planned(replicas: int | str):
+        return plan(model, (torch.randn(2048, 4096),), Config(
+            devices="2xA100-80GB", mode="training", cost=Cost(profile=False),
+            solve=Solve(time_limit_s=1), parallel=Parallel(tp=2),
+            training=Training(replicas=replicas), emit=Emit(verify=False)),
+            loss=F.cross_entropy, example_targets=(torch.randint(0, 8, (2048,)),)).plan
+
+    made = planned("auto")
+    assert solved == [1] and not made.is_mesh  # R=2's replicas of one device each
+    assert made.makespan_s < made.tensor_parallel.makespan_s
+    said = next(n for n in made.notes if n.startswith("data-parallel replicas: R=1"))
+    bound_ms = float(said.split("at least ")[1].split(" ms, not solved")[0])
+    assert bound_ms / 1e3 >= made.tensor_parallel.makespan_s
+    solved.clear()
+    made = planned(1)
+    assert made.is_mesh and made.solver.status == NO_FASTER_PLACEMENT and not solved
+    said = next(n for n in made.notes if n.startswith("no placement can beat"))
+    bound_s = float(said.split("R=1's step takes at least ")[1].split(" s (lower bounds)")[0])
+    assert bound_s == pytest.approx(bound_ms / 1e3, abs=1e-6)
+    assert made.makespan_s == made.tensor_parallel.makespan_s
+    assert "no placement can beat it, and this is the plan" in " ".join(made.notes)
+
+
 def test_where_neither_a_placement_nor_the_mesh_fits_the_error_names_both() -> None:
     from autoplace.config import Config, Cost, Parallel, Solve
     from autoplace.errors import InfeasibleError

@@ -59,6 +59,8 @@ from autoplace.ir import (
 
 __all__ = [
     "MESH_SOLVER",
+    "NO_FASTER_PLACEMENT",
+    "NO_PLACEMENT_FITS",
     "SCHEMA_VERSION",
     "BaselineResult",
     "Plan",
@@ -205,8 +207,17 @@ class Verification:
 
 
 # The solver of a plan whose placement is a tensor-parallel mesh's rank 0, no placement having
-# fit (``pipeline.mesh.mesh_plan``): no lower bound is proven for it.
+# fit (``pipeline.mesh.mesh_plan``): no lower bound is proven for it. Its status: ``unplaced``.
 MESH_SOLVER = "tensor-parallel mesh"
+NO_PLACEMENT_FITS, NO_FASTER_PLACEMENT = "NO_PLACEMENT_FITS", "NO_FASTER_PLACEMENT"
+
+
+def unplaced(solver: SolverRecord) -> str:
+    """Why a mesh is the plan, as its ``solver`` record says: "no placement fits" (none was
+    found within memory), or "no placement can beat it" where none was solved, each one's
+    lower bound no less than the mesh's step (``solve(beat_s=...)``)."""
+    return ("no placement can beat it" if solver.status == NO_FASTER_PLACEMENT
+            else "no placement fits")
 
 
 @dataclass(frozen=True)
@@ -275,6 +286,11 @@ class Plan:
         """Whether the plan is a tensor-parallel mesh (``tensor_parallel``), no placement
         having fit: its problem and schedule are rank 0's."""
         return self.solver.name == MESH_SOLVER
+
+    @property
+    def unplaced(self) -> str:
+        """Why a mesh is the plan (``is_mesh``): ``unplaced``'s words."""
+        return unplaced(self.solver)
 
     @property
     def single_device(self) -> BaselineResult | None:

@@ -31,7 +31,7 @@ from autoplace.emit.distributed.tensor import write_tensor_launch
 from autoplace.emit.distributed.tensor_train import write_tensor_train
 from autoplace.emit.generate import DECODE_DIR, save_decode
 from autoplace.emit.train.microbatch import split_batch
-from autoplace.errors import EmitError, InfeasibleError
+from autoplace.errors import EmitError, InfeasibleError, Outpaced
 from autoplace.formats.output import atomic_output_dir
 from autoplace.formats.plan import Plan
 from autoplace.formats.records import Coarsening, ProfileRecord
@@ -47,7 +47,12 @@ from autoplace.pipeline.staged import (
     staged_pass_candidate,
     staged_step_candidate,
 )
-from autoplace.pipeline.tensor import tensor_pass_candidate, tensor_step_candidate
+from autoplace.pipeline.tensor import (
+    fastest_fit_s,
+    tensor_pass_candidate,
+    tensor_step_candidate,
+    weigh_step_meshes,
+)
 from autoplace.pipeline.training import TrainingStages
 from autoplace.progress.notes import collecting, note, note_all
 from autoplace.solve import solve
@@ -107,12 +112,19 @@ def plan(model: torch.nn.Module, example_inputs: Any, config: Config | None = No
         stages = (TrainingStages(config) if config.mode == Mode.TRAINING
                   else GenerationStages(config) if config.generate is not None
                   else InferenceStages(config))
+        meshes = None  # a training step's: weighed first, a placement solved only to beat them
+        if config.mode == Mode.TRAINING and config.parallel.tp is not None and (
+                not config.parallel.pp):
+            meshes = weigh_step_meshes(*stages.step_model(loaded), cluster, config)
         try:
-            solved = stages.solve(loaded, cluster)
+            solved = (stages.solve(loaded, cluster) if meshes is None else
+                      stages.solve(loaded, cluster, beat_s=fastest_fit_s(meshes)))
         except InfeasibleError as failed:
             if config.parallel.tp is None:
                 raise
-            planned, tensor_model = _mesh_alone(str(failed), loaded, cluster, config, stages)
+            planned, tensor_model = _mesh_alone(str(failed), loaded, cluster, config, stages,
+                                                meshes=meshes,
+                                                outpaced=isinstance(failed, Outpaced))
             return Planned(replace(planned, notes=tuple(notes)), None,
                            tensor_model if config.emit.model else None)
         planned = stages.record(solved)
@@ -133,7 +145,8 @@ def plan(model: torch.nn.Module, example_inputs: Any, config: Config | None = No
             candidate = staged_step_candidate if config.parallel.pp else tensor_step_candidate
             planned, tensor_model = candidate(
                 planned, solved.model, step.whole, cluster, config,
-                forward=step.forward if step.replicas == step.microbatches == 1 else None)
+                forward=step.forward if step.replicas == step.microbatches == 1 else None,
+                **({} if meshes is None else {"found": meshes}))
         elif config.parallel.tp is not None:
             candidate = staged_pass_candidate if config.parallel.pp else tensor_pass_candidate
             planned, tensor_model = candidate(planned, loaded, cluster, config,
@@ -145,12 +158,14 @@ def plan(model: torch.nn.Module, example_inputs: Any, config: Config | None = No
                    tensor_model if config.emit.model else None)
 
 
-def _mesh_alone(failure: str, loaded: Any, cluster: Any, config: Config, stages: Any
+def _mesh_alone(failure: str, loaded: Any, cluster: Any, config: Config, stages: Any, *,
+                meshes: Any = None, outpaced: bool = False
                 ) -> tuple[Plan, PartitionedModel | None]:
-    """The plan where no placement fits (``failure`` says why) and ``--tp`` was asked: the
-    tensor-parallel candidate, if it fits (``pipeline.tensor``; ``InfeasibleError`` naming
-    both where it does not). A training plan's candidate takes the model and loss the
-    placement's ``stages`` traced, so their last trace serves it where it is the same."""
+    """The plan where no placement fits (``failure`` says why; ``outpaced``: none was solved
+    that could beat the ``meshes`` weighed first) and ``--tp`` was asked: the tensor-parallel
+    candidate, if it fits (``pipeline.tensor``; ``InfeasibleError`` naming both where it does
+    not). A training plan's candidate takes the model and loss the placement's ``stages``
+    traced, so their last trace serves it where it is the same."""
     import time
 
     began = time.perf_counter()
@@ -160,7 +175,9 @@ def _mesh_alone(failure: str, loaded: Any, cluster: Any, config: Config, stages:
     else:
         step_model, whole = stages.step_model(loaded)
         candidate = staged_step_candidate if config.parallel.pp else tensor_step_candidate
-        planned, model = candidate(None, step_model, whole, cluster, config, failure=failure)
+        planned, model = candidate(None, step_model, whole, cluster, config, failure=failure,
+                                   **({} if meshes is None else
+                                      {"found": meshes, "outpaced": outpaced}))
     return replace(planned, solver=replace(  # the mesh's weighing and check took this
         planned.solver, wall_s=time.perf_counter() - began)), model
 

@@ -17,7 +17,14 @@ from typing import Any
 
 from autoplace.config import Config
 from autoplace.errors import ConfigError
-from autoplace.formats.plan import MESH_SOLVER, Plan, SolverRecord, Verification
+from autoplace.formats.plan import (
+    MESH_SOLVER,
+    NO_FASTER_PLACEMENT,
+    NO_PLACEMENT_FITS,
+    Plan,
+    SolverRecord,
+    Verification,
+)
 from autoplace.formats.records import Coarsening, TensorParallelRecord, TrainingRecord
 from autoplace.ir import Cluster, Device, Problem, Schedule
 from autoplace.progress.notes import note
@@ -143,7 +150,7 @@ def renamed(split: Mapping[str, tuple[str, int]], model: Any) -> dict[str, tuple
 
 
 def mesh_plan(record: TensorParallelRecord, rank0: Problem, schedule: Schedule, *, name: str,
-              tracer: str, dtype: str, traced_ops: int) -> Plan:
+              tracer: str, dtype: str, traced_ops: int, outpaced: bool = False) -> Plan:
     """The plan where no placement fits and the tensor-parallel candidate ``record`` does: its
     problem and schedule rank 0's (``rank0``, on its one device; every rank runs its mirror),
     its solver ``MESH_SOLVER`` with no lower bound proven (``Plan.gap`` is ``None``; its
@@ -154,7 +161,8 @@ def mesh_plan(record: TensorParallelRecord, rank0: Problem, schedule: Schedule, 
 
     return Plan(
         problem=rank0, schedule=schedule, lower_bound_s=0.0,
-        solver=SolverRecord(name=MESH_SOLVER, status="NO_PLACEMENT_FITS", wall_s=0.0),
+        solver=SolverRecord(name=MESH_SOLVER, wall_s=0.0,
+                            status=NO_FASTER_PLACEMENT if outpaced else NO_PLACEMENT_FITS),
         baselines={}, best_single_device=None, model=name, tracer=tracer,
         coarsening=Coarsening(traced_ops=traced_ops, plan_nodes=len(rank0.graph.nodes)),
         verification=Verification(

@@ -24,7 +24,7 @@ from autoplace.emit.train.microbatch import (
     stepper,
     train_step,
 )
-from autoplace.errors import AutoplaceError, ConfigError, InfeasibleError
+from autoplace.errors import AutoplaceError, ConfigError, InfeasibleError, Outpaced
 from autoplace.formats.plan import Plan
 from autoplace.formats.records import ReplicaOption, TrainingCheck, TrainingRecord
 from autoplace.ir import Cluster, Problem, Schedule
@@ -127,7 +127,7 @@ class Step:
 def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: SolveOptions,
                how: Tracing, *, optimizer: str, microbatches: int, schedule: str,
                replicas: int | str, recompute: str, dtype: str = "float32",
-               fsdp: str = "auto", layers: str = "eval") -> Step:
+               fsdp: str = "auto", layers: str = "eval", beat_s: float | None = None) -> Step:
     """The training step of ``model`` (a ``train.LossModel``) on the ``whole`` batch: for each
     replica count R (``replicas``, or ``auto``: every R that divides the devices into alike
     groups, ``train.dataparallel``), one replica's shard cut into micro-batches, one
@@ -137,11 +137,14 @@ def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: S
     not fit); the fastest step that fits kept, and why said. Each candidate's notes are
     collected apart, and only the kept one's are passed on. ``layers``: how the model runs
     its layers (``train.layers``; a step in ``train()`` recomputes nothing that drops out or
-    updates statistics, ``_recomputable``)."""
+    updates statistics, ``_recomputable``). ``beat_s``: the step of the tensor-parallel mesh
+    weighed before: a count whose lower bound is no less is not solved (``Outpaced``, raised
+    where every count is so or does not fit)."""
     variants = _variants(_replica_counts(model, whole, cluster, replicas, microbatches, dtype),
                          fsdp, microbatches)
     found: dict[tuple[int, str], tuple[Step, list[str]]] = {}
     failure: InfeasibleError | None = None
+    outpaced: dict[tuple[int, str], Outpaced] = {}
     counts = []
     for r, groups, sharding in variants:
         unsharded = found.get((r, "ddp"))
@@ -156,11 +159,19 @@ def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: S
                 found[r, sharding] = _replica_step(
                     model, whole, r, groups, cluster, share, how, optimizer=optimizer,
                     microbatches=microbatches, schedule=schedule, recompute=recompute,
-                    dtype=dtype, sharding=sharding, layers=layers), mine
+                    dtype=dtype, sharding=sharding, layers=layers, beat_s=beat_s), mine
+            except Outpaced as exc:
+                outpaced[r, sharding] = exc
             except InfeasibleError as exc:
                 if len(variants) == 1:
                     raise
                 failure = failure or exc  # R=1's, over every device, says the most
+    if not found and outpaced:  # fitting none is not shown: say each count's bound
+        first = next(iter(outpaced.values()))
+        raise Outpaced(f"no placement can beat {first.beat_s:.6g} s: " + ", ".join(
+            f"R={r}{' FSDP' if h == 'fsdp' else ''}'s step takes at least {e.bound_s:.6g} s"
+            for (r, h), e in outpaced.items()) + " (lower bounds); none was solved",
+            bound_s=min(e.bound_s for e in outpaced.values()), beat_s=first.beat_s)
     if not found:
         raise failure  # type: ignore[misc]
     kept = min(found, key=lambda k: (not found[k][0].solved.schedule.feasible,
@@ -193,7 +204,9 @@ def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: S
         note("data-parallel replicas: " + ", ".join(
             f"R={o.replicas}{' FSDP' if o.sharding == 'fsdp' else ''} (up to "
             f"{o.devices_per_replica} device{'s' if o.devices_per_replica > 1 else ''} each) "
-            + (f"{o.step_s * 1e3:.3f} ms" if o.step_s is not None else "fits no device")
+            + (f"{o.step_s * 1e3:.3f} ms" if o.step_s is not None else
+               "at least " + f"{outpaced[o.replicas, o.sharding].bound_s * 1e3:.3f} ms, not solved"
+               if (o.replicas, o.sharding) in outpaced else "fits no device")
             + ("" if o.fits or o.step_s is None else " (over memory)")
             for o in table) + f" per step; R={best}"
             + (" FSDP" if step.sharding == "fsdp" else "") + " kept, the fastest step that fits")
@@ -251,10 +264,11 @@ def _variants(counts: list[tuple[int, list[tuple[str, ...]]]], fsdp: str, microb
 def _replica_step(model: torch.nn.Module, whole: Batch, r: int, groups: list[tuple[str, ...]],
                   cluster: Cluster, share: SolveOptions, how: Tracing, *, optimizer: str,
                   microbatches: int, schedule: str, recompute: str, dtype: str,
-                  sharding: str = "ddp", layers: str = "eval") -> Step:
+                  sharding: str = "ddp", layers: str = "eval", beat_s: float | None = None
+                  ) -> Step:
     """The step of ``r`` replicas on ``groups``: replica 0's shard cut into micro-batches, one
     traced, its step solved on ``groups[0]`` within ``share`` (``InfeasibleError`` where none
-    fits)."""
+    fits; ``Outpaced`` where none can beat ``beat_s``)."""
     shards = r if sharding == "fsdp" else 1
     weights, trained = model_bytes(model)
     held = step_state_bytes(weights, trained, optimizer, dtype)
@@ -289,7 +303,7 @@ def _replica_step(model: torch.nn.Module, whole: Batch, r: int, groups: list[tup
                       optimizer=optimizer, factors=factors, updates=updates,
                       microbatches=microbatches, schedule=schedule, recompute=recompute,
                       dtype=dtype, replicated=(full, groups), averaging_s=averaging,
-                      sharding=sharding)
+                      sharding=sharding, beat_s=beat_s)
     torch_groups = tuple(tuple(full.device(d).torch_device for d in g) for g in groups)
     return Step(groups=tuple(groups), torch_groups=torch_groups, whole=whole,
                 batches=tuple(batches), rule=rule, forward=forward, problem=got.problem,
@@ -382,7 +396,8 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
                 factors: Mapping[str, float], updates: Mapping[str, float],
                 microbatches: int, schedule: str, recompute: str, dtype: str,
                 replicated: tuple[Cluster, Sequence[Sequence[str]]],
-                averaging_s: float | None = None, sharding: str = "ddp") -> Solved:
+                averaging_s: float | None = None, sharding: str = "ddp",
+                beat_s: float | None = None) -> Solved:
     """The training step's problem, its solve and the devices that recompute: with
     micro-batches under each schedule ``schedule`` names (``auto``: GPipe and 1F1B, each with
     half the time), the faster step that fits kept; with the updates measured (``updates``,
@@ -390,16 +405,17 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
     all-reduce of the ``replicated`` groups of the whole cluster
     (``train.dataparallel.with_allreduce``; ``averaging_s``: measured,
     ``measured.replica_averaging``), or with ``sharding="fsdp"`` their FSDP2 collectives and
-    shards (``train.sharded``),
-    the updates after the whole backward where every device is a CPU's
-    (``train.updates.after_backward``); with recomputation where ``recompute`` asks for
-    it (``_solve_recomputing``). A step that fits nowhere says what it holds beyond
-    inference."""
+    shards (``train.sharded``), the updates after the whole backward where every device is a
+    CPU's (``train.updates.after_backward``); with recomputation where ``recompute`` asks for
+    it (``_solve_recomputing``). A step that fits nowhere says what it holds beyond inference.
+    One whose lower bound is no less than ``beat_s`` is not solved, nor with recomputation
+    (the same work and more): ``Outpaced``."""
     names = SCHEDULES if schedule == "auto" and microbatches > 1 else (
         (schedule if schedule != "auto" else "gpipe"),)
     share = replace(options, time_limit_s=options.time_limit_s / len(names))
     found: dict[str, Solved] = {}
     failure: InfeasibleError | None = None
+    beaten: Outpaced | None = None
     for name in names:
         step = step_problem(forward, optimizer, backward_factor=factors,
                             microbatches=microbatches, schedule=name, dtype=dtype)
@@ -416,8 +432,11 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
         solved = None
         if recompute != "all" or microbatches == 1:
             try:
-                solved = solve(problem, options=share)
+                solved = solve(problem, options=share, beat_s=beat_s)
                 found[name] = Solved(problem, solved)
+            except Outpaced as exc:
+                beaten = exc
+                continue
             except InfeasibleError as exc:
                 failure = exc
         if microbatches > 1 and (recompute == "all" or recompute == "auto" and (
@@ -428,6 +447,8 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
             elif recompute == "all":
                 failure = InfeasibleError("no placement within memory was found with "
                                           "recomputation on every device")
+    if not found and beaten is not None:
+        raise beaten
     if not found:
         capacity = sum(d.memory_bytes - d.reserved_bytes for d in forward.cluster.devices)
         raise InfeasibleError(

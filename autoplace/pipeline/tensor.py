@@ -66,26 +66,46 @@ _NOT_WEIGHED = ("tensor parallelism not weighed (--tp auto): the first two devic
 
 def tensor_step_candidate(planned: Plan | None, model: torch.nn.Module,
                           whole: tuple[tuple[Any, ...], dict[str, Any]], cluster: Cluster,
-                          config: Config, *, forward: Any = None, failure: str | None = None
+                          config: Config, *, forward: Any = None, failure: str | None = None,
+                          found: list[Weighed | None] | None = None, outpaced: bool = False
                           ) -> tuple[Plan, PartitionedModel | None]:
     """The tensor-parallel candidate of a training plan's step (``pipeline.training``):
-    ``model`` (the model and its loss) on the ``whole`` batch (every rank sees it all;
-    ``forward``, the plan's trace of it where the plan made one, else traced here), with the
-    plan's optimizer; with ``parallel.dp`` a dp x tp mesh, each tp group traced and priced on
-    its share of the batch (``Mesh``; ``auto``: each of ``dp_values`` weighed, the fastest
-    kept and checked). ``planned`` ``None``: no placement of the step fits (``failure`` says
-    why), and the plan is the mesh (``keep_fastest``)."""
+    ``model`` (the model and its loss) on the ``whole`` batch, its meshes ``found`` by
+    ``weigh_step_meshes`` (weighed here where ``None``; ``forward``: the plan's trace), the
+    fastest kept and checked. ``planned`` ``None``: no placement of the step fits
+    (``failure`` says why; ``outpaced``: none can beat the mesh), and the plan is the mesh
+    (``keep_fastest``)."""
+    from autoplace.train.layers import kept_state
+
+    args, kwargs = whole
+    unplaced = Unplaced(failure, config.name, config.dtype, outpaced=outpaced)
+    if found is None:
+        found = weigh_step_meshes(model, whole, cluster, config, forward=forward)
+    if not found:
+        return keep_fastest(planned, [], model, args, kwargs, verify=False, unplaced=unplaced)
+    with kept_state(model):  # checking runs it in train()
+        return keep_fastest(planned, found, model, args, kwargs, verify=config.emit.verify,
+                            optimizer=config.training.optimizer, unplaced=unplaced)
+
+
+def weigh_step_meshes(model: torch.nn.Module, whole: tuple[tuple[Any, ...], dict[str, Any]],
+                      cluster: Cluster, config: Config, *, forward: Any = None
+                      ) -> list[Weighed | None]:
+    """The meshes of a training plan's step, weighed, not checked (``[]``: no degree): ``model``
+    (the model and its loss) on the ``whole`` batch (every rank sees it all; ``forward``, the
+    plan's trace of it where the plan made one, else traced here), with the plan's optimizer;
+    with ``parallel.dp`` a dp x tp mesh, each tp group traced and priced on its share of the
+    batch (``Mesh``; ``auto``: each of ``dp_values``)."""
     from autoplace.pipeline.forward import Tracing, traced_problem
     from autoplace.pipeline.measured import backward_factors
     from autoplace.train.layers import kept_state
 
     args, kwargs = whole
     dps = dp_values(cluster, config, args, kwargs)
-    unplaced = Unplaced(failure, config.name, config.dtype)
     if not any(tensor_degrees(cluster, config.parallel.tp, dp=dp) for dp in dps):
-        return keep_fastest(planned, [], model, args, kwargs, verify=False, unplaced=unplaced)
+        return []
     found = []
-    with kept_state(model):  # tracing, observing and checking run it in train()
+    with kept_state(model):  # tracing and observing run it in train()
         for dp in dps:
             traced, shard = forward, dp_shard(args, kwargs, dp)
             if traced is None or dp > 1:
@@ -102,8 +122,13 @@ def tensor_step_candidate(planned: Plan | None, model: torch.nn.Module,
                                   training=(config.training.optimizer, factors, config.dtype,
                                             str(config.training.recompute)),
                                   cache=config.cost.cache))
-        return keep_fastest(planned, found, model, args, kwargs, verify=config.emit.verify,
-                            optimizer=config.training.optimizer, unplaced=unplaced)
+    return found
+
+
+def fastest_fit_s(found: list[Weighed | None] | None) -> float | None:
+    """The step of the fastest of the meshes ``found`` that fits; ``None`` where none does."""
+    fits = [w.record.makespan_s for w in found or () if w is not None and w.record.fits]
+    return min(fits, default=None)
 
 
 def tensor_pass_candidate(planned: Plan | None, loaded: Any, cluster: Cluster, config: Config,
@@ -204,12 +229,13 @@ def _weighed(problem: Problem, traced: TracedModel, args: tuple[Any, ...],
 @dataclass(frozen=True)
 class Unplaced:
     """What a plan of the mesh alone needs (``mesh_plan``): why no placement fits
-    (``failure``; ``None``: one does, and the mesh is weighed beside it), the model's name and
-    the dtype."""
+    (``failure``; ``None``: one does, and the mesh is weighed beside it; ``outpaced``: none
+    was solved that could beat the mesh), the model's name and the dtype."""
 
     failure: str | None
     name: str
     dtype: str
+    outpaced: bool = False
 
 
 def keep_fastest(planned: Plan | None, found: list[Weighed | None], model: torch.nn.Module,
@@ -273,7 +299,7 @@ def keep_fastest(planned: Plan | None, found: list[Weighed | None], model: torch
              "the plan's schedule; no lower bound is proven for it")
         planned = mesh_plan(record, kept.priced.rank0, kept.priced.schedule,
                             name=unplaced.name, tracer=kept.tracer, dtype=unplaced.dtype,
-                            traced_ops=kept.traced_ops)
+                            traced_ops=kept.traced_ops, outpaced=unplaced.outpaced)
     note(_said(record, planned, kept.priced.observed,
                here=on_workers_here(tensor_devices(kept.cluster, ranks, dp=dp)), meta=meta))
     return replace(planned, tensor_parallel=record), None if meta else one
@@ -471,7 +497,7 @@ def _said(record: TensorParallelRecord, planned: Plan, observed: Observed, *, he
             f"{weighed}tensor parallel over {ranks} ranks ({', '.join(record.devices)}): ") + (
             f"{record.columns} column and {record.rows} row matmuls, {moved}; "
             f"{record.makespan_s * 1e3:.3f} ms a {unit} predicted"
-            + (": no placement fits, and this is the plan; " if planned.is_mesh else
+            + (f": {planned.unplaced}, and this is the plan; " if planned.is_mesh else
                f" against the {'plan' if training else 'placement'}'s "
                f"{planned.makespan_s * 1e3:.3f} ms: "
                + ("faster; " if faster else "" if not record.fits

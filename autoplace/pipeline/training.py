@@ -59,11 +59,13 @@ class TrainingStages:
     built: dict[int, tuple[Loaded, tuple[torch.nn.Module, Any]]] = field(
         default_factory=dict, compare=False, repr=False)
 
-    def solve(self, loaded: Loaded, cluster: Cluster) -> Solved:
+    def solve(self, loaded: Loaded, cluster: Cluster, *, beat_s: float | None = None
+              ) -> Solved:
         """Stages trace, cost, fold and solve for the step of the model and its loss (which
         runs the model on its inputs: tracing need not run it again). The model's buffers
         and the random state are as they were afterwards (``train.layers.kept_state``): in
-        ``train()`` every run while planning would update batch norm's statistics."""
+        ``train()`` every run while planning would update batch norm's statistics.
+        ``beat_s``: the tensor-parallel mesh's step (``step.plan_step``)."""
         training, solving = self.config.training, self.config.solving
         note(TRAINING_NOTES[training.layers])
         fsdp = training.fsdp
@@ -78,7 +80,7 @@ class TrainingStages:
                              optimizer=training.optimizer, microbatches=training.microbatches,
                              schedule=training.schedule, replicas=training.replicas,
                              recompute=training.recompute, dtype=self.config.dtype,
-                             fsdp=fsdp, layers=training.layers)
+                             fsdp=fsdp, layers=training.layers, beat_s=beat_s)
         result, gain = min_gain(step.solved, solving.min_gain)
         if result.schedule is not step.solved.schedule and step.single:
             # the single device chosen, with its own recomputing graph

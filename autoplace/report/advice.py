@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from autoplace.config.choices import Objective
-from autoplace.formats.plan import Plan
+from autoplace.formats.plan import Plan, unplaced
 from autoplace.formats.records import PinsRecord, TensorParallelRecord
 from autoplace.ir import Device
 from autoplace.report.units import format_bytes, format_seconds
@@ -77,12 +77,13 @@ def advice(plan: Plan) -> str:
 
 
 def _mesh_advice(plan: Plan, tp: TensorParallelRecord) -> str:
-    """The advice of a plan that is a tensor-parallel mesh, no placement having fit: "No
-    placement fits: run dp 8 x tp 8 (FSDP2 over dp) over 64 GPUs with tensor_parallel/train.py:
-    step 1.2 s predicted, rank 0 peaking at 60.1 GiB of 80 GiB."."""
+    """The advice of a plan that is a tensor-parallel mesh, no placement having fit or none
+    able to beat it: "No placement fits: run dp 8 x tp 8 (FSDP2 over dp) over 64 GPUs with
+    tensor_parallel/train.py: step 1.2 s predicted, rank 0 peaking at 60.1 GiB of 80 GiB."."""
     device = plan.problem.cluster.devices[0]
     script = "train.py" if tp.optimizer is not None else "launch.py"
-    return (f"No placement fits: run {tp.mesh_text} over {tp.world} {_kind_of([device])}s with "
+    why = unplaced(plan.solver).capitalize()
+    return (f"{why}: run {tp.mesh_text} over {tp.world} {_kind_of([device])}s with "
             f"tensor_parallel/{script}: {'step' if tp.optimizer is not None else 'makespan'} "
             f"{format_seconds(tp.makespan_s)} predicted, "
             f"{'the fullest stage' if tp.pp > 1 else 'rank 0'} peaking at "

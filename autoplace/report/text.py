@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 from typing import Any
 
-from autoplace.formats.plan import MESH_SOLVER, Plan, SolverRecord
+from autoplace.formats.plan import MESH_SOLVER, Plan, SolverRecord, unplaced
 from autoplace.report.analysis import Overview, no_speedup_reason, overview
 from autoplace.report.units import format_bytes, format_ratio, format_seconds, format_share
 from autoplace.solve.options import DEFAULT_TIME_LIMIT_S
@@ -97,7 +97,7 @@ def tensor_text(ov: Overview) -> str | None:
         return None
     training = tp.optimizer is not None
     script = f"tensor_parallel/{'train' if training else 'launch'}.py"
-    kept = (f"no placement fits, and this is the plan: its ranks run from {script}"
+    kept = (f"{unplaced(ov.solver)}, and this is the plan: its ranks run from {script}"
             if ov.solver.name == MESH_SOLVER else
             f"rank 0 over memory by {format_bytes(tp.over_bytes)}" if not tp.fits else
             f"faster: its ranks run from {script}" if tp.makespan_s < ov.makespan_s

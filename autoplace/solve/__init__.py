@@ -24,7 +24,7 @@ from typing import Any
 
 from autoplace import progress as display
 from autoplace.config.choices import Objective
-from autoplace.errors import InfeasibleError
+from autoplace.errors import InfeasibleError, Outpaced
 from autoplace.formats.plan import SolverRecord
 from autoplace.ir import Placement, Problem, Schedule, optimality_gap
 from autoplace.simulate import simulate
@@ -140,6 +140,7 @@ def solve(
     stop: StopCheck | None = None,
     extra_baselines: Mapping[str, Placement] | None = None,
     starts: Mapping[str, Placement] | None = None,
+    beat_s: float | None = None,
     **fields: Any,
 ) -> SolveResult:
     """Place ``problem``'s nodes on its devices, minimising the simulated objective of
@@ -152,14 +153,23 @@ def solve(
     hints like the heuristics' plans, so the plan is never worse than them either. ``starts``
     (name -> placement: plans found elsewhere, such as the what-if rows' on fewer of the
     devices) are the same to the search, but are not baselines: the result does not list
-    them."""
+    them. ``beat_s``: the time of a plan of another kind (a tensor-parallel mesh's step): where
+    the latency objective's lower bound is no less, ``Outpaced`` is raised before any
+    placement is tried, as none could beat it."""
     options = replace(options, **fields) if options is not None else SolveOptions(**fields)
     check_memory(problem)
+    analytic = None
+    if beat_s is not None and options.objective == Objective.LATENCY:
+        analytic = lower_bound_s(problem, options.objective)
+        if analytic >= beat_s:
+            raise Outpaced(f"no placement can beat {beat_s:.6g} s: every one takes at least "
+                           f"{analytic:.6g} s (the lower bound)", bound_s=analytic,
+                           beat_s=beat_s)
     budget = Budget(options, clock=clock, stop=stop)
     display.solving(None if options.deterministic else budget.remaining_s())
     if problem.launchers and options.objective == Objective.LATENCY:
         budget.keep_for_moves(LAUNCHER_MOVES_SHARE)
-    state, interrupted = _start(problem, options, budget, extra_baselines)
+    state, interrupted = _start(problem, options, budget, extra_baselines, analytic)
     _add_starts(state, starts or {})
     display.solver(state.best[1].objective_s(options.objective) if state.best else None,
                    state.bound)
@@ -184,10 +194,13 @@ def coarse_nodes(options: SolveOptions) -> int:
 
 
 def _start(problem: Problem, options: SolveOptions, budget: Budget,
-           extra: Mapping[str, Placement] | None = None) -> tuple[_SolveState, bool]:
-    """Step 1: the baselines and the analytic bound; whether Ctrl-C cut the baselines short."""
+           extra: Mapping[str, Placement] | None = None, analytic: float | None = None
+           ) -> tuple[_SolveState, bool]:
+    """Step 1: the baselines and the analytic bound (``analytic``, where the caller has it);
+    whether Ctrl-C cut the baselines short."""
     ran = run_within(problem, options, budget, extra=extra)
-    analytic = lower_bound_s(problem, options.objective)
+    if analytic is None:
+        analytic = lower_bound_s(problem, options.objective)
     notes: list[str] = []
     if ran.skipped:
         why = "Ctrl-C" if ran.interrupted else "past half the time limit"
