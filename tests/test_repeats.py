@@ -46,6 +46,24 @@ def _meta_llama_step(layers: int):
     return forward.traced, fsdp_op_units(forward.problem.graph), kwargs
 
 
+def test_the_split_of_the_lowered_graph_is_the_one_segment_emission_s() -> None:
+    """``column_row`` of the graph segments are cut from names each weight as the one segment
+    of the model emitted on one device holds it, with the same splits; renamed, as the
+    FSDP2 units' segments hold them."""
+    from autoplace.emit.codegen.lower import lower
+    from autoplace.pipeline.mesh import renamed
+
+    traced, units, _ = _meta_llama_step(5)
+    whole = column_row(one_device_copy(traced))
+    assert len(whole) > 30
+    assert column_row(lower(traced.module, meta_weights=True)) == whole
+    one = one_device_copy(traced, units)
+    held = dict(one.named_parameters())
+    cut = renamed(whole, one)
+    assert len(cut) == len(whole) and set(cut) <= set(held)
+    assert len({name.split(".", 1)[0] for name in cut}) > 5  # over the units' segments
+
+
 def test_alike_layers_are_observed_once_and_give_what_running_each_gives() -> None:
     from autoplace.pipeline.mesh import renamed
 

@@ -21,6 +21,7 @@ import torch
 
 from autoplace.config import Config
 from autoplace.emit import PartitionedModel, emit_model
+from autoplace.emit.codegen.lower import lower
 from autoplace.emit.device_map import local_device_map
 from autoplace.emit.distributed.tensor import (
     column_row,
@@ -200,12 +201,11 @@ def _weighed(problem: Problem, traced: TracedModel, args: tuple[Any, ...],
     if not degrees:
         return None
     stage("tensor parallel")
-    one = one_device_copy(traced)
-    pairs = column_row(one)  # the same for every degree; one segment: every matmul's inputs
     units = fsdp_op_units(problem.graph) if training is not None else None  # FSDP2's, AC's
-    if units is not None:  # each FSDP2 unit's ops a segment of their own, the split named so
-        one = one_device_copy(traced, units=units)
-        pairs = renamed(pairs, one)
+    one = one_device_copy(traced, units=units)  # each FSDP2 unit's ops a segment of their own
+    # The same for every degree, found on the whole graph (every matmul's inputs), and named
+    # as ``one`` holds each weight.
+    pairs = renamed(column_row(lower(traced.module, meta_weights=traced.has_meta_params)), one)
     one.example_inputs = (tuple(args), dict(kwargs))  # saved with it: what its ranks run
     observed_on = dp_shard(args, kwargs, dp)
     weighed: dict[int, Priced] = {}

@@ -34,6 +34,7 @@ import torch.fx
 from torch.utils import _pytree as pytree
 
 from autoplace.emit.check.outputs import max_abs_diff
+from autoplace.emit.codegen.lower import Lowered
 from autoplace.emit.codegen.model import PartitionedModel
 from autoplace.emit.distributed.dtensor import run_sharded, shard_model
 from autoplace.errors import AutoplaceError, EmitError, VerificationError
@@ -56,33 +57,45 @@ VERIFY_TIMEOUT_S = 300.0
 _TENSOR_TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "tensor_launch.py.tmpl"
 
 
-def column_row(model: PartitionedModel) -> dict[str, tuple[str, int]]:
+def column_row(model: PartitionedModel | Lowered) -> dict[str, tuple[str, int]]:
     """Each split parameter of ``model`` (by its name in ``model.named_parameters()``): its
     matmul's kind and the dimension split, ``(COLUMN, d)`` or ``(ROW, d)``; a bias of a column
     is split along 0. A weight two matmuls read keeps the first's split; one that another op
-    reads too (an embedding tied to the output layer) is not split."""
+    reads too (an embedding tied to the output layer) is not split. ``model`` may be the
+    ``Lowered`` graph an emission cuts its segments from (``emit.codegen.lower``), its names
+    then those of the one segment that emission on one device holds (``seg0.<name>``): its
+    split without emitting it (an 80-layer Llama's takes a second)."""
     split: dict[str, tuple[str, int]] = {}
-    for index in range(len(model.segment_info)):
-        segment = getattr(model, f"seg{index}")
+    if isinstance(model, Lowered):
+        graphs = [("seg0", model.graph, model.attrs.__getitem__)]
+    else:
+        graphs = [(f"seg{i}", getattr(model, f"seg{i}").graph,
+                   functools.partial(_attribute, getattr(model, f"seg{i}")))
+                  for i in range(len(model.segment_info))]
+    for index, graph, attribute in graphs:
         kinds: dict[torch.fx.Node, str] = {}
-        for node in segment.graph.nodes:
+        for node in graph.nodes:
             spec = _MATMULS.get(node.target) if node.op == "call_function" else None
             if spec is None:
                 continue
             act, weight, bias, out_dim = spec
             w = node.args[weight] if len(node.args) > weight else None
-            if not _is_param(w) or operator.attrgetter(w.target)(segment).dim() != 2:
+            if not _is_param(w) or attribute(w.target).dim() != 2:
                 continue
             if any(u.target not in _MATMULS for u in w.users):
                 continue  # also read otherwise (a tied embedding): kept whole
             kind = ROW if _reaches(node.args[act], kinds, COLUMN) else COLUMN
             kinds[node] = kind
-            split.setdefault(f"seg{index}.{w.target}",
+            split.setdefault(f"{index}.{w.target}",
                              (kind, out_dim if kind == COLUMN else 1 - out_dim))
             b = node.args[bias] if bias is not None and len(node.args) > bias else None
             if kind == COLUMN and _is_param(b):
-                split.setdefault(f"seg{index}.{b.target}", (COLUMN, 0))
+                split.setdefault(f"{index}.{b.target}", (COLUMN, 0))
     return split
+
+
+def _attribute(segment: torch.nn.Module, target: str) -> Any:
+    return operator.attrgetter(target)(segment)
 
 
 def matmuls(split: Mapping[str, tuple[str, int]]) -> tuple[int, int]:
