@@ -29,7 +29,6 @@ __all__ = [
     "InfeasibleError",
     "ModelLoadError",
     "OutputError",
-    "Outpaced",
     "PinError",
     "TraceError",
     "VerificationError",
@@ -85,15 +84,6 @@ class GraphError(AutoplaceError):
 
 class InfeasibleError(AutoplaceError):
     """No placement fits the devices' memory."""
-
-
-class Outpaced(InfeasibleError):
-    """No placement can be the plan: its lower bound is no less than the time of a plan of
-    another kind already found (``solve(beat_s=...)``). ``bound_s`` and ``beat_s`` say so."""
-
-    def __init__(self, message: str, *, bound_s: float, beat_s: float) -> None:
-        super().__init__(message)
-        self.bound_s, self.beat_s = bound_s, beat_s
 
 
 class EmitError(AutoplaceError):

@@ -526,7 +526,7 @@ def test_a_model_too_large_for_cpsat_is_not_built_and_the_heuristics_plan_stands
 def test_a_time_to_beat_at_or_below_the_lower_bound_stops_the_solve_before_any_placement(
         monkeypatch):
     import autoplace.solve as solving
-    from autoplace.errors import Outpaced
+    from autoplace.solve import Outpaced
 
     p = zoo.fork_join(zoo.cluster(2))
     bound = lower_bound_s(p)

@@ -31,7 +31,7 @@ from autoplace.emit.distributed.tensor import write_tensor_launch
 from autoplace.emit.distributed.tensor_train import write_tensor_train
 from autoplace.emit.generate import DECODE_DIR, save_decode
 from autoplace.emit.train.microbatch import split_batch
-from autoplace.errors import EmitError, InfeasibleError, Outpaced
+from autoplace.errors import EmitError, InfeasibleError
 from autoplace.formats.output import atomic_output_dir
 from autoplace.formats.plan import Plan
 from autoplace.formats.records import Coarsening, ProfileRecord
@@ -55,7 +55,7 @@ from autoplace.pipeline.tensor import (
 )
 from autoplace.pipeline.training import TrainingStages
 from autoplace.progress.notes import collecting, note, note_all
-from autoplace.solve import solve
+from autoplace.solve import Outpaced, solve
 
 __all__ = ["Planned", "plan", "save", "solve_graph"]
 

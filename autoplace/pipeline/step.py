@@ -24,7 +24,7 @@ from autoplace.emit.train.microbatch import (
     stepper,
     train_step,
 )
-from autoplace.errors import AutoplaceError, ConfigError, InfeasibleError, Outpaced
+from autoplace.errors import AutoplaceError, ConfigError, InfeasibleError
 from autoplace.formats.plan import Plan
 from autoplace.formats.records import ReplicaOption, TrainingCheck, TrainingRecord
 from autoplace.ir import Cluster, Problem, Schedule
@@ -33,7 +33,7 @@ from autoplace.pipeline.measured import backward_factors, replica_averaging, upd
 from autoplace.progress import stage
 from autoplace.progress.notes import collecting, note, note_all
 from autoplace.simulate.schedules import SCHEDULES, schedule_run
-from autoplace.solve import SolveOptions, SolveResult, solve
+from autoplace.solve import Outpaced, SolveOptions, SolveResult, solve
 from autoplace.solve.bounds import lower_bound_s
 from autoplace.solve.whatif import restrict
 from autoplace.train import step_problem, training_memory

@@ -24,7 +24,7 @@ from typing import Any
 
 from autoplace import progress as display
 from autoplace.config.choices import Objective
-from autoplace.errors import InfeasibleError, Outpaced
+from autoplace.errors import InfeasibleError
 from autoplace.formats.plan import SolverRecord
 from autoplace.ir import Placement, Problem, Schedule, optimality_gap
 from autoplace.simulate import simulate
@@ -55,6 +55,7 @@ __all__ = [
     "OBJECTIVES",
     "SOLVERS",
     "Budget",
+    "Outpaced",
     "SolveOptions",
     "SolveResult",
     "TIME_QUANTUM_S",
@@ -130,6 +131,16 @@ class _SolveState:
                            notes=tuple(self.notes), objective=self.options.objective,
                            contiguous=self.options.contiguous, not_run=self.not_run,
                            coarsening=self.coarsening)
+
+
+class Outpaced(InfeasibleError):
+    """No placement can be the plan: its lower bound is no less than the time of a plan of
+    another kind already found (``solve(beat_s=...)``; ``bound_s`` and ``beat_s`` say so).
+    Internal: the pipeline that passed ``beat_s`` keeps that plan, and no user sees it."""
+
+    def __init__(self, message: str, *, bound_s: float, beat_s: float) -> None:
+        super().__init__(message)
+        self.bound_s, self.beat_s = bound_s, beat_s
 
 
 def solve(
