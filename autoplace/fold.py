@@ -206,13 +206,17 @@ def _build(graph: OpGraph, costs: Costs, groups: list[list[str]]) -> tuple[OpGra
     device_source: dict[str, dict[str, str]] = {}
     for members, name in zip(groups, names):
         parts = [graph.node(m) for m in members]
+        # Named for its members but metadata checks: the check the next block makes of a
+        # block's output, folded into it, does not make the pair the blocks' parent's.
+        working = [p for p in parts if not p.targets or not all(
+            op_short_name(t).startswith("_assert") for t in p.targets)] or parts
         crossing = [p for p in parts if p.name in used_outside] or parts[-1:]
         kept_bytes, output_bytes = _crossing_bytes(graph, members, crossing)
         nodes.append(OpNode(
             name=name,
             ops=tuple(op for p in parts for op in p.ops),
             targets=tuple(dict.fromkeys(t for p in parts for t in p.targets)),
-            module=_common_module([p.module for p in parts]),
+            module=_common_module([p.module for p in working]),
             is_input=all(p.is_input for p in parts),
             output_shapes=tuple(s for p in crossing for s in p.output_shapes),
             output_dtypes=tuple(d for p in crossing for d in p.output_dtypes),

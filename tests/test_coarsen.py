@@ -182,3 +182,28 @@ def test_a_folded_node_keeps_each_storage_its_outputs_may_hold_once(
     assert node.output_bytes == max(kept, outputs)
     assert node.output_bytes - node.view_bytes == kept
     assert node.workspace_bytes == 0
+
+
+def test_a_metadata_check_folded_into_a_block_s_output_leaves_it_in_its_block() -> None:
+    """torch.export checks the dtype before each RMSNorm's cast: the check that opens a Llama
+    block folds into the previous block's last add (its only input), and the pair is still
+    that block's, not the layer list's (which made FSDP2 units and recomputation treat every
+    block's end as the root's)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from autoplace.fold import fold
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=32, use_cache=False)
+    traced = trace_model(LlamaForCausalLM(config).eval(), (),
+                         {"input_ids": torch.randint(0, 128, (2, 8))})
+    cluster, _ = resolve_cluster(spec="cpu")
+    folded = fold(traced.graph, analytic_costs(traced.graph, cluster)).graph
+    checked = [n for n in folded.nodes
+               if len(n.ops) > 1 and any(op.startswith("_assert_tensor_metadata") for op in n.ops)]
+    ends = [n for n in checked if traced.graph.node(n.ops[0]).module.startswith("model.layers.")]
+    assert len(ends) >= 2  # each block's last add, with the next block's (or the norm's) check
+    for node in checked:
+        assert node.module == traced.graph.node(node.ops[0]).module, node.ops
