@@ -64,10 +64,21 @@ def test_the_split_of_the_lowered_graph_is_the_one_segment_emission_s() -> None:
     assert len({name.split(".", 1)[0] for name in cut}) > 5  # over the units' segments
 
 
+def test_each_fsdp2_unit_of_a_llama_is_one_segment() -> None:
+    """A unit called twice in a step is gathered twice by FSDP2. The dtype checks export puts
+    between blocks (folded into the block before, left to the root) and the rotary ops the
+    layers share cut no unit in two."""
+    traced, units, _ = _meta_llama_step(4)
+    one = one_device_copy(traced, units)
+    seen = [info.unit for info in one.segment_info if info.unit is not None]
+    assert len(seen) == len(set(seen)), seen
+    assert {f"model.model.layers.{i}" for i in range(4)} <= set(seen)
+
+
 def test_alike_layers_are_observed_once_and_give_what_running_each_gives() -> None:
     from autoplace.pipeline.mesh import renamed
 
-    traced, units, kwargs = _meta_llama_step(5)
+    traced, units, kwargs = _meta_llama_step(6)
     pairs = column_row(one_device_copy(traced))
     seen = {}
     for repeated in (True, False):
@@ -76,7 +87,8 @@ def test_alike_layers_are_observed_once_and_give_what_running_each_gives() -> No
                                  repeated=repeated)
         segments = len(one.segment_info)
     once, every = seen[True], seen[False]
-    # of 5 layers' segments, those of the periods between the second and the last repeat
+    # of 6 layers' segments (one a layer; the last holds the final norm too), those of the
+    # periods between the second and the last repeat
     assert every.repeated_segments == 0 and 2 <= once.repeated_segments < segments // 2
     for table in ("share", "param_share", "param_bytes", "output_share", "collectives",
                   "backward_collectives", "on_dtensors"):

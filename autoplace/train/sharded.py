@@ -58,10 +58,13 @@ def fsdp_units(graph: OpGraph) -> dict[str, str | None]:
 def fsdp_op_units(graph: OpGraph) -> dict[str, str]:
     """The FSDP2 unit of each traced op of ``graph``'s forward nodes that has one
     (``fsdp_units``): what the emitter cuts into segments of their own
-    (``codegen.model.emit_model``'s ``units``)."""
+    (``codegen.model.emit_model``'s ``units``). A metadata check (``_assert_*``, free) folded
+    into a unit's node is left to the root: it runs where torch.export put it, often among
+    the next unit's ops, and in its node's unit it would call that unit again (FSDP2 gathers
+    it again)."""
     unit_of = fsdp_units(graph)
-    return {op: unit for n in graph.nodes
-            if (unit := unit_of.get(n.name)) is not None for op in n.ops}
+    return {op: unit for n in graph.nodes if (unit := unit_of.get(n.name)) is not None
+            for op in n.ops if not op.startswith("_assert")}
 
 
 def with_fsdp(problem: Problem, cluster: Cluster, groups: Sequence[Sequence[str]], *,
