@@ -428,6 +428,7 @@ def test_a_step_that_cannot_beat_the_mesh_is_not_solved(monkeypatch) -> None:
     import autoplace.solve as solving
     from autoplace.config import Config, Cost, Emit, Parallel, Solve, Training
     from autoplace.formats.plan import NO_FASTER_PLACEMENT
+    from autoplace.formats.records import ReplicaOption
     from autoplace.pipeline import plan
 
     with torch.device("meta"):
@@ -451,6 +452,10 @@ def test_a_step_that_cannot_beat_the_mesh_is_not_solved(monkeypatch) -> None:
     said = next(n for n in made.notes if n.startswith("data-parallel replicas: R=1"))
     bound_ms = float(said.split("at least ")[1].split(" ms, not solved")[0])
     assert bound_ms / 1e3 >= made.tensor_parallel.makespan_s
+    one, two = sorted(made.training.replica_options, key=lambda o: o.replicas)
+    assert one.bound_s == pytest.approx(bound_ms / 1e3, abs=1e-6) and one.step_s is None
+    assert two.bound_s is None and two.fits and "bound_s" not in two.to_dict()
+    assert ReplicaOption.from_dict(one.to_dict()) == one
     solved.clear()
     made = planned(1)
     assert made.is_mesh and made.solver.status == NO_FASTER_PLACEMENT and not solved

@@ -127,26 +127,30 @@ class MinGain:
 @dataclass(frozen=True)
 class ReplicaOption:
     """A replica count a training plan tried: ``replicas`` of ``devices_per_replica`` devices,
-    its predicted ``step_s`` (the all-reduce included; ``None`` where it fitted no device),
-    whether it ``fits``, and how its replicas hold the model (``sharding``: ``ddp``, or
-    ``fsdp``, written only then)."""
+    its predicted ``step_s`` (the all-reduce included; ``None`` where it fitted no device, or
+    was not solved), whether it ``fits`` (a placement was found within memory), how its
+    replicas hold the model (``sharding``: ``ddp``, or ``fsdp``, written only then), and,
+    where it was not solved because its lower bound was no less than the tensor-parallel
+    mesh's step (``solve.Outpaced``), that bound (``bound_s``, written only then)."""
 
     replicas: int
     devices_per_replica: int
     fits: bool
     step_s: float | None = None
     sharding: str = "ddp"
+    bound_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return ({"replicas": self.replicas, "devices_per_replica": self.devices_per_replica}
                 | _present([("step_s", self.step_s)]) | {"fits": self.fits}
-                | ({"sharding": self.sharding} if self.sharding != "ddp" else {}))
+                | ({"sharding": self.sharding} if self.sharding != "ddp" else {})
+                | _present([("bound_s", self.bound_s)]))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ReplicaOption:
         return cls(replicas=data["replicas"], devices_per_replica=data["devices_per_replica"],
                    fits=data["fits"], step_s=data.get("step_s"),
-                   sharding=data.get("sharding", "ddp"))
+                   sharding=data.get("sharding", "ddp"), bound_s=data.get("bound_s"))
 
 
 @dataclass(frozen=True)

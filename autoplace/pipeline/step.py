@@ -181,8 +181,8 @@ def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: S
                       step_s=found[r, sharding][0].solved.schedule.makespan_s
                       if (r, sharding) in found else None,
                       fits=(r, sharding) in found
-                      and found[r, sharding][0].solved.schedule.feasible,
-                      sharding=sharding)
+                      and found[r, sharding][0].solved.schedule.feasible, sharding=sharding,
+                      bound_s=outpaced[r, sharding].bound_s if (r, sharding) in outpaced else None)
         for r, groups, sharding in counts)
     step, mine = found[kept]
     best = kept[0]  # the replica count
@@ -204,9 +204,8 @@ def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: S
         note("data-parallel replicas: " + ", ".join(
             f"R={o.replicas}{' FSDP' if o.sharding == 'fsdp' else ''} (up to "
             f"{o.devices_per_replica} device{'s' if o.devices_per_replica > 1 else ''} each) "
-            + (f"{o.step_s * 1e3:.3f} ms" if o.step_s is not None else
-               "at least " + f"{outpaced[o.replicas, o.sharding].bound_s * 1e3:.3f} ms, not solved"
-               if (o.replicas, o.sharding) in outpaced else "fits no device")
+            + (f"{o.step_s * 1e3:.3f} ms" if o.step_s is not None else "fits no device"
+               if o.bound_s is None else f"at least {o.bound_s * 1e3:.3f} ms, not solved")
             + ("" if o.fits or o.step_s is None else " (over memory)")
             for o in table) + f" per step; R={best}"
             + (" FSDP" if step.sharding == "fsdp" else "") + " kept, the fastest step that fits")
