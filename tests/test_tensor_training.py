@@ -430,6 +430,7 @@ def test_a_step_that_cannot_beat_the_mesh_is_not_solved(monkeypatch) -> None:
     from autoplace.formats.plan import NO_FASTER_PLACEMENT
     from autoplace.formats.records import ReplicaOption
     from autoplace.pipeline import plan
+    from autoplace.report.advice import advice
 
     with torch.device("meta"):
         model = nn.Sequential(nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 4096),
@@ -464,6 +465,7 @@ def test_a_step_that_cannot_beat_the_mesh_is_not_solved(monkeypatch) -> None:
     assert bound_s == pytest.approx(bound_ms / 1e3, abs=1e-6)
     assert made.makespan_s == made.tensor_parallel.makespan_s
     assert "no placement can beat it, and this is the plan" in " ".join(made.notes)
+    assert advice(made).startswith("No placement can beat it: run tp 2 over 2 GPUs with ")
 
 
 def test_where_neither_a_placement_nor_the_mesh_fits_the_error_names_both() -> None:
