@@ -134,7 +134,8 @@ def _parser() -> argparse.ArgumentParser:
                    "with its collectives, checked on N gloo ranks; written to "
                    "OUT/tensor_parallel/ (`autoplace run OUT --nproc N --tensor-parallel`). "
                    "With --mode training: each rank's step on the whole batch, checked by 3 "
-                   "steps (run with --train K; docs/concepts.md, docs/training.md)")
+                   "steps (run with --train K), weighed first: a placement whose lower bound "
+                   "is no less is not solved (docs/concepts.md, docs/training.md)")
     p.add_argument("--dp", type=tp_flag, metavar="N|auto",
                    help="with --tp T: the candidate is a dp x tp mesh of every device (N x T "
                    "of them), each tp group on 1/N of the batch, checked on N x T gloo ranks; "
