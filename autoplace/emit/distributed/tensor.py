@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import operator
 import os
 import statistics
 import tempfile
@@ -34,7 +33,7 @@ import torch.fx
 from torch.utils import _pytree as pytree
 
 from autoplace.emit.check.outputs import max_abs_diff
-from autoplace.emit.codegen.lower import Lowered
+from autoplace.emit.codegen.lower import Lowered, fetch
 from autoplace.emit.codegen.model import PartitionedModel
 from autoplace.emit.distributed.dtensor import run_sharded, shard_model
 from autoplace.errors import AutoplaceError, EmitError, VerificationError
@@ -70,7 +69,7 @@ def column_row(model: PartitionedModel | Lowered) -> dict[str, tuple[str, int]]:
         graphs = [("seg0", model.graph, model.attrs.__getitem__)]
     else:
         graphs = [(f"seg{i}", getattr(model, f"seg{i}").graph,
-                   functools.partial(_attribute, getattr(model, f"seg{i}")))
+                   functools.partial(fetch, getattr(model, f"seg{i}")))
                   for i in range(len(model.segment_info))]
     for index, graph, attribute in graphs:
         kinds: dict[torch.fx.Node, str] = {}
@@ -92,10 +91,6 @@ def column_row(model: PartitionedModel | Lowered) -> dict[str, tuple[str, int]]:
             if kind == COLUMN and _is_param(b):
                 split.setdefault(f"{index}.{b.target}", (COLUMN, 0))
     return split
-
-
-def _attribute(segment: torch.nn.Module, target: str) -> Any:
-    return operator.attrgetter(target)(segment)
 
 
 def matmuls(split: Mapping[str, tuple[str, int]]) -> tuple[int, int]:
