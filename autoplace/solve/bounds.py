@@ -94,19 +94,15 @@ def check_memory(problem: Problem) -> None:
     _check_turn(problem)
 
 
-def kept_across(problem: Problem, cut: str, graph: nx.DiGraph | None = None) -> int:
+def kept_across(problem: Problem, cut: str) -> int:
     """The bytes of the values every placement holds at once when node ``cut`` starts, under
     the simulator's rule (``simulate.memory``): each value computed before it (an ancestor)
     and read after it (by a descendant) that takes time on every device, so that the read
     ends after ``cut`` starts and the value is not freed before. (A value that is a view of
-    another's storage counts the bytes it allocates.) ``graph``: the problem's, as networkx's,
-    where the caller has it."""
+    another's storage counts the bytes it allocates.)"""
     nodes = problem.graph
     compute = problem.costs.compute_s
-    if graph is None:
-        graph = nx.DiGraph((e.src, e.dst) for e in nodes.edges)
-    if cut not in graph:
-        return 0
+    graph = nodes.to_networkx()
     before, after = nx.ancestors(graph, cut), nx.descendants(graph, cut)
     takes_time = {r for r in after if min(compute[r].values(), default=0.0) > 0.0}
     kept = 0
@@ -127,8 +123,7 @@ def _check_turn(problem: Problem) -> None:
             phase_of(e.dst)[1] == "backward" for e in readers)]
     if not losses or not any(phase_of(n.name)[1] == "step" for n in nodes.nodes):
         return
-    graph = nx.DiGraph((e.src, e.dst) for e in nodes.edges)
-    kept, loss = max((kept_across(problem, cut, graph), cut) for cut in losses)
+    kept, loss = max((kept_across(problem, cut), cut) for cut in losses)
     held = nodes.total_param_bytes + sum(d.reserved_bytes for d in cluster.devices)
     capacity = sum(d.memory_bytes for d in cluster.devices)
     if held + kept > capacity:
