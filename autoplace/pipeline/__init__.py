@@ -112,7 +112,8 @@ def plan(model: torch.nn.Module, example_inputs: Any, config: Config | None = No
         stages = (TrainingStages(config) if config.mode == Mode.TRAINING
                   else GenerationStages(config) if config.generate is not None
                   else InferenceStages(config))
-        meshes = None  # a training step's: weighed first, a placement solved only to beat them
+        meshes = None  # a training step's (no --pp): weighed first, a placement solved only to
+        # beat them; a pp x tp one's are weighed after, given the plan's trace
         if config.mode == Mode.TRAINING and config.parallel.tp is not None and (
                 not config.parallel.pp):
             meshes = weigh_step_meshes(*stages.step_model(loaded), cluster, config)
@@ -142,11 +143,13 @@ def plan(model: torch.nn.Module, example_inputs: Any, config: Config | None = No
         tensor_model = None
         if config.parallel.tp is not None and config.mode == Mode.TRAINING:
             step = solved.step  # its trace, where it traced the whole batch
-            candidate = staged_step_candidate if config.parallel.pp else tensor_step_candidate
-            planned, tensor_model = candidate(
-                planned, solved.model, step.whole, cluster, config,
-                forward=step.forward if step.replicas == step.microbatches == 1 else None,
-                **({} if meshes is None else {"found": meshes}))
+            planned, tensor_model = (
+                staged_step_candidate(
+                    planned, solved.model, step.whole, cluster, config,
+                    forward=step.forward if step.replicas == step.microbatches == 1 else None)
+                if meshes is None else
+                tensor_step_candidate(planned, solved.model, step.whole, cluster, config,
+                                      found=meshes))
         elif config.parallel.tp is not None:
             candidate = staged_pass_candidate if config.parallel.pp else tensor_pass_candidate
             planned, tensor_model = candidate(planned, loaded, cluster, config,
@@ -174,10 +177,11 @@ def _mesh_alone(failure: str, loaded: Any, cluster: Any, config: Config, stages:
         planned, model = candidate(None, loaded, cluster, config, failure=failure)
     else:
         step_model, whole = stages.step_model(loaded)
-        candidate = staged_step_candidate if config.parallel.pp else tensor_step_candidate
-        planned, model = candidate(None, step_model, whole, cluster, config, failure=failure,
-                                   **({} if meshes is None else
-                                      {"found": meshes, "outpaced": outpaced}))
+        planned, model = (
+            staged_step_candidate(None, step_model, whole, cluster, config, failure=failure)
+            if meshes is None else
+            tensor_step_candidate(None, step_model, whole, cluster, config, failure=failure,
+                                  found=meshes, outpaced=outpaced))
     return replace(planned, solver=replace(  # the mesh's weighing and check took this
         planned.solver, wall_s=time.perf_counter() - began)), model
 

@@ -67,21 +67,18 @@ _NOT_WEIGHED = ("tensor parallelism not weighed (--tp auto): the first two devic
 
 def tensor_step_candidate(planned: Plan | None, model: torch.nn.Module,
                           whole: tuple[tuple[Any, ...], dict[str, Any]], cluster: Cluster,
-                          config: Config, *, forward: Any = None, failure: str | None = None,
-                          found: list[Weighed | None] | None = None, outpaced: bool = False
+                          config: Config, *, found: list[Weighed | None],
+                          failure: str | None = None, outpaced: bool = False
                           ) -> tuple[Plan, PartitionedModel | None]:
     """The tensor-parallel candidate of a training plan's step (``pipeline.training``):
     ``model`` (the model and its loss) on the ``whole`` batch, its meshes ``found`` by
-    ``weigh_step_meshes`` (weighed here where ``None``; ``forward``: the plan's trace), the
-    fastest kept and checked. ``planned`` ``None``: no placement of the step fits
-    (``failure`` says why; ``outpaced``: none can beat the mesh), and the plan is the mesh
-    (``keep_fastest``)."""
+    ``weigh_step_meshes``, the fastest kept and checked. ``planned`` ``None``: no placement
+    of the step fits (``failure`` says why; ``outpaced``: none can beat the mesh), and the
+    plan is the mesh (``keep_fastest``)."""
     from autoplace.train.layers import kept_state
 
     args, kwargs = whole
     unplaced = Unplaced(failure, config.name, config.dtype, outpaced=outpaced)
-    if found is None:
-        found = weigh_step_meshes(model, whole, cluster, config, forward=forward)
     if not found:
         return keep_fastest(planned, [], model, args, kwargs, verify=False, unplaced=unplaced)
     with kept_state(model):  # checking runs it in train()
@@ -90,13 +87,13 @@ def tensor_step_candidate(planned: Plan | None, model: torch.nn.Module,
 
 
 def weigh_step_meshes(model: torch.nn.Module, whole: tuple[tuple[Any, ...], dict[str, Any]],
-                      cluster: Cluster, config: Config, *, forward: Any = None
-                      ) -> list[Weighed | None]:
+                      cluster: Cluster, config: Config) -> list[Weighed | None]:
     """The meshes of a training plan's step, weighed, not checked (``[]``: no degree): ``model``
-    (the model and its loss) on the ``whole`` batch (every rank sees it all; ``forward``, the
-    plan's trace of it where the plan made one, else traced here), with the plan's optimizer;
-    with ``parallel.dp`` a dp x tp mesh, each tp group traced and priced on its share of the
-    batch (``Mesh``; ``auto``: each of ``dp_values``)."""
+    (the model and its loss) on the ``whole`` batch (every rank sees it all; traced here,
+    before the plan's own step, whose trace of the same batch reuses it:
+    ``forward.reusing_traces``), with the plan's optimizer; with ``parallel.dp`` a dp x tp
+    mesh, each tp group traced and priced on its share of the batch (``Mesh``; ``auto``: each
+    of ``dp_values``)."""
     from autoplace.pipeline.forward import Tracing, traced_problem
     from autoplace.pipeline.measured import backward_factors
     from autoplace.train.layers import kept_state
@@ -108,11 +105,9 @@ def weigh_step_meshes(model: torch.nn.Module, whole: tuple[tuple[Any, ...], dict
     found = []
     with kept_state(model):  # tracing and observing run it in train()
         for dp in dps:
-            traced, shard = forward, dp_shard(args, kwargs, dp)
-            if traced is None or dp > 1:
-                with collecting():  # the plan's step said what tracing finds
-                    traced = traced_problem(model, *shard, cluster,
-                                            Tracing.of(config, checked=True))
+            shard = dp_shard(args, kwargs, dp)
+            with collecting():  # the plan's step says what tracing finds
+                traced = traced_problem(model, *shard, cluster, Tracing.of(config, checked=True))
             with collecting():
                 factors, _ = backward_factors(traced.profiled, model, *shard, cluster)
             mesh = None if dp == 1 else Mesh(
