@@ -509,6 +509,23 @@ def test_tp_auto_weighs_each_degree_of_the_alike_devices_and_keeps_the_fastest()
     assert any("tensor parallelism not weighed (--tp auto)" in n for n in unlike.plan.notes)
 
 
+def test_tp_auto_keeps_each_tp_group_inside_a_host(tmp_path) -> None:
+    # Tensor parallelism's collectives sit on the critical path: practitioners keep a tp group
+    # inside a host's NVLink domain, and auto weighs no degree that would leave it.
+    from autoplace.cluster.file import load_cluster_file
+    from autoplace.pipeline.mesh import tensor_degrees
+
+    hosts = "".join(f'[[hosts]]\nname = "node{i}"\ndevices = ["4xA100-80GB"]\n'
+                    "nic_bandwidth_bytes_per_s = 25e9\n" for i in range(4))
+    (tmp_path / "cluster.toml").write_text(hosts)
+    cluster = load_cluster_file(tmp_path / "cluster.toml")
+    assert tensor_degrees(cluster, "auto") == [2, 4]  # not 8 or 16: those cross a NIC
+    assert tensor_degrees(cluster, "auto", dp=4) == [4]  # each group one host
+    assert tensor_degrees(cluster, "auto", dp=8) == [2]  # two groups a host
+    assert tensor_degrees(cluster, "auto", dp=2) == []  # 8 ranks a group: two hosts each
+    assert tensor_degrees(cluster, 8, dp=2) == [8]  # asked for: weighed all the same
+
+
 def test_a_tp_that_is_neither_a_number_nor_auto_is_refused(tmp_path, capsys) -> None:
     from pathlib import Path
 

@@ -205,7 +205,7 @@ class Parallel:
     """Parallelism beside placement: ``tp``, N tensor-parallel ranks (one device each, the
     first N) weighed beside the plan's placement or training step (``solve.tensor``,
     ``emit.distributed.tensor``; ``docs/concepts.md``, ``docs/training.md``); ``"auto"``:
-    every degree that divides the leading alike devices, the fastest kept. ``dp``: the
+    every degree that divides the leading alike devices of one host, the fastest kept. ``dp``: the
     candidate's data-parallel degree beside ``tp``, a dp x tp mesh of every device, each tp
     group on 1/dp of the batch (in training FSDP2 over dp, or its gradients averaged:
     ``training.fsdp``); ``"auto"``: one tp group on the leading devices and the mesh of every

@@ -201,18 +201,23 @@ def dp_values(cluster: Cluster, config: Config, args: tuple[Any, ...],
 def tensor_degrees(cluster: Cluster, ranks: int | str, *, dp: int = 1) -> list[int]:
     """The degrees to weigh: ``[ranks]`` (its devices, ``dp`` groups of them, checked by
     ``tensor_devices``), or for ``"auto"`` every degree of 2 or more that divides the number
-    of leading devices alike (the first's type and memory; with ``dp`` > 1 the one that makes
-    a mesh of every device, where they are alike)."""
+    of leading devices alike on the first's host (its type and memory: a tp group's
+    collectives sit on the critical path, and stay inside a host's NVLink domain, as
+    Megatron-LM and torchtitan keep them); with ``dp`` > 1 the one that makes a mesh of every
+    device, where they are alike and each group is on one host."""
     if ranks != "auto":
         tensor_devices(cluster, int(ranks), dp=dp)
         return [int(ranks)]
     devices = cluster.devices
     if dp > 1:  # the mesh of every device
-        return [t for t in [len(devices) // dp] if t >= 2 and t * dp == len(devices)
-                and len({(d.type, d.memory_bytes) for d in devices}) == 1]
-    alike = next((i for i, d in enumerate(devices)
-                  if (d.type, d.memory_bytes) != (devices[0].type, devices[0].memory_bytes)),
-                 len(devices))
+        size = len(devices) // dp
+        return [size] if size >= 2 and size * dp == len(devices) and len(
+            {(d.type, d.memory_bytes) for d in devices}) == 1 and all(
+            len({d.host for d in devices[i:i + size]}) == 1
+            for i in range(0, len(devices), size)) else []
+    first = devices[0]
+    alike = next((i for i, d in enumerate(devices) if (d.type, d.memory_bytes, d.host)
+                  != (first.type, first.memory_bytes, first.host)), len(devices))
     return [d for d in range(2, alike + 1) if alike % d == 0]
 
 
