@@ -439,22 +439,22 @@ def test_fsdp_auto_candidates_share_the_time_limit_with_the_whole_replicas(fits)
     whole replicas do not fit: whatever runs, the solves together stay within the limit."""
     from types import SimpleNamespace
 
-    from autoplace.pipeline.step import _time_share, _variants
+    from autoplace.pipeline.replicas import replica_variants, time_share
 
     counts = [(1, [("a", "b", "c", "d")]), (2, [("a",), ("b",)]), (4, [("a",)] * 4)]
-    variants = _variants(counts, "auto", 1)
+    variants = replica_variants(counts, "auto", 1)
     assert [(r, s) for r, _, s in variants] == [(1, "ddp"), (2, "ddp"), (4, "ddp"),
                                                (2, "fsdp"), (4, "fsdp")]
     found = {(r, "ddp"): (SimpleNamespace(solved=SimpleNamespace(
         schedule=SimpleNamespace(feasible=ok))), []) for r, ok in fits.items()}
     ran = [(r, s) for r, _, s in variants if s == "ddp" or not fits.get(r, False)]
-    given = sum(_time_share(12.0, variants, s, fsdp="auto", found=found) for _, s in ran)
+    given = sum(time_share(12.0, variants, s, fsdp="auto", found=found) for _, s in ran)
     assert given <= 12.0 + 1e-9
-    assert _time_share(12.0, variants, "ddp", fsdp="auto", found=found) == 3.0
+    assert time_share(12.0, variants, "ddp", fsdp="auto", found=found) == 3.0
     # off and on share evenly among what they solve
-    off, on = _variants(counts, "off", 1), _variants(counts, "on", 1)
-    assert _time_share(12.0, off, "ddp", fsdp="off", found={}) == 4.0
-    assert _time_share(12.0, on, "fsdp", fsdp="on", found={}) == 6.0
+    off, on = replica_variants(counts, "off", 1), replica_variants(counts, "on", 1)
+    assert time_share(12.0, off, "ddp", fsdp="off", found={}) == 4.0
+    assert time_share(12.0, on, "fsdp", fsdp="on", found={}) == 6.0
 
 
 class TiedLogits(nn.Module):

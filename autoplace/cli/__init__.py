@@ -130,8 +130,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tp", type=tp_flag, metavar="N|auto",
                    help="weigh N tensor-parallel ranks (one device each, the first N; auto: "
                    "each N dividing the leading alike devices of one host, the fastest kept) "
-                   "beside the placement: matmuls split as columns and rows, run by DTensor, simulated "
-                   "with its collectives, checked on N gloo ranks; written to "
+                   "beside the placement: matmuls split as columns and rows, run by DTensor, "
+                   "simulated with its collectives, checked on N gloo ranks; written to "
                    "OUT/tensor_parallel/ (`autoplace run OUT --nproc N --tensor-parallel`). "
                    "With --mode training: each rank's step on the whole batch, checked by 3 "
                    "steps (run with --train K), weighed first: a placement whose lower bound "

@@ -24,12 +24,13 @@ from autoplace.emit.train.microbatch import (
     stepper,
     train_step,
 )
-from autoplace.errors import AutoplaceError, ConfigError, InfeasibleError
+from autoplace.errors import ConfigError, InfeasibleError
 from autoplace.formats.plan import Plan
 from autoplace.formats.records import ReplicaOption, TrainingCheck, TrainingRecord
 from autoplace.ir import Cluster, Problem, Schedule
 from autoplace.pipeline.forward import Forward, Tracing, traced_problem
 from autoplace.pipeline.measured import backward_factors, replica_averaging, update_rates
+from autoplace.pipeline.replicas import replica_counts, replica_variants, time_share
 from autoplace.progress import stage
 from autoplace.progress.notes import collecting, note, note_all
 from autoplace.simulate.schedules import SCHEDULES, schedule_run
@@ -37,7 +38,7 @@ from autoplace.solve import Outpaced, SolveOptions, SolveResult, solve
 from autoplace.solve.bounds import lower_bound_s
 from autoplace.solve.whatif import restrict
 from autoplace.train import step_problem, training_memory
-from autoplace.train.dataparallel import replica_groups, with_allreduce
+from autoplace.train.dataparallel import with_allreduce
 from autoplace.train.graph import model_bytes, state_memory, step_state_bytes
 from autoplace.train.layers import dropout_ops, updates_statistics
 from autoplace.train.recompute import (
@@ -130,18 +131,18 @@ def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: S
                fsdp: str = "auto", layers: str = "eval", beat_s: float | None = None) -> Step:
     """The training step of ``model`` (a ``train.LossModel``) on the ``whole`` batch: for each
     replica count R (``replicas``, or ``auto``: every R that divides the devices into alike
-    groups, ``train.dataparallel``), one replica's shard cut into micro-batches, one
-    micro-batch traced on ``cluster``, the replica's step solved on its devices with the
-    gradients' all-reduce (``_solve_step``, the time limit shared among the R) and, as
-    ``fsdp`` says, sharded under FSDP2 (``_variants``; ``auto``: where that R's DDP step does
-    not fit); the fastest step that fits kept, and why said. Each candidate's notes are
-    collected apart, and only the kept one's are passed on. ``layers``: how the model runs
-    its layers (``train.layers``; a step in ``train()`` recomputes nothing that drops out or
-    updates statistics, ``_recomputable``). ``beat_s``: the step of the tensor-parallel mesh
-    weighed before: a count whose lower bound is no less is not solved (``Outpaced``, raised
-    where every count is so or does not fit)."""
-    variants = _variants(_replica_counts(model, whole, cluster, replicas, microbatches, dtype),
-                         fsdp, microbatches)
+    groups, ``train.dataparallel``), one replica's shard cut into micro-batches, one micro-batch
+    traced on ``cluster``, the replica's step solved on its devices with the gradients'
+    all-reduce (``_solve_step``, the time limit shared among the R) and, as ``fsdp`` says, sharded
+    under FSDP2 (``replicas.replica_variants``; ``auto``: where that R's DDP step does not fit);
+    the fastest step that fits kept, and why said. Each candidate's notes are collected apart,
+    and only the kept one's are passed on. ``layers``: how the model runs its layers
+    (``train.layers``; a step in ``train()`` recomputes nothing that drops out or updates
+    statistics, ``_recomputable``). ``beat_s``: the step of the tensor-parallel mesh weighed
+    before: a count whose lower bound is no less is not solved (``Outpaced``, raised where every
+    count is so or does not fit)."""
+    counted = replica_counts(model, whole, cluster, replicas, microbatches, dtype)
+    variants = replica_variants(counted, fsdp, microbatches)
     found: dict[tuple[int, str], tuple[Step, list[str]]] = {}
     failure: InfeasibleError | None = None
     outpaced: dict[tuple[int, str], Outpaced] = {}
@@ -152,7 +153,7 @@ def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: S
                 unsharded[0].solved.schedule.feasible):
             continue  # auto shards for memory: R's replicas fit whole
         counts.append((r, groups, sharding))
-        share = replace(options, time_limit_s=_time_share(
+        share = replace(options, time_limit_s=time_share(
             options.time_limit_s, variants, sharding, fsdp=fsdp, found=found))
         with collecting() as mine:
             try:
@@ -216,48 +217,6 @@ def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: S
              "charged on the critical path (train.sharded)")
     note("accelerate's device maps are inference maps: not among a training plan's baselines")
     return replace(step, options=table)
-
-
-def _time_share(limit_s: float, variants: list[tuple[int, Any, str]], sharding: str, *,
-                fsdp: str, found: Mapping[tuple[int, str], tuple[Step, list[str]]]) -> float:
-    """The solve time of one candidate, the candidates' together at most ``limit_s``: shared
-    evenly, except under ``fsdp=auto``, where the whole replicas' steps share all but one
-    slice and the sharded ones that run (those of counts whose whole replicas do not fit)
-    share that slice."""
-    whole = sum(1 for _, _, s in variants if s == "ddp")
-    sharded = len(variants) - whole
-    if fsdp != "auto" or not sharded:
-        return limit_s / len(variants)
-    if sharding == "ddp":
-        return limit_s / (whole + 1)
-    running = sum(1 for r, _, s in variants if s == "fsdp" and not (
-        (r, "ddp") in found and found[r, "ddp"][0].solved.schedule.feasible))
-    return limit_s / (whole + 1) / max(running, 1)
-
-
-def _variants(counts: list[tuple[int, list[tuple[str, ...]]]], fsdp: str, microbatches: int
-              ) -> list[tuple[int, list[tuple[str, ...]], str]]:
-    """Each replica count with how its replicas hold the model: ``ddp`` unless ``fsdp`` is
-    ``on``, and then ``fsdp`` (``train.sharded``) unless it is ``off``, where a replica is one
-    device running one batch (R > 1; no micro-batches). The whole replicas' steps come first
-    (``auto`` shards a count only once its whole replicas are found not to fit). ``fsdp=on``
-    with no such count is an error."""
-    variants = []
-    for r, groups in counts:
-        if fsdp != "on":
-            variants.append((r, groups, "ddp"))
-    for r, groups in counts:
-        if fsdp != "off" and r > 1 and len(groups[0]) == 1 and microbatches == 1:
-            variants.append((r, groups, "fsdp"))
-    if not variants:
-        tried = ", ".join(f"R={r} ({len(g[0])} device{'s' if len(g[0]) > 1 else ''} each)"
-                          for r, g in counts)
-        raise ConfigError("{training.fsdp=on} shards over replicas of one device each (R the "
-                          "number of devices, 2 or more, and a batch that divides into R "
-                          f"shards), and none could be planned here ({tried}; the notes say "
-                          "why a count was not considered): plan on 2 or more devices whose "
-                          "number divides the batch, or set {training.fsdp=auto}")
-    return variants
 
 
 def _replica_step(model: torch.nn.Module, whole: Batch, r: int, groups: list[tuple[str, ...]],
@@ -327,68 +286,6 @@ def _recomputable(module: torch.nn.Module, recompute: str, layers: str) -> str:
     note(f"no {why}: the step is planned without recomputation (--layers eval allows it)",
          once=True)
     return "off"
-
-
-def _replica_counts(model: torch.nn.Module, whole: Batch, cluster: Cluster,
-                    replicas: int | str, microbatches: int, dtype: str
-                    ) -> list[tuple[int, list[tuple[str, ...]]]]:
-    """The replica counts to plan, each with its device groups: ``replicas``, or with
-    ``auto`` every R that divides the devices into alike groups, the batch into equal
-    shards (each of which divides into ``microbatches``), and whose loss is the mean of the
-    shards' (the replicas' gradients are averaged); the others are said in notes. An
-    asked-for R that cannot be is an error. In a half ``dtype`` (mixed precision) one replica
-    only."""
-    asked = replicas != "auto"
-    count = len(cluster.devices)
-    wanted = [int(replicas)] if asked else [r for r in range(1, count + 1) if count % r == 0]
-    if dtype != "float32" and any(r > 1 for r in wanted):
-        # train.py (emit/distributed/ddp.py) steps a float32 optimizer: its replicas would need
-        # MasterWeights and, for float16, one loss scale agreed on by every rank.
-        if asked:
-            raise ConfigError(f"data-parallel replicas in {dtype} (mixed precision) are not "
-                              "built yet: use {training.replicas=1} or {dtype=float32}")
-        note(f"data-parallel replicas in {dtype} (mixed precision) are not built yet: "
-             "one replica over every device (R=1)")
-        wanted = [1]
-    kept = []
-    for r in wanted:
-        if r == 1:
-            kept.append((1, [cluster.names]))
-            continue
-        groups = replica_groups(cluster, r)
-        why = None
-        if count % r:
-            why = f"{r} does not divide the {count} devices into equal groups"
-        elif groups is None:
-            why = (f"the {count} devices do not form {r} alike groups (the same device types "
-                   "and the same links inside each)")
-        else:
-            try:
-                shards = split_batch(*whole, r, what=REPLICA_SHARDS)
-                if loss_rule(model, *whole, shards) != "mean":
-                    why = ("the loss is the sum of the shards' losses, and "
-                           "the replicas' gradients are averaged")
-                else:
-                    why = _shard_cut(shards[0], microbatches)
-            except AutoplaceError as exc:
-                why = str(exc)
-        if why is None:
-            kept.append((r, groups))
-        elif asked:
-            cut = f" {{training.microbatches={microbatches}}}" if microbatches > 1 else ""
-            raise ConfigError(f"{{training.replicas={r}}}{cut}: {why}")
-        else:
-            note(f"{r} data-parallel replicas not considered: {why}")
-    return kept
-
-
-def _shard_cut(shard: Batch, microbatches: int) -> str | None:
-    """Why a replica's ``shard`` does not divide into ``microbatches``, or ``None``."""
-    try:
-        split_batch(*shard, microbatches)
-    except AutoplaceError as exc:
-        return f"each replica's shard: {exc}"
-    return None
 
 
 def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
