@@ -602,3 +602,45 @@ def test_a_degree_that_does_not_divide_the_key_value_heads_is_refused_for_traini
     assert code == 2 and "--tp 8: DTensor cannot run" in err, err
     assert "divides the model's attention heads (key/value heads included)" in err
     assert not out.exists()
+
+
+def test_a_meta_model_with_dropout_is_weighed_for_training_on_fake_ranks() -> None:
+    # dropout on DTensors in train(), on fake tensors: observed, DTensor's random state as it was
+    from autoplace.config import Config, Cost, Parallel, Solve
+    from autoplace.pipeline import plan
+
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Dropout(0.1),
+                              nn.Linear(1024, 256), nn.Dropout(0.1), nn.Linear(256, 8))
+    made = plan(model, (torch.randn(64, 256),), Config(
+        devices="2xA100-80GB", mode="training", cost=Cost(profile=False),
+        solve=Solve(time_limit_s=1), parallel=Parallel(tp=2)),
+        loss=F.cross_entropy, example_targets=(torch.randint(0, 8, (64,)),)).plan
+    tp = made.tensor_parallel
+    assert tp.ranks == 2 and tp.columns == 2 and tp.rows == 1 and tp.check == "skipped"
+    from torch.distributed.tensor import _random
+
+    assert _random._rng_tracker is None  # DTensor's own state as it was
+
+
+def test_a_meta_gpt2_whose_backward_needs_a_value_gets_a_clear_error() -> None:
+    # GPT-2's fused c_attn split into q, k and v makes a strided shard, which DTensor's
+    # backward gathers by reading index values: fake tensors hold none. A ConfigError (exit 2)
+    # that says what to do, not a traceback.
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from autoplace.config import Config, Cost, Parallel, Solve
+    from autoplace.errors import ConfigError
+    from autoplace.pipeline import plan
+
+    with torch.device("meta"):
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=128, n_embd=64, n_layer=1, n_head=4,
+                                           n_positions=32, use_cache=False))
+    ids = torch.randint(0, 128, (2, 16))
+    with pytest.raises(ConfigError, match=r"parallel\.tp=2.*@backward.*fake tensors.*plan "
+                       r"the model with its weights"):
+        plan(model, {"input_ids": ids}, Config(
+            devices="2xA100-80GB", mode="training", cost=Cost(profile=False),
+            solve=Solve(time_limit_s=1), parallel=Parallel(tp=2)),
+            loss=lambda out, t: F.cross_entropy(out.logits.reshape(-1, 128), t.reshape(-1)),
+            example_targets=(ids,))

@@ -369,8 +369,8 @@ def observe_split(problem: Problem, traced: TracedModel, split: Mapping[str, tup
         raise ConfigError(
             f"{{parallel.tp={ranks}}}: DTensor cannot run {failed.op}"
             + (f" ({module})" if module else "") + f" split over {ranks} ranks: {first}; "
-            "choose a degree that divides the model's attention heads (key/value heads "
-            "included) and hidden sizes") from None
+            + (failed.remedy or "choose a degree that divides the model's attention heads "
+               "(key/value heads included) and hidden sizes")) from None
 
 
 def _step_of(problem: Problem, observed: Observed, everyone: tuple[str, ...], *, ranks: int,

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.fx
+from torch._subclasses.fake_tensor import DataDependentOutputException
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -184,7 +185,16 @@ def _sharded_pass(emitted: torch.nn.Module, split: Mapping[str, tuple[str, int]]
         gathered = recorder.take()
         if train:
             found.current = OUTPUTS  # the loss's own backward, until a hook fires
-            next(x for x in pytree.tree_leaves(out) if isinstance(x, torch.Tensor)).backward()
+            loss = next(x for x in pytree.tree_leaves(out) if isinstance(x, torch.Tensor))
+            try:
+                loss.backward()
+            except DataDependentOutputException as error:  # fake tensors hold no values
+                raise SplitError(f"{found.current}@backward", RuntimeError(
+                    "on fake tensors (the parameters are on the meta device), DTensor's "
+                    f"backward asked for a value they do not hold ({error.func}: a strided "
+                    "shard gathered whole, as a fused projection split into its parts makes "
+                    "it)"), remedy="plan the model with its weights (built on the CPU, or "
+                    "--checkpoint), or without --tp") from error
             found.reached(None, recorder)
     found.hooks = False
     if gathered:
@@ -319,11 +329,12 @@ def _fake_group(ranks: int) -> Iterator[None]:
 
 class SplitError(Exception):
     """DTensor could not run traced op ``op`` split so (an attention's key/value heads that the
-    ranks do not divide, say): ``error`` says why."""
+    ranks do not divide, say): ``error`` says why; ``remedy``, what to do where it is not the
+    degree's fault."""
 
-    def __init__(self, op: str, error: BaseException) -> None:
+    def __init__(self, op: str, error: BaseException, remedy: str | None = None) -> None:
         super().__init__(f"{op}: {error}")
-        self.op, self.error = op, error
+        self.op, self.error, self.remedy = op, error, remedy
 
 
 @dataclass
