@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import Any
 
 __all__ = [
     "AutoplaceError",
@@ -83,7 +84,11 @@ class GraphError(AutoplaceError):
 
 
 class InfeasibleError(AutoplaceError):
-    """No placement fits the devices' memory."""
+    """No placement fits the devices' memory. ``options``: where a training plan's replica
+    counts all failed, each one's record (``formats.records.ReplicaOption``), which its
+    recipes read (``pipeline.recipes``)."""
+
+    options: tuple[Any, ...] = ()
 
 
 class EmitError(AutoplaceError):

@@ -125,7 +125,8 @@ def plan(model: torch.nn.Module, example_inputs: Any, config: Config | None = No
                 raise
             planned, tensor_model = _mesh_alone(str(failed), loaded, cluster, config, stages,
                                                 meshes=meshes,
-                                                outpaced=isinstance(failed, Outpaced))
+                                                outpaced=isinstance(failed, Outpaced),
+                                                options=failed.options)
             return Planned(replace(planned, notes=tuple(notes)), None,
                            tensor_model if config.emit.model else None)
         planned = stages.record(solved)
@@ -162,13 +163,14 @@ def plan(model: torch.nn.Module, example_inputs: Any, config: Config | None = No
 
 
 def _mesh_alone(failure: str, loaded: Any, cluster: Any, config: Config, stages: Any, *,
-                meshes: Any = None, outpaced: bool = False
+                meshes: Any = None, outpaced: bool = False, options: tuple[Any, ...] = ()
                 ) -> tuple[Plan, PartitionedModel | None]:
     """The plan where no placement fits (``failure`` says why; ``outpaced``: none was solved
     that could beat the ``meshes`` weighed first) and ``--tp`` was asked: the tensor-parallel
     candidate, if it fits (``pipeline.tensor``; ``InfeasibleError`` naming both where it does
     not). A training plan's candidate takes the model and loss the placement's ``stages``
-    traced, so their last trace serves it where it is the same."""
+    traced, so their last trace serves it where it is the same; ``options``: the replica
+    counts its step tried (the recipes read them)."""
     import time
 
     began = time.perf_counter()
@@ -181,7 +183,7 @@ def _mesh_alone(failure: str, loaded: Any, cluster: Any, config: Config, stages:
             staged_step_candidate(None, step_model, whole, cluster, config, failure=failure)
             if meshes is None else
             tensor_step_candidate(None, step_model, whole, cluster, config, failure=failure,
-                                  found=meshes, outpaced=outpaced))
+                                  found=meshes, outpaced=outpaced, options=options))
     return replace(planned, solver=replace(  # the mesh's weighing and check took this
         planned.solver, wall_s=time.perf_counter() - began)), model
 

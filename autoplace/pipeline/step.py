@@ -167,16 +167,6 @@ def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: S
                 if len(variants) == 1:
                     raise
                 failure = failure or exc  # R=1's, over every device, says the most
-    if not found and outpaced:  # fitting none is not shown: say each count's bound
-        first = next(iter(outpaced.values()))
-        raise Outpaced(f"no placement can beat {first.beat_s:.6g} s: " + ", ".join(
-            f"R={r}{' FSDP' if h == 'fsdp' else ''}'s step takes at least {e.bound_s:.6g} s"
-            for (r, h), e in outpaced.items()) + " (lower bounds); none was solved",
-            bound_s=min(e.bound_s for e in outpaced.values()), beat_s=first.beat_s)
-    if not found:
-        raise failure  # type: ignore[misc]
-    kept = min(found, key=lambda k: (not found[k][0].solved.schedule.feasible,
-                                     found[k][0].solved.schedule.makespan_s))
     table = tuple(
         ReplicaOption(replicas=r, devices_per_replica=len(groups[0]),
                       step_s=found[r, sharding][0].solved.schedule.makespan_s
@@ -185,6 +175,18 @@ def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: S
                       and found[r, sharding][0].solved.schedule.feasible, sharding=sharding,
                       bound_s=outpaced[r, sharding].bound_s if (r, sharding) in outpaced else None)
         for r, groups, sharding in counts)
+    if not found and outpaced:  # fitting none is not shown: say each count's bound
+        first = next(iter(outpaced.values()))
+        raise Outpaced(f"no placement can beat {first.beat_s:.6g} s: " + ", ".join(
+            f"R={r}{' FSDP' if h == 'fsdp' else ''}'s step takes at least {e.bound_s:.6g} s"
+            for (r, h), e in outpaced.items()) + " (lower bounds); none was solved",
+            bound_s=min(e.bound_s for e in outpaced.values()), beat_s=first.beat_s,
+            options=table)
+    if not found:
+        failure.options = table  # type: ignore[union-attr]
+        raise failure  # type: ignore[misc]
+    kept = min(found, key=lambda k: (not found[k][0].solved.schedule.feasible,
+                                     found[k][0].solved.schedule.makespan_s))
     step, mine = found[kept]
     best = kept[0]  # the replica count
     note_all(mine)

@@ -14,7 +14,7 @@ model with its split and ranks' entry point (``launch.py``, ``train.py``) to
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -32,7 +32,7 @@ from autoplace.emit.distributed.tensor import (
 from autoplace.emit.distributed.tensor_train import verify_tensor_training
 from autoplace.errors import ConfigError, InfeasibleError
 from autoplace.formats.plan import Plan
-from autoplace.formats.records import SHARDING_SAID, TensorParallelRecord
+from autoplace.formats.records import SHARDING_SAID, ReplicaOption, TensorParallelRecord
 from autoplace.ir import Cluster, Device, Placement, Problem, Schedule
 from autoplace.pipeline.mesh import (
     SHARDINGS,
@@ -47,6 +47,7 @@ from autoplace.pipeline.mesh import (
     tensor_degrees,
     tensor_devices,
 )
+from autoplace.pipeline.recipes import recipe_baselines, recipes_said
 from autoplace.progress import stage
 from autoplace.progress.notes import collecting, note
 from autoplace.simulate import simulate
@@ -68,22 +69,30 @@ _NOT_WEIGHED = ("tensor parallelism not weighed (--tp auto): the first two devic
 def tensor_step_candidate(planned: Plan | None, model: torch.nn.Module,
                           whole: tuple[tuple[Any, ...], dict[str, Any]], cluster: Cluster,
                           config: Config, *, found: list[Weighed | None],
-                          failure: str | None = None, outpaced: bool = False
+                          failure: str | None = None, outpaced: bool = False,
+                          options: tuple[ReplicaOption, ...] = ()
                           ) -> tuple[Plan, PartitionedModel | None]:
     """The tensor-parallel candidate of a training plan's step (``pipeline.training``):
     ``model`` (the model and its loss) on the ``whole`` batch, its meshes ``found`` by
-    ``weigh_step_meshes``, the fastest kept and checked. ``planned`` ``None``: no placement
-    of the step fits (``failure`` says why; ``outpaced``: none can beat the mesh), and the
-    plan is the mesh (``keep_fastest``)."""
+    ``weigh_step_meshes``, the fastest kept and checked, and the recipes written by hand
+    among the plan's baselines (``pipeline.recipes``). ``planned`` ``None``: no placement of
+    the step fits (``failure`` says why; ``outpaced``: none can beat the mesh; ``options``:
+    each replica count tried), and the plan is the mesh (``keep_fastest``)."""
     from autoplace.train.layers import kept_state
 
     args, kwargs = whole
     unplaced = Unplaced(failure, config.name, config.dtype, outpaced=outpaced)
     if not found:
         return keep_fastest(planned, [], model, args, kwargs, verify=False, unplaced=unplaced)
+    if planned is not None and planned.training is not None:
+        options = planned.training.replica_options or ()
     with kept_state(model):  # checking runs it in train()
-        return keep_fastest(planned, found, model, args, kwargs, verify=config.emit.verify,
-                            optimizer=config.training.optimizer, unplaced=unplaced)
+        made, one = keep_fastest(planned, found, model, args, kwargs,
+                                 verify=config.emit.verify, optimizer=config.training.optimizer,
+                                 unplaced=unplaced)
+    recipes = recipe_baselines(found, options, cluster)
+    note(recipes_said(recipes))
+    return replace(made, baselines={**made.baselines, **recipes}), one
 
 
 def weigh_step_meshes(model: torch.nn.Module, whole: tuple[tuple[Any, ...], dict[str, Any]],
@@ -155,25 +164,29 @@ def tensor_pass_candidate(planned: Plan | None, loaded: Any, cluster: Cluster, c
 
 @dataclass(frozen=True)
 class Priced:
-    """One degree of a mesh priced (``_weigh``): its record (unchecked), what DTensor did, and
-    rank 0's problem and simulated schedule, which every rank's mirrors."""
+    """One degree of a mesh priced (``_weigh``): its record (unchecked), what DTensor did,
+    rank 0's problem and simulated schedule, which every rank's mirrors, and for a training
+    step over dp each sharding's step and bytes over memory (``shardings``, with the kept
+    recomputation: ``pipeline.recipes`` reads them)."""
 
     record: TensorParallelRecord
     observed: Observed
     rank0: Problem
     schedule: Schedule
+    shardings: Mapping[str, tuple[float, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Weighed:
-    """A mesh weighed (``_weighed``): its fastest degree ``priced``, the one-device model its
-    ranks split, and the cluster."""
+    """A mesh weighed (``_weighed``): its fastest degree ``priced`` (``degrees``: each one
+    weighed), the one-device model its ranks split, and the cluster."""
 
     priced: Priced
     one: PartitionedModel
     cluster: Cluster
     tracer: str
     traced_ops: int
+    degrees: Mapping[int, Priced] = field(default_factory=dict)
 
     @property
     def record(self) -> TensorParallelRecord:
@@ -218,7 +231,7 @@ def _weighed(problem: Problem, traced: TracedModel, args: tuple[Any, ...],
     record = replace(best.record, weighed={d: p.record.makespan_s for d, p in weighed.items()}
                      if ranks == "auto" else {})
     return Weighed(priced=replace(best, record=record), one=one, cluster=problem.cluster,
-                   tracer=traced.tracer, traced_ops=len(traced.graph.nodes))
+                   tracer=traced.tracer, traced_ops=len(traced.graph.nodes), degrees=weighed)
 
 
 @dataclass(frozen=True)
@@ -324,7 +337,7 @@ def _weigh(problem: Problem, traced: TracedModel, one: PartitionedModel,
     here = on_workers_here(chosen)
     measured_s = (measured_collectives_s(observed, ranks, chosen[0].torch_device, cache)
                   if here else None)
-    priced: dict[str, float] = {}
+    priced: dict[str, tuple[float, int]] = {}
     recompute, kept = False, None
     if training is None:
         rank0 = tensor_problem(problem, observed, names, measured=here, collectives_s=measured_s)
@@ -344,9 +357,10 @@ def _weigh(problem: Problem, traced: TracedModel, one: PartitionedModel,
         split=split, optimizer=training[0] if training else None, dp=dp,
         torch_devices=tuple(d.torch_device for d in chosen),
         sharding=kept if mesh is not None else None,
-        weighed_sharding=priced if mesh is not None and len(priced) > 1 else {},
+        weighed_sharding={s: t for s, (t, _) in priced.items()}
+        if mesh is not None and len(priced) > 1 else {},
         over_bytes=bytes_over(schedule), recompute=recompute),
-        observed=observed, rank0=rank0, schedule=schedule)
+        observed=observed, rank0=rank0, schedule=schedule, shardings=priced)
 
 
 def observe_split(problem: Problem, traced: TracedModel, split: Mapping[str, tuple[str, int]],
@@ -376,12 +390,13 @@ def observe_split(problem: Problem, traced: TracedModel, split: Mapping[str, tup
 def _step_of(problem: Problem, observed: Observed, everyone: tuple[str, ...], *, ranks: int,
              training: tuple[str, Mapping[str, float], str, str], mesh: Mesh | None,
              here: bool, collectives_s: float | None
-             ) -> tuple[Problem, Schedule, str | None, dict[str, float], bool]:
+             ) -> tuple[Problem, Schedule, str | None, dict[str, tuple[float, int]], bool]:
     """Rank 0's training step (``tensor_step_problem``) over ``everyone`` (a dp x ``ranks``
     mesh in rank order), each of ``mesh``'s shardings priced, and again with each unit
     recomputed where ``training``'s recompute is ``auto`` and none fits without: the kept
     step (one that fits, the fastest; else the least over) and its simulation, its sharding,
-    each sharding's time with the kept recomputation, and whether it recomputes."""
+    each sharding's time and bytes over memory with the kept recomputation, and whether it
+    recomputes."""
     optimizer, factors, dtype, recompute = training
     names, dp = everyone[:ranks], len(everyone) // ranks
     factor = stretch(len(everyone)) if here else 1.0
@@ -413,7 +428,8 @@ def _step_of(problem: Problem, observed: Observed, everyone: tuple[str, ...], *,
              "checkpointing per block, torch.utils.checkpoint), which rank 0 needs to fit: "
              f"{found[kept][1].makespan_s * 1e3:.3f} ms a step with it")
     return (*found[kept], kept[0],
-            {s: found[s, kept[1]][1].makespan_s for s, again in found if again == kept[1]},
+            {s: (found[s, again][1].makespan_s, bytes_over(found[s, again][1]))
+             for s, again in found if again == kept[1]},
             kept[1])
 
 

@@ -136,11 +136,13 @@ class _SolveState:
 class Outpaced(InfeasibleError):
     """No placement can be the plan: its lower bound is no less than the time of a plan of
     another kind already found (``solve(beat_s=...)``; ``bound_s`` and ``beat_s`` say so).
-    Internal: the pipeline that passed ``beat_s`` keeps that plan, and no user sees it."""
+    Internal: the pipeline that passed ``beat_s`` keeps that plan, and no user sees it.
+    ``options``: a training plan's replica counts, each with its bound (``pipeline.step``)."""
 
-    def __init__(self, message: str, *, bound_s: float, beat_s: float) -> None:
+    def __init__(self, message: str, *, bound_s: float, beat_s: float,
+                 options: tuple[Any, ...] = ()) -> None:
         super().__init__(message)
-        self.bound_s, self.beat_s = bound_s, beat_s
+        self.bound_s, self.beat_s, self.options = bound_s, beat_s, options
 
 
 def solve(
