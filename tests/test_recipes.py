@@ -97,3 +97,41 @@ def test_a_replica_count_bounded_below_the_mesh_is_not_run_with_its_bound(bound)
     else:
         assert got.makespan_s == 1.5 and got.feasible
     assert "whole replicas fit" in _replicas((option,), 4, "fsdp").not_run
+
+
+def test_a_mesh_faster_than_the_placement_solved_is_the_plan_and_nothing_else_is_saved(
+        tmp_path, monkeypatch) -> None:
+    # The placement is solved (its bound is below the mesh's step) and turns out slower: the
+    # plan is the mesh; the placement's emitted model is not saved as the plan's.
+    from dataclasses import replace
+
+    import autoplace.pipeline as pipeline
+    import autoplace.pipeline.tensor as tensor
+    from autoplace.config import Config, Cost, Emit, Parallel, Solve, Training
+    from autoplace.formats.plan import PLACEMENT_SLOWER
+    from autoplace.pipeline import plan, save
+
+    real = tensor.keep_fastest
+
+    def quicker(planned, *args, **kwargs):  # the mesh predicted at a tenth of the placement
+        made, one = real(planned, *args, **kwargs)
+        record = replace(made.tensor_parallel, makespan_s=made.makespan_s / 10)
+        return replace(made, tensor_parallel=record), one
+
+    monkeypatch.setattr(pipeline, "fastest_fit_s", lambda found: 1.0)  # nothing outpaced
+    monkeypatch.setattr(tensor, "keep_fastest", quicker)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 8))
+    got = plan(model, (torch.randn(32, 64),), Config(
+        devices="2xA100-80GB", mode="training", cost=Cost(profile=False),
+        solve=Solve(time_limit_s=1), parallel=Parallel(tp=2), training=Training(replicas=1),
+        emit=Emit(verify=False)), loss=F.cross_entropy,
+        example_targets=(torch.randint(0, 8, (32,)),))
+    made = got.plan
+    assert made.is_mesh and made.solver.status == PLACEMENT_SLOWER
+    assert made.baselines["placement (1 replica)"].feasible
+    assert got.model is None and got.tensor_model is not None
+    save(got, tmp_path / "out")
+    assert not (tmp_path / "out" / "model").exists()
+    assert (tmp_path / "out" / "tensor_parallel" / "train.py").exists()
+    assert "The placement solved is slower: run tp 2" in (
+        tmp_path / "out" / "summary.txt").read_text()

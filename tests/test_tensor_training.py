@@ -430,7 +430,7 @@ def test_a_step_that_cannot_beat_the_mesh_is_not_solved(monkeypatch) -> None:
     import autoplace.pipeline as pipeline
     import autoplace.solve as solving
     from autoplace.config import Config, Cost, Emit, Parallel, Solve, Training
-    from autoplace.formats.plan import NO_FASTER_PLACEMENT
+    from autoplace.formats.plan import NO_FASTER_PLACEMENT, PLACEMENT_SLOWER
     from autoplace.formats.records import ReplicaOption
     from autoplace.pipeline import plan
     from autoplace.report.advice import advice
@@ -459,8 +459,12 @@ def test_a_step_that_cannot_beat_the_mesh_is_not_solved(monkeypatch) -> None:
     assert advice(made).startswith("No placement can beat it: run tp 2 over 2 GPUs with ")
     monkeypatch.setattr(pipeline, "fastest_fit_s", lambda found: 0.015)
     made = planned("auto")
-    assert solved == [1] and not made.is_mesh  # R=2's replicas of one device each
-    assert made.makespan_s < 0.015
+    assert solved == [1]  # R=2's replicas of one device each, bounded below 15 ms
+    # solved, and slower than the mesh itself: the plan is the mesh, the placement a baseline
+    placed = made.baselines["placement (2 replicas)"]
+    assert made.is_mesh and made.solver.status == PLACEMENT_SLOWER
+    assert made.makespan_s == made.tensor_parallel.makespan_s < placed.makespan_s < 0.015
+    assert advice(made).startswith("The placement solved is slower: run tp 2 over 2 GPUs")
     said = next(n for n in made.notes if n.startswith("data-parallel replicas: R=1"))
     bound_ms = float(said.split("at least ")[1].split(" ms, not solved")[0])
     assert bound_ms / 1e3 == pytest.approx(bound_s, abs=1e-6)

@@ -57,18 +57,9 @@ from autoplace.ir import (
     optimality_gap,
 )
 
-__all__ = [
-    "MESH_SOLVER",
-    "NO_FASTER_PLACEMENT",
-    "NO_PLACEMENT_FITS",
-    "SCHEMA_VERSION",
-    "BaselineResult",
-    "Plan",
-    "SolverRecord",
-    "Verification",
-    "plan_path",
-    "read_plan",
-]
+__all__ = ["MESH_SOLVER", "NO_FASTER_PLACEMENT", "NO_PLACEMENT_FITS", "PLACEMENT_SLOWER",
+           "SCHEMA_VERSION", "BaselineResult", "Plan", "SolverRecord", "Verification",
+           "plan_path", "read_plan"]
 
 SCHEMA_VERSION = 1
 R = TypeVar("R")
@@ -210,14 +201,17 @@ class Verification:
 # fit (``pipeline.mesh.mesh_plan``): no lower bound is proven for it. Its status: ``unplaced``.
 MESH_SOLVER = "tensor-parallel mesh"
 NO_PLACEMENT_FITS, NO_FASTER_PLACEMENT = "NO_PLACEMENT_FITS", "NO_FASTER_PLACEMENT"
+PLACEMENT_SLOWER = "PLACEMENT_SLOWER"
 
 
 def unplaced(solver: SolverRecord) -> str:
     """Why a mesh is the plan, as its ``solver`` record says: "no placement fits" (none was
-    found within memory), or "no placement can beat it" where none was solved, each one's
-    lower bound no less than the mesh's step (``solve(beat_s=...)``)."""
-    return ("no placement can beat it" if solver.status == NO_FASTER_PLACEMENT
-            else "no placement fits")
+    found within memory), "no placement can beat it" where none was solved, each one's lower
+    bound no less than the mesh's step (``solve(beat_s=...)``), or "the placement solved is
+    slower" (``PLACEMENT_SLOWER``: a training step's, ``pipeline.tensor``)."""
+    return {NO_FASTER_PLACEMENT: "no placement can beat it",
+            PLACEMENT_SLOWER: "the placement solved is slower"}.get(solver.status,
+                                                                   "no placement fits")
 
 
 @dataclass(frozen=True)

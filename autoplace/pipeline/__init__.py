@@ -151,6 +151,8 @@ def plan(model: torch.nn.Module, example_inputs: Any, config: Config | None = No
                 if meshes is None else
                 tensor_step_candidate(planned, solved.model, step.whole, cluster, config,
                                       found=meshes))
+            if planned.is_mesh:  # faster than the placement: its model is not the plan's
+                emitted = None
         elif config.parallel.tp is not None:
             candidate = staged_pass_candidate if config.parallel.pp else tensor_pass_candidate
             planned, tensor_model = candidate(planned, loaded, cluster, config,

@@ -5,8 +5,8 @@ dp adds to rank 0's step (``over_dp``): FSDP2 over dp (``train.sharded``) or the
 averaged (``train.dataparallel``), on rank 0's shards, measured on gloo processes here where
 the devices are this machine's CPU workers (``_averaging_s``); the split renamed to the
 one-device model that FSDP2's units cut into segments (``renamed``). Ranks that outnumber this
-host's cores share them (``stretch``). Where no placement fits, the plan is the mesh
-(``mesh_plan``). docs/training.md, "A dp x tp mesh".
+host's cores share them (``stretch``). Where no placement fits, or beats it, the plan is the
+mesh (``mesh_plan``, ``mesh_faster``). docs/training.md, "A dp x tp mesh".
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from autoplace.config import Config
 from autoplace.errors import ConfigError
 from autoplace.formats.plan import (
     MESH_SOLVER,
-    NO_FASTER_PLACEMENT,
     NO_PLACEMENT_FITS,
+    PLACEMENT_SLOWER,
+    BaselineResult,
     Plan,
     SolverRecord,
     Verification,
@@ -29,7 +30,8 @@ from autoplace.formats.records import Coarsening, TensorParallelRecord, Training
 from autoplace.ir import Cluster, Device, Problem, Schedule
 from autoplace.progress.notes import note
 
-__all__ = ["SHARDINGS", "Mesh", "dp_shard", "dp_values", "mesh_plan", "over_dp", "renamed",
+__all__ = ["SHARDINGS", "Mesh", "dp_shard", "dp_values", "mesh_faster", "mesh_plan", "over_dp",
+           "renamed",
            "stretch", "stretched", "tensor_degrees", "tensor_devices"]
 
 
@@ -150,11 +152,12 @@ def renamed(split: Mapping[str, tuple[str, int]], model: Any) -> dict[str, tuple
 
 
 def mesh_plan(record: TensorParallelRecord, rank0: Problem, schedule: Schedule, *, name: str,
-              tracer: str, dtype: str, traced_ops: int, outpaced: bool = False) -> Plan:
+              tracer: str, dtype: str, traced_ops: int, status: str = NO_PLACEMENT_FITS
+              ) -> Plan:
     """The plan where no placement fits and the tensor-parallel candidate ``record`` does: its
     problem and schedule rank 0's (``rank0``, on its one device; every rank runs its mirror),
     its solver ``MESH_SOLVER`` with no lower bound proven (``Plan.gap`` is ``None``; its
-    ``wall_s`` the caller's to set), no
+    ``wall_s`` the caller's to set; ``status``: ``formats.plan.unplaced``'s), no
     baselines (none fits), a training plan's step one rank's, and its check the mesh's on gloo
     ranks. ``traced_ops``: the ops traced, of which rank 0's problem holds its share."""
     import datetime as _dt
@@ -162,7 +165,7 @@ def mesh_plan(record: TensorParallelRecord, rank0: Problem, schedule: Schedule, 
     return Plan(
         problem=rank0, schedule=schedule, lower_bound_s=0.0,
         solver=SolverRecord(name=MESH_SOLVER, wall_s=0.0,
-                            status=NO_FASTER_PLACEMENT if outpaced else NO_PLACEMENT_FITS),
+                            status=status),
         baselines={}, best_single_device=None, model=name, tracer=tracer,
         coarsening=Coarsening(traced_ops=traced_ops, plan_nodes=len(rank0.graph.nodes)),
         verification=Verification(
@@ -174,6 +177,27 @@ def mesh_plan(record: TensorParallelRecord, rank0: Problem, schedule: Schedule, 
                                 schedule="gpipe", replicas=1)
         if record.optimizer is not None else None,
         created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
+
+
+def mesh_faster(placed: Plan, rank0: Problem, schedule: Schedule, *, name: str, tracer: str,
+                dtype: str, traced_ops: int) -> Plan:
+    """The plan of a training step whose mesh (``placed.tensor_parallel``, weighed first; its
+    rank 0 ``rank0`` and ``schedule``) fits and is faster than the placement ``placed`` that
+    was solved (its lower bound was below the mesh's step; its step is not): the mesh
+    (``mesh_plan``, ``PLACEMENT_SLOWER``), the placement among its baselines ("placement (R
+    replicas)"; the replica counts tried in its training record), whose emitted model the
+    pipeline drops."""
+    record, replicas = placed.tensor_parallel, placed.training.replicas or 1
+    said = f"placement ({replicas} replica{'s' if replicas > 1 else ''})"
+    note(f"the {said} steps in {placed.makespan_s * 1e3:.3f} ms, the mesh in "
+         f"{record.makespan_s * 1e3:.3f} ms: the plan is the mesh, and the placement is among "
+         f"its baselines ({said!r})")
+    made = mesh_plan(record, rank0, schedule, name=name, tracer=tracer, dtype=dtype,
+                     traced_ops=traced_ops, status=PLACEMENT_SLOWER)
+    return replace(made, tensor_parallel=record,
+                   baselines={said: BaselineResult.of(placed.schedule)},
+                   training=replace(made.training,
+                                    replica_options=placed.training.replica_options))
 
 
 def dp_values(cluster: Cluster, config: Config, args: tuple[Any, ...],

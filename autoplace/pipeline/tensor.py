@@ -31,7 +31,11 @@ from autoplace.emit.distributed.tensor import (
 )
 from autoplace.emit.distributed.tensor_train import verify_tensor_training
 from autoplace.errors import ConfigError, InfeasibleError
-from autoplace.formats.plan import Plan
+from autoplace.formats.plan import (
+    NO_FASTER_PLACEMENT,
+    NO_PLACEMENT_FITS,
+    Plan,
+)
 from autoplace.formats.records import SHARDING_SAID, ReplicaOption, TensorParallelRecord
 from autoplace.ir import Cluster, Device, Placement, Problem, Schedule
 from autoplace.pipeline.mesh import (
@@ -39,6 +43,7 @@ from autoplace.pipeline.mesh import (
     Mesh,
     dp_shard,
     dp_values,
+    mesh_faster,
     mesh_plan,
     over_dp,
     renamed,
@@ -90,9 +95,15 @@ def tensor_step_candidate(planned: Plan | None, model: torch.nn.Module,
         made, one = keep_fastest(planned, found, model, args, kwargs,
                                  verify=config.emit.verify, optimizer=config.training.optimizer,
                                  unplaced=unplaced)
+    record = made.tensor_parallel
+    if not made.is_mesh and record.fits and record.makespan_s < made.makespan_s:
+        kept = min((w for w in found if w is not None), key=lambda w: _first(w.record))
+        made = mesh_faster(made, kept.priced.rank0, kept.priced.schedule, name=config.name,
+                           tracer=kept.tracer, dtype=config.dtype, traced_ops=kept.traced_ops)
     recipes = recipe_baselines(found, options, cluster)
     note(recipes_said(recipes))
     return replace(made, baselines={**made.baselines, **recipes}), one
+
 
 
 def weigh_step_meshes(model: torch.nn.Module, whole: tuple[tuple[Any, ...], dict[str, Any]],
@@ -307,7 +318,9 @@ def keep_fastest(planned: Plan | None, found: list[Weighed | None], model: torch
              "the plan's schedule; no lower bound is proven for it")
         planned = mesh_plan(record, kept.priced.rank0, kept.priced.schedule,
                             name=unplaced.name, tracer=kept.tracer, dtype=unplaced.dtype,
-                            traced_ops=kept.traced_ops, outpaced=unplaced.outpaced)
+                            traced_ops=kept.traced_ops,
+                            status=NO_FASTER_PLACEMENT if unplaced.outpaced
+                            else NO_PLACEMENT_FITS)
     note(_said(record, planned, kept.priced.observed,
                here=on_workers_here(tensor_devices(kept.cluster, ranks, dp=dp)), meta=meta))
     return replace(planned, tensor_parallel=record), None if meta else one
