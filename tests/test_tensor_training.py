@@ -641,10 +641,19 @@ def test_a_meta_gpt2_whose_backward_needs_a_value_gets_a_clear_error() -> None:
         model = GPT2LMHeadModel(GPT2Config(vocab_size=128, n_embd=64, n_layer=1, n_head=4,
                                            n_positions=32, use_cache=False))
     ids = torch.randint(0, 128, (2, 16))
+
+    def planned(tp):
+        return plan(model, {"input_ids": ids}, Config(
+            devices="2xA100-80GB", mode="training", cost=Cost(profile=False),
+            solve=Solve(time_limit_s=1), parallel=Parallel(tp=tp)),
+            loss=lambda out, t: F.cross_entropy(out.logits.reshape(-1, 128), t.reshape(-1)),
+            example_targets=(ids,)).plan
+
     with pytest.raises(ConfigError, match=r"parallel\.tp=2.*@backward.*fake tensors.*plan "
                        r"the model with its weights"):
-        plan(model, {"input_ids": ids}, Config(
-            devices="2xA100-80GB", mode="training", cost=Cost(profile=False),
-            solve=Solve(time_limit_s=1), parallel=Parallel(tp=2)),
-            loss=lambda out, t: F.cross_entropy(out.logits.reshape(-1, 128), t.reshape(-1)),
-            example_targets=(ids,))
+        planned(2)
+    # --tp auto: the degree noted and skipped, no mesh weighed, the placement is the plan
+    made = planned("auto")
+    assert made.tensor_parallel is None and not made.is_mesh
+    assert any("tensor parallel over 2 ranks not weighed (--tp auto)" in n and "fake tensors"
+               in n for n in made.notes)

@@ -95,8 +95,9 @@ def tensor_step_candidate(planned: Plan | None, model: torch.nn.Module,
         made, one = keep_fastest(planned, found, model, args, kwargs,
                                  verify=config.emit.verify, optimizer=config.training.optimizer,
                                  unplaced=unplaced)
-    record = made.tensor_parallel
-    if not made.is_mesh and record.fits and record.makespan_s < made.makespan_s:
+    record = made.tensor_parallel  # None where no degree could be weighed
+    if record is not None and not made.is_mesh and record.fits and (
+            record.makespan_s < made.makespan_s):
         kept = min((w for w in found if w is not None), key=lambda w: _first(w.record))
         made = mesh_faster(made, kept.priced.rank0, kept.priced.schedule, name=config.name,
                            tracer=kept.tracer, dtype=config.dtype, traced_ops=kept.traced_ops)
