@@ -86,7 +86,7 @@ class GraphError(AutoplaceError):
 class InfeasibleError(AutoplaceError):
     """No placement fits the devices' memory. ``options``: where a training plan's replica
     counts all failed, each one's record (``formats.records.ReplicaOption``), which its
-    recipes read (``pipeline.recipes``)."""
+    recipes read (``solve.baselines.recipes``)."""
 
     options: tuple[Any, ...] = ()
 

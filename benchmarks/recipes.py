@@ -1,7 +1,7 @@
 """Plan quality against the recipes written by hand: GPT- and Llama-shaped training steps on 8 to
 64 A100-80GB, each planned with ``--tp auto --dp auto``, every recipe scored by the same
-simulator (``pipeline.recipes``: DDP and FSDP over every GPU, Megatron-style tp over a host and
-dp over the hosts, torchtitan's FSDP + TP on the same mesh).
+simulator (``solve.baselines.recipes``: DDP and FSDP over every GPU, Megatron-style tp over a
+host and dp over the hosts, torchtitan's FSDP + TP on the same mesh).
 
     PYTHONPATH=. python benchmarks/recipes.py   # -> benchmarks/results/recipes.md
 
@@ -131,7 +131,7 @@ def _row(label: str, template: str, shape: dict, hosts: int, per_host: int, tmp:
                if name.startswith(RECIPE)}
     cells = [_cell(next((b for n, b in recipes.items() if n.startswith(c + " ")), None))
              for c in COLUMNS]
-    tp = plan["tensor_parallel"]
+    tp = plan.get("tensor_parallel") or {}  # none where --tp auto weighed no degree
     mesh = plan["solver"]["name"] == "tensor-parallel mesh"
     what = (f"the mesh: dp {tp.get('dp', 1)} x tp {tp['ranks']}"
             + (f", {tp['sharding']}" if tp.get("sharding") else "")

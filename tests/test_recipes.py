@@ -1,5 +1,5 @@
 """The recipes written by hand (DDP, FSDP, Megatron-style, FSDP + TP), scored by the plan's
-simulator and kept among a training plan's baselines (``pipeline.recipes``)."""
+simulator and kept among a training plan's baselines (``solve.baselines.recipes``)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def _planned(tmp_path, **parallel):
 
 def test_a_two_host_training_plan_scores_each_recipe_and_loses_to_none(tmp_path) -> None:
     from autoplace.formats.plan import Plan
-    from autoplace.pipeline.recipes import RECIPE
+    from autoplace.solve.baselines.recipes import RECIPE
 
     made = _planned(tmp_path, tp="auto", dp="auto")
     recipes = {k[len(RECIPE):]: v for k, v in made.baselines.items() if k.startswith(RECIPE)}
@@ -65,7 +65,7 @@ def test_a_two_host_training_plan_scores_each_recipe_and_loses_to_none(tmp_path)
 
 
 def test_a_recipe_that_was_not_weighed_says_which_flags_weigh_it(tmp_path) -> None:
-    from autoplace.pipeline.recipes import RECIPE
+    from autoplace.solve.baselines.recipes import RECIPE
 
     made = _planned(tmp_path, tp=2)  # dp 1: the 2 x 2 mesh is not weighed
     megatron = made.baselines[f"{RECIPE}Megatron-style (dp 2 x tp 2, DDP)"]
@@ -75,7 +75,7 @@ def test_a_recipe_that_was_not_weighed_says_which_flags_weigh_it(tmp_path) -> No
 
 def test_one_host_has_no_mesh_over_hosts_to_weigh(tmp_path) -> None:
     from autoplace.formats.plan import BaselineResult
-    from autoplace.pipeline.recipes import RECIPE, recipe_baselines
+    from autoplace.solve.baselines.recipes import RECIPE, recipe_baselines
 
     cluster = _cluster(tmp_path, 1, 4).resolve()[0]
     got = recipe_baselines([], (), cluster)
@@ -87,7 +87,7 @@ def test_one_host_has_no_mesh_over_hosts_to_weigh(tmp_path) -> None:
 @pytest.mark.parametrize("bound", [None, 2.5])
 def test_a_replica_count_bounded_below_the_mesh_is_not_run_with_its_bound(bound) -> None:
     from autoplace.formats.records import ReplicaOption
-    from autoplace.pipeline.recipes import _replicas
+    from autoplace.solve.baselines.recipes import _replicas
 
     option = ReplicaOption(replicas=4, devices_per_replica=1, fits=bound is None,
                            step_s=None if bound else 1.5, bound_s=bound)

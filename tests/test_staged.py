@@ -67,6 +67,8 @@ def test_a_llama_cut_into_two_stages_of_two_tensor_parallel_ranks_gives_its_outp
     (["--pp", "3", "--tp", "2"], "--pp 3 x --tp 2 make a mesh of 6 ranks, and the cluster has "
      "4 devices: choose degrees whose product is at most the devices' count (--pp 2 --tp 2)"),
     (["--pp", "1", "--tp", "2"], "--pp must be"),
+    (["--pp", "auto", "--tp", "4"], "--pp auto with --tp 4: a mesh of 2 stages needs 8 alike "
+     "devices"),
 ])
 def test_a_pp_that_cannot_be_is_refused_before_any_work(tmp_path, capsys, argv, says) -> None:
     from autoplace.cli import main
@@ -90,6 +92,36 @@ def test_more_stages_than_the_graph_can_cut_says_how_many_it_can() -> None:
         plan(torch.nn.Linear(8, 4), (torch.randn(2, 8),), Config(
             devices="4xcpu-thread", cost=Cost(profile=False), solve=Solve(time_limit_s=1),
             parallel=Parallel(tp=2, pp=2)))
+
+
+def test_pp_auto_weighs_each_pipeline_degree_the_devices_hold_and_keeps_the_fastest() -> None:
+    """Six alike devices with tp 2: pp 2 and pp 3 are each cut, priced and simulated from one
+    observation under DTensor; the fastest is the candidate, both predictions recorded. A
+    degree the model cannot cut into is noted, not fatal."""
+    from autoplace.config import Config, Cost, Emit, Parallel, Solve
+    from autoplace.formats.plan import Plan
+    from autoplace.pipeline import plan
+
+    torch.manual_seed(0)
+    layers = [m for _ in range(4) for m in (torch.nn.Linear(256, 256), torch.nn.ReLU())]
+    model = torch.nn.Sequential(*layers)
+    made = plan(model, (torch.randn(512, 256),), Config(
+        devices="6xA100-40GB", cost=Cost(profile=False), solve=Solve(time_limit_s=1),
+        parallel=Parallel(tp=2, pp="auto"), emit=Emit(verify=False))).plan
+    tp = made.tensor_parallel
+    assert set(tp.meshes) == {"pp2x2", "pp3x2"} and tp.pp in (2, 3)
+    assert tp.makespan_s == min(tp.meshes.values()) == tp.meshes[f"pp{tp.pp}x2"]
+    assert len(tp.stage_peak_bytes) == tp.pp
+    assert Plan.from_dict(made.to_dict()).tensor_parallel == tp
+    said = next(n for n in made.notes if n.startswith("meshes weighed (--pp auto)"))
+    assert "pp 2 x tp 2" in said and "pp 3 x tp 2" in said
+    one = plan(torch.nn.Linear(8, 4), (torch.randn(2, 8),), Config(
+        devices="4xcpu-thread", cost=Cost(profile=False), solve=Solve(time_limit_s=1),
+        parallel=Parallel(tp=2, pp="auto"), emit=Emit(verify=False))).plan
+    assert one.tensor_parallel is None
+    assert any(n.startswith("pp 2 x tp 2 not weighed (--pp auto): parallel.pp=2: the "
+                            "model's graph cuts into at most 1 stages") for n in one.notes)
+    assert not any("not weighed (--tp auto)" in n for n in one.notes)
 
 
 class _Tied(torch.nn.Module):

@@ -143,10 +143,11 @@ def _parser() -> argparse.ArgumentParser:
                    "gradients averaged (off) or the faster of the two (auto); auto: dp 1 "
                    "(tp on the leading devices) and the mesh of every device weighed, the "
                    "fastest kept")
-    p.add_argument("--pp", type=int, metavar="N",
+    p.add_argument("--pp", type=tp_flag, metavar="N|auto",
                    help="with --tp T: a pp x tp mesh, the model cut into N pipeline stages, each "
                    "run by T ranks (torch.distributed.pipelining; N x T gloo ranks); in "
-                   "training its --microbatches in --schedule's order")
+                   "training its --microbatches in --schedule's order; auto: each N of 2 or "
+                   "more whose N x T devices are there, the fastest kept")
     p.add_argument("--fsdp", choices=tuple(Fsdp), default="auto",
                    help="with --mode training: whether the data-parallel replicas shard "
                    "parameters, gradients and optimizer state (FSDP2's fully_shard per block, "

@@ -61,7 +61,8 @@ def replicas_flag(text: str) -> int | str:
 
 
 def tp_flag(text: str) -> int | str:
-    """``--tp``'s value: ``auto`` or a whole number (``Parallel`` checks it is 2 or more)."""
+    """``--tp``'s, ``--dp``'s and ``--pp``'s value: ``auto`` or a whole number (``Parallel``
+    checks it is 2 or more)."""
     if text == "auto":
         return text
     try:

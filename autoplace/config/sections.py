@@ -213,11 +213,12 @@ class Parallel:
     pp x tp mesh of the first pp x tp devices: the model cut into ``pp`` stages in its
     topological order, each run by a tp group and handed on by ``torch.distributed.pipelining``
     (in training ``training.microbatches`` of them in ``training.schedule``'s order;
-    ``pipeline.staged``)."""
+    ``pipeline.staged``); ``"auto"``: every pp of 2 or more whose mesh the devices hold,
+    each weighed, the fastest kept."""
 
     tp: int | str | None = None
     dp: int | str | None = None
-    pp: int | None = None
+    pp: int | str | None = None
 
     def __post_init__(self) -> None:
         if self.tp is not None and self.tp != "auto":
@@ -234,7 +235,11 @@ class Parallel:
                                   "(or auto with {parallel.dp=auto}; data parallelism alone is "
                                   "{training.replicas})")
         if self.pp is not None:
-            _whole(self.pp, "parallel.pp", least=2)
+            if self.pp != "auto":
+                if isinstance(self.pp, str):
+                    raise ConfigError(f"{{parallel.pp}} must be a whole number, 2 or more, or "
+                                      f"auto, got {self.pp!r}")
+                _whole(self.pp, "parallel.pp", least=2)
             if not isinstance(self.tp, int):
                 raise ConfigError("{parallel.pp} cuts a tensor-parallel mesh into pipeline "
                                   "stages: give {parallel.tp} too, a whole number (pipeline "

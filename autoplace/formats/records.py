@@ -21,7 +21,7 @@ from autoplace.config.choices import Objective
 __all__ = ["AccelerateMapRecord", "Coarsening", "DeviceMapRecord", "GenerationRecord", "MinGain",
            "PinsRecord",
            "ProfileRecord", "ReplicaOption", "SHARDING_SAID", "TensorParallelRecord",
-           "TrainingCheck", "TrainingRecord", "WhatIfRecord"]
+           "TrainingCheck", "TrainingRecord", "WhatIfRecord", "mesh_key", "mesh_said"]
 
 # How a tensor-parallel mesh holds the model over dp, in words (``TensorParallelRecord.sharding``).
 SHARDING_SAID = {"fsdp": "FSDP2", "ddp": "gradients averaged"}
@@ -338,8 +338,9 @@ class TensorParallelRecord:
     each tp group on 1/dp of the batch, ``sharding`` over dp (``fsdp``: FSDP2; ``ddp``: the
     gradients averaged), ``weighed_sharding`` each one priced (``--fsdp auto``).
     ``torch_devices``: each device's torch device, in the order of ``devices`` (the plan's
-    cluster may hold only a replica's devices). ``meshes``: with ``--dp auto``, each mesh
-    weighed (``"DPxTP"``) and its prediction (this record is the fastest's). ``over_bytes``:
+    cluster may hold only a replica's devices). ``meshes``: with ``--dp auto`` (``--pp auto``),
+    each mesh weighed (``"DPxTP"``, ``"ppPPxTP"``: ``mesh_key``) and its prediction (this
+    record is the fastest's). ``over_bytes``:
     how far rank 0's simulated peak exceeds its device's memory (0: it fits); a candidate that
     fits is kept before any faster one that does not. ``recompute``: a training candidate's
     units (its FSDP2 units, blocks) recompute their forward before their backward, which it
@@ -448,6 +449,18 @@ class TensorParallelRecord:
                    recompute=data.get("recompute", False), pp=data.get("pp", 1),
                    stage_peak_bytes=tuple(data.get("stage_peak_bytes", ())),
                    microbatches=data.get("microbatches", 1), schedule=data.get("schedule"))
+
+
+def mesh_key(record: TensorParallelRecord) -> str:
+    """A mesh's key in ``TensorParallelRecord.meshes``: ``"DPxTP"``, or ``"ppPPxTP"`` for a
+    pp x tp one (``mesh_said`` says it)."""
+    return f"pp{record.pp}x{record.ranks}" if record.pp > 1 else f"{record.dp}x{record.ranks}"
+
+
+def mesh_said(key: str) -> str:
+    """``mesh_key``'s key in words: ``"dp 8 x tp 8"``, ``"pp 2 x tp 2"``."""
+    outer, tp = key.split("x")
+    return f"pp {outer[2:]} x tp {tp}" if outer.startswith("pp") else f"dp {outer} x tp {tp}"
 
 
 @dataclass(frozen=True)

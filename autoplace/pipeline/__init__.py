@@ -43,7 +43,7 @@ from autoplace.pipeline.inference import InferenceStages
 from autoplace.pipeline.mesh import dp_shard, tensor_degrees
 from autoplace.pipeline.record import min_gain, plan_of
 from autoplace.pipeline.staged import (
-    staged_devices,
+    pp_values,
     staged_pass_candidate,
     staged_step_candidate,
 )
@@ -102,7 +102,7 @@ def plan(model: torch.nn.Module, example_inputs: Any, config: Config | None = No
         cluster, found = config.devices.resolve()
         note_all(found)
         if config.parallel.pp is not None:  # before the work: a clear error
-            staged_devices(cluster, config.parallel.pp, config.parallel.tp)
+            pp_values(cluster, config.parallel.pp, config.parallel.tp)
         elif config.parallel.tp is not None:
             tensor_degrees(cluster, config.parallel.tp,  # before the work: a clear error
                            dp=config.parallel.dp if isinstance(config.parallel.dp, int) else 1)

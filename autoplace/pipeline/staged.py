@@ -25,7 +25,7 @@ from autoplace.emit import PartitionedModel, emit_model
 from autoplace.emit.codegen.lower import fetch
 from autoplace.emit.distributed.tensor import column_row, divisible, matmuls
 from autoplace.emit.distributed.tensor_stages import stage_devices
-from autoplace.errors import ConfigError
+from autoplace.errors import ConfigError, InfeasibleError
 from autoplace.formats.plan import Plan
 from autoplace.formats.records import TensorParallelRecord
 from autoplace.ir import Cluster, Costs, Device, Placement, Problem, Schedule
@@ -52,7 +52,8 @@ from autoplace.solve.whatif import restrict
 from autoplace.trace import TracedModel
 from autoplace.train.graph import microbatch_copies
 
-__all__ = ["WORTH", "staged_devices", "staged_pass_candidate", "staged_step_candidate"]
+__all__ = ["WORTH", "pp_values", "staged_devices", "staged_pass_candidate",
+           "staged_step_candidate"]
 
 WORTH = 0.05  # the least share of a pass's compute that makes a stage worth its ranks
 
@@ -70,9 +71,15 @@ def staged_pass_candidate(planned: Plan | None, loaded: Any, cluster: Cluster, c
         with collecting():  # the plan's pass said what tracing finds
             traced = traced_problem(loaded.model, loaded.args, loaded.kwargs, cluster,
                                     Tracing.of(config, checked=True))
-    weighed = _staged(traced.problem, traced.traced, loaded.args, loaded.kwargs,
-                      pp=config.parallel.pp, tp=config.parallel.tp, cache=config.cost.cache)
-    return keep_fastest(planned, [weighed], loaded.model, loaded.args, loaded.kwargs,
+    prepared = _observed(traced.problem, traced.traced, config.parallel.tp,
+                         (loaded.args, loaded.kwargs))
+    weighed = [_staged(traced.problem, traced.traced, loaded.args, loaded.kwargs, pp=pp,
+                       tp=config.parallel.tp, cache=config.cost.cache, prepared=prepared,
+                       asked=config.parallel.pp)
+               for pp in pp_values(cluster, config.parallel.pp, config.parallel.tp)]
+    if not any(weighed):
+        return _none_cut(planned, failure)
+    return keep_fastest(planned, weighed, loaded.model, loaded.args, loaded.kwargs,
                         verify=config.emit.verify,
                         unplaced=Unplaced(failure, config.name, config.dtype))
 
@@ -103,13 +110,45 @@ def staged_step_candidate(planned: Plan | None, model: torch.nn.Module,
                 traced = traced_problem(model, *shard, cluster, Tracing.of(config, checked=True))
         with collecting():
             factors, _ = backward_factors(traced.profiled, model, *shard, cluster)
-        weighed = _staged(traced.problem, traced.traced, args, kwargs, pp=config.parallel.pp,
-                          tp=config.parallel.tp, cache=config.cost.cache, observed_on=shard,
-                          step=_Step(config.training.optimizer, factors, config.dtype, count,
-                                     schedules))
-        return keep_fastest(planned, [weighed], model, args, kwargs, verify=config.emit.verify,
-                            optimizer=config.training.optimizer,
+        tp, optimizer = config.parallel.tp, config.training.optimizer
+        prepared = _observed(traced.problem, traced.traced, tp, shard, optimizer=optimizer)
+        step = _Step(optimizer, factors, config.dtype, count, schedules)
+        weighed = [_staged(traced.problem, traced.traced, args, kwargs, pp=pp, tp=tp,
+                           cache=config.cost.cache, step=step, prepared=prepared,
+                           asked=config.parallel.pp)
+                   for pp in pp_values(cluster, config.parallel.pp, tp)]
+        if not any(weighed):
+            return _none_cut(planned, failure)
+        return keep_fastest(planned, weighed, model, args, kwargs, verify=config.emit.verify,
+                            optimizer=optimizer,
                             unplaced=Unplaced(failure, config.name, config.dtype))
+
+
+def _none_cut(planned: Plan | None, failure: str | None) -> tuple[Plan, None]:
+    """``--pp auto`` where the model cut into no degree (each noted): the placement, or where
+    none fits, ``InfeasibleError`` saying both."""
+    if planned is None:
+        raise InfeasibleError(f"{failure.rstrip('. ')}. The pp x tp candidate (--pp auto) was "
+                              "not weighed either: the model cut into none of its degrees (the "
+                              "notes say why)")
+    return planned, None
+
+
+def pp_values(cluster: Cluster, pp: int | str, tp: int) -> list[int]:
+    """The pipeline degrees to weigh with ``tp``: ``[pp]`` (its devices checked by
+    ``staged_devices``), or for ``"auto"`` every pp of 2 or more whose pp x ``tp`` leading
+    devices are there and alike; ``ConfigError`` where there is none."""
+    if pp != "auto":
+        staged_devices(cluster, int(pp), tp)
+        return [int(pp)]
+    devices = cluster.devices
+    found = [p for p in range(2, len(devices) // tp + 1)
+             if len({(d.type, d.memory_bytes) for d in devices[:p * tp]}) == 1]
+    if not found:
+        raise ConfigError(f"{{parallel.pp=auto}} with {{parallel.tp={tp}}}: a mesh of 2 "
+                          f"stages needs {2 * tp} alike devices, and the cluster's leading "
+                          f"ones are fewer ({len(devices)} devices): lower {{parallel.tp}}")
+    return found
 
 
 def staged_devices(cluster: Cluster, pp: int, tp: int) -> tuple[Device, ...]:
@@ -142,22 +181,38 @@ class _Step:
     schedules: tuple[str, ...]
 
 
-def _staged(problem: Problem, traced: TracedModel, args: tuple[Any, ...],
-            kwargs: dict[str, Any], *, pp: int, tp: int, cache: Any,
-            step: _Step | None = None, observed_on: tuple[Any, Any] | None = None) -> Weighed:
-    """The pp x tp candidate, unchecked: observed (on ``observed_on``, one micro-batch of a
-    training ``step``, else ``args``/``kwargs``), priced per stage group, cut into stages,
-    simulated (a ``step``: each of its schedules, the one that fits fastest kept), and the
-    one-device model emitted as its stages, to run on ``args``/``kwargs``."""
-    chosen = staged_devices(problem.cluster, pp, tp)
+def _observed(problem: Problem, traced: TracedModel, tp: int, on: tuple[Any, Any], *,
+              optimizer: str | None = None) -> tuple[dict[str, tuple[str, int]], Observed]:
+    """The split of ``traced`` over ``tp`` ranks and what DTensor does on it, observed on
+    ``on`` (one micro-batch of a training step, with its ``optimizer``): the same for every
+    pp (``_staged``)."""
     stage("tensor parallel")
     one = one_device_copy(traced)
     split, whole = divisible(one, column_row(one), tp)
     if whole:
         note(f"tensor parallel over {tp} ranks: {', '.join(whole)} kept whole, their split "
              f"dimension not a multiple of {tp}")
-    observed = observe_split(problem, traced, split, tp, *(observed_on or (args, kwargs)),
-                             optimizer=step.optimizer if step else None)
+    return split, observe_split(problem, traced, split, tp, *on, optimizer=optimizer)
+
+
+def _staged(problem: Problem, traced: TracedModel, args: tuple[Any, ...],
+            kwargs: dict[str, Any], *, pp: int, tp: int, cache: Any,
+            prepared: tuple[dict[str, tuple[str, int]], Observed], step: _Step | None = None,
+            asked: int | str | None = None) -> Weighed | None:
+    """The pp x tp candidate, unchecked: the ``prepared`` split and observation (``_observed``)
+    priced per stage group, cut into stages, simulated (a ``step``: each of its schedules, the
+    one that fits fastest kept), and the one-device model emitted as its stages, to run on
+    ``args``/``kwargs``. ``asked`` ``"auto"``: a pp the model does not cut into is noted and
+    ``None``."""
+    chosen = staged_devices(problem.cluster, pp, tp)
+    split, observed = prepared
+    if asked == "auto":
+        try:
+            return _staged(problem, traced, args, kwargs, pp=pp, tp=tp, cache=cache,
+                           prepared=prepared, step=step)
+        except ConfigError as refused:
+            note(f"pp {pp} x tp {tp} not weighed (--pp auto): {refused}")
+            return None
     everyone = tuple(d.name for d in chosen)
     groups = [everyone[s * tp:(s + 1) * tp] for s in range(pp)]
     here = on_workers_here(chosen)

@@ -36,7 +36,13 @@ from autoplace.formats.plan import (
     NO_PLACEMENT_FITS,
     Plan,
 )
-from autoplace.formats.records import SHARDING_SAID, ReplicaOption, TensorParallelRecord
+from autoplace.formats.records import (
+    SHARDING_SAID,
+    ReplicaOption,
+    TensorParallelRecord,
+    mesh_key,
+    mesh_said,
+)
 from autoplace.ir import Cluster, Device, Placement, Problem, Schedule
 from autoplace.pipeline.mesh import (
     SHARDINGS,
@@ -52,10 +58,10 @@ from autoplace.pipeline.mesh import (
     tensor_degrees,
     tensor_devices,
 )
-from autoplace.pipeline.recipes import recipe_baselines, recipes_said
 from autoplace.progress import stage
 from autoplace.progress.notes import collecting, note
 from autoplace.simulate import simulate
+from autoplace.solve.baselines.recipes import recipe_baselines, recipes_said
 from autoplace.solve.repeats import Unlike
 from autoplace.solve.tensor import Observed, SplitError, observe, tensor_problem
 from autoplace.solve.tensor_train import tensor_step_problem
@@ -80,7 +86,7 @@ def tensor_step_candidate(planned: Plan | None, model: torch.nn.Module,
     """The tensor-parallel candidate of a training plan's step (``pipeline.training``):
     ``model`` (the model and its loss) on the ``whole`` batch, its meshes ``found`` by
     ``weigh_step_meshes``, the fastest kept and checked, and the recipes written by hand
-    among the plan's baselines (``pipeline.recipes``). ``planned`` ``None``: no placement of
+    among the plan's baselines (``solve.baselines.recipes``). ``planned`` ``None``: no placement of
     the step fits (``failure`` says why; ``outpaced``: none can beat the mesh; ``options``:
     each replica count tried), and the plan is the mesh (``keep_fastest``)."""
     from autoplace.train.layers import kept_state
@@ -179,7 +185,7 @@ class Priced:
     """One degree of a mesh priced (``_weigh``): its record (unchecked), what DTensor did,
     rank 0's problem and simulated schedule, which every rank's mirrors, and for a training
     step over dp each sharding's step and bytes over memory (``shardings``, with the kept
-    recomputation: ``pipeline.recipes`` reads them)."""
+    recomputation: ``solve.baselines.recipes`` reads them)."""
 
     record: TensorParallelRecord
     observed: Observed
@@ -290,7 +296,7 @@ def keep_fastest(planned: Plan | None, found: list[Weighed | None], model: torch
                "on)"))
     meta = any(p.is_meta for p in one.parameters())  # planned on fake tensors, not emitted
     if len(found) > 1:
-        record = replace(record, meshes={f"{w.record.dp}x{w.record.ranks}": w.record.makespan_s
+        record = replace(record, meshes={mesh_key(w.record): w.record.makespan_s
                                          for w in found})
     ranks, dp = record.ranks, record.dp
     if verify and not meta and optimizer is not None:
@@ -490,9 +496,9 @@ def _said(record: TensorParallelRecord, planned: Plan, observed: Observed, *, he
     weighed = "" if not record.weighed else "weighed (--tp auto) " + ", ".join(
         f"tp {d} {s * 1e3:.3f} ms" for d, s in sorted(record.weighed.items())) + "; kept "
     if record.meshes:
-        weighed = "meshes weighed (--dp auto) " + ", ".join(
-            "dp {} x tp {} {:.3f} ms".format(*key.split("x"), s * 1e3)
-            for key, s in record.meshes.items()) + "; kept " + weighed
+        weighed = (f"meshes weighed (--{'pp' if record.pp > 1 else 'dp'} auto) " + ", ".join(
+            f"{mesh_said(key)} {s * 1e3:.3f} ms" for key, s in record.meshes.items())
+            + "; kept " + weighed)
     unit = "step" if training else "pass"
     moved = (f"{record.collectives} collectives of {record.collective_bytes} bytes a {unit} "
              f"(DTensor's, observed on {ranks} fake ranks"

@@ -7,7 +7,9 @@ not as a placement that does not fit.
 Read ``run_baselines`` (the public call) and ``run_within`` (the same within a ``Budget``:
 the heuristics still to run once the baselines' share of the time limit has passed, or after
 Ctrl-C, are skipped); then ``best_baseline``, and ``prefer_single``, the ``--min-gain`` policy
-(a split that gains too little over the best single device is not worth making).
+(a split that gains too little over the best single device is not worth making). A training
+plan's recipes written by hand (DDP, FSDP, Megatron-style, FSDP + TP) are read off its meshes
+and replica counts in ``recipes.py``.
 """
 
 from __future__ import annotations
