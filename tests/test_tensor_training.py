@@ -627,32 +627,59 @@ def test_a_meta_model_with_dropout_is_weighed_for_training_on_fake_ranks() -> No
     assert _random._rng_tracker is None  # DTensor's own state as it was
 
 
-def test_a_meta_gpt2_whose_backward_needs_a_value_gets_a_clear_error() -> None:
+def test_a_meta_gpt2_is_weighed_for_training_on_fake_ranks_as_with_its_weights() -> None:
     # GPT-2's fused c_attn split into q, k and v makes a strided shard, which DTensor's
-    # backward gathers by reading index values: fake tensors hold none. A ConfigError (exit 2)
-    # that says what to do, not a traceback.
+    # backward gathers by reading index values: fake tensors carry them as symbols (the fake
+    # mode has a ShapeEnv), and the collectives are those the model with weights runs.
     from transformers import GPT2Config, GPT2LMHeadModel
+
+    from autoplace.config import Config, Cost, Emit, Parallel, Solve
+    from autoplace.pipeline import plan
+
+    config = GPT2Config(vocab_size=128, n_embd=64, n_layer=1, n_head=4, n_positions=32,
+                        use_cache=False)
+    ids = torch.randint(0, 128, (2, 16))
+    records = []
+    for device in ("meta", "cpu"):
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = GPT2LMHeadModel(config)
+        records.append(plan(model, {"input_ids": ids}, Config(
+            devices="2xA100-80GB", mode="training", cost=Cost(profile=False),
+            solve=Solve(time_limit_s=1), parallel=Parallel(tp=2), emit=Emit(verify=False)),
+            loss=lambda out, t: F.cross_entropy(out.logits.reshape(-1, 128), t.reshape(-1)),
+            example_targets=(ids,)).plan.tensor_parallel)
+    fake, real = records
+    assert (fake.columns, fake.rows) == (real.columns, real.rows) == (2, 2)
+    assert (fake.collectives, fake.collective_bytes) == (real.collectives, real.collective_bytes)
+    assert fake.collectives > 0 and fake.check == "skipped"
+
+
+def test_a_backward_that_needs_a_value_fake_tensors_lack_is_a_clear_error(monkeypatch) -> None:
+    # Where DTensor's backward still asks fake tensors for a value: a ConfigError (exit 2)
+    # naming the op and what to do, not a traceback; --tp auto notes it and plans without.
+    from torch._subclasses.fake_tensor import DataDependentOutputException
 
     from autoplace.config import Config, Cost, Parallel, Solve
     from autoplace.errors import ConfigError
     from autoplace.pipeline import plan
 
+    def needs_a_value(self, *args, **kwargs):
+        raise DataDependentOutputException(torch.ops.aten._local_scalar_dense.default)
+
+    monkeypatch.setattr(torch.Tensor, "backward", needs_a_value)
     with torch.device("meta"):
-        model = GPT2LMHeadModel(GPT2Config(vocab_size=128, n_embd=64, n_layer=1, n_head=4,
-                                           n_positions=32, use_cache=False))
-    ids = torch.randint(0, 128, (2, 16))
+        model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 8))
 
     def planned(tp):
-        return plan(model, {"input_ids": ids}, Config(
+        return plan(model, (torch.randn(16, 64),), Config(
             devices="2xA100-80GB", mode="training", cost=Cost(profile=False),
             solve=Solve(time_limit_s=1), parallel=Parallel(tp=tp)),
-            loss=lambda out, t: F.cross_entropy(out.logits.reshape(-1, 128), t.reshape(-1)),
-            example_targets=(ids,)).plan
+            loss=F.cross_entropy, example_targets=(torch.randint(0, 8, (16,)),)).plan
 
     with pytest.raises(ConfigError, match=r"parallel\.tp=2.*@backward.*fake tensors.*plan "
                        r"the model with its weights"):
         planned(2)
-    # --tp auto: the degree noted and skipped, no mesh weighed, the placement is the plan
     made = planned("auto")
     assert made.tensor_parallel is None and not made.is_mesh
     assert any("tensor parallel over 2 ranks not weighed (--tp auto)" in n and "fake tensors"

@@ -191,9 +191,7 @@ def _sharded_pass(emitted: torch.nn.Module, split: Mapping[str, tuple[str, int]]
             except DataDependentOutputException as error:  # fake tensors hold no values
                 raise SplitError(f"{found.current}@backward", RuntimeError(
                     "on fake tensors (the parameters are on the meta device), DTensor's "
-                    f"backward asked for a value they do not hold ({error.func}: a strided "
-                    "shard gathered whole, as a fused projection split into its parts makes "
-                    "it)"), remedy="plan the model with its weights (built on the CPU, or "
+                    f"backward asked for a value they do not hold ({error.func})"), remedy="plan the model with its weights (built on the CPU, or "
                     "--checkpoint), or without --tp") from error
             found.reached(None, recorder)
     found.hooks = False
@@ -263,8 +261,11 @@ def _fake_copy(emitted: torch.nn.Module) -> Any:
     """A ``FakeTensorMode`` in which ``emitted``'s meta parameters and buffers are now fake
     CPU tensors of their shapes and dtypes (in place), a parameter trained as before."""
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    mode = FakeTensorMode()
+    # A ShapeEnv: a value read from a fake tensor (the indices DTensor gathers a strided shard
+    # by, in a backward) is a symbol, not an error
+    mode = FakeTensorMode(shape_env=ShapeEnv())
     with mode:
         for module in emitted.modules():
             for name, p in list(module.named_parameters(recurse=False)):

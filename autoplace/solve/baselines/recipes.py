@@ -100,4 +100,4 @@ def _mesh(found: Sequence[Any], dp: int, tp: int, sharding: str | None) -> Basel
     flags = f"--tp {tp}" + (f" --dp {dp}" if dp > 1 else "")
     return BaselineResult.of(None, not_run=(
         f"not weighed: {flags} (or --tp auto" + (" --dp auto" if dp > 1 else "")
-        + ") weighs it"))
+        + ") weighs it, where DTensor can run that degree (the notes say why one was not)"))
