@@ -191,7 +191,8 @@ def _sharded_pass(emitted: torch.nn.Module, split: Mapping[str, tuple[str, int]]
             except DataDependentOutputException as error:  # fake tensors hold no values
                 raise SplitError(f"{found.current}@backward", RuntimeError(
                     "on fake tensors (the parameters are on the meta device), DTensor's "
-                    f"backward asked for a value they do not hold ({error.func})"), remedy="plan the model with its weights (built on the CPU, or "
+                    f"backward asked for a value they do not hold ({error.func})"),
+                    remedy="plan the model with its weights (built on the CPU, or "
                     "--checkpoint), or without --tp") from error
             found.reached(None, recorder)
     found.hooks = False
