@@ -129,6 +129,7 @@ def test_a_mesh_faster_than_the_placement_solved_is_the_plan_and_nothing_else_is
     made = got.plan
     assert made.is_mesh and made.solver.status == PLACEMENT_SLOWER
     assert made.baselines["placement (1 replica)"].feasible
+    assert made.solver.wall_s > 0  # the placement's solve, which found it slower
     assert got.model is None and got.tensor_model is not None
     save(got, tmp_path / "out")
     assert not (tmp_path / "out" / "model").exists()

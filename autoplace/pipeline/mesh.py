@@ -31,8 +31,7 @@ from autoplace.ir import Cluster, Device, Problem, Schedule
 from autoplace.progress.notes import note
 
 __all__ = ["SHARDINGS", "Mesh", "dp_shard", "dp_values", "mesh_faster", "mesh_plan", "over_dp",
-           "renamed",
-           "stretch", "stretched", "tensor_degrees", "tensor_devices"]
+           "renamed", "stretch", "stretched", "tensor_degrees", "tensor_devices"]
 
 
 @dataclass(frozen=True)
@@ -195,6 +194,7 @@ def mesh_faster(placed: Plan, rank0: Problem, schedule: Schedule, *, name: str, 
     made = mesh_plan(record, rank0, schedule, name=name, tracer=tracer, dtype=dtype,
                      traced_ops=traced_ops, status=PLACEMENT_SLOWER)
     return replace(made, tensor_parallel=record,
+                   solver=replace(made.solver, wall_s=placed.solver.wall_s),  # its solve's
                    baselines={said: BaselineResult.of(placed.schedule)},
                    training=replace(made.training,
                                     replica_options=placed.training.replica_options))
