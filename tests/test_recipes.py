@@ -96,7 +96,7 @@ def test_a_replica_count_bounded_below_the_mesh_is_not_run_with_its_bound(bound)
         assert got.makespan_s is None and "at least 2500.000 ms" in got.not_run
     else:
         assert got.makespan_s == 1.5 and got.feasible
-    assert "whole replicas fit" in _replicas((option,), 4, "fsdp").not_run
+    assert "where its whole ones do not fit" in _replicas((option,), 4, "fsdp").not_run
 
 
 def test_a_mesh_faster_than_the_placement_solved_is_the_plan_and_nothing_else_is_saved(

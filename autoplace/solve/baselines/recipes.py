@@ -69,8 +69,8 @@ def _replicas(options: Sequence[ReplicaOption], count: int, sharding: str) -> Ba
             f"not weighed: {count} replicas were not among the plan's replica counts (the "
             "batch must divide into them; the notes say why)" if not any(
                 o.replicas == count for o in options) else
-            "not weighed: whole replicas fit (--fsdp auto shards only where they do not; "
-            "--fsdp on weighs them)" if sharding == "fsdp" else
+            "not weighed: FSDP replicas of a count are weighed where its whole ones do not "
+            "fit (--fsdp auto), or always with --fsdp on" if sharding == "fsdp" else
             "not weighed: --fsdp on weighs only sharded replicas"))
     if option.bound_s is not None:
         return BaselineResult.of(None, not_run=(
