@@ -135,7 +135,9 @@ def _parser() -> argparse.ArgumentParser:
                    "OUT/tensor_parallel/ (`autoplace run OUT --nproc N --tensor-parallel`). "
                    "With --mode training: each rank's step on the whole batch, checked by 3 "
                    "steps (run with --train K), weighed first: a placement whose lower bound "
-                   "is no less is not solved (docs/concepts.md, docs/training.md)")
+                   "is no less is not solved, one slower is not the plan; the recipes written "
+                   "by hand (DDP, FSDP, Megatron-style, FSDP + TP) are its baselines "
+                   "(docs/concepts.md, docs/training.md)")
     p.add_argument("--dp", type=tp_flag, metavar="N|auto",
                    help="with --tp T: the candidate is a dp x tp mesh of every device (N x T "
                    "of them), each tp group on 1/N of the batch, checked on N x T gloo ranks; "
