@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+import zoo
 from test_train import MLP, WithLoss, _forward_problem
 from torch import nn
 
@@ -511,3 +512,69 @@ def test_a_sharded_step_s_memory_holds_what_fsdp2_keeps_to_the_end_of_the_backwa
     peak = check.peak_bytes["cpu:0"]
     # an upper bound, and not a loose one (1.09x and 1.18x when written)
     assert peak["measured_bytes"] <= peak["predicted_bytes"] <= 1.3 * peak["measured_bytes"]
+
+
+def _blocks_replicas(memory_bytes: int, *, verify: bool = True):
+    """4 residual blocks (16 -> 64 -> 16) on a batch of 512 as 2 sharded replicas of one
+    CPU worker each, every worker holding ``memory_bytes``: the activations outweigh the
+    parameters, so checkpointing each block is what a tight worker needs."""
+    from autoplace.config import Config, Cost, Emit, Solve, Training
+    from autoplace.pipeline import plan
+    cluster, _ = resolve_cluster(spec="2xcpu-thread")
+    cluster = dataclasses.replace(cluster, devices=tuple(
+        dataclasses.replace(d, memory_bytes=memory_bytes) for d in cluster.devices))
+    torch.manual_seed(0)
+    model = nn.Sequential(*[zoo.Block() for _ in range(4)])
+    return plan(model, (torch.randn(512, 16),), Config(
+        devices=cluster, mode="training", cost=Cost(profile=False), solve=Solve(time_limit_s=1),
+        training=Training(fsdp="on", replicas=2), emit=Emit(verify=verify)),
+        loss=F.cross_entropy, example_targets=(torch.randint(0, 16, (512,)),))
+
+
+def test_sharded_replicas_that_fit_only_checkpointing_each_block_do_and_train_so(
+        tmp_path) -> None:
+    """700 kB a worker: the plain sharded step peaks near 900 kB; with each FSDP2 unit
+    checkpointed (torchtitan's per-block activation checkpointing, priced as the mesh's ranks
+    are) it fits, and the 2 replicas' 3 steps, every block run twice a step, give the
+    original's losses, gradients and parameters."""
+    from autoplace.pipeline import save
+
+    roomy = _blocks_replicas(1_000_000, verify=False).plan
+    assert roomy.training.recompute == () and max(roomy.schedule.peak_bytes.values()) > 700_000
+    planned = _blocks_replicas(700_000)
+    training = planned.plan.training
+    assert (training.replicas, training.sharding, training.recompute) == (2, "fsdp", ("cpu:0",))
+    assert any("@recompute" in n.name for n in planned.plan.problem.graph.nodes)
+    assert max(planned.plan.schedule.peak_bytes.values()) <= 700_000
+    assert planned.plan.makespan_s > roomy.makespan_s  # the forwards run twice
+    assert training.check.status == "passed" and training.check.replicas == 2
+    assert any("each FSDP2 unit of the sharded replica is checkpointed" in n
+               for n in planned.plan.notes)
+    save(planned, tmp_path / "out")
+    assert "RECOMPUTE = True" in (tmp_path / "out" / "train.py").read_text()
+
+
+def test_sharded_replicas_that_skip_their_checkpoints_fail_the_check(tmp_path,
+                                                                     monkeypatch) -> None:
+    import os
+
+    from autoplace.emit.distributed.replicas import verify_replicas
+    from autoplace.errors import VerificationError
+
+    planned = _blocks_replicas(700_000, verify=False)
+    (tmp_path / "sitecustomize.py").write_text(
+        "import autoplace.emit.distributed.ddp as ddp\n"
+        "ddp.checkpointed = lambda model: []\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    from autoplace.train import loss_model
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[zoo.Block() for _ in range(4)])
+    args, targets = (torch.randn(512, 16),), (torch.randint(0, 16, (512,)),)
+    wrapped = loss_model(model, F.cross_entropy, args, {}, targets)
+    with pytest.raises(VerificationError, match="sharded replicas were to recompute each "
+                       "unit's forward in the backward: 0 segments checkpointed ran 0 "
+                       "forwards in 3 steps"):
+        verify_replicas(planned.model, wrapped, args, {}, targets, optimizer="adam",
+                        replicas=2, sharding="fsdp", recompute=True)

@@ -541,8 +541,8 @@ def test_ranks_that_do_not_recompute_fail_the_check(tmp_path, monkeypatch) -> No
                      units=fsdp_op_units(traced.graph))
     assert sum(seg.unit is not None for seg in one.segment_info) == 2
     (tmp_path / "sitecustomize.py").write_text(
-        "import autoplace.emit.distributed.tensor_train as tensor_train\n"
-        "tensor_train.checkpointed = lambda model: []\n")
+        "import autoplace.emit.distributed.ddp as ddp\n"
+        "ddp.checkpointed = lambda model: []\n")
     _in_the_ranks(tmp_path, monkeypatch)
     with pytest.raises(VerificationError, match="were to recompute each unit's forward in the "
                        "backward: 0 segments checkpointed ran 0 forwards in 3 steps"):

@@ -238,7 +238,9 @@ def save(plan: Plan | Planned, directory: str | os.PathLike[str],
                                    groups=plan.training.replica_torch_devices,
                                    microbatches=microbatching(plan.training, model,
                                                               plan.problem, plan.schedule),
-                                   sharding=plan.training.sharding or "ddp")
+                                   sharding=plan.training.sharding or "ddp",
+                                   recompute=plan.training.sharding == "fsdp"
+                                   and bool(plan.training.recompute))
             _launch_script(plan, model, tmp)
         if tensor_model is not None and plan.tensor_parallel is not None:
             _tensor_parallel(plan, tensor_model, tmp / "tensor_parallel")

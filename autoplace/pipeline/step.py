@@ -44,6 +44,7 @@ from autoplace.train.layers import dropout_ops, updates_statistics
 from autoplace.train.recompute import (
     Recomputed,
     recompute_all,
+    recompute_units,
     with_recompute_where_needed,
 )
 from autoplace.train.sharded import with_fsdp
@@ -247,7 +248,7 @@ def _replica_step(model: torch.nn.Module, whole: Batch, r: int, groups: list[tup
         note(f"{microbatches} micro-batches of {batch_size(batches[0], parts=1)}: the batch's "
              f"loss is the {rule} of theirs")
     forward = traced_problem(model, *batches[0], cluster, how)
-    if microbatches > 1:
+    if microbatches > 1 or sharding == "fsdp":
         recompute = _recomputable(forward.traced.module, recompute, layers)
     full = forward.problem.cluster
     if r > 1:
@@ -337,6 +338,11 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
                 continue
             except InfeasibleError as exc:
                 failure = exc
+        if sharding == "fsdp" and recompute == "auto" and (
+                solved is None or not solved.schedule.feasible):
+            units = _fsdp_recomputing(step, updates, replicated, averaging_s, share, beat_s)
+            if units is not None:
+                found[name] = units
         if microbatches > 1 and (recompute == "all" or recompute == "auto" and (
                 solved is None or not solved.schedule.feasible)):
             again = _solve_recomputing(problem, solved, share, every=recompute == "all")
@@ -366,6 +372,29 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
             if n in found else f"{n} fits no device" for n in names)
             + f" per step; {best} kept")
     return found[best]
+
+
+def _fsdp_recomputing(step: Problem, updates: Mapping[str, float],
+                      replicated: tuple[Cluster, Sequence[Sequence[str]]],
+                      averaging_s: float | None, options: SolveOptions,
+                      beat_s: float | None) -> Solved | None:
+    """A sharded replica's ``step`` (one device, one batch) with each FSDP2 unit checkpointed,
+    as torchtitan's per-block activation checkpointing runs it and the mesh's ranks are priced
+    (``train.recompute.recompute_units``), solved; ``None`` where it does not fit either, or
+    cannot beat ``beat_s``."""
+    problem = with_fsdp(recompute_units(with_measured_updates(step, updates)), *replicated,
+                        measured_s=averaging_s)
+    if all(d.torch_device.startswith("cpu") for d in problem.cluster.devices):
+        problem = after_backward(problem)  # as the plain step's (``_solve_step``)
+    try:
+        solved = solve(problem, options=options, beat_s=beat_s)
+    except InfeasibleError:  # Outpaced too: recomputing only adds work
+        return None
+    if not solved.schedule.feasible:
+        return None
+    note("each FSDP2 unit of the sharded replica is checkpointed (torch.utils.checkpoint): its "
+         "forward runs again before its backward, which the replica needs to fit")
+    return Solved(problem, solved, recompute=tuple(problem.cluster.names))
 
 
 def _solve_recomputing(problem: Problem, plain: SolveResult | None, options: SolveOptions, *,
@@ -431,7 +460,8 @@ def check_step(planned: Plan, emitted: Any, model: torch.nn.Module, step: Step,
                                 groups=step.torch_groups,
                                 microbatches=microbatching(training, emitted,
                                                            planned.problem, planned.schedule),
-                                sharding=step.sharding)
+                                sharding=step.sharding,
+                                recompute=step.sharding == "fsdp" and bool(step.recompute))
         how = (f"steps of {step.replicas} data-parallel replicas (one process each, "
                + (f"{count} micro-batches ({training.schedule}) each, the gradients "
                   "all-reduced after them) " if count > 1 else f"{SHARDINGS[step.sharding]}) "))

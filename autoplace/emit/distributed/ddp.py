@@ -48,7 +48,7 @@ from autoplace.train.dataparallel import average_gradients, ddp_replica, is_dten
 from autoplace.train.graph import make_optimizer
 from autoplace.train.layers import no_dropout
 
-__all__ = ["INIT_TIMEOUT_S", "SHARDINGS", "add_training_flags", "batch_size",
+__all__ = ["INIT_TIMEOUT_S", "SHARDINGS", "add_training_flags", "batch_size", "checkpointed",
            "fully_shard_units", "microbatching", "print_error", "replica_backend",
            "replica_device_map", "replica_exit", "replica_main", "replicas_of", "say_trained",
            "shard", "write_train_script"]
@@ -147,11 +147,12 @@ def replica_backend(planned: Sequence[str], *, replicas: int,
 def write_train_script(directory: str | os.PathLike[str], *, optimizer: str,
                        replicas: int, groups: Groups | None = None,
                        microbatches: Mapping[str, Any] | None = None,
-                       sharding: str = "ddp") -> Path:
+                       sharding: str = "ddp", recompute: bool = False) -> Path:
     """Write ``directory/train.py`` (``templates/train.py.tmpl`` filled in), the torchrun entry
     point of the replicas of the model in ``directory/model`` (``groups``: each replica's torch
     devices, as ``replica_device_map`` takes them; ``microbatches``: ``microbatching``'s);
-    ``sharding``: a key of ``SHARDINGS``); returns its path."""
+    ``sharding``: a key of ``SHARDINGS``; ``recompute``: sharded replicas checkpoint each
+    unit); returns its path."""
     if replicas < 2:
         raise ValueError(f"train.py is for 2 or more replicas, got {replicas}")
     path = Path(directory) / "train.py"
@@ -161,7 +162,7 @@ def write_train_script(directory: str | os.PathLike[str], *, optimizer: str,
     path.write_text(Template(_TRAIN_TEMPLATE.read_text()).substitute(
         optimizer=optimizer, optimizer_literal=repr(optimizer), replicas=replicas,
         groups=repr(groups), microbatches=literal, sharding=repr(sharding),
-        sharding_name=SHARDINGS[sharding]))
+        sharding_name=SHARDINGS[sharding], recompute=repr(recompute)))
     return path
 
 
@@ -195,7 +196,8 @@ def replica_exit(code: int) -> None:
 
 def replica_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, optimizer: str,
                  replicas: int, groups: Groups | None = None,
-                 microbatches: Mapping[str, Any] | None = None, sharding: str = "ddp") -> int:
+                 microbatches: Mapping[str, Any] | None = None, sharding: str = "ddp",
+                 recompute: bool = False) -> int:
     """One process of ``torchrun --nproc-per-node replicas train.py``: the exit code. An
     ``AutoplaceError`` is printed as one line, ``autoplace: error: KIND: message`` (the line
     ``launch_replicas`` looks for), and exits with 2."""
@@ -222,7 +224,7 @@ def replica_main(model_dir: str | os.PathLike[str], argv: Sequence[str], *, opti
                                 rank=rank, steps=options.steps, lr=options.lr,
                                 recording=options.record is not None, groups=groups,
                                 microbatches=microbatches, sharding=sharding,
-                                dropout=not options.no_dropout)
+                                dropout=not options.no_dropout, recompute=recompute)
     except AutoplaceError as error:
         print_error(type(error).__name__, error)
         return 2
@@ -261,9 +263,12 @@ def say_trained(options: argparse.Namespace, report: Mapping[str, Any], record: 
 def _train(model_dir: Path, *, optimizer: str, replicas: int, rank: int, steps: int,
            lr: float | None, recording: bool, groups: Groups | None = None,
            microbatches: Mapping[str, Any] | None = None, sharding: str = "ddp",
-           dropout: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
-    """This rank's part: shard, load, wrap (under DDP or, with ``sharding="fsdp"``, FSDP2; or,
-    with ``microbatches``, cut the shard), train. Returns rank 0's report and record. Without
+           dropout: bool = True, recompute: bool = False
+           ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """This rank's part: shard, load, wrap (under DDP or, with ``sharding="fsdp"``, FSDP2, each
+    unit checkpointed with ``recompute``; or, with ``microbatches``, cut the shard), train.
+    Returns rank 0's report and record (with ``checkpointed``, the segments checkpointed, and
+    ``unit_forwards``, their forwards in the steps). Without
     ``dropout`` every dropout runs at probability zero (``train.layers.no_dropout``, a mode of
     this thread: the segments run on it, the sequential forward and the micro-batches'
     actions in order)."""
@@ -288,7 +293,9 @@ def _train(model_dir: Path, *, optimizer: str, replicas: int, rank: int, steps: 
         model = load_model(model_dir, device_map=here)
         if not dropout:
             model.runtime = "sequential"
+        runs: list[int] = []
         if sharding == "fsdp":
+            runs = checkpointed(model) if recompute else []
             step = _fsdp_step(model, args, kwargs)
         elif microbatches is None:
             step = _ddp_step(model, args, kwargs)
@@ -300,6 +307,7 @@ def _train(model_dir: Path, *, optimizer: str, replicas: int, rank: int, steps: 
         with worker_threads(here.values()) as threads, (
                 contextlib.nullcontext() if dropout else no_dropout()):
             losses, times, record = _steps(step, model, opt, steps=steps, recording=recording)
+            record |= {"checkpointed": len(runs), "unit_forwards": sum(runs)}  # the steps'
             if recording and sharding == "fsdp":
                 record["peak_bytes"] = _fsdp_peak_bytes(step, model, opt, args, kwargs)
         # DDP's reducer (held by the step) goes before its process group: left to the
@@ -351,6 +359,31 @@ def _fsdp_step(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, 
         return loss
 
     return step
+
+
+def checkpointed(model: torch.nn.Module) -> list[int]:
+    """Each segment of ``model`` that belongs to a unit (``SegmentInfo.unit``, FSDP2's) runs
+    under ``torch.utils.checkpoint`` (non-reentrant): it keeps its inputs, and its forward runs
+    again in the backward (torchtitan's per-block activation checkpointing; FSDP2's hooks stay
+    outside it, as they do around torchtitan's checkpoint wrapper). Returns each such
+    segment's count of forward runs, which the runs add to (twice a step)."""
+    import functools
+
+    from torch.utils.checkpoint import checkpoint
+
+    runs: list[int] = []
+    for seg in model.segment_info:
+        if seg.unit is not None:
+            module = getattr(model, f"seg{seg.index}")
+            runs.append(0)
+
+            def counted(*args: Any, _forward: Any = module.forward, _i: int = len(runs) - 1,
+                        **kwargs: Any) -> Any:
+                runs[_i] += 1
+                return _forward(*args, **kwargs)
+
+            module.forward = functools.partial(checkpoint, counted, use_reentrant=False)
+    return runs
 
 
 def fully_shard_units(model: torch.nn.Module, mesh: Any) -> None:

@@ -160,7 +160,7 @@ def verify_replicas(emitted_or_dir: PartitionedModel | str | os.PathLike[str],
                     timeout_s: float = VERIFY_TIMEOUT_S,
                     groups: Sequence[Sequence[str]] | None = None,
                     microbatches: Mapping[str, Any] | None = None,
-                    sharding: str = "ddp") -> dict[str, Any]:
+                    sharding: str = "ddp", recompute: bool = False) -> dict[str, Any]:
     """Train ``replicas`` data-parallel replicas of the emitted model (gloo, or nccl on GPUs,
     on 127.0.0.1) for ``steps`` steps of ``optimizer``, each on its shard of the batch
     ``args``/``kwargs``/``targets``, and a copy of ``original`` (a ``train.LossModel``) on the
@@ -171,7 +171,8 @@ def verify_replicas(emitted_or_dir: PartitionedModel | str | os.PathLike[str],
     written, in a temporary directory, with each replica on its ``groups`` entry, torch
     devices as ``ddp.replica_device_map`` takes them, and its shard cut as ``microbatches``
     says, ``ddp.microbatching``'s; held as ``sharding`` says, a key of ``ddp.SHARDINGS``:
-    FSDP2's gradients and state are gathered whole to be recorded), or an output directory
+    FSDP2's gradients and state are gathered whole to be recorded; ``recompute``: each unit of
+    a sharded replica checkpointed, its forwards counted: twice a step), or an output directory
     holding ``train.py`` and ``model/`` whose saved example is this batch (its own
     ``train.py`` runs).
 
@@ -187,7 +188,8 @@ def verify_replicas(emitted_or_dir: PartitionedModel | str | os.PathLike[str],
             root = Path(tmp)
             _save(emitted_or_dir, root / "model", batch)
             write_train_script(root, optimizer=optimizer, replicas=replicas, groups=groups,
-                               microbatches=microbatches, sharding=sharding)
+                               microbatches=microbatches, sharding=sharding,
+                               recompute=recompute)
         else:
             root = Path(emitted_or_dir)
             _check_saved_batch(root, batch)
@@ -200,6 +202,12 @@ def verify_replicas(emitted_or_dir: PartitionedModel | str | os.PathLike[str],
         raise VerificationError(
             f"{root / 'train.py'} trains {record['replicas']} replicas with "
             f"{record['optimizer']}, not the {replicas} with {optimizer} asked for")
+    if recompute and not (record["checkpointed"]
+                          and record["unit_forwards"] == 2 * record["checkpointed"] * steps):
+        raise VerificationError(
+            f"the sharded replicas were to recompute each unit's forward in the backward: "
+            f"{record['checkpointed']} segments checkpointed ran {record['unit_forwards']} "
+            f"forwards in {steps} steps, not twice a step each")
     dropout: dict[str, Any] = {}
     if isinstance(emitted_or_dir, PartitionedModel):
         first = split_batch(*split_batch(*batch, replicas, what=REPLICA_SHARDS)[0],

@@ -5,7 +5,7 @@ its loss, its matmuls split as ``tensor.column_row`` finds them, trained by N ra
 whole batch (the ranks divide each matmul's work); with ``--dp D`` a D x N mesh, each tp group
 on 1/D of the batch, sharded over dp by FSDP2 (``fully_shard`` per unit, torchtitan's FSDP + TP)
 or its gradients averaged over dp (DDP's algorithm: DDP takes no DTensor); each unit
-checkpointed where the plan recomputes (``checkpointed``). ``write_tensor_train``
+checkpointed where the plan recomputes (``ddp.checkpointed``). ``write_tensor_train``
 writes ``OUT/tensor_parallel/train.py``; each rank (``tensor_train_main``) makes its parameters
 DTensors (``dtensor.shard_model``) and runs ``--steps`` steps under ``dtensor.dtensor_rules``.
 ``verify_tensor_training`` trains it on gloo ranks with every dropout at zero and compares the
@@ -36,7 +36,7 @@ from autoplace.emit.distributed.tensor import _rank_device, load_sharded
 from autoplace.errors import AutoplaceError, VerificationError
 from autoplace.formats.records import SHARDING_SAID
 
-__all__ = ["checkpointed", "tensor_train_main", "verify_tensor_training", "write_tensor_train"]
+__all__ = ["tensor_train_main", "verify_tensor_training", "write_tensor_train"]
 
 VERIFY_TIMEOUT_S = 300.0
 _TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "tensor_train.py.tmpl"
@@ -142,7 +142,7 @@ def _train(model_dir: Path, options: argparse.Namespace, *, device: str, optimiz
     a pp x tp mesh's (``tensor_stages_train``). Rank 0's report and record."""
     from torch.distributed.tensor.experimental import implicit_replication
 
-    from autoplace.emit.distributed.ddp import INIT_TIMEOUT_S, _steps
+    from autoplace.emit.distributed.ddp import INIT_TIMEOUT_S, _steps, checkpointed
     from autoplace.train.graph import make_optimizer
     from autoplace.train.layers import no_dropout
 
@@ -224,31 +224,6 @@ def _meshed(model_dir: Path, split: str, *, kind: str, device: str, dp: int, sha
         fully_shard_units(model, mesh["dp"])
         return model, args, kwargs, None
     return model, args, kwargs, mesh["dp"].get_group()
-
-
-def checkpointed(model: torch.nn.Module) -> list[int]:
-    """Each segment of ``model`` that belongs to a unit (``SegmentInfo.unit``, FSDP2's) runs
-    under ``torch.utils.checkpoint`` (non-reentrant): it keeps its inputs, and its forward runs
-    again in the backward (torchtitan's per-block activation checkpointing; FSDP2's hooks stay
-    outside it, as they do around torchtitan's checkpoint wrapper). Returns each such
-    segment's count of forward runs, which the runs add to (twice a step)."""
-    import functools
-
-    from torch.utils.checkpoint import checkpoint
-
-    runs: list[int] = []
-    for seg in model.segment_info:
-        if seg.unit is not None:
-            module = getattr(model, f"seg{seg.index}")
-            runs.append(0)
-
-            def counted(*args: Any, _forward: Any = module.forward, _i: int = len(runs) - 1,
-                        **kwargs: Any) -> Any:
-                runs[_i] += 1
-                return _forward(*args, **kwargs)
-
-            module.forward = functools.partial(checkpoint, counted, use_reentrant=False)
-    return runs
 
 
 def _step(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
