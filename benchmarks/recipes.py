@@ -150,9 +150,10 @@ def main() -> int:
         "plan's step; *meshes weighed*: each dp x tp mesh's step (`--dp auto`: tp on one host's "
         "GPUs, and each mesh of every GPU whose tp group stays in a host and whose dp divides "
         "the batch). FSDP + TP + PP (a 3-D mesh) is not built yet and not scored. The FSDP "
-        "recipe's replicas recompute nothing (a replica step recomputes only with micro-batches), "
-        "where torchtitan's would checkpoint each block: where it reads *fits no device*, it "
-        "might fit with that, and the gain over it is not claimed. A row that stops gives the "
+        "recipe's replicas checkpoint each block where they fit no other way (torchtitan's "
+        "per-block activation checkpointing), except in a model that drops out in train() "
+        "(GPT-2's), which no replica step recomputes: where that recipe reads *fits no device*, "
+        "it might fit checkpointed, and no gain over it is claimed. A row that stops gives the "
         "error.",
         "",
         "| model | GPUs | plan | plan step (s) | " + " | ".join(COLUMNS)
