@@ -523,6 +523,38 @@ def test_a_mesh_that_fits_only_recomputing_each_block_does_and_is_checked(tmp_pa
     assert "RECOMPUTE = True" in (out / "tensor_parallel" / "train.py").read_text()
 
 
+class _DroppingBlock(zoo.Block):
+    # zoo.Block with a dropout on its branch: a unit that drops out in train()
+    def __init__(self) -> None:
+        super().__init__()
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.drop(self.b(torch.relu(self.a(x))))
+
+
+def test_checkpointed_ranks_of_a_model_that_drops_out_pass_the_exact_check() -> None:
+    """The check runs every dropout at probability zero (``--no-dropout``, a mode of the
+    rank's thread); a checkpointed unit's forward runs again in the backward, outside that
+    mode, and was recomputed with dropout on (torch's CheckpointError: other tensors saved).
+    The recomputation runs under the mode too (``ddp.checkpointed``'s contexts), and the 3
+    steps equal the original's."""
+    from autoplace.emit.distributed.tensor_train import verify_tensor_training
+    from autoplace.train.sharded import fsdp_op_units
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[_DroppingBlock() for _ in range(2)])
+    args, targets = (torch.randn(8, 16),), (torch.randint(0, 16, (8,)),)
+    wrapped = loss_model(model, F.cross_entropy, args, {}, targets)
+    traced = trace_model(wrapped, args, {"targets": targets})
+    one = emit_model(traced.module, {n.name: "cpu" for n in traced.module.graph.nodes
+                                     if n.op == "call_function"},
+                     units=fsdp_op_units(traced.graph))
+    check = verify_tensor_training(one, wrapped, args, {}, targets, ranks=2,
+                                   optimizer="adamw", split=column_row(one), recompute=True)
+    assert check["max_abs_diff_gradients"] < 1e-5 and check["max_abs_diff_parameters"] < 1e-5
+
+
 def test_ranks_that_do_not_recompute_fail_the_check(tmp_path, monkeypatch) -> None:
     """Two tp ranks of blocks emitted in FSDP2's units, to recompute each: ranks that leave the
     blocks unchecked (in their processes, by a sitecustomize) train the same numbers, but not as

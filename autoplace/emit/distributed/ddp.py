@@ -382,8 +382,22 @@ def checkpointed(model: torch.nn.Module) -> list[int]:
                 runs[_i] += 1
                 return _forward(*args, **kwargs)
 
-            module.forward = functools.partial(checkpoint, counted, use_reentrant=False)
+            module.forward = functools.partial(checkpoint, counted, use_reentrant=False,
+                                               context_fn=_recomputed_as_run)
     return runs
+
+
+def _recomputed_as_run() -> tuple[Any, Any]:
+    """``checkpoint``'s contexts for a unit's forward and its run again in the backward: where
+    the forward runs under ``train.layers.NoDropout`` (``--no-dropout``, a mode of the thread
+    that the backward's recomputation runs outside), the recomputation does too, so that both
+    save the same tensors and give the same values."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    from autoplace.train.layers import NoDropout
+
+    zeroed = any(isinstance(m, NoDropout) for m in _get_current_function_mode_stack())
+    return contextlib.nullcontext(), NoDropout() if zeroed else contextlib.nullcontext()
 
 
 def fully_shard_units(model: torch.nn.Module, mesh: Any) -> None:
