@@ -514,17 +514,19 @@ def test_a_sharded_step_s_memory_holds_what_fsdp2_keeps_to_the_end_of_the_backwa
     assert peak["measured_bytes"] <= peak["predicted_bytes"] <= 1.3 * peak["measured_bytes"]
 
 
-def _blocks_replicas(memory_bytes: int, *, verify: bool = True):
-    """4 residual blocks (16 -> 64 -> 16) on a batch of 512 as 2 sharded replicas of one
-    CPU worker each, every worker holding ``memory_bytes``: the activations outweigh the
-    parameters, so checkpointing each block is what a tight worker needs."""
+def _blocks_replicas(memory_bytes: int, *, verify: bool = True, dropout: bool = False):
+    """4 residual blocks (16 -> 64 -> 16; ``dropout``: each followed by a dropout) on a batch
+    of 512 as 2 sharded replicas of one CPU worker each, every worker holding
+    ``memory_bytes``: the activations outweigh the parameters, so checkpointing each block is
+    what a tight worker needs."""
     from autoplace.config import Config, Cost, Emit, Solve, Training
     from autoplace.pipeline import plan
     cluster, _ = resolve_cluster(spec="2xcpu-thread")
     cluster = dataclasses.replace(cluster, devices=tuple(
         dataclasses.replace(d, memory_bytes=memory_bytes) for d in cluster.devices))
     torch.manual_seed(0)
-    model = nn.Sequential(*[zoo.Block() for _ in range(4)])
+    model = nn.Sequential(*[m for _ in range(4) for m in (
+        (zoo.Block(), nn.Dropout(0.1)) if dropout else (zoo.Block(),))])
     return plan(model, (torch.randn(512, 16),), Config(
         devices=cluster, mode="training", cost=Cost(profile=False), solve=Solve(time_limit_s=1),
         training=Training(fsdp="on", replicas=2), emit=Emit(verify=verify)),
@@ -552,6 +554,18 @@ def test_sharded_replicas_that_fit_only_checkpointing_each_block_do_and_train_so
                for n in planned.plan.notes)
     save(planned, tmp_path / "out")
     assert "RECOMPUTE = True" in (tmp_path / "out" / "train.py").read_text()
+
+
+def test_checkpointed_replicas_recompute_dropout_too_since_checkpoint_replays_its_masks(
+        ) -> None:
+    """torch.utils.checkpoint restores the generator before it runs a block again, so the
+    masks are the forward's: a step with dropout in train() checkpoints its units all the same
+    (the placement's micro-batch recomputation does not), and trains as the original."""
+    planned = _blocks_replicas(700_000, dropout=True)
+    training = planned.plan.training
+    assert training.recompute == ("cpu:0",) and training.sharding == "fsdp"
+    assert training.layers_mode == "train" and training.check.status == "passed"
+    assert not any("no recomputation in train()" in n for n in planned.plan.notes)
 
 
 def test_sharded_replicas_that_skip_their_checkpoints_fail_the_check(tmp_path,

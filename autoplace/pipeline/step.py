@@ -249,7 +249,8 @@ def _replica_step(model: torch.nn.Module, whole: Batch, r: int, groups: list[tup
              f"loss is the {rule} of theirs")
     forward = traced_problem(model, *batches[0], cluster, how)
     if microbatches > 1 or sharding == "fsdp":
-        recompute = _recomputable(forward.traced.module, recompute, layers)
+        recompute = _recomputable(forward.traced.module, recompute, layers,
+                                  replays_rng=sharding == "fsdp")
     full = forward.problem.cluster
     if r > 1:
         forward = replace(forward, problem=restrict(forward.problem, groups[0]))
@@ -272,16 +273,20 @@ def _replica_step(model: torch.nn.Module, whole: Batch, r: int, groups: list[tup
                 sharding=sharding, layers=layers)
 
 
-def _recomputable(module: torch.nn.Module, recompute: str, layers: str) -> str:
+def _recomputable(module: torch.nn.Module, recompute: str, layers: str, *,
+                  replays_rng: bool = False) -> str:
     """``recompute`` as a step in ``layers`` can take it: a recomputed forward in ``train()``
-    would draw other dropout masks than the forward whose outputs it differentiates, and
-    update batch norm's running statistics twice, so a graph that drops out or updates
-    statistics (``train.layers``) recomputes nothing (``auto``, with a note) or is refused
-    (``all``)."""
+    would draw other dropout masks than the forward whose outputs it differentiates (unless it
+    ``replays_rng``: ``torch.utils.checkpoint``, a sharded replica's, restores the generator's
+    state), and update batch norm's running statistics twice, so a graph that drops out or
+    updates statistics (``train.layers``) recomputes nothing (``auto``, with a note) or is
+    refused (``all``)."""
     if layers != "train" or recompute == "off" or not (
-            dropout_ops(module) or updates_statistics(module)):
+            (dropout_ops(module) and not replays_rng) or updates_statistics(module)):
         return recompute
-    why = ("recomputation in train(): the forward run again would draw other dropout masks "
+    why = ("recomputation in train(): the forward run again would update batch norm's "
+           "running statistics a second time" if replays_rng else
+           "recomputation in train(): the forward run again would draw other dropout masks "
            "and update batch norm's running statistics a second time")
     if recompute == "all":
         raise ConfigError(f"{{training.recompute=all}} is not built for {why}: set "
