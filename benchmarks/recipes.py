@@ -151,10 +151,7 @@ def main() -> int:
         "GPUs, and each mesh of every GPU whose tp group stays in a host and whose dp divides "
         "the batch). FSDP + TP + PP (a 3-D mesh) is not built yet and not scored. The FSDP "
         "recipe's replicas checkpoint each block where they fit no other way (torchtitan's "
-        "per-block activation checkpointing), except in a model that drops out in train() "
-        "(GPT-2's), which no replica step recomputes: where that recipe reads *fits no device*, "
-        "it might fit checkpointed, and no gain over it is claimed. A row that stops gives the "
-        "error.",
+        "per-block activation checkpointing). A row that stops gives the error.",
         "",
         "| model | GPUs | plan | plan step (s) | " + " | ".join(COLUMNS)
         + " | gain over the best recipe | meshes weighed (s) | wall s | RSS GiB |",

@@ -345,9 +345,8 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
                 failure = exc
         if sharding == "fsdp" and recompute == "auto" and (
                 solved is None or not solved.schedule.feasible):
-            units = _fsdp_recomputing(step, updates, replicated, averaging_s, share, beat_s)
-            if units is not None:
-                found[name] = units
+            beaten = _fsdp_recomputing(step, updates, replicated, averaging_s, share, beat_s,
+                                       into=found, name=name) or beaten
         if microbatches > 1 and (recompute == "all" or recompute == "auto" and (
                 solved is None or not solved.schedule.feasible)):
             again = _solve_recomputing(problem, solved, share, every=recompute == "all")
@@ -367,7 +366,7 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
         ) from failure
     best = min(found, key=lambda n: (not found[n].result.schedule.feasible,
                                       found[n].result.schedule.makespan_s))
-    if found[best].recompute:
+    if found[best].recompute and sharding != "fsdp":  # a sharded replica's: said apart
         note(f"recomputation on {', '.join(found[best].recompute)}: each micro-batch's "
              "forward there keeps only its inputs and runs again before its backward")
     if len(names) > 1:
@@ -382,24 +381,27 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
 def _fsdp_recomputing(step: Problem, updates: Mapping[str, float],
                       replicated: tuple[Cluster, Sequence[Sequence[str]]],
                       averaging_s: float | None, options: SolveOptions,
-                      beat_s: float | None) -> Solved | None:
+                      beat_s: float | None, *, into: dict[str, Solved], name: str
+                      ) -> Outpaced | None:
     """A sharded replica's ``step`` (one device, one batch) with each FSDP2 unit checkpointed,
     as torchtitan's per-block activation checkpointing runs it and the mesh's ranks are priced
-    (``train.recompute.recompute_units``), solved; ``None`` where it does not fit either, or
-    cannot beat ``beat_s``."""
+    (``train.recompute.recompute_units``), solved and put ``into`` the found steps as
+    ``name``'s where it fits; the ``Outpaced`` (its bound) where it cannot beat ``beat_s``."""
     problem = with_fsdp(recompute_units(with_measured_updates(step, updates)), *replicated,
                         measured_s=averaging_s)
     if all(d.torch_device.startswith("cpu") for d in problem.cluster.devices):
         problem = after_backward(problem)  # as the plain step's (``_solve_step``)
     try:
         solved = solve(problem, options=options, beat_s=beat_s)
-    except InfeasibleError:  # Outpaced too: recomputing only adds work
+    except Outpaced as beaten:
+        return beaten
+    except InfeasibleError:
         return None
-    if not solved.schedule.feasible:
-        return None
-    note("each FSDP2 unit of the sharded replica is checkpointed (torch.utils.checkpoint): its "
-         "forward runs again before its backward, which the replica needs to fit")
-    return Solved(problem, solved, recompute=tuple(problem.cluster.names))
+    if solved.schedule.feasible:
+        note("each FSDP2 unit of the sharded replica is checkpointed (torch.utils.checkpoint): "
+             "its forward runs again before its backward, which the replica needs to fit")
+        into[name] = Solved(problem, solved, recompute=tuple(problem.cluster.names))
+    return None
 
 
 def _solve_recomputing(problem: Problem, plain: SolveResult | None, options: SolveOptions, *,
