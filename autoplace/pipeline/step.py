@@ -134,14 +134,14 @@ def plan_step(model: torch.nn.Module, whole: Batch, cluster: Cluster, options: S
     replica count R (``replicas``, or ``auto``: every R that divides the devices into alike
     groups, ``train.dataparallel``), one replica's shard cut into micro-batches, one micro-batch
     traced on ``cluster``, the replica's step solved on its devices with the gradients'
-    all-reduce (``_solve_step``, the time limit shared among the R) and, as ``fsdp`` says, sharded
-    under FSDP2 (``replicas.replica_variants``; ``auto``: where that R's DDP step does not fit);
-    the fastest step that fits kept, and why said. Each candidate's notes are collected apart,
-    and only the kept one's are passed on. ``layers``: how the model runs its layers
-    (``train.layers``; a step in ``train()`` recomputes nothing that drops out or updates
-    statistics, ``_recomputable``). ``beat_s``: the step of the tensor-parallel mesh weighed
-    before: a count whose lower bound is no less is not solved (``Outpaced``, raised where every
-    count is so or does not fit)."""
+    all-reduce (``_solve_step``, the time limit shared among the R) and, as ``fsdp`` says,
+    sharded under FSDP2 (``replicas.replica_variants``; ``auto``: where that R's DDP step does
+    not fit); the fastest step that fits kept, and why said. Each candidate's notes are
+    collected apart, and only the kept one's are passed on. ``layers``: how the model runs its
+    layers (``train.layers``; a step in ``train()`` recomputes nothing that updates statistics,
+    nor, but in a sharded replica's checkpoints, that drops out: ``_recomputable``). ``beat_s``:
+    the step of the tensor-parallel mesh weighed before: a count whose lower bound is no less is
+    not solved (``Outpaced``, raised where every count is so or does not fit)."""
     counted = replica_counts(model, whole, cluster, replicas, microbatches, dtype)
     variants = replica_variants(counted, fsdp, microbatches)
     found: dict[tuple[int, str], tuple[Step, list[str]]] = {}
@@ -323,16 +323,8 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
     for name in names:
         step = step_problem(forward, optimizer, backward_factor=factors,
                             microbatches=microbatches, schedule=name, dtype=dtype)
-        problem = with_measured_updates(step, updates)
-        problem = (with_fsdp(problem, *replicated, measured_s=averaging_s)
-                   if sharding == "fsdp" else
-                   with_allreduce(problem, *replicated, measured_s=averaging_s))
-        if microbatches == 1 and all(d.torch_device.startswith("cpu")
-                                     for d in problem.cluster.devices):
-            # The emitted step updates on the calling thread after the whole backward. With
-            # micro-batches it does too, but there the ordering leads the solver's heuristics
-            # astray (LeNet, M=2, 9 MB a device: no split found, where one device needs 10.4)
-            problem = after_backward(problem)
+        problem = _replicated(step, updates, replicated, averaging_s, sharding=sharding,
+                              microbatches=microbatches)
         solved = None
         if recompute != "all" or microbatches == 1:
             try:
@@ -345,8 +337,10 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
                 failure = exc
         if sharding == "fsdp" and recompute == "auto" and (
                 solved is None or not solved.schedule.feasible):
-            beaten = _fsdp_recomputing(step, updates, replicated, averaging_s, share, beat_s,
-                                       into=found, name=name) or beaten
+            beaten = _fsdp_recomputing(
+                _replicated(step, updates, replicated, averaging_s, sharding=sharding,
+                            microbatches=microbatches, units=True),
+                share, beat_s, into=found, name=name) or beaten
         if microbatches > 1 and (recompute == "all" or recompute == "auto" and (
                 solved is None or not solved.schedule.feasible)):
             again = _solve_recomputing(problem, solved, share, every=recompute == "all")
@@ -378,19 +372,33 @@ def _solve_step(forward: Problem, options: SolveOptions, *, optimizer: str,
     return found[best]
 
 
-def _fsdp_recomputing(step: Problem, updates: Mapping[str, float],
-                      replicated: tuple[Cluster, Sequence[Sequence[str]]],
-                      averaging_s: float | None, options: SolveOptions,
-                      beat_s: float | None, *, into: dict[str, Solved], name: str
-                      ) -> Outpaced | None:
-    """A sharded replica's ``step`` (one device, one batch) with each FSDP2 unit checkpointed,
-    as torchtitan's per-block activation checkpointing runs it and the mesh's ranks are priced
-    (``train.recompute.recompute_units``), solved and put ``into`` the found steps as
-    ``name``'s where it fits; the ``Outpaced`` (its bound) where it cannot beat ``beat_s``."""
-    problem = with_fsdp(recompute_units(with_measured_updates(step, updates)), *replicated,
-                        measured_s=averaging_s)
-    if all(d.torch_device.startswith("cpu") for d in problem.cluster.devices):
-        problem = after_backward(problem)  # as the plain step's (``_solve_step``)
+def _replicated(step: Problem, updates: Mapping[str, float],
+                replicated: tuple[Cluster, Sequence[Sequence[str]]], averaging_s: float | None,
+                *, sharding: str, microbatches: int, units: bool = False) -> Problem:
+    """A replica's ``step`` with its updates measured (``updates``), each FSDP2 unit
+    checkpointed with ``units`` (``train.recompute.recompute_units``), and the collectives of
+    the ``replicated`` groups: FSDP2's (``sharding="fsdp"``) or the gradients' all-reduce."""
+    problem = with_measured_updates(step, updates)
+    if units:
+        problem = recompute_units(problem)
+    problem = (with_fsdp(problem, *replicated, measured_s=averaging_s)
+               if sharding == "fsdp" else
+               with_allreduce(problem, *replicated, measured_s=averaging_s))
+    if microbatches == 1 and all(d.torch_device.startswith("cpu")
+                                 for d in problem.cluster.devices):
+        # The emitted step updates on the calling thread after the whole backward. With
+        # micro-batches it does too, but there the ordering leads the solver's heuristics
+        # astray (LeNet, M=2, 9 MB a device: no split found, where one device needs 10.4)
+        problem = after_backward(problem)
+    return problem
+
+
+def _fsdp_recomputing(problem: Problem, options: SolveOptions, beat_s: float | None, *,
+                      into: dict[str, Solved], name: str) -> Outpaced | None:
+    """A sharded replica's step (one device, one batch; ``_replicated``) with each FSDP2 unit
+    checkpointed, as torchtitan's per-block activation checkpointing runs it and the mesh's
+    ranks are priced, solved and put ``into`` the found steps as ``name``'s where it fits;
+    the ``Outpaced`` (its bound) where it cannot beat ``beat_s``."""
     try:
         solved = solve(problem, options=options, beat_s=beat_s)
     except Outpaced as beaten:
