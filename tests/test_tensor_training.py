@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -523,6 +524,23 @@ def test_a_mesh_that_fits_only_recomputing_each_block_does_and_is_checked(tmp_pa
     assert "RECOMPUTE = True" in (out / "tensor_parallel" / "train.py").read_text()
 
 
+def _blocks_in_units(block: type[nn.Module]) -> tuple[Any, Any, tuple, tuple]:
+    """Two ``block``s and a cross-entropy loss on a batch of 8, emitted on the CPU with each
+    block a segment of its own FSDP2 unit: the emitted model, the original with its loss, the
+    inputs and the targets."""
+    from autoplace.train.sharded import fsdp_op_units
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[block() for _ in range(2)])
+    args, targets = (torch.randn(8, 16),), (torch.randint(0, 16, (8,)),)
+    wrapped = loss_model(model, F.cross_entropy, args, {}, targets)
+    traced = trace_model(wrapped, args, {"targets": targets})
+    one = emit_model(traced.module, {n.name: "cpu" for n in traced.module.graph.nodes
+                                     if n.op == "call_function"},
+                     units=fsdp_op_units(traced.graph))
+    return one, wrapped, args, targets
+
+
 class _DroppingBlock(zoo.Block):
     # zoo.Block with a dropout on its branch: a unit that drops out in train()
     def __init__(self) -> None:
@@ -540,16 +558,8 @@ def test_checkpointed_ranks_of_a_model_that_drops_out_pass_the_exact_check() -> 
     The recomputation runs under the mode too (``ddp.checkpointed``'s contexts), and the 3
     steps equal the original's."""
     from autoplace.emit.distributed.tensor_train import verify_tensor_training
-    from autoplace.train.sharded import fsdp_op_units
 
-    torch.manual_seed(0)
-    model = nn.Sequential(*[_DroppingBlock() for _ in range(2)])
-    args, targets = (torch.randn(8, 16),), (torch.randint(0, 16, (8,)),)
-    wrapped = loss_model(model, F.cross_entropy, args, {}, targets)
-    traced = trace_model(wrapped, args, {"targets": targets})
-    one = emit_model(traced.module, {n.name: "cpu" for n in traced.module.graph.nodes
-                                     if n.op == "call_function"},
-                     units=fsdp_op_units(traced.graph))
+    one, wrapped, args, targets = _blocks_in_units(_DroppingBlock)
     check = verify_tensor_training(one, wrapped, args, {}, targets, ranks=2,
                                    optimizer="adamw", split=column_row(one), recompute=True)
     assert check["max_abs_diff_gradients"] < 1e-5 and check["max_abs_diff_parameters"] < 1e-5
@@ -561,16 +571,8 @@ def test_ranks_that_do_not_recompute_fail_the_check(tmp_path, monkeypatch) -> No
     priced, and the check says the blocks did not run twice a step (honest ranks pass:
     ``test_a_mesh_that_fits_only_recomputing_each_block_does_and_is_checked``)."""
     from autoplace.emit.distributed.tensor_train import verify_tensor_training
-    from autoplace.train.sharded import fsdp_op_units
 
-    torch.manual_seed(0)
-    model = nn.Sequential(*[zoo.Block() for _ in range(2)])
-    args, targets = (torch.randn(8, 16),), (torch.randint(0, 16, (8,)),)
-    wrapped = loss_model(model, F.cross_entropy, args, {}, targets)
-    traced = trace_model(wrapped, args, {"targets": targets})
-    one = emit_model(traced.module, {n.name: "cpu" for n in traced.module.graph.nodes
-                                     if n.op == "call_function"},
-                     units=fsdp_op_units(traced.graph))
+    one, wrapped, args, targets = _blocks_in_units(zoo.Block)
     assert sum(seg.unit is not None for seg in one.segment_info) == 2
     (tmp_path / "sitecustomize.py").write_text(
         "import autoplace.emit.distributed.ddp as ddp\n"
